@@ -1,0 +1,78 @@
+"""Shared fixtures: the staged LFW data, a signing key pair, bundles.
+
+The LFW copy is required: .ci/run and scripts/test.sh stage it into a
+writable data home and export SCIKIT_LEARN_DATA. Without it the tests that
+need faces fail with a message saying how to stage it (never a silent skip).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _data_home() -> str:
+    home = os.environ.get("SCIKIT_LEARN_DATA")
+    if not home or not (Path(home) / "lfw_home" / "lfw_funneled").is_dir():
+        pytest.fail(
+            "LFW data not staged: run the suite with scripts/test.sh (or eval \"$(bash scripts/stage-lfw.sh)\") "
+            f"so SCIKIT_LEARN_DATA holds lfw_home/ (got {home!r})"
+        )
+    return home
+
+
+@pytest.fixture(scope="session")
+def data_home() -> str:
+    return _data_home()
+
+
+@pytest.fixture(scope="session")
+def lfw100(data_home: str):
+    """The paper's set: 5 people with >= 100 images, detector-normalised 47x62."""
+    from peep.server.datasets import load_dataset
+
+    return load_dataset("lfw", data_home=data_home, min_faces=100)
+
+
+@pytest.fixture(scope="session")
+def lfw_background(data_home: str):
+    """LFW's 5-9 image people: a background population disjoint from lfw100."""
+    from peep.server.datasets import load_dataset
+
+    return load_dataset("lfw", data_home=data_home, min_faces=5, max_faces=9)
+
+
+@pytest.fixture(scope="session")
+def keypair(tmp_path_factory: pytest.TempPathFactory):
+    from peep.core.bundle import load_private_key, load_public_key, write_keypair
+
+    d = tmp_path_factory.mktemp("keys")
+    key_path, pub_path = write_keypair(d / "site")
+    return load_private_key(key_path), load_public_key(pub_path), key_path, pub_path
+
+
+@pytest.fixture(scope="session")
+def bundle_dir(tmp_path_factory: pytest.TempPathFactory, lfw_background, keypair) -> Path:
+    """A signed nc=128 bundle built from the background population."""
+    from peep.server.bundles import build_bundle
+
+    out = tmp_path_factory.mktemp("bundle")
+    build_bundle(lfw_background, n_components=128, signing_key=keypair[0], out_dir=out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def bundle(bundle_dir: Path, keypair):
+    from peep.core.bundle import EigenfaceBundle
+
+    return EigenfaceBundle.load(bundle_dir, keypair[1])
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(12345)

@@ -1,0 +1,146 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from google.protobuf.descriptor import FieldDescriptor
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from peep.core import wire
+from peep.core.exceptions import WireError
+from peep.v1 import qbbs_pb2, recognition_pb2, template_pb2
+
+MECH = wire.MechanismDescription(
+    kind="peep", epsilon=8.0, delta=0.0, epsilon_coordinate=8.0, epsilon_vector=1024.0, noise_std=0.177
+)
+
+
+def _template(values=None, **kw):
+    args = dict(device_id="cam-1", site="lobby", bundle_id="eb-0123456789abcdef0123", mechanism=MECH)
+    args.update(kw)
+    return wire.make_template(np.linspace(0, 1, 128) if values is None else values, **args)
+
+
+def _reachable_fields(desc, seen=None):
+    seen = set() if seen is None else seen
+    if desc.full_name in seen:
+        return
+    seen.add(desc.full_name)
+    for f in desc.fields:
+        yield desc.full_name, f
+        if f.type == FieldDescriptor.TYPE_MESSAGE:
+            yield from _reachable_fields(f.message_type, seen)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        template_pb2.PerturbedTemplate,
+        recognition_pb2.IdentifyRequest,
+        recognition_pb2.VerifyRequest,
+        recognition_pb2.EnrolSubjectRequest,
+        recognition_pb2.RecognitionEvent,
+        qbbs_pb2.QbbsVerifyRequest,
+    ],
+)
+def test_no_field_can_carry_pixels(message):
+    """Everything a device sends about a face: no bytes fields, floats only in values."""
+    for owner, field in _reachable_fields(message.DESCRIPTOR):
+        assert field.type != FieldDescriptor.TYPE_BYTES, f"{owner}.{field.name} is bytes"
+        if field.is_repeated and field.type in (
+            FieldDescriptor.TYPE_FLOAT,
+            FieldDescriptor.TYPE_DOUBLE,
+            FieldDescriptor.TYPE_INT32,
+            FieldDescriptor.TYPE_UINT32,
+        ):
+            # The only numeric array is the coefficient vector, capped far below a face's pixels.
+            assert (owner, field.name) == ("peep.v1.PerturbedTemplate", "values")
+    assert wire.MAX_COMPONENTS < 62 * 47
+
+
+def test_roundtrip_preserves_everything():
+    vals = np.random.default_rng(1).normal(size=128).astype(np.float32)
+    msg = _template(vals, purpose="enroll", subject="alice", track_id="t7", capture_time=1_700_000_000.5,
+                    soft_traits=[{"trait": "age", "value": 31.5, "epsilon": 1.0, "mechanism": "bounded-laplace"}])
+    data = wire.encode_template(msg)
+    back = wire.decode_template(data)
+    np.testing.assert_array_equal(wire.template_values(back), vals)
+    assert back.subject == "alice" and wire.purpose_name(back.purpose) == "enroll"
+    assert wire.MechanismDescription.from_proto(back.mechanism) == MECH
+    assert back.capture_time.ToNanoseconds() == 1_700_000_000_500_000_000
+    assert wire.trait_name(back.soft_traits[0].kind) == "age"
+    assert len(data) < 128 * 4 + 200
+    assert wire.encode_template(back) == data
+
+
+@pytest.mark.parametrize(
+    ("mutate", "match"),
+    [
+        (lambda m: setattr(m, "device_id", "cam/1"), "device_id"),
+        (lambda m: setattr(m, "site", ""), "site"),
+        (lambda m: setattr(m, "message_id", "x" * 200), "message_id"),
+        (lambda m: setattr(m, "purpose", template_pb2.PURPOSE_VERIFY), "subject: expected a subject id"),
+        (lambda m: m.values.__setitem__(3, float("nan")), "values: expected finite numbers, received nan at index 3"),
+        (lambda m: m.values.__setitem__(0, float("inf")), "values: expected finite"),
+        (lambda m: m.ClearField("values"), "values: expected 1-2048"),
+        (lambda m: m.ClearField("mechanism"), "mechanism: expected"),
+        (lambda m: setattr(m.mechanism, "epsilon_vector", 0.0), "mechanism.epsilon_vector"),
+        (lambda m: setattr(m.mechanism, "kind", 0), "mechanism.kind"),
+        (lambda m: setattr(m.mechanism, "delta", 1.5), "mechanism.delta"),
+        (lambda m: setattr(m, "purpose", 0), "purpose"),
+    ],
+)
+def test_validation_names_the_field(mutate, match):
+    msg = _template()
+    mutate(msg)
+    with pytest.raises(WireError, match=match):
+        wire.validate_template(msg)
+
+
+def test_dimension_check_against_bundle():
+    with pytest.raises(WireError, match="expected 64 coefficients"):
+        wire.validate_template(_template(), n_components=64)
+
+
+def test_decode_rejects_garbage_and_oversize():
+    with pytest.raises(WireError, match="parsing failed"):
+        wire.decode_template(b"\xff\xff\xff\xff")
+    with pytest.raises(WireError, match="at most"):
+        wire.decode_template(b"\x00" * (wire.MAX_TEMPLATE_BYTES + 1))
+    with pytest.raises(WireError, match="expected bytes"):
+        wire.decode_template("text")  # type: ignore[arg-type]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=4096))
+def test_decoding_random_bytes_never_crashes(data):
+    try:
+        msg = wire.decode_template(data)
+    except WireError:
+        return
+    # Anything accepted satisfies every rule.
+    wire.validate_template(msg)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(allow_nan=False, allow_infinity=False, width=32), min_size=1, max_size=256))
+def test_any_finite_vector_roundtrips(values):
+    msg = _template(np.asarray(values, dtype=np.float32))
+    back = wire.decode_template(wire.encode_template(msg))
+    np.testing.assert_array_equal(wire.template_values(back), np.asarray(values, dtype=np.float32))
+
+
+def test_make_template_rejects_unknown_names():
+    with pytest.raises(WireError, match="purpose"):
+        _template(purpose="watch")
+    with pytest.raises(WireError, match="soft_traits.trait"):
+        _template(soft_traits=[{"trait": "eye colour", "value": 1, "epsilon": 1}])
+    with pytest.raises(WireError, match="mechanism.kind"):
+        wire.MechanismDescription(kind="none", epsilon=1, delta=0, epsilon_coordinate=1, epsilon_vector=1, noise_std=1).to_proto()
+
+
+def test_stack_values_requires_one_dimension():
+    a, b = _template(np.ones(128)), _template(np.ones(64))
+    assert wire.stack_values([a, a]).shape == (2, 128)
+    with pytest.raises(WireError, match="one dimension"):
+        wire.stack_values([a, b])
