@@ -1,0 +1,60 @@
+"""Building signed eigenface bundles from a face dataset (server side)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from peep.core.bounding import fit_bundle_bounds
+from peep.core.bundle import EigenfaceBundle, build_bundle_files, write_bundle_files
+from peep.core.eigenfaces import EigenfaceModel
+from peep.server.datasets import FaceDataset
+
+#: Advisory only: devices take mechanism and epsilon from their own config.
+DEFAULT_MECHANISM = {"kind": "peep", "epsilon": 8.0, "delta": 0.0}
+
+
+def build_bundle(
+    dataset: FaceDataset,
+    *,
+    n_components: int,
+    signing_key: Ed25519PrivateKey,
+    out_dir: str | os.PathLike[str],
+    radius_quantile: float = 0.95,
+    mechanism_defaults: Mapping[str, Any] | None = None,
+) -> EigenfaceBundle:
+    """Fit eigenfaces and public bounds on ``dataset``, sign, write, reload.
+
+    Returns the bundle as a device would load it (verified with the key pair's
+    public half), so callers can use it straight away.
+    """
+    model = EigenfaceModel(n_components=n_components).fit(dataset.X)
+    bounds = fit_bundle_bounds(model.transform(dataset.X), radius_quantile=radius_quantile)
+    geometry_dict = dataset.normalisation.get("geometry")
+    from peep.core.imaging import FaceGeometry
+
+    geometry = FaceGeometry.from_dict(geometry_dict) if geometry_dict else FaceGeometry(
+        width=dataset.images.shape[2], height=dataset.images.shape[1]
+    )
+    files = build_bundle_files(
+        model=model,
+        bounds=bounds,
+        geometry=geometry,
+        signing_key=signing_key,
+        normalisation=dataset.normalisation,
+        mechanism_defaults=dict(mechanism_defaults or DEFAULT_MECHANISM),
+        provenance={
+            "dataset": dataset.source,
+            "n_images": dataset.n_images,
+            "n_subjects": dataset.n_subjects,
+            "n_skipped": dataset.n_skipped,
+            "radius_quantile": radius_quantile,
+            "software": "peep-server 0.1.0",
+        },
+    )
+    path = write_bundle_files(files, Path(out_dir))
+    return EigenfaceBundle.load(path, signing_key.public_key())

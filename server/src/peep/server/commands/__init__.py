@@ -1,0 +1,1 @@
+"""Sub-commands of ``peep``; each module exposes ``register(subparsers)``."""

@@ -1,0 +1,106 @@
+"""``peep bundle build`` and ``peep bundle verify``."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from typing import Any
+
+from peep.core.bundle import load_private_key, load_public_key, verify_bundle
+from peep.core.exceptions import BundleError
+from peep.core.imaging import FaceGeometry
+from peep.server.cli import UsageError
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(\d+)[xX](\d+)", text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"expected WIDTHxHEIGHT such as 47x62, received {text!r}")
+    w, h = int(m.group(1)), int(m.group(2))
+    if not (8 <= w <= 1024 and 8 <= h <= 1024):
+        raise argparse.ArgumentTypeError(f"expected sizes between 8 and 1024 pixels, received {text!r}")
+    return w, h
+
+
+def add_dataset_options(p: argparse.ArgumentParser, *, min_faces: int) -> None:
+    p.add_argument("--dataset", required=True, help="'lfw' or a folder-per-identity image directory")
+    p.add_argument("--data-home", default=None, help="scikit-learn data home holding lfw_home/ (default: $SCIKIT_LEARN_DATA)")
+    p.add_argument("--min-faces", type=int, default=min_faces, help=f"identities with at least N images (default {min_faces})")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("bundle", help="build and verify signed eigenface bundles")
+    bsub = p.add_subparsers(dest="bundle_command", metavar="ACTION", required=True)
+    b = bsub.add_parser("build", help="fit eigenfaces on a dataset and write a signed bundle")
+    add_dataset_options(b, min_faces=5)
+    b.add_argument("--max-faces", type=int, default=None, help="only identities with at most N images (background population)")
+    b.add_argument("--components", type=int, required=True, help="number of eigenfaces (nc)")
+    b.add_argument("--size", type=parse_size, default=(47, 62), metavar="WxH", help="face geometry (default 47x62)")
+    b.add_argument("--equalize", action="store_true", help="histogram-equalise faces (devices will too)")
+    b.add_argument("--radius-quantile", type=float, default=0.95, help="quantile of face norms used as the L2/L1 clip radius")
+    b.add_argument("--signing-key", required=True, help="Ed25519 private key (from peep keys generate)")
+    b.add_argument("--out", required=True, help="bundle directory to write")
+    b.set_defaults(handler=build)
+    v = bsub.add_parser("verify", help="check a bundle's hashes and signature")
+    v.add_argument("bundle_dir")
+    v.add_argument("--public-key", required=True)
+    v.set_defaults(handler=verify)
+
+
+def build(args: argparse.Namespace) -> int:
+    from peep.server.bundles import build_bundle
+    from peep.server.datasets import DatasetError, load_dataset
+    from peep.server.progress import progress_printer
+
+    if args.components < 1:
+        raise UsageError(f"--components: expected >= 1, received {args.components}")
+    try:
+        key = load_private_key(args.signing_key)
+    except BundleError as exc:
+        raise UsageError(f"--signing-key: {exc}") from exc
+    w, h = args.size
+    geometry = FaceGeometry(width=w, height=h, equalize=args.equalize)
+    t0 = time.perf_counter()
+    try:
+        ds = load_dataset(
+            args.dataset,
+            data_home=args.data_home,
+            min_faces=args.min_faces,
+            max_faces=args.max_faces,
+            geometry=geometry,
+            progress=progress_printer("detecting and normalising faces"),
+        )
+    except DatasetError as exc:
+        raise UsageError(str(exc)) from exc
+    if args.components > min(ds.n_images - 1, geometry.n_pixels):
+        raise UsageError(
+            f"--components: expected at most {min(ds.n_images - 1, geometry.n_pixels)} for {ds.n_images} faces, "
+            f"received {args.components}"
+        )
+    bundle = build_bundle(ds, n_components=args.components, signing_key=key, out_dir=args.out, radius_quantile=args.radius_quantile)
+    ratio = sum(bundle.metadata["explained_variance_ratio"])
+    print(
+        f"bundle {bundle.bundle_id} -> {args.out}\n"
+        f"  {ds.n_images} faces of {ds.n_subjects} identities ({ds.n_skipped} without a detected face skipped), "
+        f"{w}x{h}, nc={bundle.n_components}, {ratio:.1%} of variance kept\n"
+        f"  L2 radius {bundle.bounds.radius_l2:.3f}, L1 radius {bundle.bounds.radius_l1:.3f} "
+        f"({args.radius_quantile:.0%} quantile of the bundle faces' norms); {time.perf_counter() - t0:.1f} s",
+        file=sys.stdout,
+    )
+    return 0
+
+
+def verify(args: argparse.Namespace) -> int:
+    try:
+        pub = load_public_key(args.public_key)
+    except BundleError as exc:
+        raise UsageError(f"--public-key: {exc}") from exc
+    try:
+        manifest = verify_bundle(args.bundle_dir, pub)
+    except BundleError as exc:
+        print(f"peep bundle verify: FAILED: {exc}", file=sys.stderr)
+        return 1
+    print(f"bundle {manifest.bundle_id}: OK (signed by key {manifest.key_id}, created {manifest.created_at})")
+    return 0

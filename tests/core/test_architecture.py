@@ -1,0 +1,59 @@
+"""peep.core stays pure: no edge/server/paho/grpc/scikit-learn, and each outside
+library only in the module allowed to use it (CONVENTIONS 1)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+CORE = Path(__file__).resolve().parents[2] / "shared" / "src" / "peep" / "core"
+
+FORBIDDEN = ("peep.edge", "peep.server", "paho", "grpc", "sklearn", "opendp", "torch")
+ALLOWED_ONLY_IN = {
+    "cv2": {"imaging.py"},
+    "google.protobuf": {"wire.py"},
+    "peep.v1": {"wire.py"},
+    "onnx": {"bundle.py"},
+    "onnxruntime": {"bundle.py"},
+    "cryptography": {"bundle.py"},
+}
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def _matches(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def test_core_modules_import_only_what_they_may():
+    files = sorted(CORE.glob("*.py"))
+    assert len(files) > 5
+    for f in files:
+        for name in _imports(f):
+            for bad in FORBIDDEN:
+                assert not _matches(name, bad), f"{f.name} imports {name}"
+            for lib, allowed in ALLOWED_ONLY_IN.items():
+                if _matches(name, lib):
+                    assert f.name in allowed, f"{f.name} imports {name}; only {sorted(allowed)} may"
+
+
+def test_importing_core_loads_no_forbidden_module():
+    code = (
+        "import sys, peep.core.eigenfaces, peep.core.statistics, peep.core.bounding, peep.core.mechanisms, "
+        "peep.core.sampling, peep.core.accounting, peep.core.wire, peep.core.bundle, peep.core.imaging;"
+        "bad=[m for m in sys.modules if m.split('.')[0] in ('sklearn','grpc','paho','opendp') "
+        "or m.startswith(('peep.edge','peep.server'))]; print(','.join(bad))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
