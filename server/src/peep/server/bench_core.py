@@ -1,0 +1,142 @@
+"""The ``core`` section of ``peep bench``: release and projection speed.
+
+Lives in the server package because its baselines need scikit-learn (the
+paper-style per-image path) and OpenDP (the exact sampler); the code being
+measured is all ``peep.core``. Everything is measured in the same process
+and run, so the comparisons hold on a noisy shared machine.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from peep.core.bounding import fit_bundle_bounds
+from peep.core.bundle import EigenfaceBundle, build_bundle_files, generate_keypair, load_private_key
+from peep.core.eigenfaces import EigenfaceModel
+from peep.core.imaging import DEFAULT_GEOMETRY
+from peep.core.release import TemplateReleaser, bounded_coefficients
+
+
+def _median_us(fn: Callable[[], object], n: int, warmup: int = 50) -> float:
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples) * 1e6
+
+
+def _synthetic_bundle(n_components: int, tmpdir: str) -> EigenfaceBundle:
+    # Speed does not depend on the faces' content; synthetic faces keep the
+    # bench independent of the dataset.
+    rng = np.random.default_rng(0)
+    faces = rng.random((400, DEFAULT_GEOMETRY.n_pixels))
+    model = EigenfaceModel(n_components=n_components).fit(faces)
+    bounds = fit_bundle_bounds(model.transform(faces))
+    import os
+
+    private_pem, _ = generate_keypair()
+    key_path = os.path.join(tmpdir, "bench.key")
+    with open(key_path, "wb") as fh:
+        fh.write(private_pem)
+    key = load_private_key(key_path)
+    files = build_bundle_files(
+        model=model,
+        bounds=bounds,
+        geometry=DEFAULT_GEOMETRY,
+        signing_key=key,
+        normalisation={"method": "synthetic"},
+        mechanism_defaults={"kind": "peep", "epsilon": 8.0},
+    )
+    return EigenfaceBundle.from_files(files, key.public_key())
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    """Measure the core section; returns a JSON-able dict (times in µs)."""
+    import tempfile
+
+    n = 300 if quick else 3000
+    nc = 128
+    with tempfile.TemporaryDirectory() as tmp:
+        bundle = _synthetic_bundle(nc, tmp)
+    rng = np.random.default_rng(1)
+    face = rng.random((1, DEFAULT_GEOMETRY.n_pixels)).astype(np.float32)
+    batch_faces = rng.random((1000, DEFAULT_GEOMETRY.n_pixels)).astype(np.float32)
+    model = bundle.model()
+    coef = model.transform(face.astype(np.float64))
+    batch_coef = model.transform(batch_faces.astype(np.float64))
+
+    out: dict[str, Any] = {"n_components": nc, "geometry": "47x62", "iterations": n}
+    releaser = TemplateReleaser(bundle, kind="peep", epsilon=8.0)
+    scaler = bundle.bounds.scaler()
+    lo, inv_range = scaler.data_min_, 1.0 / (scaler.data_max_ - scaler.data_min_)
+
+    def secure_release() -> object:
+        # bound (scale into [0,1] with the bundle's bounds) + clip + secure noise
+        return releaser.mechanism.release((coef - lo) * inv_range)
+
+    out["release_us_per_face"] = _median_us(secure_release, n)
+    out["release_sampler"] = type(releaser.mechanism._sampler).__name__
+    bounded_batch = bounded_coefficients(batch_coef, bundle.bounds, "peep")
+    reps = 5 if quick else 20
+    out["release_us_per_face_batch"] = (
+        _median_us(lambda: releaser.mechanism.release(bounded_batch), reps, warmup=2) / len(bounded_batch)
+    )
+    out["release_us_per_face_by_kind"] = {
+        kind: _median_us(
+            lambda r=TemplateReleaser(bundle, kind=kind, epsilon=8.0, delta=1e-5 if kind == "gaussian-l2" else None),
+            b=bounded_coefficients(coef, bundle.bounds, kind): r.release_bounded(b),
+            n // 2,
+        )
+        for kind in ("peep", "peep-raw", "laplace-vector", "gaussian-l2", "laplace-l1")
+    }
+    out["project_us_per_face"] = _median_us(lambda: bundle.project(face, "scaled"), n)
+    out["project_us_per_face_batch"] = (
+        _median_us(lambda: bundle.project(batch_faces, "scaled"), reps, warmup=2) / len(batch_faces)
+    )
+    out["project_and_release_us_per_face"] = _median_us(lambda: releaser.release(face), n)
+
+    # The paper's per-image path: scikit-learn PCA + MinMaxScaler + numpy Laplace.
+    from sklearn.decomposition import PCA
+    from sklearn.preprocessing import MinMaxScaler
+
+    pca = PCA(n_components=nc).fit(rng.random((400, DEFAULT_GEOMETRY.n_pixels)))
+    mm = MinMaxScaler().fit(pca.transform(rng.random((400, DEFAULT_GEOMETRY.n_pixels))))
+    np_rng = np.random.default_rng(2)
+    face64 = face.astype(np.float64)
+
+    def naive() -> object:
+        z = mm.transform(pca.transform(face64))
+        return z + np_rng.laplace(0.0, 1.0 / 8.0, size=z.shape)
+
+    out["naive_paper_us_per_face"] = _median_us(naive, n)
+
+    # OpenDP's exact sampler on the same 128-d vector.
+    try:
+        import opendp.prelude as dp
+
+        dp.enable_features("contrib")
+        meas = dp.m.make_laplace(
+            dp.vector_domain(dp.atom_domain(T=float, nan=False), size=nc), dp.l1_distance(T=float), scale=1.0 / 8.0
+        )
+        vec = [float(v) for v in np.clip(bounded_coefficients(coef, bundle.bounds, "peep")[0], 0, 1)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out["opendp_release_us_per_face"] = _median_us(lambda: meas(vec), max(30, n // 20), warmup=5)
+    except Exception as exc:  # OpenDP missing or API changed: report, don't fail the bench
+        out["opendp_release_us_per_face"] = None
+        out["opendp_error"] = str(exc)
+    out["targets"] = {"release_us_per_face": 50.0, "project_us_per_face": 100.0}
+    out["meets_targets"] = {
+        "release_us_per_face": out["release_us_per_face"] <= 50.0,
+        "project_us_per_face": out["project_us_per_face"] <= 100.0,
+    }
+    return out

@@ -1,0 +1,69 @@
+"""``peep bench --out FILE.json [--quick]``: one JSON with sections core, edge, server.
+
+Each section is measured in this run (baselines included), so numbers are
+comparable within the file even on a shared, noisy machine. A section whose
+package is not installed or whose run fails is recorded with its error
+instead of aborting the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+SECTIONS = {"core": "peep.server.bench_core", "edge": "peep.edge.bench", "server": "peep.server.bench"}
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("bench", help="benchmarks: core, edge and server sections as one JSON")
+    p.add_argument("--out", required=True, help="JSON file to write")
+    p.add_argument("--quick", action="store_true", help="fewer iterations (CI smoke run)")
+    p.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of core,edge,server")
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from peep.server.cli import UsageError
+
+    wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in SECTIONS]
+    if unknown:
+        raise UsageError(f"--sections: expected a subset of {','.join(SECTIONS)}, received {','.join(unknown)}")
+    result: dict[str, Any] = {
+        "meta": {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "quick": bool(args.quick),
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        }
+    }
+    failed = False
+    for name in wanted:
+        print(f"peep bench: {name} ...", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        try:
+            module = importlib.import_module(SECTIONS[name])
+            section = module.run(quick=args.quick)
+        except ModuleNotFoundError as exc:
+            section = {"error": f"not installed: {exc.name}"}
+            failed = True
+        except Exception as exc:  # record and continue with the other sections
+            section = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=5)}
+            failed = True
+        section["wall_s"] = round(time.perf_counter() - t0, 2)
+        result[name] = section
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, default=float) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "meta"}, indent=2, default=float))
+    return 1 if failed else 0
