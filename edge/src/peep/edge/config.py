@@ -1,0 +1,425 @@
+"""The agent's one configuration file: TOML -> typed, validated model.
+
+Load -> parse -> validate (Frigate's pattern): :func:`load_config` reads the
+TOML, validates it into :class:`EdgeConfig` (pydantic v2, ``extra="forbid"``
+everywhere, so a misspelt key is an error, not a silent default) and raises
+:class:`~peep.edge.errors.ConfigError` listing every problem as
+``key.path: expected ..., received ...``.
+
+Privacy-relevant rules enforced here:
+
+- The device's own file sets the mechanism kind, ε and δ. There is no seed
+  field anywhere (``extra="forbid"`` rejects one), so the configuration can
+  never select the seeded (simulation) sampler; nothing received over the
+  network can change these values either.
+- Secrets are not accepted in the file: ``mqtt.password`` / ``grpc.token``
+  are rejected with a message naming ``*_env`` / ``*_credential``.
+- Checks that need the bundle (``privacy.track_budget`` must allow at least
+  one release, whose per-vector ε depends on the bundle's nc and bounds) run
+  in :func:`check_budget_allows_release` once the bundle is loaded.
+
+Relative paths are resolved against the directory of the config file.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from peep.core.wire import ID_PATTERN
+from peep.edge.errors import ConfigError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+MECHANISM_KINDS = ("peep", "peep-raw", "laplace-vector", "gaussian-l2", "laplace-l1")
+
+
+def _resolve_path(value: Path, info: ValidationInfo) -> Path:
+    base = (info.context or {}).get("base_dir")
+    value = value.expanduser()
+    if base is not None and not value.is_absolute():
+        value = Path(base) / value
+    return value
+
+
+ConfigPath = Annotated[Path, AfterValidator(_resolve_path)]
+
+
+def _check_id(value: str) -> str:
+    if not ID_PATTERN.match(value):
+        raise ValueError("expected 1-128 characters [A-Za-z0-9_.:@-] starting with a letter or digit")
+    return value
+
+
+Identifier = Annotated[str, AfterValidator(_check_id)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DeviceConfig(_Section):
+    """Who this device is and where it keeps its state."""
+
+    id: Identifier = Field(description="device id; becomes an MQTT topic level and the template's device_id")
+    site: Identifier = Field(description="site id; an MQTT topic level")
+    state_dir: ConfigPath = Field(
+        default=Path("/var/lib/peep-edge"),
+        description="spool, privacy ledger and accepted bundle updates live here",
+    )
+
+
+class BundleConfig(_Section):
+    """The signed eigenface bundle and the deployer's pinned public key."""
+
+    path: ConfigPath = Field(
+        description="bundle directory (projector.onnx, metadata.json, manifest.json, signature.sig)"
+    )
+    public_key: ConfigPath = Field(description="Ed25519 public key (PEM) every bundle must verify against")
+    accept_updates: bool = Field(
+        default=True,
+        description="take newer bundles from the retained peep/v1/bundle topic if they verify",
+    )
+
+
+class PrivacyConfig(_Section):
+    """Mechanism and release policy. Only this file sets them (never the bundle or the server)."""
+
+    mechanism: Literal["peep", "peep-raw", "laplace-vector", "gaussian-l2", "laplace-l1"] = "peep"
+    epsilon: float = Field(gt=0.0, le=1e6, description="the mechanism's ε (per coordinate for peep/peep-raw)")
+    delta: float = Field(default=0.0, ge=0.0, lt=1.0, description="δ, only for gaussian-l2")
+    track_budget: float = Field(gt=0.0, description="per-vector ε a single track may spend in total")
+    releases_per_window: int = Field(default=1, ge=1, le=1000, description="k: releases per track per window")
+    window_seconds: float = Field(default=60.0, gt=0.0, le=86400.0)
+    min_track_frames: int = Field(
+        default=3,
+        ge=1,
+        le=1000,
+        description="frames a face must be tracked before it may be released",
+    )
+    device_budget: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="optional lifetime per-vector ε cap of the device (persistent ledger)",
+    )
+    enroll_budget: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="optional per-vector ε cap per enrolled subject; none = --count decides",
+    )
+
+    @model_validator(mode="after")
+    def _delta_matches_kind(self) -> PrivacyConfig:
+        if self.mechanism == "gaussian-l2" and self.delta <= 0.0:
+            raise ValueError(
+                f"privacy.delta: expected 0 < delta < 1 for mechanism 'gaussian-l2', received {self.delta}"
+            )
+        if self.mechanism != "gaussian-l2" and self.delta != 0.0:
+            raise ValueError(
+                f"privacy.delta: expected 0 for the pure-ε mechanism {self.mechanism!r}, received {self.delta}"
+            )
+        return self
+
+
+class SoftConfig(_Section):
+    """On-device age and gender under local DP (needs ``peep-edge[soft]``)."""
+
+    enabled: bool = False
+    age_epsilon: float = Field(default=1.0, gt=0.0, le=100.0, description="ε of the bounded Laplace age release")
+    gender_epsilon: float = Field(default=1.0, gt=0.0, le=100.0, description="ε of randomized response on gender")
+    age_max: float = Field(default=100.0, gt=0.0, le=150.0, description="ages are clipped to [0, age_max]")
+
+
+class CaptureConfig(_Section):
+    """Where frames come from."""
+
+    source: int | str = Field(description="camera index, video file, rtsp://|http(s):// URL, or a folder of images")
+    max_fps: float = Field(default=15.0, ge=0.0, le=240.0, description="frame-rate cap; 0 = as fast as possible")
+    width: int | None = Field(default=None, ge=16, le=8192, description="requested camera width")
+    height: int | None = Field(default=None, ge=16, le=8192, description="requested camera height")
+    reconnect_min_s: float = Field(default=1.0, gt=0.0, le=600.0)
+    reconnect_max_s: float = Field(default=60.0, gt=0.0, le=3600.0)
+    reconnect_attempts: int = Field(
+        default=0,
+        ge=0,
+        description="give up (exit 1, systemd restarts) after this many failed re-opens; 0 = never",
+    )
+
+    @field_validator("source")
+    @classmethod
+    def _source_not_empty(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 0:
+            raise ValueError("expected a camera index >= 0")
+        if isinstance(v, str) and not v.strip():
+            raise ValueError("expected a camera index, video file, URL or image folder, received an empty string")
+        return v
+
+
+class DetectorConfig(_Section):
+    """Face detection (Haar by default; YuNet when a model file is configured)."""
+
+    kind: Literal["haar", "yunet"] = "haar"
+    detect_width: int | None = Field(
+        default=320,
+        ge=32,
+        le=4096,
+        description="downscale frames to this width before Haar detection",
+    )
+    scale_factor: float = Field(default=1.2, gt=1.0, le=2.0)
+    min_neighbors: int = Field(default=5, ge=0, le=50)
+    min_size: int = Field(default=64, ge=8, le=2048, description="smallest face, pixels of the full frame")
+    model_path: ConfigPath | None = Field(default=None, description="YuNet ONNX file (kind = 'yunet')")
+    score_threshold: float = Field(default=0.7, ge=0.0, le=1.0)
+    refine: bool = Field(
+        default=True,
+        description="before a release, re-detect at full size with the bundle's detector settings",
+    )
+    threads: int = Field(default=1, ge=1, le=64, description="OpenCV threads")
+
+    @model_validator(mode="after")
+    def _model_matches_kind(self) -> DetectorConfig:
+        if self.kind == "yunet" and self.model_path is None:
+            raise ValueError("detector.model_path: expected a YuNet ONNX file for kind 'yunet', received none")
+        if self.kind == "haar" and self.model_path is not None:
+            raise ValueError("detector.kind: expected 'yunet' when detector.model_path is set, received 'haar'")
+        return self
+
+
+class TrackerConfig(_Section):
+    iou_threshold: float = Field(default=0.3, gt=0.0, lt=1.0)
+    max_distance: float = Field(
+        default=0.6, ge=0.0, le=5.0, description="centroid fallback: max distance in box widths"
+    )
+    max_age_s: float = Field(default=1.0, gt=0.0, le=60.0, description="drop a track unseen for this long")
+
+
+class SpoolConfig(_Section):
+    path: ConfigPath | None = Field(default=None, description="SQLite file; default <state_dir>/spool.sqlite3")
+    max_messages: int = Field(default=50_000, ge=10, le=10_000_000, description="per transport")
+    synchronous: Literal["normal", "full"] = Field(
+        default="full", description="'full' fsyncs every insert (survives power loss)"
+    )
+    drain_timeout_s: float = Field(default=10.0, ge=0.0, le=600.0, description="on stop, wait this long for acks")
+
+
+def _reject_secrets(data: Any, section: str, names: tuple[str, ...]) -> Any:
+    if isinstance(data, dict):
+        for name in names:
+            if name in data:
+                raise ValueError(
+                    f"{section}.{name}: secrets are not accepted in the config file; set "
+                    f"{section}.{name}_credential (systemd LoadCredential) or {section}.{name}_env"
+                )
+    return data
+
+
+class MqttConfig(_Section):
+    enabled: bool = True
+    host: str = Field(default="localhost", min_length=1)
+    port: int = Field(default=8883, ge=1, le=65535)
+    tls: bool = True
+    ca_file: ConfigPath | None = Field(default=None, description="CA bundle; system CAs when unset")
+    cert_file: ConfigPath | None = Field(default=None, description="client certificate (mutual TLS)")
+    key_file: ConfigPath | None = None
+    client_id: str | None = Field(default=None, description="default peep-edge-<site>-<device>")
+    username: str | None = Field(default=None, description="default: the device id when a password is configured")
+    password_env: str | None = None
+    password_credential: str | None = None
+    keepalive_s: int = Field(default=30, ge=5, le=3600)
+    reconnect_min_s: int = Field(default=1, ge=1, le=600)
+    reconnect_max_s: int = Field(default=60, ge=1, le=3600)
+    max_inflight: int = Field(default=20, ge=1, le=1000)
+    connect_timeout_s: float = Field(default=10.0, gt=0.0, le=300.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_secrets(cls, data: Any) -> Any:
+        return _reject_secrets(data, "mqtt", ("password",))
+
+    @model_validator(mode="after")
+    def _cert_pair(self) -> MqttConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("mqtt.cert_file/mqtt.key_file: expected both (client certificate) or neither")
+        if not self.tls and (self.ca_file or self.cert_file):
+            raise ValueError("mqtt.tls: expected true when ca_file/cert_file are set, received false")
+        return self
+
+
+class GrpcConfig(_Section):
+    enabled: bool = False
+    target: str = Field(default="localhost:50051", min_length=1, description="host:port of the server")
+    tls: bool = True
+    ca_file: ConfigPath | None = None
+    cert_file: ConfigPath | None = None
+    key_file: ConfigPath | None = None
+    server_name: str | None = Field(default=None, description="TLS name to expect when it differs from the host")
+    token_env: str | None = None
+    token_credential: str | None = None
+    deadline_s: float = Field(default=10.0, gt=0.0, le=600.0, description="deadline of every call")
+    batch_size: int = Field(default=64, ge=1, le=10_000)
+    retry_min_s: float = Field(default=0.5, gt=0.0, le=600.0)
+    retry_max_s: float = Field(default=60.0, gt=0.0, le=3600.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_secrets(cls, data: Any) -> Any:
+        return _reject_secrets(data, "grpc", ("token",))
+
+    @model_validator(mode="after")
+    def _cert_pair(self) -> GrpcConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("grpc.cert_file/grpc.key_file: expected both (client certificate) or neither")
+        if not self.tls and (self.ca_file or self.cert_file):
+            raise ValueError("grpc.tls: expected true when ca_file/cert_file are set, received false")
+        return self
+
+
+class MetricsConfig(_Section):
+    port: int = Field(default=9108, ge=0, le=65535, description="Prometheus endpoint; 0 = off")
+    bind: str = "127.0.0.1"
+
+
+class LogConfig(_Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["json", "text"] = "json"
+
+
+class EdgeConfig(_Section):
+    """The whole agent configuration (one TOML file)."""
+
+    device: DeviceConfig
+    bundle: BundleConfig
+    privacy: PrivacyConfig
+    capture: CaptureConfig
+    soft: SoftConfig = SoftConfig()
+    detector: DetectorConfig = DetectorConfig()
+    tracker: TrackerConfig = TrackerConfig()
+    spool: SpoolConfig = SpoolConfig()
+    mqtt: MqttConfig = MqttConfig()
+    grpc: GrpcConfig = GrpcConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    log: LogConfig = LogConfig()
+
+    @model_validator(mode="after")
+    def _checks(self) -> EdgeConfig:
+        if not (self.mqtt.enabled or self.grpc.enabled):
+            raise ValueError("mqtt.enabled/grpc.enabled: expected at least one transport enabled, received none")
+        if self.capture.reconnect_max_s < self.capture.reconnect_min_s:
+            raise ValueError(
+                "capture.reconnect_max_s: expected >= capture.reconnect_min_s "
+                f"({self.capture.reconnect_min_s}), "
+                f"received {self.capture.reconnect_max_s}"
+            )
+        if self.privacy.enroll_budget is not None and not math.isfinite(self.privacy.enroll_budget):
+            raise ValueError("privacy.enroll_budget: expected a finite number")
+        return self
+
+    @property
+    def spool_path(self) -> Path:
+        return self.spool.path or self.device.state_dir / "spool.sqlite3"
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.device.state_dir / "ledger.sqlite3"
+
+    @property
+    def mqtt_client_id(self) -> str:
+        return self.mqtt.client_id or f"peep-edge-{self.device.site}-{self.device.id}"
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(p) for p in loc)
+
+
+def _format_errors(exc: ValidationError) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    for err in exc.errors(include_url=False):
+        path = _loc(err["loc"])
+        msg = str(err["msg"])
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        # Model-level validators already name their field ("privacy.delta: ...").
+        head, sep, rest = msg.partition(": ")
+        if sep and "." in head and " " not in head:
+            path, msg = head, rest
+            problems.append((path, msg))
+            continue
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling; seeds and secrets are never accepted)"
+        elif err["type"] == "missing":
+            msg = "required setting is missing"
+        value = err.get("input")
+        if err["type"] != "missing" and not isinstance(value, dict):
+            msg = f"{msg}, received {value!r}"
+        problems.append((path, msg))
+    return problems
+
+
+def parse_config(data: dict[str, Any], *, base_dir: Path | None = None) -> EdgeConfig:
+    """Validate an already parsed TOML mapping (raises :class:`ConfigError`)."""
+    try:
+        return EdgeConfig.model_validate(data, context={"base_dir": base_dir})
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc)) from None
+
+
+def load_config(path: str | Path) -> EdgeConfig:
+    """Read, parse and validate a TOML configuration file."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"--config: expected a readable TOML file, received {str(p)!r} ({exc.strerror})") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"--config: expected valid TOML in {p}, parsing failed ({exc})") from None
+    return parse_config(data, base_dir=p.resolve().parent)
+
+
+def check_budget_allows_release(
+    privacy: PrivacyConfig,
+    *,
+    release_epsilon_vector: float,
+    release_epsilon_coordinate: float,
+    soft_epsilon: float,
+) -> None:
+    """Raise :class:`ConfigError` if the budgets cannot pay for even one release.
+
+    Parameters
+    ----------
+    release_epsilon_vector, release_epsilon_coordinate : float
+        Guarantee of one template under the configured mechanism and the bundle.
+    soft_epsilon : float
+        ε of the soft traits attached to each release (0 when disabled).
+    """
+    cost = release_epsilon_vector + soft_epsilon
+    detail = (
+        f"one release costs per-vector ε={release_epsilon_vector:g} (per-coordinate "
+        f"ε={release_epsilon_coordinate:g})" + (f" + soft traits ε={soft_epsilon:g}" if soft_epsilon else "")
+    )
+    problems = []
+    for name, value in (
+        ("track_budget", privacy.track_budget),
+        ("device_budget", privacy.device_budget),
+        ("enroll_budget", privacy.enroll_budget),
+    ):
+        if value is not None and value < cost * (1.0 - 1e-9):
+            problems.append(
+                (
+                    f"privacy.{name}",
+                    f"expected at least {cost:g} per-vector ε ({detail}), received {value:g}",
+                )
+            )
+    if problems:
+        raise ConfigError(problems)
