@@ -1,0 +1,316 @@
+"""Per-frame processing: detect -> track -> policy -> normalise -> project -> perturb -> spool.
+
+:class:`FramePipeline` holds the injected parts (detector, tracker, policy,
+releaser, spool, optional soft-trait releaser) and turns frames into
+spooled templates. It is what the agent, the enrolment mode and the
+benchmark run; nothing here touches the network.
+
+Pixels stop here: a released template holds the perturbed coefficients and
+metadata only (the wire schema has no field for pixels). Face crops exist in
+memory for the duration of one release.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from peep.core.accounting import PrivacyAccountant
+from peep.core.exceptions import BudgetError
+from peep.core.imaging import FaceBox, FaceDetector, normalise_face, primary_face
+from peep.core.release import TemplateReleaser
+from peep.core.wire import encode_template, make_template
+from peep.edge.capture import Frame
+from peep.edge.detection import BoxRefiner
+from peep.edge.logs import log_event
+from peep.edge.metrics import EdgeMetrics
+from peep.edge.policy import ReleasePolicy
+from peep.edge.soft import SoftTraitReleaser, face_crop_rgb
+from peep.edge.spool import Spool
+from peep.edge.tracking import Track, Tracker
+
+_log = logging.getLogger("peep.edge.pipeline")
+
+STAGES = ("decode", "detect", "track", "project", "perturb", "soft", "spool", "publish")
+
+
+def make_releaser(bundle: Any, *, kind: str, epsilon: float, delta: float) -> TemplateReleaser:
+    """A :class:`TemplateReleaser` on the secure sampler, refusing anything else.
+
+    ``random_state=None`` selects the OS-CSPRNG sampler; the assertion guards
+    against a future default change, because the device must never release
+    with seeded noise.
+    """
+    releaser = TemplateReleaser(
+        bundle,
+        kind=kind,
+        epsilon=epsilon,
+        delta=delta if kind == "gaussian-l2" else None,
+        random_state=None,
+    )
+    if not releaser.mechanism.is_secure:
+        raise RuntimeError("the release mechanism is not on the secure sampler; refusing to release")
+    return releaser
+
+
+@dataclass
+class StageTimer:
+    """Accumulated seconds and calls per pipeline stage (for the bench and debugging)."""
+
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def add(self, stage: str, dt: float, n: int = 1) -> None:
+        self.seconds[stage] += dt
+        self.calls[stage] += n
+
+    def mean_ms(self, stage: str) -> float:
+        n = self.calls.get(stage, 0)
+        return 1e3 * self.seconds.get(stage, 0.0) / n if n else 0.0
+
+
+@dataclass(frozen=True)
+class Released:
+    """What one release produced (for callers and tests; the payload is what is sent)."""
+
+    message_id: str
+    track_id: str
+    payload: bytes
+    box: FaceBox
+
+
+class FramePipeline:
+    """Turn frames into spooled templates under the release policy.
+
+    Parameters
+    ----------
+    device_id, site : str
+    detector : FaceDetector
+        Tracking detector.
+    tracker : Tracker
+    policy : ReleasePolicy
+    releaser : TemplateReleaser
+        From :func:`make_releaser` (secure sampler).
+    spool : Spool
+    refine : bool
+        Re-detect at full resolution with the bundle's detector settings before releasing
+        (:class:`~peep.edge.detection.BoxRefiner`).
+    soft : SoftTraitReleaser, optional
+    metrics : EdgeMetrics, optional
+    clock : callable returning float
+        Wall clock for ``capture_time``.
+    """
+
+    def __init__(
+        self,
+        *,
+        device_id: str,
+        site: str,
+        detector: FaceDetector,
+        tracker: Tracker,
+        policy: ReleasePolicy,
+        releaser: TemplateReleaser,
+        spool: Spool,
+        refine: bool = True,
+        soft: SoftTraitReleaser | None = None,
+        metrics: EdgeMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.device_id = device_id
+        self.site = site
+        self.detector = detector
+        self.tracker = tracker
+        self.policy = policy
+        self.spool = spool
+        self.refine = refine
+        self.refiner: BoxRefiner | None = None
+        self.soft = soft
+        self.metrics = metrics or EdgeMetrics()
+        self.clock = clock
+        self.timer = StageTimer()
+        self.releaser = releaser
+        self.set_releaser(releaser)
+
+    def set_releaser(self, releaser: TemplateReleaser) -> None:
+        """Swap the releaser (bundle update); the mechanism comes from the device config only."""
+        if not releaser.mechanism.is_secure:
+            raise RuntimeError("the release mechanism is not on the secure sampler; refusing to release")
+        self.releaser = releaser
+        g = releaser.mechanism.guarantee
+        self.epsilon_vector = float(g.epsilon_vector)
+        self.epsilon_coordinate = float(g.epsilon_coordinate)
+        self.delta = float(releaser.description.delta)
+        self.metrics.mechanism_epsilon.labels(scope="vector").set(self.epsilon_vector)
+        self.metrics.mechanism_epsilon.labels(scope="coordinate").set(self.epsilon_coordinate)
+        self.refiner = BoxRefiner(releaser.bundle.normalisation) if self.refine else None
+
+    @property
+    def release_cost(self) -> float:
+        """Per-vector ε charged for one release (template + soft traits)."""
+        return self.epsilon_vector + (self.soft.epsilon if self.soft is not None else 0.0)
+
+    # -- frames ------------------------------------------------------------------------
+
+    def process(self, frame: Frame) -> list[Released]:
+        """Detect, track and release what the policy allows for one frame."""
+        self.metrics.frames.inc()
+        t0 = time.perf_counter()
+        boxes = self.detector.detect(frame.image)
+        t1 = time.perf_counter()
+        self.timer.add("detect", t1 - t0)
+        if boxes:
+            self.metrics.faces.inc(len(boxes))
+        tracks = self.tracker.update(boxes, frame.timestamp)
+        self.timer.add("track", time.perf_counter() - t1)
+        out: list[Released] = []
+        for tr in tracks:
+            if self.policy.decide(tr, frame.timestamp).allowed:
+                rel = self._release_track(frame, tr)
+                if rel is not None:
+                    out.append(rel)
+        return out
+
+    def _release_track(self, frame: Frame, track: Track) -> Released | None:
+        def spend(cost: float, coord: float, message_id: str) -> None:
+            self.policy.record(
+                track,
+                frame.timestamp,
+                epsilon=cost,
+                delta=self.delta,
+                epsilon_coordinate=coord,
+                note=message_id,
+            )
+
+        return self.release_face(frame, track.box, track_id=track.id, spend=spend, purpose="identify")
+
+    def release_face(
+        self,
+        frame: Frame,
+        box: FaceBox,
+        *,
+        track_id: str,
+        spend: Callable[[float, float, str], None],
+        purpose: str,
+        subject: str = "",
+    ) -> Released | None:
+        """Normalise, project, perturb, spend, encode and spool one face.
+
+        ``spend(epsilon_vector_total, epsilon_coordinate, message_id)`` persists
+        the privacy cost after the noise is drawn and before the template is
+        queued; if it raises :class:`BudgetError` nothing is queued.
+        """
+        t0 = time.perf_counter()
+        if self.refiner is not None:
+            box = self.refiner.refine(frame.image, box)
+        face = normalise_face(frame.image, box, self.releaser.bundle.geometry)
+        bounded = self.releaser.project(face)
+        t1 = time.perf_counter()
+        values = self.releaser.release_bounded(bounded)[0]
+        t2 = time.perf_counter()
+        self.timer.add("project", t1 - t0)
+        self.timer.add("perturb", t2 - t1)
+        traits: list[dict[str, Any]] = []
+        if self.soft is not None:
+            try:
+                traits = self.soft.release(face_crop_rgb(frame.image, box))
+            except (ValueError, RuntimeError) as exc:
+                log_event(_log, logging.WARNING, "soft_traits_failed", track=track_id, error=str(exc))
+            self.timer.add("soft", time.perf_counter() - t2)
+        del face
+        soft_eps = sum(float(t["epsilon"]) for t in traits)
+        msg = make_template(
+            values,
+            device_id=self.device_id,
+            site=self.site,
+            bundle_id=self.releaser.bundle_id,
+            mechanism=self.releaser.description,
+            purpose=purpose,
+            subject=subject,
+            track_id=track_id,
+            capture_time=self.clock(),
+            soft_traits=traits,
+        )
+        try:
+            spend(self.epsilon_vector + soft_eps, self.epsilon_coordinate, msg.message_id)
+        except BudgetError as exc:
+            log_event(_log, logging.WARNING, "release_refused_budget", track=track_id, error=str(exc))
+            return None
+        payload = encode_template(msg)
+        t3 = time.perf_counter()
+        self.spool.put(message_id=msg.message_id, purpose=purpose, payload=payload)
+        self.timer.add("spool", time.perf_counter() - t3)
+        self.metrics.releases.labels(purpose=purpose).inc()
+        log_event(
+            _log,
+            logging.INFO,
+            "release",
+            purpose=purpose,
+            track=track_id,
+            message_id=msg.message_id,
+            mechanism=self.releaser.kind,
+            epsilon_coordinate=self.epsilon_coordinate,
+            epsilon_vector=self.epsilon_vector,
+            soft_epsilon=soft_eps,
+            bundle_id=self.releaser.bundle_id,
+        )
+        return Released(message_id=msg.message_id, track_id=track_id, payload=payload, box=box)
+
+
+class EnrollSession:
+    """Enrolment: the primary face of each frame becomes an ENROLL template for ``subject``.
+
+    Spends under ``subject:<id>`` (budget ``privacy.enroll_budget`` when set).
+    Images are never written anywhere.
+    """
+
+    def __init__(
+        self,
+        pipeline: FramePipeline,
+        accountant: PrivacyAccountant,
+        *,
+        subject: str,
+        device_key: str | None = None,
+    ) -> None:
+        self.pipeline = pipeline
+        self.accountant = accountant
+        self.subject = subject
+        self.device_key = device_key
+        self.key = f"subject:{subject}"
+        self.released = 0
+
+    def process(self, frame: Frame) -> Released | None:
+        p = self.pipeline
+        p.metrics.frames.inc()
+        boxes = p.detector.detect(frame.image)
+        if boxes:
+            p.metrics.faces.inc(len(boxes))
+        box = primary_face(boxes, frame.image.shape)
+        if box is None:
+            return None
+        cost = p.release_cost
+        self.accountant.check(self.key, cost, p.delta)
+        if self.device_key is not None:
+            self.accountant.check(self.device_key, cost, p.delta)
+
+        def spend(eps: float, coord: float, message_id: str) -> None:
+            note = json.dumps({"epsilon_coordinate": coord, "message_id": message_id, "purpose": "enroll"})
+            if self.device_key is not None:
+                self.accountant.spend(self.device_key, eps, p.delta, note=note)
+            self.accountant.spend(self.key, eps, p.delta, note=note)
+
+        rel = p.release_face(
+            frame,
+            box,
+            track_id=f"enroll-{frame.index}",
+            spend=spend,
+            purpose="enroll",
+            subject=self.subject,
+        )
+        if rel is not None:
+            self.released += 1
+        return rel

@@ -1,0 +1,187 @@
+"""Real-face test material for benchmarks, tests and demos (never used by the agent itself).
+
+- :func:`lfw_people` finds LFW images in scikit-learn's layout
+  (``<data_home>/lfw_home/lfw_funneled/<Person>/<Person>_0001.jpg``).
+- :func:`compose_video` writes a 640x480 video (``cv2.VideoWriter``) of LFW
+  faces moving over a static background, each face visible during its own
+  frame interval, so detection and tracking run on real faces.
+- :func:`build_bundle_from_images` fits and signs an eigenface bundle from
+  image files with the core only (Haar detection + the one normalisation
+  path), for places that must not depend on the server package.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from numpy.typing import NDArray
+from peep.core.bounding import fit_bundle_bounds
+from peep.core.bundle import build_bundle_files, write_bundle_files
+from peep.core.eigenfaces import EigenfaceModel
+from peep.core.imaging import DEFAULT_GEOMETRY, HaarFaceDetector, normalise_face, primary_face
+
+
+def lfw_home(data_home: str | os.PathLike[str] | None = None) -> Path:
+    """The ``lfw_funneled`` directory under ``data_home`` (default ``$SCIKIT_LEARN_DATA``)."""
+    home = data_home or os.environ.get("SCIKIT_LEARN_DATA") or Path.home() / "scikit_learn_data"
+    root = Path(home) / "lfw_home" / "lfw_funneled"
+    if not root.is_dir():
+        raise FileNotFoundError(
+            f"LFW images not found: expected {root} (stage them with scripts/stage-lfw.sh and set SCIKIT_LEARN_DATA)"
+        )
+    return root
+
+
+def lfw_people(data_home: str | os.PathLike[str] | None = None, *, min_images: int = 1) -> dict[str, list[Path]]:
+    """Image paths per person with at least ``min_images`` images, names sorted."""
+    root = lfw_home(data_home)
+    out: dict[str, list[Path]] = {}
+    for d in sorted(p for p in root.iterdir() if p.is_dir()):
+        files = sorted(d.glob("*.jpg"))
+        if len(files) >= min_images:
+            out[d.name] = files
+    return out
+
+
+def _background(size: tuple[int, int], seed: int) -> NDArray[np.uint8]:
+    w, h = size
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    base = 70 + 40 * (xx / w) + 25 * (yy / h)
+    noise = cv2.GaussianBlur(rng.normal(0, 12, (h, w)).astype(np.float32), (0, 0), 6)
+    gray = np.clip(base + noise, 0, 255).astype(np.uint8)
+    img = cv2.merge([gray, (gray * 0.95).astype(np.uint8), (gray * 0.9).astype(np.uint8)])
+    return np.ascontiguousarray(img)
+
+
+@dataclass(frozen=True)
+class FaceTrack:
+    """One face in a composed video: the image, when it is visible and how it moves."""
+
+    image: Path
+    start: int
+    stop: int
+    x0: float
+    y0: float
+    amplitude: float = 60.0
+    period_frames: float = 150.0
+    phase: float = 0.0
+
+
+def _elliptic_mask(size: int) -> NDArray[np.float32]:
+    mask = np.zeros((size, size), np.float32)
+    c = size // 2
+    cv2.ellipse(mask, (c, c), (int(size * 0.34), int(size * 0.44)), 0, 0, 360, 1.0, -1)
+    return cv2.GaussianBlur(mask, (0, 0), size * 0.03)[:, :, None]
+
+
+def compose_video(
+    path: str | os.PathLike[str],
+    tracks: Sequence[FaceTrack],
+    *,
+    n_frames: int,
+    fps: float = 30.0,
+    size: tuple[int, int] = (640, 480),
+    face_size: int = 200,
+    seed: int = 0,
+    fourcc: str = "mp4v",
+) -> dict[str, Any]:
+    """Write a video of LFW faces moving over a background.
+
+    Each face is the LFW image scaled to ``face_size`` pixels and cut out with
+    a soft elliptic mask (so faces in the photo's own background do not come
+    along), moving horizontally on a sine path while ``start <= frame < stop``.
+
+    Returns
+    -------
+    dict
+        ``path``, ``n_frames``, ``fps``, ``size`` and, per frame, how many faces are visible.
+    """
+    w, h = size
+    writer = cv2.VideoWriter(os.fspath(path), cv2.VideoWriter_fourcc(*fourcc), fps, (w, h))
+    if not writer.isOpened():
+        raise RuntimeError(f"cv2.VideoWriter could not open {path} with codec {fourcc!r}")
+    bg = _background(size, seed)
+    mask = _elliptic_mask(face_size)
+    faces = []
+    for tr in tracks:
+        img = cv2.imread(os.fspath(tr.image), cv2.IMREAD_COLOR)
+        if img is None:
+            raise FileNotFoundError(f"could not read face image {tr.image}")
+        faces.append(cv2.resize(img, (face_size, face_size), interpolation=cv2.INTER_AREA).astype(np.float32))
+    visible = []
+    try:
+        for f in range(n_frames):
+            frame = bg.astype(np.float32)
+            n = 0
+            for tr, face in zip(tracks, faces, strict=True):
+                if not tr.start <= f < tr.stop:
+                    continue
+                n += 1
+                x = tr.x0 + tr.amplitude * math.sin(2 * math.pi * f / tr.period_frames + tr.phase)
+                xi = round(min(max(x, 0), w - face_size))
+                yi = round(min(max(tr.y0, 0), h - face_size))
+                roi = frame[yi : yi + face_size, xi : xi + face_size]
+                roi[:] = roi * (1 - mask) + face * mask
+            visible.append(n)
+            writer.write(np.clip(frame, 0, 255).astype(np.uint8))
+    finally:
+        writer.release()
+    return {"path": str(path), "n_frames": n_frames, "fps": fps, "size": [w, h], "visible": visible}
+
+
+def build_bundle_from_images(
+    images: Sequence[Path],
+    *,
+    n_components: int,
+    signing_key: Ed25519PrivateKey,
+    out_dir: str | os.PathLike[str],
+    radius_quantile: float = 0.95,
+) -> Path:
+    """Fit eigenfaces on the Haar-detected, normalised faces of ``images``; write a signed bundle.
+
+    The detector settings are those of the server's bundle builder (Haar,
+    scale 1.1, 5 neighbours, 40 px), recorded in the bundle's normalisation
+    metadata so devices can crop the same way.
+    """
+    det = HaarFaceDetector()
+    faces = []
+    for p in images:
+        img = cv2.imread(os.fspath(p), cv2.IMREAD_GRAYSCALE)
+        if img is None:
+            continue
+        box = primary_face(det.detect(img), img.shape)
+        if box is not None:
+            faces.append(normalise_face(img, box, DEFAULT_GEOMETRY).ravel())
+    if len(faces) <= n_components:
+        raise ValueError(f"images: expected more than n_components={n_components} detectable faces, found {len(faces)}")
+    X = np.asarray(faces, dtype=np.float64)
+    model = EigenfaceModel(n_components=n_components).fit(X)
+    bounds = fit_bundle_bounds(model.transform(X), radius_quantile=radius_quantile)
+    normalisation = {
+        "method": "detector",
+        "detector": "HaarFaceDetector",
+        "scale_factor": det.scale_factor,
+        "min_neighbors": det.min_neighbors,
+        "min_size": det.min_size,
+        "detect_width": None,
+        "geometry": DEFAULT_GEOMETRY.to_dict(),
+    }
+    files = build_bundle_files(
+        model=model,
+        bounds=bounds,
+        geometry=DEFAULT_GEOMETRY,
+        signing_key=signing_key,
+        normalisation=normalisation,
+        mechanism_defaults={"kind": "peep", "epsilon": 8.0, "delta": 0.0},
+        provenance={"dataset": "lfw images", "n_images": len(faces), "software": "peep-edge synthetic"},
+    )
+    return write_bundle_files(files, out_dir)
