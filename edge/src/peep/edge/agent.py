@@ -1,0 +1,608 @@
+"""The agent: wires configuration, bundle, pipeline, spool and transports, and runs them.
+
+Start-up order (anything wrong stops the agent before a frame is read):
+
+1. pinned public key and bundle: the bundle must verify (signature, hashes);
+   an unsigned, tampered or foreign-key bundle is refused with the
+   :class:`~peep.core.exceptions.BundleError` text naming the file;
+2. release mechanism from the device config only, on the secure sampler
+   (``random_state=None``; asserted);
+3. soft-trait extra (if enabled), budgets (must pay for one release),
+   secrets, state directory, persistent ledger, spool;
+4. metrics endpoint, transports (they connect in the background: an
+   unreachable broker or server is logged and retried while templates wait
+   in the spool), frame source.
+
+Stop (SIGTERM/SIGINT, or the end of a file/folder source): stop reading
+frames, let the forwarders deliver for up to ``spool.drain_timeout_s``,
+publish ``offline``, checkpoint and close the spool and the ledger.
+
+Bundle updates from the retained ``peep/v1/bundle`` topic are applied
+between frames, only if they verify against the pinned key, are not older
+than the current bundle, and do not raise the per-vector ε of a release
+above what the configured bundle gives (``peep-raw``'s per-vector ε depends
+on the bundle's bounds). Accepted updates are stored in
+``<state_dir>/bundle`` and preferred at the next start (after the same checks).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import queue
+import secrets
+import shutil
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import cv2
+from peep.core.accounting import PrivacyAccountant, Spend
+from peep.core.bundle import EigenfaceBundle, load_public_key, write_bundle_files
+from peep.core.exceptions import BudgetError, BundleError
+from peep.core.release import TemplateReleaser
+from peep.core.wire import SUBJECT_PATTERN
+from peep.edge.capture import FrameSource, open_source
+from peep.edge.config import EdgeConfig, check_budget_allows_release
+from peep.edge.credentials import resolve_secret
+from peep.edge.detection import build_detector
+from peep.edge.errors import ConfigError, EdgeError
+from peep.edge.ledger import SqliteLedger
+from peep.edge.logs import log_event
+from peep.edge.metrics import EdgeMetrics
+from peep.edge.pipeline import EnrollSession, FramePipeline, make_releaser
+from peep.edge.policy import ReleasePolicy
+from peep.edge.soft import SoftTraitReleaser
+from peep.edge.spool import Spool
+from peep.edge.tracking import Tracker
+from peep.edge.transport.base import Forwarder
+
+_log = logging.getLogger("peep.edge.agent")
+
+UPDATED_BUNDLE_DIR = "bundle"
+
+
+class BundleRefused(EdgeError):
+    """The configured bundle failed verification (exit 1; the message names the file)."""
+
+
+def _delta_budget(epsilon_budget: float | None, cost: float, delta: float) -> float:
+    """δ budget allowing exactly as many releases as the ε budget does."""
+    if delta <= 0.0:
+        return 0.0
+    if epsilon_budget is None or not math.isfinite(epsilon_budget):
+        return 1.0
+    n = math.floor(epsilon_budget / cost * (1 + 1e-9))
+    return min(1.0, (n + 0.5) * delta)
+
+
+class Agent:
+    """The edge agent for one configuration.
+
+    Parameters
+    ----------
+    cfg : EdgeConfig
+    environ : mapping, optional
+        Where secrets are looked up (defaults to ``os.environ``).
+    metrics : EdgeMetrics, optional
+    """
+
+    def __init__(
+        self,
+        cfg: EdgeConfig,
+        *,
+        environ: Mapping[str, str] | None = None,
+        metrics: EdgeMetrics | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.environ = os.environ if environ is None else environ
+        self.metrics = metrics or EdgeMetrics()
+        self.stop_event = threading.Event()
+        self.forwarders: list[Forwarder] = []
+        self.mqtt_link: Any = None
+        self.spool: Spool | None = None
+        self.ledger: SqliteLedger | None = None
+        self.pipeline: FramePipeline | None = None
+        self.accountant: PrivacyAccountant | None = None
+        self._bundle_updates: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+        self._prepared = False
+        self._lifetime = [0.0, 0.0]
+
+    # ------------------------------------------------------------------ start-up
+
+    def _load_bundle(self) -> None:
+        cfg = self.cfg
+        try:
+            self.public_key = load_public_key(cfg.bundle.public_key)
+        except BundleError as exc:
+            raise ConfigError(f"bundle.public_key: {exc}") from None
+        if not cfg.bundle.path.is_dir():
+            raise ConfigError(
+                f"bundle.path: expected a bundle directory, received {str(cfg.bundle.path)!r} (not a directory)"
+            )
+        try:
+            bundle = EigenfaceBundle.load(cfg.bundle.path, self.public_key)
+        except BundleError as exc:
+            raise BundleRefused(f"bundle.path {cfg.bundle.path}: refusing to start: {exc}") from None
+        p = cfg.privacy
+        releaser = make_releaser(bundle, kind=p.mechanism, epsilon=p.epsilon, delta=p.delta)
+        # The configured bundle fixes the largest per-vector ε any later bundle may give.
+        self.epsilon_vector_cap = float(releaser.mechanism.guarantee.epsilon_vector)
+        self.releaser = releaser
+        updated = cfg.device.state_dir / UPDATED_BUNDLE_DIR
+        if cfg.bundle.accept_updates and updated.is_dir():
+            try:
+                candidate = EigenfaceBundle.load(updated, self.public_key)
+                self.releaser = self._check_candidate(candidate)
+                log_event(
+                    _log,
+                    logging.INFO,
+                    "bundle_update_restored",
+                    bundle_id=candidate.bundle_id,
+                    path=str(updated),
+                )
+            except (BundleError, ValueError) as exc:
+                log_event(
+                    _log,
+                    logging.WARNING,
+                    "bundle_update_ignored",
+                    path=str(updated),
+                    error=str(exc),
+                )
+
+    def _check_candidate(self, candidate: EigenfaceBundle) -> TemplateReleaser:
+        """A releaser for a verified candidate bundle, or ValueError saying why not."""
+        p = self.cfg.privacy
+        current = self.releaser.bundle
+        if candidate.manifest.created_at < current.manifest.created_at:
+            raise ValueError(
+                f"bundle {candidate.bundle_id} was created {candidate.manifest.created_at}, "
+                "before the current "
+                f"bundle {current.bundle_id} ({current.manifest.created_at}); refusing a downgrade"
+            )
+        releaser = make_releaser(candidate, kind=p.mechanism, epsilon=p.epsilon, delta=p.delta)
+        g = releaser.mechanism.guarantee
+        if g.epsilon_vector > self.epsilon_vector_cap * (1 + 1e-9):
+            raise ValueError(
+                f"bundle {candidate.bundle_id} would raise the per-vector ε of a release from "
+                f"{self.epsilon_vector_cap:g} to {g.epsilon_vector:g} (per-coordinate ε "
+                f"{g.epsilon_coordinate:g}); "
+                "only the device configuration may do that"
+            )
+        return releaser
+
+    def prepare(self) -> None:
+        """Everything that can fail because of the config or the bundle (no network, no frames)."""
+        cfg = self.cfg
+        cv2.setNumThreads(cfg.detector.threads)
+        self._load_bundle()
+        self.soft = (
+            SoftTraitReleaser(
+                age_epsilon=cfg.soft.age_epsilon,
+                gender_epsilon=cfg.soft.gender_epsilon,
+                age_max=cfg.soft.age_max,
+            )
+            if cfg.soft.enabled
+            else None
+        )
+        g = self.releaser.mechanism.guarantee
+        check_budget_allows_release(
+            cfg.privacy,
+            release_epsilon_vector=float(g.epsilon_vector),
+            release_epsilon_coordinate=float(g.epsilon_coordinate),
+            soft_epsilon=self.soft.epsilon if self.soft else 0.0,
+        )
+        self.mqtt_password = (
+            resolve_secret(
+                credential=cfg.mqtt.password_credential,
+                env=cfg.mqtt.password_env,
+                field="mqtt.password",
+                environ=self.environ,
+            )
+            if cfg.mqtt.enabled
+            else None
+        )
+        self.grpc_token = (
+            resolve_secret(
+                credential=cfg.grpc.token_credential,
+                env=cfg.grpc.token_env,
+                field="grpc.token",
+                environ=self.environ,
+            )
+            if cfg.grpc.enabled
+            else None
+        )
+        self.detector = build_detector(cfg.detector)
+        self._prepared = True
+
+    def describe(self) -> dict[str, Any]:
+        """What the agent will do (logged at start, printed by ``--validate-config``)."""
+        g = self.releaser.mechanism.guarantee
+        p = self.cfg.privacy
+        return {
+            "device": self.cfg.device.id,
+            "site": self.cfg.device.site,
+            "bundle_id": self.releaser.bundle_id,
+            "n_components": self.releaser.n_components,
+            "mechanism": p.mechanism,
+            "epsilon": p.epsilon,
+            "delta": p.delta,
+            "epsilon_coordinate": float(g.epsilon_coordinate),
+            "epsilon_vector": float(g.epsilon_vector),
+            "soft_epsilon": self.soft.epsilon if self.soft else 0.0,
+            "track_budget_epsilon_vector": p.track_budget,
+            "releases_per_track_max": math.floor(
+                p.track_budget / (float(g.epsilon_vector) + (self.soft.epsilon if self.soft else 0.0)) * (1 + 1e-9)
+            ),
+            "releases_per_window": p.releases_per_window,
+            "window_seconds": p.window_seconds,
+            "secure_sampler": bool(self.releaser.mechanism.is_secure),
+            "transports": [n for n, on in (("mqtt", self.cfg.mqtt.enabled), ("grpc", self.cfg.grpc.enabled)) if on],
+        }
+
+    def _open_state(self, *, budgets: Mapping[str, tuple[float, float]] | None = None) -> PrivacyAccountant:
+        cfg = self.cfg
+        try:
+            cfg.device.state_dir.mkdir(parents=True, exist_ok=True)
+            probe = cfg.device.state_dir / f".probe-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise ConfigError(
+                "device.state_dir: expected a writable directory, received "
+                f"{str(cfg.device.state_dir)!r} "
+                f"({exc.strerror})"
+            ) from None
+        self.ledger = SqliteLedger(cfg.ledger_path)
+        vec, coord, n = self.ledger.lifetime()
+        self._lifetime = [vec, coord]
+        self.metrics.epsilon_spent.labels(scope="vector").set(vec)
+        self.metrics.epsilon_spent.labels(scope="coordinate").set(coord)
+        log_event(
+            _log,
+            logging.INFO,
+            "ledger_opened",
+            path=str(cfg.ledger_path),
+            releases=n,
+            epsilon_vector_spent=vec,
+            epsilon_coordinate_spent=coord,
+        )
+        p = cfg.privacy
+        cost = float(self.releaser.mechanism.guarantee.epsilon_vector) + (self.soft.epsilon if self.soft else 0.0)
+        all_budgets = dict(budgets or {})
+        self.device_key: str | None = None
+        if p.device_budget is not None:
+            self.device_key = f"device:{cfg.device.id}"
+            all_budgets[self.device_key] = (
+                p.device_budget,
+                _delta_budget(p.device_budget, cost, p.delta),
+            )
+        accountant = PrivacyAccountant(
+            epsilon_budget=p.track_budget,
+            delta_budget=_delta_budget(p.track_budget, cost, p.delta),
+            ledger=self.ledger,
+            budgets=all_budgets,
+        )
+        accountant.on_spend(self._on_spend)
+        dests = [n for n, on in (("mqtt", cfg.mqtt.enabled), ("grpc", cfg.grpc.enabled)) if on]
+        self.spool = Spool(
+            cfg.spool_path,
+            destinations=dests,
+            max_messages=cfg.spool.max_messages,
+            synchronous=cfg.spool.synchronous,
+            on_drop=lambda dest, purpose, _mid: self.metrics.spool_dropped.labels(
+                transport=dest, purpose=purpose
+            ).inc(),
+        )
+        return accountant
+
+    def _on_spend(self, spend: Spend) -> None:
+        if spend.key.startswith("device:"):
+            return
+        self._lifetime[0] += spend.epsilon
+        try:
+            self._lifetime[1] += float(json.loads(spend.note).get("epsilon_coordinate", 0.0))
+        except (ValueError, AttributeError):
+            pass
+        self.metrics.epsilon_spent.labels(scope="vector").set(self._lifetime[0])
+        self.metrics.epsilon_spent.labels(scope="coordinate").set(self._lifetime[1])
+
+    def _start_transports(self, *, enroll: bool = False) -> None:
+        cfg = self.cfg
+        assert self.spool is not None
+        if cfg.mqtt.enabled:
+            from peep.edge.transport.mqtt import MqttForwarder, MqttLink
+
+            self.mqtt_link = MqttLink(
+                cfg.mqtt,
+                client_id=cfg.mqtt_client_id + ("-enroll" if enroll else ""),
+                site=cfg.device.site,
+                device_id=cfg.device.id,
+                password=self.mqtt_password,
+                metrics=self.metrics,
+                on_bundle=None if (enroll or not cfg.bundle.accept_updates) else self._bundle_updates.put,
+                publish_status=not enroll,
+            )
+            fwd = MqttForwarder(
+                self.mqtt_link,
+                self.spool,
+                metrics=self.metrics,
+                retry_min_s=cfg.mqtt.reconnect_min_s,
+                retry_max_s=cfg.mqtt.reconnect_max_s,
+            )
+            self.mqtt_link.start()
+            fwd.start()
+            self.forwarders.append(fwd)
+        if cfg.grpc.enabled:
+            from peep.edge.transport.grpc import GrpcForwarder
+
+            gfwd = GrpcForwarder(cfg.grpc, self.spool, token=self.grpc_token, metrics=self.metrics)
+            gfwd.start()
+            self.forwarders.append(gfwd)
+
+    def open(self, *, budgets: Mapping[str, tuple[float, float]] | None = None) -> FramePipeline:
+        """Open the ledger and the spool and build the frame pipeline (no network).
+
+        ``run`` and ``enroll`` call this; tests and tools can drive the
+        returned pipeline with frames directly.
+        """
+        if not self._prepared:
+            self.prepare()
+        self.accountant = self._open_state(budgets=budgets)
+        self.pipeline = self._build_pipeline(self.accountant)
+        return self.pipeline
+
+    def _build_pipeline(self, accountant: PrivacyAccountant) -> FramePipeline:
+        cfg = self.cfg
+        assert self.spool is not None
+        p = cfg.privacy
+        policy = ReleasePolicy(
+            accountant=accountant,
+            releases_per_window=p.releases_per_window,
+            window_s=p.window_seconds,
+            min_hits=p.min_track_frames,
+            cost_epsilon=float(self.releaser.mechanism.guarantee.epsilon_vector)
+            + (self.soft.epsilon if self.soft else 0.0),
+            cost_delta=float(self.releaser.description.delta),
+            device_key=self.device_key,
+            on_suppressed=lambda reason: self.metrics.suppressed.labels(reason=reason).inc(),
+        )
+        tracker = Tracker(
+            iou_threshold=cfg.tracker.iou_threshold,
+            max_distance=cfg.tracker.max_distance,
+            max_age_s=cfg.tracker.max_age_s,
+            # Per-run prefix: track keys in the persistent ledger are never reused.
+            id_prefix=f"t{int(time.time()):x}{secrets.token_hex(2)}",
+        )
+        return FramePipeline(
+            device_id=cfg.device.id,
+            site=cfg.device.site,
+            detector=self.detector,
+            tracker=tracker,
+            policy=policy,
+            releaser=self.releaser,
+            spool=self.spool,
+            refine=cfg.detector.refine,
+            soft=self.soft,
+            metrics=self.metrics,
+        )
+
+    # ------------------------------------------------------------------ bundle updates
+
+    def _apply_bundle_updates(self) -> None:
+        from peep.v1 import recognition_pb2
+
+        while True:
+            try:
+                payload = self._bundle_updates.get_nowait()
+            except queue.Empty:
+                return
+            assert self.pipeline is not None
+            try:
+                msg = recognition_pb2.BundleFiles.FromString(payload)
+                files = {f.name: bytes(f.content) for f in msg.files}
+                if msg.bundle_id and msg.bundle_id == self.pipeline.releaser.bundle_id:
+                    continue
+                candidate = EigenfaceBundle.from_files(files, self.public_key)
+                if candidate.bundle_id == self.pipeline.releaser.bundle_id:
+                    continue
+                self.releaser = self.pipeline.releaser
+                releaser = self._check_candidate(candidate)
+                cost = float(releaser.mechanism.guarantee.epsilon_vector) + (self.soft.epsilon if self.soft else 0.0)
+                if cost > self.cfg.privacy.track_budget:
+                    raise ValueError(f"one release would cost per-vector ε={cost:g}, more than privacy.track_budget")
+            except Exception as exc:  # DecodeError, BundleError, ValueError: never take an unverified bundle
+                self.metrics.bundle_updates.labels(result="rejected").inc()
+                log_event(_log, logging.ERROR, "bundle_update_rejected", error=str(exc))
+                continue
+            previous = self.pipeline.releaser.bundle_id
+            self.pipeline.set_releaser(releaser)
+            self.pipeline.policy.cost_epsilon = cost
+            self.releaser = releaser
+            self.metrics.bundle_updates.labels(result="accepted").inc()
+            g = releaser.mechanism.guarantee
+            log_event(
+                _log,
+                logging.INFO,
+                "bundle_update_accepted",
+                bundle_id=candidate.bundle_id,
+                previous=previous,
+                epsilon_coordinate=float(g.epsilon_coordinate),
+                epsilon_vector=float(g.epsilon_vector),
+            )
+            target = self.cfg.device.state_dir / UPDATED_BUNDLE_DIR
+            try:
+                tmp = self.cfg.device.state_dir / f".{UPDATED_BUNDLE_DIR}.new"
+                shutil.rmtree(tmp, ignore_errors=True)
+                write_bundle_files(candidate.files, tmp)
+                shutil.rmtree(target, ignore_errors=True)
+                os.replace(tmp, target)
+            except OSError as exc:
+                log_event(_log, logging.WARNING, "bundle_update_not_persisted", error=str(exc))
+
+    # ------------------------------------------------------------------ modes
+
+    def run(self, *, source: FrameSource | None = None) -> int:
+        """Identify mode until stopped or the (finite) source ends. Returns the exit code."""
+        if not self._prepared:
+            self.prepare()
+        cfg = self.cfg
+        self.open()
+        assert self.pipeline is not None
+        port = self.metrics.serve(cfg.metrics.port, cfg.metrics.bind)
+        log_event(
+            _log,
+            logging.INFO,
+            "starting",
+            metrics_port=port,
+            spool=str(cfg.spool_path),
+            **self.describe(),
+        )
+        self._start_transports()
+        if source is None:
+            source = open_source(
+                cfg.capture.source,
+                max_fps=cfg.capture.max_fps,
+                width=cfg.capture.width,
+                height=cfg.capture.height,
+                reconnect_min_s=cfg.capture.reconnect_min_s,
+                reconnect_max_s=cfg.capture.reconnect_max_s,
+                reconnect_attempts=cfg.capture.reconnect_attempts,
+                stop=self.stop_event,
+                on_reconnect=lambda: self.metrics.reconnects.labels(link="capture").inc(),
+            )
+        log_event(_log, logging.INFO, "capture_opened", source=source.description, live=source.live)
+        try:
+            while not self.stop_event.is_set():
+                t0 = time.perf_counter()
+                frame = source.read()
+                if frame is None:
+                    if not self.stop_event.is_set():
+                        log_event(_log, logging.INFO, "source_finished", source=source.description)
+                    break
+                self.pipeline.timer.add("decode", time.perf_counter() - t0)
+                self._apply_bundle_updates()
+                self.pipeline.process(frame)
+        finally:
+            source.close()
+            self.shutdown()
+        return 0
+
+    def enroll(self, *, subject: str, source: int | str, count: int, timeout_s: float = 30.0) -> int:
+        """Release ``count`` ENROLL templates of ``subject`` from ``source``; wait for delivery."""
+        if not SUBJECT_PATTERN.match(subject):
+            raise ConfigError(
+                f"--subject: expected 1-128 printable characters without '/', '+', '#', received {subject!r}"
+            )
+        if count < 1:
+            raise ConfigError(f"--count: expected >= 1, received {count}")
+        if not self._prepared:
+            self.prepare()
+        p = self.cfg.privacy
+        cost = float(self.releaser.mechanism.guarantee.epsilon_vector) + (self.soft.epsilon if self.soft else 0.0)
+        key = f"subject:{subject}"
+        budget = p.enroll_budget if p.enroll_budget is not None else math.inf
+        self.open(budgets={key: (budget, _delta_budget(budget, cost, p.delta))})
+        assert self.pipeline is not None and self.accountant is not None
+        accountant = self.accountant
+        session = EnrollSession(self.pipeline, accountant, subject=subject, device_key=self.device_key)
+        frames = open_source(
+            source,
+            max_fps=0.0,
+            stop=self.stop_event,
+            reconnect_min_s=self.cfg.capture.reconnect_min_s,
+            reconnect_max_s=self.cfg.capture.reconnect_max_s,
+            reconnect_attempts=self.cfg.capture.reconnect_attempts or 5,
+        )
+        self._start_transports(enroll=True)
+        log_event(
+            _log,
+            logging.INFO,
+            "enroll_starting",
+            subject=subject,
+            count=count,
+            source=frames.description,
+            **self.describe(),
+        )
+        problem = ""
+        try:
+            while session.released < count and not self.stop_event.is_set():
+                frame = frames.read()
+                if frame is None:
+                    break
+                try:
+                    session.process(frame)
+                except BudgetError as exc:
+                    problem = f"privacy.enroll_budget: {exc}"
+                    break
+        finally:
+            frames.close()
+        if not problem and session.released < count:
+            problem = (
+                f"--source: only {session.released} of --count {count} templates; the source "
+                "had a detectable "
+                "face in too few frames"
+            )
+        delivered = self.shutdown(drain_timeout=timeout_s)
+        log_event(
+            _log,
+            logging.INFO,
+            "enroll_finished",
+            subject=subject,
+            released=session.released,
+            delivered=delivered,
+        )
+        if problem:
+            raise EdgeError(problem)
+        if not delivered:
+            raise EdgeError(
+                f"{session.released} enrolment templates released but not all acknowledged "
+                f"within {timeout_s:g} s; "
+                f"they stay in the spool {self.cfg.spool_path} and are delivered by the next run"
+            )
+        return 0
+
+    # ------------------------------------------------------------------ stop
+
+    def request_stop(self) -> None:
+        self.stop_event.set()
+
+    def shutdown(self, *, drain_timeout: float | None = None) -> bool:
+        """Drain, say offline, close everything. Returns True if every queue was empty."""
+        drain = self.cfg.spool.drain_timeout_s if drain_timeout is None else drain_timeout
+        delivered = True
+        for f in self.forwarders:
+            f.stop(drain, join=False)
+        for f in self.forwarders:
+            f.join(drain + 10.0)
+        if self.mqtt_link is not None:
+            self.mqtt_link.stop()
+            self.mqtt_link = None
+        remaining = 0
+        if self.spool is not None:
+            remaining = self.spool.depth()
+            delivered = remaining == 0
+            self.spool.close()
+        if self.ledger is not None:
+            self.ledger.close()
+        self.forwarders = []
+        self.metrics.close()
+        log_event(
+            _log,
+            logging.INFO,
+            "stopped",
+            spool_remaining=remaining,
+            epsilon_vector_spent=self._lifetime[0],
+            epsilon_coordinate_spent=self._lifetime[1],
+        )
+        return delivered
+
+
+def load_agent(config_path: str | Path, **kwargs: Any) -> Agent:
+    from peep.edge.config import load_config
+
+    return Agent(load_config(config_path), **kwargs)

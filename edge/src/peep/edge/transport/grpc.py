@@ -1,0 +1,198 @@
+"""gRPC transport: client-streaming ``RecognitionService.IngestStream`` with TLS and a bearer token.
+
+Each round sends up to ``batch_size`` spooled templates in one stream with a
+deadline (``deadline_s``) and removes those the summary acknowledges as
+``ACCEPTED`` or ``DUPLICATE`` (the server dedupes by message id, so a resend
+after a lost summary is harmless). ``REJECTED`` templates move to the
+spool's dead-letter table with the server's reason (resending an invalid
+template cannot succeed). Failed calls are retried with exponential backoff
+(``retry_min_s`` doubling to ``retry_max_s``); authentication failures are
+logged as errors and retried at the maximum delay.
+
+The token travels in metadata ``authorization: Bearer <token>``; it is only
+sent over TLS unless ``grpc.tls = false`` was chosen explicitly (logged as a
+warning).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from peep.core.wire import decode_template
+from peep.edge.config import GrpcConfig
+from peep.edge.errors import ConfigError
+from peep.edge.logs import log_event
+from peep.edge.metrics import EdgeMetrics
+from peep.edge.spool import Spool
+from peep.edge.transport.base import Forwarder
+from peep.v1 import recognition_pb2, recognition_pb2_grpc
+
+_log = logging.getLogger("peep.edge.grpc")
+
+_AUTH_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+
+
+def _read(path: Any, field: str) -> bytes:
+    try:
+        return bytes(path.read_bytes())
+    except OSError as exc:
+        raise ConfigError(
+            f"grpc.{field}: expected a readable PEM file, received {str(path)!r} ({exc.strerror})"
+        ) from None
+
+
+def make_channel(cfg: GrpcConfig) -> grpc.Channel:
+    """A channel to ``cfg.target`` (TLS unless disabled explicitly)."""
+    options: list[tuple[str, Any]] = [
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.max_reconnect_backoff_ms", int(cfg.retry_max_s * 1000)),
+    ]
+    if not cfg.tls:
+        log_event(
+            _log,
+            logging.WARNING,
+            "grpc_insecure",
+            target=cfg.target,
+            detail="grpc.tls = false: the bearer token and templates travel in clear",
+        )
+        return grpc.insecure_channel(cfg.target, options=options)
+    root = _read(cfg.ca_file, "ca_file") if cfg.ca_file else None
+    key = _read(cfg.key_file, "key_file") if cfg.key_file else None
+    chain = _read(cfg.cert_file, "cert_file") if cfg.cert_file else None
+    creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=chain)
+    if cfg.server_name:
+        options.append(("grpc.ssl_target_name_override", cfg.server_name))
+    return grpc.secure_channel(cfg.target, creds, options=options)
+
+
+class GrpcForwarder(Forwarder):
+    """Spool -> ``IngestStream`` (see the module docstring).
+
+    Parameters
+    ----------
+    cfg : GrpcConfig
+    spool : Spool
+    token : str or None
+        Bearer token (resolved secret).
+    channel_factory : callable() -> grpc.Channel, optional
+        Injected for tests; defaults to :func:`make_channel`.
+    """
+
+    dest = "grpc"
+
+    def __init__(
+        self,
+        cfg: GrpcConfig,
+        spool: Spool,
+        *,
+        token: str | None = None,
+        metrics: EdgeMetrics | None = None,
+        channel_factory: Callable[[], grpc.Channel] | None = None,
+    ) -> None:
+        super().__init__(spool, metrics=metrics)
+        self.cfg = cfg
+        self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+        self._channel = (channel_factory or (lambda: make_channel(cfg)))()
+        self._stub = recognition_pb2_grpc.RecognitionServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._failures = 0
+        self.calls = 0
+
+    def _backoff(self, code: grpc.StatusCode | None) -> float:
+        if code in _AUTH_CODES:
+            return self.cfg.retry_max_s
+        delay = min(self.cfg.retry_max_s, self.cfg.retry_min_s * 2.0 ** min(self._failures, 20))
+        self._failures += 1
+        return delay
+
+    def _send(self) -> bool:
+        """One round; returns True if the queue may hold more work right away."""
+        items = self.spool.peek(self.dest, self.cfg.batch_size)
+        if not items:
+            return False
+        by_id = {it.message_id: it for it in items}
+        msgs = [decode_template(it.payload, validate=False) for it in items]
+        self.calls += 1
+        try:
+            summary: recognition_pb2.IngestSummary = self._stub.IngestStream(
+                iter(msgs), timeout=self.cfg.deadline_s, metadata=self._metadata
+            )
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            delay = self._backoff(code)
+            level = logging.ERROR if code in _AUTH_CODES else logging.WARNING
+            log_event(
+                _log,
+                level,
+                "grpc_ingest_failed",
+                target=self.cfg.target,
+                code=getattr(code, "name", str(code)),
+                detail=exc.details() if hasattr(exc, "details") else "",
+                retry_in_s=delay,
+                pending=len(items),
+            )
+            self.sleep(delay)
+            return False
+        if self._failures:
+            self.metrics.reconnects.labels(link="grpc").inc()
+            log_event(_log, logging.INFO, "grpc_ingest_recovered", target=self.cfg.target)
+        self._failures = 0
+        done: list[str] = []
+        now = time.time()
+        for ack in summary.acks:
+            it = by_id.get(ack.message_id)
+            if it is None:
+                continue
+            if ack.status in (
+                recognition_pb2.INGEST_STATUS_ACCEPTED,
+                recognition_pb2.INGEST_STATUS_DUPLICATE,
+            ):
+                done.append(ack.message_id)
+                self.metrics.publish_latency.labels(transport=self.dest).observe(max(0.0, now - it.created))
+            elif ack.status == recognition_pb2.INGEST_STATUS_REJECTED:
+                self.spool.dead_letter(self.dest, ack.message_id, ack.reason or "rejected by the server")
+                self.metrics.dead_letter.labels(transport=self.dest).inc()
+                log_event(
+                    _log,
+                    logging.ERROR,
+                    "grpc_template_rejected",
+                    message_id=ack.message_id,
+                    reason=ack.reason,
+                )
+        self.spool.ack(self.dest, done)
+        self.metrics.published.labels(transport=self.dest).inc(len(done))
+        self.update_depth()
+        acknowledged = len(done) + sum(1 for a in summary.acks if a.status == recognition_pb2.INGEST_STATUS_REJECTED)
+        if acknowledged < len(items):
+            # The server skipped some: do not spin on them.
+            delay = self._backoff(None)
+            log_event(
+                _log,
+                logging.WARNING,
+                "grpc_ingest_partial",
+                acknowledged=acknowledged,
+                sent=len(items),
+                retry_in_s=delay,
+            )
+            self.sleep(delay)
+            return False
+        return len(items) == self.cfg.batch_size
+
+    def run(self) -> None:
+        try:
+            self.update_depth()
+            while True:
+                idle = self.spool.depth(self.dest) == 0
+                if self.should_exit(idle=idle):
+                    return
+                if not self._send():
+                    self.sleep(0.25 if not self.stopping else 0.05)
+        except Exception:
+            _log.exception("grpc forwarder failed")
+            raise
+        finally:
+            self._channel.close()

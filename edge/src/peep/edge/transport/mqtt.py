@@ -1,0 +1,367 @@
+"""MQTT transport (paho-mqtt 2.x, callback API v2, MQTT v5).
+
+Topics (DESIGN "Wire and API"):
+
+- ``peep/v1/<site>/<device>/templates``: encoded ``PerturbedTemplate``, QoS 1.
+- ``peep/v1/<site>/<device>/status``: retained ``online`` on connect; the
+  last will (QoS 1, retained) and a clean stop publish ``offline``.
+- ``peep/v1/<site>/<device>/events``: recognition events from the server
+  (JSON), subscribed and logged.
+- ``peep/v1/bundle``: retained signed bundle announcement
+  (``peep.v1.BundleFiles``), handed to the agent which verifies it against
+  the pinned key before using it.
+
+Delivery: :class:`MqttForwarder` hands spooled templates to paho in order,
+at most ``max_inflight`` un-acknowledged at a time, and removes a template
+from the spool only when the broker's PUBACK arrives (``on_publish``). paho
+keeps handed messages across reconnects and resends them (DUP flag) after
+it reconnects with exponential backoff (``reconnect_min_s`` doubling to
+``reconnect_max_s``); templates not yet handed stay in the spool. A PUBACK
+with a failure reason code (e.g. 0x87 not authorised by the broker's ACL) is
+logged and the template is retried after a backoff, never dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+from peep.edge.config import MqttConfig
+from peep.edge.errors import ConfigError
+from peep.edge.logs import log_event
+from peep.edge.metrics import EdgeMetrics
+from peep.edge.spool import Spool, SpoolItem
+from peep.edge.transport.base import Forwarder
+
+_log = logging.getLogger("peep.edge.mqtt")
+
+TOPIC_ROOT = "peep/v1"
+BUNDLE_TOPIC = f"{TOPIC_ROOT}/bundle"
+
+
+def device_topic(site: str, device_id: str, leaf: str) -> str:
+    return f"{TOPIC_ROOT}/{site}/{device_id}/{leaf}"
+
+
+class MqttLink:
+    """One paho client: TLS, authentication, last will, status, subscriptions.
+
+    Parameters
+    ----------
+    cfg : MqttConfig
+    client_id : str
+        Unique per device (the broker disconnects an older client with the same id).
+    site, device_id : str
+    password : str or None
+        Resolved secret (never from the TOML file).
+    on_bundle : callable(bytes), optional
+        Raw ``BundleFiles`` payloads from the retained bundle topic.
+    on_event : callable(dict), optional
+    publish_status : bool
+        Publish ``online``/``offline`` and set the last will (off for ``enroll``,
+        which runs next to the agent).
+    """
+
+    def __init__(
+        self,
+        cfg: MqttConfig,
+        *,
+        client_id: str,
+        site: str,
+        device_id: str,
+        password: str | None = None,
+        metrics: EdgeMetrics | None = None,
+        on_bundle: Callable[[bytes], None] | None = None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+        publish_status: bool = True,
+    ) -> None:
+        self.cfg = cfg
+        self.client_id = client_id
+        self.metrics = metrics or EdgeMetrics()
+        self.templates_topic = device_topic(site, device_id, "templates")
+        self.status_topic = device_topic(site, device_id, "status")
+        self.events_topic = device_topic(site, device_id, "events")
+        self._on_bundle = on_bundle
+        self._on_event = on_event
+        self._publish_status = publish_status
+        self.connected = threading.Event()
+        self.acks: queue.SimpleQueue[tuple[int, bool, str]] = queue.SimpleQueue()
+        self.ack_listeners: list[Callable[[], None]] = []
+        self._ever_connected = False
+        self._started = False
+        c = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=client_id,
+            protocol=mqtt.MQTTv5,
+            reconnect_on_failure=True,
+        )
+        if cfg.tls:
+            for name in ("ca_file", "cert_file", "key_file"):
+                path = getattr(cfg, name)
+                if path is not None and not path.is_file():
+                    raise ConfigError(f"mqtt.{name}: expected a readable PEM file, received {str(path)!r} (not found)")
+            try:
+                c.tls_set(
+                    ca_certs=str(cfg.ca_file) if cfg.ca_file else None,
+                    certfile=str(cfg.cert_file) if cfg.cert_file else None,
+                    keyfile=str(cfg.key_file) if cfg.key_file else None,
+                    cert_reqs=ssl.CERT_REQUIRED,
+                    tls_version=ssl.PROTOCOL_TLS_CLIENT,
+                )
+            except (ssl.SSLError, OSError, ValueError) as exc:
+                raise ConfigError(f"mqtt.ca_file/cert_file/key_file: could not load TLS material ({exc})") from None
+        username = cfg.username or (device_id if password is not None else None)
+        if username is not None:
+            c.username_pw_set(username, password)
+        if publish_status:
+            c.will_set(self.status_topic, b"offline", qos=1, retain=True)
+        c.reconnect_delay_set(min_delay=cfg.reconnect_min_s, max_delay=cfg.reconnect_max_s)
+        c.max_inflight_messages_set(cfg.max_inflight)
+        c.on_connect = self._handle_connect
+        c.on_connect_fail = self._handle_connect_fail
+        c.on_disconnect = self._handle_disconnect
+        c.on_publish = self._handle_publish
+        c.on_message = self._handle_message
+        self.client = c
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Connect in the background (retrying with backoff until it works)."""
+        self.client.connect_async(self.cfg.host, self.cfg.port, keepalive=self.cfg.keepalive_s)
+        self.client.loop_start()
+        self._started = True
+
+    def wait_connected(self, timeout: float) -> bool:
+        return self.connected.wait(timeout)
+
+    def stop(self, *, timeout: float = 3.0) -> None:
+        """Publish ``offline`` (retained), then disconnect cleanly."""
+        if not self._started:
+            return
+        try:
+            if self._publish_status and self.connected.is_set():
+                info = self.client.publish(self.status_topic, b"offline", qos=1, retain=True)
+                try:
+                    info.wait_for_publish(timeout)
+                except (RuntimeError, ValueError):
+                    pass
+            self.client.disconnect()
+        finally:
+            self.client.loop_stop()
+            self._started = False
+            self.connected.clear()
+
+    # -- callbacks (paho's network thread) ----------------------------------------
+
+    def _handle_connect(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        flags: Any,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        if reason_code.is_failure:
+            log_event(
+                _log,
+                logging.ERROR,
+                "mqtt_connect_refused",
+                host=self.cfg.host,
+                port=self.cfg.port,
+                reason=str(reason_code),
+                client_id=self.client_id,
+            )
+            return
+        if self._ever_connected:
+            self.metrics.reconnects.labels(link="mqtt").inc()
+        self._ever_connected = True
+        log_event(
+            _log,
+            logging.INFO,
+            "mqtt_connected",
+            host=self.cfg.host,
+            port=self.cfg.port,
+            client_id=self.client_id,
+        )
+        if self._publish_status:
+            client.publish(self.status_topic, b"online", qos=1, retain=True)
+        subs = [(self.events_topic, 1)]
+        if self._on_bundle is not None:
+            subs.append((BUNDLE_TOPIC, 1))
+        client.subscribe(subs)
+        self.connected.set()
+        self._notify()
+
+    def _handle_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
+        log_event(
+            _log,
+            logging.WARNING,
+            "mqtt_unreachable",
+            host=self.cfg.host,
+            port=self.cfg.port,
+            client_id=self.client_id,
+        )
+
+    def _handle_disconnect(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        flags: Any,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        was = self.connected.is_set()
+        self.connected.clear()
+        if was:
+            log_event(
+                _log,
+                logging.WARNING,
+                "mqtt_disconnected",
+                host=self.cfg.host,
+                port=self.cfg.port,
+                reason=str(reason_code),
+            )
+
+    def _handle_publish(
+        self,
+        client: mqtt.Client,
+        userdata: Any,
+        mid: int,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        self.acks.put((mid, not reason_code.is_failure, str(reason_code)))
+        self._notify()
+
+    def _handle_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        if msg.topic == BUNDLE_TOPIC and self._on_bundle is not None:
+            if msg.payload:
+                self._on_bundle(bytes(msg.payload))
+            return
+        if msg.topic == self.events_topic:
+            self.metrics.events.inc()
+            try:
+                event = json.loads(msg.payload)
+                if not isinstance(event, dict):
+                    raise ValueError("not a JSON object")
+            except ValueError as exc:
+                log_event(_log, logging.WARNING, "event_unreadable", topic=msg.topic, error=str(exc))
+                return
+            log_event(_log, logging.INFO, "recognition_event", **{k: event[k] for k in list(event)[:20]})
+            if self._on_event is not None:
+                self._on_event(event)
+
+    def _notify(self) -> None:
+        for callback in self.ack_listeners:
+            callback()
+
+    def publish_template(self, payload: bytes) -> int:
+        """Hand one encoded template to paho (QoS 1); returns its message id (mid)."""
+        info = self.client.publish(self.templates_topic, payload, qos=1, retain=False)
+        if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):
+            raise RuntimeError(f"paho refused the publish: {mqtt.error_string(info.rc)}")
+        return int(info.mid)
+
+
+class MqttForwarder(Forwarder):
+    """Spool -> broker, removing templates on PUBACK (see the module docstring)."""
+
+    dest = "mqtt"
+
+    def __init__(
+        self,
+        link: MqttLink,
+        spool: Spool,
+        *,
+        metrics: EdgeMetrics | None = None,
+        retry_min_s: float = 1.0,
+        retry_max_s: float = 60.0,
+    ) -> None:
+        super().__init__(spool, metrics=metrics)
+        self.link = link
+        link.ack_listeners.append(self.wake.set)
+        self.window = link.cfg.max_inflight
+        self.inflight: dict[int, SpoolItem] = {}
+        self._handed: set[int] = set()
+        self._last_seq = 0
+        self._paused_until = 0.0
+        self._retry_min, self._retry_max = retry_min_s, retry_max_s
+        self._failures = 0
+
+    def _process_acks(self) -> None:
+        done: list[SpoolItem] = []
+        while True:
+            try:
+                mid, ok, reason = self.link.acks.get_nowait()
+            except queue.Empty:
+                break
+            item = self.inflight.pop(mid, None)
+            if item is None:
+                continue  # the status message, or a template handed before a restart
+            self._handed.discard(item.seq)
+            if ok:
+                done.append(item)
+                self._failures = 0
+            else:
+                delay = min(self._retry_max, self._retry_min * 2.0 ** min(self._failures, 20))
+                self._failures += 1
+                self._paused_until = time.monotonic() + delay
+                self._last_seq = min(self._last_seq, item.seq - 1)
+                log_event(
+                    _log,
+                    logging.ERROR,
+                    "mqtt_publish_refused",
+                    message_id=item.message_id,
+                    reason=reason,
+                    topic=self.link.templates_topic,
+                    retry_in_s=delay,
+                )
+        if done:
+            self.spool.ack(self.dest, [it.message_id for it in done])
+            now = time.time()
+            for it in done:
+                self.metrics.publish_latency.labels(transport=self.dest).observe(max(0.0, now - it.created))
+            self.metrics.published.labels(transport=self.dest).inc(len(done))
+            self.update_depth()
+
+    def _hand_out(self) -> None:
+        room = self.window - len(self.inflight)
+        if room <= 0 or not self.link.connected.is_set() or time.monotonic() < self._paused_until:
+            return
+        items = self.spool.peek(self.dest, room + len(self._handed), after_seq=self._last_seq)
+        for it in items:
+            if room <= 0:
+                break
+            if it.seq in self._handed:
+                self._last_seq = max(self._last_seq, it.seq)
+                continue
+            mid = self.link.publish_template(it.payload)
+            self.inflight[mid] = it
+            self._handed.add(it.seq)
+            self._last_seq = max(self._last_seq, it.seq)
+            room -= 1
+
+    def run(self) -> None:
+        try:
+            self.update_depth()
+            while True:
+                self._process_acks()
+                idle = not self.inflight and self.spool.depth(self.dest) == 0
+                if self.should_exit(idle=idle):
+                    return
+                self._hand_out()
+                self.sleep(0.25)
+        except Exception:
+            _log.exception("mqtt forwarder failed")
+            raise
