@@ -20,7 +20,7 @@ def _data_home() -> str:
     home = os.environ.get("SCIKIT_LEARN_DATA")
     if not home or not (Path(home) / "lfw_home" / "lfw_funneled").is_dir():
         pytest.fail(
-            "LFW data not staged: run the suite with scripts/test.sh (or eval \"$(bash scripts/stage-lfw.sh)\") "
+            'LFW data not staged: run the suite with scripts/test.sh (or eval "$(bash scripts/stage-lfw.sh)") '
             f"so SCIKIT_LEARN_DATA holds lfw_home/ (got {home!r})"
         )
     return home

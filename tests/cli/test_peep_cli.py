@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from peep.server.cli import main
 
 
@@ -34,8 +33,24 @@ def test_bundle_build_and_verify_on_a_folder_dataset(tmp_path, data_home, capsys
         shutil.copytree(src / person, ds / person)
     assert main(["keys", "generate", "--out", str(tmp_path / "k")]) == 0
     out = tmp_path / "bundle"
-    rc = main(["bundle", "build", "--dataset", str(ds), "--min-faces", "2", "--components", "8",
-               "--size", "40x50", "--signing-key", str(tmp_path / "k.key"), "--out", str(out)])
+    rc = main(
+        [
+            "bundle",
+            "build",
+            "--dataset",
+            str(ds),
+            "--min-faces",
+            "2",
+            "--components",
+            "8",
+            "--size",
+            "40x50",
+            "--signing-key",
+            str(tmp_path / "k.key"),
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     md = json.loads((out / "metadata.json").read_text())
     assert md["geometry"]["width"] == 40 and md["geometry"]["height"] == 50 and md["n_components"] == 8
@@ -52,8 +67,27 @@ def test_bundle_build_and_verify_on_a_folder_dataset(tmp_path, data_home, capsys
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["bundle", "build", "--dataset", "/nonexistent", "--components", "8", "--signing-key", "K", "--out", "O"], "--signing-key"),
-        (["bundle", "build", "--dataset", "lfw", "--components", "8", "--size", "47by62", "--signing-key", "K", "--out", "O"], "WIDTHxHEIGHT"),
+        (
+            ["bundle", "build", "--dataset", "/nonexistent", "--components", "8", "--signing-key", "K", "--out", "O"],
+            "--signing-key",
+        ),
+        (
+            [
+                "bundle",
+                "build",
+                "--dataset",
+                "lfw",
+                "--components",
+                "8",
+                "--size",
+                "47by62",
+                "--signing-key",
+                "K",
+                "--out",
+                "O",
+            ],
+            "WIDTHxHEIGHT",
+        ),
         (["bundle", "verify", "/tmp/x", "--public-key", "/nonexistent.pub"], "--public-key"),
         (["bench", "--out", "x.json", "--sections", "gpu"], "--sections"),
     ],
@@ -67,8 +101,20 @@ def test_usage_errors_exit_2_and_name_the_option(argv, needle, capsys):
 
 def test_missing_dataset_folder_is_a_usage_error(tmp_path, capsys):
     assert main(["keys", "generate", "--out", str(tmp_path / "k")]) == 0
-    rc = main(["bundle", "build", "--dataset", str(tmp_path / "none"), "--components", "4",
-               "--signing-key", str(tmp_path / "k.key"), "--out", str(tmp_path / "b")])
+    rc = main(
+        [
+            "bundle",
+            "build",
+            "--dataset",
+            str(tmp_path / "none"),
+            "--components",
+            "4",
+            "--signing-key",
+            str(tmp_path / "k.key"),
+            "--out",
+            str(tmp_path / "b"),
+        ]
+    )
     assert rc == 2
     assert "does not exist" in capsys.readouterr().err
 
@@ -86,8 +132,13 @@ def test_bench_quick_core_section_schema(tmp_path):
     assert main(["bench", "--out", str(out), "--quick", "--sections", "core"]) == 0
     data = json.loads(out.read_text())
     core = data["core"]
-    for key in ("release_us_per_face", "release_us_per_face_batch", "project_us_per_face",
-                "naive_paper_us_per_face", "opendp_release_us_per_face"):
+    for key in (
+        "release_us_per_face",
+        "release_us_per_face_batch",
+        "project_us_per_face",
+        "naive_paper_us_per_face",
+        "opendp_release_us_per_face",
+    ):
         assert isinstance(core[key], float) and core[key] > 0, key
     assert core["release_sampler"] == "SecureSampler"
     # Batching amortises per-call overhead: per-face cost in a batch is below a single call's.

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from peep.core.bounding import BundleBounds, CoordinateScaler, clip_box, clip_l1, clip_l2, fit_bundle_bounds
 
 

@@ -6,7 +6,6 @@ import stat
 
 import numpy as np
 import pytest
-
 from peep.core import bundle as bmod
 from peep.core.bundle import EigenfaceBundle, load_public_key, verify_bundle, write_keypair
 from peep.core.exceptions import BundleError

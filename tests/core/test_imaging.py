@@ -5,7 +5,6 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-
 from peep.core.imaging import (
     DEFAULT_GEOMETRY,
     LFW_FIXED_BOX,
@@ -79,7 +78,7 @@ def test_normalise_face_output_contract(data_home):
 
 
 def test_crop_keeps_aspect_ratio():
-    x0, y0, w, h = crop_rect(FaceBox(x=100, y=50, w=100, h=100), DEFAULT_GEOMETRY)
+    x0, _y0, w, h = crop_rect(FaceBox(x=100, y=50, w=100, h=100), DEFAULT_GEOMETRY)
     assert h / w == pytest.approx(62 / 47, rel=0.02)
     assert x0 + w / 2 == pytest.approx(150, abs=1)
 

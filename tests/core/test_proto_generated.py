@@ -13,8 +13,16 @@ def test_generated_code_is_current(tmp_path):
     protos = sorted((REPO / "proto" / "peep" / "v1").glob("*.proto"))
     assert protos, "no .proto files found"
     subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", f"-I{REPO / 'proto'}", f"--python_out={tmp_path}",
-         f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}", *map(str, protos)],
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{REPO / 'proto'}",
+            f"--python_out={tmp_path}",
+            f"--pyi_out={tmp_path}",
+            f"--grpc_python_out={tmp_path}",
+            *map(str, protos),
+        ],
         check=True,
     )
     generated = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())

@@ -5,7 +5,6 @@ import pytest
 from google.protobuf.descriptor import FieldDescriptor
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from peep.core import wire
 from peep.core.exceptions import WireError
 from peep.v1 import qbbs_pb2, recognition_pb2, template_pb2
@@ -60,8 +59,14 @@ def test_no_field_can_carry_pixels(message):
 
 def test_roundtrip_preserves_everything():
     vals = np.random.default_rng(1).normal(size=128).astype(np.float32)
-    msg = _template(vals, purpose="enroll", subject="alice", track_id="t7", capture_time=1_700_000_000.5,
-                    soft_traits=[{"trait": "age", "value": 31.5, "epsilon": 1.0, "mechanism": "bounded-laplace"}])
+    msg = _template(
+        vals,
+        purpose="enroll",
+        subject="alice",
+        track_id="t7",
+        capture_time=1_700_000_000.5,
+        soft_traits=[{"trait": "age", "value": 31.5, "epsilon": 1.0, "mechanism": "bounded-laplace"}],
+    )
     data = wire.encode_template(msg)
     back = wire.decode_template(data)
     np.testing.assert_array_equal(wire.template_values(back), vals)
@@ -136,7 +141,9 @@ def test_make_template_rejects_unknown_names():
     with pytest.raises(WireError, match="soft_traits.trait"):
         _template(soft_traits=[{"trait": "eye colour", "value": 1, "epsilon": 1}])
     with pytest.raises(WireError, match="mechanism.kind"):
-        wire.MechanismDescription(kind="none", epsilon=1, delta=0, epsilon_coordinate=1, epsilon_vector=1, noise_std=1).to_proto()
+        wire.MechanismDescription(
+            kind="none", epsilon=1, delta=0, epsilon_coordinate=1, epsilon_vector=1, noise_std=1
+        ).to_proto()
 
 
 def test_stack_values_requires_one_dimension():

@@ -6,13 +6,18 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-
 from peep.server.datasets import DatasetError, load_dataset, load_lfw_sklearn
 
 
 def test_lfw100_is_the_papers_five_people(lfw100):
     assert lfw100.n_subjects == 5
-    assert set(lfw100.target_names) == {"Colin Powell", "Donald Rumsfeld", "George W Bush", "Gerhard Schroeder", "Tony Blair"}
+    assert set(lfw100.target_names) == {
+        "Colin Powell",
+        "Donald Rumsfeld",
+        "George W Bush",
+        "Gerhard Schroeder",
+        "Tony Blair",
+    }
     # Detection misses a handful of the 1,140 images; the rest are normalised faces.
     assert 1100 <= lfw100.n_images <= 1140
     assert lfw100.images.shape[1:] == (62, 47)

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-
 from peep.core.bounding import fit_bundle_bounds
 from peep.core.bundle import EigenfaceBundle, build_bundle_files, generate_keypair, load_private_key
 from peep.core.eigenfaces import EigenfaceModel
@@ -87,20 +86,18 @@ def run(quick: bool = False) -> dict[str, Any]:
     out["release_sampler"] = type(releaser.mechanism._sampler).__name__
     bounded_batch = bounded_coefficients(batch_coef, bundle.bounds, "peep")
     reps = 5 if quick else 20
-    out["release_us_per_face_batch"] = (
-        _median_us(lambda: releaser.mechanism.release(bounded_batch), reps, warmup=2) / len(bounded_batch)
-    )
-    out["release_us_per_face_by_kind"] = {
-        kind: _median_us(
-            lambda r=TemplateReleaser(bundle, kind=kind, epsilon=8.0, delta=1e-5 if kind == "gaussian-l2" else None),
-            b=bounded_coefficients(coef, bundle.bounds, kind): r.release_bounded(b),
-            n // 2,
-        )
-        for kind in ("peep", "peep-raw", "laplace-vector", "gaussian-l2", "laplace-l1")
-    }
+    out["release_us_per_face_batch"] = _median_us(
+        lambda: releaser.mechanism.release(bounded_batch), reps, warmup=2
+    ) / len(bounded_batch)
+    by_kind: dict[str, float] = {}
+    for kind in ("peep", "peep-raw", "laplace-vector", "gaussian-l2", "laplace-l1"):
+        r = TemplateReleaser(bundle, kind=kind, epsilon=8.0, delta=1e-5 if kind == "gaussian-l2" else None)
+        b = bounded_coefficients(coef, bundle.bounds, kind)
+        by_kind[kind] = _median_us(lambda r=r, b=b: r.release_bounded(b), n // 2)
+    out["release_us_per_face_by_kind"] = by_kind
     out["project_us_per_face"] = _median_us(lambda: bundle.project(face, "scaled"), n)
-    out["project_us_per_face_batch"] = (
-        _median_us(lambda: bundle.project(batch_faces, "scaled"), reps, warmup=2) / len(batch_faces)
+    out["project_us_per_face_batch"] = _median_us(lambda: bundle.project(batch_faces, "scaled"), reps, warmup=2) / len(
+        batch_faces
     )
     out["project_and_release_us_per_face"] = _median_us(lambda: releaser.release(face), n)
 

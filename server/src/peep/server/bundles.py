@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
 from peep.core.bounding import fit_bundle_bounds
 from peep.core.bundle import EigenfaceBundle, build_bundle_files, write_bundle_files
 from peep.core.eigenfaces import EigenfaceModel
@@ -37,8 +36,10 @@ def build_bundle(
     geometry_dict = dataset.normalisation.get("geometry")
     from peep.core.imaging import FaceGeometry
 
-    geometry = FaceGeometry.from_dict(geometry_dict) if geometry_dict else FaceGeometry(
-        width=dataset.images.shape[2], height=dataset.images.shape[1]
+    geometry = (
+        FaceGeometry.from_dict(geometry_dict)
+        if geometry_dict
+        else FaceGeometry(width=dataset.images.shape[2], height=dataset.images.shape[1])
     )
     files = build_bundle_files(
         model=model,

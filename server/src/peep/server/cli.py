@@ -23,7 +23,9 @@ class UsageError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="peep", description="PEEP backend: bundles, server, training, audit, QBBS, benchmarks")
+    parser = argparse.ArgumentParser(
+        prog="peep", description="PEEP backend: bundles, server, training, audit, QBBS, benchmarks"
+    )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:

@@ -30,7 +30,6 @@ from typing import Any, Literal
 import cv2
 import numpy as np
 from numpy.typing import NDArray
-
 from peep.core.imaging import (
     DEFAULT_GEOMETRY,
     LFW_FIXED_BOX,
@@ -325,7 +324,9 @@ def load_lfw_sklearn(*, data_home: str | None = None, min_faces: int = 100) -> F
     try:
         lfw = fetch_lfw_people(data_home=home, min_faces_per_person=min_faces, download_if_missing=True)
     except Exception as exc:
-        raise DatasetError(f"--dataset lfw: scikit-learn could not load LFW from {home or 'its default home'} ({exc})") from exc
+        raise DatasetError(
+            f"--dataset lfw: scikit-learn could not load LFW from {home or 'its default home'} ({exc})"
+        ) from exc
     return FaceDataset(
         images=lfw.images.astype(np.float32),
         labels=lfw.target.astype(np.int64),

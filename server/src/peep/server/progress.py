@@ -28,6 +28,11 @@ def progress_printer(label: str, *, min_interval: float = 1.0) -> Callable[[int,
         elapsed = now - start
         eta = elapsed / done * (total - done) if done else 0.0
         end = "\n" if done >= total else "\r"
-        print(f"{label}: {done}/{total} ({done / max(total, 1):.0%}) eta {eta:.0f}s   ", end=end, file=sys.stderr, flush=True)
+        print(
+            f"{label}: {done}/{total} ({done / max(total, 1):.0%}) eta {eta:.0f}s   ",
+            end=end,
+            file=sys.stderr,
+            flush=True,
+        )
 
     return report

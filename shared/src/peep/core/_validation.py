@@ -72,7 +72,7 @@ def check_array(
     features (last axis) or an empty array.
     """
     try:
-        arr = np.asarray(X, dtype=dtype)
+        arr: NDArray[Any] = np.asarray(X, dtype=dtype)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{name}: expected a numeric array, received {type(X).__name__} ({exc})") from exc
     ndims = (ndim,) if isinstance(ndim, int) else ndim
@@ -81,8 +81,11 @@ def check_array(
     if not allow_empty and arr.size == 0:
         raise ValueError(f"{name}: expected a non-empty array, received shape {arr.shape}")
     if n_features is not None and arr.shape[-1] != n_features:
-        raise ValueError(f"{name}: expected {n_features} features (last axis), received {arr.shape[-1]} (shape {arr.shape})")
+        raise ValueError(
+            f"{name}: expected {n_features} features (last axis), received {arr.shape[-1]} (shape {arr.shape})"
+        )
     if not np.all(np.isfinite(arr)):
         bad = "NaN" if np.isnan(arr).any() else "Inf"
-        raise ValueError(f"{name}: expected finite values, received {bad} at index {tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])}")
+        where = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
+        raise ValueError(f"{name}: expected finite values, received {bad} at index {where}")
     return arr

@@ -39,7 +39,6 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from numpy.typing import ArrayLike, NDArray
 from onnx import TensorProto, helper, numpy_helper
-
 from peep.core.bounding import BundleBounds
 from peep.core.eigenfaces import EigenfaceModel
 from peep.core.exceptions import BundleError
@@ -90,7 +89,9 @@ def load_private_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
     try:
         key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
     except (OSError, ValueError, TypeError) as exc:
-        raise BundleError(f"signing key {path}: expected an Ed25519 private key in PEM, could not read it ({exc})") from exc
+        raise BundleError(
+            f"signing key {path}: expected an Ed25519 private key in PEM, could not read it ({exc})"
+        ) from exc
     if not isinstance(key, Ed25519PrivateKey):
         raise BundleError(f"signing key {path}: expected an Ed25519 private key, received {type(key).__name__}")
     return key
@@ -402,7 +403,9 @@ class EigenfaceBundle:
         opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
         try:
-            self._session = ort.InferenceSession(files[PROJECTOR], sess_options=opts, providers=["CPUExecutionProvider"])
+            self._session = ort.InferenceSession(
+                files[PROJECTOR], sess_options=opts, providers=["CPUExecutionProvider"]
+            )
         except Exception as exc:  # onnxruntime raises its own exception types
             raise BundleError(f"{PROJECTOR}: onnxruntime could not load the projector ({exc})") from exc
         shapes = {o.name: o.shape for o in self._session.get_outputs()}

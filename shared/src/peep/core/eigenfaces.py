@@ -15,7 +15,6 @@ from typing import Any, Literal, Self
 import numpy as np
 import scipy.linalg
 from numpy.typing import ArrayLike, NDArray
-
 from peep.core._validation import check_array, check_int
 from peep.core.base import ParamsMixin, check_is_fitted
 from peep.core.statistics import FaceStatistics
@@ -31,7 +30,8 @@ def _fix_signs(components: NDArray[np.float64]) -> NDArray[np.float64]:
     idx = np.argmax(np.abs(components), axis=1)
     signs = np.sign(components[np.arange(components.shape[0]), idx])
     signs[signs == 0] = 1.0
-    return components * signs[:, None]
+    fixed: NDArray[np.float64] = components * signs[:, None]
+    return fixed
 
 
 class EigenfaceModel(ParamsMixin):

@@ -32,9 +32,7 @@ _enabled: dict[str, int] = {}
 
 def _check_name(name: str) -> None:
     if name not in KNOWN_FEATURES:
-        raise ValueError(
-            f"feature: expected one of {sorted(KNOWN_FEATURES)}, received {name!r}"
-        )
+        raise ValueError(f"feature: expected one of {sorted(KNOWN_FEATURES)}, received {name!r}")
 
 
 def enable_features(*names: str) -> None:

@@ -25,7 +25,6 @@ from typing import Any, Protocol, runtime_checkable
 import cv2
 import numpy as np
 from numpy.typing import NDArray
-
 from peep.core._validation import check_int, check_positive, check_real
 
 GrayImage = NDArray[np.uint8]
@@ -59,9 +58,7 @@ class FaceBox:
 
     def scaled(self, factor: float) -> FaceBox:
         """The same box in an image resized by ``factor``."""
-        return FaceBox(
-            x=self.x * factor, y=self.y * factor, w=self.w * factor, h=self.h * factor, score=self.score
-        )
+        return FaceBox(x=self.x * factor, y=self.y * factor, w=self.w * factor, h=self.h * factor, score=self.score)
 
 
 #: The region scikit-learn's ``fetch_lfw_people`` crops from a 250x250 LFW
@@ -141,9 +138,9 @@ def to_gray(image: NDArray[Any]) -> GrayImage:
     if img.ndim == 2:
         return img
     if img.ndim == 3 and img.shape[2] == 3:
-        return cv2.cvtColor(img, cv2.COLOR_BGR2GRAY)
+        return np.asarray(cv2.cvtColor(img, cv2.COLOR_BGR2GRAY), dtype=np.uint8)
     if img.ndim == 3 and img.shape[2] == 4:
-        return cv2.cvtColor(img, cv2.COLOR_BGRA2GRAY)
+        return np.asarray(cv2.cvtColor(img, cv2.COLOR_BGRA2GRAY), dtype=np.uint8)
     if img.ndim == 3 and img.shape[2] == 1:
         return img[:, :, 0]
     raise ValueError(f"image: expected a 2-d gray or 3-d BGR/BGRA image, received shape {img.shape}")
@@ -181,15 +178,15 @@ def normalise_face(image: NDArray[Any], box: FaceBox, geometry: FaceGeometry = D
     pad_l, pad_t = max(0, -x0), max(0, -y0)
     pad_r, pad_b = max(0, x0 + cw - w), max(0, y0 + ch - h)
     if pad_l or pad_t or pad_r or pad_b:
-        gray = cv2.copyMakeBorder(gray, pad_t, pad_b, pad_l, pad_r, cv2.BORDER_REPLICATE)
+        gray = np.asarray(cv2.copyMakeBorder(gray, pad_t, pad_b, pad_l, pad_r, cv2.BORDER_REPLICATE), dtype=np.uint8)
         x0, y0 = x0 + pad_l, y0 + pad_t
     crop = gray[y0 : y0 + ch, x0 : x0 + cw]
     if geometry.equalize:
-        crop = cv2.equalizeHist(np.ascontiguousarray(crop))
+        crop = np.asarray(cv2.equalizeHist(np.ascontiguousarray(crop)), dtype=np.uint8)
     # INTER_AREA averages pixels when shrinking, which avoids aliasing.
     interp = cv2.INTER_AREA if cw >= geometry.width else cv2.INTER_LINEAR
     out = cv2.resize(crop, (geometry.width, geometry.height), interpolation=interp)
-    return (out.astype(np.float32) / np.float32(255.0))
+    return out.astype(np.float32) / np.float32(255.0)
 
 
 @runtime_checkable
@@ -230,7 +227,8 @@ class HaarFaceDetector:
         self.min_neighbors = check_int(min_neighbors, "min_neighbors", low=0)
         self.min_size = check_int(min_size, "min_size", low=4)
         self.detect_width = None if detect_width is None else check_int(detect_width, "detect_width", low=32)
-        path = cascade_path or os.path.join(cv2.data.haarcascades, "haarcascade_frontalface_default.xml")
+        cascades = cv2.data.haarcascades  # type: ignore[attr-defined]  # missing from OpenCV's stubs
+        path = cascade_path or os.path.join(cascades, "haarcascade_frontalface_default.xml")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"cascade_path: expected a Haar cascade XML file, received {path!r} (not found)")
         self.cascade_path = path
@@ -243,7 +241,9 @@ class HaarFaceDetector:
         factor = 1.0
         if self.detect_width is not None and gray.shape[1] > self.detect_width:
             factor = self.detect_width / gray.shape[1]
-            gray = cv2.resize(gray, None, fx=factor, fy=factor, interpolation=cv2.INTER_AREA)
+            gray = np.asarray(
+                cv2.resize(gray, None, fx=factor, fy=factor, interpolation=cv2.INTER_AREA), dtype=np.uint8
+            )
         min_size = max(4, round(self.min_size * factor)) if factor < 1.0 else self.min_size
         found, _, weights = self._cascade.detectMultiScale3(
             gray,

@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-
 from peep.core.bounding import BundleBounds
 from peep.core.mechanisms import MECHANISM_KINDS, TemplateMechanism, make_mechanism
 from peep.core.wire import MechanismDescription

@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-
 from peep.core._validation import check_array
 
 
@@ -79,9 +78,7 @@ class FaceStatistics:
         if not isinstance(other, FaceStatistics):
             raise TypeError(f"other: expected FaceStatistics, received {type(other).__name__}")
         if other.n_features != self.n_features:
-            raise ValueError(
-                f"other: expected statistics over {self.n_features} features, received {other.n_features}"
-            )
+            raise ValueError(f"other: expected statistics over {self.n_features} features, received {other.n_features}")
         n = self.count + other.count
         delta = other.mean - self.mean
         mean = self.mean + delta * (other.count / n)

@@ -20,7 +20,6 @@ from typing import Any
 import numpy as np
 from google.protobuf.message import DecodeError
 from numpy.typing import ArrayLike, NDArray
-
 from peep.core.exceptions import WireError
 from peep.v1 import template_pb2
 
@@ -66,7 +65,9 @@ def mechanism_kind_name(kind: int) -> str:
     try:
         return _KIND_NAMES[kind]
     except KeyError:
-        raise WireError(f"mechanism.kind: expected one of {sorted(MECHANISM_KINDS)}, received enum value {kind}") from None
+        raise WireError(
+            f"mechanism.kind: expected one of {sorted(MECHANISM_KINDS)}, received enum value {kind}"
+        ) from None
 
 
 def purpose_name(purpose: int) -> str:
@@ -81,7 +82,9 @@ def trait_name(kind: int) -> str:
     try:
         return _TRAIT_NAMES[kind]
     except KeyError:
-        raise WireError(f"soft_traits.kind: expected one of {sorted(SOFT_TRAITS)}, received enum value {kind}") from None
+        raise WireError(
+            f"soft_traits.kind: expected one of {sorted(SOFT_TRAITS)}, received enum value {kind}"
+        ) from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,7 +184,7 @@ def make_template(
         if trait not in SOFT_TRAITS:
             raise WireError(f"soft_traits.trait: expected one of {sorted(SOFT_TRAITS)}, received {trait!r}")
         msg.soft_traits.add(
-            kind=SOFT_TRAITS[trait],  # type: ignore[arg-type]
+            kind=SOFT_TRAITS[trait],
             value=float(t["value"]),
             epsilon=float(t["epsilon"]),
             mechanism=str(t.get("mechanism", "")),
@@ -255,7 +258,9 @@ def validate_template(msg: template_pb2.PerturbedTemplate, *, n_components: int 
     if purpose in ("enroll", "verify") and not msg.subject:
         raise WireError(f"subject: expected a subject id for purpose {purpose!r}, received none")
     if msg.subject and not SUBJECT_PATTERN.match(msg.subject):
-        raise WireError(f"subject: expected 1-128 printable characters without '/', '+', '#', received {msg.subject[:64]!r}")
+        raise WireError(
+            f"subject: expected 1-128 printable characters without '/', '+', '#', received {msg.subject[:64]!r}"
+        )
     if not msg.HasField("mechanism"):
         raise WireError("mechanism: expected the mechanism description, received none")
     info = msg.mechanism

@@ -26,8 +26,12 @@ def parse_size(text: str) -> tuple[int, int]:
 
 def add_dataset_options(p: argparse.ArgumentParser, *, min_faces: int) -> None:
     p.add_argument("--dataset", required=True, help="'lfw' or a folder-per-identity image directory")
-    p.add_argument("--data-home", default=None, help="scikit-learn data home holding lfw_home/ (default: $SCIKIT_LEARN_DATA)")
-    p.add_argument("--min-faces", type=int, default=min_faces, help=f"identities with at least N images (default {min_faces})")
+    p.add_argument(
+        "--data-home", default=None, help="scikit-learn data home holding lfw_home/ (default: $SCIKIT_LEARN_DATA)"
+    )
+    p.add_argument(
+        "--min-faces", type=int, default=min_faces, help=f"identities with at least N images (default {min_faces})"
+    )
 
 
 def register(sub: Any) -> None:
@@ -35,11 +39,15 @@ def register(sub: Any) -> None:
     bsub = p.add_subparsers(dest="bundle_command", metavar="ACTION", required=True)
     b = bsub.add_parser("build", help="fit eigenfaces on a dataset and write a signed bundle")
     add_dataset_options(b, min_faces=5)
-    b.add_argument("--max-faces", type=int, default=None, help="only identities with at most N images (background population)")
+    b.add_argument(
+        "--max-faces", type=int, default=None, help="only identities with at most N images (background population)"
+    )
     b.add_argument("--components", type=int, required=True, help="number of eigenfaces (nc)")
     b.add_argument("--size", type=parse_size, default=(47, 62), metavar="WxH", help="face geometry (default 47x62)")
     b.add_argument("--equalize", action="store_true", help="histogram-equalise faces (devices will too)")
-    b.add_argument("--radius-quantile", type=float, default=0.95, help="quantile of face norms used as the L2/L1 clip radius")
+    b.add_argument(
+        "--radius-quantile", type=float, default=0.95, help="quantile of face norms used as the L2/L1 clip radius"
+    )
     b.add_argument("--signing-key", required=True, help="Ed25519 private key (from peep keys generate)")
     b.add_argument("--out", required=True, help="bundle directory to write")
     b.set_defaults(handler=build)
@@ -79,7 +87,9 @@ def build(args: argparse.Namespace) -> int:
             f"--components: expected at most {min(ds.n_images - 1, geometry.n_pixels)} for {ds.n_images} faces, "
             f"received {args.components}"
         )
-    bundle = build_bundle(ds, n_components=args.components, signing_key=key, out_dir=args.out, radius_quantile=args.radius_quantile)
+    bundle = build_bundle(
+        ds, n_components=args.components, signing_key=key, out_dir=args.out, radius_quantile=args.radius_quantile
+    )
     ratio = sum(bundle.metadata["explained_variance_ratio"])
     print(
         f"bundle {bundle.bundle_id} -> {args.out}\n"
