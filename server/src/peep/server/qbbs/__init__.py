@@ -1,0 +1,57 @@
+"""Soft-biometric query module (QBBS): differentially private queries on soft traits,
+Bayesian fusion with the face score, and a privacy odometer.
+
+The soft-trait store (``_store``) is private to this package; the query
+module (:class:`QbbsModule`) is its only read path, and
+``tests/qbbs/test_architecture.py`` fails if anything else imports it or
+touches its tables. See :mod:`peep.server.qbbs.queries` for the permissible
+query structure and its privacy accounting, :mod:`peep.server.qbbs.matcher`
+for the fusion, :mod:`peep.server.qbbs.service` for the gRPC service and
+:mod:`peep.server.qbbs.evaluation` for ``peep qbbs evaluate``.
+"""
+
+from peep.server.qbbs.config import DEFAULT_TRAITS, QbbsConfig, TraitSpec, load_config
+from peep.server.qbbs.errors import (
+    FaceScoreUnavailableError,
+    OdometerExhaustedError,
+    QbbsError,
+    QueryShapeError,
+    QueryStructureChangedError,
+    TraitValueError,
+    UnknownSubjectError,
+    UnknownTraitError,
+)
+from peep.server.qbbs.face import ClassifierFaceScores, FaceScoreProvider, StaticFaceScores
+from peep.server.qbbs.matcher import ParzenScoreModel, fused_score, gaussian_log_likelihood
+from peep.server.qbbs.module import QbbsModule, QueryResult, TraitScore, VerifyResult
+from peep.server.qbbs.odometer import OdometerReading, PrivacyOdometer
+from peep.server.qbbs.queries import QueryPlan, SumQuery
+
+__all__ = [
+    "DEFAULT_TRAITS",
+    "ClassifierFaceScores",
+    "FaceScoreProvider",
+    "FaceScoreUnavailableError",
+    "OdometerExhaustedError",
+    "OdometerReading",
+    "ParzenScoreModel",
+    "PrivacyOdometer",
+    "QbbsConfig",
+    "QbbsError",
+    "QbbsModule",
+    "QueryPlan",
+    "QueryResult",
+    "QueryShapeError",
+    "QueryStructureChangedError",
+    "StaticFaceScores",
+    "SumQuery",
+    "TraitScore",
+    "TraitSpec",
+    "TraitValueError",
+    "UnknownSubjectError",
+    "UnknownTraitError",
+    "VerifyResult",
+    "fused_score",
+    "gaussian_log_likelihood",
+    "load_config",
+]

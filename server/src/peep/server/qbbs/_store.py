@@ -1,0 +1,144 @@
+"""The soft-trait store: private to :mod:`peep.server.qbbs`.
+
+Nothing outside this package may import this module or touch its tables
+(``tests/qbbs/test_architecture.py`` scans the source tree and fails if any
+does). The query module is the only reader: it asks for one trait's column
+to compute the permissible SUM queries and never returns stored values.
+
+Persistence is SQLite (stdlib ``sqlite3``) in WAL mode; the database file is
+created with mode 0600 -- the code-level boundary does not stop someone with
+file access, so deployments keep it owned by the service user. A PostgreSQL
+variant would implement the same five methods.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+from peep.server.qbbs.errors import QueryStructureChangedError
+
+#: Table names (the architecture test forbids them anywhere else in the tree).
+TRAIT_TABLE = "qbbs_soft_traits"
+META_TABLE = "qbbs_meta"
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {TRAIT_TABLE} (
+    subject TEXT NOT NULL,
+    trait TEXT NOT NULL,
+    value REAL NOT NULL,
+    enrolled_at REAL NOT NULL,
+    PRIMARY KEY (subject, trait)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS {TRAIT_TABLE}_trait ON {TRAIT_TABLE} (trait, subject);
+CREATE TABLE IF NOT EXISTS {META_TABLE} (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+class _SoftTraitStore:
+    """SQLite table of (subject, trait, value); thread-safe.
+
+    Parameters
+    ----------
+    path : str or Path, optional
+        Database file (created with mode 0600); ``None`` keeps it in memory.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = Path(path) if path is not None else None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not self.path.exists():
+                fd = os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600)
+                os.close(fd)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(
+            str(self.path) if self.path is not None else ":memory:",
+            check_same_thread=False,
+            isolation_level=None,  # explicit transactions below
+        )
+        with self._lock:
+            if self.path is not None:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- query structure --------------------------------------------------------------
+
+    def bind_structure(self, fingerprint: str, description: str) -> None:
+        """Record the query structure on first use; refuse a different one once traits exist."""
+        with self._lock:
+            row = self._db.execute(f"SELECT value FROM {META_TABLE} WHERE key = 'structure'").fetchone()
+            n = self._db.execute(f"SELECT COUNT(*) FROM {TRAIT_TABLE}").fetchone()[0]
+            if row is not None and row[0] != fingerprint and n > 0:
+                desc = self._db.execute(f"SELECT value FROM {META_TABLE} WHERE key = 'structure_text'").fetchone()
+                raise QueryStructureChangedError(
+                    f"query structure: expected the one fixed when subjects were first enrolled in "
+                    f"{self.path or 'the store'} ({desc[0] if desc else row[0]}), received {description}; "
+                    "the permissible queries cannot change after enrolment (erase all subjects or use a new store)"
+                )
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute(
+                    f"INSERT OR REPLACE INTO {META_TABLE} (key, value) VALUES ('structure', ?), ('structure_text', ?)",
+                    (fingerprint, description),
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    # -- writes -----------------------------------------------------------------------
+
+    def upsert(self, subject: str, values: Mapping[str, float]) -> None:
+        """Insert or replace ``subject``'s values, atomically."""
+        now = time.time()
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(
+                    f"INSERT OR REPLACE INTO {TRAIT_TABLE} (subject, trait, value, enrolled_at) VALUES (?, ?, ?, ?)",
+                    [(subject, trait, float(v), now) for trait, v in values.items()],
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def delete(self, subject: str) -> int:
+        """Remove every value of ``subject``; returns how many were removed."""
+        with self._lock:
+            cur = self._db.execute(f"DELETE FROM {TRAIT_TABLE} WHERE subject = ?", (subject,))
+            return int(cur.rowcount)
+
+    # -- reads (only the query module calls these) -------------------------------------
+
+    def column(self, trait: str) -> tuple[list[str], NDArray[np.float64]]:
+        """All enrolled ``(subjects, values)`` of one trait, ordered by subject."""
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT subject, value FROM {TRAIT_TABLE} WHERE trait = ? ORDER BY subject", (trait,)
+            ).fetchall()
+        return [r[0] for r in rows], np.array([r[1] for r in rows], dtype=np.float64)
+
+    def traits_of(self, subject: str) -> list[str]:
+        """Names of the traits enrolled for ``subject`` (not their values)."""
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT trait FROM {TRAIT_TABLE} WHERE subject = ? ORDER BY trait", (subject,)
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    def n_subjects(self) -> int:
+        with self._lock:
+            return int(self._db.execute(f"SELECT COUNT(DISTINCT subject) FROM {TRAIT_TABLE}").fetchone()[0])
