@@ -1,0 +1,233 @@
+"""gRPC ``peep.v1.QbbsService`` over a :class:`~peep.server.qbbs.module.QbbsModule`.
+
+:func:`add_qbbs_servicer` registers it on any ``grpc.Server``, so the
+recognition server's ``create_server(..., extra_servicers=...)`` can host it
+next to ``RecognitionService``::
+
+    module = QbbsModule(load_config("server.toml"), face_scores=recogniser_scores)
+    add_qbbs_servicer(server, module, admin_token=token)
+
+Authentication: admin RPCs (EnrolSoftTraits, Query, GetOdometer) need the
+admin credential. By default the servicer checks the ``authorization:
+Bearer <token>`` metadata against ``admin_token`` in constant time; a server
+that authenticates in an interceptor passes ``authorize_admin`` instead (a
+callable that aborts the context unless the caller is an admin). With
+neither, admin RPCs are refused (``PERMISSION_DENIED``). VerifyFused is open
+to any caller the server lets through; it spends the claimed subject's ε, so
+the odometer bounds what repeated verifications reveal.
+
+Status codes: :class:`~peep.server.qbbs.errors.QbbsError` and
+:class:`~peep.core.exceptions.WireError` → ``INVALID_ARGUMENT``;
+:class:`UnknownSubjectError` → ``NOT_FOUND``; :class:`OdometerExhaustedError`
+→ ``RESOURCE_EXHAUSTED``; no face recogniser → ``FAILED_PRECONDITION``; all
+with the error's text.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn
+
+import grpc
+from peep.core.exceptions import BudgetError, WireError
+from peep.core.wire import template_values, trait_name, validate_template
+from peep.server.qbbs.errors import (
+    FaceScoreUnavailableError,
+    QbbsError,
+    UnknownSubjectError,
+)
+from peep.server.qbbs.module import QbbsModule
+from peep.v1 import qbbs_pb2, qbbs_pb2_grpc
+
+__all__ = ["QbbsServicer", "add_qbbs_servicer", "observed_from_template"]
+
+log = logging.getLogger(__name__)
+
+AdminAuthorizer = Callable[[grpc.ServicerContext, str], None]
+
+
+def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+    context.abort(code, message)
+    raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
+
+
+@contextmanager
+def _status(context: grpc.ServicerContext) -> Iterator[None]:
+    try:
+        yield
+    except UnknownSubjectError as exc:
+        _abort(context, grpc.StatusCode.NOT_FOUND, str(exc))
+    except BudgetError as exc:
+        _abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+    except FaceScoreUnavailableError as exc:
+        _abort(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+    except (QbbsError, WireError) as exc:
+        _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+
+def bearer_token_authorizer(token: str) -> AdminAuthorizer:
+    """An :data:`AdminAuthorizer` comparing ``authorization: Bearer <token>`` in constant time."""
+    if not token:
+        raise ValueError("admin_token: expected a non-empty secret, received ''")
+    expected = f"Bearer {token}".encode()
+
+    def authorize(context: grpc.ServicerContext, method: str) -> None:
+        meta = dict(context.invocation_metadata() or ())
+        got = str(meta.get("authorization", "")).encode()
+        if not got:
+            _abort(
+                context,
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"{method}: admin credential required (metadata 'authorization: Bearer <token>')",
+            )
+        if not hmac.compare_digest(got, expected):
+            _abort(context, grpc.StatusCode.PERMISSION_DENIED, f"{method}: the credential is not the admin's")
+
+    return authorize
+
+
+def observed_from_template(template: Any, module: QbbsModule) -> tuple[dict[str, float], dict[str, float]]:
+    """Observed traits from a template's on-device ``soft_traits`` releases.
+
+    Returns ``(values, extra_variance)``. The edge perturbs age with bounded
+    Laplace (scale ``age_max/ε``; ``age_max`` from the QBBS config field
+    ``edge_laplace_bounds``) and gender with randomized response; the values
+    are clipped into the declared range and the release noise's variance is
+    added to the matcher's width. Traits this deployment does not configure
+    are ignored.
+    """
+    values: dict[str, float] = {}
+    extra: dict[str, float] = {}
+    cfg = module.config
+    for rel in template.soft_traits:
+        name = trait_name(rel.kind)
+        spec = cfg.traits.get(name)
+        if spec is None or not math.isfinite(rel.value) or not rel.epsilon > 0:
+            continue
+        values[name] = min(max(float(rel.value), spec.lower), spec.upper)
+        if rel.mechanism == "randomized-response":
+            p_flip = 1.0 / (1.0 + math.exp(min(rel.epsilon, 700.0)))
+            extra[name] = p_flip * (1.0 - p_flip)
+        else:
+            bound = cfg.edge_laplace_bounds.get(name, spec.upper)
+            extra[name] = 2.0 * (bound / rel.epsilon) ** 2
+    return values, extra
+
+
+class QbbsServicer(qbbs_pb2_grpc.QbbsServiceServicer):
+    """The QbbsService RPCs (see proto/peep/v1/qbbs.proto)."""
+
+    def __init__(
+        self, module: QbbsModule, *, authorize_admin: AdminAuthorizer | None = None, admin_token: str | None = None
+    ) -> None:
+        if authorize_admin is not None and admin_token is not None:
+            raise ValueError("admin_token: expected None when authorize_admin is given, received both")
+        self.module = module
+        if authorize_admin is None and admin_token is not None:
+            authorize_admin = bearer_token_authorizer(admin_token)
+        self._authorize = authorize_admin
+
+    def _admin(self, context: grpc.ServicerContext, method: str) -> None:
+        if self._authorize is None:
+            _abort(
+                context,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{method}: admin RPCs are disabled (no admin credential configured on the server)",
+            )
+        self._authorize(context, method)
+
+    def EnrolSoftTraits(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._admin(context, "EnrolSoftTraits")
+        with _status(context):
+            traits: dict[str, float] = {}
+            for t in request.traits:
+                if t.trait in traits:
+                    raise QbbsError(f"traits: expected each trait once, received {t.trait!r} twice")
+                traits[t.trait] = t.value
+            n = self.module.enrol(request.subject, traits)
+        log.info("qbbs: enrolled %d soft traits for %r (peer %s)", n, request.subject, context.peer())
+        return qbbs_pb2.EnrolSoftTraitsResponse(subject=request.subject, traits=n)
+
+    def Query(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._admin(context, "Query")
+        with _status(context):
+            r = self.module.query(request.subject, request.trait, requester=context.peer())
+        return qbbs_pb2.QbbsQueryResponse(
+            subject=r.subject,
+            trait=r.trait,
+            value=r.value,
+            epsilon_spent=r.epsilon_spent,
+            epsilon_total=r.epsilon_total,
+        )
+
+    def VerifyFused(self, request: Any, context: grpc.ServicerContext) -> Any:
+        with _status(context):
+            if not request.HasField("template"):
+                raise QbbsError("template: expected a perturbed face template, received none")
+            validate_template(request.template)
+            claimed = request.claimed_subject or request.template.subject
+            if request.template.subject and request.claimed_subject and request.template.subject != claimed:
+                raise QbbsError(
+                    f"claimed_subject: expected the template's own claim {request.template.subject!r}, "
+                    f"received {request.claimed_subject!r}"
+                )
+            observed, extra = observed_from_template(request.template, self.module)
+            seen: set[str] = set()
+            for t in request.observed:
+                if t.trait in seen:
+                    raise QbbsError(f"observed: expected each trait once, received {t.trait!r} twice")
+                seen.add(t.trait)
+                observed[t.trait] = t.value  # the request's own values take precedence
+                extra.pop(t.trait, None)
+            r = self.module.verify_template(
+                claimed_subject=claimed,
+                values=template_values(request.template),
+                observed=observed,
+                observed_variance=extra,
+                template=request.template,
+                requester=context.peer(),
+            )
+        return qbbs_pb2.QbbsVerifyResponse(
+            accepted=r.accepted,
+            fused_score=r.fused_score,
+            threshold=r.threshold,
+            face_score=r.face_score,
+            log_p_genuine_face=r.log_p_genuine_face,
+            traits=[
+                qbbs_pb2.TraitScore(trait=t.trait, log_likelihood=t.log_likelihood, weight=t.weight) for t in r.traits
+            ],
+            epsilon_spent=r.epsilon_spent,
+            epsilon_total=r.epsilon_total,
+        )
+
+    def GetOdometer(self, request: Any, context: grpc.ServicerContext) -> Any:
+        self._admin(context, "GetOdometer")
+        with _status(context):
+            reading = self.module.odometer(request.subject)
+        return qbbs_pb2.OdometerResponse(
+            subject=reading.subject,
+            epsilon_spent=reading.epsilon_spent,
+            epsilon_cap=reading.epsilon_cap,
+            queries=reading.releases,
+        )
+
+
+def add_qbbs_servicer(
+    server: grpc.Server,
+    module: QbbsModule,
+    *,
+    authorize_admin: AdminAuthorizer | None = None,
+    admin_token: str | None = None,
+) -> QbbsServicer:
+    """Register ``QbbsService`` for ``module`` on ``server``; returns the servicer.
+
+    Pass the face-score provider to the module (``QbbsModule(..., face_scores=...)``
+    or :meth:`QbbsModule.set_face_scores`).
+    """
+    servicer = QbbsServicer(module, authorize_admin=authorize_admin, admin_token=admin_token)
+    qbbs_pb2_grpc.add_QbbsServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    return servicer
