@@ -21,7 +21,7 @@ from peep.server.qbbs.errors import (
     UnknownSubjectError,
     UnknownTraitError,
 )
-from peep.server.qbbs.face import ClassifierFaceScores, FaceScoreProvider, StaticFaceScores
+from peep.server.qbbs.face import ClassifierFaceScores, FaceScoreProvider, RecogniserFaceScores, StaticFaceScores
 from peep.server.qbbs.matcher import ParzenScoreModel, fused_score, gaussian_log_likelihood
 from peep.server.qbbs.module import QbbsModule, QueryResult, TraitScore, VerifyResult
 from peep.server.qbbs.odometer import OdometerReading, PrivacyOdometer
@@ -43,6 +43,7 @@ __all__ = [
     "QueryResult",
     "QueryShapeError",
     "QueryStructureChangedError",
+    "RecogniserFaceScores",
     "StaticFaceScores",
     "SumQuery",
     "TraitScore",

@@ -20,7 +20,13 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-__all__ = ["ClassifierFaceScores", "FaceScoreProvider", "StaticFaceScores", "genuine_impostor_scores"]
+__all__ = [
+    "ClassifierFaceScores",
+    "FaceScoreProvider",
+    "RecogniserFaceScores",
+    "StaticFaceScores",
+    "genuine_impostor_scores",
+]
 
 #: Probabilities are floored here before the log, so scores stay finite.
 PROBA_FLOOR = 1e-12
@@ -110,6 +116,44 @@ class ClassifierFaceScores:
     def validation_scores(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         X, y = self._val
         return genuine_impostor_scores(self.log_proba(X), y)
+
+
+class RecogniserFaceScores:
+    """Face scores from the server's trained recogniser (:class:`peep.server.training.FittedRecogniser`).
+
+    The score is ``log P(claimed | template)`` (floored at 1e-12); the
+    validation scores are the recogniser's own held-out genuine and impostor
+    probabilities, on the same log scale.
+
+    Parameters
+    ----------
+    fitted : FittedRecogniser-like
+        Has ``class_names`` (background class ``""`` ignored), ``predict_proba``,
+        ``genuine_scores`` and ``impostor_scores``.
+    proba : callable, optional
+        ``values (n, nc) float32 -> probabilities (n, n_classes)``, e.g. the
+        served ONNX session; defaults to ``fitted.predict_proba``.
+    model_version : str
+        When it changes the query module refits its Parzen densities.
+    """
+
+    def __init__(self, fitted: Any, *, proba: Any = None, model_version: str = "") -> None:
+        self.fitted = fitted
+        self._proba = proba if proba is not None else fitted.predict_proba
+        self._index = {str(n): i for i, n in enumerate(fitted.class_names) if n}
+        self.model_version = model_version
+
+    def face_score(self, claimed_subject: str, values: NDArray[np.float32], *, template: Any = None) -> float:
+        if claimed_subject not in self._index:
+            raise KeyError(claimed_subject)
+        v = np.asarray(values, dtype=np.float32).reshape(1, -1)
+        p = float(np.asarray(self._proba(v), dtype=np.float64)[0, self._index[claimed_subject]])
+        return math.log(max(p, PROBA_FLOOR))
+
+    def validation_scores(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        g = np.log(np.maximum(np.asarray(self.fitted.genuine_scores, dtype=np.float64), PROBA_FLOOR))
+        i = np.log(np.maximum(np.asarray(self.fitted.impostor_scores, dtype=np.float64), PROBA_FLOOR))
+        return g, i
 
 
 class StaticFaceScores:
