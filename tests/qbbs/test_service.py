@@ -180,6 +180,42 @@ def test_observed_traits_can_come_from_the_templates_edge_releases(served):
     assert r.epsilon_spent == 2.0
 
 
+def test_admin_check_by_token_digest_or_by_the_servers_authorizer(tmp_path):
+    import hashlib
+
+    module = QbbsModule(QbbsConfig())
+    calls: list[str] = []
+
+    def server_check(context: Any, method: str) -> None:
+        calls.append(method)
+        if dict(context.invocation_metadata()).get("x-role") != "admin":
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, "not an admin")
+
+    for kwargs, good, bad in [
+        ({"admin_token_sha256": hashlib.sha256(TOKEN.encode()).hexdigest()}, ADMIN, (("authorization", "Bearer x"),)),
+        ({"authorize_admin": server_check}, (("x-role", "admin"),), (("x-role", "user"),)),
+    ]:
+        server = grpc.server(ThreadPoolExecutor(max_workers=2))
+        add_qbbs_servicer(server, module, **kwargs)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        try:
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = qbbs_pb2_grpc.QbbsServiceStub(channel)
+                assert stub.GetOdometer(qbbs_pb2.OdometerRequest(subject="bob"), metadata=good, timeout=5).queries == 0
+                with pytest.raises(grpc.RpcError) as err:
+                    stub.GetOdometer(qbbs_pb2.OdometerRequest(subject="bob"), metadata=bad, timeout=5)
+                assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        finally:
+            server.stop(None).wait()
+    assert calls == ["GetOdometer", "GetOdometer"]
+    with pytest.raises(ValueError, match="at most one"):
+        add_qbbs_servicer(
+            grpc.server(ThreadPoolExecutor(max_workers=1)), module, admin_token="a", authorize_admin=server_check
+        )
+    module.close()
+
+
 def test_without_a_face_recogniser_verification_is_a_failed_precondition(tmp_path):
     module = QbbsModule(QbbsConfig())
     server = grpc.server(ThreadPoolExecutor(max_workers=2))

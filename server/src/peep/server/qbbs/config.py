@@ -27,6 +27,33 @@ observed value and the enrolled one, from measurement error):
 ``weight``: 6 kg
     Visual or walk-through weight estimates err by several kilograms, and
     body weight itself varies by 1-2 kg within a day and with clothing.
+
+``peep qbbs evaluate`` reports the spread it measures on LFW next to these
+(age 7.3 years, gender 0.08, and the synthetic height/weight errors).
+
+Example (a ``[qbbs]`` table in ``server.toml``, or a file of its own)::
+
+    [qbbs]
+    store_path = "/var/lib/peep/qbbs.sqlite"      # mode 0600, service user only
+    ledger_path = "/var/lib/peep/qbbs-spend.jsonl" # the odometer's audit log
+    epsilon = 1.0          # per SUM response; a trait value costs pairs x epsilon
+    epsilon_cap = 100.0    # per subject, lifetime
+    queries_per_trait = 2
+    weights = { face = 0.7, age = 0.15, gender = 0.15 }   # face + the traits below
+
+    # Setting traits replaces the default set: list every trait kept.
+    [qbbs.traits.age]
+    unit = "years"
+    lower = 16.0
+    upper = 95.0
+    width = 8.0
+
+    [qbbs.traits.gender]
+    kind = "binary"
+    unit = "0=female,1=male"
+    lower = 0.0
+    upper = 1.0
+    width = 0.5
 """
 
 from __future__ import annotations
@@ -287,8 +314,11 @@ def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) ->
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
-            loc = ".".join(str(x) for x in err["loc"]) or "(root)"
-            lines.append(f"qbbs.{loc} = {err.get('input')!r}: {err['msg']}")
+            loc = ".".join(str(x) for x in err["loc"])
+            if loc:
+                lines.append(f"qbbs.{loc} = {err.get('input')!r}: {err['msg']}")
+            else:
+                lines.append(f"qbbs: {err['msg']}")
         where = f"{path}: " if path is not None else ""
         raise ValueError(where + "invalid QBBS configuration:\n  " + "\n  ".join(lines)) from exc
     if base is not None:

@@ -25,6 +25,7 @@ with the error's text.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 import math
@@ -69,22 +70,34 @@ def _status(context: grpc.ServicerContext) -> Iterator[None]:
         _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
 
-def bearer_token_authorizer(token: str) -> AdminAuthorizer:
-    """An :data:`AdminAuthorizer` comparing ``authorization: Bearer <token>`` in constant time."""
-    if not token:
-        raise ValueError("admin_token: expected a non-empty secret, received ''")
-    expected = f"Bearer {token}".encode()
+def bearer_token_authorizer(token: str | None = None, *, token_sha256: str | None = None) -> AdminAuthorizer:
+    """An :data:`AdminAuthorizer` checking ``authorization: Bearer <token>``.
+
+    Give the token itself or the hex SHA-256 of it (as ``server.toml``'s
+    ``auth.admin_token_sha256``); compared in constant time.
+    """
+    if (token is None) == (token_sha256 is None):
+        raise ValueError("admin_token: expected exactly one of the token or its SHA-256")
+    if token is not None:
+        if not token:
+            raise ValueError("admin_token: expected a non-empty secret, received ''")
+        token_sha256 = hashlib.sha256(token.encode()).hexdigest()
+    assert token_sha256 is not None
+    expected = token_sha256.strip().lower()
+    if len(expected) != 64 or any(c not in "0123456789abcdef" for c in expected):
+        raise ValueError(f"admin_token_sha256: expected 64 hex digits, received {len(expected)} characters")
 
     def authorize(context: grpc.ServicerContext, method: str) -> None:
         meta = dict(context.invocation_metadata() or ())
-        got = str(meta.get("authorization", "")).encode()
-        if not got:
+        got = str(meta.get("authorization", ""))
+        if not got.startswith("Bearer ") or len(got) <= len("Bearer "):
             _abort(
                 context,
                 grpc.StatusCode.UNAUTHENTICATED,
                 f"{method}: admin credential required (metadata 'authorization: Bearer <token>')",
             )
-        if not hmac.compare_digest(got, expected):
+        digest = hashlib.sha256(got[len("Bearer ") :].encode()).hexdigest()
+        if not hmac.compare_digest(digest, expected):
             _abort(context, grpc.StatusCode.PERMISSION_DENIED, f"{method}: the credential is not the admin's")
 
     return authorize
@@ -122,13 +135,19 @@ class QbbsServicer(qbbs_pb2_grpc.QbbsServiceServicer):
     """The QbbsService RPCs (see proto/peep/v1/qbbs.proto)."""
 
     def __init__(
-        self, module: QbbsModule, *, authorize_admin: AdminAuthorizer | None = None, admin_token: str | None = None
+        self,
+        module: QbbsModule,
+        *,
+        authorize_admin: AdminAuthorizer | None = None,
+        admin_token: str | None = None,
+        admin_token_sha256: str | None = None,
     ) -> None:
-        if authorize_admin is not None and admin_token is not None:
-            raise ValueError("admin_token: expected None when authorize_admin is given, received both")
+        given = sum(x is not None for x in (authorize_admin, admin_token, admin_token_sha256))
+        if given > 1:
+            raise ValueError("authorize_admin/admin_token/admin_token_sha256: expected at most one, received several")
         self.module = module
-        if authorize_admin is None and admin_token is not None:
-            authorize_admin = bearer_token_authorizer(admin_token)
+        if admin_token is not None or admin_token_sha256 is not None:
+            authorize_admin = bearer_token_authorizer(admin_token, token_sha256=admin_token_sha256)
         self._authorize = authorize_admin
 
     def _admin(self, context: grpc.ServicerContext, method: str) -> None:
@@ -222,12 +241,18 @@ def add_qbbs_servicer(
     *,
     authorize_admin: AdminAuthorizer | None = None,
     admin_token: str | None = None,
+    admin_token_sha256: str | None = None,
 ) -> QbbsServicer:
     """Register ``QbbsService`` for ``module`` on ``server``; returns the servicer.
 
-    Pass the face-score provider to the module (``QbbsModule(..., face_scores=...)``
-    or :meth:`QbbsModule.set_face_scores`).
+    Give at most one of ``authorize_admin`` (the server's own check),
+    ``admin_token`` or ``admin_token_sha256``; with none, admin RPCs are
+    refused. Pass the face-score provider to the module
+    (``QbbsModule(..., face_scores=RecogniserFaceScores(fitted))`` or
+    :meth:`QbbsModule.set_face_scores`).
     """
-    servicer = QbbsServicer(module, authorize_admin=authorize_admin, admin_token=admin_token)
+    servicer = QbbsServicer(
+        module, authorize_admin=authorize_admin, admin_token=admin_token, admin_token_sha256=admin_token_sha256
+    )
     qbbs_pb2_grpc.add_QbbsServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     return servicer
