@@ -1,0 +1,675 @@
+"""Running an audit: splits, jobs (in worker processes), aggregation.
+
+Work is cut into independent jobs so that two CPU cores are used fully:
+
+1. one *prepare* job per repeat: stratified split, eigenfaces and bounds
+   (see :mod:`peep.server.audit.basis`), the no-privacy MLP, reconstruction
+   baselines (mean face, PCA ceiling) and the candidate sets;
+2. one *evaluate* job per (repeat, ε) — releases, the MLP trained on
+   perturbed templates, every attack — and one job per sweep point;
+3. with ``--frontier``, selection jobs and evaluate jobs for the chosen
+   configurations.
+
+Fitted models are reused across ε where that is valid (split, basis, bounds,
+clean recogniser, candidate sets). Each job pins BLAS to one thread: on a
+loaded 2-core machine two OpenBLAS threads per process made the MLP several
+times slower, while two single-threaded processes scale.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from peep.core import features
+from peep.core.release import mechanism_for_bounds
+from peep.server.audit.attacks import (
+    ADVERSARIES,
+    Adversary,
+    CandidateSet,
+    ScoreAdversary,
+    bayes_log_posterior,
+    fit_knn,
+    fit_linear,
+    linkage_accuracy,
+    posterior_from_log,
+    quiet_convergence,
+    reconstruct_direct,
+    reconstruct_shrinkage,
+    reconstruction_scores,
+    select_candidate_sets,
+    shrinkage_prior,
+)
+from peep.server.audit.basis import Basis, Domain, fit_basis
+from peep.server.audit.config import FRONTIER_MECHANISMS, AuditConfig, AuditConfigError
+from peep.server.audit.metrics import (
+    classification_metrics,
+    identity_mixture,
+    majority_rate,
+    membership_auc,
+)
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+RECOGNISER = "sklearn MLPClassifier(hidden_layer_sizes=({hidden},)), other parameters default"
+
+# Job tags keep the noise streams of different job families apart.
+_TAG_EVAL, _TAG_SWEEP, _TAG_FRONTIER_SELECT, _TAG_FRONTIER_EVAL = 1, 2, 3, 4
+# Split indices of the frontier's selection split and its fresh evaluation splits.
+_FRONTIER_SELECT_SPLIT = 10_000
+_FRONTIER_EVAL_SPLIT = 20_000
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def make_mlp(hidden: int, seed: int) -> Any:
+    """The recogniser of the reference setup: an MLP with one hidden layer."""
+    from sklearn.neural_network import MLPClassifier
+
+    return MLPClassifier(hidden_layer_sizes=(hidden,), random_state=seed)
+
+
+def proba_full(clf: Any, X: FloatArray, n_classes: int) -> FloatArray:
+    """``predict_proba`` with a column for every identity (zeros for unseen ones)."""
+    out = np.zeros((X.shape[0], n_classes))
+    out[:, clf.classes_] = clf.predict_proba(X)
+    return out
+
+
+def split_seed(cfg: AuditConfig, split: int) -> int:
+    return int(np.random.SeedSequence([cfg.seed, split]).generate_state(1)[0] % (2**31 - 1))
+
+
+def noise_state(cfg: AuditConfig, key: Sequence[int]) -> np.random.Generator | None:
+    """Seeded generator for a job (``None`` = the secure sampler)."""
+    if cfg.secure_noise:
+        return None
+    return np.random.default_rng(np.random.SeedSequence([cfg.seed, *key]))
+
+
+@contextmanager
+def job_env(cfg: AuditConfig) -> Iterator[None]:
+    """One BLAS thread, the seeded-noise feature when simulating, quiet convergence."""
+    from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
+
+    with ExitStack() as stack:
+        stack.enter_context(threadpool_limits(1))
+        if not cfg.secure_noise:
+            stack.enter_context(features.enabled("seeded-noise"))
+        stack.enter_context(quiet_convergence())
+        yield
+
+
+def nominal_epsilon(kind: str, target_vector: float, basis: Basis, delta: float) -> float:
+    """The mechanism parameter ε whose per-vector guarantee is ``target_vector``."""
+    if kind == "peep":
+        return target_vector / basis.n_components
+    if kind == "peep-raw":
+        with features.enabled("seeded-noise"):
+            probe = mechanism_for_bounds(basis.bounds, kind=kind, epsilon=1.0, random_state=0)
+        return target_vector / probe.guarantee.epsilon_vector
+    return target_vector
+
+
+def _mechanism(cfg: AuditConfig, basis: Basis, kind: str, epsilon: float, rng: Any) -> Any:
+    return mechanism_for_bounds(
+        basis.bounds,
+        kind=kind,
+        epsilon=epsilon,
+        delta=cfg.delta if kind == "gaussian-l2" else None,
+        random_state=rng,
+    )
+
+
+def _release_avg(mech: Any, Z: FloatArray, k: int) -> FloatArray:
+    """Mean of ``k`` independent releases of each row."""
+    if k == 1:
+        return np.asarray(mech.release(Z))
+    R = np.asarray(mech.release(np.repeat(Z, k, axis=0)))
+    out: FloatArray = R.reshape(Z.shape[0], k, Z.shape[1]).mean(axis=1)
+    return out
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass
+class AuditData:
+    """Faces of the audited dataset (and of the background population, if used)."""
+
+    images: NDArray[np.float32]  # (n, h, w)
+    labels: IntArray
+    target_names: list[str]
+    source: str
+    normalisation: dict[str, Any]
+    n_skipped: int
+    background: NDArray[np.float32] | None = None  # flattened (m, pixels)
+    background_desc: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def X(self) -> NDArray[np.float32]:
+        return self.images.reshape(self.images.shape[0], -1)
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.target_names)
+
+
+def load_audit_data(cfg: AuditConfig) -> AuditData:
+    """Load the dataset (and background population) with the configured normalisation."""
+    from peep.server.datasets import load_dataset
+
+    ds = load_dataset(cfg.dataset, data_home=cfg.data_home, min_faces=cfg.min_faces, normalisation=cfg.normalisation)  # type: ignore[arg-type]
+    data = AuditData(
+        images=ds.images,
+        labels=ds.labels,
+        target_names=list(ds.target_names),
+        source=ds.source,
+        normalisation=dict(ds.normalisation),
+        n_skipped=ds.n_skipped,
+    )
+    if data.n_classes < 2:
+        raise AuditConfigError(
+            f"--min-faces: expected a value leaving at least 2 identities, "
+            f"received {cfg.min_faces} ({data.n_classes} identity left)"
+        )
+    if cfg.basis == "background":
+        bg = load_dataset("lfw", data_home=cfg.data_home, min_faces=5, max_faces=9, normalisation=cfg.normalisation)  # type: ignore[arg-type]
+        overlap = set(bg.target_names) & set(ds.target_names)
+        if overlap:
+            raise AuditConfigError(
+                f"--basis background: background overlaps the audited identities "
+                f"({sorted(overlap)[:3]}); raise --min-faces above 9"
+            )
+        data.background = bg.X.astype(np.float32)
+        data.background_desc = {
+            "source": "lfw",
+            "min_faces": 5,
+            "max_faces": 9,
+            "n_images": bg.n_images,
+            "n_subjects": bg.n_subjects,
+        }
+    return data
+
+
+# --------------------------------------------------------------------------- repeat context
+
+
+@dataclass
+class RepeatContext:
+    """What every ε of one split shares (picklable; sent to worker processes)."""
+
+    split: int
+    seed: int
+    basis: Basis
+    y_train: IntArray
+    y_test: IntArray
+    C_train: FloatArray
+    C_test: FloatArray
+    test_images: NDArray[np.float32]
+    n_classes: int
+    train_idx: IntArray
+    clean_mlp: Any = None
+    candidate_sets: list[CandidateSet] = field(default_factory=list)
+    grid_idx: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+
+def _split(labels: IntArray, test_size: float, seed: int) -> tuple[IntArray, IntArray]:
+    from sklearn.model_selection import train_test_split
+
+    idx = np.arange(labels.shape[0])
+    tr, te = train_test_split(idx, test_size=test_size, stratify=labels, random_state=seed)
+    return np.asarray(tr, dtype=np.int64), np.asarray(te, dtype=np.int64)
+
+
+def _grid_indices(y_test: IntArray, n: int) -> IntArray:
+    """One test face per identity first, then more, up to ``n``."""
+    first = [int(np.flatnonzero(y_test == c)[0]) for c in np.unique(y_test)]
+    rest = [i for i in range(y_test.shape[0]) if i not in set(first)]
+    return np.array((first + rest)[:n], dtype=np.int64)
+
+
+def make_context(
+    data: AuditData,
+    cfg: AuditConfig,
+    split: int,
+    *,
+    n_components: int,
+    variant: str = "bundle",
+    with_clean: bool = True,
+) -> tuple[RepeatContext, dict[str, Any]]:
+    """Split, fit the basis and (optionally) the clean recogniser and baselines."""
+    seed = split_seed(cfg, split)
+    tr, te = _split(data.labels, cfg.test_size, seed)
+    X = data.X
+    fit_on = data.background if data.background is not None else X[tr]
+    basis = fit_basis(fit_on, n_components, variant=variant)
+    ctx = RepeatContext(
+        split=split,
+        seed=seed,
+        basis=basis,
+        y_train=data.labels[tr],
+        y_test=data.labels[te],
+        C_train=basis.transform(X[tr]),
+        C_test=basis.transform(X[te]),
+        test_images=data.images[te],
+        n_classes=data.n_classes,
+        train_idx=tr,
+        grid_idx=_grid_indices(data.labels[te], cfg.grid_faces),
+    )
+    baseline: dict[str, Any] = {}
+    if not with_clean:
+        return ctx, baseline
+    mlp = make_mlp(cfg.hidden, seed).fit(ctx.C_train, ctx.y_train)
+    ctx.clean_mlp = mlp
+    p_te = proba_full(mlp, ctx.C_test, ctx.n_classes)
+    p_tr = proba_full(mlp, ctx.C_train, ctx.n_classes)
+    baseline.update(classification_metrics(ctx.y_test, p_te.argmax(axis=1)))
+    member = p_tr[np.arange(p_tr.shape[0]), ctx.y_train]
+    nonmember = p_te[np.arange(p_te.shape[0]), ctx.y_test]
+    baseline["membership_auc"] = membership_auc(member, nonmember)
+    mean_face = np.broadcast_to(basis.model.mean_, (ctx.C_test.shape[0], basis.model.mean_.shape[0]))
+    baseline["mean_face"] = reconstruction_scores(np.clip(mean_face, 0, 1), ctx.test_images, basis, mlp, ctx.y_test)
+    baseline["pca_ceiling"] = reconstruction_scores(basis.faces(ctx.C_test), ctx.test_images, basis, mlp, ctx.y_test)
+    rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, split, 99]))
+    ctx.candidate_sets, skipped = select_candidate_sets(ctx.C_train, ctx.y_train, ctx.n_classes, cfg.subset_sizes, rng)
+    baseline["subsets_skipped"] = skipped
+    baseline["n_components"] = basis.n_components
+    baseline["n_train"] = int(tr.shape[0])
+    baseline["n_test"] = int(te.shape[0])
+    baseline["explained_variance_ratio"] = float(basis.model.explained_variance_ratio_.sum())
+    return ctx, baseline
+
+
+def _prepare_job(
+    data: AuditData, cfg: AuditConfig, split: int, n_components: int, variant: str, with_clean: bool
+) -> tuple[tuple[RepeatContext, dict[str, Any]], float]:
+    t = time.process_time()
+    with job_env(cfg):
+        ctx, base = make_context(data, cfg, split, n_components=n_components, variant=variant, with_clean=with_clean)
+    return (ctx, base), time.process_time() - t
+
+
+# --------------------------------------------------------------------------- evaluation of one ε
+
+
+def _adversaries(
+    ctx: RepeatContext,
+    gallery: FloatArray,
+    probes: FloatArray,
+    clean_domain: FloatArray,
+    noise_var: FloatArray,
+    mlp_scores: FloatArray | None,
+    seed: int,
+) -> tuple[dict[str, Adversary], FloatArray | None]:
+    K = ctx.n_classes
+    advs: dict[str, Adversary] = {"knn": fit_knn(gallery, ctx.y_train, probes, K)}
+    advs["svm"], _ = fit_linear("svm", gallery, ctx.y_train, probes, K, seed)
+    advs["logreg"], _ = fit_linear("logreg", gallery, ctx.y_train, probes, K, seed)
+    if mlp_scores is not None:
+        advs["mlp"] = ScoreAdversary(mlp_scores)
+    log_post = bayes_log_posterior(clean_domain, ctx.y_train, probes, noise_var, K)
+    advs["bayes"] = ScoreAdversary(log_post)
+    # The noise-aware posterior is the calibrated one (it falls back to the prior under huge
+    # noise, where a classifier fitted to noisy data is over-confident): identity mixture uses it.
+    return advs, posterior_from_log(log_post)
+
+
+def evaluate_release(
+    ctx: RepeatContext,
+    cfg: AuditConfig,
+    *,
+    kind: str,
+    epsilon: float | None = None,
+    target_vector: float | None = None,
+    key: Sequence[int] = (),
+    attacks: bool = True,
+    keep_grid: bool = False,
+) -> dict[str, Any]:
+    """Utility and every attack for one split and one ε.
+
+    Parameters
+    ----------
+    epsilon : float, optional
+        The mechanism's ε parameter; or give ``target_vector``, the per-vector
+        ε to calibrate to (frontier).
+    key : sequence of int
+        Identifies the job's noise stream.
+    attacks : bool
+        False: utility only (frontier selection).
+    """
+    basis = ctx.basis
+    eps = float(epsilon) if epsilon is not None else nominal_epsilon(kind, float(target_vector or 0), basis, cfg.delta)
+    rng = noise_state(cfg, key)
+    mech = _mechanism(cfg, basis, kind, eps, rng)
+    dom = Domain(kind, basis.bounds)
+    Ztr, Zte = dom.forward(ctx.C_train), dom.forward(ctx.C_test)
+    Rtr, Rte = np.asarray(mech.release(Ztr)), np.asarray(mech.release(Zte))
+    K = ctx.n_classes
+    mlp = make_mlp(cfg.hidden, ctx.seed).fit(Rtr, ctx.y_train)
+    p_te = proba_full(mlp, Rte, K)
+    g = mech.guarantee
+    out: dict[str, Any] = {
+        "epsilon": eps,
+        "epsilon_coordinate": float(g.epsilon_coordinate),
+        "epsilon_vector": float(g.epsilon_vector),
+        "delta": float(g.delta),
+        "noise_std": float(mech.noise_std),
+        "n_components": basis.n_components,
+        **classification_metrics(ctx.y_test, p_te.argmax(axis=1)),
+        "chance": majority_rate(ctx.y_test),
+        "chance_uniform": 1.0 / K,
+    }
+    if not attacks:
+        return out
+    yte, ytr = ctx.y_test, ctx.y_train
+    # (d) membership: a fresh release of each training photo (what LDP bounds) and the
+    # stored template itself (memorisation of the template).
+    p_fresh = proba_full(mlp, np.asarray(mech.release(Ztr)), K)
+    p_tr = proba_full(mlp, Rtr, K)
+    nonmember = p_te[np.arange(yte.shape[0]), yte]
+    out["membership_auc"] = membership_auc(p_fresh[np.arange(ytr.shape[0]), ytr], nonmember)
+    out["membership_auc_template"] = membership_auc(p_tr[np.arange(ytr.shape[0]), ytr], nonmember)
+
+    # (b) linkage by the parrot adversary; (c) averaging; (e) identity mixture.
+    var = np.asarray(mech.variance, dtype=np.float64)
+    averaging: dict[str, Any] = {}
+    detail: dict[str, Any] = {}
+    for k in cfg.averaging_ks:
+        if k == 1:
+            gal, prb = Rtr, Rte
+            mlp_scores = np.log(np.clip(p_te, 1e-300, None))
+        else:
+            gal, prb = _release_avg(mech, Ztr, k), _release_avg(mech, Zte, k)
+            mlp_scores = np.log(np.clip(proba_full(mlp, prb, K), 1e-300, None))
+        advs, post = _adversaries(ctx, gal, prb, Ztr, var / k, mlp_scores, ctx.seed)
+        sets = ctx.candidate_sets if k == 1 else ctx.candidate_sets[:1]
+        accs = [linkage_accuracy(advs, yte, s) for s in sets]
+        full = accs[0]
+        detail[str(k)] = {a: full[a] for a in ADVERSARIES if a in full} | {"max": full["max"]}
+        averaging[str(k)] = full["max"]
+        if k == 1:
+            out["linkage"] = {a: full[a] for a in ADVERSARIES} | {"max": full["max"]}
+            out["linkage_subsets"] = [
+                {
+                    "size": s.size,
+                    "strategy": s.strategy,
+                    "subjects": [int(c) for c in s.classes],
+                    **{a: r[a] for a in (*ADVERSARIES, "max", "chance", "chance_uniform")},
+                }
+                for s, r in zip(sets, accs, strict=True)
+            ]
+            out["identity_mixture"] = identity_mixture(post, yte, np.bincount(ytr, minlength=K))
+    out["averaging"] = averaging
+    out["averaging_detail"] = detail
+
+    # (a) reconstruction: direct inversion (Eq. 14) and shrinkage with known variances.
+    m, v = shrinkage_prior(Ztr)
+    direct = reconstruct_direct(Rte, dom, basis)
+    shrink = reconstruct_shrinkage(Rte, dom, basis, m, v, var)
+    rec_d = reconstruction_scores(direct, ctx.test_images, basis, ctx.clean_mlp, yte)
+    rec_s = reconstruction_scores(shrink, ctx.test_images, basis, ctx.clean_mlp, yte)
+    out["reconstruction"] = {"direct": rec_d, "shrinkage": rec_s}
+    out["reconstruction_ssim"] = max(rec_d["ssim"], rec_s["ssim"])
+    out["reconstruction_psnr"] = max(rec_d["psnr"], rec_s["psnr"])
+    out["reconstruction_reid"] = max(rec_d["reid"], rec_s["reid"])
+    if keep_grid:
+        shape = ctx.test_images.shape[1:]
+        out["_grid"] = {
+            "direct": direct[ctx.grid_idx].reshape(-1, *shape).astype(np.float32),
+            "shrinkage": shrink[ctx.grid_idx].reshape(-1, *shape).astype(np.float32),
+        }
+    return out
+
+
+def _evaluate_job(ctx: RepeatContext, cfg: AuditConfig, kwargs: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    t = time.process_time()
+    with job_env(cfg):
+        res = evaluate_release(ctx, cfg, **kwargs)
+    return res, time.process_time() - t
+
+
+# --------------------------------------------------------------------------- sweeps
+
+
+def sweep_point(
+    data: AuditData, ctx: RepeatContext, cfg: AuditConfig, sweep: str, value: int, key: Sequence[int]
+) -> dict[str, Any] | None:
+    """Clean and private (at the sweep ε) utility for one nc or images-per-subject value."""
+    eps = cfg.effective_sweep_epsilon
+    if sweep == "components":
+        limit = ctx.train_idx.shape[0] - 1 if data.background is None else data.background.shape[0] - 1
+        if value > limit:
+            return None
+        fit_on = data.background if data.background is not None else data.X[ctx.train_idx]
+        basis = fit_basis(fit_on, value)
+        sub = RepeatContext(
+            split=ctx.split,
+            seed=ctx.seed,
+            basis=basis,
+            y_train=ctx.y_train,
+            y_test=ctx.y_test,
+            C_train=basis.transform(data.X[ctx.train_idx]),
+            C_test=basis.transform(ctx.test_images.reshape(ctx.test_images.shape[0], -1)),
+            test_images=ctx.test_images,
+            n_classes=ctx.n_classes,
+            train_idx=ctx.train_idx,
+        )
+    else:
+        keep = np.concatenate([np.flatnonzero(ctx.y_train == c)[:value] for c in range(ctx.n_classes)])
+        keep.sort()
+        sub = RepeatContext(
+            split=ctx.split,
+            seed=ctx.seed,
+            basis=ctx.basis,
+            y_train=ctx.y_train[keep],
+            y_test=ctx.y_test,
+            C_train=ctx.C_train[keep],
+            C_test=ctx.C_test,
+            test_images=ctx.test_images,
+            n_classes=ctx.n_classes,
+            train_idx=ctx.train_idx[keep],
+        )
+    clean = make_mlp(cfg.hidden, ctx.seed).fit(sub.C_train, sub.y_train)
+    clean_m = classification_metrics(sub.y_test, proba_full(clean, sub.C_test, sub.n_classes).argmax(axis=1))
+    private = evaluate_release(sub, cfg, kind=cfg.mechanism, epsilon=eps, key=key, attacks=False)
+    per_subject = np.bincount(sub.y_train, minlength=sub.n_classes)
+    return {
+        "value": value,
+        "n_components": sub.basis.n_components,
+        "images_per_subject_min": int(per_subject.min()),
+        "images_per_subject_mean": float(per_subject.mean()),
+        "epsilon": private["epsilon"],
+        "epsilon_vector": private["epsilon_vector"],
+        "no_privacy": {k: clean_m[k] for k in ("accuracy", "weighted_f1", "balanced_accuracy")},
+        "private": {k: private[k] for k in ("accuracy", "weighted_f1", "balanced_accuracy")},
+    }
+
+
+def _sweep_job(
+    data: AuditData, ctx: RepeatContext, cfg: AuditConfig, sweep: str, value: int, key: Sequence[int]
+) -> tuple[dict[str, Any] | None, float]:
+    t = time.process_time()
+    with job_env(cfg):
+        res = sweep_point(data, ctx, cfg, sweep, value, key)
+    return res, time.process_time() - t
+
+
+# --------------------------------------------------------------------------- frontier selection
+
+
+def frontier_group(data: AuditData, cfg: AuditConfig, n_components: int, variant: str) -> list[dict[str, Any]]:
+    """Utility of every mechanism × per-vector ε for one (nc, bounds) on the selection split."""
+    ctx, _ = make_context(
+        data, cfg, _FRONTIER_SELECT_SPLIT, n_components=n_components, variant=variant, with_clean=False
+    )
+    rows: list[dict[str, Any]] = []
+    for i, target in enumerate(cfg.frontier_epsilons):
+        for j, kind in enumerate(FRONTIER_MECHANISMS):
+            res = evaluate_release(
+                ctx,
+                cfg,
+                kind=kind,
+                target_vector=target,
+                key=(_TAG_FRONTIER_SELECT, n_components, BOUNDS_INDEX[variant], i, j),
+                attacks=False,
+            )
+            rows.append(
+                {
+                    "target_epsilon_vector": target,
+                    "mechanism": kind,
+                    "n_components": ctx.basis.n_components,
+                    "bounds": variant,
+                    "epsilon": res["epsilon"],
+                    "epsilon_coordinate": res["epsilon_coordinate"],
+                    "epsilon_vector": res["epsilon_vector"],
+                    "accuracy": res["accuracy"],
+                    "weighted_f1": res["weighted_f1"],
+                    "balanced_accuracy": res["balanced_accuracy"],
+                }
+            )
+    return rows
+
+
+BOUNDS_INDEX = {"bundle": 0, "tight": 1}
+
+
+def _frontier_group_job(
+    data: AuditData, cfg: AuditConfig, n_components: int, variant: str
+) -> tuple[list[dict[str, Any]], float]:
+    t = time.process_time()
+    with job_env(cfg):
+        res = frontier_group(data, cfg, n_components, variant)
+    return res, time.process_time() - t
+
+
+# --------------------------------------------------------------------------- job execution
+
+
+def n_workers(cfg: AuditConfig) -> int:
+    if cfg.jobs:
+        return cfg.jobs
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def run_jobs(
+    cfg: AuditConfig,
+    jobs: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]],
+    desc: str,
+) -> tuple[list[Any], float]:
+    """Run ``fn(*args)`` for every job (each returns ``(result, cpu_seconds)``), in order.
+
+    Returns the results and the summed CPU seconds of the jobs.
+    """
+    from tqdm import tqdm
+
+    results: list[Any] = [None] * len(jobs)
+    cpu = 0.0
+    bar = tqdm(total=len(jobs), desc=desc, file=sys.stderr, disable=not cfg.progress, leave=True)
+    try:
+        workers = min(n_workers(cfg), len(jobs))
+        if workers <= 1:
+            for i, (fn, args) in enumerate(jobs):
+                results[i], c = fn(*args)
+                cpu += c
+                bar.update(1)
+        else:
+            from joblib import Parallel, delayed  # type: ignore[import-untyped]
+
+            par = Parallel(n_jobs=workers, backend="loky", return_as="generator_unordered")
+            for i, (res, c) in par(delayed(_indexed)(i, fn, args) for i, (fn, args) in enumerate(jobs)):
+                results[i] = res
+                cpu += c
+                bar.update(1)
+    finally:
+        bar.close()
+    return results, cpu
+
+
+def _indexed(i: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[int, Any]:
+    res, c = fn(*args)
+    return i, (res, c)
+
+
+# --------------------------------------------------------------------------- aggregation
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+
+
+def aggregate(items: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Mean and (population) std over repeats of nested dicts with the same keys.
+
+    Numbers are averaged (NaN-aware); nested dicts recurse; anything else is
+    taken from the first item. Keys starting with ``_`` are dropped.
+    """
+    mean: dict[str, Any] = {}
+    std: dict[str, Any] = {}
+    first = items[0]
+    for key, val in first.items():
+        if key.startswith("_"):
+            continue
+        vals = [it.get(key) for it in items]
+        if _is_number(val):
+            arr = np.array([np.nan if v is None else float(v) for v in vals])
+            if np.all(np.isnan(arr)):
+                mean[key], std[key] = None, None
+            else:
+                mean[key] = float(np.nanmean(arr))
+                std[key] = float(np.nanstd(arr))
+            if isinstance(val, (int, np.integer)) and np.all(arr == arr[0]):
+                mean[key] = int(val)
+        elif isinstance(val, dict) and all(isinstance(v, dict) for v in vals):
+            m, s = aggregate([v for v in vals if isinstance(v, dict)])
+            mean[key] = m
+            if s:
+                std[key] = s
+        else:
+            mean[key] = val
+    return mean, std
+
+
+def aggregate_subsets(per_repeat: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Group reduced-set linkage results by (size, strategy) across repeats."""
+    groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for rows in per_repeat:
+        for r in rows:
+            groups.setdefault((int(r["size"]), str(r["strategy"])), []).append(r)
+    out = []
+    for (size, strategy), rows in groups.items():
+        numeric = [{k: v for k, v in r.items() if k not in ("size", "strategy", "subjects")} for r in rows]
+        m, s = aggregate(numeric)
+        out.append({"size": size, "strategy": strategy, "subjects": [r["subjects"] for r in rows], **m, "std": s})
+    return out
+
+
+def combine_results(per_repeat: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One ``results[]`` entry from the per-repeat results of one ε."""
+    subsets = (
+        aggregate_subsets([r["linkage_subsets"] for r in per_repeat]) if "linkage_subsets" in per_repeat[0] else None
+    )
+    stripped = [{k: v for k, v in r.items() if k != "linkage_subsets"} for r in per_repeat]
+    mean, std = aggregate(stripped)
+    if subsets is not None:
+        mean["linkage_subsets"] = subsets
+    mean["std"] = std
+    mean["n_repeats"] = len(per_repeat)
+    return mean
+
+
+def finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None

@@ -1,0 +1,224 @@
+"""The documented schema of ``audit.json`` (JSON Schema 2020-12).
+
+``peep audit`` validates its document against :data:`AUDIT_SCHEMA` before
+writing it and writes the schema next to it as ``audit.schema.json``.
+
+Conventions: every ``results[]`` entry (and every sweep/frontier point) holds
+means over the repeated splits, and a ``std`` object of the same shape holding
+the standard deviations. ε appears as ``epsilon`` (the mechanism's parameter),
+``epsilon_coordinate`` and ``epsilon_vector`` (what the release guarantees per
+coordinate and per vector). Accuracies are fractions in [0, 1].
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_num: dict[str, Any] = {"type": "number"}
+_frac: dict[str, Any] = {"type": "number", "minimum": 0, "maximum": 1}
+_frac_or_null: dict[str, Any] = {"type": ["number", "null"], "minimum": 0, "maximum": 1}
+_pos: dict[str, Any] = {"type": "number", "exclusiveMinimum": 0}
+
+_ADVERSARY_KEYS = ["knn", "svm", "logreg", "mlp", "bayes", "max"]
+
+
+def _obj(props: dict[str, Any], required: list[str] | None = None, extra: bool = True) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "object", "properties": props, "required": required or list(props)}
+    if not extra:
+        out["additionalProperties"] = False
+    return out
+
+
+_recon = _obj({"ssim": {"type": "number", "minimum": -1, "maximum": 1}, "psnr": _num, "reid": _frac})
+_linkage = _obj({k: _frac for k in _ADVERSARY_KEYS})
+_subset = _obj(
+    {
+        "size": {"type": "integer", "minimum": 2},
+        "strategy": {"enum": ["all", "random", "distinctive", "center"]},
+        "subjects": {
+            "type": "array",
+            "items": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+            "description": "identity indices of the set, one list per repeat",
+        },
+        **{k: _frac_or_null for k in _ADVERSARY_KEYS},
+        "chance": _frac_or_null,
+        "chance_uniform": _frac,
+        "std": {"type": "object"},
+    }
+)
+_mixture = _obj(
+    {
+        "mixture": _frac,
+        "random_guess": _frac,
+        "top_k": {"type": "object", "additionalProperties": _frac},
+        "top_k_random": {"type": "object", "additionalProperties": _frac},
+        "top_k_prior": {"type": "object", "additionalProperties": _frac},
+        "kl_from_random": {"type": "number", "minimum": 0},
+        "kl_from_prior": _num,
+    }
+)
+
+RESULT_SCHEMA: dict[str, Any] = _obj(
+    {
+        "epsilon": {**_pos, "description": "the mechanism's ε parameter (per coordinate for peep/peep-raw)"},
+        "epsilon_coordinate": {**_pos, "description": "guaranteed ε of any one released coordinate"},
+        "epsilon_vector": {**_pos, "description": "guaranteed ε of the whole released template"},
+        "delta": {"type": "number", "minimum": 0, "maximum": 1},
+        "noise_std": {"type": "number", "minimum": 0},
+        "n_components": {"type": "integer", "minimum": 1},
+        "accuracy": _frac,
+        "balanced_accuracy": _frac,
+        "weighted_f1": _frac,
+        "weighted_precision": _frac,
+        "weighted_recall": _frac,
+        "chance": {**_frac, "description": "majority-class rate of the test set"},
+        "chance_uniform": _frac,
+        "reconstruction_ssim": {"type": "number", "description": "best attack's mean SSIM"},
+        "reconstruction_psnr": _num,
+        "reconstruction_reid": _frac,
+        "reconstruction": _obj({"direct": _recon, "shrinkage": _recon}),
+        "linkage": _linkage,
+        "linkage_subsets": {"type": "array", "items": _subset, "minItems": 1},
+        "averaging": {
+            "type": "object",
+            "required": ["1", "5", "20"],
+            "additionalProperties": _frac,
+            "description": "best adversary's accuracy when k releases are averaged, keyed by k",
+        },
+        "averaging_detail": {"type": "object"},
+        "membership_auc": {**_frac, "description": "threshold attack, fresh release of member photos"},
+        "membership_auc_template": {**_frac, "description": "threshold attack, the stored member templates"},
+        "identity_mixture": _mixture,
+        "n_repeats": {"type": "integer", "minimum": 1},
+        "std": {"type": "object", "required": ["accuracy", "weighted_f1", "linkage"]},
+    }
+)
+
+_sweep_point = _obj(
+    {
+        "value": {"type": "integer"},
+        "n_components": {"type": "integer"},
+        "epsilon": _pos,
+        "epsilon_vector": _pos,
+        "no_privacy": _obj({"accuracy": _frac, "weighted_f1": _frac}),
+        "private": _obj({"accuracy": _frac, "weighted_f1": _frac}),
+        "std": {"type": "object"},
+    }
+)
+
+_frontier_point = _obj(
+    {
+        "epsilon_vector": _pos,
+        "best": {**RESULT_SCHEMA, "required": [*RESULT_SCHEMA["required"], "configuration"]},
+        "paper_mode": {**RESULT_SCHEMA, "required": [*RESULT_SCHEMA["required"], "configuration"]},
+    }
+)
+
+AUDIT_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "https://peep.invalid/schemas/audit-1.json",
+    "title": "peep audit result",
+    "description": __doc__,
+    **_obj(
+        {
+            "schema_version": {"const": 1},
+            "tool": _obj({"name": {"type": "string"}, "version": {"type": "string"}}),
+            "created": {"type": "string"},
+            "command": {"type": ["array", "null"], "items": {"type": "string"}},
+            "config": {"type": "object"},
+            "dataset": _obj(
+                {
+                    "source": {"type": "string"},
+                    "n_subjects": {"type": "integer", "minimum": 2},
+                    "n_images": {"type": "integer", "minimum": 2},
+                    "subjects": {"type": "array", "items": {"type": "string"}},
+                    "images_per_subject": {"type": "array", "items": {"type": "integer"}},
+                    "normalisation": {"type": "object"},
+                    "n_skipped": {"type": "integer", "minimum": 0},
+                }
+            ),
+            "mechanism": _obj(
+                {
+                    "kind": {"enum": ["peep", "peep-raw", "laplace-vector", "gaussian-l2", "laplace-l1"]},
+                    "delta": {"type": "number", "minimum": 0, "maximum": 1},
+                    "epsilon_parameter": {"enum": ["per coordinate", "per vector"]},
+                    "description": {"type": "string"},
+                }
+            ),
+            "components": {"type": "integer", "minimum": 1},
+            "basis": _obj(
+                {"source": {"enum": ["train", "background"]}, "note": {"type": "string"}}, ["source", "note"]
+            ),
+            "protocol": _obj(
+                {"repeats": {"type": "integer", "minimum": 1}, "test_size": _frac, "recogniser": {"type": "string"}}
+            ),
+            "sampler": _obj(
+                {
+                    "name": {"enum": ["seeded", "secure"]},
+                    "is_secure": {"type": "boolean"},
+                    "seeded_noise_feature": {"type": "boolean"},
+                    "note": {"type": "string"},
+                }
+            ),
+            "chance": _obj({"majority": _frac, "uniform": _frac}),
+            "no_privacy": _obj(
+                {
+                    "accuracy": _frac,
+                    "weighted_f1": _frac,
+                    "weighted_precision": _frac,
+                    "weighted_recall": _frac,
+                    "balanced_accuracy": _frac,
+                    "membership_auc": _frac,
+                    "std": {"type": "object"},
+                }
+            ),
+            "reconstruction_baselines": _obj({"mean_face": _recon, "pca_ceiling": _recon}),
+            "linkage_subsets_skipped": {"type": "array"},
+            "results": {"type": "array", "items": RESULT_SCHEMA, "minItems": 1},
+            "sweeps": _obj(
+                {
+                    "epsilon": _pos,
+                    "mechanism": {"type": "string"},
+                    "components": {"type": "array", "items": _sweep_point},
+                    "images_per_subject": {"type": "array", "items": _sweep_point},
+                }
+            ),
+            "frontier": {
+                "oneOf": [
+                    {"type": "null"},
+                    _obj(
+                        {
+                            "points": {"type": "array", "items": _frontier_point},
+                            "searched": {"type": "object"},
+                            "selection": {"type": "object"},
+                        }
+                    ),
+                ]
+            },
+            "timing": _obj(
+                {
+                    "wall_seconds": {"type": "number", "minimum": 0},
+                    "cpu_seconds": {"type": "number", "minimum": 0},
+                    "workers": {"type": "integer", "minimum": 1},
+                }
+            ),
+            "plots": {"type": "object", "additionalProperties": {"type": "string"}},
+        },
+    ),
+}
+
+
+class AuditSchemaError(ValueError):
+    """``audit.json`` content does not match :data:`AUDIT_SCHEMA` (names the path)."""
+
+
+def validate_audit(document: Any) -> None:
+    """Raise :class:`AuditSchemaError` naming the first offending path, if ``document`` is invalid."""
+    import jsonschema  # type: ignore[import-untyped]
+
+    validator = jsonschema.Draft202012Validator(AUDIT_SCHEMA)
+    errors = sorted(validator.iter_errors(document), key=lambda e: list(e.absolute_path))
+    if errors:
+        e = errors[0]
+        where = "/".join(str(p) for p in e.absolute_path) or "(root)"
+        raise AuditSchemaError(f"audit.json: {where}: {e.message}")
