@@ -1,0 +1,125 @@
+"""``peep audit`` end to end through the CLI (main(argv)), on reduced settings."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from peep.server.audit.schema import validate_audit
+from peep.server.cli import main
+
+
+def _base(data_home: str, out: Path) -> list[str]:
+    return ["audit", "--dataset", "lfw", "--data-home", data_home, "--out", str(out), "--no-progress"]
+
+
+def _check_outputs(out: Path) -> dict:
+    doc = json.loads((out / "audit.json").read_text())
+    validate_audit(doc)
+    report = (out / "report.html").read_text()
+    assert doc["plots"], "no plots recorded"
+    for name in doc["plots"].values():
+        png = out / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    # self-contained: every plot embedded, nothing loaded from elsewhere
+    assert report.count("data:image/png;base64,") == len(doc["plots"])
+    assert not re.search(r"""(src|href)=["'](?!data:)""", report)
+    return doc
+
+
+def test_cli_end_to_end_with_frontier(data_home: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "audit"
+    argv = [*_base(data_home, out), "--mechanism", "peep", "--epsilons", "2,16", "--components", "16",
+            "--repeats", "2", "--hidden", "32", "--sweep-components", "8,16", "--sweep-images", "10",
+            "--jobs", "2", "--frontier", "--frontier-epsilons", "64,1024", "--frontier-components", "8,16"]
+    assert main(argv) == 0
+    doc = _check_outputs(out)
+    assert set(doc["plots"]) == {"utility_vs_epsilon", "privacy_vs_epsilon", "linkage_subsets",
+                                 "utility_vs_components", "utility_vs_images", "reconstruction_grid", "frontier"}
+    fr = doc["frontier"]
+    assert [p["epsilon_vector"] for p in fr["points"]] == [64.0, 1024.0]
+    for p in fr["points"]:
+        # calibrated to the requested per-vector ε, best and paper mode alike
+        assert p["best"]["epsilon_vector"] == pytest.approx(p["epsilon_vector"], rel=1e-6)
+        assert p["paper_mode"]["epsilon_vector"] == pytest.approx(p["epsilon_vector"], rel=1e-6)
+        assert p["paper_mode"]["configuration"] == {"mechanism": "peep", "n_components": 16, "bounds": "bundle"}
+        assert p["best"]["configuration"]["mechanism"] in fr["searched"]["mechanisms"]
+        assert "linkage" in p["best"] and "averaging" in p["best"]
+    # 2 ε values x (8, 16 nc) x 2 bounds x 4 mechanisms searched
+    assert len(fr["selection"]["points"]) == 2 * 2 * 2 * 4
+    stdout = capsys.readouterr().out
+    assert "no privacy: accuracy" in stdout and "frontier" in stdout
+    assert doc["command"][:2] == ["peep", "audit"]
+
+
+def test_cli_folder_dataset_secure_sampler(data_home: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder-per-identity PATH, the secure sampler and a second mechanism."""
+    monkeypatch.setenv("PEEP_CACHE_DIR", str(tmp_path / "cache"))  # keep the shared face cache clean
+    src = Path(data_home) / "lfw_home" / "lfw_funneled"
+    folder = tmp_path / "faces"
+    for person in ("Colin_Powell", "Tony_Blair", "Gerhard_Schroeder"):
+        (folder / person).mkdir(parents=True)
+        for f in sorted((src / person).glob("*.jpg"))[:14]:
+            (folder / person / f.name).symlink_to(f)
+    out = tmp_path / "audit"
+    argv = ["audit", "--dataset", str(folder), "--min-faces", "10", "--out", str(out), "--no-progress",
+            "--mechanism", "laplace-l1", "--epsilons", "100", "--components", "8", "--repeats", "1",
+            "--hidden", "16", "--sweep-components", "none", "--sweep-images", "none", "--secure-noise",
+            "--jobs", "1"]
+    assert main(argv) == 0
+    doc = _check_outputs(out)
+    assert doc["dataset"]["n_subjects"] == 3
+    assert doc["sampler"] == {**doc["sampler"], "name": "secure", "is_secure": True, "seeded_noise_feature": False}
+    r = doc["results"][0]
+    assert r["epsilon_vector"] == pytest.approx(100.0)
+    assert r["epsilon_coordinate"] <= 100.0
+    assert doc["linkage_subsets_skipped"]  # only 3 identities: no sets of 5 or 10
+    assert "utility_vs_components" not in doc["plots"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--mechanism", "peep", "--epsilons", "-1"], "--epsilons"),
+        (["--mechanism", "peep", "--components", "5000"], "--components"),
+        (["--mechanism", "peep", "--repeats", "0"], "--repeats"),
+        (["--mechanism", "gaussian-l2", "--delta", "2"], "--delta"),
+        (["--mechanism", "peep", "--min-faces", "1000"], "--dataset"),
+    ],
+)
+def test_cli_usage_errors_exit_2_naming_the_option(
+    data_home: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], needle: str
+) -> None:
+    assert main([*_base(data_home, tmp_path / "x"), *extra]) == 2
+    assert needle in capsys.readouterr().err
+    assert not (tmp_path / "x" / "audit.json").exists()
+
+
+def test_cli_rejects_malformed_lists(data_home: str, tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main([*_base(data_home, tmp_path), "--mechanism", "peep", "--epsilons", "1,x"])
+    assert exc.value.code == 2
+
+
+def test_background_basis_only_for_lfw(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["audit", "--dataset", str(tmp_path), "--mechanism", "peep", "--basis", "background", "--out",
+            str(tmp_path / "o")]
+    assert main(argv) == 2
+    assert "--basis" in capsys.readouterr().err
+
+
+def test_background_basis_is_shared_by_all_splits(lfw_background, small_cfg) -> None:
+    from peep.server.audit.runner import load_audit_data, make_context
+
+    cfg = small_cfg.with_(basis="background", components=16)
+    data = load_audit_data(cfg)
+    assert data.background is not None and data.background.shape[0] == lfw_background.n_images
+    a, _ = make_context(data, cfg, 0, n_components=16, with_clean=False)
+    b, _ = make_context(data, cfg, 1, n_components=16, with_clean=False)
+    assert a.basis.n_fit == lfw_background.n_images
+    # fitted on people disjoint from the audited ones: the same public bounds whatever the split
+    assert (a.train_idx != b.train_idx).any()
+    assert (a.basis.bounds.upper == b.basis.bounds.upper).all()
