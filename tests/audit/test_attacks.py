@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from peep.server.audit.attacks import (
     CandidateSet,
     KnnAdversary,
@@ -46,8 +45,13 @@ def test_no_noise_reconstruction_reaches_the_pca_ceiling(small_ctx, small_cfg, k
 
     ctx, base = small_ctx
     dom = Domain(kind, ctx.basis.bounds)
-    mech = mechanism_for_bounds(ctx.basis.bounds, kind=kind, epsilon=NO_NOISE if kind.startswith("peep") else 1e7,
-                                delta=1e-5, random_state=seeded)
+    mech = mechanism_for_bounds(
+        ctx.basis.bounds,
+        kind=kind,
+        epsilon=NO_NOISE if kind.startswith("peep") else 1e7,
+        delta=1e-5,
+        random_state=seeded,
+    )
     Ztr, Zte = dom.forward(ctx.C_train), dom.forward(ctx.C_test)
     R = mech.release(Zte)
     m, v = shrinkage_prior(Ztr)
@@ -67,10 +71,16 @@ def test_huge_noise_shrinkage_falls_back_to_the_mean_face(small_ctx, seeded) -> 
     mech = mechanism_for_bounds(ctx.basis.bounds, kind="peep", epsilon=HUGE_NOISE, random_state=seeded)
     R = mech.release(dom.forward(ctx.C_test))
     m, v = shrinkage_prior(dom.forward(ctx.C_train))
-    shrink = reconstruction_scores(reconstruct_shrinkage(R, dom, ctx.basis, m, v, mech.variance), ctx.test_images,
-                                   ctx.basis, ctx.clean_mlp, ctx.y_test)
-    direct = reconstruction_scores(reconstruct_direct(R, dom, ctx.basis), ctx.test_images, ctx.basis,
-                                   ctx.clean_mlp, ctx.y_test)
+    shrink = reconstruction_scores(
+        reconstruct_shrinkage(R, dom, ctx.basis, m, v, mech.variance),
+        ctx.test_images,
+        ctx.basis,
+        ctx.clean_mlp,
+        ctx.y_test,
+    )
+    direct = reconstruction_scores(
+        reconstruct_direct(R, dom, ctx.basis), ctx.test_images, ctx.basis, ctx.clean_mlp, ctx.y_test
+    )
     assert shrink["ssim"] == pytest.approx(base["mean_face"]["ssim"], abs=0.02)
     assert shrink["reid"] == pytest.approx(base["mean_face"]["reid"], abs=0.06)
     assert direct["ssim"] < base["mean_face"]["ssim"]  # noise, not structure

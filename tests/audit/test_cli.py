@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from peep.server.audit.schema import validate_audit
 from peep.server.cli import main
 
@@ -32,13 +31,41 @@ def _check_outputs(out: Path) -> dict:
 
 def test_cli_end_to_end_with_frontier(data_home: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "audit"
-    argv = [*_base(data_home, out), "--mechanism", "peep", "--epsilons", "2,16", "--components", "16",
-            "--repeats", "2", "--hidden", "32", "--sweep-components", "8,16", "--sweep-images", "10",
-            "--jobs", "2", "--frontier", "--frontier-epsilons", "64,1024", "--frontier-components", "8,16"]
+    argv = [
+        *_base(data_home, out),
+        "--mechanism",
+        "peep",
+        "--epsilons",
+        "2,16",
+        "--components",
+        "16",
+        "--repeats",
+        "2",
+        "--hidden",
+        "32",
+        "--sweep-components",
+        "8,16",
+        "--sweep-images",
+        "10",
+        "--jobs",
+        "2",
+        "--frontier",
+        "--frontier-epsilons",
+        "64,1024",
+        "--frontier-components",
+        "8,16",
+    ]
     assert main(argv) == 0
     doc = _check_outputs(out)
-    assert set(doc["plots"]) == {"utility_vs_epsilon", "privacy_vs_epsilon", "linkage_subsets",
-                                 "utility_vs_components", "utility_vs_images", "reconstruction_grid", "frontier"}
+    assert set(doc["plots"]) == {
+        "utility_vs_epsilon",
+        "privacy_vs_epsilon",
+        "linkage_subsets",
+        "utility_vs_components",
+        "utility_vs_images",
+        "reconstruction_grid",
+        "frontier",
+    }
     fr = doc["frontier"]
     assert [p["epsilon_vector"] for p in fr["points"]] == [64.0, 1024.0]
     for p in fr["points"]:
@@ -65,10 +92,33 @@ def test_cli_folder_dataset_secure_sampler(data_home: str, tmp_path: Path, monke
         for f in sorted((src / person).glob("*.jpg"))[:14]:
             (folder / person / f.name).symlink_to(f)
     out = tmp_path / "audit"
-    argv = ["audit", "--dataset", str(folder), "--min-faces", "10", "--out", str(out), "--no-progress",
-            "--mechanism", "laplace-l1", "--epsilons", "100", "--components", "8", "--repeats", "1",
-            "--hidden", "16", "--sweep-components", "none", "--sweep-images", "none", "--secure-noise",
-            "--jobs", "1"]
+    argv = [
+        "audit",
+        "--dataset",
+        str(folder),
+        "--min-faces",
+        "10",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--mechanism",
+        "laplace-l1",
+        "--epsilons",
+        "100",
+        "--components",
+        "8",
+        "--repeats",
+        "1",
+        "--hidden",
+        "16",
+        "--sweep-components",
+        "none",
+        "--sweep-images",
+        "none",
+        "--secure-noise",
+        "--jobs",
+        "1",
+    ]
     assert main(argv) == 0
     doc = _check_outputs(out)
     assert doc["dataset"]["n_subjects"] == 3
@@ -105,8 +155,17 @@ def test_cli_rejects_malformed_lists(data_home: str, tmp_path: Path) -> None:
 
 
 def test_background_basis_only_for_lfw(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["audit", "--dataset", str(tmp_path), "--mechanism", "peep", "--basis", "background", "--out",
-            str(tmp_path / "o")]
+    argv = [
+        "audit",
+        "--dataset",
+        str(tmp_path),
+        "--mechanism",
+        "peep",
+        "--basis",
+        "background",
+        "--out",
+        str(tmp_path / "o"),
+    ]
     assert main(argv) == 2
     assert "--basis" in capsys.readouterr().err
 

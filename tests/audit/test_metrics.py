@@ -6,8 +6,6 @@ import math
 
 import numpy as np
 import pytest
-from skimage.metrics import peak_signal_noise_ratio, structural_similarity
-
 from peep.server.audit.metrics import (
     classification_metrics,
     identity_mixture,
@@ -16,6 +14,7 @@ from peep.server.audit.metrics import (
     psnr_batch,
     ssim_batch,
 )
+from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
 
 @pytest.mark.parametrize("noise", [0.0, 0.05, 0.3])

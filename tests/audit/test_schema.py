@@ -7,7 +7,6 @@ import json
 
 import jsonschema
 import pytest
-
 from peep.server.audit.schema import AUDIT_SCHEMA, AuditSchemaError, validate_audit
 
 ISSUE_RESULT_KEYS = (
