@@ -240,17 +240,19 @@ class Mosquitto:
         if persistence:
             lines += ["persistence true", f"persistence_location {workdir}/", "autosave_interval 1"]
         lines += [f"log_dest file {workdir}/mosquitto.log", "log_type all"]
+        if os.geteuid() == 0:
+            # As root mosquitto drops to the `mosquitto` user, which cannot read pytest's tmp dirs.
+            lines.append("user root")
         self.conf.write_text("\n".join(lines) + "\n" + conf_body.replace("{port}", str(self.port)) + "\n")
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Mosquitto:
-        self.proc = subprocess.Popen(
-            [MOSQUITTO, "-c", str(self.conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
+        with open(self.workdir / "stderr.txt", "ab") as err:
+            self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.conf)], stdout=subprocess.DEVNULL, stderr=err)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
+                err = (self.workdir / "stderr.txt").read_text(errors="replace")
                 raise RuntimeError(f"mosquitto exited: {err} {self.log()}")
             if port_open("127.0.0.1", self.port, 0.2):
                 return self

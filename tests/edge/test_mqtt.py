@@ -1,0 +1,193 @@
+"""MQTT delivery with a real Mosquitto: topics, status, exactly-once after dedupe across broker restarts,
+bundle updates from the retained topic."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import time
+import urllib.request
+import uuid
+
+import pytest
+from peep.core.wire import decode_template
+from peep.edge.agent import Agent
+from peep.edge.config import load_config
+from peep.edge.spool import Spool
+
+pytestmark = pytest.mark.mqtt
+
+
+def released_ids(agent: Agent) -> list[str]:
+    """Message ids in release order, from the persistent ledger (what the device spent ε on)."""
+    from peep.edge.ledger import SqliteLedger
+
+    ledger = SqliteLedger(agent.cfg.ledger_path)
+    try:
+        return [json.loads(s.note)["message_id"] for s in ledger.entries() if s.key.startswith("track:")]
+    finally:
+        ledger.close()
+
+
+def test_agent_publishes_templates_status_and_metrics(
+    system_broker, make_config, crowd_video, collector_factory, h, edge_bundle
+):
+    device = f"cam-{uuid.uuid4().hex[:8]}"
+    host, port = system_broker
+    base = f"peep/v1/edgetest/{device}"
+    col = collector_factory(host, port, [f"{base}/#"])
+    metrics_port = h.free_port()
+    cfg = load_config(
+        make_config(
+            device={"id": device, "site": "edgetest"},
+            capture={"source": crowd_video["path"], "max_fps": 40.0},
+            privacy={"epsilon": 4.0, "track_budget": 1e6, "window_seconds": 2.0, "min_track_frames": 2},
+            metrics={"port": metrics_port},
+        )
+    )
+    agent = Agent(cfg, environ={})
+    thread, result = h.run_agent_in_thread(agent)
+    assert col.wait_for(lambda: len(col.payloads()) >= 1, 30), "no template arrived"
+    body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    for name in (
+        "peep_edge_frames_total",
+        "peep_edge_faces_detected_total",
+        "peep_edge_releases_total",
+        "peep_edge_suppressed_total",
+        'peep_edge_epsilon_spent{scope="vector"}',
+        'peep_edge_epsilon_spent{scope="coordinate"}',
+        "peep_edge_spool_depth",
+        "peep_edge_publish_latency_seconds_bucket",
+    ):
+        assert name in body, name
+    thread.join(60)
+    assert result.get("rc") == 0, result
+    ids = released_ids(agent)
+    assert len(ids) >= 10
+    assert col.wait_for(lambda: len(col.payloads()) >= len(ids), 10)
+    msgs = [decode_template(p) for p in col.payloads()]
+    got = [m.message_id for m in msgs]
+    assert got == ids, "delivered in release order, each once"
+    assert all(m.device_id == device and m.site == "edgetest" for m in msgs)
+    assert all(len(m.values) == edge_bundle.n_components for m in msgs)
+    statuses = col.payloads("/status")
+    assert statuses[0] == b"online" and statuses[-1] == b"offline"
+    with Spool(cfg.spool_path, destinations=["mqtt"]) as spool:
+        assert spool.depth() == 0
+    assert agent.metrics.value("peep_edge_published_total", transport="mqtt") == len(ids)
+
+
+def test_broker_down_at_start_and_killed_mid_stream_every_template_arrives_once(
+    mosquitto_factory, make_config, crowd_video, collector_factory, h, caplog
+):
+    caplog.set_level(logging.INFO, logger="peep")
+    broker = mosquitto_factory()  # persistent, not started yet: unreachable at agent start
+    cfg = load_config(
+        make_config(
+            capture={"source": crowd_video["path"], "max_fps": 30.0},
+            privacy={"epsilon": 4.0, "track_budget": 1e6, "window_seconds": 0.2, "min_track_frames": 1},
+            mqtt={"port": broker.port, "reconnect_min_s": 1, "reconnect_max_s": 2, "max_inflight": 10},
+            spool={"drain_timeout_s": 20.0},
+        )
+    )
+    agent = Agent(cfg, environ={})
+    thread, result = h.run_agent_in_thread(agent)
+    time.sleep(1.5)
+    assert thread.is_alive(), result
+    assert agent.spool is not None and agent.spool.depth("mqtt") > 0, "templates wait in the spool"
+    assert any(getattr(r, "msg", "") == "mqtt_unreachable" for r in caplog.records)
+    broker.start()
+    col = collector_factory(
+        "127.0.0.1", broker.port, ["peep/v1/lab/cam-1/templates"], client_id="test-sub", persistent=True
+    )
+    assert col.wait_for(lambda: len(col.payloads()) >= 20, 20)
+    broker.stop(signal.SIGTERM)  # mid-stream
+    n_before = len(col.payloads())
+    time.sleep(1.5)
+    broker.start()
+    thread.join(60)
+    assert result.get("rc") == 0, result
+    ids = released_ids(agent)
+    assert len(ids) > n_before + 20, "the stream continued across the restart"
+    assert col.wait_for(lambda: set(ids) <= {decode_template(p).message_id for p in col.payloads()}, 20)
+    received = [decode_template(p).message_id for p in col.payloads()]
+    first_seen = list(dict.fromkeys(received))
+    assert first_seen == ids, "after dedupe by message_id: none lost, none extra, in order"
+    # QoS 1 is at-least-once: only templates in flight at the kill may arrive twice.
+    assert len(received) - len(first_seen) <= 2 * cfg.mqtt.max_inflight
+    assert agent.metrics.value("peep_edge_reconnects_total", link="mqtt") >= 1
+    with Spool(cfg.spool_path, destinations=["mqtt"]) as spool:
+        assert spool.depth() == 0
+
+
+def test_bundle_updates_are_taken_only_if_they_verify_and_do_not_raise_epsilon(
+    mosquitto_factory, make_config, crowd_video, collector_factory, h, lfw_background, edge_keys, tmp_path
+):
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+    from peep.core.bundle import EigenfaceBundle, read_bundle_files
+    from peep.v1 import recognition_pb2
+
+    broker = mosquitto_factory(persistence=False).start()
+    later = time.time() + 3600
+    good_dir = h.build_edge_bundle(
+        lfw_background, edge_keys["private"], tmp_path / "good", n_faces=500, created_at=later
+    )
+    wider_dir = h.build_edge_bundle(
+        lfw_background, edge_keys["private"], tmp_path / "wider", n_components=96, created_at=later
+    )
+    foreign_dir = h.build_edge_bundle(
+        lfw_background, edge_keys["other_private"], tmp_path / "foreign", n_faces=400, created_at=later
+    )
+
+    def announcement(d, tamper: bool = False) -> bytes:
+        files = read_bundle_files(d)
+        if tamper:
+            files["projector.onnx"] = files["projector.onnx"][:-1] + bytes([files["projector.onnx"][-1] ^ 1])
+        msg = recognition_pb2.BundleFiles(
+            bundle_id="x", files=[recognition_pb2.BundleFile(name=k, content=v) for k, v in files.items()]
+        )
+        return msg.SerializeToString()
+
+    good_id = EigenfaceBundle.load(good_dir, edge_keys["public"]).bundle_id
+    col = collector_factory("127.0.0.1", broker.port, ["peep/v1/lab/cam-1/templates"])
+    cfg = load_config(
+        make_config(
+            capture={"source": crowd_video["path"], "max_fps": 25.0},
+            privacy={"epsilon": 4.0, "track_budget": 1e6, "window_seconds": 0.5, "min_track_frames": 1},
+            mqtt={"port": broker.port},
+        )
+    )
+    agent = Agent(cfg, environ={})
+    thread, result = h.run_agent_in_thread(agent)
+    assert col.wait_for(lambda: len(col.payloads()) >= 3, 20)
+    old_id = decode_template(col.payloads()[0]).bundle_id
+    pub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="bundle-publisher", protocol=mqtt.MQTTv5)
+    pub.connect("127.0.0.1", broker.port)
+    pub.loop_start()
+    for payload in (
+        announcement(good_dir, tamper=True),
+        announcement(foreign_dir),
+        announcement(wider_dir),
+        b"not a protobuf \xff",
+    ):
+        pub.publish("peep/v1/bundle", payload, qos=1, retain=True).wait_for_publish(5)
+        time.sleep(0.4)
+    assert agent.metrics.value("peep_edge_bundle_updates_total", result="rejected") == 4
+    assert {decode_template(p).bundle_id for p in col.payloads()} == {old_id}
+    pub.publish("peep/v1/bundle", announcement(good_dir), qos=1, retain=True).wait_for_publish(5)
+    assert col.wait_for(lambda: decode_template(col.payloads()[-1]).bundle_id == good_id, 20)
+    pub.publish("peep/v1/bundle", b"", qos=1, retain=True).wait_for_publish(5)  # clear the retained message
+    pub.disconnect()
+    pub.loop_stop()
+    thread.join(60)
+    assert result.get("rc") == 0, result
+    assert agent.metrics.value("peep_edge_bundle_updates_total", result="accepted") == 1
+    # Same mechanism, same per-vector ε under the new bundle; stored for the next start.
+    last = decode_template(col.payloads()[-1])
+    assert (last.mechanism.epsilon_coordinate, last.mechanism.epsilon_vector) == (4.0, 256.0)
+    assert EigenfaceBundle.load(cfg.device.state_dir / "bundle", edge_keys["public"]).bundle_id == good_id
+    again = Agent(cfg, environ={})
+    again.prepare()
+    assert again.releaser.bundle_id == good_id
