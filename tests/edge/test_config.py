@@ -107,6 +107,7 @@ def test_the_device_config_alone_sets_the_noise(make_config, edge_bundle_dir, ed
         lfw_background,
         edge_keys["private"],
         tmp_path / "weak",
+        n_faces=300,
         mechanism_defaults={"kind": "laplace-vector", "epsilon": 1e6, "delta": 0.0},
     )
     cfg = load_config(make_config(bundle={"path": str(weak)}, privacy={"mechanism": "peep", "epsilon": 2.0}))

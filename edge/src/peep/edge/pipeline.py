@@ -222,6 +222,7 @@ class FramePipeline:
                 log_event(_log, logging.WARNING, "soft_traits_failed", track=track_id, error=str(exc))
             self.timer.add("soft", time.perf_counter() - t2)
         del face
+        t3 = time.perf_counter()
         soft_eps = sum(float(t["epsilon"]) for t in traits)
         msg = make_template(
             values,
@@ -241,7 +242,6 @@ class FramePipeline:
             log_event(_log, logging.WARNING, "release_refused_budget", track=track_id, error=str(exc))
             return None
         payload = encode_template(msg)
-        t3 = time.perf_counter()
         self.spool.put(message_id=msg.message_id, purpose=purpose, payload=payload)
         self.timer.add("spool", time.perf_counter() - t3)
         self.metrics.releases.labels(purpose=purpose).inc()

@@ -1,0 +1,181 @@
+"""peep-edge CLI: bundle verification, refusing bad bundles, enrolment, clean stop on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from peep.core.wire import PURPOSES, decode_template
+from peep.edge.cli import main
+
+
+@pytest.fixture
+def bundle_copy(edge_bundle_dir, tmp_path) -> Path:
+    d = tmp_path / "bundle-copy"
+    shutil.copytree(edge_bundle_dir, d)
+    return d
+
+
+def flip_byte(path: Path, offset: int = 100) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_bundle_verify_ok_tampered_and_wrong_key(bundle_copy, edge_keys, capsys):
+    pub = str(edge_keys["pub_path"])
+    assert main(["bundle", "verify", str(bundle_copy), "--public-key", pub]) == 0
+    assert "OK" in capsys.readouterr().out
+    assert main(["bundle", "verify", str(bundle_copy), "--public-key", str(edge_keys["other_pub_path"])]) == 1
+    assert "signature.sig: Ed25519 signature does not verify" in capsys.readouterr().err
+    flip_byte(bundle_copy / "projector.onnx")
+    assert main(["bundle", "verify", str(bundle_copy), "--public-key", pub]) == 1
+    assert "projector.onnx: SHA-256 does not match the signed manifest" in capsys.readouterr().err
+    assert main(["bundle", "verify", str(bundle_copy), "--public-key", "/nonexistent.pub"]) == 2
+    assert "--public-key" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("damage", "needle"),
+    [
+        (lambda d: flip_byte(d / "projector.onnx"), "projector.onnx: SHA-256 does not match"),
+        (lambda d: flip_byte(d / "metadata.json", 20), "metadata.json: SHA-256 does not match"),
+        (lambda d: (d / "signature.sig").unlink(), "signature.sig: missing from bundle"),
+    ],
+)
+def test_run_refuses_a_tampered_or_unsigned_bundle_saying_which_file(bundle_copy, make_config, capsys, damage, needle):
+    damage(bundle_copy)
+    path = make_config(bundle={"path": str(bundle_copy)})
+    assert main(["run", "--config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "refusing to start" in err and needle in err
+
+
+def test_run_refuses_a_bundle_signed_by_another_key(make_config, edge_keys, capsys):
+    path = make_config(bundle={"public_key": str(edge_keys["other_pub_path"])})
+    assert main(["run", "--config", str(path)]) == 1
+    assert "signature.sig: Ed25519 signature does not verify with the pinned key" in capsys.readouterr().err
+
+
+def test_usage_errors_exit_2(make_config, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["enroll", "--config", "x.toml"])
+    assert info.value.code == 2
+    path = make_config()
+    assert main(["enroll", "--config", str(path), "--subject", "a/b", "--source", "0", "--count", "1"]) == 2
+    assert "--subject: expected" in capsys.readouterr().err
+    assert main(["enroll", "--config", str(path), "--subject", "alice", "--source", "0", "--count", "0"]) == 2
+    assert "--count: expected >= 1" in capsys.readouterr().err
+    assert main(["enroll", "--config", str(path), "--subject", "alice", "--source", "/nope", "--count", "1"]) == 2
+    assert "capture.source: expected a camera index" in capsys.readouterr().err
+
+
+def snapshot(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*") if p.is_file()}
+
+
+def test_enroll_publishes_enrolment_templates_and_writes_no_image(
+    system_broker, make_config, people, collector_factory, tmp_path, capsys
+):
+    device = f"cam-{uuid.uuid4().hex[:8]}"
+    name = sorted(people)[5]
+    src = tmp_path / "enrol-src"
+    src.mkdir()
+    for p in people[name][:8]:
+        shutil.copy(p, src / p.name)
+    col = collector_factory(*system_broker, [f"peep/v1/edgetest/{device}/#"])
+    path = make_config(
+        device={"id": device, "site": "edgetest"},
+        privacy={"epsilon": 4.0, "track_budget": 1e6, "enroll_budget": 2048.0},
+    )
+    before = snapshot(tmp_path)
+    rc = main(
+        ["enroll", "--config", str(path), "--subject", "alice", "--source", str(src), "--count", "5", "--timeout", "10"]
+    )
+    assert rc == 0, capsys.readouterr().err
+    assert col.wait_for(lambda: len(col.payloads()) >= 5, 10)
+    msgs = [decode_template(p) for p in col.payloads()]
+    assert len(msgs) == 5
+    assert all(m.purpose == PURPOSES["enroll"] and m.subject == "alice" for m in msgs)
+    assert col.payloads("/status") == [], "enrolment runs next to the agent and leaves its status alone"
+    new = snapshot(tmp_path) - before
+    assert {p.name for p in new} <= {
+        "spool.sqlite3",
+        "spool.sqlite3-wal",
+        "spool.sqlite3-shm",
+        "ledger.sqlite3",
+        "ledger.sqlite3-wal",
+        "ledger.sqlite3-shm",
+    }
+    for p in new:
+        head = p.read_bytes()[:8]
+        assert not head.startswith((b"\xff\xd8", b"\x89PNG", b"P5", b"BM")), p
+    # The budget caps enrolment: 2048 per-vector ε = 8 releases of 256; 5 were spent.
+    rc = main(
+        ["enroll", "--config", str(path), "--subject", "alice", "--source", str(src), "--count", "5", "--timeout", "10"]
+    )
+    assert rc == 1
+    assert "privacy.enroll_budget: budget exceeded for key 'subject:alice'" in capsys.readouterr().err
+
+
+def test_enroll_with_unreachable_broker_fails_and_keeps_templates(make_config, people, tmp_path, capsys, h):
+    src = tmp_path / "src"
+    src.mkdir()
+    for p in people[sorted(people)[6]][:3]:
+        shutil.copy(p, src / p.name)
+    path = make_config(mqtt={"port": h.free_port()})
+    rc = main(
+        ["enroll", "--config", str(path), "--subject", "bob", "--source", str(src), "--count", "2", "--timeout", "1"]
+    )
+    assert rc == 1
+    assert "2 enrolment templates released but not all acknowledged" in capsys.readouterr().err
+    from peep.edge.spool import Spool
+
+    with Spool(tmp_path / "state" / "spool.sqlite3", destinations=["mqtt"]) as spool:
+        assert [it.purpose for it in spool.peek("mqtt", 10)] == ["enroll", "enroll"]
+
+
+def test_sigterm_stops_cleanly_flushing_the_spool_and_publishing_offline(
+    system_broker, make_config, crowd_video, collector_factory
+):
+    device = f"cam-{uuid.uuid4().hex[:8]}"
+    col = collector_factory(*system_broker, [f"peep/v1/edgetest/{device}/#"])
+    path = make_config(
+        device={"id": device, "site": "edgetest"},
+        capture={"source": crowd_video["path"], "max_fps": 10.0},  # 20 s of video, stopped early
+        privacy={"epsilon": 4.0, "track_budget": 1e6, "window_seconds": 1.0, "min_track_frames": 1},
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "peep.edge.cli", "run", "--config", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert col.wait_for(lambda: len(col.payloads()) >= 2, 30), proc.stderr
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert time.monotonic() - t0 < 15
+    logs = [json.loads(line) for line in err.decode().splitlines() if line.startswith("{")]
+    events = [r["event"] for r in logs]
+    assert "starting" in events and events[-1] == "stopped"
+    start = next(r for r in logs if r["event"] == "starting")
+    assert start["epsilon_coordinate"] == 4.0 and start["epsilon_vector"] == 256.0 and start["secure_sampler"]
+    assert all({"epsilon_coordinate", "epsilon_vector"} <= r.keys() for r in logs if r["event"] == "release")
+    assert logs[-1]["spool_remaining"] == 0
+    assert "source_finished" not in events, "stopped by the signal, not by the end of the video"
+    released = sum(1 for r in logs if r["event"] == "release")
+    assert col.wait_for(lambda: len(col.payloads()) == released, 5)
+    assert col.wait_for(lambda: col.payloads("/status")[-1:] == [b"offline"], 5)

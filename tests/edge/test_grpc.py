@@ -1,0 +1,246 @@
+"""gRPC client-streaming ingest against an in-test servicer over real loopback sockets with TLS."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import numpy as np
+import pytest
+from peep.core.wire import encode_template, make_template
+from peep.edge.agent import Agent
+from peep.edge.config import GrpcConfig, load_config
+from peep.edge.pipeline import make_releaser
+from peep.edge.spool import Spool
+from peep.edge.transport.grpc import GrpcForwarder
+from peep.v1 import recognition_pb2, recognition_pb2_grpc
+
+TOKEN = "device-token-cam-1"
+
+
+class FakeRecognition(recognition_pb2_grpc.RecognitionServiceServicer):
+    """Idempotent ingest by message id, bearer-token auth, injectable failures."""
+
+    def __init__(self, *, reject: set[str] = frozenset(), fail_first: int = 0, delay_first: float = 0.0):
+        self.lock = threading.Lock()
+        self.stored: list[str] = []
+        self.received = 0
+        self.calls = 0
+        self.reject = set(reject)
+        self.fail_first = fail_first
+        self.delay_first = delay_first
+
+    def IngestStream(self, request_iterator, context):
+        if dict(context.invocation_metadata()).get("authorization") != f"Bearer {TOKEN}":
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "authorization: expected a valid bearer token")
+        with self.lock:
+            self.calls += 1
+            call = self.calls
+        if call <= self.fail_first:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "warming up")
+        if call == 1 and self.delay_first:
+            time.sleep(self.delay_first)
+        acks = []
+        for msg in request_iterator:
+            with self.lock:
+                self.received += 1
+                if msg.message_id in self.reject:
+                    acks.append(
+                        recognition_pb2.IngestAck(
+                            message_id=msg.message_id,
+                            status=recognition_pb2.INGEST_STATUS_REJECTED,
+                            reason="bundle_id: unknown bundle",
+                        )
+                    )
+                elif msg.message_id in self.stored:
+                    acks.append(
+                        recognition_pb2.IngestAck(
+                            message_id=msg.message_id, status=recognition_pb2.INGEST_STATUS_DUPLICATE
+                        )
+                    )
+                else:
+                    self.stored.append(msg.message_id)
+                    acks.append(
+                        recognition_pb2.IngestAck(
+                            message_id=msg.message_id, status=recognition_pb2.INGEST_STATUS_ACCEPTED
+                        )
+                    )
+        return recognition_pb2.IngestSummary(acks=acks)
+
+
+def serve(servicer, pki, port: int = 0):
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    recognition_pb2_grpc.add_RecognitionServiceServicer_to_server(servicer, server)
+    creds = grpc.ssl_server_credentials([(pki["server_key"].read_bytes(), pki["server"].read_bytes())])
+    bound = server.add_secure_port(f"127.0.0.1:{port}", creds)
+    server.start()
+    return server, bound
+
+
+@pytest.fixture
+def templates(edge_bundle):
+    releaser = make_releaser(edge_bundle, kind="peep", epsilon=4.0, delta=0.0)
+
+    def make(n: int) -> list[tuple[str, bytes]]:
+        vals = releaser.release_bounded(np.full((n, edge_bundle.n_components), 0.5))
+        out = []
+        for v in vals:
+            msg = make_template(
+                v,
+                device_id="cam-1",
+                site="lab",
+                bundle_id=releaser.bundle_id,
+                mechanism=releaser.description,
+                track_id="t-1",
+            )
+            out.append((msg.message_id, encode_template(msg)))
+        return out
+
+    return make
+
+
+def spool_with(tmp_path, items) -> Spool:
+    spool = Spool(tmp_path / "spool.sqlite3", destinations=["grpc"])
+    for mid, payload in items:
+        spool.put(message_id=mid, purpose="identify", payload=payload)
+    return spool
+
+
+def cfg(pki, port, **kw) -> GrpcConfig:
+    base = {
+        "enabled": True,
+        "target": f"localhost:{port}",
+        "ca_file": pki["ca"],
+        "deadline_s": 2.0,
+        "batch_size": 64,
+        "retry_min_s": 0.1,
+        "retry_max_s": 0.5,
+    }
+    base.update(kw)
+    return GrpcConfig(**base)
+
+
+def wait_until(pred, timeout=15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return pred()
+
+
+def test_server_down_at_start_then_every_template_delivered_once_in_order(tmp_path, pki, templates, h):
+    items = templates(150)
+    spool = spool_with(tmp_path, items)
+    port = h.free_port()
+    fwd = GrpcForwarder(cfg(pki, port), spool, token=TOKEN)
+    fwd.start()
+    time.sleep(0.8)  # calls fail: nothing listens yet
+    assert spool.depth("grpc") == 150
+    servicer = FakeRecognition()
+    server, _ = serve(servicer, pki, port)
+    try:
+        assert wait_until(lambda: spool.depth("grpc") == 0)
+        assert fwd.stop(2.0)
+    finally:
+        server.stop(0)
+    assert servicer.stored == [mid for mid, _ in items]
+    assert servicer.received == 150, "nothing sent twice"
+    assert servicer.calls >= 3  # batches of 64
+    assert fwd.metrics.value("peep_edge_reconnects_total", link="grpc") == 1
+    assert fwd.metrics.value("peep_edge_published_total", transport="grpc") == 150
+    spool.close()
+
+
+def test_rejected_go_to_dead_letters_duplicates_are_acknowledged(tmp_path, pki, templates):
+    items = templates(10)
+    servicer = FakeRecognition(reject={items[3][0]})
+    servicer.stored.append(items[5][0])  # the server already has this one
+    server, port = serve(servicer, pki)
+    spool = spool_with(tmp_path, items)
+    fwd = GrpcForwarder(cfg(pki, port), spool, token=TOKEN)
+    fwd.start()
+    try:
+        assert wait_until(lambda: spool.depth("grpc") == 0)
+        fwd.stop(1.0)
+    finally:
+        server.stop(0)
+    dead = spool.dead("grpc")
+    assert [(d["message_id"], d["reason"]) for d in dead] == [(items[3][0], "bundle_id: unknown bundle")]
+    assert fwd.metrics.value("peep_edge_dead_letter_total", transport="grpc") == 1
+    assert sorted(servicer.stored) == sorted(mid for i, (mid, _) in enumerate(items) if i != 3)
+    spool.close()
+
+
+def test_wrong_token_or_untrusted_server_delivers_nothing_and_keeps_the_spool(tmp_path, pki, templates):
+    servicer = FakeRecognition()
+    server, port = serve(servicer, pki)
+    spool = spool_with(tmp_path, templates(5))
+    bad_token = GrpcForwarder(cfg(pki, port), spool, token="stolen-or-stale")
+    untrusted = GrpcForwarder(cfg(pki, port, ca_file=pki["other_ca"]), spool, token=TOKEN)
+    bad_token.start()
+    untrusted.start()
+    try:
+        time.sleep(1.2)
+        assert servicer.stored == []
+        assert spool.depth("grpc") == 5
+        assert bad_token.calls >= 2, "retried with backoff"
+        assert untrusted.calls >= 1
+    finally:
+        bad_token.halt()
+        untrusted.halt()
+        bad_token.join(5)
+        untrusted.join(5)
+        server.stop(0)
+    spool.close()
+
+
+def test_deadline_exceeded_and_unavailable_are_retried_without_loss(tmp_path, pki, templates):
+    items = templates(20)
+    servicer = FakeRecognition(fail_first=0, delay_first=1.5)
+    server, port = serve(servicer, pki)
+    spool = spool_with(tmp_path, items)
+    fwd = GrpcForwarder(cfg(pki, port, deadline_s=0.5), spool, token=TOKEN)
+    fwd.start()
+    try:
+        assert wait_until(lambda: spool.depth("grpc") == 0)
+        fwd.stop(1.0)
+    finally:
+        server.stop(0)
+    assert servicer.calls >= 2
+    assert sorted(servicer.stored) == sorted(mid for mid, _ in items)
+
+
+def test_agent_over_grpc_only(make_config, crowd_video, pki, h):
+    servicer = FakeRecognition(fail_first=1)
+    server, port = serve(servicer, pki)
+    try:
+        config = load_config(
+            make_config(
+                capture={"source": crowd_video["path"]},
+                privacy={"epsilon": 4.0, "track_budget": 1e6, "window_seconds": 2.0, "min_track_frames": 2},
+                mqtt={"enabled": False},
+                grpc={
+                    "enabled": True,
+                    "target": f"localhost:{port}",
+                    "ca_file": str(pki["ca"]),
+                    "token_env": "PEEP_TEST_TOKEN",
+                    "retry_min_s": 0.1,
+                },
+            )
+        )
+        agent = Agent(config, environ={"PEEP_TEST_TOKEN": TOKEN})
+        assert agent.run() == 0
+    finally:
+        server.stop(0)
+    import json
+
+    from peep.edge.ledger import SqliteLedger
+
+    ledger = SqliteLedger(config.ledger_path)
+    ids = [json.loads(s.note)["message_id"] for s in ledger.entries()]
+    ledger.close()
+    assert len(ids) >= 10
+    assert servicer.stored == ids
