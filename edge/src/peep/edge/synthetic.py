@@ -30,14 +30,29 @@ from peep.core.imaging import DEFAULT_GEOMETRY, HaarFaceDetector, normalise_face
 
 
 def lfw_home(data_home: str | os.PathLike[str] | None = None) -> Path:
-    """The ``lfw_funneled`` directory under ``data_home`` (default ``$SCIKIT_LEARN_DATA``)."""
-    home = data_home or os.environ.get("SCIKIT_LEARN_DATA") or Path.home() / "scikit_learn_data"
-    root = Path(home) / "lfw_home" / "lfw_funneled"
-    if not root.is_dir():
-        raise FileNotFoundError(
-            f"LFW images not found: expected {root} (stage them with scripts/stage-lfw.sh and set SCIKIT_LEARN_DATA)"
-        )
-    return root
+    """The ``lfw_funneled`` directory.
+
+    Looked up under ``data_home``, else ``$SCIKIT_LEARN_DATA``, else the
+    repository's staged copy (``.data/scikit_learn_data``, for a source
+    checkout), else ``~/scikit_learn_data``.
+    """
+    if data_home is not None:
+        candidates = [Path(data_home)]
+    elif os.environ.get("SCIKIT_LEARN_DATA"):
+        candidates = [Path(os.environ["SCIKIT_LEARN_DATA"])]
+    else:
+        candidates = [
+            Path(__file__).resolve().parents[4] / ".data" / "scikit_learn_data",
+            Path.home() / "scikit_learn_data",
+        ]
+    for home in candidates:
+        root = home / "lfw_home" / "lfw_funneled"
+        if root.is_dir():
+            return root
+    raise FileNotFoundError(
+        f"LFW images not found: expected lfw_home/lfw_funneled under {', '.join(map(str, candidates))} "
+        "(stage them with scripts/stage-lfw.sh and set SCIKIT_LEARN_DATA)"
+    )
 
 
 def lfw_people(data_home: str | os.PathLike[str] | None = None, *, min_images: int = 1) -> dict[str, list[Path]]:
@@ -80,7 +95,8 @@ def _elliptic_mask(size: int) -> NDArray[np.float32]:
     mask = np.zeros((size, size), np.float32)
     c = size // 2
     cv2.ellipse(mask, (c, c), (int(size * 0.34), int(size * 0.44)), 0, 0, 360, 1.0, -1)
-    return cv2.GaussianBlur(mask, (0, 0), size * 0.03)[:, :, None]
+    blurred = cv2.GaussianBlur(mask, (0, 0), size * 0.03)
+    return np.asarray(blurred, dtype=np.float32)[:, :, None]
 
 
 def compose_video(
@@ -106,7 +122,7 @@ def compose_video(
         ``path``, ``n_frames``, ``fps``, ``size`` and, per frame, how many faces are visible.
     """
     w, h = size
-    writer = cv2.VideoWriter(os.fspath(path), cv2.VideoWriter_fourcc(*fourcc), fps, (w, h))
+    writer = cv2.VideoWriter(os.fspath(path), cv2.VideoWriter.fourcc(*fourcc), fps, (w, h))
     if not writer.isOpened():
         raise RuntimeError(f"cv2.VideoWriter could not open {path} with codec {fourcc!r}")
     bg = _background(size, seed)
