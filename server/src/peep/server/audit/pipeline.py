@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from peep.core import features
 from peep.server.audit import runner
 from peep.server.audit.basis import BOUNDS_VARIANTS
 from peep.server.audit.config import FRONTIER_MECHANISMS, AuditConfig, AuditConfigError
@@ -88,8 +87,7 @@ def _component_limit(data: AuditData, cfg: AuditConfig) -> int:
 
 
 def _mechanism_summary(cfg: AuditConfig, ctx: RepeatContext) -> dict[str, Any]:
-    with features.enabled("seeded-noise"):
-        mech = runner._mechanism(cfg, ctx.basis, cfg.mechanism, cfg.epsilons[0], 0)
+    mech = runner._mechanism(cfg, ctx.basis, cfg.mechanism, cfg.epsilons[0], None)  # draws no noise
     per = "per coordinate" if cfg.mechanism in ("peep", "peep-raw") else "per vector"
     return {
         "kind": cfg.mechanism,

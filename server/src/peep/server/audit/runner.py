@@ -110,14 +110,18 @@ def job_env(cfg: AuditConfig) -> Iterator[None]:
         yield
 
 
-def nominal_epsilon(kind: str, target_vector: float, basis: Basis, delta: float) -> float:
-    """The mechanism parameter ε whose per-vector guarantee is ``target_vector``."""
+def nominal_epsilon(cfg: AuditConfig, kind: str, target_vector: float, basis: Basis) -> float:
+    """The mechanism parameter ε whose per-vector guarantee is ``target_vector``.
+
+    Called inside :func:`job_env`, so a seeded probe is allowed when simulating;
+    with the secure sampler the probe is secure too (its grid inflation counts).
+    """
     if kind == "peep":
         return target_vector / basis.n_components
     if kind == "peep-raw":
-        with features.enabled("seeded-noise"):
-            probe = mechanism_for_bounds(basis.bounds, kind=kind, epsilon=1.0, random_state=0)
-        return target_vector / probe.guarantee.epsilon_vector
+        # The guarantee is linear in ε (Σ_j (hi_j − lo_j + γ)·ε): calibrate with a probe at ε = 1.
+        probe = _mechanism(cfg, basis, kind, 1.0, None if cfg.secure_noise else 0)
+        return float(target_vector / probe.guarantee.epsilon_vector)
     return target_vector
 
 
@@ -165,11 +169,35 @@ class AuditData:
         return len(self.target_names)
 
 
+@contextmanager
+def _progress(cfg: AuditConfig, desc: str) -> Iterator[Callable[[int, int], None]]:
+    """A ``(done, total)`` callback driving a tqdm bar on stderr (only shown if called)."""
+    from tqdm import tqdm
+
+    bars: list[Any] = []
+
+    def update(done: int, total: int) -> None:
+        if not bars:
+            bars.append(tqdm(total=total, desc=desc, file=sys.stderr, disable=not cfg.progress))
+        bars[0].n = done
+        bars[0].refresh()
+
+    try:
+        yield update
+    finally:
+        for bar in bars:
+            bar.close()
+
+
 def load_audit_data(cfg: AuditConfig) -> AuditData:
     """Load the dataset (and background population) with the configured normalisation."""
     from peep.server.datasets import load_dataset
 
-    ds = load_dataset(cfg.dataset, data_home=cfg.data_home, min_faces=cfg.min_faces, normalisation=cfg.normalisation)  # type: ignore[arg-type]
+    norm: Any = cfg.normalisation
+    with _progress(cfg, "detecting and normalising faces (cached afterwards)") as cb:
+        ds = load_dataset(
+            cfg.dataset, data_home=cfg.data_home, min_faces=cfg.min_faces, normalisation=norm, progress=cb
+        )
     data = AuditData(
         images=ds.images,
         labels=ds.labels,
@@ -184,7 +212,8 @@ def load_audit_data(cfg: AuditConfig) -> AuditData:
             f"received {cfg.min_faces} ({data.n_classes} identity left)"
         )
     if cfg.basis == "background":
-        bg = load_dataset("lfw", data_home=cfg.data_home, min_faces=5, max_faces=9, normalisation=cfg.normalisation)  # type: ignore[arg-type]
+        with _progress(cfg, "background faces (cached afterwards)") as cb:
+            bg = load_dataset("lfw", data_home=cfg.data_home, min_faces=5, max_faces=9, normalisation=norm, progress=cb)
         overlap = set(bg.target_names) & set(ds.target_names)
         if overlap:
             raise AuditConfigError(
@@ -311,7 +340,7 @@ def _adversaries(
     noise_var: FloatArray,
     mlp_scores: FloatArray | None,
     seed: int,
-) -> tuple[dict[str, Adversary], FloatArray | None]:
+) -> tuple[dict[str, Adversary], FloatArray]:
     K = ctx.n_classes
     advs: dict[str, Adversary] = {"knn": fit_knn(gallery, ctx.y_train, probes, K)}
     advs["svm"], _ = fit_linear("svm", gallery, ctx.y_train, probes, K, seed)
@@ -349,7 +378,7 @@ def evaluate_release(
         False: utility only (frontier selection).
     """
     basis = ctx.basis
-    eps = float(epsilon) if epsilon is not None else nominal_epsilon(kind, float(target_vector or 0), basis, cfg.delta)
+    eps = float(epsilon) if epsilon is not None else nominal_epsilon(cfg, kind, float(target_vector or 0), basis)
     rng = noise_state(cfg, key)
     mech = _mechanism(cfg, basis, kind, eps, rng)
     dom = Domain(kind, basis.bounds)

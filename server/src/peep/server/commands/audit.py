@@ -99,14 +99,14 @@ def register(sub: Any) -> None:
         type=_list(int, "--sweep-components"),
         default=d.sweep_components,
         metavar="LIST",
-        help="nc values of the utility-vs-components curve",
+        help="nc values of the utility-vs-components curve ('none' to skip)",
     )
     g.add_argument(
         "--sweep-images",
         type=_list(int, "--sweep-images"),
         default=d.sweep_images,
         metavar="LIST",
-        help="training images per subject of the utility-vs-images curve",
+        help="training images per subject of the utility-vs-images curve ('none' to skip)",
     )
     g.add_argument(
         "--sweep-epsilon",
@@ -158,7 +158,7 @@ def handler(args: argparse.Namespace) -> int:
             min_faces=args.min_faces,
             normalisation=args.normalisation,
             mechanism=args.mechanism,
-            epsilons=tuple(args.epsilons),
+            epsilons=tuple(sorted(args.epsilons)),
             delta=args.delta,
             components=args.components,
             repeats=args.repeats,
