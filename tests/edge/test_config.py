@@ -172,3 +172,10 @@ def test_example_config_in_deploy_is_valid_apart_from_site_paths(tmp_path):
     assert cfg.mqtt.tls and cfg.mqtt.password_credential
     assert cfg.privacy.track_budget >= cfg.privacy.epsilon
     assert os.fspath(cfg.device.state_dir) == "/var/lib/peep-edge"
+
+
+def test_yunet_without_its_model_file_is_a_config_error(make_config, tmp_path):
+    cfg = load_config(make_config(detector={"kind": "yunet", "model_path": str(tmp_path / "yunet.onnx")}))
+    with pytest.raises(ConfigError) as info:
+        Agent(cfg, environ={}).prepare()
+    assert "expected a YuNet ONNX file" in dict(info.value.problems)["detector.model_path"]

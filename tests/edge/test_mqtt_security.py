@@ -237,3 +237,38 @@ def test_mutual_tls_listener_requires_the_client_certificate(secure_broker, pki)
     finally:
         with_cert.stop()
         without.stop()
+
+
+def test_templates_refused_by_the_broker_stay_in_the_spool(secure_broker, make_config, crowd_video, caplog):
+    """Credentials of another device: the ACL refuses every PUBACK (0x87) and nothing leaves the spool."""
+    import logging
+
+    from peep.edge.spool import Spool
+
+    caplog.set_level(logging.ERROR, logger="peep")
+    s = secure_broker
+    cfg = load_config(
+        make_config(
+            capture={"source": crowd_video["path"], "max_fps": 50.0},
+            privacy={"epsilon": 4.0, "track_budget": 1e6, "window_seconds": 5.0, "min_track_frames": 2},
+            mqtt={
+                "port": s["port"],
+                "host": "localhost",
+                "tls": True,
+                "ca_file": str(s["pki"]["ca"]),
+                "username": "cam-2",
+                "password_env": "PW",
+                "reconnect_min_s": 1,
+                "reconnect_max_s": 1,
+            },
+            spool={"drain_timeout_s": 1.0},
+        )
+    )
+    agent = Agent(cfg, environ={"PW": "second-device-pw"})
+    assert agent.run() == 0
+    assert any(r.msg == "mqtt_publish_refused" and "Not authorized" in str(r.__dict__) for r in caplog.records)
+    released = agent.metrics.value("peep_edge_releases_total", purpose="identify")
+    assert released >= 3
+    assert agent.metrics.value("peep_edge_published_total", transport="mqtt") == 0
+    with Spool(cfg.spool_path, destinations=["mqtt"]) as spool:
+        assert spool.depth("mqtt") == released

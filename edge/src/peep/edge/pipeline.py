@@ -239,7 +239,15 @@ class FramePipeline:
         try:
             spend(self.epsilon_vector + soft_eps, self.epsilon_coordinate, msg.message_id)
         except BudgetError as exc:
-            log_event(_log, logging.WARNING, "release_refused_budget", track=track_id, error=str(exc))
+            log_event(
+                _log,
+                logging.WARNING,
+                "release_refused_budget",
+                track=track_id,
+                epsilon_coordinate=self.epsilon_coordinate,
+                epsilon_vector=self.epsilon_vector + soft_eps,
+                error=str(exc),
+            )
             return None
         payload = encode_template(msg)
         self.spool.put(message_id=msg.message_id, purpose=purpose, payload=payload)

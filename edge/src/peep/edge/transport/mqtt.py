@@ -258,7 +258,8 @@ class MqttLink:
             except ValueError as exc:
                 log_event(_log, logging.WARNING, "event_unreadable", topic=msg.topic, error=str(exc))
                 return
-            log_event(_log, logging.INFO, "recognition_event", **{k: event[k] for k in list(event)[:20]})
+            # Nested, so the server's keys can never overwrite the record's own fields.
+            log_event(_log, logging.INFO, "recognition_event", payload={k: event[k] for k in list(event)[:20]})
             if self._on_event is not None:
                 self._on_event(event)
 
