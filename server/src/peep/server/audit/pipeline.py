@@ -197,7 +197,8 @@ def run_audit(cfg: AuditConfig, *, command: Sequence[str] | None = None) -> Audi
         },
         "sampler": sampler_description(cfg),
         "chance": {"majority": float(np.mean([majority(c.y_test) for c in contexts])), "uniform": 1.0 / data.n_classes},
-        "no_privacy": {
+        "no_privacy": {"per_repeat": runner.per_repeat_values(baselines)}
+        | {
             k: base_mean[k]
             for k in (
                 "accuracy",

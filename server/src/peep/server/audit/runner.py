@@ -18,7 +18,6 @@ times slower, while two single-threaded processes scale.
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import time
@@ -697,8 +696,16 @@ def combine_results(per_repeat: Sequence[dict[str, Any]]) -> dict[str, Any]:
         mean["linkage_subsets"] = subsets
     mean["std"] = std
     mean["n_repeats"] = len(per_repeat)
+    mean["per_repeat"] = per_repeat_values(per_repeat)
     return mean
 
 
-def finite_or_none(x: float) -> float | None:
-    return x if math.isfinite(x) else None
+def per_repeat_values(per_repeat: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
+    """Headline numbers of each split, so a difference can be judged against the spread."""
+    out: dict[str, list[float]] = {}
+    for key in ("accuracy", "balanced_accuracy", "weighted_f1"):
+        if key in per_repeat[0]:
+            out[key] = [float(r[key]) for r in per_repeat]
+    if "linkage" in per_repeat[0]:
+        out["linkage_max"] = [float(r["linkage"]["max"]) for r in per_repeat]
+    return out

@@ -58,6 +58,13 @@ _mixture = _obj(
     }
 )
 
+_RESULT_KEYS = (
+    "epsilon epsilon_coordinate epsilon_vector delta noise_std n_components accuracy balanced_accuracy weighted_f1 "
+    "weighted_precision weighted_recall chance chance_uniform reconstruction_ssim reconstruction_psnr "
+    "reconstruction_reid reconstruction linkage linkage_subsets averaging averaging_detail membership_auc "
+    "membership_auc_template identity_mixture n_repeats std per_repeat"
+).split()
+
 RESULT_SCHEMA: dict[str, Any] = _obj(
     {
         "epsilon": {**_pos, "description": "the mechanism's ε parameter (per coordinate for peep/peep-raw)"},
@@ -91,7 +98,13 @@ RESULT_SCHEMA: dict[str, Any] = _obj(
         "identity_mixture": _mixture,
         "n_repeats": {"type": "integer", "minimum": 1},
         "std": {"type": "object", "required": ["accuracy", "weighted_f1", "linkage"]},
-    }
+        "per_repeat": {
+            "type": "object",
+            "additionalProperties": {"type": "array", "items": _frac},
+            "description": "headline numbers of each split (accuracy, balanced_accuracy, weighted_f1, linkage_max)",
+        },
+    },
+    [k for k in _RESULT_KEYS if k != "per_repeat"],
 )
 
 _sweep_point = _obj(
