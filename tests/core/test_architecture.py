@@ -57,3 +57,14 @@ def test_importing_core_loads_no_forbidden_module():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_device_release_path_does_not_import_heavy_libraries():
+    """A device loads bundles and releases templates; onnx (graph building) and scipy
+    (eigen-decomposition, Gaussian calibration) would cost a Pi ~25 MB for nothing."""
+    code = (
+        "import sys, peep.core.release, peep.core.bundle, peep.core.mechanisms, peep.core.wire, peep.core.imaging;"
+        "print(','.join(m for m in ('onnx', 'scipy', 'sklearn') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

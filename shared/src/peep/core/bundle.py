@@ -29,20 +29,24 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from numpy.typing import ArrayLike, NDArray
-from onnx import TensorProto, helper, numpy_helper
 from peep.core.bounding import BundleBounds
-from peep.core.eigenfaces import EigenfaceModel
 from peep.core.exceptions import BundleError
 from peep.core.imaging import FaceGeometry
+
+if TYPE_CHECKING:
+    from peep.core.eigenfaces import EigenfaceModel
+
+# The onnx package (graph building/reading) and scipy (via eigenfaces) are
+# imported where used: a device only *runs* projectors with onnxruntime, and
+# importing them would cost ~25 MB of a Pi's memory for nothing.
 
 FORMAT = "peep-bundle/1"
 PROJECTOR = "projector.onnx"
@@ -134,6 +138,9 @@ def build_projector(model: EigenfaceModel, bounds: BundleBounds) -> bytes:
         An ONNX model with input ``faces`` of shape (N, D) and the
         :data:`OUTPUTS`, each of shape (N, nc).
     """
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
     nc, d = model.components_.shape
     if bounds.n_components != nc:
         raise ValueError(f"bounds: expected {nc} components (the model's), received {bounds.n_components}")
@@ -461,6 +468,10 @@ class EigenfaceBundle:
 
     def model(self) -> EigenfaceModel:
         """The eigenfaces as a numpy :class:`EigenfaceModel` (read from the projector)."""
+        import onnx
+        from onnx import numpy_helper
+        from peep.core.eigenfaces import EigenfaceModel
+
         graph = onnx.load_from_string(self.files[PROJECTOR]).graph
         arrays: dict[str, NDArray[Any]] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
         return EigenfaceModel.from_components(

@@ -56,7 +56,6 @@ from peep.core.sampling import (
     grid_inflation_l2,
     laplace_variance,
 )
-from scipy.special import log_ndtr
 
 __all__ = [
     "MECHANISM_KINDS",
@@ -152,6 +151,10 @@ def _log_delta(u: float, epsilon: float) -> float:
     δ = Φ(1/(2u) − εu) − e^ε·Φ(−1/(2u) − εu), evaluated in log space so that
     e^ε never overflows (ε up to 1e4 and beyond).
     """
+    # Imported here: only gaussian-l2 calibration needs scipy, and a device
+    # running a Laplace mechanism should not pay its import memory.
+    from scipy.special import log_ndtr
+
     a = 0.5 / u - epsilon * u
     b = -0.5 / u - epsilon * u
     log_pa = float(log_ndtr(a))
@@ -217,8 +220,7 @@ def classic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) -> 
     there; kept for comparison. ε >= 1 raises ``ValueError`` rather than
     returning a σ that guarantees nothing.
     """
-    epsilon = check_real(epsilon, "epsilon", low=0.0, high=1.0,
-                         low_inclusive=False, high_inclusive=False)
+    epsilon = check_real(epsilon, "epsilon", low=0.0, high=1.0, low_inclusive=False, high_inclusive=False)
     delta = _check_delta(delta)
     sensitivity = check_positive(sensitivity, "sensitivity")
     return sensitivity * math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon
@@ -298,9 +300,7 @@ class LaplaceMechanism:
     (True, 1.0)
     """
 
-    def __init__(
-        self, *, epsilon: float, sensitivity: float = 1.0, random_state: object = None
-    ) -> None:
+    def __init__(self, *, epsilon: float, sensitivity: float = 1.0, random_state: object = None) -> None:
         self.epsilon = _check_epsilon(epsilon)
         self.sensitivity = check_positive(sensitivity, "sensitivity")
         self.random_state = random_state
@@ -578,8 +578,7 @@ class PeepRawMechanism(_LaplaceTemplate):
         if np.any(hi < lo):
             j = int(np.flatnonzero(hi < lo)[0])
             raise ValueError(
-                f"upper: expected upper >= lower for every coordinate, received "
-                f"upper[{j}]={hi[j]} < lower[{j}]={lo[j]}"
+                f"upper: expected upper >= lower for every coordinate, received upper[{j}]={hi[j]} < lower[{j}]={lo[j]}"
             )
         self.lower: FloatArray = lo.copy()
         self.upper: FloatArray = hi.copy()
@@ -865,13 +864,10 @@ def make_mechanism(
         )
         if mechanism.n_components != nc:
             raise ValueError(
-                f"n_components: expected {mechanism.n_components} (the length of lower/upper), "
-                f"received {nc}"
+                f"n_components: expected {mechanism.n_components} (the length of lower/upper), received {nc}"
             )
     elif kind == "laplace-vector":
-        mechanism = LaplaceVectorMechanism(
-            epsilon=epsilon, n_components=nc, random_state=random_state
-        )
+        mechanism = LaplaceVectorMechanism(epsilon=epsilon, n_components=nc, random_state=random_state)
     elif kind == "gaussian-l2":
         mechanism = GaussianL2Mechanism(
             epsilon=epsilon,
