@@ -1,0 +1,543 @@
+"""The server's configuration: one TOML file -> one typed pydantic model.
+
+Load -> parse -> validate (Frigate's pattern): :func:`load_config` reads the
+TOML, resolves relative paths against the file's directory, validates every
+field (``extra="forbid"``: a typo is an error, not a silently ignored key) and
+resolves secrets. Every error is reported as ``key.path: message (received
+value)`` by :class:`ConfigError`, which ``peep serve --validate-config``
+prints one per line.
+
+Secrets never sit in the file. A secret field holds a *reference*:
+
+``"env:NAME"``
+    the environment variable ``NAME``;
+``"credential:NAME"``
+    the file ``$CREDENTIALS_DIRECTORY/NAME`` (systemd ``LoadCredential=``);
+``"file:/path"``
+    a file (first line, stripped).
+
+Example (``deploy/server/server.toml`` has the full, commented version)::
+
+    [server]
+    listen = "0.0.0.0:50051"
+
+    [storage]
+    backend = "sqlite"
+    path = "/var/lib/peep/peep.db"
+
+    [bundle]
+    public_key = "/etc/peep/site.pub"
+
+    [auth]
+    admin_token = "credential:admin-token"
+    [[auth.devices]]
+    id = "cam-lobby-1"
+    site = "lobby"
+    token_sha256 = "9f86d081884c7d65..."
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import os
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from peep.core.wire import ID_PATTERN
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; ``errors`` lists (key path, message, value)."""
+
+    def __init__(self, source: str, errors: Sequence[tuple[str, str, Any]]) -> None:
+        self.source = source
+        self.errors = list(errors)
+        lines = [f"{path}: {msg} (received {_short(value)})" for path, msg, value in self.errors]
+        super().__init__(f"{source}: invalid configuration\n  " + "\n  ".join(lines))
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+# ------------------------------------------------------------------ secrets
+
+
+class SecretRef(BaseModel):
+    """Where a secret comes from: ``env:NAME``, ``credential:NAME`` or ``file:PATH``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    source: Literal["env", "credential", "file"]
+    name: str
+
+    def resolve(self, environ: Mapping[str, str] | None = None) -> SecretStr:
+        env = os.environ if environ is None else environ
+        if self.source == "env":
+            if self.name not in env:
+                raise ValueError(f"expected the environment variable {self.name} to hold the secret; it is not set")
+            return SecretStr(env[self.name])
+        if self.source == "credential":
+            cdir = env.get("CREDENTIALS_DIRECTORY")
+            if not cdir:
+                raise ValueError(
+                    f"expected systemd credential {self.name!r}, but CREDENTIALS_DIRECTORY is not set "
+                    "(use LoadCredential= in the unit, or env:NAME)"
+                )
+            path = Path(cdir) / self.name
+        else:
+            path = Path(self.name)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"expected a readable secret file {path} ({exc.strerror})") from None
+        lines = text.splitlines()
+        return SecretStr(lines[0].strip() if lines else "")
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.name}"
+
+
+def _parse_secret_ref(value: Any) -> Any:
+    if isinstance(value, str):
+        source, sep, name = value.partition(":")
+        if not sep or source not in ("env", "credential", "file") or not name:
+            raise ValueError(
+                "expected a secret reference 'env:NAME', 'credential:NAME' or 'file:/path' (never the secret itself)"
+            )
+        return {"source": source, "name": name}
+    return value
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+def _resolve_path(value: Path | None, info: ValidationInfo) -> Path | None:
+    if value is None:
+        return None
+    base = (info.context or {}).get("base_dir")
+    p = Path(os.path.expanduser(str(value)))
+    if not p.is_absolute() and base is not None:
+        p = Path(base) / p
+    return p
+
+
+def _check_hex(v: str | None) -> str | None:
+    if v is not None:
+        v = v.lower()
+        if len(v) != 64 or any(c not in "0123456789abcdef" for c in v):
+            raise ValueError("expected 64 hex digits (sha256sum of the token)")
+    return v
+
+
+def _check_listen(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not (0 <= int(port) <= 65535) or not host:
+        raise ValueError("expected HOST:PORT with a port 0-65535 (0 = pick a free port)")
+    h = host.strip("[]")
+    try:
+        ipaddress.ip_address(h)
+    except ValueError:
+        if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})", h):
+            raise ValueError("expected HOST:PORT with a host name or IP address") from None
+    return value
+
+
+# ------------------------------------------------------------------ sections
+
+
+class TlsConfig(_Model):
+    """gRPC TLS. With ``client_ca`` set the server requires mutual TLS: every
+    client presents a certificate signed by that CA and its common name is
+    the caller (a device id, or an admin listed in ``auth.admin_common_names``).
+    gRPC cannot make client certificates optional, so mTLS is all or nothing."""
+
+    cert: Path = Field(description="PEM server certificate chain")
+    key: Path = Field(description="PEM private key of the server certificate")
+    client_ca: Path | None = Field(default=None, description="PEM CA that signs client certificates (enables mTLS)")
+
+    @field_validator("cert", "key", "client_ca", mode="after")
+    @classmethod
+    def check_paths(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        return _resolve_path(v, info)
+
+
+class GrpcConfig(_Model):
+    listen: str = Field(default="127.0.0.1:50051", description="HOST:PORT of the gRPC listener")
+    max_workers: int = Field(default=16, ge=1, le=512, description="handler threads (one per in-flight RPC)")
+    grace_s: float = Field(
+        default=10.0,
+        ge=0.0,
+        le=300.0,
+        description="graceful-shutdown drain time (systemd TimeoutStopSec must be longer)",
+    )
+    max_stream_messages: int = Field(
+        default=50_000, ge=1, le=1_000_000, description="templates per IngestStream call (acks travel in one summary)"
+    )
+    stream_batch: int = Field(default=512, ge=1, le=10_000, description="streamed templates committed per transaction")
+    max_concurrent_streams: int = Field(
+        default=64, ge=1, le=10_000, description="concurrent RPCs before RESOURCE_EXHAUSTED"
+    )
+    reflection: bool = True
+    tls: TlsConfig | None = None
+
+    @field_validator("listen")
+    @classmethod
+    def check_listen(cls, v: str) -> str:
+        return _check_listen(v)
+
+
+class StorageConfig(_Model):
+    backend: Literal["sqlite", "postgres"] = "sqlite"
+    path: Path = Field(default=Path("peep.db"), description="SQLite database file (WAL mode)")
+    dsn: str = Field(
+        default="host=127.0.0.1 port=5432 dbname=peep user=peep-server", description="PostgreSQL conninfo (no password)"
+    )
+    password: SecretRef | None = Field(default=None, description="PostgreSQL password reference")
+    pool_size: int = Field(default=4, ge=1, le=64)
+
+    @field_validator("path", mode="after")
+    @classmethod
+    def check_paths(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        return _resolve_path(v, info)
+
+    @field_validator("password", mode="before")
+    @classmethod
+    def check_secret(cls, v: Any) -> Any:
+        return _parse_secret_ref(v)
+
+    @field_validator("dsn")
+    @classmethod
+    def check_dsn(cls, v: str) -> str:
+        userinfo = v.split("://", 1)[1].split("@", 1)[0] if "://" in v and "@" in v else ""
+        if "password=" in v.replace(" ", "").lower() or ":" in userinfo:
+            raise ValueError(
+                "expected a conninfo without a password; put the password in storage.password (env:/credential:)"
+            )
+        return v
+
+
+class BundleConfig(_Model):
+    public_key: Path = Field(description="the deployer's Ed25519 public key (PEM); every bundle must verify against it")
+    dir: Path | None = Field(default=None, description="a signed bundle directory published at start-up")
+    plausibility_sigmas: float = Field(
+        default=40.0,
+        ge=5.0,
+        le=1000.0,
+        description="values may exceed the mechanism's domain by this many noise standard deviations",
+    )
+
+    @field_validator("public_key", "dir", mode="after")
+    @classmethod
+    def check_paths(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        return _resolve_path(v, info)
+
+
+class DeviceConfig(_Model):
+    id: str = Field(description="device id (the template's device_id, MQTT client/topic level, certificate CN)")
+    site: str | None = Field(default=None, description="when set, the device may only send templates for this site")
+    token_sha256: str | None = Field(default=None, description="hex SHA-256 of the device's bearer token")
+    token: SecretRef | None = Field(default=None, description="the bearer token itself, by reference")
+    enabled: bool = True
+
+    @field_validator("token", mode="before")
+    @classmethod
+    def check_secret(cls, v: Any) -> Any:
+        return _parse_secret_ref(v)
+
+    @field_validator("id", "site")
+    @classmethod
+    def _ids(cls, v: str | None) -> str | None:
+        if v is not None and not ID_PATTERN.match(v):
+            raise ValueError("expected 1-128 characters [A-Za-z0-9_.:@-] starting with a letter or digit")
+        return v
+
+    @field_validator("token_sha256")
+    @classmethod
+    def check_hex(cls, v: str | None) -> str | None:
+        return _check_hex(v)
+
+
+class AuthConfig(_Model):
+    admin_token: SecretRef | None = Field(default=None, description="admin bearer token, by reference")
+    admin_token_sha256: str | None = Field(default=None, description="hex SHA-256 of the admin bearer token")
+    admin_common_names: list[str] = Field(default_factory=list, description="client-certificate CNs with admin rights")
+    devices: list[DeviceConfig] = Field(default_factory=list)
+    allow_insecure: bool = Field(
+        default=False, description="permit a gRPC listener without TLS (loopback development only)"
+    )
+
+    @field_validator("admin_token", mode="before")
+    @classmethod
+    def check_secret(cls, v: Any) -> Any:
+        return _parse_secret_ref(v)
+
+    @field_validator("admin_token_sha256")
+    @classmethod
+    def check_hex(cls, v: str | None) -> str | None:
+        return _check_hex(v)
+
+    @model_validator(mode="after")
+    def _unique_devices(self) -> AuthConfig:
+        seen: set[str] = set()
+        for d in self.devices:
+            if d.id in seen:
+                raise ValueError(f"devices: device id {d.id!r} is listed twice")
+            seen.add(d.id)
+        return self
+
+
+class MqttTlsConfig(_Model):
+    ca: Path
+    cert: Path | None = None
+    key: Path | None = None
+
+    @field_validator("ca", "cert", "key", mode="after")
+    @classmethod
+    def check_paths(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        return _resolve_path(v, info)
+
+
+class MqttConfig(_Model):
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = Field(default=1883, ge=1, le=65535)
+    client_id: str | None = Field(default=None, description="unique per replica (default peep-server-<host>-<pid>)")
+    username: str | None = Field(default="peep-server", description="the server's broker user (deploy/mosquitto ACL)")
+    password: SecretRef | None = None
+    share_group: str = Field(
+        default="peep-server", description="MQTT v5 shared-subscription group (replicas split the load)"
+    )
+    topic_prefix: str = Field(
+        default="peep/v1", description="topic root; devices publish to <prefix>/<site>/<device>/templates"
+    )
+    qos: int = Field(default=1, ge=0, le=1)
+    keepalive_s: int = Field(default=30, ge=5, le=3600)
+    receive_maximum: int = Field(default=1000, ge=1, le=65535, description="QoS 1 messages in flight from the broker")
+    batch: int = Field(default=512, ge=1, le=10_000, description="templates committed per transaction")
+    queue_size: int = Field(
+        default=50_000, ge=100, le=10_000_000, description="decoded templates waiting for the writer"
+    )
+    require_registered_device: bool = Field(
+        default=True,
+        description="reject templates from devices missing from auth.devices (when that list is non-empty)",
+    )
+    tls: MqttTlsConfig | None = None
+
+    @field_validator("password", mode="before")
+    @classmethod
+    def check_secret(cls, v: Any) -> Any:
+        return _parse_secret_ref(v)
+
+    @field_validator("share_group")
+    @classmethod
+    def _group(cls, v: str) -> str:
+        if not v or any(c in v for c in "/+#$"):
+            raise ValueError("expected a group name without '/', '+', '#', '$'")
+        return v
+
+    @field_validator("topic_prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        if not v or v.startswith("/") or v.endswith("/") or any(c in v for c in "+#$"):
+            raise ValueError("expected topic levels such as 'peep/v1' (no wildcards, no leading/trailing '/')")
+        return v
+
+
+class TrainingConfig(_Model):
+    preset: Literal["default", "paper"] = Field(
+        default="default", description="recogniser preset (see peep.server.training.PRESETS)"
+    )
+    model_dir: Path = Field(default=Path("models"), description="versioned model registry")
+    mechanism_kind: str | None = Field(
+        default=None, description="train on this kind only (default: the most common domain)"
+    )
+    validation_fraction: float = Field(default=0.2, gt=0.0, lt=0.5)
+    target_far: float = Field(
+        default=0.01, gt=0.0, lt=0.5, description="false-accept rate the verify threshold is set for"
+    )
+    unknown_reject_rate: float = Field(
+        default=0.05, ge=0.0, lt=0.5, description="share of enrolled validation templates allowed to be called unknown"
+    )
+    background_prefix: str = Field(
+        default="background:", description="subjects with this prefix form the never-enrolled 'unknown' class"
+    )
+    min_templates_per_subject: int = Field(default=2, ge=2, le=10_000)
+    random_state: int = Field(default=0, ge=0, description="seed of the training split and weights (not privacy noise)")
+    keep_versions: int = Field(default=5, ge=1, le=1000)
+    threads: int = Field(default=1, ge=1, le=64, description="onnxruntime threads for serving")
+    blas_threads: int = Field(
+        default=1, ge=1, le=64, description="BLAS threads while training (more only on an idle many-core box)"
+    )
+
+    @field_validator("model_dir", mode="after")
+    @classmethod
+    def check_paths(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        return _resolve_path(v, info)
+
+    @field_validator("mechanism_kind")
+    @classmethod
+    def _kind(cls, v: str | None) -> str | None:
+        from peep.core.wire import MECHANISM_KINDS
+
+        if v is not None and v not in MECHANISM_KINDS:
+            raise ValueError(f"expected one of {sorted(MECHANISM_KINDS)}")
+        return v
+
+
+class RetentionConfig(_Model):
+    days: float | None = Field(default=None, gt=0, description="delete templates received more than N days ago")
+    include_enrolment: bool = Field(
+        default=False, description="also expire enrolment templates (they are training data)"
+    )
+    interval_s: float = Field(default=3600.0, ge=1.0, description="how often the running server applies retention")
+
+
+class MetricsConfig(_Model):
+    enabled: bool = True
+    listen: str = Field(default="127.0.0.1:9464", description="HOST:PORT of the Prometheus /metrics endpoint")
+
+    @field_validator("listen")
+    @classmethod
+    def check_listen(cls, v: str) -> str:
+        return _check_listen(v)
+
+
+class LoggingConfig(_Model):
+    format: Literal["json", "text"] = "json"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class ServerConfig(_Model):
+    """The whole ``server.toml``."""
+
+    grpc: GrpcConfig = Field(default_factory=GrpcConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+    bundle: BundleConfig
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    mqtt: MqttConfig = Field(default_factory=MqttConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def fill_sections(cls, data: Any) -> Any:
+        # Missing sections are validated as {} so that their relative paths
+        # are resolved against the config file like explicit ones.
+        if isinstance(data, dict):
+            data = dict(data)
+            for name in ("grpc", "storage", "auth", "mqtt", "training", "retention", "metrics", "logging"):
+                data.setdefault(name, {})
+        return data
+
+    @model_validator(mode="after")
+    def _tls_or_explicitly_insecure(self) -> ServerConfig:
+        if self.grpc.tls is None and not self.auth.allow_insecure:
+            raise ValueError(
+                "grpc.tls is missing: set grpc.tls.cert/key, or auth.allow_insecure = true for loopback development"
+            )
+        return self
+
+
+Loc = tuple[int | str, ...]
+
+
+def _loc(loc: Loc) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(root)"
+
+
+def parse_config(data: Mapping[str, Any], *, source: str = "<config>", base_dir: Path | None = None) -> ServerConfig:
+    """Validate a parsed TOML mapping; raise :class:`ConfigError` listing every problem."""
+    try:
+        return ServerConfig.model_validate(dict(data), context={"base_dir": base_dir})
+    except ValidationError as exc:
+        errors = []
+        for err in exc.errors(include_url=False):
+            msg = str(err["msg"])
+            if msg.startswith("Value error, "):
+                msg = msg[len("Value error, ") :]
+            value = "(missing)" if err.get("type") == "missing" else err.get("input")
+            errors.append((_loc(err["loc"]), msg, value))
+        raise ConfigError(source, errors) from None
+
+
+def load_config(path: str | os.PathLike[str]) -> ServerConfig:
+    """Read, parse and validate ``server.toml`` (relative paths are relative to its directory)."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(str(p), [("(file)", f"expected a readable TOML file ({exc.strerror})", str(p))]) from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(p), [("(syntax)", f"expected valid TOML: {exc}", None)]) from None
+    return parse_config(data, source=str(p), base_dir=p.resolve().parent)
+
+
+def token_sha256(token: str) -> str:
+    """Hex SHA-256 of a bearer token (what ``auth.devices[].token_sha256`` holds)."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+class ResolvedSecrets(_Model):
+    """Secrets read at start-up (so a missing one fails before anything listens)."""
+
+    admin_token_sha256: str | None = None
+    device_token_sha256: dict[str, str] = Field(default_factory=dict)
+    mqtt_password: SecretStr | None = None
+    db_password: SecretStr | None = None
+
+
+def resolve_secrets(config: ServerConfig, environ: Mapping[str, str] | None = None) -> ResolvedSecrets:
+    """Resolve every secret reference; raise :class:`ConfigError` naming the key of each missing one."""
+    errors: list[tuple[str, str, Any]] = []
+
+    def get(ref: SecretRef | None, path: str) -> SecretStr | None:
+        if ref is None:
+            return None
+        try:
+            return ref.resolve(environ)
+        except ValueError as exc:
+            errors.append((path, str(exc), str(ref)))
+            return None
+
+    admin = get(config.auth.admin_token, "auth.admin_token")
+    admin_hash = token_sha256(admin.get_secret_value()) if admin is not None else config.auth.admin_token_sha256
+    devices: dict[str, str] = {}
+    for i, d in enumerate(config.auth.devices):
+        tok = get(d.token, f"auth.devices[{i}].token")
+        if tok is not None:
+            devices[d.id] = token_sha256(tok.get_secret_value())
+        elif d.token_sha256 is not None:
+            devices[d.id] = d.token_sha256
+    mqtt = get(config.mqtt.password, "mqtt.password")
+    db = get(config.storage.password, "storage.password")
+    if errors:
+        raise ConfigError("secrets", errors)
+    return ResolvedSecrets(
+        admin_token_sha256=admin_hash, device_token_sha256=devices, mqtt_password=mqtt, db_password=db
+    )

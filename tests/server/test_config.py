@@ -1,0 +1,133 @@
+"""server.toml -> ServerConfig: key paths in errors, secrets by reference, --validate-config."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from peep.server.cli import main
+from peep.server.config import ConfigError, load_config, parse_config, resolve_secrets, token_sha256
+
+MINIMAL = """
+[grpc]
+listen = "127.0.0.1:0"
+[bundle]
+public_key = "keys/site.pub"
+[auth]
+allow_insecure = true
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "server.toml"
+    p.write_text(text)
+    return p
+
+
+def test_minimal_config_resolves_relative_paths_against_the_file(tmp_path):
+    cfg = load_config(write(tmp_path, MINIMAL))
+    assert cfg.bundle.public_key == tmp_path / "keys" / "site.pub"
+    assert cfg.storage.backend == "sqlite" and cfg.storage.path == tmp_path / "peep.db"
+    assert cfg.training.preset == "default" and cfg.mqtt.share_group == "peep-server"
+
+
+@pytest.mark.parametrize(
+    ("patch", "key", "fragment"),
+    [
+        ({"grpc": {"listen": "nonsense"}}, "grpc.listen", "HOST:PORT"),
+        ({"grpc": {"max_workers": 0}}, "grpc.max_workers", "greater than or equal to 1"),
+        ({"grpc": {"unknown_key": 1}}, "grpc.unknown_key", "Extra inputs are not permitted"),
+        ({"storage": {"backend": "mysql"}}, "storage.backend", "'sqlite' or 'postgres'"),
+        ({"storage": {"dsn": "host=db password=hunter2"}}, "storage.dsn", "without a password"),
+        ({"mqtt": {"share_group": "a/b"}}, "mqtt.share_group", "without '/'"),
+        ({"auth": {"allow_insecure": True, "admin_token": "hunter2"}}, "auth.admin_token", "never the secret itself"),
+        ({"auth": {"allow_insecure": True, "devices": [{"id": "bad/id"}]}}, "auth.devices[0].id", "A-Za-z0-9"),
+        (
+            {"auth": {"allow_insecure": True, "devices": [{"id": "c", "token_sha256": "xyz"}]}},
+            "auth.devices[0].token_sha256",
+            "64 hex",
+        ),
+        ({"training": {"mechanism_kind": "laplace"}}, "training.mechanism_kind", "expected one of"),
+        ({"training": {"target_far": 0.9}}, "training.target_far", "less than 0.5"),
+    ],
+)
+def test_errors_name_the_key_path_the_expectation_and_the_value(patch, key, fragment):
+    data = {"grpc": {"listen": "127.0.0.1:0"}, "bundle": {"public_key": "/k.pub"}, "auth": {"allow_insecure": True}}
+    for section, values in patch.items():
+        data.setdefault(section, {}).update(values)
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    paths = [p for p, _, _ in info.value.errors]
+    assert key in paths, paths
+    text = str(info.value)
+    assert fragment in text
+    assert f"{key}:" in text and "received" in text
+
+
+def test_tls_is_required_unless_insecure_is_explicit():
+    with pytest.raises(ConfigError, match="grpc.tls is missing"):
+        parse_config({"bundle": {"public_key": "/k.pub"}})
+
+
+def test_missing_section_is_named():
+    with pytest.raises(ConfigError) as info:
+        parse_config({"auth": {"allow_insecure": True}})
+    assert ("bundle", "Field required", "(missing)") in info.value.errors
+
+
+def test_secrets_come_from_env_and_systemd_credentials(tmp_path):
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "admin-token").write_text("s3cret-admin\n")
+    (creds / "cam-token").write_text("cam-secret")
+    cfg = parse_config(
+        {
+            "bundle": {"public_key": "/k.pub"},
+            "auth": {
+                "allow_insecure": True,
+                "admin_token": "credential:admin-token",
+                "devices": [
+                    {"id": "cam-1", "token": "credential:cam-token"},
+                    {"id": "cam-2", "token": "env:CAM2_TOKEN"},
+                ],
+            },
+            "mqtt": {"password": "env:PEEP_MQTT_PASSWORD"},
+        }
+    )
+    env = {"CREDENTIALS_DIRECTORY": str(creds), "CAM2_TOKEN": "cam2", "PEEP_MQTT_PASSWORD": "mq-pw-491"}
+    s = resolve_secrets(cfg, env)
+    assert s.admin_token_sha256 == token_sha256("s3cret-admin")
+    assert s.device_token_sha256 == {"cam-1": token_sha256("cam-secret"), "cam-2": token_sha256("cam2")}
+    assert s.mqtt_password is not None and s.mqtt_password.get_secret_value() == "mq-pw-491"
+    assert "mq-pw-491" not in repr(s)  # SecretStr never prints its value
+    with pytest.raises(ConfigError) as info:
+        resolve_secrets(cfg, {"CAM2_TOKEN": "x"})
+    paths = [p for p, _, _ in info.value.errors]
+    assert paths == ["auth.admin_token", "auth.devices[0].token", "mqtt.password"]
+    assert "CREDENTIALS_DIRECTORY is not set" in str(info.value)
+
+
+def test_validate_config_cli_prints_each_problem_and_exits_2(tmp_path, capsys):
+    bad = write(tmp_path, MINIMAL.replace('listen = "127.0.0.1:0"', 'listen = "x"\nmax_workers = -1'))
+    assert main(["serve", "--config", str(bad), "--validate-config"]) == 2
+    err = capsys.readouterr().err
+    assert "grpc.listen:" in err and "grpc.max_workers:" in err and "received" in err
+
+
+def test_validate_config_cli_accepts_a_good_file(tmp_path, capsys, keypair):
+    good = write(tmp_path, MINIMAL.replace("keys/site.pub", str(keypair[3])))
+    assert main(["serve", "--config", str(good), "--validate-config"]) == 0
+    assert "configuration OK" in capsys.readouterr().out
+
+
+def test_validate_config_cli_checks_referenced_files(tmp_path, capsys):
+    assert main(["serve", "--config", str(write(tmp_path, MINIMAL)), "--validate-config"]) == 2
+    assert "bundle.public_key: expected an existing path" in capsys.readouterr().err
+
+
+def test_example_config_in_deploy_is_valid():
+    example = Path(__file__).resolve().parents[2] / "deploy" / "server" / "server.toml"
+    cfg = load_config(example)
+    assert cfg.grpc.tls is not None and cfg.grpc.grace_s < 30
+    assert os.fspath(cfg.storage.path).startswith("/var/lib/peep")
