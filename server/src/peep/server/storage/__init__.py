@@ -1,0 +1,243 @@
+"""Storage of perturbed templates and metadata behind one :class:`Store` interface.
+
+Two implementations: :class:`~peep.server.storage.sqlite.SqliteStore`
+(embedded default, WAL) and :class:`~peep.server.storage.postgres.PostgresStore`
+(several server replicas). Both apply the same numbered migrations
+(:mod:`peep.server.storage.migrations`) at open.
+
+What is stored is exactly what devices send after local-DP noise: the
+perturbed coefficients (float32 bytes), the mechanism description, ids, times
+and the (already perturbed) soft traits of a template. Nothing else about a
+face ever reaches the server.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+from peep.core import wire
+from peep.v1 import template_pb2
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateRecord:
+    """One stored template (a row of ``templates``)."""
+
+    message_id: str
+    device_id: str
+    site: str
+    bundle_id: str
+    mechanism_kind: str
+    epsilon: float
+    delta: float
+    epsilon_coordinate: float
+    epsilon_vector: float
+    noise_std: float
+    purpose: str
+    subject: str | None
+    track_id: str
+    capture_time: float
+    received_at: float
+    n_components: int
+    values: bytes
+    soft_traits: str | None = None
+
+    @classmethod
+    def from_message(
+        cls, msg: template_pb2.PerturbedTemplate, values: NDArray[np.float32], *, received_at: float
+    ) -> TemplateRecord:
+        """A record for a validated message; ``values`` are its coefficients."""
+        m = msg.mechanism
+        traits = None
+        if len(msg.soft_traits):
+            traits = json.dumps(
+                [
+                    {"trait": wire.trait_name(t.kind), "value": t.value, "epsilon": t.epsilon, "mechanism": t.mechanism}
+                    for t in msg.soft_traits
+                ],
+                separators=(",", ":"),
+            )
+        return cls(
+            message_id=msg.message_id,
+            device_id=msg.device_id,
+            site=msg.site,
+            bundle_id=msg.bundle_id,
+            mechanism_kind=wire.mechanism_kind_name(m.kind),
+            epsilon=m.epsilon,
+            delta=m.delta,
+            epsilon_coordinate=m.epsilon_coordinate,
+            epsilon_vector=m.epsilon_vector,
+            noise_std=m.noise_std,
+            purpose=wire.purpose_name(msg.purpose),
+            subject=msg.subject or None,
+            track_id=msg.track_id,
+            capture_time=msg.capture_time.seconds + msg.capture_time.nanos * 1e-9,
+            received_at=received_at,
+            n_components=int(values.shape[0]),
+            values=np.ascontiguousarray(values, dtype="<f4").tobytes(),
+            soft_traits=traits,
+        )
+
+    def as_array(self) -> NDArray[np.float32]:
+        """The coefficients, shape (n_components,)."""
+        return np.frombuffer(self.values, dtype="<f4").astype(np.float32)
+
+    def row(self) -> tuple[object, ...]:
+        return (
+            self.message_id,
+            self.device_id,
+            self.site,
+            self.bundle_id,
+            self.mechanism_kind,
+            self.epsilon,
+            self.delta,
+            self.epsilon_coordinate,
+            self.epsilon_vector,
+            self.noise_std,
+            self.purpose,
+            self.subject,
+            self.track_id,
+            self.capture_time,
+            self.received_at,
+            self.n_components,
+            self.values,
+            self.soft_traits,
+        )
+
+
+COLUMNS = (
+    "message_id",
+    "device_id",
+    "site",
+    "bundle_id",
+    "mechanism_kind",
+    "epsilon",
+    "delta",
+    "epsilon_coordinate",
+    "epsilon_vector",
+    "noise_std",
+    "purpose",
+    "subject",
+    "track_id",
+    "capture_time",
+    "received_at",
+    "n_components",
+    "vals",
+    "soft_traits",
+)
+
+
+@dataclass(frozen=True)
+class EnrolmentSet:
+    """Labelled enrolment templates of one bundle (the training data).
+
+    Attributes
+    ----------
+    values : ndarray of shape (n_templates, n_components), float32
+    subjects : ndarray of shape (n_templates,), object (str)
+    kinds : ndarray of shape (n_templates,), object (str)
+    message_ids : list of str
+    """
+
+    values: NDArray[np.float32]
+    subjects: NDArray[np.object_]
+    kinds: NDArray[np.object_]
+    message_ids: list[str]
+
+    def __len__(self) -> int:
+        return int(self.values.shape[0])
+
+
+def stack_blobs(blobs: Sequence[bytes], n_components: int) -> NDArray[np.float32]:
+    """Stack float32 value blobs into shape (n, n_components)."""
+    if not blobs:
+        return np.zeros((0, n_components), dtype=np.float32)
+    arr = np.frombuffer(b"".join(blobs), dtype="<f4").astype(np.float32)
+    return arr.reshape(len(blobs), n_components)
+
+
+class StoreError(RuntimeError):
+    """The database failed (connection, schema newer than this software, ...)."""
+
+
+class Store(Protocol):
+    """What the server needs from a database."""
+
+    dialect: str
+
+    def schema_version(self) -> int:
+        """Applied migration number."""
+        ...
+
+    def insert_templates(self, records: Sequence[TemplateRecord]) -> list[bool]:
+        """Insert in one transaction, idempotently by ``message_id``.
+
+        Returns, per input record, True when it was stored now and False when
+        its ``message_id`` was already stored (or repeated earlier in the batch).
+        """
+        ...
+
+    def get_template(self, message_id: str) -> TemplateRecord | None: ...
+
+    def count_templates(
+        self, *, subject: str | None = None, bundle_id: str | None = None, purpose: str | None = None
+    ) -> int: ...
+
+    def enrolment_kinds(self, bundle_id: str) -> dict[str, int]:
+        """Number of labelled enrolment templates of ``bundle_id`` per mechanism kind."""
+        ...
+
+    def enrolment_set(self, bundle_id: str, kinds: Sequence[str]) -> EnrolmentSet:
+        """Labelled enrolment templates of ``bundle_id`` released with one of ``kinds``."""
+        ...
+
+    def relabel(self, message_ids: Sequence[str], subject: str) -> int:
+        """Mark stored templates as enrolment templates of ``subject``; returns rows changed."""
+        ...
+
+    def delete_subject(self, subject: str) -> int:
+        """Delete every template labelled or claimed as ``subject``; returns rows deleted."""
+        ...
+
+    def delete_received_before(self, cutoff: float, *, include_enrolment: bool = False) -> int:
+        """Retention: delete templates received before ``cutoff`` (Unix time)."""
+        ...
+
+    def put_bundle(self, bundle_id: str, payload: bytes, published_at: float) -> None:
+        """Store a verified bundle (serialised ``BundleFiles``) and make it the current one."""
+        ...
+
+    def get_bundle(self, bundle_id: str | None = None) -> bytes | None:
+        """A stored bundle's payload; the most recently published when ``bundle_id`` is None."""
+        ...
+
+    def record_erasure(self, subject: str, at: float) -> None: ...
+
+    def erasures(self) -> Mapping[str, float]:
+        """Erased subjects and when (a model trained before then must not name them)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def open_store(config: object, *, password: str | None = None) -> Store:
+    """Open (and migrate) the store described by a :class:`~peep.server.config.StorageConfig`."""
+    from peep.server.config import StorageConfig
+
+    if not isinstance(config, StorageConfig):
+        raise TypeError(f"config: expected a StorageConfig, received {type(config).__name__}")
+    if config.backend == "sqlite":
+        from peep.server.storage.sqlite import SqliteStore
+
+        return SqliteStore(config.path)
+    from peep.server.storage.postgres import PostgresStore
+
+    return PostgresStore(config.dsn, password=password, pool_size=config.pool_size)
+
+
+__all__ = ["COLUMNS", "EnrolmentSet", "Store", "StoreError", "TemplateRecord", "open_store", "stack_blobs"]

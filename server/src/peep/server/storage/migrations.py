@@ -1,0 +1,59 @@
+"""Numbered schema migrations, one list per SQL dialect.
+
+A migration is applied once, in a transaction, and recorded in
+``peep_schema``; opening a database whose schema is newer than this software
+knows fails (never guess at an unknown schema). Append new migrations; never
+edit an applied one.
+"""
+
+from __future__ import annotations
+
+_TEMPLATES = """
+CREATE TABLE templates (
+    message_id          TEXT NOT NULL,
+    device_id           TEXT NOT NULL,
+    site                TEXT NOT NULL,
+    bundle_id           TEXT NOT NULL,
+    mechanism_kind      TEXT NOT NULL,
+    epsilon             {real} NOT NULL,
+    delta               {real} NOT NULL,
+    epsilon_coordinate  {real} NOT NULL,
+    epsilon_vector      {real} NOT NULL,
+    noise_std           {real} NOT NULL,
+    purpose             TEXT NOT NULL,
+    subject             TEXT,
+    track_id            TEXT NOT NULL,
+    capture_time        {real} NOT NULL,
+    received_at         {real} NOT NULL,
+    n_components        INTEGER NOT NULL,
+    vals                {blob} NOT NULL,
+    soft_traits         TEXT,
+    CONSTRAINT templates_pk PRIMARY KEY (message_id)
+)
+"""
+
+_COMMON = [
+    "CREATE INDEX templates_enrolment ON templates (bundle_id, purpose, subject)",
+    "CREATE INDEX templates_subject ON templates (subject)",
+    "CREATE INDEX templates_received ON templates (received_at)",
+    "CREATE TABLE bundles (bundle_id TEXT PRIMARY KEY, published_at {real} NOT NULL, payload {blob} NOT NULL)",
+    "CREATE INDEX bundles_published ON bundles (published_at)",
+    "CREATE TABLE erasures (subject TEXT PRIMARY KEY, erased_at {real} NOT NULL)",
+]
+
+
+def _render(real: str, blob: str) -> list[str]:
+    return [s.format(real=real, blob=blob) for s in [_TEMPLATES, *_COMMON]]
+
+
+#: dialect -> list of migrations; migration i (1-based) is a list of statements.
+MIGRATIONS: dict[str, list[list[str]]] = {
+    "sqlite": [_render("REAL", "BLOB")],
+    "postgres": [_render("DOUBLE PRECISION", "BYTEA")],
+}
+
+SCHEMA_TABLE = "peep_schema"
+
+
+def latest(dialect: str) -> int:
+    return len(MIGRATIONS[dialect])

@@ -1,0 +1,172 @@
+"""The Store interface on SQLite and PostgreSQL: idempotent batches, enrolment sets, erasure, retention, migrations."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+
+import numpy as np
+import pytest
+from peep.server.storage import StoreError, TemplateRecord
+from peep.server.storage.migrations import latest
+from peep.server.storage.postgres import PostgresStore
+from peep.server.storage.sqlite import SqliteStore
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request, tmp_path):
+    if request.param == "sqlite":
+        s = SqliteStore(tmp_path / "db" / "peep.db")
+    else:
+        s = PostgresStore(request.getfixturevalue("pg_dsn"), pool_size=3)
+    yield s
+    s.close()
+
+
+def record(
+    i: int,
+    *,
+    subject: str | None = None,
+    purpose: str = "enroll",
+    kind: str = "peep-raw",
+    received_at: float = 1000.0,
+    bundle: str = "eb-1",
+    nc: int = 4,
+) -> TemplateRecord:
+    values = np.arange(nc, dtype=np.float32) + i
+    return TemplateRecord(
+        message_id=f"m{i:05d}", device_id="cam-1", site="lobby", bundle_id=bundle, mechanism_kind=kind, epsilon=8.0,
+        delta=0.0, epsilon_coordinate=8.0, epsilon_vector=32.0, noise_std=0.17, purpose=purpose, subject=subject,
+        track_id="t1", capture_time=999.5, received_at=received_at, n_components=nc, values=values.tobytes(),
+        soft_traits='[{"trait":"age","value":31.5,"epsilon":1.0,"mechanism":"bounded-laplace"}]' if i % 2 else None,
+    )  # fmt: skip
+
+
+def test_schema_is_migrated_to_the_latest_version(store):
+    assert store.schema_version() == latest(store.dialect) >= 1
+
+
+def test_insert_is_idempotent_by_message_id_within_and_across_batches(store):
+    first = store.insert_templates([record(1, subject="a"), record(2, subject="a"), record(1, subject="a")])
+    assert first == [True, True, False]
+    again = store.insert_templates([record(2, subject="a"), record(3, subject="b")])
+    assert again == [False, True]
+    assert store.count_templates() == 3
+    got = store.get_template("m00001")
+    assert got == record(1, subject="a")
+    np.testing.assert_array_equal(got.as_array(), np.arange(4, dtype=np.float32) + 1)
+    assert store.get_template("missing") is None
+
+
+def test_concurrent_writers_never_store_a_message_twice(store):
+    recs = [record(i, subject="s") for i in range(200)]
+    results: list[list[bool]] = []
+
+    def worker() -> None:
+        results.append(store.insert_templates(recs))
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert store.count_templates() == 200
+    assert sum(sum(r) for r in results) == 200  # each id accepted exactly once overall
+
+
+def test_enrolment_set_selects_bundle_kind_and_labelled_enrolments(store):
+    store.insert_templates(
+        [record(1, subject="a"), record(2, subject="b"), record(3, subject="a", kind="peep"),
+         record(4, purpose="identify"), record(5, subject="a", bundle="eb-2"), record(6, subject="b", purpose="verify")]
+    )  # fmt: skip
+    assert store.enrolment_kinds("eb-1") == {"peep-raw": 2, "peep": 1}
+    es = store.enrolment_set("eb-1", ["peep-raw"])
+    assert es.message_ids == ["m00001", "m00002"] and list(es.subjects) == ["a", "b"]
+    assert es.values.shape == (2, 4) and es.values.dtype == np.float32
+    np.testing.assert_array_equal(es.values[1], np.arange(4, dtype=np.float32) + 2)
+    assert len(store.enrolment_set("eb-1", ["gaussian-l2"])) == 0
+
+
+def test_relabel_turns_stored_templates_into_enrolments(store):
+    store.insert_templates([record(1, purpose="identify"), record(2, purpose="identify")])
+    assert store.relabel(["m00001", "m00002", "unknown-id"], "carol") == 2
+    es = store.enrolment_set("eb-1", ["peep-raw"])
+    assert list(es.subjects) == ["carol", "carol"]
+
+
+def test_delete_subject_removes_labels_and_claims_only(store):
+    store.insert_templates(
+        [
+            record(1, subject="a"),
+            record(2, subject="b"),
+            record(3, subject="a", purpose="verify"),
+            record(4, purpose="identify"),
+        ]
+    )
+    assert store.delete_subject("a") == 2
+    assert store.count_templates(subject="a") == 0 and store.count_templates() == 2
+
+
+def test_retention_keeps_enrolments_unless_asked(store):
+    store.insert_templates(
+        [record(1, subject="a", received_at=100.0), record(2, purpose="identify", received_at=100.0),
+         record(3, purpose="identify", received_at=500.0)]
+    )  # fmt: skip
+    assert store.delete_received_before(200.0) == 1
+    assert store.count_templates() == 2
+    assert store.delete_received_before(200.0, include_enrolment=True) == 1
+    assert [store.get_template(m) is not None for m in ("m00001", "m00002", "m00003")] == [False, False, True]
+
+
+def test_bundles_and_erasures(store):
+    assert store.get_bundle() is None
+    store.put_bundle("eb-a", b"A", 1.0)
+    store.put_bundle("eb-b", b"B", 2.0)
+    assert store.get_bundle() == b"B" and store.get_bundle("eb-a") == b"A" and store.get_bundle("eb-x") is None
+    store.put_bundle("eb-a", b"A", 3.0)  # republishing makes it current again
+    assert store.get_bundle() == b"A"
+    store.record_erasure("alice", 10.0)
+    store.record_erasure("alice", 11.0)
+    assert store.erasures() == {"alice": 11.0}
+
+
+def test_sqlite_refuses_a_newer_schema(tmp_path):
+    path = tmp_path / "peep.db"
+    SqliteStore(path).close()
+    with sqlite3.connect(path) as c:
+        c.execute("INSERT INTO peep_schema (version, applied_at) VALUES (99, 0)")
+    with pytest.raises(StoreError, match="schema version 99 is newer"):
+        SqliteStore(path)
+
+
+def test_sqlite_uses_wal(tmp_path):
+    s = SqliteStore(tmp_path / "peep.db")
+    s.close()
+    with sqlite3.connect(tmp_path / "peep.db") as c:
+        assert c.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_postgres_migrations_run_once_for_concurrent_replicas(pg_dsn):
+    stores: list[PostgresStore] = []
+    errors: list[BaseException] = []
+
+    def open_one() -> None:
+        try:
+            stores.append(PostgresStore(pg_dsn, pool_size=1))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert all(s.schema_version() == latest("postgres") for s in stores)
+    for s in stores:
+        s.close()
+
+
+def test_postgres_unreachable_is_a_store_error():
+    with pytest.raises(StoreError, match="could not connect"):
+        PostgresStore("host=127.0.0.1 port=1 dbname=x user=x connect_timeout=1")
