@@ -1,0 +1,232 @@
+"""Ingest validation: everything a template must satisfy before it is stored.
+
+:func:`peep.core.wire.decode_template` / :func:`~peep.core.wire.validate_template`
+check the message on its own (ids, sizes, finite values, mechanism fields).
+The server adds what needs context:
+
+known bundle
+    ``bundle_id`` names a bundle this server published (verified with the
+    deployer's key).
+dimension
+    ``len(values)`` equals the bundle's ``nc``.
+mechanism consistent with the bundle
+    The server rebuilds the mechanism from the bundle's public bounds and the
+    template's ``kind``, ``epsilon`` and ``delta``
+    (:func:`peep.core.release.mechanism_for_bounds`) and requires the stated
+    ``epsilon_coordinate``, ``epsilon_vector`` and ``noise_std`` to match it
+    (relative tolerance 1e-3, which absorbs the sampler's grid inflation of
+    ~1e-6..1e-4). A device cannot claim a stronger guarantee than the noise
+    it applied implies.
+plausible values
+    Each coordinate must lie within the mechanism's domain widened by
+    ``plausibility_sigmas`` (default 40) noise standard deviations:
+    ``[0, 1]`` for ``peep``/``laplace-vector``, ``[lo_j, hi_j]`` for
+    ``peep-raw``, ``[-R, R]`` for ``gaussian-l2`` and ``[-R1, R1]`` for
+    ``laplace-l1``. A genuine release falls outside with probability below
+    ``exp(-40·√2) ≈ 3e-25`` per coordinate (Laplace; smaller for Gaussian
+    noise), so only forged or corrupted vectors are refused.
+size limits
+    At most :data:`peep.core.wire.MAX_TEMPLATE_BYTES` bytes, at most
+    :data:`MAX_SOFT_TRAITS` soft traits.
+
+Every refusal is a :class:`Rejection` (a :class:`~peep.core.exceptions.WireError`)
+with a short ``reason`` code for metrics/dead letters and a message naming the
+field, the expectation and the value.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+from peep.core import wire
+from peep.core.bundle import EigenfaceBundle
+from peep.core.exceptions import WireError
+from peep.core.release import PROJECTOR_OUTPUT, mechanism_for_bounds
+from peep.server.bundlestore import BundleCatalog
+from peep.v1 import template_pb2
+
+MAX_SOFT_TRAITS = 16
+_REL_TOL = 1e-3
+
+
+class Rejection(WireError):
+    """A template refused at ingest; ``reason`` is a short code (metric label)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def reason_for(exc: WireError) -> str:
+    """Reason code for a core :class:`WireError` (bounded set: one per field)."""
+    if isinstance(exc, Rejection):
+        return exc.reason
+    text = str(exc)
+    field = text.split(":", 1)[0]
+    if field == "payload":
+        return "too_large" if "at most" in text else "malformed"
+    if field == "values":
+        if "finite" in text:
+            return "non_finite"
+        if "nc" in text or "coefficients" in text:
+            return "wrong_dimension"
+    root = field.split(".", 1)[0].split("[", 1)[0]
+    if root in {f.name for f in template_pb2.PerturbedTemplate.DESCRIPTOR.fields}:
+        return f"invalid_{root}"
+    return "invalid"
+
+
+@dataclass(frozen=True)
+class _Domain:
+    lower: NDArray[np.float32]
+    upper: NDArray[np.float32]
+    epsilon_coordinate: float
+    epsilon_vector: float
+    noise_std: float
+
+
+@dataclass(frozen=True, slots=True)
+class ValidTemplate:
+    """A template that passed every check."""
+
+    message: template_pb2.PerturbedTemplate
+    values: NDArray[np.float32]
+    bundle: EigenfaceBundle
+    kind: str
+    purpose: str
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=_REL_TOL, abs_tol=1e-12)
+
+
+class TemplateValidator:
+    """Validate templates against the bundles a :class:`BundleCatalog` knows.
+
+    Parameters
+    ----------
+    bundles : BundleCatalog
+    plausibility_sigmas : float
+        Allowed excursion beyond the mechanism's domain, in noise standard deviations.
+    """
+
+    def __init__(self, bundles: BundleCatalog, *, plausibility_sigmas: float = 40.0) -> None:
+        self.bundles = bundles
+        self.plausibility_sigmas = float(plausibility_sigmas)
+        self._domains: OrderedDict[tuple[str, str, float, float], _Domain | str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def decode(self, payload: bytes) -> template_pb2.PerturbedTemplate:
+        """Parse bytes (size-limited) without the contextual checks."""
+        try:
+            return wire.decode_template(payload, validate=False)
+        except WireError as exc:
+            raise Rejection(reason_for(exc), str(exc)) from None
+
+    def validate(self, msg: template_pb2.PerturbedTemplate) -> ValidTemplate:
+        """Run every check; return the template with its values, or raise :class:`Rejection`."""
+        if msg.ByteSize() > wire.MAX_TEMPLATE_BYTES:
+            raise Rejection(
+                "too_large", f"payload: expected at most {wire.MAX_TEMPLATE_BYTES} bytes, received {msg.ByteSize()}"
+            )
+        if len(msg.soft_traits) > MAX_SOFT_TRAITS:
+            raise Rejection(
+                "invalid_soft_traits",
+                f"soft_traits: expected at most {MAX_SOFT_TRAITS} traits, received {len(msg.soft_traits)}",
+            )
+        try:
+            wire.validate_template(msg)
+        except WireError as exc:
+            raise Rejection(reason_for(exc), str(exc)) from None
+        bundle = self.bundles.get(msg.bundle_id)
+        if bundle is None:
+            raise Rejection(
+                "unknown_bundle", f"bundle_id: expected a bundle published on this server, received {msg.bundle_id!r}"
+            )
+        nc = bundle.n_components
+        if len(msg.values) != nc:
+            raise Rejection(
+                "wrong_dimension",
+                f"values: expected {nc} coefficients (the nc of bundle {bundle.bundle_id}), received {len(msg.values)}",
+            )
+        kind = wire.mechanism_kind_name(msg.mechanism.kind)
+        domain = self._domain(bundle, kind, msg.mechanism)
+        m = msg.mechanism
+        for name, stated, expected in (
+            ("epsilon_coordinate", m.epsilon_coordinate, domain.epsilon_coordinate),
+            ("epsilon_vector", m.epsilon_vector, domain.epsilon_vector),
+            ("noise_std", m.noise_std, domain.noise_std),
+        ):
+            if not _close(stated, expected):
+                raise Rejection(
+                    "mechanism_mismatch",
+                    f"mechanism.{name}: expected {expected:.6g} for {kind} at epsilon={m.epsilon:g} with bundle "
+                    f"{bundle.bundle_id}, received {stated:.6g}",
+                )
+        values = wire.template_values(msg)
+        bad = (values < domain.lower) | (values > domain.upper)
+        if bad.any():
+            j = int(np.argmax(bad))
+            raise Rejection(
+                "implausible_values",
+                f"values[{j}]: expected within [{domain.lower[j]:.6g}, {domain.upper[j]:.6g}] (the {kind} domain "
+                f"± {self.plausibility_sigmas:g} noise std), received {values[j]:.6g}",
+            )
+        return ValidTemplate(
+            message=msg, values=values, bundle=bundle, kind=kind, purpose=wire.purpose_name(msg.purpose)
+        )
+
+    def _domain(self, bundle: EigenfaceBundle, kind: str, m: template_pb2.MechanismInfo) -> _Domain:
+        key = (bundle.bundle_id, kind, float(m.epsilon), float(m.delta))
+        with self._lock:
+            hit = self._domains.get(key)
+            if hit is not None:
+                self._domains.move_to_end(key)
+        if hit is None:
+            hit = self._build_domain(bundle, kind, m)
+            with self._lock:
+                self._domains[key] = hit
+                while len(self._domains) > 256:
+                    self._domains.popitem(last=False)
+        if isinstance(hit, str):
+            raise Rejection("mechanism_mismatch", hit)
+        return hit
+
+    def _build_domain(self, bundle: EigenfaceBundle, kind: str, m: template_pb2.MechanismInfo) -> _Domain | str:
+        try:
+            mech = mechanism_for_bounds(
+                bundle.bounds, kind=kind, epsilon=m.epsilon, delta=m.delta if kind == "gaussian-l2" else None
+            )
+        except (ValueError, TypeError, OverflowError) as exc:
+            return (
+                f"mechanism: {kind} with epsilon={m.epsilon:g}, delta={m.delta:g} is not a valid mechanism "
+                f"for bundle {bundle.bundle_id} ({exc})"
+            )
+        b = bundle.bounds
+        nc = bundle.n_components
+        output = PROJECTOR_OUTPUT[kind]
+        if output == "scaled":
+            lo, hi = np.zeros(nc), np.ones(nc)
+        elif output == "box_clipped":
+            lo, hi = b.lower, b.upper
+        elif output == "l2_clipped":
+            lo, hi = np.full(nc, -b.radius_l2), np.full(nc, b.radius_l2)
+        else:
+            lo, hi = np.full(nc, -b.radius_l1), np.full(nc, b.radius_l1)
+        margin = self.plausibility_sigmas * float(mech.noise_std)
+        g = mech.guarantee
+        with np.errstate(over="ignore"):
+            lower = np.asarray(lo - margin, dtype=np.float32)
+            upper = np.asarray(hi + margin, dtype=np.float32)
+        return _Domain(
+            lower=lower,
+            upper=upper,
+            epsilon_coordinate=float(g.epsilon_coordinate),
+            epsilon_vector=float(g.epsilon_vector),
+            noise_std=float(mech.noise_std),
+        )
