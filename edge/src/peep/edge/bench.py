@@ -74,15 +74,27 @@ def _prepare(work: Path, quick: bool) -> dict[str, Any]:
     }
 
 
-def _rss_mb() -> float:
+def _status_mb(field: str) -> float:
     try:
         with open("/proc/self/status") as fh:
             for line in fh:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024.0
     except OSError:
         pass
     return float("nan")
+
+
+def _rss_mb() -> float:
+    return _status_mb("VmRSS")
+
+
+def _peak_rss_mb() -> float:
+    # VmHWM belongs to this address space. getrusage's ru_maxrss does not: Linux
+    # carries it across exec, so a child forked from a big parent would report
+    # the parent's peak (the harness's 157 MB, not the agent's ~138 MB).
+    hwm = _status_mb("VmHWM")
+    return hwm if hwm == hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def _child(spec: dict[str, Any]) -> dict[str, Any]:
@@ -168,7 +180,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
             "spool": timer.mean_ms("spool"),
             "publish": 1e3 * sum(forwarder.publish_seconds) / max(1, len(forwarder.publish_seconds)),
         },
-        "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        "rss_mb": _peak_rss_mb(),
         "rss_breakdown_mb": {**rss, "end": _rss_mb()},
         "cpus_used": 1 if cpus else None,
         "payload_bytes_mean": sum(len(p) for p in forwarder.received) / max(1, len(forwarder.received)),
