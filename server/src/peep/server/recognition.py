@@ -1,0 +1,338 @@
+"""Identify and verify with the serving model (onnxruntime).
+
+:class:`Recogniser` serves whatever version the model registry's ``CURRENT``
+names and notices promotions by other processes (``peep train``, another
+replica) within ``check_interval`` seconds. Inference is batched: one
+onnxruntime call for any number of templates.
+
+Accessors for the QBBS module (fusion of face and soft-trait scores):
+
+:meth:`Recogniser.verify_score`
+    the face score of a claim (probability of the claimed subject);
+:meth:`Recogniser.validation_scores`
+    the serving model's genuine and impostor validation scores, for the
+    Parzen-window estimate of P(genuine | s).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from peep.core.release import PROJECTOR_OUTPUT
+from peep.server.registry import ModelRegistry, RegistryError
+from peep.server.training import onnx_session
+
+log = logging.getLogger(__name__)
+
+
+class ModelUnavailable(RuntimeError):
+    """No model has been trained yet (gRPC FAILED_PRECONDITION)."""
+
+
+class ModelMismatch(ValueError):
+    """The template's bundle or mechanism domain differs from the model's."""
+
+
+@dataclass(frozen=True, slots=True)
+class Identification:
+    """Result of identifying one template."""
+
+    candidates: list[tuple[str, float]]
+    subject: str
+    unknown: bool
+    probability: float
+    model_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class Verification:
+    accepted: bool
+    score: float
+    threshold: float
+    target_far: float
+    model_version: str
+
+
+@dataclass
+class LoadedModel:
+    """A version loaded for serving."""
+
+    version: str
+    meta: dict[str, Any]
+    session: Any
+    classes: list[str]
+    known: NDArray[np.intp]
+    class_index: dict[str, int]
+    unknown_threshold: float
+    verify_threshold: float
+    target_far: float
+    bundle_id: str
+    domain: str
+    n_components: int
+    trained_at: float
+    genuine: NDArray[np.float64] = field(repr=False)
+    impostor: NDArray[np.float64] = field(repr=False)
+
+    @property
+    def n_subjects(self) -> int:
+        return int(self.known.size)
+
+
+def _load(version: Any, threads: int) -> LoadedModel:
+    meta = version.meta
+    classes = [str(c) for c in meta["classes"]]
+    bg = meta.get("background_index")
+    known = np.array([i for i in range(len(classes)) if i != bg], dtype=np.intp)
+    kinds = list(meta.get("mechanism_kinds", []))
+    scores = version.scores()
+    return LoadedModel(
+        version=version.name,
+        meta=meta,
+        session=onnx_session(version.onnx_bytes(), threads=threads),
+        classes=classes,
+        known=known,
+        class_index={classes[i]: int(i) for i in known},
+        unknown_threshold=float(meta["unknown_threshold"]),
+        verify_threshold=float(meta["verify_threshold"]),
+        target_far=float(meta["target_far"]),
+        bundle_id=str(meta["bundle_id"]),
+        domain=PROJECTOR_OUTPUT[kinds[0]] if kinds else "",
+        n_components=int(meta["n_components"]),
+        trained_at=float(meta.get("trained_at", 0.0)),
+        genuine=scores.get("genuine", np.zeros(0)),
+        impostor=scores.get("impostor", np.zeros(0)),
+    )
+
+
+class Recogniser:
+    """Serve the registry's current model.
+
+    Parameters
+    ----------
+    registry : ModelRegistry
+    threads : int
+        onnxruntime intra-op threads.
+    erasures : callable returning {subject: erased_at}, optional
+        Subjects erased after a model was trained are never returned by it
+        (their probability is zeroed) until a retrained model is promoted.
+    check_interval : float
+        Seconds between checks of the registry's ``CURRENT`` pointer.
+    """
+
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        *,
+        threads: int = 1,
+        erasures: Callable[[], Mapping[str, float]] | None = None,
+        check_interval: float = 1.0,
+    ) -> None:
+        self.registry = registry
+        self.threads = threads
+        self._erasures_fn = erasures
+        self._erasures: Mapping[str, float] = {}
+        self.check_interval = check_interval
+        self._lock = threading.Lock()
+        self._model: LoadedModel | None = None
+        self._mask: NDArray[np.bool_] | None = None
+        self._stamp: tuple[int, int] | None = None
+        self._checked = -np.inf
+        self._listeners: list[Callable[[LoadedModel], None]] = []
+        self.reload()
+
+    def add_listener(self, fn: Callable[[LoadedModel], None]) -> None:
+        """Call ``fn(model)`` whenever a new version starts serving."""
+        self._listeners.append(fn)
+
+    # ------------------------------------------------------------ loading
+
+    def reload(self) -> LoadedModel | None:
+        """Load the version ``CURRENT`` names, if it changed."""
+        with self._lock:
+            self._checked = time.monotonic()
+            stamp = self.registry.pointer_stamp()
+            if stamp == self._stamp and self._model is not None:
+                return self._model
+            try:
+                version = self.registry.current()
+            except RegistryError as exc:
+                log.error("model registry unreadable; keeping the serving model", extra={"error": str(exc)})
+                return self._model
+            if version is None:
+                self._stamp = stamp
+                return None
+            if self._model is not None and self._model.version == version.name:
+                self._stamp = stamp
+                return self._model
+            try:
+                model = _load(version, self.threads)
+            except Exception as exc:  # a broken version must not take serving down
+                log.error(
+                    "could not load model version; keeping the serving model",
+                    extra={"version": version.name, "error": str(exc)},
+                )
+                return self._model
+            self._model = model
+            self._stamp = stamp
+            self._refresh_mask_locked()
+        log.info(
+            "model serving",
+            extra={"version": model.version, "subjects": model.n_subjects, "bundle_id": model.bundle_id},
+        )
+        for fn in self._listeners:
+            try:
+                fn(model)
+            except Exception:
+                log.exception("model listener failed")
+        return model
+
+    def refresh_erasures(self) -> None:
+        """Re-read the erasure list (after an erasure)."""
+        with self._lock:
+            self._refresh_mask_locked()
+
+    def _refresh_mask_locked(self) -> None:
+        if self._erasures_fn is not None:
+            self._erasures = dict(self._erasures_fn())
+        m = self._model
+        if m is None:
+            self._mask = None
+            return
+        masked = [m.class_index[s] for s, at in self._erasures.items() if s in m.class_index and at >= m.trained_at]
+        if masked:
+            mask = np.zeros(len(m.classes), dtype=bool)
+            mask[masked] = True
+            self._mask = mask
+        else:
+            self._mask = None
+
+    @property
+    def model(self) -> LoadedModel | None:
+        """The serving model (checks for a promotion every ``check_interval`` s)."""
+        if time.monotonic() - self._checked > self.check_interval:
+            return self.reload()
+        return self._model
+
+    def require_model(self) -> LoadedModel:
+        m = self.model
+        if m is None:
+            raise ModelUnavailable("no model has been trained yet: enrol subjects and run Train (or `peep train`)")
+        return m
+
+    def check_compatible(self, bundle_id: str, kind: str) -> LoadedModel:
+        """Raise :class:`ModelMismatch` unless the model can score templates of ``bundle_id``/``kind``."""
+        m = self.require_model()
+        if bundle_id != m.bundle_id:
+            raise ModelMismatch(
+                f"bundle_id: expected {m.bundle_id} (the bundle model {m.version} was trained on), "
+                f"received {bundle_id!r}"
+            )
+        if PROJECTOR_OUTPUT.get(kind) != m.domain:
+            raise ModelMismatch(
+                f"mechanism.kind: expected a mechanism releasing {m.domain!r} coefficients like "
+                f"{', '.join(m.meta.get('mechanism_kinds', []))} (model {m.version}), received {kind!r}"
+            )
+        return m
+
+    # ------------------------------------------------------------ inference
+
+    def probabilities(
+        self, values: ArrayLike, model: LoadedModel | None = None
+    ) -> tuple[LoadedModel, NDArray[np.float32]]:
+        """Class probabilities, shape (n, n_classes), with erased subjects zeroed."""
+        m = model or self.require_model()
+        X = np.asarray(values, dtype=np.float32)
+        if X.ndim == 1:
+            X = X.reshape(1, -1)
+        if X.ndim != 2 or X.shape[1] != m.n_components:
+            raise ValueError(f"values: expected shape (n, {m.n_components}), received {X.shape}")
+        P = m.session.run(["probabilities"], {"values": np.ascontiguousarray(X)})[0]
+        mask = self._mask if m is self._model else None
+        if mask is not None and mask.shape[0] == P.shape[1]:
+            P = P.copy()
+            P[:, mask] = 0.0
+        return m, P
+
+    def identify_batch(
+        self, values: ArrayLike, *, top_k: int = 5, model: LoadedModel | None = None
+    ) -> list[Identification]:
+        """Identify each row of ``values`` (shape (n, nc))."""
+        m, P = self.probabilities(values, model)
+        Pk = P[:, m.known]
+        k = max(1, min(int(top_k), Pk.shape[1]))
+        order = np.argsort(-Pk, axis=1, kind="stable")[:, :k]
+        out = []
+        for i in range(Pk.shape[0]):
+            cands = [(m.classes[m.known[j]], float(Pk[i, j])) for j in order[i]]
+            best = cands[0][1]
+            unknown = best < m.unknown_threshold
+            out.append(
+                Identification(
+                    candidates=cands,
+                    subject="" if unknown else cands[0][0],
+                    unknown=bool(unknown),
+                    probability=best,
+                    model_version=m.version,
+                )
+            )
+        return out
+
+    def identify(self, values: ArrayLike, *, top_k: int = 5) -> Identification:
+        return self.identify_batch(np.asarray(values, dtype=np.float32).reshape(1, -1), top_k=top_k)[0]
+
+    def verify_scores(
+        self, values: ArrayLike, claimed: list[str], model: LoadedModel | None = None
+    ) -> tuple[LoadedModel, NDArray[np.float64]]:
+        """Score of each row's claim: probability of the claimed subject (0 when not enrolled)."""
+        m, P = self.probabilities(values, model)
+        idx = np.array([m.class_index.get(c, -1) for c in claimed], dtype=np.intp)
+        scores = np.where(idx >= 0, P[np.arange(P.shape[0]), np.maximum(idx, 0)], 0.0)
+        return m, scores.astype(np.float64)
+
+    def verify(self, values: ArrayLike, claimed_subject: str) -> Verification:
+        m, s = self.verify_scores(np.asarray(values, dtype=np.float32).reshape(1, -1), [claimed_subject])
+        score = float(s[0])
+        return Verification(
+            accepted=score > m.verify_threshold,
+            score=score,
+            threshold=m.verify_threshold,
+            target_far=m.target_far,
+            model_version=m.version,
+        )
+
+    # ------------------------------------------------------------ QBBS hooks
+
+    def verify_score(self, values: ArrayLike, claimed_subject: str) -> float:
+        """Face score of a claim for fusion: P(claimed subject | template), in [0, 1].
+
+        Parameters
+        ----------
+        values : array-like of shape (n_components,)
+            A validated perturbed template's values.
+        claimed_subject : str
+            0.0 when the subject is not enrolled in the serving model.
+
+        Raises
+        ------
+        ModelUnavailable
+            No model yet.
+        """
+        return float(self.verify_scores(np.asarray(values, dtype=np.float32).reshape(1, -1), [claimed_subject])[1][0])
+
+    def validation_scores(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """(genuine, impostor) scores of the serving model on its validation split.
+
+        Genuine: probability of the true subject for each enrolled validation
+        template. Impostor: probability of each *other* enrolled subject for
+        every validation template (background templates included). The same
+        score :meth:`verify_score` returns.
+        """
+        m = self.require_model()
+        return m.genuine.copy(), m.impostor.copy()

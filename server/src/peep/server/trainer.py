@@ -1,0 +1,226 @@
+"""From stored enrolment templates to a promoted model version.
+
+:class:`Trainer` selects the current bundle's labelled enrolment templates,
+fits a recogniser (:func:`peep.server.training.fit_recogniser`), exports it
+to ONNX, checks ONNX against scikit-learn, and promotes it atomically in the
+:class:`~peep.server.registry.ModelRegistry`. One training at a time per
+process; the Train RPC may run it in the background while the previous model
+keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from peep.core.release import PROJECTOR_OUTPUT
+from peep.server.bundlestore import BundleCatalog
+from peep.server.config import TrainingConfig
+from peep.server.registry import ModelRegistry
+from peep.server.storage import Store
+from peep.server.training import (
+    PRESETS,
+    Progress,
+    TrainingError,
+    check_onnx_agreement,
+    export_onnx,
+    fit_recogniser,
+    model_meta,
+)
+
+log = logging.getLogger(__name__)
+
+
+class TrainingBusy(RuntimeError):
+    """A training run is already in progress in this process."""
+
+
+@dataclass
+class TrainResult:
+    version: str
+    validation_accuracy: float
+    n_templates: int
+    n_subjects: int
+    seconds: float
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+class Trainer:
+    """Train and promote model versions.
+
+    Parameters
+    ----------
+    store, bundles, registry
+    config : TrainingConfig
+    on_run : callable(outcome: str, seconds: float), optional
+        Called after each run with ``"promoted"``, ``"failed"`` or ``"cancelled"`` (metrics).
+    on_promoted : callable(), optional
+        Called after a promotion (the recogniser reloads).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        bundles: BundleCatalog,
+        registry: ModelRegistry,
+        config: TrainingConfig,
+        *,
+        on_run: Callable[[str, float], None] | None = None,
+        on_promoted: Callable[[], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.bundles = bundles
+        self.registry = registry
+        self.config = config
+        self._on_run = on_run
+        self._on_promoted = on_promoted
+        self._busy = threading.Lock()
+        self._cancel = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.progress = 0.0
+        self.last_error: str | None = None
+        self.last_result: TrainResult | None = None
+
+    @property
+    def training(self) -> bool:
+        return self._busy.locked()
+
+    def select_kinds(self, bundle_id: str) -> list[str]:
+        """Mechanism kinds to train on: the configured one, or the domain with most templates."""
+        counts = self.store.enrolment_kinds(bundle_id)
+        if self.config.mechanism_kind is not None:
+            domain = PROJECTOR_OUTPUT[self.config.mechanism_kind]
+        else:
+            if not counts:
+                raise TrainingError(
+                    f"enrolment: expected labelled enrolment templates for bundle {bundle_id}, found none"
+                )
+            per_domain: Counter[str] = Counter()
+            for kind, n in counts.items():
+                per_domain[PROJECTOR_OUTPUT[kind]] += n
+            domain = per_domain.most_common(1)[0][0]
+        return sorted(k for k in counts if PROJECTOR_OUTPUT[k] == domain) or [self.config.mechanism_kind or ""]
+
+    def train(self, preset: str | None = None, *, progress: Progress | None = None) -> TrainResult:
+        """Train synchronously and promote; raises :class:`TrainingBusy`, :class:`TrainingError`."""
+        if not self._busy.acquire(blocking=False):
+            raise TrainingBusy("a training run is already in progress; poll GetModelStatus")
+        try:
+            return self._train_locked(preset, progress)
+        finally:
+            self._busy.release()
+
+    def start_background(self, preset: str | None = None) -> bool:
+        """Start training in a thread; False when one is already running."""
+        if not self._busy.acquire(blocking=False):
+            return False
+
+        def run() -> None:
+            try:
+                self._train_locked(preset, None)
+            except Exception as exc:  # reported through status/logs; serving continues
+                log.error("background training failed", extra={"error": str(exc)})
+            finally:
+                self._busy.release()
+
+        self._thread = threading.Thread(target=run, name="peep-train", daemon=True)
+        self._thread.start()
+        return True
+
+    def cancel(self, timeout: float | None = None) -> None:
+        """Stop a running training at the next epoch (nothing is promoted)."""
+        self._cancel.set()
+        t = self._thread
+        if t is not None:
+            t.join(timeout)
+
+    def _train_locked(self, preset: str | None, progress: Progress | None) -> TrainResult:
+        name = preset or self.config.preset
+        if name not in PRESETS:
+            raise TrainingError(f"preset: expected one of {sorted(PRESETS)}, received {name!r}")
+        self._cancel.clear()
+        self.progress = 0.0
+        self.last_error = None
+        t0 = time.perf_counter()
+        outcome = "failed"
+        try:
+            bundle = self.bundles.current()
+            if bundle is None:
+                raise TrainingError("bundle: expected a published bundle to train for, found none")
+            kinds = self.select_kinds(bundle.bundle_id)
+            data = self.store.enrolment_set(bundle.bundle_id, kinds)
+            if len(data) == 0:
+                raise TrainingError(f"enrolment: no enrolment templates of kinds {kinds} for bundle {bundle.bundle_id}")
+
+            def report(done: int, total: int) -> None:
+                self.progress = 0.9 * done / max(total, 1)
+                if progress is not None:
+                    progress(done, total)
+
+            log.info(
+                "training started",
+                extra={"preset": name, "bundle_id": bundle.bundle_id, "kinds": kinds, "templates": len(data)},
+            )
+            fitted = fit_recogniser(
+                data.values,
+                list(data.subjects),
+                preset=name,
+                background_prefix=self.config.background_prefix,
+                validation_fraction=self.config.validation_fraction,
+                target_far=self.config.target_far,
+                unknown_reject_rate=self.config.unknown_reject_rate,
+                min_templates_per_subject=self.config.min_templates_per_subject,
+                random_state=self.config.random_state,
+                progress=report,
+                cancel=self._cancel,
+                blas_threads=self.config.blas_threads,
+            )
+            onnx_model = export_onnx(fitted, bundle.n_components)
+            fitted.metrics.update(check_onnx_agreement(fitted, onnx_model))
+            self.progress = 0.95
+            meta = model_meta(
+                fitted, bundle_id=bundle.bundle_id, kinds=kinds, n_components=bundle.n_components, n_templates=len(data)
+            )
+            with self.registry.staging() as staging:
+                version = self.registry.promote(
+                    staging,
+                    onnx_model=onnx_model,
+                    meta=meta,
+                    scores={"genuine": fitted.genuine_scores, "impostor": fitted.impostor_scores},
+                    keep=self.config.keep_versions,
+                )
+            self.progress = 1.0
+            outcome = "promoted"
+            result = TrainResult(
+                version=version.name,
+                validation_accuracy=float(fitted.metrics["validation_accuracy"]),
+                n_templates=len(data),
+                n_subjects=int(meta["n_subjects"]),
+                seconds=time.perf_counter() - t0,
+                metrics=fitted.metrics,
+            )
+            self.last_result = result
+            log.info(
+                "model promoted",
+                extra={
+                    "version": version.name,
+                    "validation_accuracy": result.validation_accuracy,
+                    "seconds": round(result.seconds, 2),
+                },
+            )
+            if self._on_promoted is not None:
+                self._on_promoted()
+            return result
+        except Exception as exc:
+            if type(exc).__name__ == "TrainingCancelled":
+                outcome = "cancelled"
+            self.last_error = str(exc)
+            raise
+        finally:
+            if self._on_run is not None:
+                self._on_run(outcome, time.perf_counter() - t0)

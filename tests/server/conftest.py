@@ -1,0 +1,121 @@
+"""Fixtures for the recognition server tests: TLS material, templates, servers, PostgreSQL.
+
+Real parts only: TLS certificates are generated with ``cryptography``, the
+broker is the Mosquitto on 127.0.0.1:1883 (a unique topic prefix per session
+keeps other test runs on the same broker out), PostgreSQL is 127.0.0.1:5432
+(a private schema per test), gRPC runs over loopback.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from peep.core import features
+from peep.core.release import TemplateReleaser
+from peep_server_testlib import (
+    ADMIN,
+    DEVICE,
+    PG_BASE,
+    Pki,
+    RunningServer,
+    Templates,
+    base_config,
+    make_pki,
+    start_server,
+    tls_section,
+)
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="session")
+def templates(bundle, lfw100, lfw_background) -> Templates:
+    """peep-raw ε=8 templates of lfw100 (seeded noise: simulation only) plus background people."""
+    with features.enabled("seeded-noise"):
+        r = TemplateReleaser(bundle, kind="peep-raw", epsilon=8.0, random_state=2024)
+        X = r.release(lfw100.images)
+        Xb = r.release(lfw_background.images)
+    subjects = np.array([lfw100.target_names[k].replace(" ", "_") for k in lfw100.labels], dtype=object)
+    rng = np.random.default_rng(7)
+    train, test = [], []
+    for s in np.unique(subjects):
+        idx = np.flatnonzero(subjects == s)
+        rng.shuffle(idx)
+        k = round(0.7 * idx.size)
+        train.extend(idx[:k])
+        test.extend(idx[k:])
+    people = np.unique(lfw_background.labels)
+    rng.shuffle(people)
+    bg_people = people[: people.size // 2]
+    in_bg = np.isin(lfw_background.labels, bg_people)
+    return Templates(r, bundle.bundle_id, X, subjects, np.sort(train), np.sort(test), Xb[in_bg], Xb[~in_bg])
+
+
+@pytest.fixture(scope="session")
+def pg_admin() -> Iterator[Any]:
+    """A connection to the `test` database; skipped only when PostgreSQL is unreachable."""
+    import psycopg
+
+    try:
+        conn = psycopg.connect(PG_BASE, autocommit=True)
+    except psycopg.OperationalError as exc:
+        pytest.skip(f"PostgreSQL not reachable on 127.0.0.1:5432 ({exc})")
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def pg_dsn(pg_admin: Any) -> Iterator[str]:
+    """DSN of a fresh private schema (dropped afterwards)."""
+    schema = f"peep_test_{uuid.uuid4().hex[:10]}"
+    pg_admin.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield f"{PG_BASE} options='-c search_path={schema}'"
+    finally:
+        pg_admin.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture
+def seeded() -> Iterator[None]:
+    with features.enabled("seeded-noise"):
+        yield
+
+
+@pytest.fixture(scope="session")
+def trained_server(
+    tmp_path_factory: pytest.TempPathFactory, pki: Pki, keypair: Any, bundle_dir: Path, templates: Templates
+) -> Iterator[RunningServer]:
+    """A TLS server (token auth, SQLite), lfw100's 70 % enrolled through gRPC, a model trained by the Train RPC."""
+    from peep.v1 import recognition_pb2
+
+    tmp = tmp_path_factory.mktemp("trained")
+    cfg = base_config(tmp, keypair[3], bundle_dir, grpc={"tls": tls_section(pki)})
+    srv = start_server(cfg, pki, tmp)
+    stub = srv.stub()
+    summary = stub.IngestStream(iter(templates.enrolment_messages()), metadata=DEVICE, timeout=60)
+    assert summary.rejected == 0, summary.acks[0].reason if summary.acks else ""
+    resp = stub.Train(recognition_pb2.TrainRequest(), metadata=ADMIN, timeout=300)
+    assert resp.model_version == "v000001"
+    yield srv
+    srv.app.stop(0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _single_threaded_blas() -> Iterator[None]:
+    """The suite shares 2 cores with other jobs: multi-threaded BLAS would spin against them."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield

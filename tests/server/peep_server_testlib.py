@@ -1,0 +1,305 @@
+"""Helpers shared by the server tests (imported by conftest.py and the test modules).
+
+Named uniquely because the suite runs with --import-mode=importlib: conftest.py
+puts this directory on sys.path so `import peep_server_testlib` works.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import ipaddress
+import json
+import socket
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from peep.core import wire
+from peep.core.release import TemplateReleaser
+
+ADMIN_TOKEN = "admin-" + uuid.uuid4().hex
+DEVICE_TOKENS = {"cam-1": "tok-cam1-" + uuid.uuid4().hex, "cam-2": "tok-cam2-" + uuid.uuid4().hex}
+SITE = "lobby"
+MQTT_PREFIX = f"peeptest-{uuid.uuid4().hex[:10]}/v1"
+
+
+def sha(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------- TLS material
+
+
+@dataclass
+class Pki:
+    dir: Path
+    ca_pem: bytes
+    server_cert: Path
+    server_key: Path
+    client_ca: Path
+    clients: dict[str, tuple[bytes, bytes]]  # CN -> (key PEM, cert PEM)
+    rogue: tuple[bytes, bytes]  # signed by another CA
+
+
+def _key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _pem_key(k: ec.EllipticCurvePrivateKey) -> bytes:
+    return k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+
+
+def _cert(
+    subject_cn: str,
+    key: ec.EllipticCurvePrivateKey,
+    issuer_cn: str,
+    issuer_key: ec.EllipticCurvePrivateKey,
+    *,
+    ca: bool = False,
+    san: list[x509.GeneralName] | None = None,
+    client: bool = False,
+) -> x509.Certificate:
+    now = datetime.datetime.now(datetime.UTC)
+    b = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject_cn)]))
+        .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer_cn)]))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if ca:
+        b = b.add_extension(
+            x509.KeyUsage(
+                digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                key_encipherment=False, data_encipherment=False, key_agreement=False, encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )  # fmt: skip
+    else:
+        usage = x509.ExtendedKeyUsageOID.CLIENT_AUTH if client else x509.ExtendedKeyUsageOID.SERVER_AUTH
+        b = b.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    if san:
+        b = b.add_extension(x509.SubjectAlternativeName(san), critical=False)
+    return b.sign(issuer_key, hashes.SHA256())
+
+
+# --------------------------------------------------------------------------- configs
+
+
+def make_pki(d: Path) -> Pki:
+    """A CA, a server certificate for localhost/127.0.0.1, client certificates and a rogue one."""
+    ca_key = _key()
+    ca = _cert("peep-test-ca", ca_key, "peep-test-ca", ca_key, ca=True)
+    ca_pem = ca.public_bytes(serialization.Encoding.PEM)
+    srv_key = _key()
+    srv = _cert(
+        "localhost", srv_key, "peep-test-ca", ca_key,
+        san=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
+    )  # fmt: skip
+    (d / "ca.pem").write_bytes(ca_pem)
+    (d / "server.pem").write_bytes(srv.public_bytes(serialization.Encoding.PEM))
+    (d / "server.key").write_bytes(_pem_key(srv_key))
+    clients = {}
+    for cn in ("cam-1", "cam-2", "peep-admin", "cam-unregistered"):
+        k = _key()
+        c = _cert(cn, k, "peep-test-ca", ca_key, client=True)
+        clients[cn] = (_pem_key(k), c.public_bytes(serialization.Encoding.PEM))
+    rogue_ca_key = _key()
+    rk = _key()
+    rogue_cert = _cert("cam-1", rk, "rogue-ca", rogue_ca_key, client=True)
+    rogue = (_pem_key(rk), rogue_cert.public_bytes(serialization.Encoding.PEM))
+    return Pki(d, ca_pem, d / "server.pem", d / "server.key", d / "ca.pem", clients, rogue)
+
+
+def base_config(tmp: Path, pub_path: Path, bundle_dir: Path | None, **sections: dict[str, Any]) -> dict[str, Any]:
+    """A server.toml as a dict (sections override the defaults shallowly per section)."""
+    cfg: dict[str, Any] = {
+        "grpc": {"listen": "127.0.0.1:0", "grace_s": 2.0},
+        "storage": {"backend": "sqlite", "path": str(tmp / "peep.db")},
+        "bundle": {"public_key": str(pub_path)},
+        "auth": {
+            "admin_token_sha256": sha(ADMIN_TOKEN),
+            "admin_common_names": ["peep-admin"],
+            "devices": [
+                {"id": "cam-1", "site": SITE, "token_sha256": sha(DEVICE_TOKENS["cam-1"])},
+                {"id": "cam-2", "site": SITE, "token_sha256": sha(DEVICE_TOKENS["cam-2"])},
+            ],
+        },
+        "mqtt": {
+            "enabled": False,
+            "topic_prefix": MQTT_PREFIX,
+            "client_id": f"peep-test-{uuid.uuid4().hex[:8]}",
+            "username": None,
+        },
+        "training": {"model_dir": str(tmp / "models")},
+        "metrics": {"enabled": False},
+        "logging": {"format": "text", "level": "warning"},
+    }
+    if bundle_dir is not None:
+        cfg["bundle"]["dir"] = str(bundle_dir)
+    for name, values in sections.items():
+        cfg.setdefault(name, {}).update(values)
+    return cfg
+
+
+def tls_section(pki: Pki, *, mtls: bool = False) -> dict[str, Any]:
+    sec: dict[str, Any] = {"cert": str(pki.server_cert), "key": str(pki.server_key)}
+    if mtls:
+        sec["client_ca"] = str(pki.client_ca)
+    return sec
+
+
+def tls_channel(port: int, pki: Pki, *, client: str | None = None, rogue: bool = False) -> grpc.Channel:
+    key = cert = None
+    if rogue:
+        key, cert = pki.rogue
+    elif client is not None:
+        key, cert = pki.clients[client]
+    creds = grpc.ssl_channel_credentials(root_certificates=pki.ca_pem, private_key=key, certificate_chain=cert)
+    return grpc.secure_channel(f"localhost:{port}", creds)
+
+
+def auth(token: str) -> list[tuple[str, str]]:
+    return [("authorization", f"Bearer {token}")]
+
+
+DEVICE = auth(DEVICE_TOKENS["cam-1"])
+ADMIN = auth(ADMIN_TOKEN)
+
+
+# --------------------------------------------------------------------------- templates
+
+
+@dataclass
+class Templates:
+    """LFW faces released through the core pipeline, split 70/30 per person."""
+
+    releaser: TemplateReleaser
+    bundle_id: str
+    X: np.ndarray
+    subjects: np.ndarray
+    train: np.ndarray
+    test: np.ndarray
+    background: np.ndarray  # background templates used as enrolment background (half the people)
+    strangers: np.ndarray  # never-enrolled people's templates (the other half)
+
+    def message(self, i: int | None = None, *, values: Any = None, purpose: str = "identify", subject: str = "",
+                device_id: str = "cam-1", site: str = SITE, **kw: Any) -> Any:  # fmt: skip
+        v = self.X[i] if values is None else values
+        return wire.make_template(
+            v, device_id=device_id, site=site, bundle_id=self.bundle_id, mechanism=self.releaser.description,
+            purpose=purpose, subject=subject, **kw,
+        )  # fmt: skip
+
+    def enrolment_messages(self) -> list[Any]:
+        msgs = [self.message(int(i), purpose="enroll", subject=str(self.subjects[i])) for i in self.train]
+        for j, row in enumerate(self.background):
+            msgs.append(self.message(values=row, purpose="enroll", subject=f"background:{j % 40}"))
+        return msgs
+
+
+# --------------------------------------------------------------------------- services
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def mqtt_available() -> str | None:
+    try:
+        with socket.create_connection(("127.0.0.1", 1883), timeout=1.0):
+            return None
+    except OSError as exc:
+        return f"Mosquitto not reachable on 127.0.0.1:1883 ({exc})"
+
+
+PG_BASE = "host=127.0.0.1 port=5432 dbname=test user=postgres connect_timeout=3"
+
+
+# --------------------------------------------------------------------------- running servers
+
+
+@dataclass
+class RunningServer:
+    app: Any
+    port: int
+    pki: Pki
+    tmp: Path
+    tls: bool = True
+    mtls: bool = False
+
+    @property
+    def services(self) -> Any:
+        return self.app.services
+
+    def channel(self, **kw: Any) -> grpc.Channel:
+        if not self.tls:
+            return grpc.insecure_channel(f"127.0.0.1:{self.port}")
+        return tls_channel(self.port, self.pki, **kw)
+
+    def stub(self, **kw: Any) -> Any:
+        from peep.v1 import recognition_pb2_grpc
+
+        return recognition_pb2_grpc.RecognitionServiceStub(self.channel(**kw))
+
+
+def start_server(
+    cfg: dict[str, Any], pki: Pki, tmp: Path, *, mqtt_wait: float | None = None, **kw: Any
+) -> RunningServer:
+    from peep.server.app import ServerApp
+    from peep.server.config import parse_config
+
+    config = parse_config(cfg)
+    app = ServerApp(config, **kw)
+    app.start(mqtt_wait=mqtt_wait)
+    tls = config.grpc.tls is not None
+    return RunningServer(app, app.port, pki, tmp, tls=tls, mtls=tls and config.grpc.tls.client_ca is not None)  # type: ignore[union-attr]
+
+
+def to_toml(cfg: dict[str, Any]) -> str:
+    """Serialise a config dict (sections of scalars, lists, sub-tables, arrays of tables) as TOML."""
+
+    def scalar(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, int | float):
+            return repr(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(scalar(x) for x in v) + "]"
+        return json.dumps(str(v))
+
+    lines: list[str] = []
+
+    def table(name: str, data: dict[str, Any]) -> None:
+        plain = {
+            k: v
+            for k, v in data.items()
+            if v is not None and not isinstance(v, dict) and not (isinstance(v, list) and v and isinstance(v[0], dict))
+        }
+        lines.append(f"[{name}]")
+        lines.extend(f"{k} = {scalar(v)}" for k, v in plain.items())
+        for k, v in data.items():
+            if isinstance(v, dict):
+                table(f"{name}.{k}", v)
+            elif isinstance(v, list) and v and isinstance(v[0], dict):
+                for item in v:
+                    lines.append(f"[[{name}.{k}]]")
+                    lines.extend(f"{ik} = {scalar(iv)}" for ik, iv in item.items() if iv is not None)
+
+    for section, data in cfg.items():
+        table(section, data)
+    return "\n".join(lines) + "\n"
