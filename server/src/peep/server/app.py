@@ -1,0 +1,187 @@
+"""The running server: gRPC + MQTT + metrics + retention, with graceful shutdown.
+
+``peep serve`` builds a :class:`ServerApp` and calls :meth:`ServerApp.run`,
+which returns after SIGTERM/SIGINT once everything has drained:
+
+1. health checking switches to NOT_SERVING (``enter_graceful_shutdown``) so
+   load balancers stop sending new work;
+2. the MQTT consumer unsubscribes, stores and acknowledges what it queued;
+3. ``server.stop(grace)`` lets in-flight RPCs finish for ``grpc.grace_s``;
+4. a running training is cancelled (the previous model stays current), the
+   database is closed.
+
+systemd's ``TimeoutStopSec`` must exceed ``grpc.grace_s`` plus the MQTT drain.
+
+Plugins: a callable ``plugin(services) -> register | None`` where
+``register(grpc_server)`` adds a servicer. :func:`default_plugins` picks up
+``peep.server.qbbs.server_plugin`` when the QBBS module provides it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+from peep.server.config import ResolvedSecrets, ServerConfig
+from peep.server.grpc_service import create_server
+from peep.server.services import Services
+
+log = logging.getLogger(__name__)
+
+Registrar = Callable[[grpc.Server], None]
+Plugin = Callable[[Services], Registrar | None]
+
+
+def default_plugins() -> list[Plugin]:
+    """Server plugins shipped by other modules (the QBBS service), if present."""
+    plugins: list[Plugin] = []
+    try:
+        mod = importlib.import_module("peep.server.qbbs")
+    except ModuleNotFoundError:
+        return plugins
+    fn = getattr(mod, "server_plugin", None)
+    if callable(fn):
+        plugins.append(fn)
+    return plugins
+
+
+class ServerApp:
+    """Everything ``peep serve`` runs.
+
+    Parameters
+    ----------
+    config : ServerConfig
+    secrets : ResolvedSecrets, optional
+    services : Services, optional
+        Built from ``config`` when omitted.
+    plugins : sequence of Plugin
+    extra_servicers : sequence of callables adding servicers to the gRPC server
+    enable_mqtt : bool, optional
+        Overrides ``mqtt.enabled``.
+    """
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        secrets: ResolvedSecrets | None = None,
+        services: Services | None = None,
+        plugins: Sequence[Plugin] = (),
+        extra_servicers: Sequence[Registrar] = (),
+        enable_mqtt: bool | None = None,
+    ) -> None:
+        self.config = config
+        self.services = services or Services(config, secrets=secrets)
+        self._plugins = list(plugins)
+        self._extra = list(extra_servicers)
+        self._mqtt_enabled = config.mqtt.enabled if enable_mqtt is None else enable_mqtt
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self.server: grpc.Server | None = None
+        self.port = 0
+        self.mqtt: Any = None
+        self.metrics_server: Any = None
+        self.metrics_port = 0
+        self._retention: threading.Thread | None = None
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def start(self, *, mqtt_wait: float | None = None) -> None:
+        s = self.services
+        bundle_id = s.publish_configured_bundle()
+        registrars = list(self._extra)
+        for plugin in self._plugins:
+            reg = plugin(s)
+            if reg is not None:
+                registrars.append(reg)
+        self.server, self.port = create_server(
+            self.config, s, extra_servicers=registrars, stopping=self._stopping.is_set
+        )
+        self.server.start()
+        if self._mqtt_enabled:
+            from peep.server.mqtt import MqttBridge
+
+            pw = s.secrets.mqtt_password.get_secret_value() if s.secrets.mqtt_password else None
+            self.mqtt = MqttBridge(self.config.mqtt, s, password=pw)
+            self.mqtt.start(wait=mqtt_wait)
+        if self.config.metrics.enabled:
+            host, _, port = self.config.metrics.listen.rpartition(":")
+            self.metrics_server, self.metrics_port = s.metrics.serve(host.strip("[]"), int(port))
+        if self.config.retention.days is not None:
+            self._retention = threading.Thread(target=self._retention_loop, name="peep-retention", daemon=True)
+            self._retention.start()
+        m = s.recogniser.model
+        log.info(
+            "server started",
+            extra={
+                "grpc_port": self.port,
+                "tls": self.config.grpc.tls is not None,
+                "mqtt": self._mqtt_enabled,
+                "metrics_port": self.metrics_port,
+                "bundle_id": bundle_id or (s.bundles.current().bundle_id if s.bundles.current() else None),
+                "model_version": m.version if m else None,
+                "store": s.store.dialect,
+            },
+        )
+
+    def _retention_loop(self) -> None:
+        days = self.config.retention.days
+        assert days is not None
+        while True:
+            try:
+                self.services.apply_retention(days)
+            except Exception:
+                log.exception("retention failed")
+            if self._stopping.wait(self.config.retention.interval_s):
+                return
+
+    def stop(self, grace: float | None = None) -> None:
+        """Graceful shutdown (see module docstring); idempotent."""
+        if self._stopping.is_set():
+            self._stopped.wait()
+            return
+        self._stopping.set()
+        g = self.config.grpc.grace_s if grace is None else grace
+        t0 = time.monotonic()
+        log.info("shutting down", extra={"grace_s": g})
+        try:
+            if self.server is not None:
+                self.server.peep_health.enter_graceful_shutdown()  # type: ignore[attr-defined]
+            if self.mqtt is not None:
+                self.mqtt.stop(drain_timeout=max(1.0, g))
+            if self.server is not None:
+                self.server.stop(g).wait(g + 5.0)
+            self.services.trainer.cancel(timeout=10.0)
+            if self.metrics_server is not None:
+                self.metrics_server.shutdown()
+            self.services.close()
+        finally:
+            self._stopped.set()
+            log.info("stopped", extra={"seconds": round(time.monotonic() - t0, 3)})
+
+    def run(self) -> int:
+        """Start, wait for SIGTERM/SIGINT, stop gracefully; returns the exit code."""
+        stop = threading.Event()
+
+        def on_signal(signum: int, frame: Any) -> None:
+            log.info("signal received", extra={"signal": signal.Signals(signum).name})
+            stop.set()
+
+        old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.start()
+            while not stop.wait(1.0):
+                pass
+        finally:
+            for sig, h in old.items():
+                signal.signal(sig, h)
+            self.stop()
+        return 0

@@ -1,0 +1,234 @@
+"""Who is calling: per-device bearer tokens or mTLS certificates, and admins.
+
+The device registry comes from ``[[auth.devices]]`` in ``server.toml``: a
+device id, optionally the site it belongs to, and either the SHA-256 of its
+bearer token or a reference to the token. With ``grpc.tls.client_ca`` set, a
+client certificate signed by that CA authenticates too: its common name (CN)
+is the device id (or an admin, if listed in ``auth.admin_common_names``).
+A bearer token sent over an mTLS connection must name the same device as the
+certificate (an admin certificate may carry any token).
+
+:class:`AuthInterceptor` runs before every handler: health checking and
+reflection are open; everything else needs an identity (else
+``UNAUTHENTICATED``), and :data:`ADMIN_METHODS` need an admin (else
+``PERMISSION_DENIED``). Handlers read the caller with :func:`current_identity`
+and enforce the per-message rule: a device may only send templates whose
+``device_id`` is its own (and whose ``site`` is its registered site).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import hmac
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from peep.server.config import DeviceConfig
+
+_RECOGNITION = "/peep.v1.RecognitionService/"
+_QBBS = "/peep.v1.QbbsService/"
+
+#: Methods that need an admin credential.
+ADMIN_METHODS = frozenset(
+    {
+        _RECOGNITION + "Train",
+        _RECOGNITION + "EraseSubject",
+        _RECOGNITION + "EnrolSubject",
+        _RECOGNITION + "PublishBundle",
+        _QBBS + "EnrolSoftTraits",
+        _QBBS + "Query",
+        _QBBS + "GetOdometer",
+    }
+)
+#: Methods open without credentials (infrastructure probes).
+PUBLIC_PREFIXES = (
+    "/grpc.health.v1.Health/",
+    "/grpc.reflection.v1alpha.ServerReflection/",
+    "/grpc.reflection.v1.ServerReflection/",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """An authenticated caller."""
+
+    name: str
+    is_admin: bool
+    site: str | None = None
+    via: str = "token"
+
+    @property
+    def device_id(self) -> str | None:
+        return None if self.is_admin else self.name
+
+
+_current: contextvars.ContextVar[Identity | None] = contextvars.ContextVar("peep_identity", default=None)
+
+
+def current_identity() -> Identity | None:
+    """The caller of the RPC being handled on this thread (set by :class:`AuthInterceptor`)."""
+    return _current.get()
+
+
+class DeviceRegistry:
+    """Devices and admin credentials.
+
+    Parameters
+    ----------
+    devices : iterable of DeviceConfig
+    token_sha256 : mapping of device id to hex SHA-256 of its token
+    admin_token_sha256 : str, optional
+    admin_common_names : iterable of str
+    """
+
+    def __init__(
+        self,
+        devices: Iterable[DeviceConfig] = (),
+        *,
+        token_sha256: Mapping[str, str] | None = None,
+        admin_token_sha256: str | None = None,
+        admin_common_names: Iterable[str] = (),
+    ) -> None:
+        self.devices = {d.id: d for d in devices}
+        self._by_hash: dict[str, Identity] = {}
+        for dev_id, h in (token_sha256 or {}).items():
+            d = self.devices.get(dev_id)
+            if d is not None and d.enabled:
+                self._by_hash[h.lower()] = Identity(name=dev_id, is_admin=False, site=d.site, via="token")
+        self._admin_hash = admin_token_sha256.lower() if admin_token_sha256 else None
+        self._admin_cns = frozenset(admin_common_names)
+
+    def __len__(self) -> int:
+        return len(self.devices)
+
+    def is_registered(self, device_id: str) -> bool:
+        d = self.devices.get(device_id)
+        return d is not None and d.enabled
+
+    def site_of(self, device_id: str) -> str | None:
+        d = self.devices.get(device_id)
+        return None if d is None else d.site
+
+    def by_token(self, token: str) -> Identity | None:
+        h = hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+        if self._admin_hash is not None and hmac.compare_digest(h, self._admin_hash):
+            return Identity(name="admin", is_admin=True, via="token")
+        return self._by_hash.get(h)
+
+    def by_certificate(self, common_name: str) -> Identity | None:
+        if common_name in self._admin_cns:
+            return Identity(name=common_name, is_admin=True, via="certificate")
+        d = self.devices.get(common_name)
+        if d is None or not d.enabled:
+            return None
+        return Identity(name=common_name, is_admin=False, site=d.site, via="certificate")
+
+
+class AuthError(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def authenticate(
+    registry: DeviceRegistry, metadata: Iterable[tuple[str, Any]], auth_context: Mapping[str, Any]
+) -> Identity:
+    """Identify a caller from its metadata (bearer token) or TLS auth context (client certificate CN)."""
+    token = None
+    for key, value in metadata:
+        if key == "authorization":
+            text = value.decode("latin-1") if isinstance(value, bytes) else str(value)
+            scheme, _, rest = text.partition(" ")
+            if scheme.lower() != "bearer" or not rest.strip():
+                raise AuthError(grpc.StatusCode.UNAUTHENTICATED, "authorization: expected 'Bearer <token>'")
+            token = rest.strip()
+            break
+    cert_ident = None
+    cns = auth_context.get("x509_common_name") or []
+    if cns:
+        cn = cns[0].decode() if isinstance(cns[0], bytes) else str(cns[0])
+        cert_ident = registry.by_certificate(cn)
+        if cert_ident is None:
+            raise AuthError(
+                grpc.StatusCode.UNAUTHENTICATED, f"certificate: CN {cn!r} is not a registered device or admin"
+            )
+    if token is not None:
+        ident = registry.by_token(token)
+        if ident is None:
+            raise AuthError(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "authorization: the bearer token is not registered (or its device is disabled)",
+            )
+        if cert_ident is not None and not cert_ident.is_admin and ident.name != cert_ident.name:
+            raise AuthError(
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"credentials: the bearer token names {ident.name!r} but the client certificate names "
+                f"{cert_ident.name!r}",
+            )
+        return ident
+    if cert_ident is not None:
+        return cert_ident
+    raise AuthError(
+        grpc.StatusCode.UNAUTHENTICATED,
+        "credentials: expected 'authorization: Bearer <token>' metadata or a client certificate",
+    )
+
+
+def _wrap(behavior: Callable[..., Any], check: Callable[[Any], Identity | None]) -> Callable[..., Any]:
+    def wrapper(request_or_iterator: Any, context: grpc.ServicerContext) -> Any:
+        ident = check(context)
+        _current.set(ident)
+        return behavior(request_or_iterator, context)
+
+    return wrapper
+
+
+class AuthInterceptor(grpc.ServerInterceptor):
+    """Authenticate every RPC except health and reflection; require admin for :data:`ADMIN_METHODS`."""
+
+    def __init__(self, registry: DeviceRegistry, admin_methods: Iterable[str] = ADMIN_METHODS) -> None:
+        self.registry = registry
+        self.admin_methods = frozenset(admin_methods)
+
+    def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
+        handler = continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None:
+            return None
+        if method.startswith(PUBLIC_PREFIXES):
+            _current.set(None)
+            return handler
+        needs_admin = method in self.admin_methods
+        registry = self.registry
+
+        def check(context: grpc.ServicerContext) -> Identity | None:
+            try:
+                ident = authenticate(registry, context.invocation_metadata(), context.auth_context())
+            except AuthError as exc:
+                context.abort(exc.code, str(exc))
+                raise  # unreachable: abort raises
+            if needs_admin and not ident.is_admin:
+                context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"{method}: expected an admin credential, received device {ident.name!r}",
+                )
+            return ident
+
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                _wrap(handler.unary_unary, check), handler.request_deserializer, handler.response_serializer
+            )
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                _wrap(handler.unary_stream, check), handler.request_deserializer, handler.response_serializer
+            )
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(
+                _wrap(handler.stream_unary, check), handler.request_deserializer, handler.response_serializer
+            )
+        return grpc.stream_stream_rpc_method_handler(
+            _wrap(handler.stream_stream, check), handler.request_deserializer, handler.response_serializer
+        )

@@ -1,0 +1,49 @@
+"""``peep erase --config server.toml --subject ID [--no-retrain]``: erase a subject."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from peep.server.cli import UsageError
+from peep.server.commands._config import add_config_option, load, say, services
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("erase", help="erase a subject's templates and soft traits, then retrain")
+    add_config_option(p)
+    p.add_argument("--subject", required=True, help="subject id to erase")
+    p.add_argument(
+        "--no-retrain", action="store_true", help="do not retrain (the current model stops naming the subject anyway)"
+    )
+    p.set_defaults(handler=erase)
+
+
+def erase(args: argparse.Namespace) -> int:
+    from peep.core.wire import SUBJECT_PATTERN
+
+    if not SUBJECT_PATTERN.match(args.subject):
+        raise UsageError(
+            f"--subject: expected 1-128 printable characters without '/', '+', '#', received {args.subject!r}"
+        )
+    s = services(load(args))
+    try:
+        hooks = _qbbs_hooks(s)
+        r = s.erase_subject(args.subject, retrain=not args.no_retrain)
+    finally:
+        s.close()
+    say(
+        f"subject {r.subject!r} erased: {r.templates_deleted} templates, {r.soft_traits_deleted} soft traits "
+        f"({hooks} soft-trait store(s)); serving model {r.model_version or '(none)'}"
+        + (f"; purged old versions {', '.join(r.versions_purged)}" if r.versions_purged else "")
+    )
+    return 0
+
+
+def _qbbs_hooks(s: Any) -> int:
+    """Let the QBBS module register its erasure hook (``peep.server.qbbs.server_plugin``)."""
+    from peep.server.app import default_plugins
+
+    for plugin in default_plugins():
+        plugin(s)
+    return int(s.n_erasure_hooks)

@@ -1,0 +1,373 @@
+"""The gRPC API (``peep.v1.RecognitionService``) and :func:`create_server`.
+
+Status codes: invalid input -> ``INVALID_ARGUMENT`` with the validation
+message (it names the field, the expectation and the value); missing or bad
+credentials -> ``UNAUTHENTICATED``; a device sending another device's
+template, or a device calling an admin method -> ``PERMISSION_DENIED``; no
+model yet, or a template of another bundle/domain than the model's ->
+``FAILED_PRECONDITION``; a training already running -> ``ABORTED``.
+Handlers never let an exception escape as ``UNKNOWN``: anything unexpected is
+logged and answered ``INTERNAL``, and the server keeps serving.
+
+``IngestStream`` commits every ``grpc.stream_batch`` templates in one
+transaction and acknowledges each message id in the summary (ACCEPTED,
+DUPLICATE, or REJECTED with the reason). Acks are final only once the summary
+arrives: a client that loses the stream resends, and ingest is idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent import futures
+from functools import wraps
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from peep.core.exceptions import BundleError
+from peep.server.auth import AuthInterceptor, current_identity
+from peep.server.bundlestore import bundle_files_message, files_from_message
+from peep.server.config import ServerConfig
+from peep.server.ingest import REJECTED, PermissionRefused, Sender
+from peep.server.recognition import ModelMismatch, ModelUnavailable
+from peep.server.services import Services
+from peep.server.trainer import TrainingBusy
+from peep.server.training import PRESETS, TrainingError
+from peep.server.validation import Rejection
+from peep.v1 import qbbs_pb2, recognition_pb2, recognition_pb2_grpc, template_pb2
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "peep.v1.RecognitionService"
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _guard(fn: F) -> F:
+    """Map exceptions to status codes; never leak a traceback to the client."""
+
+    @wraps(fn)
+    def wrapper(self: RecognitionServicer, request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            return fn(self, request, context)
+        except PermissionRefused as exc:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+        except (ModelUnavailable, ModelMismatch) as exc:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except TrainingBusy as exc:
+            context.abort(grpc.StatusCode.ABORTED, str(exc))
+        except (Rejection, BundleError, TrainingError, ValueError) as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Exception as exc:
+            if isinstance(exc, grpc.RpcError) or type(exc).__name__ == "_AbortError" or context.code() is not None:
+                raise
+            log.exception("handler failed", extra={"method": fn.__name__})
+            context.abort(grpc.StatusCode.INTERNAL, f"{fn.__name__}: internal error ({type(exc).__name__})")
+
+    return wrapper  # type: ignore[return-value]
+
+
+class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
+    """Implementation of every RecognitionService RPC on :class:`Services`."""
+
+    def __init__(self, services: Services, *, stopping: Callable[[], bool] = lambda: False) -> None:
+        self.s = services
+        self.cfg = services.config.grpc
+        self._stopping = stopping
+
+    def _sender(self) -> Sender:
+        return Sender(identity=current_identity())
+
+    # ------------------------------------------------------------ ingest
+
+    @_guard
+    def Ingest(
+        self, request: template_pb2.PerturbedTemplate, context: grpc.ServicerContext
+    ) -> recognition_pb2.IngestAck:
+        sender = self._sender()
+        try:
+            valid = self.s.ingestor.check(request, sender)
+        except Rejection as exc:
+            self.s.metrics.count_ingest("grpc", 0, 0, {exc.reason: 1})
+            raise
+        new = self.s.ingestor.store_valid([valid])[0]
+        self.s.metrics.count_ingest("grpc", int(new), int(not new), {})
+        status = recognition_pb2.INGEST_STATUS_ACCEPTED if new else recognition_pb2.INGEST_STATUS_DUPLICATE
+        return recognition_pb2.IngestAck(message_id=request.message_id, status=status)
+
+    @_guard
+    def IngestStream(
+        self, request_iterator: Iterator[template_pb2.PerturbedTemplate], context: grpc.ServicerContext
+    ) -> recognition_pb2.IngestSummary:
+        sender = self._sender()
+        summary = recognition_pb2.IngestSummary()
+        batch: list[template_pb2.PerturbedTemplate] = []
+        n = 0
+
+        def flush() -> None:
+            if not batch:
+                return
+            for o in self.s.ingestor.ingest(batch, "grpc", sender):
+                summary.acks.append(o.ack())
+                if o.status == REJECTED:
+                    summary.rejected += 1
+                elif o.status == recognition_pb2.INGEST_STATUS_DUPLICATE:
+                    summary.duplicates += 1
+                else:
+                    summary.accepted += 1
+            batch.clear()
+
+        for msg in request_iterator:
+            n += 1
+            if n > self.cfg.max_stream_messages:
+                flush()
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"stream: expected at most {self.cfg.max_stream_messages} templates per IngestStream call; "
+                    f"{summary.accepted} accepted so far (resend the rest on a new stream; ingest is idempotent)",
+                )
+            batch.append(msg)
+            if len(batch) >= self.cfg.stream_batch:
+                flush()
+        flush()
+        return summary
+
+    # ------------------------------------------------------------ recognition
+
+    def _valid(self, template: template_pb2.PerturbedTemplate, context: grpc.ServicerContext) -> Any:
+        if not template.ByteSize():
+            raise Rejection("missing_template", "template: expected a PerturbedTemplate, received none")
+        valid = self.s.ingestor.check(template, self._sender())
+        self.s.recogniser.check_compatible(template.bundle_id, valid.kind)
+        return valid
+
+    @_guard
+    def Identify(
+        self, request: recognition_pb2.IdentifyRequest, context: grpc.ServicerContext
+    ) -> recognition_pb2.IdentifyResponse:
+        t0 = time.perf_counter()
+        valid = self._valid(request.template, context)
+        top_k = request.top_k or 5
+        if top_k > 1000:
+            raise ValueError(f"top_k: expected at most 1000, received {top_k}")
+        r = self.s.recogniser.identify(valid.values, top_k=top_k)
+        resp = recognition_pb2.IdentifyResponse(subject=r.subject, unknown=r.unknown, model_version=r.model_version)
+        for name, p in r.candidates:
+            resp.candidates.add(subject=name, probability=p)
+        self.s.metrics.identify_latency.observe(time.perf_counter() - t0)
+        if self.s.events.active:
+            self.s.ingestor._event(
+                valid, subject=r.subject, unknown=r.unknown, probability=r.probability, model_version=r.model_version
+            )
+        return resp
+
+    @_guard
+    def Verify(
+        self, request: recognition_pb2.VerifyRequest, context: grpc.ServicerContext
+    ) -> recognition_pb2.VerifyResponse:
+        claimed = request.claimed_subject or request.template.subject
+        if not claimed:
+            raise ValueError("claimed_subject: expected the subject being claimed, received none")
+        valid = self._valid(request.template, context)
+        v = self.s.recogniser.verify(valid.values, claimed)
+        if self.s.events.active:
+            self.s.ingestor._event(
+                valid, claimed_subject=claimed, accepted=v.accepted, probability=v.score, model_version=v.model_version
+            )
+        return recognition_pb2.VerifyResponse(
+            accepted=v.accepted,
+            score=v.score,
+            threshold=v.threshold,
+            target_far=v.target_far,
+            model_version=v.model_version,
+        )
+
+    # ------------------------------------------------------------ admin
+
+    @_guard
+    def EnrolSubject(
+        self, request: recognition_pb2.EnrolSubjectRequest, context: grpc.ServicerContext
+    ) -> recognition_pb2.EnrolSubjectResponse:
+        from peep.core.wire import SUBJECT_PATTERN
+
+        subject = request.subject
+        if not SUBJECT_PATTERN.match(subject):
+            raise ValueError(
+                f"subject: expected 1-128 printable characters without '/', '+', '#', received {subject[:64]!r}"
+            )
+        for i, t in enumerate(request.templates):
+            if t.purpose != template_pb2.PURPOSE_ENROLL or t.subject != subject:
+                raise ValueError(
+                    f"templates[{i}]: expected purpose ENROLL and subject {subject!r}, received purpose {t.purpose} "
+                    f"and subject {t.subject[:64]!r}"
+                )
+        ids: list[str] = []
+        if request.templates:
+            outcomes = self.s.ingestor.ingest(list(request.templates), "grpc", self._sender(), recognise=False)
+            bad = [o for o in outcomes if o.status == REJECTED]
+            if bad:
+                raise Rejection(bad[0].code, f"templates[{outcomes.index(bad[0])}]: {bad[0].reason}")
+            ids.extend(o.message_id for o in outcomes)
+        ids.extend(request.message_ids)
+        n = self.s.store.relabel(ids, subject) if ids else 0
+        return recognition_pb2.EnrolSubjectResponse(subject=subject, templates=n)
+
+    @_guard
+    def Train(
+        self, request: recognition_pb2.TrainRequest, context: grpc.ServicerContext
+    ) -> recognition_pb2.TrainResponse:
+        preset = request.preset or None
+        if preset is not None and preset not in PRESETS:
+            raise ValueError(f"preset: expected one of {sorted(PRESETS)}, received {preset!r}")
+        if request.background:
+            started = self.s.trainer.start_background(preset)
+            if not started:
+                raise TrainingBusy("a training run is already in progress; poll GetModelStatus")
+            m = self.s.recogniser.model
+            return recognition_pb2.TrainResponse(model_version=m.version if m else "", started=True)
+        r = self.s.trainer.train(preset)
+        return recognition_pb2.TrainResponse(
+            model_version=r.version,
+            started=True,
+            validation_accuracy=r.validation_accuracy,
+            n_templates=r.n_templates,
+            n_subjects=r.n_subjects,
+        )
+
+    @_guard
+    def GetModelStatus(
+        self, request: recognition_pb2.ModelStatusRequest, context: grpc.ServicerContext
+    ) -> recognition_pb2.ModelStatus:
+        m = self.s.recogniser.model
+        st = recognition_pb2.ModelStatus(
+            training=self.s.trainer.training,
+            training_progress=self.s.trainer.progress if self.s.trainer.training else 0.0,
+        )
+        if m is not None:
+            st.model_version = m.version
+            st.trained_at.FromNanoseconds(int(m.trained_at * 1e9))
+            st.n_subjects = m.n_subjects
+            st.n_templates = int(m.meta.get("n_templates", 0))
+            st.validation_accuracy = float(m.meta.get("metrics", {}).get("validation_accuracy", 0.0))
+            st.unknown_threshold = m.unknown_threshold
+            st.verify_threshold = m.verify_threshold
+            st.bundle_id = m.bundle_id
+        else:
+            b = self.s.bundles.current()
+            st.bundle_id = b.bundle_id if b else ""
+        return st
+
+    @_guard
+    def EraseSubject(
+        self, request: recognition_pb2.EraseSubjectRequest, context: grpc.ServicerContext
+    ) -> recognition_pb2.EraseSubjectResponse:
+        r = self.s.erase_subject(request.subject, retrain=request.retrain)
+        return recognition_pb2.EraseSubjectResponse(
+            templates_deleted=r.templates_deleted,
+            soft_traits_deleted=r.soft_traits_deleted,
+            model_version=r.model_version,
+        )
+
+    # ------------------------------------------------------------ bundles
+
+    @_guard
+    def GetBundle(
+        self, request: recognition_pb2.GetBundleRequest, context: grpc.ServicerContext
+    ) -> recognition_pb2.BundleFiles:
+        b = self.s.bundles.get(request.bundle_id) if request.bundle_id else self.s.bundles.current()
+        if b is None:
+            context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"bundle_id: expected a published bundle, received {request.bundle_id!r}"
+                if request.bundle_id
+                else "no bundle published yet",
+            )
+        return bundle_files_message(b)
+
+    @_guard
+    def PublishBundle(
+        self, request: recognition_pb2.BundleFiles, context: grpc.ServicerContext
+    ) -> recognition_pb2.PublishBundleResponse:
+        b = self.s.bundles.publish(files_from_message(request))
+        if request.bundle_id and request.bundle_id != b.bundle_id:
+            log.warning("published bundle id differs from the request's", extra={"bundle_id": b.bundle_id})
+        return recognition_pb2.PublishBundleResponse(bundle_id=b.bundle_id)
+
+    # ------------------------------------------------------------ events
+
+    def StreamEvents(
+        self, request: recognition_pb2.StreamEventsRequest, context: grpc.ServicerContext
+    ) -> Iterator[recognition_pb2.RecognitionEvent]:
+        sub = self.s.events.subscribe(request.site)
+        context.add_callback(sub.close)
+        try:
+            while context.is_active() and not sub.closed and not self._stopping():
+                ev = sub.get(timeout=0.25)
+                if ev is not None:
+                    yield ev
+        finally:
+            sub.close()
+
+
+def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
+    tls = config.grpc.tls
+    if tls is None:
+        return None
+    key = tls.key.read_bytes()
+    cert = tls.cert.read_bytes()
+    ca = tls.client_ca.read_bytes() if tls.client_ca is not None else None
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
+
+
+def create_server(
+    config: ServerConfig,
+    services: Services,
+    *,
+    extra_servicers: Sequence[Callable[[grpc.Server], None]] = (),
+    stopping: Callable[[], bool] = lambda: False,
+) -> tuple[grpc.Server, int]:
+    """Build (not start) the gRPC server; returns ``(server, bound port)``.
+
+    Registers RecognitionService, health checking (``grpc.health.v1``; the
+    overall status and ``peep.v1.RecognitionService`` SERVING) and, when
+    enabled, reflection. ``extra_servicers`` are callables that add more
+    services (the QBBS module passes one registering ``QbbsService``); they
+    run behind the same authentication interceptor. The health servicer is
+    ``server.peep_health`` (call ``enter_graceful_shutdown()`` on it at stop).
+    """
+    g = config.grpc
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=g.max_workers, thread_name_prefix="peep-grpc"),
+        interceptors=[AuthInterceptor(services.devices)],
+        maximum_concurrent_rpcs=g.max_concurrent_streams,
+        options=[
+            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    recognition_pb2_grpc.add_RecognitionServiceServicer_to_server(
+        RecognitionServicer(services, stopping=stopping), server
+    )
+    health_servicer = health.HealthServicer(experimental_non_blocking=True)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for add in extra_servicers:
+        add(server)
+    if g.reflection:
+        names = [
+            SERVICE_NAME,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ]
+        if qbbs_pb2.DESCRIPTOR.services_by_name.get("QbbsService") is not None and extra_servicers:
+            names.append(qbbs_pb2.DESCRIPTOR.services_by_name["QbbsService"].full_name)
+        reflection.enable_server_reflection(names, server)
+    creds = server_credentials(config)
+    port = server.add_secure_port(g.listen, creds) if creds is not None else server.add_insecure_port(g.listen)
+    if port == 0:
+        raise OSError(f"grpc.listen: could not bind {g.listen}")
+    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+    server.peep_health = health_servicer  # type: ignore[attr-defined]
+    return server, port

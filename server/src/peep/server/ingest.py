@@ -1,0 +1,241 @@
+"""Ingest: validate, authorise, store (idempotently), recognise, publish events.
+
+Shared by the gRPC handlers and the MQTT consumer. Work is batched: a batch
+of templates costs one database transaction and one onnxruntime call for the
+identify/verify templates in it, which is what lets a 2-core box take
+thousands of templates per second.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from peep.server.auth import DeviceRegistry, Identity
+from peep.server.events import EventBus, new_event
+from peep.server.metrics import ServerMetrics
+from peep.server.recognition import ModelMismatch, ModelUnavailable, Recogniser
+from peep.server.storage import Store, TemplateRecord
+from peep.server.validation import Rejection, TemplateValidator, ValidTemplate
+from peep.v1 import recognition_pb2, template_pb2
+
+log = logging.getLogger(__name__)
+
+ACCEPTED = recognition_pb2.INGEST_STATUS_ACCEPTED
+DUPLICATE = recognition_pb2.INGEST_STATUS_DUPLICATE
+REJECTED = recognition_pb2.INGEST_STATUS_REJECTED
+
+
+class PermissionRefused(Rejection):
+    """The sender may not send this template (wrong device or site)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    message_id: str
+    status: int
+    reason: str = ""
+    code: str = ""
+
+    def ack(self) -> recognition_pb2.IngestAck:
+        return recognition_pb2.IngestAck(message_id=self.message_id, status=self.status, reason=self.reason)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class Sender:
+    """Who delivered a template: an authenticated gRPC identity or an MQTT topic."""
+
+    identity: Identity | None = None
+    topic_site: str | None = None
+    topic_device: str | None = None
+
+
+class Ingestor:
+    """Validate and store templates; recognise identify/verify ones.
+
+    Parameters
+    ----------
+    store : Store
+    validator : TemplateValidator
+    recogniser : Recogniser
+    events : EventBus
+    metrics : ServerMetrics
+    devices : DeviceRegistry
+    require_registered_device : bool
+        MQTT: refuse devices missing from the registry (when it lists any).
+    clock : callable
+        Unix time (injected for tests).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        validator: TemplateValidator,
+        recogniser: Recogniser,
+        events: EventBus,
+        metrics: ServerMetrics,
+        devices: DeviceRegistry,
+        *,
+        require_registered_device: bool = True,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.validator = validator
+        self.recogniser = recogniser
+        self.events = events
+        self.metrics = metrics
+        self.devices = devices
+        self.require_registered_device = require_registered_device
+        self.clock = clock
+
+    # ------------------------------------------------------------ checks
+
+    def authorise(self, msg: template_pb2.PerturbedTemplate, sender: Sender) -> None:
+        """Raise :class:`PermissionRefused` unless ``sender`` may send ``msg``."""
+        ident = sender.identity
+        if ident is not None:
+            if ident.is_admin:
+                return
+            if msg.device_id != ident.name:
+                raise PermissionRefused(
+                    "wrong_device",
+                    f"device_id: expected {ident.name!r} (the authenticated device), received {msg.device_id[:64]!r}",
+                )
+            if ident.site is not None and msg.site != ident.site:
+                raise PermissionRefused(
+                    "wrong_site",
+                    f"site: expected {ident.site!r} (device {ident.name}'s registered site), "
+                    f"received {msg.site[:64]!r}",
+                )
+            return
+        if sender.topic_device is not None:
+            if msg.device_id != sender.topic_device or msg.site != sender.topic_site:
+                raise PermissionRefused(
+                    "topic_mismatch",
+                    f"device_id/site: expected {sender.topic_site}/{sender.topic_device} (the topic), received "
+                    f"{msg.site[:64]}/{msg.device_id[:64]}",
+                )
+            if self.require_registered_device and len(self.devices):
+                if not self.devices.is_registered(msg.device_id):
+                    raise PermissionRefused(
+                        "unknown_device", f"device_id: expected a registered device, received {msg.device_id[:64]!r}"
+                    )
+                site = self.devices.site_of(msg.device_id)
+                if site is not None and msg.site != site:
+                    raise PermissionRefused(
+                        "wrong_site",
+                        f"site: expected {site!r} (device {msg.device_id}'s registered site), "
+                        f"received {msg.site[:64]!r}",
+                    )
+            return
+        raise PermissionRefused("unauthenticated", "sender: expected an authenticated device")
+
+    def check(self, msg: template_pb2.PerturbedTemplate, sender: Sender) -> ValidTemplate:
+        """Validate then authorise (validation first: its message names the malformed field)."""
+        valid = self.validator.validate(msg)
+        self.authorise(msg, sender)
+        return valid
+
+    # ------------------------------------------------------------ ingest
+
+    def ingest(
+        self,
+        msgs: Sequence[template_pb2.PerturbedTemplate],
+        transport: str,
+        senders: Sequence[Sender] | Sender,
+        *,
+        recognise: bool = True,
+    ) -> list[Outcome]:
+        """Ingest a batch; one outcome per message, in order."""
+        n = len(msgs)
+        outcomes: list[Outcome | None] = [None] * n
+        valid: list[ValidTemplate] = []
+        where: list[int] = []
+        rejected: Counter[str] = Counter()
+        for i, msg in enumerate(msgs):
+            sender = senders if isinstance(senders, Sender) else senders[i]
+            try:
+                v = self.check(msg, sender)
+            except Rejection as exc:
+                rejected[exc.reason] += 1
+                outcomes[i] = Outcome(msg.message_id[:128], REJECTED, str(exc), exc.reason)
+                continue
+            valid.append(v)
+            where.append(i)
+        stored = self.store_valid(valid, recognise=recognise)
+        accepted = 0
+        for i, v, new in zip(where, valid, stored, strict=True):
+            outcomes[i] = Outcome(v.message.message_id, ACCEPTED if new else DUPLICATE)
+            accepted += new
+        self.metrics.count_ingest(transport, accepted, len(valid) - accepted, dict(rejected))
+        return [o for o in outcomes if o is not None]
+
+    def store_valid(self, valid: Sequence[ValidTemplate], *, recognise: bool = True) -> list[bool]:
+        """Insert validated templates (one transaction); recognise the new identify/verify ones."""
+        if not valid:
+            return []
+        now = self.clock()
+        records = [TemplateRecord.from_message(v.message, v.values, received_at=now) for v in valid]
+        stored = self.store.insert_templates(records)
+        if recognise:
+            todo = [v for v, new in zip(valid, stored, strict=True) if new and v.purpose in ("identify", "verify")]
+            if todo:
+                self.recognise(todo)
+        return stored
+
+    def recognise(self, valid: Sequence[ValidTemplate]) -> None:
+        """Identify/verify ingested templates in one batch and publish events."""
+        try:
+            model = self.recogniser.require_model()
+        except ModelUnavailable:
+            return
+        ok = []
+        for v in valid:
+            try:
+                self.recogniser.check_compatible(v.message.bundle_id, v.kind)
+            except ModelMismatch:
+                continue
+            ok.append(v)
+        if not ok:
+            return
+        X = np.stack([v.values for v in ok])
+        ident = [i for i, v in enumerate(ok) if v.purpose == "identify"]
+        ver = [i for i, v in enumerate(ok) if v.purpose == "verify"]
+        if ident:
+            results = self.recogniser.identify_batch(X[ident], top_k=1, model=model)
+            for i, r in zip(ident, results, strict=True):
+                self._event(
+                    ok[i],
+                    subject=r.subject,
+                    unknown=r.unknown,
+                    probability=r.probability,
+                    model_version=r.model_version,
+                )
+        if ver:
+            m, scores = self.recogniser.verify_scores(X[ver], [ok[i].message.subject for i in ver], model=model)
+            for i, s in zip(ver, scores, strict=True):
+                msg = ok[i].message
+                self._event(
+                    ok[i],
+                    claimed_subject=msg.subject,
+                    accepted=bool(s > m.verify_threshold),
+                    probability=float(s),
+                    model_version=m.version,
+                )
+
+    def _event(self, v: ValidTemplate, **fields: object) -> None:
+        msg = v.message
+        ev = new_event(
+            site=msg.site,
+            device_id=msg.device_id,
+            message_id=msg.message_id,
+            track_id=msg.track_id,
+            purpose=msg.purpose,
+            **fields,
+        )
+        self.events.publish(ev)
+        self.metrics.events.labels(v.purpose).inc()

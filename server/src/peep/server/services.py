@@ -1,0 +1,194 @@
+"""The server's parts wired together from one :class:`~peep.server.config.ServerConfig`.
+
+:class:`Services` is what the gRPC servicer, the MQTT consumer, the CLI
+commands (``peep train``, ``peep erase``, ``peep retention``) and the QBBS
+module share. Operations that span parts live here: erasure of a subject
+(templates, then soft-trait hooks, then retraining) and retention.
+
+Hooks for the QBBS module
+-------------------------
+``services.recogniser.verify_score(values, claimed_subject)`` and
+``services.recogniser.validation_scores()``
+    face scores for fusion.
+``services.add_erasure_hook(fn)``
+    ``fn(subject) -> int`` deletes that subject's soft traits and returns how
+    many; called by every erasure after the templates are gone.
+``services.validator.validate(template)`` and ``services.ingestor.authorise(template, Sender(identity=...))``
+    the same template checks ingest applies.
+``peep.server.auth.current_identity()``
+    the caller of the RPC being handled.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from peep.core.bundle import load_public_key, read_bundle_files
+from peep.server.auth import DeviceRegistry
+from peep.server.bundlestore import BundleCatalog
+from peep.server.config import ResolvedSecrets, ServerConfig, resolve_secrets
+from peep.server.events import EventBus
+from peep.server.ingest import Ingestor
+from peep.server.metrics import ServerMetrics
+from peep.server.recognition import Recogniser
+from peep.server.registry import ModelRegistry
+from peep.server.storage import Store, open_store
+from peep.server.trainer import Trainer, TrainingBusy, TrainResult
+from peep.server.training import Progress, TrainingError
+from peep.server.validation import TemplateValidator
+
+log = logging.getLogger(__name__)
+
+ErasureHook = Callable[[str], int]
+
+
+@dataclass
+class ErasureResult:
+    subject: str
+    templates_deleted: int
+    soft_traits_deleted: int
+    model_version: str
+    versions_purged: list[str] = field(default_factory=list)
+
+
+class Services:
+    """All server parts (see module docstring).
+
+    Parameters
+    ----------
+    config : ServerConfig
+    secrets : ResolvedSecrets, optional
+        Resolved from the environment / ``CREDENTIALS_DIRECTORY`` when omitted.
+    store : Store, optional
+        Opened from ``config.storage`` when omitted.
+    metrics : ServerMetrics, optional
+    """
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        *,
+        secrets: ResolvedSecrets | None = None,
+        store: Store | None = None,
+        metrics: ServerMetrics | None = None,
+    ) -> None:
+        self.config = config
+        self.secrets = secrets if secrets is not None else resolve_secrets(config)
+        self.metrics = metrics or ServerMetrics()
+        db_password = self.secrets.db_password.get_secret_value() if self.secrets.db_password else None
+        self.store = store if store is not None else open_store(config.storage, password=db_password)
+        self.bundles = BundleCatalog(self.store, load_public_key(config.bundle.public_key))
+        self.validator = TemplateValidator(self.bundles, plausibility_sigmas=config.bundle.plausibility_sigmas)
+        self.registry = ModelRegistry(config.training.model_dir)
+        self.recogniser = Recogniser(self.registry, threads=config.training.threads, erasures=self.store.erasures)
+        self.recogniser.add_listener(lambda m: self.metrics.set_model_version(m.version))
+        self.metrics.set_model_version(self.recogniser.model.version if self.recogniser.model else None)
+        self.devices = DeviceRegistry(
+            config.auth.devices,
+            token_sha256=self.secrets.device_token_sha256,
+            admin_token_sha256=self.secrets.admin_token_sha256,
+            admin_common_names=config.auth.admin_common_names,
+        )
+        self.events = EventBus()
+        self.ingestor = Ingestor(
+            self.store,
+            self.validator,
+            self.recogniser,
+            self.events,
+            self.metrics,
+            self.devices,
+            require_registered_device=config.mqtt.require_registered_device,
+        )
+        self.trainer = Trainer(
+            self.store,
+            self.bundles,
+            self.registry,
+            config.training,
+            on_run=self.metrics.training_run,
+            on_promoted=self.recogniser.reload,
+        )
+        self._erasure_hooks: list[ErasureHook] = []
+        self._erase_lock = threading.Lock()
+
+    # ------------------------------------------------------------ bundles
+
+    def publish_configured_bundle(self) -> str | None:
+        """Publish ``bundle.dir`` (if configured); returns its id."""
+        d = self.config.bundle.dir
+        if d is None:
+            return None
+        bundle = self.bundles.publish(read_bundle_files(Path(d)))
+        return bundle.bundle_id
+
+    # ------------------------------------------------------------ training
+
+    def train(self, preset: str | None = None, *, progress: Progress | None = None) -> TrainResult:
+        return self.trainer.train(preset, progress=progress)
+
+    # ------------------------------------------------------------ erasure
+
+    def add_erasure_hook(self, fn: ErasureHook) -> None:
+        """Register ``fn(subject) -> n_deleted`` (the QBBS module's soft traits)."""
+        self._erasure_hooks.append(fn)
+
+    @property
+    def n_erasure_hooks(self) -> int:
+        return len(self._erasure_hooks)
+
+    def erase_subject(self, subject: str, *, retrain: bool = True) -> ErasureResult:
+        """Erase a subject: templates, then soft traits (hooks), then retrain.
+
+        Until a retrained model serves, the current model never names the
+        subject (its probability is zeroed). After retraining, older model
+        versions that know the subject are deleted.
+        """
+        from peep.core.wire import SUBJECT_PATTERN
+
+        if not SUBJECT_PATTERN.match(subject):
+            raise ValueError(
+                f"subject: expected 1-128 printable characters without '/', '+', '#', received {subject[:64]!r}"
+            )
+        with self._erase_lock:
+            self.store.record_erasure(subject, time.time())
+            self.recogniser.refresh_erasures()
+            n_templates = self.store.delete_subject(subject)
+            n_traits = 0
+            for hook in self._erasure_hooks:
+                n_traits += int(hook(subject))
+            self.metrics.erasures.inc()
+            log.info("subject erased", extra={"templates": n_templates, "soft_traits": n_traits})
+            version = self.recogniser.model.version if self.recogniser.model else ""
+            purged: list[str] = []
+            if retrain and self.recogniser.model is not None:
+                try:
+                    result = self.trainer.train()
+                    version = result.version
+                except (TrainingError, TrainingBusy) as exc:
+                    log.warning(
+                        "retraining after erasure failed; the erased subject stays masked", extra={"error": str(exc)}
+                    )
+                purged = self.registry.purge_subject(subject)
+            return ErasureResult(subject, n_templates, n_traits, version, purged)
+
+    # ------------------------------------------------------------ retention
+
+    def apply_retention(self, days: float, *, include_enrolment: bool | None = None, now: float | None = None) -> int:
+        """Delete templates received more than ``days`` days ago; returns how many."""
+        if not days > 0:
+            raise ValueError(f"days: expected a number > 0, received {days}")
+        incl = self.config.retention.include_enrolment if include_enrolment is None else include_enrolment
+        cutoff = (time.time() if now is None else now) - days * 86400.0
+        n = self.store.delete_received_before(cutoff, include_enrolment=incl)
+        self.metrics.retention_deleted.inc(n)
+        log.info("retention applied", extra={"days": days, "deleted": n, "include_enrolment": incl})
+        return n
+
+    def close(self) -> None:
+        self.trainer.cancel(timeout=5.0)
+        self.events.close()
+        self.store.close()
