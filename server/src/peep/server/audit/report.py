@@ -464,11 +464,22 @@ def render_html(audit: dict[str, Any], out: Path) -> str:
     )
     for name, label in (("components", "nc"), ("images_per_subject", "training images / subject (cap)")):
         if sw[name]:
-            head = [label, "nc", "ε / vector", "no privacy: accuracy", "F1", "private: accuracy", "F1", "balanced acc."]
+            head = [
+                label,
+                "nc",
+                "ε / coordinate",
+                "ε / vector",
+                "no privacy: accuracy",
+                "F1",
+                "private: accuracy",
+                "F1",
+                "balanced acc.",
+            ]
             rows = [
                 [
                     str(p["value"]),
                     str(p["n_components"]),
+                    _g(p["epsilon_coordinate"]),
                     _f(p["epsilon_vector"], 1),
                     _pm(p, "no_privacy", "accuracy"),
                     _pm(p, "no_privacy", "weighted_f1"),

@@ -518,6 +518,7 @@ def sweep_point(
         "images_per_subject_min": int(per_subject.min()),
         "images_per_subject_mean": float(per_subject.mean()),
         "epsilon": private["epsilon"],
+        "epsilon_coordinate": private["epsilon_coordinate"],
         "epsilon_vector": private["epsilon_vector"],
         "no_privacy": {k: clean_m[k] for k in ("accuracy", "weighted_f1", "balanced_accuracy")},
         "private": {k: private[k] for k in ("accuracy", "weighted_f1", "balanced_accuracy")},

@@ -112,6 +112,7 @@ _sweep_point = _obj(
         "value": {"type": "integer"},
         "n_components": {"type": "integer"},
         "epsilon": _pos,
+        "epsilon_coordinate": _pos,
         "epsilon_vector": _pos,
         "no_privacy": _obj({"accuracy": _frac, "weighted_f1": _frac}),
         "private": _obj({"accuracy": _frac, "weighted_f1": _frac}),
