@@ -177,16 +177,44 @@ def authenticate(
     )
 
 
-def _wrap(behavior: Callable[..., Any], check: Callable[[Any], Identity | None]) -> Callable[..., Any]:
+class Undecodable:
+    """Stands in for a request message that could not be parsed (so handlers can say so)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+    def __str__(self) -> str:
+        return f"payload: expected a serialised protobuf message, parsing failed ({self.error})"
+
+
+def _safe(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """A deserializer that returns :class:`Undecodable` instead of failing the call with INTERNAL."""
+    if deserializer is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as exc:  # protobuf DecodeError and friends
+            return Undecodable(str(exc) or type(exc).__name__)
+
+    return parse
+
+
+def _wrap(behavior: Callable[..., Any], check: Callable[[Any], Identity | None], unary: bool) -> Callable[..., Any]:
     def wrapper(request_or_iterator: Any, context: grpc.ServicerContext) -> Any:
         ident = check(context)
         _current.set(ident)
+        if unary and isinstance(request_or_iterator, Undecodable):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(request_or_iterator))
         return behavior(request_or_iterator, context)
 
     return wrapper
 
 
-class AuthInterceptor(grpc.ServerInterceptor):
+class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
     """Authenticate every RPC except health and reflection; require admin for :data:`ADMIN_METHODS`."""
 
     def __init__(self, registry: DeviceRegistry, admin_methods: Iterable[str] = ADMIN_METHODS) -> None:
@@ -217,18 +245,12 @@ class AuthInterceptor(grpc.ServerInterceptor):
                 )
             return ident
 
+        deser = _safe(handler.request_deserializer)
+        ser = handler.response_serializer
         if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(
-                _wrap(handler.unary_unary, check), handler.request_deserializer, handler.response_serializer
-            )
+            return grpc.unary_unary_rpc_method_handler(_wrap(handler.unary_unary, check, True), deser, ser)
         if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(
-                _wrap(handler.unary_stream, check), handler.request_deserializer, handler.response_serializer
-            )
+            return grpc.unary_stream_rpc_method_handler(_wrap(handler.unary_stream, check, True), deser, ser)
         if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(
-                _wrap(handler.stream_unary, check), handler.request_deserializer, handler.response_serializer
-            )
-        return grpc.stream_stream_rpc_method_handler(
-            _wrap(handler.stream_stream, check), handler.request_deserializer, handler.response_serializer
-        )
+            return grpc.stream_unary_rpc_method_handler(_wrap(handler.stream_unary, check, False), deser, ser)
+        return grpc.stream_stream_rpc_method_handler(_wrap(handler.stream_stream, check, False), deser, ser)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from peep.server.auth import DeviceRegistry, Identity
+from peep.server.auth import DeviceRegistry, Identity, Undecodable
 from peep.server.events import EventBus, new_event
 from peep.server.metrics import ServerMetrics
 from peep.server.recognition import ModelMismatch, ModelUnavailable, Recogniser
@@ -158,6 +158,10 @@ class Ingestor:
         rejected: Counter[str] = Counter()
         for i, msg in enumerate(msgs):
             sender = senders if isinstance(senders, Sender) else senders[i]
+            if isinstance(msg, Undecodable):
+                rejected["malformed"] += 1
+                outcomes[i] = Outcome("", REJECTED, str(msg), "malformed")
+                continue
             try:
                 v = self.check(msg, sender)
             except Rejection as exc:

@@ -13,7 +13,8 @@ mechanism consistent with the bundle
     The server rebuilds the mechanism from the bundle's public bounds and the
     template's ``kind``, ``epsilon`` and ``delta``
     (:func:`peep.core.release.mechanism_for_bounds`) and requires the stated
-    ``epsilon_coordinate``, ``epsilon_vector`` and ``noise_std`` to match it
+    ``delta`` (0 for the pure-ε kinds), ``epsilon_coordinate``,
+    ``epsilon_vector`` and ``noise_std`` to match it
     (relative tolerance 1e-3, which absorbs the sampler's grid inflation of
     ~1e-6..1e-4). A device cannot claim a stronger guarantee than the noise
     it applied implies.
@@ -85,6 +86,7 @@ def reason_for(exc: WireError) -> str:
 class _Domain:
     lower: NDArray[np.float32]
     upper: NDArray[np.float32]
+    delta: float
     epsilon_coordinate: float
     epsilon_vector: float
     noise_std: float
@@ -102,7 +104,7 @@ class ValidTemplate:
 
 
 def _close(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=_REL_TOL, abs_tol=1e-12)
+    return math.isclose(a, b, rel_tol=_REL_TOL, abs_tol=0.0)
 
 
 class TemplateValidator:
@@ -158,6 +160,7 @@ class TemplateValidator:
         domain = self._domain(bundle, kind, msg.mechanism)
         m = msg.mechanism
         for name, stated, expected in (
+            ("delta", m.delta, domain.delta),
             ("epsilon_coordinate", m.epsilon_coordinate, domain.epsilon_coordinate),
             ("epsilon_vector", m.epsilon_vector, domain.epsilon_vector),
             ("noise_std", m.noise_std, domain.noise_std),
@@ -226,6 +229,7 @@ class TemplateValidator:
         return _Domain(
             lower=lower,
             upper=upper,
+            delta=float(g.delta),
             epsilon_coordinate=float(g.epsilon_coordinate),
             epsilon_vector=float(g.epsilon_vector),
             noise_std=float(mech.noise_std),
