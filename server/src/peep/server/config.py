@@ -329,6 +329,12 @@ class MqttConfig(_Model):
     qos: int = Field(default=1, ge=0, le=1)
     keepalive_s: int = Field(default=30, ge=5, le=3600)
     receive_maximum: int = Field(default=1000, ge=1, le=65535, description="QoS 1 messages in flight from the broker")
+    connections: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="consumer connections in the shared-subscription group (each gets the broker's in-flight window)",
+    )
     batch: int = Field(default=512, ge=1, le=10_000, description="templates committed per transaction")
     queue_size: int = Field(
         default=50_000, ge=100, le=10_000_000, description="decoded templates waiting for the writer"

@@ -1,0 +1,229 @@
+"""MQTT ingest against the real Mosquitto (127.0.0.1:1883): shared subscription, dead letters, events, bundle."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+
+import paho.mqtt.client as mqtt
+import pytest
+from peep.core.bundle import EigenfaceBundle
+from peep.server.bundlestore import files_from_message
+from peep.v1 import recognition_pb2
+from peep_server_testlib import MQTT_PREFIX, SITE, base_config, mqtt_available, start_server
+
+pytestmark = pytest.mark.mqtt
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _broker():
+    reason = mqtt_available()
+    if reason:
+        pytest.skip(reason)
+
+
+class Listener:
+    """A plain MQTT client collecting messages (what a device or an operator would see)."""
+
+    def __init__(self, *topics: str) -> None:
+        self.messages: list[mqtt.MQTTMessage] = []
+        self.cond = threading.Condition()
+        self.ready = threading.Event()
+        c = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2, client_id=f"listener-{uuid.uuid4().hex[:8]}", protocol=mqtt.MQTTv5
+        )
+        c.on_connect = lambda cl, *a: [cl.subscribe(t, qos=1) for t in topics]
+        c.on_subscribe = lambda *a: self.ready.set()
+        c.on_message = self._on_message
+        c.connect("127.0.0.1", 1883)
+        c.loop_start()
+        assert self.ready.wait(5)
+        self.client = c
+
+    def _on_message(self, client, userdata, msg):
+        with self.cond:
+            self.messages.append(msg)
+            self.cond.notify_all()
+
+    def wait(self, n: int, timeout: float = 10.0) -> list[mqtt.MQTTMessage]:
+        with self.cond:
+            self.cond.wait_for(lambda: len(self.messages) >= n, timeout)
+            return list(self.messages)
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def publisher() -> mqtt.Client:
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"dev-{uuid.uuid4().hex[:8]}", protocol=mqtt.MQTTv5)
+    c.connect("127.0.0.1", 1883)
+    c.loop_start()
+    return c
+
+
+def topic(site: str = SITE, device: str = "cam-1", leaf: str = "templates") -> str:
+    return f"{MQTT_PREFIX}/{site}/{device}/{leaf}"
+
+
+def publish_all(c: mqtt.Client, items: list[tuple[str, bytes]]) -> None:
+    infos = [c.publish(t, p, qos=1) for t, p in items]
+    for info in infos:
+        info.wait_for_publish(10)
+
+
+def wait_for(pred, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return pred()
+
+
+def mqtt_config(tmp_path, keypair, bundle_dir, group: str | None = None, **sections):
+    cfg = base_config(
+        tmp_path,
+        keypair[3],
+        bundle_dir,
+        mqtt={
+            "enabled": True,
+            "share_group": group or f"g{uuid.uuid4().hex[:8]}",
+            "client_id": f"srv-{uuid.uuid4().hex[:8]}",
+        },
+        **sections,
+    )
+    cfg["auth"]["allow_insecure"] = True
+    return cfg
+
+
+def test_templates_over_mqtt_are_stored_once_and_bad_ones_dead_lettered(tmp_path, pki, keypair, bundle_dir, templates):
+    dead = Listener(f"{MQTT_PREFIX}/deadletter")
+    srv = start_server(mqtt_config(tmp_path, keypair, bundle_dir), pki, tmp_path, mqtt_wait=10)
+    pub = publisher()
+    try:
+        good = [templates.message(i) for i in range(50)]
+        payloads = [(topic(), m.SerializeToString()) for m in good]
+        publish_all(pub, payloads + payloads[:10])  # ten redeliveries
+        store = srv.services.store
+        assert wait_for(lambda: srv.app.mqtt.processed >= 60)
+        assert store.count_templates() == 50
+
+        nan = templates.message(60)
+        nan.values[0] = float("nan")
+        bad = [
+            (topic(), b"\x0a\xff\xff\xff not protobuf"),
+            (topic(device="cam-2"), templates.message(61).SerializeToString()),  # topic says cam-2, message cam-1
+            (topic(device="cam-9"), templates.message(62, device_id="cam-9").SerializeToString()),  # unregistered
+            (topic(), nan.SerializeToString()),
+            (topic(), templates.message(63, values=templates.X[0][:64]).SerializeToString()),
+        ]
+        publish_all(pub, bad)
+        got = dead.wait(len(bad))
+        assert len(got) == len(bad)
+        docs = [json.loads(m.payload) for m in got]
+        assert {d["code"] for d in docs} == {
+            "malformed",
+            "topic_mismatch",
+            "unknown_device",
+            "non_finite",
+            "wrong_dimension",
+        }
+        for d in docs:
+            assert set(d) == {"topic", "code", "reason", "size"}
+        sizes = {d["code"]: d["size"] for d in docs}
+        assert sizes["malformed"] == len(bad[0][1])
+        raw = b"".join(m.payload for m in got)
+        assert bad[3][1][-40:] not in raw  # the payload itself is never republished
+        assert store.count_templates() == 50
+        m = srv.services.metrics
+        assert m.value("peep_ingest_rejected_total", {"transport": "mqtt", "reason": "topic_mismatch"}) == 1
+        assert m.value("peep_ingest_templates_total", {"transport": "mqtt", "status": "accepted"}) == 50
+        assert m.value("peep_ingest_templates_total", {"transport": "mqtt", "status": "duplicate"}) == 10
+        assert m.value("peep_mqtt_connected") == 1
+    finally:
+        pub.disconnect()
+        dead.close()
+        srv.app.stop(0)
+
+
+def test_bundle_is_announced_retained(tmp_path, pki, keypair, bundle_dir, bundle):
+    srv = start_server(mqtt_config(tmp_path, keypair, bundle_dir), pki, tmp_path, mqtt_wait=10)
+    try:
+        late = Listener(f"{MQTT_PREFIX}/bundle")  # subscribes after the announcement: retained
+        msgs = late.wait(1)
+        late.close()
+        assert msgs and msgs[0].retain
+        files = recognition_pb2.BundleFiles.FromString(msgs[-1].payload)
+        assert files.bundle_id == bundle.bundle_id
+        assert EigenfaceBundle.from_files(files_from_message(files), keypair[1]).bundle_id == bundle.bundle_id
+    finally:
+        srv.app.stop(0)
+
+
+def test_recognition_events_are_published_per_device(tmp_path, pki, keypair, bundle_dir, templates, trained_server):
+    cfg = mqtt_config(tmp_path, keypair, bundle_dir, training={"model_dir": str(trained_server.tmp / "models")})
+    srv = start_server(cfg, pki, tmp_path, mqtt_wait=10)
+    events = Listener(topic(leaf="events"))
+    pub = publisher()
+    try:
+        assert srv.services.recogniser.model is not None
+        i = int(templates.test[5])
+        ident = templates.message(i, track_id="t-42")
+        ver = templates.message(i, purpose="verify", subject=str(templates.subjects[i]))
+        publish_all(pub, [(topic(), ident.SerializeToString()), (topic(), ver.SerializeToString())])
+        got = events.wait(2)
+        docs = {d["message_id"]: d for d in (json.loads(m.payload) for m in got)}
+        e = docs[ident.message_id]
+        assert e["purpose"] == "identify" and e["track_id"] == "t-42" and e["model_version"] == "v000001"
+        assert e["site"] == SITE and e["device_id"] == "cam-1" and 0 <= e["probability"] <= 1
+        assert e["unknown"] == (e["subject"] == "")
+        v = docs[ver.message_id]
+        assert v["purpose"] == "verify" and v["claimed_subject"] == ver.subject and isinstance(v["accepted"], bool)
+    finally:
+        pub.disconnect()
+        events.close()
+        srv.app.stop(0)
+
+
+def test_replicas_split_the_load_through_the_shared_subscription(tmp_path, pki, keypair, bundle_dir, templates, pg_dsn):
+    group = f"g{uuid.uuid4().hex[:8]}"
+    storage = {"backend": "postgres", "dsn": pg_dsn}
+    a = start_server(
+        mqtt_config(tmp_path / "a", keypair, bundle_dir, group, storage=storage), pki, tmp_path, mqtt_wait=10
+    )
+    b = start_server(
+        mqtt_config(tmp_path / "b", keypair, bundle_dir, group, storage=storage), pki, tmp_path, mqtt_wait=10
+    )
+    pub = publisher()
+    try:
+        msgs = [templates.message(i) for i in range(300)]
+        publish_all(pub, [(topic(), m.SerializeToString()) for m in msgs])
+        assert wait_for(lambda: a.app.mqtt.processed + b.app.mqtt.processed >= 300)
+        assert a.app.mqtt.processed > 0 and b.app.mqtt.processed > 0  # both replicas took a share
+        assert a.services.store.count_templates() == 300  # one PostgreSQL, every template once
+    finally:
+        pub.disconnect()
+        b.app.stop(0)
+        a.app.stop(0)
+
+
+def test_stop_stores_and_acks_everything_already_received(tmp_path, pki, keypair, bundle_dir, templates):
+    srv = start_server(mqtt_config(tmp_path, keypair, bundle_dir), pki, tmp_path, mqtt_wait=10)
+    pub = publisher()
+    msgs = [templates.message(i) for i in range(400)]
+    publish_all(pub, [(topic(), m.SerializeToString()) for m in msgs])
+    wait_for(lambda: srv.app.mqtt.processed > 0, 10)
+    srv.app.stop(5.0)  # graceful: whatever was delivered is committed before disconnecting
+    pub.disconnect()
+    from peep.server.storage.sqlite import SqliteStore
+
+    s = SqliteStore(tmp_path / "peep.db")
+    try:
+        assert s.count_templates() == srv.app.mqtt.processed > 0
+    finally:
+        s.close()
+    assert os.path.exists(tmp_path / "peep.db")
