@@ -11,6 +11,7 @@ import hashlib
 import ipaddress
 import json
 import socket
+import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,8 @@ ADMIN_TOKEN = "admin-" + uuid.uuid4().hex
 DEVICE_TOKENS = {"cam-1": "tok-cam1-" + uuid.uuid4().hex, "cam-2": "tok-cam2-" + uuid.uuid4().hex}
 SITE = "lobby"
 MQTT_PREFIX = f"peeptest-{uuid.uuid4().hex[:10]}/v1"
+#: The `peep` console script of this environment (`python -m peep.server.cli` would not map UsageError to exit 2).
+PEEP = str(Path(sys.executable).with_name("peep"))
 
 
 def sha(token: str) -> str:

@@ -179,7 +179,7 @@ def test_a_killed_writer_leaves_only_garbage_that_is_cleaned(tmp_path):
 def test_kill_during_training_keeps_the_previous_model_serving(tmp_path, pki, keypair, bundle_dir, templates):
     """`peep train` SIGKILLed mid-training: CURRENT is untouched and the running server still answers."""
     from peep.v1 import recognition_pb2
-    from peep_server_testlib import ADMIN, DEVICE, base_config, start_server, tls_section, to_toml
+    from peep_server_testlib import ADMIN, DEVICE, PEEP, base_config, start_server, tls_section, to_toml
 
     cfg = base_config(tmp_path, keypair[3], bundle_dir, grpc={"tls": tls_section(pki)})
     srv = start_server(cfg, pki, tmp_path)
@@ -194,7 +194,7 @@ def test_kill_during_training_keeps_the_previous_model_serving(tmp_path, pki, ke
         conf = tmp_path / "server.toml"
         conf.write_text(to_toml(cfg))
         env = {**os.environ, "PEEP_PROGRESS": "1"}
-        cmd = [sys.executable, "-m", "peep.server.cli", "train", "--config", str(conf)]
+        cmd = [PEEP, "train", "--config", str(conf)]
         p = subprocess.Popen([*cmd, "--preset", "paper"], stderr=subprocess.PIPE, env=env)
         assert p.stderr is not None
         buf = b""

@@ -126,7 +126,7 @@ class ServerApp:
                 "tls": self.config.grpc.tls is not None,
                 "mqtt": self._mqtt_enabled,
                 "metrics_port": self.metrics_port,
-                "bundle_id": bundle_id or (s.bundles.current().bundle_id if s.bundles.current() else None),
+                "bundle_id": bundle_id or getattr(s.bundles.current(), "bundle_id", None),
                 "model_version": m.version if m else None,
                 "store": s.store.dialect,
             },
@@ -154,7 +154,7 @@ class ServerApp:
         log.info("shutting down", extra={"grace_s": g})
         try:
             if self.server is not None:
-                self.server.peep_health.enter_graceful_shutdown()  # type: ignore[attr-defined]
+                self.server.peep_health.enter_graceful_shutdown()
             if self.mqtt is not None:
                 self.mqtt.stop(drain_timeout=max(1.0, g))
             if self.server is not None:

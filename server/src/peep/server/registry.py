@@ -186,7 +186,7 @@ class ModelRegistry:
         _write_file(staging / MODEL_ONNX, onnx_model)
         if scores:
             with open(staging / SCORES, "wb") as fh:
-                np.savez(fh, **{k: np.asarray(v) for k, v in scores.items()})
+                np.savez(fh, **{k: np.asarray(v) for k, v in scores.items()})  # type: ignore[arg-type]
                 fh.flush()
                 os.fsync(fh.fileno())
         with self._locked():

@@ -110,10 +110,13 @@ class Services:
             self.registry,
             config.training,
             on_run=self.metrics.training_run,
-            on_promoted=self.recogniser.reload,
+            on_promoted=self._promoted,
         )
         self._erasure_hooks: list[ErasureHook] = []
         self._erase_lock = threading.Lock()
+
+    def _promoted(self) -> None:
+        self.recogniser.reload()
 
     # ------------------------------------------------------------ bundles
 

@@ -207,7 +207,7 @@ def fit_mlp(
     pipeline : sklearn Pipeline
     n_epochs : int
     """
-    from threadpoolctl import threadpool_limits
+    from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
     with threadpool_limits(limits=blas_threads, user_api="blas"):
         return _fit_mlp(X, y, preset=preset, n_classes=n_classes, X_val=X_val, y_val=y_val,

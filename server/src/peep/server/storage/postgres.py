@@ -112,7 +112,7 @@ class PostgresStore:
                 )
             for version in range(current + 1, len(steps) + 1):
                 for stmt in steps[version - 1]:
-                    conn.execute(stmt)  # type: ignore[call-overload]
+                    conn.execute(stmt)
                 conn.execute(
                     f"INSERT INTO {SCHEMA_TABLE} (version, applied_at) VALUES (%s, %s)", (version, time.time())
                 )
@@ -133,14 +133,14 @@ class PostgresStore:
         unique = [records[i] for i in first.values()]
         columns = list(zip(*(r.row() for r in unique), strict=True))
         with self._conn() as conn, conn.transaction():
-            inserted = {row[0] for row in conn.execute(_INSERT, [list(c) for c in columns])}  # type: ignore[call-overload]
+            inserted = {row[0] for row in conn.execute(_INSERT, [list(c) for c in columns])}
         return [first[r.message_id] == i and r.message_id in inserted for i, r in enumerate(records)]
 
     def get_template(self, message_id: str) -> TemplateRecord | None:
         with self._conn() as conn:
             row = conn.execute(
                 f"SELECT {', '.join(COLUMNS)} FROM templates WHERE message_id = %s", (message_id,)
-            ).fetchone()  # type: ignore[call-overload]
+            ).fetchone()
         if row is None:
             return None
         values = list(row)
@@ -157,7 +157,7 @@ class PostgresStore:
                 params.append(val)
         q = "SELECT COUNT(*) FROM templates" + (" WHERE " + " AND ".join(where) if where else "")
         with self._conn() as conn:
-            row = conn.execute(q, params).fetchone()  # type: ignore[call-overload]
+            row = conn.execute(q, params).fetchone()
         return int(row[0]) if row else 0
 
     def enrolment_kinds(self, bundle_id: str) -> dict[str, int]:
@@ -193,7 +193,7 @@ class PostgresStore:
     def delete_received_before(self, cutoff: float, *, include_enrolment: bool = False) -> int:
         q = "DELETE FROM templates WHERE received_at < %s" + ("" if include_enrolment else " AND purpose != 'enroll'")
         with self._conn() as conn:
-            return int(conn.execute(q, (cutoff,)).rowcount)  # type: ignore[call-overload]
+            return int(conn.execute(q, (cutoff,)).rowcount)
 
     # ------------------------------------------------------------ bundles, erasures
 

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from peep.server.storage import COLUMNS, EnrolmentSet, StoreError, TemplateRecord, stack_blobs
@@ -215,7 +216,7 @@ class SqliteStore:
             self._conn.close()
 
 
-def _enrolment_set(rows: Sequence[Sequence[object]]) -> EnrolmentSet:
+def _enrolment_set(rows: Sequence[Sequence[Any]]) -> EnrolmentSet:
     if not rows:
         return EnrolmentSet(
             values=np.zeros((0, 0), dtype=np.float32),
@@ -223,10 +224,10 @@ def _enrolment_set(rows: Sequence[Sequence[object]]) -> EnrolmentSet:
             kinds=np.array([], dtype=object),
             message_ids=[],
         )
-    widths = {int(r[3]) for r in rows}  # type: ignore[call-overload]
+    widths = {int(r[3]) for r in rows}
     if len(widths) != 1:
         raise StoreError(f"templates: enrolment templates of one bundle have several dimensions {sorted(widths)}")
-    values = stack_blobs([bytes(r[4]) for r in rows], widths.pop())  # type: ignore[arg-type]
+    values = stack_blobs([bytes(r[4]) for r in rows], widths.pop())
     return EnrolmentSet(
         values=values,
         subjects=np.array([r[1] for r in rows], dtype=object),
