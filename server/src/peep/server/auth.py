@@ -203,6 +203,22 @@ def _safe(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any]
     return parse
 
 
+def authorize_admin(context: grpc.ServicerContext, method: str = "") -> None:
+    """Abort with PERMISSION_DENIED unless the current caller is an admin.
+
+    For servicers hosted next to RecognitionService (QBBS passes it as its
+    ``authorize_admin``); :class:`AuthInterceptor` has already authenticated
+    the caller and, for :data:`ADMIN_METHODS`, required an admin.
+    """
+    ident = current_identity()
+    if ident is None or not ident.is_admin:
+        who = "an unauthenticated caller" if ident is None else f"device {ident.name!r}"
+        context.abort(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"{method or 'this method'}: expected an admin credential, received {who}",
+        )
+
+
 def _wrap(behavior: Callable[..., Any], check: Callable[[Any], Identity | None], unary: bool) -> Callable[..., Any]:
     def wrapper(request_or_iterator: Any, context: grpc.ServicerContext) -> Any:
         ident = check(context)

@@ -441,6 +441,9 @@ class ServerConfig(_Model):
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    qbbs: dict[str, Any] | None = Field(
+        default=None, description="the soft-biometric query module's section (validated by peep.server.qbbs.config)"
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -11,12 +11,16 @@ Accessors for the QBBS module (fusion of face and soft-trait scores):
     the face score of a claim (probability of the claimed subject);
 :meth:`Recogniser.validation_scores`
     the serving model's genuine and impostor validation scores, for the
-    Parzen-window estimate of P(genuine | s).
+    Parzen-window estimate of P(genuine | s);
+:class:`ServingFaceScores`
+    both, as the QBBS module's ``FaceScoreProvider`` (log-probability scale,
+    ``model_version`` follows promotions so the Parzen densities are refitted).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -213,6 +217,12 @@ class Recogniser:
         else:
             self._mask = None
 
+    def is_masked(self, subject: str, model: LoadedModel) -> bool:
+        """Whether ``subject`` was erased after ``model`` was trained (so it never names them)."""
+        mask = self._mask if model is self._model else None
+        idx = model.class_index.get(subject)
+        return bool(mask is not None and idx is not None and mask[idx])
+
     @property
     def model(self) -> LoadedModel | None:
         """The serving model (checks for a promotion every ``check_interval`` s)."""
@@ -336,3 +346,52 @@ class Recogniser:
         """
         m = self.require_model()
         return m.genuine.copy(), m.impostor.copy()
+
+
+class ServingFaceScores:
+    """The serving model as the QBBS module's face-score provider.
+
+    Implements ``peep.server.qbbs.face.FaceScoreProvider`` structurally: the
+    score of a claim is ``log max(P(claimed | template), 1e-12)``, the
+    validation scores are on the same scale, and ``model_version`` names the
+    serving version (the QBBS module refits its Parzen densities when it
+    changes).
+
+    Raises
+    ------
+    KeyError
+        The claimed subject is not enrolled in the serving model (or was erased).
+    ValueError
+        The template cannot be scored by this model (other bundle or domain, wrong length).
+    ModelUnavailable
+        No model has been trained yet.
+    """
+
+    FLOOR = 1e-12
+
+    def __init__(self, recogniser: Recogniser) -> None:
+        self.recogniser = recogniser
+
+    @property
+    def model_version(self) -> str:
+        m = self.recogniser.model
+        return m.version if m is not None else ""
+
+    def face_score(self, claimed_subject: str, values: NDArray[np.float32], *, template: Any = None) -> float:
+        m = self.recogniser.require_model()
+        if template is not None:
+            from peep.core.wire import mechanism_kind_name
+
+            m = self.recogniser.check_compatible(template.bundle_id, mechanism_kind_name(template.mechanism.kind))
+        if claimed_subject not in m.class_index:
+            raise KeyError(claimed_subject)
+        _, scores = self.recogniser.verify_scores(
+            np.asarray(values, dtype=np.float32).reshape(1, -1), [claimed_subject], model=m
+        )
+        if self.recogniser.is_masked(claimed_subject, m):
+            raise KeyError(claimed_subject)  # erased, not yet retrained
+        return math.log(max(float(scores[0]), self.FLOOR))
+
+    def validation_scores(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        genuine, impostor = self.recogniser.validation_scores()
+        return np.log(np.maximum(genuine, self.FLOOR)), np.log(np.maximum(impostor, self.FLOOR))

@@ -57,6 +57,16 @@ def validate(path: str) -> int:
         ):
             if p is not None and not p.is_file():
                 problems.append(f"  {label}: expected a readable file (received {str(p)!r})")
+    if config.qbbs is not None:
+        try:
+            from peep.server.qbbs.config import load_config as load_qbbs_config
+        except ModuleNotFoundError:
+            problems.append("  qbbs: the section is set but the QBBS module is not installed")
+        else:
+            try:
+                load_qbbs_config(path)
+            except ValueError as exc:
+                problems.append(f"  qbbs: {exc}")
     if problems:
         print(f"{path}: invalid configuration", file=sys.stderr)
         print("\n".join(problems), file=sys.stderr)
