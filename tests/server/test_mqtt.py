@@ -84,7 +84,7 @@ def wait_for(pred, timeout: float = 15.0) -> bool:
     return pred()
 
 
-def mqtt_config(tmp_path, keypair, bundle_dir, group: str | None = None, **sections):
+def mqtt_config(tmp_path, keypair, bundle_dir, group: str | None = None, mqtt_connections: int = 4, **sections):
     cfg = base_config(
         tmp_path,
         keypair[3],
@@ -93,6 +93,7 @@ def mqtt_config(tmp_path, keypair, bundle_dir, group: str | None = None, **secti
             "enabled": True,
             "share_group": group or f"g{uuid.uuid4().hex[:8]}",
             "client_id": f"srv-{uuid.uuid4().hex[:8]}",
+            "connections": mqtt_connections,
         },
         **sections,
     )
@@ -227,3 +228,32 @@ def test_stop_stores_and_acks_everything_already_received(tmp_path, pki, keypair
     finally:
         s.close()
     assert os.path.exists(tmp_path / "peep.db")
+
+
+def test_a_failing_database_is_retried_without_losing_templates(tmp_path, pki, keypair, bundle_dir, templates):
+    from peep.server.storage import StoreError
+
+    srv = start_server(mqtt_config(tmp_path, keypair, bundle_dir, mqtt_connections=1), pki, tmp_path, mqtt_wait=10)
+    real = srv.services.ingestor.store
+    failures = {"left": 2}
+
+    class Flaky:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def insert_templates(self, records):
+            if failures["left"]:
+                failures["left"] -= 1
+                raise StoreError("database unavailable (test)")
+            return real.insert_templates(records)
+
+    srv.services.ingestor.store = Flaky()
+    pub = publisher()
+    try:
+        msgs = [templates.message(i) for i in range(10)]
+        publish_all(pub, [(topic(), m.SerializeToString()) for m in msgs])
+        assert wait_for(lambda: srv.app.mqtt.processed >= 10)
+        assert failures["left"] == 0 and real.count_templates() == 10
+    finally:
+        pub.disconnect()
+        srv.app.stop(0)

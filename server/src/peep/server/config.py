@@ -179,7 +179,12 @@ class TlsConfig(_Model):
 
 class GrpcConfig(_Model):
     listen: str = Field(default="127.0.0.1:50051", description="HOST:PORT of the gRPC listener")
-    max_workers: int = Field(default=16, ge=1, le=512, description="handler threads (one per in-flight RPC)")
+    max_workers: int = Field(
+        default=16,
+        ge=1,
+        le=512,
+        description="handler threads (one per in-flight RPC; each StreamEvents client holds one)",
+    )
     grace_s: float = Field(
         default=10.0,
         ge=0.0,
@@ -317,7 +322,7 @@ class MqttConfig(_Model):
     enabled: bool = True
     host: str = "127.0.0.1"
     port: int = Field(default=1883, ge=1, le=65535)
-    client_id: str | None = Field(default=None, description="unique per replica (default peep-server-<host>-<pid>)")
+    client_id: str | None = Field(default=None, description="unique per replica (default peep-server-<host>-<random>)")
     username: str | None = Field(default="peep-server", description="the server's broker user (deploy/mosquitto ACL)")
     password: SecretRef | None = None
     share_group: str = Field(

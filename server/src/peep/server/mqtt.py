@@ -232,20 +232,25 @@ class MqttBridge:
                     items.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            try:
-                self._process(items)
-            except Exception:
-                # Not acked: the broker redelivers after a reconnect.
-                log.exception("mqtt batch failed; messages not acknowledged", extra={"size": len(items)})
-                time.sleep(0.5)
-            else:
+            delay = 0.2
+            while True:
+                try:
+                    self._process(items)
+                except Exception:
+                    # The database is unavailable: keep the batch (unacknowledged,
+                    # so the broker still holds it) and retry; ingest is idempotent.
+                    log.exception("mqtt batch failed; retrying", extra={"size": len(items), "retry_in_s": delay})
+                    if self._stop.wait(delay):
+                        break  # shutting down: unacknowledged, the broker redelivers
+                    delay = min(delay * 2, 10.0)
+                    continue
                 for it in items:
                     if it.qos:
                         self.clients[it.conn].ack(it.mid, it.qos)
                 self.processed += len(items)
-            finally:
-                if self._queue.empty():
-                    self._idle.set()
+                break
+            if self._queue.empty():
+                self._idle.set()
 
     def _topic_sender(self, topic: str) -> Sender | None:
         parts = topic.split("/")
