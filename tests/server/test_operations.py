@@ -109,6 +109,13 @@ def test_erase_and_retention_from_the_command_line(enrolled, templates, capsys):
     assert f"subject {victim!r} erased" in out and "templates" in out
     assert store.count_templates(subject=victim) == 0
     assert victim in SqliteStore(srv.tmp / "peep.db").erasures()
+    # the running server learns of the erasure made by another process without a restart
+    srv.services.recogniser.erasure_interval = 0.0
+    srv.services.recogniser.check_interval = 0.0
+    i = int(templates.train[0])
+    probe = recognition_pb2.IdentifyRequest(template=templates.message(i), top_k=10)
+    r = srv.stub().Identify(probe, metadata=DEVICE, timeout=5)
+    assert r.subject != victim and {c.subject: c.probability for c in r.candidates}.get(victim, 0.0) == 0.0
     assert main(["erase", "--config", str(conf), "--subject", "a/b"]) == 2
 
 

@@ -128,6 +128,8 @@ class Recogniser:
         (their probability is zeroed) until a retrained model is promoted.
     check_interval : float
         Seconds between checks of the registry's ``CURRENT`` pointer.
+    erasure_interval : float
+        Seconds between re-reads of the erasure list.
     """
 
     def __init__(
@@ -137,12 +139,15 @@ class Recogniser:
         threads: int = 1,
         erasures: Callable[[], Mapping[str, float]] | None = None,
         check_interval: float = 1.0,
+        erasure_interval: float = 5.0,
     ) -> None:
         self.registry = registry
         self.threads = threads
         self._erasures_fn = erasures
         self._erasures: Mapping[str, float] = {}
         self.check_interval = check_interval
+        self.erasure_interval = erasure_interval
+        self._erasures_checked = time.monotonic()
         self._lock = threading.Lock()
         self._model: LoadedModel | None = None
         self._mask: NDArray[np.bool_] | None = None
@@ -225,8 +230,20 @@ class Recogniser:
 
     @property
     def model(self) -> LoadedModel | None:
-        """The serving model (checks for a promotion every ``check_interval`` s)."""
-        if time.monotonic() - self._checked > self.check_interval:
+        """The serving model (checks for a promotion every ``check_interval`` s).
+
+        The erasure list is re-read every ``erasure_interval`` s too, so an
+        erasure made by another process (``peep erase``, another replica)
+        takes effect here without a restart.
+        """
+        now = time.monotonic()
+        if now - self._checked > self.check_interval:
+            if self._erasures_fn is not None and now - self._erasures_checked > self.erasure_interval:
+                self._erasures_checked = now
+                try:
+                    self.refresh_erasures()
+                except Exception as exc:  # the store being down must not stop recognition
+                    log.warning("could not re-read erasures", extra={"error": str(exc)})
             return self.reload()
         return self._model
 

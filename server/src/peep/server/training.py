@@ -9,12 +9,28 @@ release: noisy eigenface coefficients. Two presets of scikit-learn's
     (512, 1024, 2014, 1024, 512), at most 200 epochs, scikit-learn's stopping
     rule (training loss not improving by 1e-4 for 10 epochs), raw inputs.
 ``default``
-    Tuned on LFW templates (see :data:`PRESETS` for the measured numbers):
-    inputs standardised with statistics of the training templates, one hidden
-    layer of 512 relu units, L2 penalty ``alpha`` = 1.0, early stopping on the
-    validation log-loss with the best epoch's weights restored. Smaller and
-    much faster than the paper's network and more accurate on noisy
-    templates, where a five-layer network mostly fits the noise.
+    Tuned on LFW templates: inputs standardised with statistics of the
+    training templates, one hidden layer of 512 relu units, L2 penalty
+    ``alpha`` = 1.0, early stopping on the validation log-loss with the best
+    epoch's weights restored. Smaller and much faster than the paper's network
+    and more accurate on noisy templates, where a five-layer network mostly
+    fits the noise.
+
+Measured (LFW's five people with >= 100 images, detector-normalised, nc = 128
+bundle from the 5-9 image people; 70/30 stratified splits, 5 seeds; both
+presets trained by :func:`fit_recogniser` on the same 70 %, test accuracy on
+the 30 %, mean ± std):
+
+==================  ===============  ===============
+templates           paper            default
+==================  ===============  ===============
+no noise            0.854 ± 0.015    0.896 ± 0.014
+peep-raw, ε = 8     0.811 ± 0.015    0.846 ± 0.008
+peep, ε = 8         0.594 ± 0.020    0.609 ± 0.019
+==================  ===============  ===============
+
+The default wins on every seed (ties once at peep ε = 8) and trains in about
+a second instead of about a minute on this 2-core machine.
 
 Open set. Subjects whose id starts with ``training.background_prefix``
 (default ``"background:"``) are never returned as identities; their templates
