@@ -60,4 +60,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the imported module's main: under ``python -m`` this file is also
+    # ``__main__``, and its UsageError would not be the one commands raise.
+    sys.exit(importlib.import_module("peep.server.cli").main())
