@@ -191,3 +191,24 @@ def test_missing_soft_extra_is_a_defined_error(make_config, monkeypatch, capsys)
     path = make_config(soft={"enabled": True})
     assert main(["run", "--config", str(path), "--validate-config"]) == 2
     assert "soft.enabled: expected the optional extra peep-edge[soft]" in capsys.readouterr().err
+
+
+def test_release_observer_sees_each_spooled_template_with_its_frame(make_config, crowd_video):
+    seen: list[tuple[str, int, str]] = []
+    agent = Agent(
+        load_config(make_config(privacy={"epsilon": 4.0, "track_budget": 1e6, "window_seconds": 10.0})),
+        environ={},
+        on_release=lambda rel, frame: seen.append((rel.message_id, frame.index, rel.track_id)),
+    )
+    try:
+        msgs = [decode_template(p) for p in run_video(agent, crowd_video["path"])]
+    finally:
+        agent.shutdown(drain_timeout=0)
+    assert [m.message_id for m in msgs] == [s[0] for s in seen]
+    assert [m.track_id for m in msgs] == [s[2] for s in seen]
+    # Frames are where the released person is visible: the third person (C) appears from frame 80.
+    first_frame_per_track = {}
+    for _, index, track in seen:
+        first_frame_per_track.setdefault(track, index)
+    assert sorted(first_frame_per_track.values())[-1] >= 80
+    assert all(0 <= index < 200 for _, index, _ in seen)

@@ -36,7 +36,7 @@ import secrets
 import shutil
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ from peep.core.bundle import EigenfaceBundle, load_public_key, write_bundle_file
 from peep.core.exceptions import BudgetError, BundleError
 from peep.core.release import TemplateReleaser
 from peep.core.wire import SUBJECT_PATTERN
-from peep.edge.capture import FrameSource, open_source
+from peep.edge.capture import Frame, FrameSource, open_source
 from peep.edge.config import EdgeConfig, check_budget_allows_release
 from peep.edge.credentials import resolve_secret
 from peep.edge.detection import build_detector
@@ -54,7 +54,7 @@ from peep.edge.errors import ConfigError, EdgeError
 from peep.edge.ledger import SqliteLedger
 from peep.edge.logs import log_event
 from peep.edge.metrics import EdgeMetrics
-from peep.edge.pipeline import EnrollSession, FramePipeline, make_releaser
+from peep.edge.pipeline import EnrollSession, FramePipeline, Released, make_releaser
 from peep.edge.policy import ReleasePolicy
 from peep.edge.soft import SoftTraitReleaser
 from peep.edge.spool import Spool
@@ -89,6 +89,9 @@ class Agent:
     environ : mapping, optional
         Where secrets are looked up (defaults to ``os.environ``).
     metrics : EdgeMetrics, optional
+    on_release : callable, optional
+        Passed to :class:`~peep.edge.pipeline.FramePipeline`: called with each
+        spooled template and the frame it came from (local observers only).
     """
 
     def __init__(
@@ -97,8 +100,10 @@ class Agent:
         *,
         environ: Mapping[str, str] | None = None,
         metrics: EdgeMetrics | None = None,
+        on_release: Callable[[Released, Frame], None] | None = None,
     ) -> None:
         self.cfg = cfg
+        self.on_release = on_release
         self.environ = os.environ if environ is None else environ
         self.metrics = metrics or EdgeMetrics()
         self.stop_event = threading.Event()
@@ -389,6 +394,7 @@ class Agent:
             refine=cfg.detector.refine,
             soft=self.soft,
             metrics=self.metrics,
+            on_release=self.on_release,
         )
 
     # ------------------------------------------------------------------ bundle updates

@@ -104,6 +104,10 @@ class FramePipeline:
     metrics : EdgeMetrics, optional
     clock : callable returning float
         Wall clock for ``capture_time``.
+    on_release : callable, optional
+        ``on_release(released, frame)`` after a template is spooled: a local
+        observer (dashboards, the demo's ground truth). It sees what is sent,
+        never the face crop.
     """
 
     def __init__(
@@ -120,8 +124,10 @@ class FramePipeline:
         soft: SoftTraitReleaser | None = None,
         metrics: EdgeMetrics | None = None,
         clock: Callable[[], float] = time.time,
+        on_release: Callable[[Released, Frame], None] | None = None,
     ) -> None:
         self.device_id = device_id
+        self.on_release = on_release
         self.site = site
         self.detector = detector
         self.tracker = tracker
@@ -266,7 +272,10 @@ class FramePipeline:
             soft_epsilon=soft_eps,
             bundle_id=self.releaser.bundle_id,
         )
-        return Released(message_id=msg.message_id, track_id=track_id, payload=payload, box=box)
+        released = Released(message_id=msg.message_id, track_id=track_id, payload=payload, box=box)
+        if self.on_release is not None:
+            self.on_release(released, frame)
+        return released
 
 
 class EnrollSession:
