@@ -450,6 +450,22 @@ class ServerConfig(_Model):
         default=None, description="the soft-biometric query module's section (validated by peep.server.qbbs.config)"
     )
 
+    @field_validator("qbbs", mode="after")
+    @classmethod
+    def check_qbbs(cls, v: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
+        # Validated here so a bad [qbbs] fails `peep serve`/`peep erase` at load (exit 2) with its key
+        # path; store/ledger paths resolve against server.toml's directory like every other path.
+        if v is None:
+            return None
+        data = dict(v)
+        for key in ("store_path", "ledger_path"):
+            if isinstance(data.get(key), str) and data[key]:
+                data[key] = str(_resolve_path(Path(data[key]), info))
+        from peep.server.qbbs.config import load_config as load_qbbs_config
+
+        load_qbbs_config(None, **data)
+        return data
+
     @model_validator(mode="before")
     @classmethod
     def fill_sections(cls, data: Any) -> Any:

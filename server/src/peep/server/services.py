@@ -13,6 +13,9 @@ Hooks for the QBBS module
 ``services.add_erasure_hook(fn)``
     ``fn(subject) -> int`` deletes that subject's soft traits and returns how
     many; called by every erasure after the templates are gone.
+``services.add_close_hook(fn)``
+    ``fn()`` releases a hosted module's resources (its store, its ledger) when
+    the services close, before the database does.
 ``services.validator.validate(template)`` and ``services.ingestor.authorise(template, Sender(identity=...))``
     the same template checks ingest applies.
 ``peep.server.auth.current_identity()``
@@ -113,6 +116,7 @@ class Services:
             on_promoted=self._promoted,
         )
         self._erasure_hooks: list[ErasureHook] = []
+        self._close_hooks: list[Callable[[], None]] = []
         self._erase_lock = threading.Lock()
 
     def _promoted(self) -> None:
@@ -138,6 +142,10 @@ class Services:
     def add_erasure_hook(self, fn: ErasureHook) -> None:
         """Register ``fn(subject) -> n_deleted`` (the QBBS module's soft traits)."""
         self._erasure_hooks.append(fn)
+
+    def add_close_hook(self, fn: Callable[[], None]) -> None:
+        """Register ``fn()`` to run in :meth:`close` (a hosted module closing its store)."""
+        self._close_hooks.append(fn)
 
     @property
     def n_erasure_hooks(self) -> int:
@@ -194,4 +202,9 @@ class Services:
     def close(self) -> None:
         self.trainer.cancel(timeout=5.0)
         self.events.close()
+        for fn in self._close_hooks:
+            try:
+                fn()
+            except Exception:  # one module failing to close must not keep the database open
+                log.exception("close hook failed")
         self.store.close()
