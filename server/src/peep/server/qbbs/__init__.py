@@ -7,7 +7,10 @@ module (:class:`QbbsModule`) is its only read path, and
 touches its tables. See :mod:`peep.server.qbbs.queries` for the permissible
 query structure and its privacy accounting, :mod:`peep.server.qbbs.matcher`
 for the fusion, :mod:`peep.server.qbbs.service` for the gRPC service and
-:mod:`peep.server.qbbs.evaluation` for ``peep qbbs evaluate``.
+:mod:`peep.server.qbbs.evaluation` for ``peep qbbs evaluate`` and
+:mod:`peep.server.qbbs.hosting` for :func:`server_plugin`, which ``peep serve``
+and ``peep erase`` call to host the module in the recognition server (when
+``server.toml`` has a ``[qbbs]`` table).
 """
 
 from peep.server.qbbs.config import DEFAULT_TRAITS, QbbsConfig, TraitSpec, load_config
@@ -22,6 +25,7 @@ from peep.server.qbbs.errors import (
     UnknownTraitError,
 )
 from peep.server.qbbs.face import ClassifierFaceScores, FaceScoreProvider, RecogniserFaceScores, StaticFaceScores
+from peep.server.qbbs.hosting import server_plugin
 from peep.server.qbbs.matcher import ParzenScoreModel, fused_score, gaussian_log_likelihood
 from peep.server.qbbs.module import QbbsModule, QueryResult, TraitScore, VerifyResult
 from peep.server.qbbs.odometer import OdometerReading, PrivacyOdometer
@@ -55,4 +59,5 @@ __all__ = [
     "fused_score",
     "gaussian_log_likelihood",
     "load_config",
+    "server_plugin",
 ]

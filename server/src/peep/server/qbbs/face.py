@@ -44,7 +44,9 @@ class FaceScoreProvider(Protocol):
         """Score of perturbed template ``values`` (shape (nc,)) against ``claimed_subject``.
 
         Raise ``KeyError`` for an unknown subject and ``ValueError`` for a
-        template the recogniser cannot score (wrong bundle or length).
+        template the recogniser cannot score (wrong bundle or length);
+        :class:`~peep.server.qbbs.errors.FaceScoreUnavailableError` when no
+        model can score at all right now (gRPC ``FAILED_PRECONDITION``).
         """
         ...
 

@@ -338,7 +338,16 @@ class QbbsModule:
             version = getattr(self._face, "model_version", None)
             if self._parzen is None or version != self._parzen_version:
                 genuine, impostor = self._face.validation_scores()
-                self._parzen = ParzenScoreModel(prior=self.config.genuine_prior).fit(genuine, impostor)
+                try:
+                    parzen = ParzenScoreModel(prior=self.config.genuine_prior).fit(genuine, impostor)
+                except ValueError as exc:
+                    # Too few (or non-finite) validation scores is the recogniser's
+                    # state, not the caller's input: a precondition, not a bad argument.
+                    raise FaceScoreUnavailableError(
+                        f"P(genuine | face score) cannot be fitted on the face recogniser's validation scores "
+                        f"(model {version or '?'}): {exc}"
+                    ) from exc
+                self._parzen = parzen
                 self._parzen_version = version
             return self._parzen
 

@@ -14,7 +14,11 @@ that authenticates in an interceptor passes ``authorize_admin`` instead (a
 callable that aborts the context unless the caller is an admin). With
 neither, admin RPCs are refused (``PERMISSION_DENIED``). VerifyFused is open
 to any caller the server lets through; it spends the claimed subject's ε, so
-the odometer bounds what repeated verifications reveal.
+the odometer bounds what repeated verifications reveal. A hosting server
+narrows it with ``check_template`` (called with each VerifyFused template
+after its wire validation: the recognition server applies its ingest checks
+there, so a device may only submit its own templates) and names callers in
+the spend audit log with ``requester``.
 
 Status codes: :class:`~peep.server.qbbs.errors.QbbsError` and
 :class:`~peep.core.exceptions.WireError` → ``INVALID_ARGUMENT``;
@@ -44,11 +48,16 @@ from peep.server.qbbs.errors import (
 from peep.server.qbbs.module import QbbsModule
 from peep.v1 import qbbs_pb2, qbbs_pb2_grpc
 
-__all__ = ["QbbsServicer", "add_qbbs_servicer", "observed_from_template"]
+__all__ = ["QbbsServicer", "Requester", "TemplateCheck", "add_qbbs_servicer", "observed_from_template"]
 
 log = logging.getLogger(__name__)
 
 AdminAuthorizer = Callable[[grpc.ServicerContext, str], None]
+#: ``check(context, template)``: raise WireError/QbbsError for a template the
+#: server refuses, or abort the context (e.g. ``PERMISSION_DENIED``).
+TemplateCheck = Callable[[grpc.ServicerContext, Any], None]
+#: ``requester(context) -> str``: who is asking, for the odometer's audit log.
+Requester = Callable[[grpc.ServicerContext], str]
 
 
 def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
@@ -141,6 +150,8 @@ class QbbsServicer(qbbs_pb2_grpc.QbbsServiceServicer):
         authorize_admin: AdminAuthorizer | None = None,
         admin_token: str | None = None,
         admin_token_sha256: str | None = None,
+        check_template: TemplateCheck | None = None,
+        requester: Requester | None = None,
     ) -> None:
         given = sum(x is not None for x in (authorize_admin, admin_token, admin_token_sha256))
         if given > 1:
@@ -149,6 +160,8 @@ class QbbsServicer(qbbs_pb2_grpc.QbbsServiceServicer):
         if admin_token is not None or admin_token_sha256 is not None:
             authorize_admin = bearer_token_authorizer(admin_token, token_sha256=admin_token_sha256)
         self._authorize = authorize_admin
+        self._check_template = check_template
+        self._requester: Requester = requester if requester is not None else (lambda context: str(context.peer()))
 
     def _admin(self, context: grpc.ServicerContext, method: str) -> None:
         if self._authorize is None:
@@ -168,13 +181,13 @@ class QbbsServicer(qbbs_pb2_grpc.QbbsServiceServicer):
                     raise QbbsError(f"traits: expected each trait once, received {t.trait!r} twice")
                 traits[t.trait] = t.value
             n = self.module.enrol(request.subject, traits)
-        log.info("qbbs: enrolled %d soft traits for %r (peer %s)", n, request.subject, context.peer())
+        log.info("qbbs: enrolled %d soft traits for %r (by %s)", n, request.subject, self._requester(context))
         return qbbs_pb2.EnrolSoftTraitsResponse(subject=request.subject, traits=n)
 
     def Query(self, request: Any, context: grpc.ServicerContext) -> Any:
         self._admin(context, "Query")
         with _status(context):
-            r = self.module.query(request.subject, request.trait, requester=context.peer())
+            r = self.module.query(request.subject, request.trait, requester=self._requester(context))
         return qbbs_pb2.QbbsQueryResponse(
             subject=r.subject,
             trait=r.trait,
@@ -188,6 +201,8 @@ class QbbsServicer(qbbs_pb2_grpc.QbbsServiceServicer):
             if not request.HasField("template"):
                 raise QbbsError("template: expected a perturbed face template, received none")
             validate_template(request.template)
+            if self._check_template is not None:
+                self._check_template(context, request.template)
             claimed = request.claimed_subject or request.template.subject
             if request.template.subject and request.claimed_subject and request.template.subject != claimed:
                 raise QbbsError(
@@ -208,7 +223,7 @@ class QbbsServicer(qbbs_pb2_grpc.QbbsServiceServicer):
                 observed=observed,
                 observed_variance=extra,
                 template=request.template,
-                requester=context.peer(),
+                requester=self._requester(context),
             )
         return qbbs_pb2.QbbsVerifyResponse(
             accepted=r.accepted,
@@ -242,17 +257,25 @@ def add_qbbs_servicer(
     authorize_admin: AdminAuthorizer | None = None,
     admin_token: str | None = None,
     admin_token_sha256: str | None = None,
+    check_template: TemplateCheck | None = None,
+    requester: Requester | None = None,
 ) -> QbbsServicer:
     """Register ``QbbsService`` for ``module`` on ``server``; returns the servicer.
 
     Give at most one of ``authorize_admin`` (the server's own check),
     ``admin_token`` or ``admin_token_sha256``; with none, admin RPCs are
-    refused. Pass the face-score provider to the module
+    refused. ``check_template`` and ``requester``: see the module docstring.
+    Pass the face-score provider to the module
     (``QbbsModule(..., face_scores=RecogniserFaceScores(fitted))`` or
     :meth:`QbbsModule.set_face_scores`).
     """
     servicer = QbbsServicer(
-        module, authorize_admin=authorize_admin, admin_token=admin_token, admin_token_sha256=admin_token_sha256
+        module,
+        authorize_admin=authorize_admin,
+        admin_token=admin_token,
+        admin_token_sha256=admin_token_sha256,
+        check_template=check_template,
+        requester=requester,
     )
     qbbs_pb2_grpc.add_QbbsServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     return servicer

@@ -1,0 +1,227 @@
+"""QBBS hosted by the recognition server: ``peep serve`` and ``peep erase`` call :func:`server_plugin`.
+
+Configuration (``server.toml``)
+-------------------------------
+QBBS is hosted when ``server.toml`` has a ``[qbbs]`` table and not otherwise:
+soft traits are personal data a deployment opts into, so none are stored, and
+no ``QbbsService`` is offered, unless the deployer asks. The table holds the
+fields of :class:`~peep.server.qbbs.config.QbbsConfig` (validated when the
+server config loads); ``store_path`` and ``ledger_path`` are required when the
+server hosts the module (in memory they would be lost on restart, and a lost
+ledger resets every subject's ε), relative to ``server.toml``'s directory::
+
+    [qbbs]
+    store_path = "/var/lib/peep/qbbs.sqlite"         # soft traits (SQLite, mode 0600)
+    ledger_path = "/var/lib/peep/qbbs-spend.jsonl"   # odometer spends = the audit log
+    epsilon = 1.0
+    epsilon_cap = 100.0
+
+The same table serves ``peep qbbs enrol|query|odometer|erase --config server.toml``.
+
+What the plugin wires
+---------------------
+* face scores: the serving model (:class:`peep.server.recognition.ServingFaceScores`,
+  log P(claimed | template)); the Parzen densities of P(genuine | s) are
+  refitted from the new model's validation scores when a model is promoted
+  (eagerly, from the recogniser's listener, and lazily on the next
+  verification when another process promoted it);
+* erasure: every erasure (``EraseSubject``, ``peep erase``) deletes the
+  subject's soft traits too (the odometer's spend ledger is kept: it is the
+  audit log, and a re-enrolled id must not get a fresh budget);
+* authentication: the server's interceptor authenticates every call and
+  requires an admin for EnrolSoftTraits, Query and GetOdometer. VerifyFused
+  is open to an admin or a registered device; its template passes the same
+  checks as ingest (known bundle, mechanism consistent with the bundle,
+  plausible values) and a device may only submit templates with its own
+  ``device_id`` (and its registered site), else ``PERMISSION_DENIED``;
+* status codes: no trained model yet, or a template of another bundle or
+  mechanism domain than the serving model's, is ``FAILED_PRECONDITION`` (as
+  for RecognitionService.Verify).
+
+Replicas
+--------
+The server has no database-backed spend ledger: the odometer is a JSONL file
+replayed at start-up and counted in memory, so it is exact for **one
+process**. Several processes sharing ``ledger_path`` (replicas, or
+``peep qbbs query`` against a running server) each enforce the cap only on
+the spends they saw since they started. Host QBBS on one replica (other
+replicas omit ``[qbbs]``, and clients send QbbsService calls to that one).
+Erasure then has to reach that replica too: an ``EraseSubject`` handled by a
+replica without ``[qbbs]`` deletes templates only, so send erasures to the
+QBBS replica or run ``peep erase`` on its host (another process erasing is
+safe: it writes no spends, and the SQLite soft-trait store is shared through
+WAL). A database-backed store and ledger would lift both limits.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import NDArray
+from peep.server.qbbs.errors import FaceScoreUnavailableError
+
+if TYPE_CHECKING:
+    import grpc
+    from peep.server.qbbs.module import QbbsModule
+    from peep.server.recognition import ServingFaceScores
+    from peep.server.services import Services
+
+__all__ = ["HostedFaceScores", "QbbsRegistrar", "server_plugin"]
+
+log = logging.getLogger(__name__)
+
+
+class HostedFaceScores:
+    """:class:`~peep.server.recognition.ServingFaceScores` with the server's "no model" errors as QBBS's.
+
+    ``ModelUnavailable`` (no model trained) and ``ModelMismatch`` (template of
+    another bundle or domain) become :class:`FaceScoreUnavailableError`, which
+    the QBBS servicer answers ``FAILED_PRECONDITION``; ``KeyError`` (claimed
+    subject not in the model, or erased) and other ``ValueError`` (wrong
+    length) pass through as the provider protocol says.
+    """
+
+    def __init__(self, inner: ServingFaceScores) -> None:
+        self.inner = inner
+
+    @property
+    def model_version(self) -> str:
+        return self.inner.model_version
+
+    def face_score(self, claimed_subject: str, values: NDArray[np.float32], *, template: Any = None) -> float:
+        from peep.server.recognition import ModelMismatch, ModelUnavailable
+
+        try:
+            return self.inner.face_score(claimed_subject, values, template=template)
+        except (ModelUnavailable, ModelMismatch) as exc:
+            raise FaceScoreUnavailableError(f"fused verification needs the face score: {exc}") from exc
+
+    def validation_scores(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        from peep.server.recognition import ModelUnavailable
+
+        try:
+            return self.inner.validation_scores()
+        except ModelUnavailable as exc:
+            raise FaceScoreUnavailableError(f"fused verification needs the face score: {exc}") from exc
+
+
+class QbbsRegistrar:
+    """What :func:`server_plugin` returns: ``registrar(grpc_server)`` adds ``QbbsService``.
+
+    Attributes
+    ----------
+    module : QbbsModule
+        The hosted module (closed with the server's services).
+    """
+
+    def __init__(self, services: Services, module: QbbsModule) -> None:
+        self.services = services
+        self.module = module
+
+    def __call__(self, server: grpc.Server) -> None:
+        from peep.server.auth import authorize_admin
+        from peep.server.qbbs.service import add_qbbs_servicer
+
+        add_qbbs_servicer(
+            server,
+            self.module,
+            authorize_admin=authorize_admin,
+            check_template=self._check_template,
+            requester=_requester,
+        )
+
+    def _check_template(self, context: grpc.ServicerContext, template: Any) -> None:
+        """The ingest checks: validation (Rejection, a WireError: INVALID_ARGUMENT), then who may send it."""
+        import grpc
+        from peep.server.auth import current_identity
+        from peep.server.ingest import PermissionRefused, Sender
+
+        try:
+            self.services.ingestor.check(template, Sender(identity=current_identity()))
+        except PermissionRefused as exc:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, f"VerifyFused: {exc}")
+
+
+def _requester(context: grpc.ServicerContext) -> str:
+    """The authenticated caller and its address, for the odometer's audit log."""
+    from peep.server.auth import current_identity
+
+    ident = current_identity()
+    who = "unauthenticated" if ident is None else f"{'admin' if ident.is_admin else 'device'}:{ident.name}"
+    return f"{who} {context.peer()}"
+
+
+def server_config(services: Services) -> Any:
+    """The hosted module's :class:`QbbsConfig` from ``[qbbs]``, or ``None`` when the table is absent.
+
+    Raises
+    ------
+    peep.server.config.ConfigError
+        The table lacks ``store_path`` or ``ledger_path``.
+    """
+    from peep.server.config import ConfigError
+    from peep.server.qbbs.config import load_config
+
+    section = services.config.qbbs
+    if section is None:
+        return None
+    cfg = load_config(None, **section)  # already validated (and paths resolved) with server.toml
+    missing = [
+        (
+            f"qbbs.{key}",
+            "expected a file path when the server hosts QBBS (in memory, soft traits and the odometer's "
+            "spends would be lost on restart, resetting every subject's ε)",
+            None,
+        )
+        for key in ("store_path", "ledger_path")
+        if getattr(cfg, key) is None
+    ]
+    if missing:
+        raise ConfigError("server.toml [qbbs]", missing)
+    return cfg
+
+
+def server_plugin(services: Services) -> QbbsRegistrar | None:
+    """Host QBBS in the recognition server (see the module docstring); ``None`` without ``[qbbs]``.
+
+    Builds the module, registers its erasure and close hooks and the Parzen
+    refit on promotion, and returns the registrar that adds ``QbbsService``
+    to the gRPC server.
+    """
+    from peep.server.qbbs.module import QbbsModule
+    from peep.server.recognition import ServingFaceScores
+
+    cfg = server_config(services)
+    if cfg is None:
+        log.info("QBBS not hosted: server.toml has no [qbbs] table")
+        return None
+    if services.config.storage.backend == "postgres":
+        log.warning(
+            "QBBS keeps its soft traits and odometer in local files (qbbs.store_path, qbbs.ledger_path): "
+            "host it on one replica only, the odometer's cap holds per process"
+        )
+    module = QbbsModule(cfg, face_scores=HostedFaceScores(ServingFaceScores(services.recogniser)))
+    services.add_close_hook(module.close)
+    services.add_erasure_hook(module.erase)
+
+    def refit(model: Any) -> None:
+        # Eagerly, so the first verification after a promotion does not pay for it (and a model
+        # whose validation scores cannot be fitted is reported now); face_model() refits lazily too.
+        try:
+            parzen = module.face_model()
+            log.info(
+                "QBBS: P(genuine | face score) refitted", extra={"model_version": model.version, **parzen.describe()}
+            )
+        except FaceScoreUnavailableError as exc:
+            log.warning(
+                "QBBS: P(genuine | face score) not refitted", extra={"model_version": model.version, "error": str(exc)}
+            )
+
+    services.recogniser.add_listener(refit)
+    log.info(
+        "QBBS hosted",
+        extra={"traits": sorted(cfg.traits), "epsilon_cap": cfg.epsilon_cap, "subjects": module.n_subjects()},
+    )
+    return QbbsRegistrar(services, module)

@@ -1,0 +1,294 @@
+"""QBBS hosted by `peep serve`: the real server over TLS, real face scores from the trained model, erasure.
+
+The soft traits enrolled here are synthetic (made up per subject), not the
+LFW people's.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from peep.server.app import default_plugins
+from peep.server.cli import main
+from peep.server.config import ConfigError, load_config, parse_config
+from peep.server.qbbs import server_plugin
+from peep.server.services import Services
+from peep.v1 import qbbs_pb2, qbbs_pb2_grpc, recognition_pb2
+from peep_server_testlib import (
+    ADMIN,
+    DEVICE,
+    DEVICE_TOKENS,
+    auth,
+    base_config,
+    start_server,
+    tls_section,
+    to_toml,
+)
+
+CAM2 = auth(DEVICE_TOKENS["cam-2"])
+EPSILON = 5.0  # per SUM response; one trait value costs the subject 5 (m = 2)
+CAP = 50.0  # two verifications with four traits (40) and one query (5) fit, a third verification does not
+TRAITS = ("age", "gender", "height", "weight")
+
+
+def _qbbs_section(tmp: Any) -> dict[str, Any]:
+    return {
+        "store_path": str(tmp / "qbbs.sqlite"),
+        "ledger_path": str(tmp / "qbbs-spend.jsonl"),
+        "epsilon": EPSILON,
+        "epsilon_cap": CAP,
+    }
+
+
+def _synthetic_traits(k: int) -> dict[str, float]:
+    return {"age": 30.0 + 9 * k, "gender": float(k % 2), "height": 160.0 + 6 * k, "weight": 58.0 + 8 * k}
+
+
+def _code(call: Any, *args: Any, **kw: Any) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as e:
+        call(*args, **kw)
+    return e.value.code(), e.value.details()
+
+
+class Hosted:
+    """A running TLS server hosting QBBS (plus the plugin's registrar, to look at the module)."""
+
+    def __init__(self, srv: Any, registrar: Any, cfg: dict[str, Any], subjects: list[str]) -> None:
+        self.srv, self.registrar, self.cfg, self.subjects = srv, registrar, cfg, subjects
+        self.channel = srv.channel()
+        self.qbbs = qbbs_pb2_grpc.QbbsServiceStub(self.channel)
+        self.rec = srv.stub()
+
+    @property
+    def module(self) -> Any:
+        return self.registrar.module
+
+    def enrol(self, subject: str, traits: dict[str, float], metadata: Any = ADMIN) -> Any:
+        req = qbbs_pb2.EnrolSoftTraitsRequest(
+            subject=subject, traits=[qbbs_pb2.SoftTraitValue(trait=t, value=v) for t, v in traits.items()]
+        )
+        return self.qbbs.EnrolSoftTraits(req, metadata=metadata, timeout=5)
+
+    def verify(self, template: Any, claimed: str, observed: dict[str, float], metadata: Any = DEVICE) -> Any:
+        req = qbbs_pb2.QbbsVerifyRequest(
+            template=template,
+            claimed_subject=claimed,
+            observed=[qbbs_pb2.SoftTraitValue(trait=t, value=v) for t, v in observed.items()],
+        )
+        return self.qbbs.VerifyFused(req, metadata=metadata, timeout=10)
+
+    def odometer(self, subject: str) -> Any:
+        return self.qbbs.GetOdometer(qbbs_pb2.OdometerRequest(subject=subject), metadata=ADMIN, timeout=5)
+
+
+def _start(tmp_path: Any, pki: Any, keypair: Any, bundle_dir: Any, templates: Any, *, train: bool) -> Hosted:
+    cfg = base_config(tmp_path, keypair[3], bundle_dir, grpc={"tls": tls_section(pki)}, qbbs=_qbbs_section(tmp_path))
+    made: list[Any] = []
+
+    def plugin(services: Any) -> Any:
+        made.append(server_plugin(services))
+        return made[-1]
+
+    srv = start_server(cfg, pki, tmp_path, plugins=[plugin])
+    assert made and made[0] is not None
+    subjects = sorted({str(s) for s in templates.subjects})
+    h = Hosted(srv, made[0], cfg, subjects)
+    if train:
+        summary = h.rec.IngestStream(iter(templates.enrolment_messages()), metadata=DEVICE, timeout=60)
+        assert summary.rejected == 0
+        assert h.rec.Train(recognition_pb2.TrainRequest(), metadata=ADMIN, timeout=300).model_version == "v000001"
+    return h
+
+
+@pytest.fixture
+def hosted(tmp_path, pki, keypair, bundle_dir, templates):
+    """Trained server hosting QBBS, every lfw100 subject's (synthetic) soft traits enrolled."""
+    h = _start(tmp_path, pki, keypair, bundle_dir, templates, train=True)
+    for k, s in enumerate(h.subjects):
+        assert h.enrol(s, _synthetic_traits(k)).traits == len(TRAITS)
+    yield h
+    h.channel.close()
+    h.srv.app.stop(0)
+
+
+def _pick(h: Hosted, templates: Any, of: str, claimed: str, *, best: bool) -> int:
+    """The test template of ``of`` the serving model scores highest (best) or lowest for ``claimed``."""
+    idx = np.array([i for i in templates.test if templates.subjects[i] == of])
+    _, s = h.srv.services.recogniser.verify_scores(templates.X[idx], [claimed] * idx.size)
+    return int(idx[np.argmax(s) if best else np.argmin(s)])
+
+
+def test_fused_verification_uses_the_served_model_and_spends_the_claimed_subjects_epsilon(hosted, templates):
+    h = hosted
+    a, b = h.subjects[0], h.subjects[1]
+    traits_a, traits_b = _synthetic_traits(0), _synthetic_traits(1)
+    genuine_t = templates.message(_pick(h, templates, a, a, best=True), purpose="verify", subject=a)
+    impostor_t = templates.message(_pick(h, templates, b, a, best=False), purpose="verify", subject=a)
+
+    g = h.verify(genuine_t, a, traits_a)
+    i = h.verify(impostor_t, a, traits_b)
+
+    # the face score is the serving model's: log P(claimed | template), as RecognitionService.Verify reports it
+    for resp, t in ((g, genuine_t), (i, impostor_t)):
+        v = h.rec.Verify(recognition_pb2.VerifyRequest(template=t, claimed_subject=a), metadata=DEVICE, timeout=5)
+        assert resp.face_score == pytest.approx(math.log(max(v.score, 1e-12)), abs=1e-6)
+        assert [t.trait for t in resp.traits] == list(TRAITS)
+        face_weight = 1.0 - sum(t.weight for t in resp.traits)
+        assert resp.fused_score == pytest.approx(
+            face_weight * resp.log_p_genuine_face + sum(t.weight * t.log_likelihood for t in resp.traits)
+        )
+    assert g.face_score > i.face_score
+    assert g.log_p_genuine_face > i.log_p_genuine_face
+    assert g.fused_score > i.fused_score
+    assert not i.accepted
+
+    # each verification spends four trait values of the *claimed* subject
+    assert g.epsilon_spent == i.epsilon_spent == pytest.approx(len(TRAITS) * EPSILON)
+    assert i.epsilon_total == pytest.approx(2 * len(TRAITS) * EPSILON)
+    odo = h.odometer(a)
+    assert (odo.epsilon_spent, odo.epsilon_cap, odo.queries) == (pytest.approx(40.0), CAP, 2)
+    assert h.odometer(b).epsilon_spent == 0.0
+    audit = h.module.audit_log(a)
+    assert [e["op"] for e in audit] == ["verify", "verify"] and audit[0]["requester"].startswith("device:cam-1 ")
+
+    # an admin query fits in the cap; the next verification would pass it and is refused, spending nothing
+    q = h.qbbs.Query(qbbs_pb2.QbbsQueryRequest(subject=a, trait="age"), metadata=ADMIN, timeout=5)
+    assert q.epsilon_spent == EPSILON and q.epsilon_total == pytest.approx(45.0)
+    code, details = _code(h.verify, genuine_t, a, traits_a)
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "privacy odometer" in details
+    assert h.odometer(a).epsilon_spent == pytest.approx(45.0)
+
+
+def test_devices_may_not_call_admin_rpcs_nor_submit_other_devices_templates(hosted, templates):
+    h = hosted
+    a = h.subjects[0]
+    calls = [
+        lambda md: h.enrol(a, {"age": 40.0}, metadata=md),
+        lambda md: h.qbbs.Query(qbbs_pb2.QbbsQueryRequest(subject=a, trait="age"), metadata=md, timeout=5),
+        lambda md: h.qbbs.GetOdometer(qbbs_pb2.OdometerRequest(subject=a), metadata=md, timeout=5),
+    ]
+    for call in calls:
+        code, details = _code(call, DEVICE)
+        assert code == grpc.StatusCode.PERMISSION_DENIED and "expected an admin credential" in details
+        code, _ = _code(call, None)
+        assert code == grpc.StatusCode.UNAUTHENTICATED
+    i = _pick(h, templates, a, a, best=True)
+    code, _ = _code(h.verify, templates.message(i), a, {"age": 30.0}, metadata=None)
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    # cam-1 may not submit cam-2's template (the ingest rule); nothing is spent
+    foreign = templates.message(i, device_id="cam-2")
+    code, details = _code(h.verify, foreign, a, {"age": 30.0}, metadata=DEVICE)
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "device_id: expected 'cam-1'" in details
+    # the server's template checks apply: an unknown bundle is an invalid argument
+    other = templates.message(i)
+    other.bundle_id = "eb-not-published"
+    code, details = _code(h.verify, other, a, {"age": 30.0}, metadata=DEVICE)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("bundle_id:")
+    assert h.odometer(a).epsilon_spent == 0.0
+    # cam-2 may submit its own, and an admin anyone's
+    assert h.verify(foreign, a, {"age": 30.0}, metadata=CAM2).epsilon_spent == EPSILON
+    assert h.verify(foreign, a, {"age": 30.0}, metadata=ADMIN).epsilon_total == 2 * EPSILON
+
+
+def test_erasure_removes_the_soft_traits_and_the_retrained_model_refits_p_genuine(hosted, templates, caplog):
+    h = hosted
+    caplog.set_level(logging.INFO, logger="peep.server.qbbs.hosting")
+    a, b = h.subjects[0], h.subjects[1]
+    h.verify(templates.message(_pick(h, templates, a, a, best=True)), a, {"gender": 0.0})
+    before = h.module.face_model()
+    assert before.n_genuine_ == h.srv.services.recogniser.model.genuine.size
+
+    resp = h.rec.EraseSubject(recognition_pb2.EraseSubjectRequest(subject=a, retrain=True), metadata=ADMIN, timeout=300)
+    assert resp.soft_traits_deleted == len(TRAITS) and resp.model_version == "v000002"
+    code, details = _code(h.qbbs.Query, qbbs_pb2.QbbsQueryRequest(subject=a, trait="age"), metadata=ADMIN, timeout=5)
+    assert code == grpc.StatusCode.NOT_FOUND and repr(a) in details
+    code, _ = _code(h.verify, templates.message(_pick(h, templates, b, b, best=True)), a, {"age": 30.0})
+    assert code == grpc.StatusCode.NOT_FOUND
+    # the spend ledger is the audit log: it outlives the traits (a re-enrolled id gets no fresh budget)
+    assert h.odometer(a).epsilon_spent == EPSILON
+
+    # the promotion refitted the Parzen densities at once, on the new model's validation scores (4 people now)
+    refits = [r for r in caplog.records if r.getMessage().startswith("QBBS: P(genuine | face score) refitted")]
+    assert [r.model_version for r in refits] == ["v000002"]
+    model = h.srv.services.recogniser.model
+    after = h.module.face_model()
+    assert after is not before
+    assert (after.n_genuine_, after.n_impostor_) == (model.genuine.size, model.impostor.size)
+    assert after.n_impostor_ < before.n_impostor_
+    assert h.qbbs.Query(qbbs_pb2.QbbsQueryRequest(subject=b, trait="age"), metadata=ADMIN, timeout=5).value
+
+
+def test_peep_erase_from_another_process_removes_soft_traits_the_server_holds(hosted, capsys):
+    h = hosted
+    b = h.subjects[1]
+    conf = h.srv.tmp / "server.toml"
+    conf.write_text(to_toml(h.cfg))
+    assert main(["erase", "--config", str(conf), "--subject", b, "--no-retrain"]) == 0
+    assert f"{len(TRAITS)} soft traits (1 soft-trait store(s))" in capsys.readouterr().out
+    code, _ = _code(h.qbbs.Query, qbbs_pb2.QbbsQueryRequest(subject=b, trait="age"), metadata=ADMIN, timeout=5)
+    assert code == grpc.StatusCode.NOT_FOUND
+
+
+def test_verify_fused_before_any_model_is_a_failed_precondition(tmp_path, pki, keypair, bundle_dir, templates):
+    h = _start(tmp_path, pki, keypair, bundle_dir, templates, train=False)
+    try:
+        a = h.subjects[0]
+        h.enrol(a, _synthetic_traits(0))
+        code, details = _code(h.verify, templates.message(0), a, {"age": 30.0})
+        assert code == grpc.StatusCode.FAILED_PRECONDITION and "no model has been trained yet" in details
+        assert h.odometer(a).epsilon_spent == 0.0
+    finally:
+        h.channel.close()
+        h.srv.app.stop(0)
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def _services(tmp_path: Any, keypair: Any, **sections: Any) -> Services:
+    cfg = base_config(tmp_path, keypair[3], None, auth={"allow_insecure": True}, **sections)
+    return Services(parse_config(cfg))
+
+
+def test_without_a_qbbs_table_nothing_is_hosted(tmp_path, keypair):
+    assert server_plugin in default_plugins()  # what `peep serve` and `peep erase` run
+    s = _services(tmp_path, keypair)
+    try:
+        assert server_plugin(s) is None and s.n_erasure_hooks == 0
+    finally:
+        s.close()
+    assert not list(tmp_path.glob("qbbs*"))
+
+
+def test_the_hosted_module_needs_its_files(tmp_path, keypair):
+    s = _services(tmp_path, keypair, qbbs={"store_path": str(tmp_path / "q.sqlite")})
+    try:
+        with pytest.raises(ConfigError, match="qbbs.ledger_path: expected a file path"):
+            server_plugin(s)
+    finally:
+        s.close()
+
+
+def test_the_qbbs_table_is_validated_and_its_paths_resolved_with_server_toml(tmp_path, keypair):
+    with pytest.raises(ConfigError, match=r"qbbs\.epsilon_cap = -1"):
+        parse_config(base_config(tmp_path, keypair[3], None, auth={"allow_insecure": True}, qbbs={"epsilon_cap": -1}))
+    cfg = base_config(tmp_path, keypair[3], None, auth={"allow_insecure": True}, qbbs=_qbbs_section(tmp_path))
+    cfg["qbbs"].update(store_path="state/qbbs.sqlite", ledger_path="state/spend.jsonl")
+    conf = tmp_path / "etc" / "server.toml"
+    conf.parent.mkdir()
+    conf.write_text(to_toml(cfg))
+    loaded = load_config(conf)
+    assert loaded.qbbs["store_path"] == str(conf.parent / "state" / "qbbs.sqlite")
+    s = Services(loaded)
+    try:
+        registrar = server_plugin(s)
+        assert registrar is not None and s.n_erasure_hooks == 1
+        registrar.module.enrol("alice", {"age": 40.0})
+    finally:
+        s.close()
+    assert (conf.parent / "state" / "qbbs.sqlite").is_file() and (conf.parent / "state" / "spend.jsonl").is_file()
