@@ -1,0 +1,83 @@
+"""``peep demo [--data-home DIR] [--out DIR]``: the whole system on one machine."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from peep.server.cli import UsageError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="the whole system on one machine: bundle, server, edge agents, enrolment, training, identify, verify",
+    )
+    p.add_argument(
+        "--data-home", default=None, help="scikit-learn data home holding lfw_home/ (default: $SCIKIT_LEARN_DATA)"
+    )
+    p.add_argument("--out", default=None, help="output folder (default runs/demo-<time>)")
+    p.add_argument("--subjects", type=int, default=10, help="people to enrol (default 10)")
+    p.add_argument("--enrol-images", type=int, default=20, help="photos per subject used to enrol (default 20)")
+    p.add_argument(
+        "--probe-images", type=int, default=6, help="held-out photos per subject the cameras see (default 6)"
+    )
+    p.add_argument("--strangers", type=int, default=30, help="never-enrolled people the cameras see (default 30)")
+    p.add_argument("--cameras", type=int, default=3, help="edge agents watching videos (default 3)")
+    p.add_argument("--mechanism", default="laplace-l1",
+                   choices=["peep", "peep-raw", "laplace-vector", "gaussian-l2", "laplace-l1"],
+                   help="the devices' mechanism (default laplace-l1: best pure-ε mechanism in the audit)")  # fmt: skip
+    p.add_argument("--epsilon", type=float, default=1024.0, help="the mechanism's ε (default 1024 per vector)")
+    p.add_argument("--delta", type=float, default=None, help="δ for gaussian-l2")
+    p.add_argument("--components", type=int, default=128, help="eigenfaces in the bundle (default 128)")
+    p.add_argument("--no-soft", action="store_true", help="cameras do not release age/gender")
+    p.add_argument("--mqtt", choices=["auto", "on", "off"], default="auto",
+                   help="one camera over MQTT when a broker answers on 127.0.0.1:1883 (default auto)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="who is enrolled and who walks past (never the noise)")
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from peep.server.demo import DemoOptions, run_demo, summary_lines
+
+    for name in ("subjects", "enrol_images", "probe_images", "cameras", "components"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')}: expected >= 1, received {getattr(args, name)}")
+    if args.strangers < 0:
+        raise UsageError(f"--strangers: expected >= 0, received {args.strangers}")
+    if not args.epsilon > 0:
+        raise UsageError(f"--epsilon: expected > 0, received {args.epsilon}")
+    if args.mechanism == "gaussian-l2" and args.delta is None:
+        raise UsageError("--delta: expected a value in (0, 1) for --mechanism gaussian-l2")
+    out = Path(args.out) if args.out else Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
+    opts = DemoOptions(
+        out=out,
+        data_home=args.data_home,
+        subjects=args.subjects,
+        enrol_images=args.enrol_images,
+        probe_images=args.probe_images,
+        strangers=args.strangers,
+        cameras=args.cameras,
+        mechanism=args.mechanism,
+        epsilon=args.epsilon,
+        delta=args.delta,
+        components=args.components,
+        soft=not args.no_soft,
+        mqtt=args.mqtt,
+        seed=args.seed,
+    )
+    try:
+        summary = run_demo(opts, say=lambda m: print(m, flush=True))
+    except (ValueError, FileNotFoundError) as exc:
+        raise UsageError(str(exc)) from exc
+    for line in summary_lines(summary):
+        print(line)
+    print(f"\nreport: {out / 'report.html'}  summary: {out / 'summary.json'}")
+    failed = summary["edge"]["errors"] or summary["edge"]["events_missing"]
+    if failed:
+        print(f"peep demo: problems: {failed}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,88 @@
+"""A reduced `peep demo` end to end: real server (gRPC/TLS, SQLite, QBBS, MQTT when the broker
+answers), real edge agents over composed videos, enrolment, training, identification, verification."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from peep.server.cli import main
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".pgm", ".bmp"}
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory, data_home: str) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("demo") / "run"
+    rc = main(
+        [
+            "demo", "--data-home", data_home, "--out", str(out), "--subjects", "3", "--enrol-images", "8",
+            "--probe-images", "2", "--strangers", "4", "--cameras", "2",
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    return out, json.loads((out / "summary.json").read_text())
+
+
+def test_demo_summary_is_complete_and_consistent(demo_run):
+    _out, s = demo_run
+    edge, ident, ver, p = s["edge"], s["identification"], s["verification"], s["privacy"]
+    assert edge["errors"] == [] and edge["events_missing"] == []
+    # Every capture of the script that the agents released came back as an identification event.
+    assert ident["enrolled_templates"] + ident["stranger_templates"] == edge["templates"] > 0
+    assert ident["enrolled_templates"] >= 4 and ident["stranger_templates"] >= 2
+    for v in (ident["accuracy"], ident["unknown_rejection_rate"], ver["face"]["gar"], ver["face"]["far"]):
+        assert 0.0 <= v <= 1.0
+    # Both epsilons are reported, and per-vector = per-coordinate for laplace-l1 (a vector mechanism).
+    assert p["mechanism"] == "laplace-l1" and p["epsilon_vector"] == pytest.approx(1024.0)
+    assert p["epsilon_coordinate"] == pytest.approx(p["epsilon_vector"])
+    # Each device's ledger holds exactly one release's cost per template it sent (template + soft traits).
+    per_release = p["epsilon_vector"] + p["soft_traits_epsilon_per_release"]
+    for dev in edge["devices"].values():
+        assert dev["epsilon_vector_spent"] == pytest.approx(dev["releases"] * per_release)
+        assert dev["max_epsilon_vector_per_track"] <= p["per_track_budget_epsilon_vector"] + 1e-6
+    # Genuine and impostor claims were both verified; the odometer charged the claimed subjects.
+    assert ver["claims"] == 2 * ident["enrolled_templates"]
+    assert sum(ver["qbbs_epsilon_per_subject"].values()) > 0
+    assert s["model"]["model_version"] == "v000001"
+
+
+def test_demo_writes_a_self_contained_report(demo_run):
+    out, _ = demo_run
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") >= 4
+    assert "ε per coordinate / per vector" in html
+    assert 'src="http' not in html and "src='http" not in html
+
+
+def test_no_pixels_reach_the_server(demo_run):
+    out, _s = demo_run
+    server = out / "server"
+    images = [p for p in server.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES]
+    assert images == []
+    con = sqlite3.connect(server / "peep.db")
+    try:
+        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        blob_bytes = 0
+        for t in tables:
+            cols = [r[1] for r in con.execute(f"PRAGMA table_info({t})")]
+            for c in cols:
+                (n,) = con.execute(f"SELECT max(length({c})) FROM {t}").fetchone()
+                if n is not None and t != "bundles":
+                    blob_bytes = max(blob_bytes, int(n))
+    finally:
+        con.close()
+    # The largest stored value is a template (nc float32 + metadata), far below a 62x47 face.
+    assert 0 < blob_bytes < 62 * 47
+    # The edge agents kept no images either.
+    devices = out / "devices"
+    assert [p for p in devices.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES] == []
+
+
+def test_usage_errors_name_the_option(capsys):
+    assert main(["demo", "--subjects", "0"]) == 2
+    assert "--subjects" in capsys.readouterr().err
+    assert main(["demo", "--mechanism", "gaussian-l2"]) == 2
+    assert "--delta" in capsys.readouterr().err
