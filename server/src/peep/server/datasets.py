@@ -120,6 +120,15 @@ def _lfw_folder(data_home: str | None) -> Path:
     return Path(get_data_home(data_home)) / "lfw_home" / "lfw_funneled"
 
 
+def ensure_lfw(data_home: str | os.PathLike[str] | None = None) -> Path:
+    """The ``lfw_funneled`` folder under the data home, downloaded by scikit-learn if missing.
+
+    Raises :class:`DatasetError` (naming ``--data-home``) when it is missing
+    and cannot be downloaded (e.g. no network).
+    """
+    return _ensure_lfw(resolve_data_home(data_home))
+
+
 def _ensure_lfw(data_home: str | None) -> Path:
     folder = _lfw_folder(data_home)
     if folder.is_dir():

@@ -171,8 +171,10 @@ class Demo:
         from peep.edge.detection import build_detector
         from peep.edge.synthetic import lfw_people
 
+        from peep.server.datasets import ensure_lfw
+
         o = self.opts
-        people = lfw_people(o.data_home)
+        people = lfw_people(ensure_lfw(o.data_home).parent.parent)
         # The same detector settings the demo's edge agents run with.
         detector = build_detector(DetectorConfig())
 
