@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _type_name(ann: Any) -> str:
     origin = typing.get_origin(ann)
+    if origin is typing.Annotated:
+        return _type_name(typing.get_args(ann)[0])
     if origin is typing.Literal:
         return " \\| ".join(repr(a).replace("'", '"') for a in typing.get_args(ann))
     if origin in (typing.Union, types.UnionType):
