@@ -87,13 +87,19 @@ def test_module_fusion_equals_a_hand_computed_example(make_module):
     assert r.face_weight == 0.5 and r.epsilon_spent == 2.0
 
 
-def test_default_threshold_is_a_half_face_posterior_and_two_widths_off(make_module):
-    module = make_module(verification_transform="shared-noise")
+def test_a_fixed_threshold_is_the_decision_boundary(make_module):
+    # A claim with face posterior 0.5 and each trait 2 widths off, by hand (shared-noise: deterministic);
+    # fallback weights 0.6 / 0.1 per trait renormalised over face, age, height: 0.75 / 0.125 / 0.125.
+    on_score = (
+        0.75 * math.log(0.5) + 0.125 * (-2.0 - math.log(8) - LOG_SQRT_2PI) + 0.125 * (-2.0 - math.log(5) - LOG_SQRT_2PI)
+    )
+    module = make_module(verification_transform="shared-noise", threshold=on_score - 1e-9)
     module.use_face_model(ParzenScoreModel(prior=0.5, bandwidth=1.0).fit([1.0, 2.0], [-1.0, -2.0]))
     at_half = 0.0  # midway between the two symmetric densities: P(genuine | 0) = 0.5
     assert module.face_model().log_posterior([at_half])[0] == pytest.approx(math.log(0.5))
     on = module.verify(claimed_subject="bob", face_score=at_half, observed={"age": 52.0 + 16.0, "height": 181.5 - 10})
-    assert on.fused_score == pytest.approx(on.threshold)
+    assert on.fused_score == pytest.approx(on_score, abs=1e-9) and on.threshold == on_score - 1e-9
+    assert on.accepted and on.calibration is None
     off = module.verify(claimed_subject="bob", face_score=at_half, observed={"age": 52.0 + 17.0, "height": 181.5 - 10})
     assert off.fused_score < off.threshold and not off.accepted
 

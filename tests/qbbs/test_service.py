@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 import pytest
 from peep.core.wire import MechanismDescription, make_template
-from peep.server.qbbs import QbbsConfig, QbbsModule, StaticFaceScores
+from peep.server.qbbs import ObservationNoise, QbbsConfig, QbbsModule, StaticFaceScores
 from peep.server.qbbs.service import add_qbbs_servicer, observed_from_template
 from peep.v1 import qbbs_pb2, qbbs_pb2_grpc
 
@@ -42,7 +42,13 @@ def _face(subject: str, values: np.ndarray) -> float:
 
 @pytest.fixture
 def served(tmp_path) -> Iterator[tuple[Any, QbbsModule]]:
-    cfg = QbbsConfig(epsilon=1.0, epsilon_cap=6.0, store_path=tmp_path / "t.sqlite", ledger_path=tmp_path / "l.jsonl")
+    cfg = QbbsConfig(
+        epsilon=1.0,
+        epsilon_cap=6.0,
+        weights={"face": 0.6, "age": 0.1, "gender": 0.1, "height": 0.1, "weight": 0.1},
+        store_path=tmp_path / "t.sqlite",
+        ledger_path=tmp_path / "l.jsonl",
+    )
     faces = StaticFaceScores(_face, genuine=[0.0, -0.2, -0.5, -1.0], impostor=[-4.0, -5.0, -6.0, -8.0])
     module = QbbsModule(cfg, face_scores=faces)
     server = grpc.server(ThreadPoolExecutor(max_workers=4))
@@ -128,9 +134,11 @@ def test_verify_fused_over_a_socket_and_the_odometer_cap(served):
     r = stub.VerifyFused(req, timeout=5)
     assert r.face_score == -0.1
     assert [t.trait for t in r.traits] == ["height", "weight"]
-    # default weights 0.6 / 0.1 / 0.1 renormalised over the face and the two observed traits
+    # configured weights 0.6 / 0.1 / 0.1 renormalised over the face and the two observed traits
     assert [t.weight for t in r.traits] == pytest.approx([0.125, 0.125])
     assert r.epsilon_spent == 2.0 and r.epsilon_total == 2.0
+    # the threshold is the one calibrated for claims observing height and weight
+    assert r.threshold == module.calibration(["height", "weight"]).threshold
     assert r.accepted == (r.fused_score >= r.threshold)
     assert r.log_p_genuine_face == pytest.approx(float(module.face_model().log_posterior([-0.1])[0]))
     stub.VerifyFused(req, timeout=5)
@@ -178,6 +186,11 @@ def test_observed_traits_can_come_from_the_templates_edge_releases(served):
     r = stub.VerifyFused(qbbs_pb2.QbbsVerifyRequest(template=tmpl), timeout=5)
     assert [t.trait for t in r.traits] == ["age", "gender"]
     assert r.epsilon_spent == 2.0
+    # the decision is calibrated for the edge's mechanisms, not only their variances
+    cal = module.calibration_
+    assert cal is not None and r.threshold == cal.threshold and cal.observed == ("age", "gender")
+    assert cal.noise["age"] == ObservationNoise.edge_laplace(bound=100.0, epsilon=2.0)
+    assert cal.noise["gender"] == ObservationNoise.randomized_response(epsilon=3.0)
 
 
 def test_admin_check_by_token_digest_or_by_the_servers_authorizer(tmp_path):

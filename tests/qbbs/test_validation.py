@@ -123,4 +123,6 @@ def test_config_file_errors_name_the_key(tmp_path):
     p.write_text("[qbbs]\nepsilon = 2.0\nstore_path = 'data/qbbs.sqlite'\n")
     cfg = load_config(p)
     assert cfg.epsilon == 2.0 and cfg.store_path == tmp_path / "data" / "qbbs.sqlite"
-    assert np.isclose(sum(cfg.weights.values()), 1.0)
+    # weights and threshold unset: both calibrated; the fallback weights (for a fixed threshold) sum to 1
+    assert cfg.weights is None and cfg.threshold is None and cfg.calibrated and cfg.target_far == 0.01
+    assert np.isclose(sum(cfg.fixed_weights().values()), 1.0) and set(cfg.fixed_weights()) == {"face", *cfg.traits}

@@ -145,7 +145,12 @@ def test_fused_verification_uses_the_served_model_and_spends_the_claimed_subject
     assert g.face_score > i.face_score
     assert g.log_p_genuine_face > i.log_p_genuine_face
     assert g.fused_score > i.fused_score
-    assert not i.accepted
+    # the decision is calibrated for target_far on the serving model's validation scores (no threshold configured)
+    cal = h.module.calibration()
+    assert g.threshold == i.threshold == cal.threshold and cal.model_version == "v000001"
+    assert cal.simulated_far <= h.module.config.target_far == 0.01 < cal.simulated_gar
+    assert [t.weight for t in g.traits] == pytest.approx([cal.weights[t] for t in TRAITS])
+    assert g.accepted and not i.accepted
 
     # each verification spends four trait values of the *claimed* subject
     assert g.epsilon_spent == i.epsilon_spent == pytest.approx(len(TRAITS) * EPSILON)
@@ -198,9 +203,15 @@ def test_devices_may_not_call_admin_rpcs_nor_submit_other_devices_templates(host
 def test_erasure_removes_the_soft_traits_and_the_retrained_model_refits_p_genuine(hosted, templates, caplog):
     h = hosted
     caplog.set_level(logging.INFO, logger="peep.server.qbbs.hosting")
+    caplog.set_level(logging.INFO, logger="peep.server.qbbs.module")
     a, b = h.subjects[0], h.subjects[1]
-    h.verify(templates.message(_pick(h, templates, a, a, best=True)), a, {"gender": 0.0})
+    first = h.verify(templates.message(_pick(h, templates, a, a, best=True)), a, {"gender": 0.0})
     before = h.module.face_model()
+    # the promotion calibrated the all-traits shape eagerly; this claim's shape on first use
+    shapes = {c.observed: c for c in h.module.calibrations_}
+    assert set(shapes) == {TRAITS, ("gender",)}
+    calibrated = shapes[("gender",)]
+    assert first.threshold == calibrated.threshold and calibrated.model_version == "v000001"
     assert before.n_genuine_ == h.srv.services.recogniser.model.genuine.size
 
     resp = h.rec.EraseSubject(recognition_pb2.EraseSubjectRequest(subject=a, retrain=True), metadata=ADMIN, timeout=300)
@@ -220,6 +231,19 @@ def test_erasure_removes_the_soft_traits_and_the_retrained_model_refits_p_genuin
     assert after is not before
     assert (after.n_genuine_, after.n_impostor_) == (model.genuine.size, model.impostor.size)
     assert after.n_impostor_ < before.n_impostor_
+    # ... and recalibrated the fused threshold of every claim shape in use, on the new model's scores
+    shapes = {c.observed: c for c in h.module.calibrations_}
+    assert set(shapes) == {TRAITS, ("gender",)}
+    assert {c.model_version for c in shapes.values()} == {"v000002"}
+    recalibrated = shapes[("gender",)]
+    assert recalibrated.threshold != calibrated.threshold
+    logged = [r for r in caplog.records if r.getMessage().startswith("QBBS: fused threshold calibrated")]
+    assert sorted((r.calibration["model_version"], tuple(r.calibration["observed"])) for r in logged) == sorted(
+        [("v000001", ("gender",)), ("v000002", ("gender",)), ("v000002", TRAITS)]
+    )
+    assert h.verify(templates.message(_pick(h, templates, b, b, best=True)), b, {"gender": 1.0}).threshold == (
+        recalibrated.threshold
+    )
     assert h.qbbs.Query(qbbs_pb2.QbbsQueryRequest(subject=b, trait="age"), metadata=ADMIN, timeout=5).value
 
 

@@ -7,12 +7,15 @@ module (:class:`QbbsModule`) is its only read path, and
 touches its tables. See :mod:`peep.server.qbbs.queries` for the permissible
 query structure and its privacy accounting, :mod:`peep.server.qbbs.matcher`
 for the fusion, :mod:`peep.server.qbbs.service` for the gRPC service and
+:mod:`peep.server.qbbs.calibration` for the fused threshold (calibrated to a
+target false-accept rate without reading the store),
 :mod:`peep.server.qbbs.evaluation` for ``peep qbbs evaluate`` and
 :mod:`peep.server.qbbs.hosting` for :func:`server_plugin`, which ``peep serve``
 and ``peep erase`` call to host the module in the recognition server (when
 ``server.toml`` has a ``[qbbs]`` table).
 """
 
+from peep.server.qbbs.calibration import Calibration, ObservationNoise
 from peep.server.qbbs.config import DEFAULT_TRAITS, QbbsConfig, TraitSpec, load_config
 from peep.server.qbbs.errors import (
     FaceScoreUnavailableError,
@@ -33,9 +36,11 @@ from peep.server.qbbs.queries import QueryPlan, SumQuery
 
 __all__ = [
     "DEFAULT_TRAITS",
+    "Calibration",
     "ClassifierFaceScores",
     "FaceScoreProvider",
     "FaceScoreUnavailableError",
+    "ObservationNoise",
     "OdometerExhaustedError",
     "OdometerReading",
     "ParzenScoreModel",

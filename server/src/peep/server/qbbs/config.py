@@ -31,6 +31,12 @@ observed value and the enrolled one, from measurement error):
 ``peep qbbs evaluate`` reports the spread it measures on LFW next to these
 (age 7.3 years, gender 0.08, and the synthetic height/weight errors).
 
+The widths are also the measurement-error model of the calibration
+(:mod:`peep.server.qbbs.calibration`): an observed continuous trait is
+simulated as the true value plus N(0, width²), an observed binary trait as
+the true bit flipped with probability 1/(1 + e^(1/(2·width²))) (12 % for
+width 0.5).
+
 Example (a ``[qbbs]`` table in ``server.toml``, or a file of its own)::
 
     [qbbs]
@@ -39,7 +45,8 @@ Example (a ``[qbbs]`` table in ``server.toml``, or a file of its own)::
     epsilon = 1.0          # per SUM response; a trait value costs pairs x epsilon
     epsilon_cap = 100.0    # per subject, lifetime
     queries_per_trait = 2
-    weights = { face = 0.7, age = 0.15, gender = 0.15 }   # face + the traits below
+    target_far = 0.01      # the fused threshold is calibrated for this false-accept rate
+    # weights = { face = 0.7, age = 0.15, gender = 0.15 }  # optional: fixed; unset = chosen by calibration
 
     # Setting traits replaces the default set: list every trait kept.
     [qbbs.traits.age]
@@ -69,6 +76,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 __all__ = [
     "DEFAULT_TRAITS",
+    "FALLBACK_FACE_WEIGHT",
     "QbbsConfig",
     "TraitSpec",
     "load_config",
@@ -144,7 +152,9 @@ DEFAULT_TRAITS: dict[str, TraitSpec] = {
     "weight": TraitSpec(unit="kg", lower=40.0, upper=160.0, width=6.0, description="body weight"),
 }
 
-DEFAULT_WEIGHTS: dict[str, float] = {FACE: 0.6, "age": 0.1, "gender": 0.1, "height": 0.1, "weight": 0.1}
+#: a0 when ``threshold`` is fixed and ``weights`` is not: the rest is shared equally by the traits
+#: (0.1 each for the four default traits).
+FALLBACK_FACE_WEIGHT = 0.6
 
 
 class QbbsConfig(BaseModel):
@@ -179,13 +189,32 @@ class QbbsConfig(BaseModel):
     epsilon_cap : float, default 100.0
         Cumulative ε per subject after which queries and verifications of the
         subject are refused (``OdometerExhaustedError``).
-    weights : mapping of str to float
-        a0 (key ``"face"``) and a_j per trait; non-negative, summing to 1.
+    weights : mapping of str to float, optional
+        a0 (key ``"face"``) and a_j per trait; non-negative, summing to 1
+        (renormalised over the face and the traits a claim observes). Unset
+        (default): with a calibrated threshold, chosen per set of observed
+        traits by the calibration (the simplex grid point with the highest
+        simulated GAR at ``target_far``; ties keep more face weight); with a
+        fixed ``threshold``, a0 = 0.6 and the rest shared equally.
     genuine_prior : float, default 0.5
         P(genuine) in the Parzen posterior P(genuine | face score).
     threshold : float, optional
-        Fused-score acceptance threshold. Default: the score of a claim whose
-        face posterior is 0.5 and whose every trait is 2 widths off.
+        Fixed fused-score acceptance threshold (accept iff g >= threshold); no
+        calibration then. Unset (default): calibrated for ``target_far``.
+    target_far : float, default 0.01
+        False-accept rate the fused threshold is calibrated for (when
+        ``threshold`` is unset), as ``training.target_far`` is for the
+        face-only Verify. The calibration (:mod:`peep.server.qbbs.calibration`)
+        never reads the soft-trait store: it simulates genuine and impostor
+        claims from the face recogniser's validation scores, the public trait
+        specs, the known noise of every answer and a public population model,
+        and sets the threshold at the impostors' (1 - target_far) quantile.
+        It is redone whenever the Parzen densities are refitted.
+    calibration_claims : int, default 20000
+        Simulated genuine and impostor claims per calibration (each of the
+        two simulations: one chooses the weights, the other sets the
+        threshold). The Monte-Carlo standard error of the FAR is about
+        sqrt(target_far / calibration_claims).
     edge_laplace_bounds : mapping of str to float
         Sensitivity of the edge agent's bounded-Laplace soft-trait releases
         (``age_max``, default 100), used to widen the matcher when an observed
@@ -206,9 +235,11 @@ class QbbsConfig(BaseModel):
     sensitivity: Literal["declared-range", "database-extremes"] = "declared-range"
     verification_transform: Literal["independent", "shared-noise"] = "independent"
     epsilon_cap: float = Field(default=100.0, gt=0.0)
-    weights: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
+    weights: dict[str, float] | None = None
     genuine_prior: float = Field(default=0.5, gt=0.0, lt=1.0)
     threshold: float | None = None
+    target_far: float = Field(default=0.01, gt=0.0, le=0.5)
+    calibration_claims: int = Field(default=20_000, ge=2_000, le=1_000_000)
     edge_laplace_bounds: dict[str, float] = Field(default_factory=lambda: {"age": 100.0})
     store_path: Path | None = None
     ledger_path: Path | None = None
@@ -251,18 +282,19 @@ class QbbsConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_cross(self) -> QbbsConfig:
-        expected = {FACE, *self.traits}
-        if set(self.weights) != expected:
-            raise ValueError(
-                f"weights: expected exactly the keys {sorted(expected)} (a0 for 'face', one per trait), "
-                f"received {sorted(self.weights)}"
-            )
-        for k, v in self.weights.items():
-            if not (math.isfinite(v) and v >= 0.0):
-                raise ValueError(f"weights.{k}: expected a finite number >= 0, received {v}")
-        total = math.fsum(self.weights.values())
-        if abs(total - 1.0) > 1e-9:
-            raise ValueError(f"weights: expected values summing to 1, received a sum of {total!r}")
+        if self.weights is not None:
+            expected = {FACE, *self.traits}
+            if set(self.weights) != expected:
+                raise ValueError(
+                    f"weights: expected exactly the keys {sorted(expected)} (a0 for 'face', one per trait), "
+                    f"received {sorted(self.weights)}"
+                )
+            for k, v in self.weights.items():
+                if not (math.isfinite(v) and v >= 0.0):
+                    raise ValueError(f"weights.{k}: expected a finite number >= 0, received {v}")
+            total = math.fsum(self.weights.values())
+            if abs(total - 1.0) > 1e-9:
+                raise ValueError(f"weights: expected values summing to 1, received a sum of {total!r}")
         per_value = self.epsilon * self.queries_per_trait / 2
         if self.epsilon_cap < per_value:
             raise ValueError(
@@ -272,7 +304,31 @@ class QbbsConfig(BaseModel):
             )
         if self.threshold is not None and not math.isfinite(self.threshold):
             raise ValueError(f"threshold: expected a finite number, received {self.threshold}")
+        if self.threshold is None and self.sensitivity == "database-extremes":
+            # The noise scale would be the stored values' max - min: calibrating on it
+            # would make the threshold a function of the store (itself a release).
+            raise ValueError(
+                "threshold: expected a fixed threshold with sensitivity = 'database-extremes' (the calibration "
+                "would need the stored extremes, which it must not read), received none"
+            )
+        if self.target_far * self.calibration_claims < 20:
+            raise ValueError(
+                f"calibration_claims: expected at least 20 / target_far ({math.ceil(20 / self.target_far)}) so that "
+                f"20 simulated impostors lie above the threshold, received {self.calibration_claims}"
+            )
         return self
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether the fused threshold is calibrated (``threshold`` unset)."""
+        return self.threshold is None
+
+    def fixed_weights(self) -> dict[str, float]:
+        """The configured weights, or the fallback (a0 = 0.6, the rest shared equally by the traits)."""
+        if self.weights is not None:
+            return dict(self.weights)
+        share = (1.0 - FALLBACK_FACE_WEIGHT) / len(self.traits)
+        return {FACE: FALLBACK_FACE_WEIGHT, **{t: share for t in self.traits}}
 
     @property
     def pairs(self) -> int:

@@ -30,7 +30,6 @@ explicitly for this simulation only):
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import math
@@ -48,6 +47,7 @@ from numpy.typing import NDArray
 from peep.core import features
 from peep.core.mechanisms import LaplaceMechanism
 from peep.core.sampling import check_random_state
+from peep.server.qbbs.calibration import simplex_grid
 from peep.server.qbbs.config import FACE, QbbsConfig
 from peep.server.qbbs.face import PROBA_FLOOR
 from peep.server.qbbs.matcher import ParzenScoreModel, gaussian_log_likelihood
@@ -115,15 +115,6 @@ def roc(genuine: NDArray[np.float64], impostor: NDArray[np.float64], fars: NDArr
         thr = imp[k]
         out.append(float(1.0 - np.searchsorted(gen, thr, side="right") / gen.size))
     return out
-
-
-def simplex_grid(k: int, steps: int) -> NDArray[np.float64]:
-    """All weight vectors of length ``k`` with entries in multiples of 1/steps summing to 1."""
-    rows = []
-    for cut in itertools.combinations(range(steps + k - 1), k - 1):
-        parts = np.diff(np.concatenate([[-1], cut, [steps + k - 1]])) - 1
-        rows.append(parts / steps)
-    return np.array(rows, dtype=np.float64)
 
 
 def choose_weights(

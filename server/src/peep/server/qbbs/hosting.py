@@ -24,7 +24,12 @@ What the plugin wires
   log P(claimed | template)); the Parzen densities of P(genuine | s) are
   refitted from the new model's validation scores when a model is promoted
   (eagerly, from the recogniser's listener, and lazily on the next
-  verification when another process promoted it);
+  verification when another process promoted it); the fused threshold (and,
+  unless ``weights`` is configured, the weights) is recalibrated with them
+  for ``target_far`` (:mod:`peep.server.qbbs.calibration`: simulated claims
+  from the new model's validation scores and public trait information, never
+  the soft-trait store), for every claim shape seen so far, and logged
+  ("QBBS: fused threshold calibrated", with the simulated FAR and GAR);
 * erasure: every erasure (``EraseSubject``, ``peep erase``) deletes the
   subject's soft traits too (the odometer's spend ledger is kept: it is the
   audit log, and a re-enrolled id must not get a fresh budget);
@@ -60,7 +65,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
-from peep.server.qbbs.errors import FaceScoreUnavailableError
+from peep.server.qbbs.errors import FaceScoreUnavailableError, QbbsError
 
 if TYPE_CHECKING:
     import grpc
@@ -208,15 +213,18 @@ def server_plugin(services: Services) -> QbbsRegistrar | None:
 
     def refit(model: Any) -> None:
         # Eagerly, so the first verification after a promotion does not pay for it (and a model
-        # whose validation scores cannot be fitted is reported now); face_model() refits lazily too.
+        # whose validation scores cannot be fitted is reported now); face_model() refits lazily too,
+        # and a stale calibration is redone on the next verification of its shape.
         try:
             parzen = module.face_model()
             log.info(
                 "QBBS: P(genuine | face score) refitted", extra={"model_version": model.version, **parzen.describe()}
             )
-        except FaceScoreUnavailableError as exc:
+            module.recalibrate()  # logs each calibration
+        except (FaceScoreUnavailableError, QbbsError) as exc:
             log.warning(
-                "QBBS: P(genuine | face score) not refitted", extra={"model_version": model.version, "error": str(exc)}
+                "QBBS: P(genuine | face score) not refitted or not recalibrated",
+                extra={"model_version": model.version, "error": str(exc)},
             )
 
     services.recogniser.add_listener(refit)

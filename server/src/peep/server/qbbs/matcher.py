@@ -124,6 +124,9 @@ class ParzenScoreModel:
     ----------
     bandwidth_genuine_, bandwidth_impostor_ : float
     n_genuine_, n_impostor_ : int
+    genuine_scores_, impostor_scores_ : ndarray of shape (n_genuine_,), (n_impostor_,)
+        The validation scores the densities were fitted on (the calibration
+        of the fused threshold resamples them).
     """
 
     def __init__(self, *, prior: float = 0.5, bandwidth: str | float = "silverman", grid_size: int = 2048) -> None:
@@ -147,6 +150,7 @@ class ParzenScoreModel:
             if not np.all(np.isfinite(x)):
                 raise ValueError(f"{name}: expected finite scores, received non-finite values")
         self._genuine, self._impostor = g, i
+        self.genuine_scores_, self.impostor_scores_ = g, i
         if self.bandwidth == "silverman":
             self.bandwidth_genuine_, self.bandwidth_impostor_ = _silverman(g), _silverman(i)
         else:

@@ -6,14 +6,22 @@ stored value: enrolment writes, :meth:`~QbbsModule.query` returns the
 synthesised noisy value Y' = f(R') (spending ε), :meth:`~QbbsModule.verify`
 returns the fused score of a claim (spending ε for the traits it uses), and
 :meth:`~QbbsModule.odometer` reports the spend.
+
+The fused decision is calibrated (:mod:`peep.server.qbbs.calibration`) for
+``config.target_far`` unless ``config.threshold`` fixes it: per claim shape
+(the traits a claim observes and their known observation noise), from the
+Parzen model's validation scores and public information only, redone when
+the Parzen densities are refitted. The calibration is handed no store.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +33,7 @@ from peep.core.mechanisms import LaplaceMechanism
 from peep.core.sampling import check_random_state
 from peep.core.wire import SUBJECT_PATTERN
 from peep.server.qbbs._store import _SoftTraitStore
+from peep.server.qbbs.calibration import Calibration, ObservationNoise, TraitTerm, calibrate
 from peep.server.qbbs.config import FACE, QbbsConfig, TraitSpec, load_config
 from peep.server.qbbs.errors import (
     FaceScoreUnavailableError,
@@ -40,6 +49,11 @@ from peep.server.qbbs.odometer import OdometerReading, PrivacyOdometer
 from peep.server.qbbs.queries import QueryPlan, SumQuery, sensitivity, structure_fingerprint
 
 __all__ = ["QbbsModule", "QueryResult", "TraitScore", "VerifyResult"]
+
+log = logging.getLogger(__name__)
+
+#: Claim shapes whose calibration is kept (least recently used dropped first).
+MAX_CALIBRATIONS = 32
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,7 +94,11 @@ class TraitScore:
 
 @dataclass(frozen=True, kw_only=True)
 class VerifyResult:
-    """Fused verification of a claim (chapter Eq. 5.7)."""
+    """Fused verification of a claim (chapter Eq. 5.7).
+
+    ``accepted`` is ``fused_score >= threshold``; ``calibration`` is the
+    calibrated decision used (``None`` with a fixed ``config.threshold``).
+    """
 
     claimed_subject: str
     accepted: bool
@@ -92,6 +110,7 @@ class VerifyResult:
     traits: tuple[TraitScore, ...]
     epsilon_spent: float
     epsilon_total: float
+    calibration: Calibration | None = None
 
 
 @dataclass(frozen=True)
@@ -148,6 +167,12 @@ class QbbsModule:
         self._face = face_scores
         self._parzen: ParzenScoreModel | None = None
         self._parzen_version: object = None
+        # Bumped whenever the Parzen model changes: calibrations of an older one are stale.
+        self._face_generation = 0
+        self._calibration_lock = threading.Lock()
+        self._calibrations: OrderedDict[tuple[Any, ...], tuple[int, Calibration]] = OrderedDict()
+        #: The most recent calibration (``None`` before the first, or with a fixed threshold).
+        self.calibration_: Calibration | None = None
 
     @classmethod
     def from_config_file(cls, path: str | os.PathLike[str], **kwargs: Any) -> QbbsModule:
@@ -325,6 +350,7 @@ class QbbsModule:
         with self._lock:
             self._face = provider
             self._parzen = None
+            self._face_generation += 1
 
     def face_model(self) -> ParzenScoreModel:
         """The Parzen model of P(genuine | face score), (re)fitted from the provider's validation scores."""
@@ -349,6 +375,7 @@ class QbbsModule:
                     ) from exc
                 self._parzen = parzen
                 self._parzen_version = version
+                self._face_generation += 1
             return self._parzen
 
     def use_face_model(self, model: ParzenScoreModel) -> None:
@@ -356,6 +383,13 @@ class QbbsModule:
         with self._lock:
             self._parzen = model
             self._parzen_version = getattr(self._face, "model_version", None)
+            self._face_generation += 1
+
+    def _face_state(self) -> tuple[ParzenScoreModel, int, object]:
+        """The Parzen model (refitted if due), its generation and its face-model version, consistently."""
+        with self._lock:
+            parzen = self.face_model()
+            return parzen, self._face_generation, self._parzen_version
 
     def effective_width(self, trait: str) -> float:
         """The likelihood width used for ``trait``: c, or sqrt(c² + Var φ) for ``independent``."""
@@ -373,20 +407,151 @@ class QbbsModule:
         _, values = self._soft_trait_store.column(trait)
         return self._mechanism(trait, sensitivity(spec, values, self.config.sensitivity)).variance
 
-    def default_threshold(self, weights: Mapping[str, float]) -> float:
-        """Fused score of a claim with face posterior 0.5 and each trait 2 (effective) widths off."""
-        g = weights[FACE] * math.log(0.5)
-        for t, w in weights.items():
-            if t != FACE:
-                g += w * float(gaussian_log_likelihood(2.0 * self.effective_width(t), 0.0, self.effective_width(t)))
-        return g
-
     def _weights(self, traits: Sequence[str]) -> dict[str, float]:
-        used = {FACE: self.config.weights[FACE], **{t: self.config.weights[t] for t in traits}}
+        """The configured (or fallback) weights renormalised over the face and ``traits``."""
+        fixed = self.config.fixed_weights()
+        used = {FACE: fixed[FACE], **{t: fixed[t] for t in traits}}
         total = math.fsum(used.values())
         if not total > 0:
             raise QbbsError(f"weights: the face and the observed traits {list(traits)} all have weight 0")
         return check_weights({k: v / total for k, v in used.items()})
+
+    # -- calibration of the fused decision -------------------------------------------------
+
+    def _observation_noise(
+        self,
+        traits: Sequence[str],
+        observed_variance: Mapping[str, float] | None,
+        observed_noise: Mapping[str, ObservationNoise] | None,
+    ) -> dict[str, ObservationNoise]:
+        """Validated known noise of each observed trait (a bare variance is Gaussian)."""
+        out: dict[str, ObservationNoise] = {}
+        for t, v in (observed_variance or {}).items():
+            if (
+                t not in traits
+                or isinstance(v, bool)
+                or not isinstance(v, (int, float))
+                or not (math.isfinite(v) and v >= 0)
+            ):
+                raise QbbsError(
+                    f"observed_variance.{t}: expected a finite variance >= 0 of an observed trait, received {v!r}"
+                )
+            out[t] = ObservationNoise.gaussian(v)
+        for t, n in (observed_noise or {}).items():
+            if t not in traits or not isinstance(n, ObservationNoise):
+                raise QbbsError(
+                    f"observed_noise.{t}: expected the ObservationNoise of an observed trait, received {n!r}"
+                )
+            if t in out:
+                raise QbbsError(f"observed_noise.{t}: expected the noise once, received it with observed_variance too")
+            out[t] = n
+        return out
+
+    def _trait_terms(self, traits: Sequence[str], noise: Mapping[str, ObservationNoise]) -> list[TraitTerm]:
+        """The public description of each observed trait's term, with the widths :meth:`verify` uses."""
+        terms = []
+        for t in traits:
+            spec = self._spec(t)
+            mech = self._mechanism(t, spec.range)  # declared range: the config refuses calibration otherwise
+            obs_var = noise[t].variance if t in noise else 0.0
+            shared = self.config.verification_transform == "shared-noise"
+            phi_var = 0.0 if shared else self.plan.net_noise_variance(mech.variance)
+            terms.append(
+                TraitTerm(
+                    name=t,
+                    spec=spec,
+                    width=math.sqrt(spec.width**2 + phi_var + obs_var),
+                    response_scale=mech.scale,
+                    pairs=self.plan.pairs,
+                    shared_noise=shared,
+                    noise=noise.get(t),
+                )
+            )
+        return terms
+
+    def _calibrated(self, traits: Sequence[str], noise: Mapping[str, ObservationNoise]) -> Calibration:
+        """The calibration for claims observing ``traits`` with ``noise`` (cached per Parzen model)."""
+        if self.config.weights is not None:
+            self._weights(traits)  # refuse all-zero weights before simulating
+        key = tuple((t, noise.get(t)) for t in traits)
+        with self._calibration_lock:
+            parzen, generation, version = self._face_state()
+            cached = self._calibrations.get(key)
+            if cached is not None and cached[0] == generation:
+                self._calibrations.move_to_end(key)
+                return cached[1]
+            t0 = time.perf_counter()
+            cal = calibrate(
+                parzen=parzen,
+                terms=self._trait_terms(traits, noise),
+                target_far=self.config.target_far,
+                claims=self.config.calibration_claims,
+                weights=None if self.config.weights is None else self._weights(traits),
+                model_version=version,
+            )
+            self._calibrations[key] = (generation, cal)
+            self._calibrations.move_to_end(key)
+            while len(self._calibrations) > MAX_CALIBRATIONS:
+                self._calibrations.popitem(last=False)
+            self.calibration_ = cal
+        log.info(
+            "QBBS: fused threshold calibrated (target FAR %.4g: simulated FAR %.4g, GAR %.4g, threshold %.6g)",
+            cal.target_far,
+            cal.simulated_far,
+            cal.simulated_gar,
+            cal.threshold,
+            extra={"calibration": cal.describe(), "seconds": round(time.perf_counter() - t0, 3)},
+        )
+        return cal
+
+    def calibration(
+        self, observed: Sequence[str] | None = None, observed_noise: Mapping[str, ObservationNoise] | None = None
+    ) -> Calibration:
+        """The calibrated decision for claims observing ``observed`` (default: every trait) with that noise.
+
+        Computed on first use per claim shape and Parzen model (refitted when
+        the face model's version changes), from public information only.
+
+        Raises
+        ------
+        QbbsError
+            ``config.threshold`` is fixed (nothing is calibrated), or bad arguments.
+        FaceScoreUnavailableError
+            No Parzen model can be fitted.
+        """
+        if self.config.threshold is not None:
+            raise QbbsError(
+                f"threshold: fixed at {self.config.threshold:g} by the configuration; nothing is calibrated"
+            )
+        names = list(self.config.traits) if observed is None else list(observed)
+        for t in names:
+            self._spec(t)
+        traits = [t for t in self.config.traits if t in names]
+        return self._calibrated(traits, self._observation_noise(traits, None, observed_noise))
+
+    def recalibrate(self) -> list[Calibration]:
+        """Recalibrate every claim shape seen so far (or the all-traits one) for the current Parzen model.
+
+        The hosting server calls this when a model is promoted, so the first
+        verification after it does not pay for the simulation. Returns ``[]``
+        with a fixed threshold.
+        """
+        if self.config.threshold is not None:
+            return []
+        with self._calibration_lock:
+            shapes = list(self._calibrations) or [tuple((t, None) for t in self.config.traits)]
+        out = []
+        for key in reversed(shapes):  # most recently used first
+            traits = [t for t, _ in key]
+            out.append(self._calibrated(traits, {t: n for t, n in key if n is not None}))
+        return out
+
+    @property
+    def calibrations_(self) -> list[Calibration]:
+        """Current calibrations (for the Parzen model in use), most recently used last."""
+        with self._calibration_lock:
+            gen = self._face_generation
+            return [cal for g, cal in self._calibrations.values() if g == gen]
 
     def verify(
         self,
@@ -395,6 +560,7 @@ class QbbsModule:
         face_score: float,
         observed: Mapping[str, Any],
         observed_variance: Mapping[str, float] | None = None,
+        observed_noise: Mapping[str, ObservationNoise] | None = None,
         requester: str = "",
     ) -> VerifyResult:
         """Fused verification of a claim from a face score and observed traits.
@@ -402,9 +568,14 @@ class QbbsModule:
         For each observed trait the plan's queries give Y'; with
         ``shared-noise`` the observed value is transformed Y*' = Y* + φ (the
         chapter), with ``independent`` it is compared as is against Y' with
-        the noise-aware width. Weights are renormalised over the face and
-        the traits actually observed. ``observed_variance`` adds known noise
-        of an observation (e.g. the edge's local-DP release) to its width.
+        the noise-aware width. ``observed_noise`` (or, as a Gaussian,
+        ``observed_variance``) describes known noise of an observation (e.g.
+        the edge's local-DP release): its variance widens the likelihood and
+        the calibration simulates it. Accept iff the fused score is at least
+        the threshold: ``config.threshold`` if fixed, else the calibrated one
+        for this claim shape (whose weights are used too, unless
+        ``config.weights`` fixes them); fixed weights are renormalised over
+        the face and the traits actually observed.
 
         Raises
         ------
@@ -419,23 +590,24 @@ class QbbsModule:
         ):
             raise QbbsError(f"face_score: expected a finite number, received {face_score!r}")
         values = {t: self._value(t, v, enrol=False) for t, v in observed.items()}
-        extra = dict(observed_variance or {})
-        for t, v in extra.items():
-            if t not in values or not (math.isfinite(v) and v >= 0):
-                raise QbbsError(
-                    f"observed_variance.{t}: expected a finite variance >= 0 of an observed trait, received {v!r}"
-                )
         traits = [t for t in self.config.traits if t in values]
+        noise = self._observation_noise(traits, observed_variance, observed_noise)
+        calibration: Calibration | None = None
+        if self.config.threshold is None:
+            # Before spending: a claim that cannot be decided must not cost ε.
+            calibration = self._calibrated(traits, noise)
+            weights, threshold = dict(calibration.weights), calibration.threshold
+        else:
+            weights, threshold = self._weights(traits), self.config.threshold
         parzen = self.face_model()
         log_p = float(parzen.log_posterior([float(face_score)])[0])
-        weights = self._weights(traits)
         noisy = self._synthesise(subject, traits, operation="verify", requester=requester) if traits else {}
         scores: list[TraitScore] = []
         lls: dict[str, float] = {}
         for t in traits:
             n = noisy[t]
             spec = self.config.traits[t]
-            obs_var = extra.get(t, 0.0)
+            obs_var = noise[t].variance if t in noise else 0.0
             if self.config.verification_transform == "shared-noise":
                 width = math.sqrt(spec.width**2 + obs_var)
                 ll = float(gaussian_log_likelihood(values[t] + n.phi, n.value, width))
@@ -445,7 +617,6 @@ class QbbsModule:
             lls[t] = ll
             scores.append(TraitScore(trait=t, log_likelihood=ll, weight=weights[t], width=width))
         g = fused_score(log_p, lls, weights)
-        threshold = self.config.threshold if self.config.threshold is not None else self.default_threshold(weights)
         spent = len(traits) * self.config.epsilon_per_value
         return VerifyResult(
             claimed_subject=subject,
@@ -458,6 +629,7 @@ class QbbsModule:
             traits=tuple(scores),
             epsilon_spent=spent,
             epsilon_total=self.odometer_.spent(subject),
+            calibration=calibration,
         )
 
     def verify_template(
@@ -467,6 +639,7 @@ class QbbsModule:
         values: ArrayLike,
         observed: Mapping[str, Any],
         observed_variance: Mapping[str, float] | None = None,
+        observed_noise: Mapping[str, ObservationNoise] | None = None,
         template: Any = None,
         requester: str = "",
     ) -> VerifyResult:
@@ -486,6 +659,7 @@ class QbbsModule:
             face_score=s,
             observed=observed,
             observed_variance=observed_variance,
+            observed_noise=observed_noise,
             requester=requester,
         )
 

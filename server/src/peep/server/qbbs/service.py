@@ -14,7 +14,9 @@ that authenticates in an interceptor passes ``authorize_admin`` instead (a
 callable that aborts the context unless the caller is an admin). With
 neither, admin RPCs are refused (``PERMISSION_DENIED``). VerifyFused is open
 to any caller the server lets through; it spends the claimed subject's ε, so
-the odometer bounds what repeated verifications reveal. A hosting server
+the odometer bounds what repeated verifications reveal. Its response's
+``threshold`` is the one the decision used: calibrated for the module's
+``target_far`` (unless the configuration fixes it). A hosting server
 narrows it with ``check_template`` (called with each VerifyFused template
 after its wire validation: the recognition server applies its ingest checks
 there, so a device may only submit its own templates) and names callers in
@@ -40,6 +42,7 @@ from typing import Any, NoReturn
 import grpc
 from peep.core.exceptions import BudgetError, WireError
 from peep.core.wire import template_values, trait_name, validate_template
+from peep.server.qbbs.calibration import ObservationNoise
 from peep.server.qbbs.errors import (
     FaceScoreUnavailableError,
     QbbsError,
@@ -48,7 +51,14 @@ from peep.server.qbbs.errors import (
 from peep.server.qbbs.module import QbbsModule
 from peep.v1 import qbbs_pb2, qbbs_pb2_grpc
 
-__all__ = ["QbbsServicer", "Requester", "TemplateCheck", "add_qbbs_servicer", "observed_from_template"]
+__all__ = [
+    "QbbsServicer",
+    "Requester",
+    "TemplateCheck",
+    "add_qbbs_servicer",
+    "observed_from_template",
+    "observed_noise_from_template",
+]
 
 log = logging.getLogger(__name__)
 
@@ -112,18 +122,20 @@ def bearer_token_authorizer(token: str | None = None, *, token_sha256: str | Non
     return authorize
 
 
-def observed_from_template(template: Any, module: QbbsModule) -> tuple[dict[str, float], dict[str, float]]:
-    """Observed traits from a template's on-device ``soft_traits`` releases.
+def observed_noise_from_template(
+    template: Any, module: QbbsModule
+) -> tuple[dict[str, float], dict[str, ObservationNoise]]:
+    """Observed traits from a template's on-device ``soft_traits`` releases, with their known noise.
 
-    Returns ``(values, extra_variance)``. The edge perturbs age with bounded
-    Laplace (scale ``age_max/ε``; ``age_max`` from the QBBS config field
-    ``edge_laplace_bounds``) and gender with randomized response; the values
-    are clipped into the declared range and the release noise's variance is
-    added to the matcher's width. Traits this deployment does not configure
-    are ignored.
+    Returns ``(values, noise)``. The edge perturbs age with bounded Laplace
+    (value clipped to [0, ``age_max``], scale ``age_max/ε``; ``age_max`` from
+    the QBBS config field ``edge_laplace_bounds``) and gender with randomized
+    response; the values are clipped into the declared range. The noise's
+    variance widens the matcher and the calibration simulates the mechanism.
+    Traits this deployment does not configure are ignored.
     """
     values: dict[str, float] = {}
-    extra: dict[str, float] = {}
+    noise: dict[str, ObservationNoise] = {}
     cfg = module.config
     for rel in template.soft_traits:
         name = trait_name(rel.kind)
@@ -132,12 +144,20 @@ def observed_from_template(template: Any, module: QbbsModule) -> tuple[dict[str,
             continue
         values[name] = min(max(float(rel.value), spec.lower), spec.upper)
         if rel.mechanism == "randomized-response":
-            p_flip = 1.0 / (1.0 + math.exp(min(rel.epsilon, 700.0)))
-            extra[name] = p_flip * (1.0 - p_flip)
+            noise[name] = ObservationNoise.randomized_response(epsilon=rel.epsilon)
         else:
             bound = cfg.edge_laplace_bounds.get(name, spec.upper)
-            extra[name] = 2.0 * (bound / rel.epsilon) ** 2
-    return values, extra
+            noise[name] = ObservationNoise.edge_laplace(bound=bound, epsilon=rel.epsilon)
+    return values, noise
+
+
+def observed_from_template(template: Any, module: QbbsModule) -> tuple[dict[str, float], dict[str, float]]:
+    """:func:`observed_noise_from_template` with the noise as its variance: ``(values, extra_variance)``.
+
+    Age: ``2·(age_max/ε)²``; gender: ``p(1 - p)`` with ``p = 1/(1 + e^ε)``.
+    """
+    values, noise = observed_noise_from_template(template, module)
+    return values, {t: n.variance for t, n in noise.items()}
 
 
 class QbbsServicer(qbbs_pb2_grpc.QbbsServiceServicer):
@@ -209,19 +229,19 @@ class QbbsServicer(qbbs_pb2_grpc.QbbsServiceServicer):
                     f"claimed_subject: expected the template's own claim {request.template.subject!r}, "
                     f"received {request.claimed_subject!r}"
                 )
-            observed, extra = observed_from_template(request.template, self.module)
+            observed, noise = observed_noise_from_template(request.template, self.module)
             seen: set[str] = set()
             for t in request.observed:
                 if t.trait in seen:
                     raise QbbsError(f"observed: expected each trait once, received {t.trait!r} twice")
                 seen.add(t.trait)
                 observed[t.trait] = t.value  # the request's own values take precedence
-                extra.pop(t.trait, None)
+                noise.pop(t.trait, None)
             r = self.module.verify_template(
                 claimed_subject=claimed,
                 values=template_values(request.template),
                 observed=observed,
-                observed_variance=extra,
+                observed_noise=noise,
                 template=request.template,
                 requester=self._requester(context),
             )
