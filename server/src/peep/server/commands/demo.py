@@ -34,6 +34,7 @@ def register(sub: Any) -> None:
     p.add_argument("--delta", type=float, default=None, help="δ for gaussian-l2")
     p.add_argument("--components", type=int, default=128, help="eigenfaces in the bundle (default 128)")
     p.add_argument("--no-soft", action="store_true", help="cameras do not release age/gender")
+    p.add_argument("--qbbs-epsilon", type=float, default=1.0, help="ε of each QBBS query answer (default 1)")
     p.add_argument("--mqtt", choices=["auto", "on", "off"], default="auto",
                    help="one camera over MQTT when a broker answers on 127.0.0.1:1883 (default auto)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="who is enrolled and who walks past (never the noise)")
@@ -48,6 +49,8 @@ def handle(args: argparse.Namespace) -> int:
             raise UsageError(f"--{name.replace('_', '-')}: expected >= 1, received {getattr(args, name)}")
     if args.strangers < 0:
         raise UsageError(f"--strangers: expected >= 0, received {args.strangers}")
+    if not args.qbbs_epsilon > 0:
+        raise UsageError(f"--qbbs-epsilon: expected > 0, received {args.qbbs_epsilon}")
     if not args.epsilon > 0:
         raise UsageError(f"--epsilon: expected > 0, received {args.epsilon}")
     if args.mechanism == "gaussian-l2" and args.delta is None:
@@ -66,6 +69,7 @@ def handle(args: argparse.Namespace) -> int:
         delta=args.delta,
         components=args.components,
         soft=not args.no_soft,
+        qbbs_epsilon=args.qbbs_epsilon,
         mqtt=args.mqtt,
         seed=args.seed,
     )

@@ -72,6 +72,7 @@ class DemoOptions:
     delta: float | None = None
     components: int = 128
     soft: bool = True
+    qbbs_epsilon: float = 1.0
     mqtt: str = "auto"  # auto | on | off
     seed: int = 0
     fps: float = 15.0
@@ -170,7 +171,6 @@ class Demo:
         from peep.edge.config import DetectorConfig
         from peep.edge.detection import build_detector
         from peep.edge.synthetic import lfw_people
-
         from peep.server.datasets import ensure_lfw
 
         o = self.opts
@@ -254,8 +254,8 @@ class Demo:
             "qbbs": {
                 "store_path": str(srv / "soft_traits.db"),
                 "ledger_path": str(srv / "qbbs_spend.jsonl"),
-                "epsilon": 1.0,
-                "epsilon_cap": 1000.0,
+                "epsilon": self.opts.qbbs_epsilon,
+                "epsilon_cap": 1000.0 * self.opts.qbbs_epsilon,
             },
         }  # fmt: skip
         self.app = ServerApp(parse_config(cfg), plugins=default_plugins())
@@ -527,6 +527,7 @@ class Demo:
                         "face_score": face.score,
                         "fused_accepted": fused.accepted,
                         "fused_score": fused.fused_score,
+                        "fused_threshold": fused.threshold,
                         "qbbs_epsilon_spent": fused.epsilon_spent,
                     }
                 )
@@ -545,6 +546,8 @@ class Demo:
 
         return {
             "claims": len(rows),
+            "qbbs_epsilon_per_answer": self.opts.qbbs_epsilon,
+            "fused_threshold": rows[-1]["fused_threshold"] if rows else None,
             "face": {"gar": rate(g, "face_accepted"), "far": rate(i, "face_accepted")},
             "fused": {"gar": rate(g, "fused_accepted"), "far": rate(i, "fused_accepted")},
             "qbbs_epsilon_per_subject": odometer,
@@ -680,7 +683,9 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
         f"fused with soft traits: GAR {pct(ver['fused']['gar'])}, FAR {pct(ver['fused']['far'])} "
         f"({ver['claims']} claims)",
         f"  ε spent per device  (per vector) {eps_dev}",
-        f"  QBBS ε per subject  max {max(ver['qbbs_epsilon_per_subject'].values(), default=0):g} (odometer)",
+        f"  QBBS                ε {ver['qbbs_epsilon_per_answer']:g} per answer; per subject max "
+        f"{max(ver['qbbs_epsilon_per_subject'].values(), default=0):g} (odometer); fused threshold "
+        f"{ver['fused_threshold']:.3g} (calibrated for 1 % FAR on simulated public-population impostors)",
         f"  throughput          {edge['templates']} templates from {edge['frames']} frames in "
         f"{edge['edge_seconds']:.1f} s ({edge['templates_per_s']:.1f} templates/s, "
         f"{edge['frames_per_s']:.0f} frames/s over {len(edge['devices'])} agents)",
