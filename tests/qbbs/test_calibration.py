@@ -109,9 +109,11 @@ def test_calibrated_far_holds_for_claims_verified_through_the_module(make_module
     assert cal.weights["face"] < 1.0
     face_alone = module.calibration(observed=[])
     assert face_alone.weights == {"face": 1.0} and cal.simulated_gar > face_alone.simulated_gar + 0.1
+    used = [t for t in specs if cal.weights[t] > 0]
     for r in impostors[:50]:
         assert r.accepted == (r.fused_score >= r.threshold)
-        assert r.face_weight == cal.weights["face"] and [t.weight for t in r.traits] == [cal.weights[t] for t in specs]
+        assert r.face_weight == cal.weights["face"] and [t.weight for t in r.traits] == [cal.weights[t] for t in used]
+        assert r.epsilon_spent == len(used) * module.config.epsilon_per_value
 
 
 def test_the_calibration_never_reads_the_store_nor_spends(make_module, rng):

@@ -105,7 +105,9 @@ def test_a_fixed_threshold_is_the_decision_boundary(make_module):
 
 
 def test_independent_transform_widens_the_likelihood_by_the_net_noise(make_module):
-    module = make_module(epsilon=4.0)
+    # Fixed weights: the toy face scores separate perfectly, so a calibration would give the trait
+    # weight 0 and the module would (rightly) not query it.
+    module = make_module(epsilon=4.0, weights={"face": 0.6, "age": 0.1, "gender": 0.1, "height": 0.1, "weight": 0.1})
     module.use_face_model(ParzenScoreModel().fit([0.0, -1.0, -0.5], [-4.0, -6.0, -5.0]))
     r = module.verify(claimed_subject="dave", face_score=-0.3, observed={"weight": 81.0})
     b = 120.0 / 4.0

@@ -32,8 +32,14 @@ from peep_server_testlib import (
 
 CAM2 = auth(DEVICE_TOKENS["cam-2"])
 EPSILON = 5.0  # per SUM response; one trait value costs the subject 5 (m = 2)
-CAP = 50.0  # two verifications with four traits (40) and one query (5) fit, a third verification does not
 TRAITS = ("age", "gender", "height", "weight")
+# Fixed weights (the threshold is still calibrated; the weights it would choose depend on the trained model,
+# tests/qbbs/test_odometer.py covers calibrated zeros): face-heavy, as a calibration at this epsilon chooses, so
+# the answers' fresh DP noise cannot sink the genuine claim; height and weight have weight 0, so they are
+# never queried nor charged.
+WEIGHTS = {"face": 0.97, "age": 0.01, "gender": 0.02, "height": 0.0, "weight": 0.0}
+USED = tuple(t for t in TRAITS if WEIGHTS[t] > 0)
+CAP = 30.0  # two verifications with two used traits (20) and one query (5) fit, a third verification does not
 
 
 def _qbbs_section(tmp: Any) -> dict[str, Any]:
@@ -42,6 +48,7 @@ def _qbbs_section(tmp: Any) -> dict[str, Any]:
         "ledger_path": str(tmp / "qbbs-spend.jsonl"),
         "epsilon": EPSILON,
         "epsilon_cap": CAP,
+        "weights": WEIGHTS,
     }
 
 
@@ -124,6 +131,7 @@ def _pick(h: Hosted, templates: Any, of: str, claimed: str, *, best: bool) -> in
 
 
 def test_fused_verification_uses_the_served_model_and_spends_the_claimed_subjects_epsilon(hosted, templates):
+    """Observed traits of positive weight are queried and charged to the claimed subject; those of weight 0 are not."""
     h = hosted
     a, b = h.subjects[0], h.subjects[1]
     traits_a, traits_b = _synthetic_traits(0), _synthetic_traits(1)
@@ -137,7 +145,8 @@ def test_fused_verification_uses_the_served_model_and_spends_the_claimed_subject
     for resp, t in ((g, genuine_t), (i, impostor_t)):
         v = h.rec.Verify(recognition_pb2.VerifyRequest(template=t, claimed_subject=a), metadata=DEVICE, timeout=5)
         assert resp.face_score == pytest.approx(math.log(max(v.score, 1e-12)), abs=1e-6)
-        assert [t.trait for t in resp.traits] == list(TRAITS)
+        # the response lists the traits used; the zero-weight ones are omitted, and the fused score is theirs
+        assert [t.trait for t in resp.traits] == list(USED) and all(t.weight > 0 for t in resp.traits)
         face_weight = 1.0 - sum(t.weight for t in resp.traits)
         assert resp.fused_score == pytest.approx(
             face_weight * resp.log_p_genuine_face + sum(t.weight * t.log_likelihood for t in resp.traits)
@@ -149,24 +158,30 @@ def test_fused_verification_uses_the_served_model_and_spends_the_claimed_subject
     cal = h.module.calibration()
     assert g.threshold == i.threshold == cal.threshold and cal.model_version == "v000001"
     assert cal.simulated_far <= h.module.config.target_far == 0.01 < cal.simulated_gar
-    assert [t.weight for t in g.traits] == pytest.approx([cal.weights[t] for t in TRAITS])
+    assert [t.weight for t in g.traits] == pytest.approx([cal.weights[t] for t in USED])
+    assert cal.weights["height"] == cal.weights["weight"] == 0
     assert g.accepted and not i.accepted
 
-    # each verification spends four trait values of the *claimed* subject
-    assert g.epsilon_spent == i.epsilon_spent == pytest.approx(len(TRAITS) * EPSILON)
-    assert i.epsilon_total == pytest.approx(2 * len(TRAITS) * EPSILON)
+    # each verification spends the used trait values of the *claimed* subject, and nothing for height and weight
+    assert g.epsilon_spent == i.epsilon_spent == pytest.approx(len(USED) * EPSILON)
+    assert i.epsilon_total == pytest.approx(2 * len(USED) * EPSILON)
     odo = h.odometer(a)
-    assert (odo.epsilon_spent, odo.epsilon_cap, odo.queries) == (pytest.approx(40.0), CAP, 2)
+    assert (odo.epsilon_spent, odo.epsilon_cap, odo.queries) == (pytest.approx(20.0), CAP, 2)
     assert h.odometer(b).epsilon_spent == 0.0
     audit = h.module.audit_log(a)
     assert [e["op"] for e in audit] == ["verify", "verify"] and audit[0]["requester"].startswith("device:cam-1 ")
+    assert [e["traits"] for e in audit] == [list(USED)] * 2
 
     # an admin query fits in the cap; the next verification would pass it and is refused, spending nothing
     q = h.qbbs.Query(qbbs_pb2.QbbsQueryRequest(subject=a, trait="age"), metadata=ADMIN, timeout=5)
-    assert q.epsilon_spent == EPSILON and q.epsilon_total == pytest.approx(45.0)
+    assert q.epsilon_spent == EPSILON and q.epsilon_total == pytest.approx(25.0)
     code, details = _code(h.verify, genuine_t, a, traits_a)
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "privacy odometer" in details
-    assert h.odometer(a).epsilon_spent == pytest.approx(45.0)
+    assert h.odometer(a).epsilon_spent == pytest.approx(25.0)
+    # a claim observing only zero-weight traits releases nothing, so the exhausted cap does not refuse it
+    w = h.verify(genuine_t, a, {"height": traits_a["height"], "weight": traits_a["weight"]})
+    assert list(w.traits) == [] and w.epsilon_spent == 0.0 and w.fused_score == pytest.approx(w.log_p_genuine_face)
+    assert h.odometer(a).epsilon_spent == pytest.approx(25.0)
 
 
 def test_devices_may_not_call_admin_rpcs_nor_submit_other_devices_templates(hosted, templates):

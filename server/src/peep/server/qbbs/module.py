@@ -7,6 +7,14 @@ synthesised noisy value Y' = f(R') (spending ε), :meth:`~QbbsModule.verify`
 returns the fused score of a claim (spending ε for the traits it uses), and
 :meth:`~QbbsModule.odometer` reports the spend.
 
+A verification uses (queries, and charges the subject for) only the observed
+traits whose weight for the claim is positive. A trait of weight 0 -- the
+configuration's, or the calibration's choice, e.g. at small ε where the
+noisy answers are worth less than the face score -- cannot move the fused
+score, so answering it would spend ε for nothing. Which traits are used
+depends only on the weights, which come from public information, so the
+choice itself reveals nothing about the stored values.
+
 The fused decision is calibrated (:mod:`peep.server.qbbs.calibration`) for
 ``config.target_far`` unless ``config.threshold`` fixes it: per claim shape
 (the traits a claim observes and their known observation noise), from the
@@ -86,6 +94,8 @@ class QueryResult:
 
 @dataclass(frozen=True, kw_only=True)
 class TraitScore:
+    """One used trait's term: log P(Y*'|Y'), its weight (> 0) and the likelihood width."""
+
     trait: str
     log_likelihood: float
     weight: float
@@ -98,6 +108,11 @@ class VerifyResult:
 
     ``accepted`` is ``fused_score >= threshold``; ``calibration`` is the
     calibrated decision used (``None`` with a fixed ``config.threshold``).
+    ``traits`` holds the observed traits that were used: queried, charged and
+    summed into ``fused_score`` (each with weight > 0); ``skipped`` names the
+    observed traits of weight 0, which were neither queried nor charged.
+    ``epsilon_spent`` is what this verification released: ``len(traits)``
+    trait values.
     """
 
     claimed_subject: str
@@ -111,6 +126,7 @@ class VerifyResult:
     epsilon_spent: float
     epsilon_total: float
     calibration: Calibration | None = None
+    skipped: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -575,7 +591,9 @@ class QbbsModule:
         the threshold: ``config.threshold`` if fixed, else the calibrated one
         for this claim shape (whose weights are used too, unless
         ``config.weights`` fixes them); fixed weights are renormalised over
-        the face and the traits actually observed.
+        the face and the traits actually observed. Observed traits whose
+        weight is 0 are not queried and cost nothing (see
+        :attr:`VerifyResult.skipped`).
 
         Raises
         ------
@@ -601,10 +619,13 @@ class QbbsModule:
             weights, threshold = self._weights(traits), self.config.threshold
         parzen = self.face_model()
         log_p = float(parzen.log_posterior([float(face_score)])[0])
-        noisy = self._synthesise(subject, traits, operation="verify", requester=requester) if traits else {}
+        # Weight 0 adds nothing to g: querying it would spend ε (and reveal Y') for no decision.
+        used = [t for t in traits if weights[t] > 0.0]
+        skipped = tuple(t for t in traits if t not in used)
+        noisy = self._synthesise(subject, used, operation="verify", requester=requester) if used else {}
         scores: list[TraitScore] = []
         lls: dict[str, float] = {}
-        for t in traits:
+        for t in used:
             n = noisy[t]
             spec = self.config.traits[t]
             obs_var = noise[t].variance if t in noise else 0.0
@@ -617,7 +638,7 @@ class QbbsModule:
             lls[t] = ll
             scores.append(TraitScore(trait=t, log_likelihood=ll, weight=weights[t], width=width))
         g = fused_score(log_p, lls, weights)
-        spent = len(traits) * self.config.epsilon_per_value
+        spent = len(used) * self.config.epsilon_per_value
         return VerifyResult(
             claimed_subject=subject,
             accepted=bool(g >= threshold),
@@ -630,6 +651,7 @@ class QbbsModule:
             epsilon_spent=spent,
             epsilon_total=self.odometer_.spent(subject),
             calibration=calibration,
+            skipped=skipped,
         )
 
     def verify_template(

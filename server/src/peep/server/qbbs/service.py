@@ -16,7 +16,14 @@ neither, admin RPCs are refused (``PERMISSION_DENIED``). VerifyFused is open
 to any caller the server lets through; it spends the claimed subject's ε, so
 the odometer bounds what repeated verifications reveal. Its response's
 ``threshold`` is the one the decision used: calibrated for the module's
-``target_far`` (unless the configuration fixes it). A hosting server
+``target_far`` (unless the configuration fixes it). Its ``traits`` lists
+exactly the observed traits that were used -- queried, charged and summed
+into ``fused_score``, each with its weight (> 0) and log-likelihood; an
+observed trait whose weight for the claim is 0 is neither queried nor
+charged and is omitted (a listed trait with a placeholder likelihood would
+be indistinguishable from a real one: proto3 doubles have no "absent"), so
+``fused_score = (1 - Σ weight)·log_p_genuine_face + Σ weight·log_likelihood``
+over the list and ``epsilon_spent`` is ``len(traits)`` trait values. A hosting server
 narrows it with ``check_template`` (called with each VerifyFused template
 after its wire validation: the recognition server applies its ingest checks
 there, so a device may only submit its own templates) and names callers in
