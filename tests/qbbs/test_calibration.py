@@ -16,12 +16,18 @@ from peep.server.qbbs import (
     StaticFaceScores,
 )
 from peep.server.qbbs.calibration import (
+    POPULATION,
     Calibration,
+    TraitTerm,
+    anthropometry,
     binary_error_rate,
     far_threshold,
     flip_probability,
     sample_population,
+    simulate_claims,
 )
+from peep.server.qbbs.config import Anthropometry, PopulationPrior
+from peep.server.qbbs.traitdata import synthetic_anthropometry
 
 GENUINE = (-0.5, 0.6)  # face-score distributions (mean, sd): overlapping, so the face alone is not enough
 IMPOSTOR = (-2.5, 1.0)
@@ -116,10 +122,15 @@ def test_calibrated_far_holds_for_claims_verified_through_the_module(make_module
         assert r.epsilon_spent == len(used) * module.config.epsilon_per_value
 
 
-def test_the_calibration_never_reads_the_store_nor_spends(make_module, rng):
+@pytest.mark.parametrize(
+    "population",
+    [{}, {"male_fraction": 0.0, "age_mean": 40.0, "age_sd": 9.0, "impostor_model": "same-gender"}],
+    ids=["default-population", "declared-population"],
+)
+def test_the_calibration_never_reads_the_store_nor_spends(make_module, rng, population):
     faces = _faces(rng)
-    empty = make_module(enrol=False, face_scores=faces)
-    full = make_module(face_scores=faces)  # five people with very different traits
+    empty = make_module(enrol=False, face_scores=faces, population=population)
+    full = make_module(face_scores=faces, population=population)  # five people with very different traits
     a, b = empty.calibration(), full.calibration()
     assert (a.threshold, dict(a.weights), a.simulated_far, a.simulated_gar) == (
         b.threshold,
@@ -226,3 +237,153 @@ def test_calibration_settings_are_validated(fields, match):
         QbbsConfig(**fields)
     if "sensitivity" in fields:
         assert QbbsConfig(**fields, threshold=-2.0).threshold == -2.0
+
+
+# --------------------------------------------------------------------------- the declared population
+
+
+def test_the_default_population_is_the_general_model_the_evaluation_uses():
+    prior = PopulationPrior()
+    assert (prior.male_fraction, prior.age_mean, prior.impostor_model) == (0.5, None, "independent")
+    assert prior.describe() == POPULATION and "age uniform" in POPULATION and "impostors: independent" in POPULATION
+    male = (np.arange(1000) % 3 == 0).astype(np.float64)
+    ours = anthropometry(male, female_params=prior.female, male_params=prior.male, seed=77)
+    theirs = synthetic_anthropometry(male, seed=77)  # the evaluation's synthetic height and weight
+    np.testing.assert_array_equal(ours[0], theirs[0])
+    np.testing.assert_array_equal(ours[1], theirs[1])
+
+
+def test_the_declared_population_is_what_is_simulated():
+    specs = QbbsConfig().traits
+    site = PopulationPrior(
+        male_fraction=1.0,
+        age_mean=30.0,
+        age_sd=4.0,
+        male=Anthropometry(height_mean=185.0, height_sd=5.0, weight_mean=80.0, weight_sd=8.0),
+    )
+    people = sample_population(specs, 20_000, np.random.default_rng(3), site)
+    assert np.all(people["gender"] == 1.0)
+    for trait, mean, sd in (("age", 30.0, 4.0), ("height", 185.0, 5.0), ("weight", 80.0, 8.0)):
+        assert np.mean(people[trait]) == pytest.approx(mean, abs=0.05 * sd), trait  # standard error 0.007 sd
+        assert np.std(people[trait]) == pytest.approx(sd, rel=0.05), trait
+    general = sample_population(specs, 20_000, np.random.default_rng(3))
+    assert np.mean(general["gender"]) == pytest.approx(0.5, abs=0.015)
+    assert np.mean(general["age"]) == pytest.approx((18.0 + 90.0) / 2, abs=0.6)  # uniform over the declared range
+
+
+def test_a_declared_site_population_restores_the_target_far(make_module, seeded):
+    """At a site of young men only, impostors resemble the claimed person more than a general population.
+
+    The truth here is the site's population; the same impostor claims go through a module calibrated on
+    the default population and one calibrated on the site's declared prior (real store, mechanism, matcher).
+    """
+    rng = np.random.default_rng(20240612)
+    target = 0.05
+    site = {"male_fraction": 1.0, "age_mean": 30.0, "age_sd": 4.0}
+    faces = _faces(rng)
+    specs = QbbsConfig().traits
+    people = sample_population(specs, 300, rng, PopulationPrior(**site))
+    ids = [f"p{i:03d}" for i in range(300)]
+    claims = []
+    for _ in range(2000):
+        c, p = rng.choice(300, size=2, replace=False)
+        observed = {t: _observe(float(people[t][p]), specs[t], rng) for t in specs}
+        claims.append((ids[int(c)], float(rng.normal(*IMPOSTOR)), observed))
+    far = {}
+    for name, population in (("general", {}), ("declared", site)):
+        module = make_module(
+            enrol=False,
+            random_state=7,
+            face_scores=faces,
+            epsilon=20.0,
+            epsilon_cap=1e9,
+            target_far=target,
+            population=population,
+        )
+        for i, s in enumerate(ids):
+            module.enrol(s, {t: float(people[t][i]) for t in specs})
+        far[name] = np.mean([module.verify(claimed_subject=c, face_score=f, observed=o).accepted for c, f, o in claims])
+        assert module.calibration_ is not None and module.calibration_.simulated_far <= target
+        assert module.calibration_.population == PopulationPrior(**population).describe()
+    # binomial sd of each FAR over 2000 claims is 0.005
+    assert far["general"] > target + 0.025
+    assert far["declared"] == pytest.approx(target, abs=0.015)
+
+
+def _true_far(module: Any, observed: list[str], truth: PopulationPrior) -> float:
+    """FAR of the module's calibrated decision on impostors drawn from ``truth`` (large vectorised simulation)."""
+    cal = module.calibration(observed)
+    terms = module._trait_terms(list(cal.observed), {})
+    _, impostor = simulate_claims(module.face_model(), terms, 200_000, np.random.default_rng(5), truth)
+    w = np.array([cal.weights[k] for k in ("face", *cal.observed)])
+    return float(np.mean(w @ impostor >= cal.threshold))
+
+
+def test_same_gender_impostors_are_conservative(make_module, rng):
+    """Without declaring the site's gender, ``impostor_model = "same-gender"`` holds the FAR at one-gender sites."""
+    faces, target, observed = _faces(rng), 0.05, ["gender", "height", "weight"]
+    modules = {
+        model: make_module(
+            enrol=False, face_scores=faces, epsilon=20.0, target_far=target, population={"impostor_model": model}
+        )
+        for model in ("independent", "same-gender")
+    }
+    # the calibration's own Monte-Carlo error is sqrt(0.05 / 20000) = 0.0016; these simulations' 0.0005
+    for male_fraction in (1.0, 0.0):  # a men-only and a women-only site
+        truth = PopulationPrior(male_fraction=male_fraction)
+        assert _true_far(modules["independent"], observed, truth) > target + 0.01
+        assert _true_far(modules["same-gender"], observed, truth) <= target + 0.005
+    mixed = PopulationPrior()
+    assert _true_far(modules["independent"], observed, mixed) == pytest.approx(target, abs=0.005)
+    assert _true_far(modules["same-gender"], observed, mixed) <= target
+
+
+def test_same_gender_impostors_share_the_claimed_persons_gender(rng):
+    # A near-exact binary observation (error rate 1/(1 + e^12.5)) and no query noise: the likelihood shows
+    # whether the presenter's gender differs from the claimed person's.
+    spec = QbbsConfig().traits["gender"].model_copy(update={"width": 0.2})
+    term = TraitTerm(name="gender", spec=spec, width=0.2, response_scale=1.0, pairs=1, shared_noise=True)
+    parzen = ParzenScoreModel().fit(rng.normal(*GENUINE, 50), rng.normal(*IMPOSTOR, 50))
+
+    def mismatches(population: PopulationPrior) -> float:
+        genuine, impostor = simulate_claims(parzen, [term], 20_000, np.random.default_rng(1), population)
+        match = genuine[1].max()
+        assert np.mean(genuine[1] < match - 1.0) < 0.001
+        return float(np.mean(impostor[1] < match - 1.0))
+
+    assert mismatches(PopulationPrior()) == pytest.approx(0.5, abs=0.015)
+    assert mismatches(PopulationPrior(impostor_model="same-gender")) < 0.001
+    assert mismatches(PopulationPrior(male_fraction=0.9)) == pytest.approx(2 * 0.9 * 0.1, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    ("population", "match"),
+    [
+        ({"male_fraction": 1.5}, "male_fraction"),
+        ({"age_mean": 40.0}, "age_mean/age_sd: expected both or neither"),
+        ({"age_sd": 5.0}, "age_mean/age_sd: expected both or neither"),
+        ({"age_mean": 40.0, "age_sd": 0.0}, "age_sd"),
+        ({"age_mean": 120.0, "age_sd": 5.0}, r"population.age_mean: expected a value in the age trait's declared"),
+        ({"impostor_model": "same-age"}, "impostor_model"),
+        ({"male": {"height_mean": 180.0}}, "height_sd"),  # a gender's table is given whole
+        ({"median_age": 40.0}, "median_age"),
+    ],
+)
+def test_the_population_prior_is_validated(population, match):
+    with pytest.raises(ValueError, match=match):
+        QbbsConfig(population=population)
+
+
+def test_an_age_prior_needs_an_age_trait():
+    traits = {"height": QbbsConfig().traits["height"]}
+    with pytest.raises(ValueError, match="expected a continuous 'age' trait"):
+        QbbsConfig(traits=traits, population={"age_mean": 40.0, "age_sd": 5.0})
+    assert QbbsConfig(traits=traits, population={"male_fraction": 0.2}).population.male_fraction == 0.2
+
+
+def test_the_documented_anthropometry_defaults_are_the_model():
+    # the configuration reference shows the first docstring line of [population.female] / [population.male]
+    first_line = (Anthropometry.__doc__ or "").splitlines()[0]
+    for gender in ("female", "male"):
+        a = getattr(PopulationPrior(), gender)
+        assert f"{gender} {a.height_mean:g}±{a.height_sd:g} cm, {a.weight_mean:g}±{a.weight_sd:g} kg" in first_line

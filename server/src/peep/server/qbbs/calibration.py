@@ -31,10 +31,18 @@ What the calibration may use (all public, or the recogniser's own validation dat
   randomized response for gender (flip with probability 1/(1 + e^ε)), or a
   Gaussian of a stated variance; observed values are clipped to the declared
   range, as the service does;
-* **a public population model** for true values (:data:`POPULATION`):
-  gender Bernoulli(0.5); height (cm) and weight (kg) from the NHANES-based
-  adult anthropometry by gender in :mod:`peep.server.qbbs.traitdata`; every
-  other trait (age included) uniform over its declared range.
+* **a public population model** for true values, declared by the deployer
+  (``[qbbs.population]``, :class:`~peep.server.qbbs.config.PopulationPrior`)
+  from public knowledge of the site and never computed from the store. The
+  default (:data:`POPULATION`) is a general adult population: gender
+  Bernoulli(0.5); height (cm) and weight (kg) from the NHANES-based adult
+  anthropometry by gender in :mod:`peep.server.qbbs.traitdata`; every other
+  trait (age included) uniform over its declared range. A site declares its
+  male fraction, an age distribution N(age_mean, age_sd²) and per-gender
+  height/weight means and SDs when its people are narrower than that: with
+  the general model, impostors at a one-gender site resemble the claimed
+  person more than simulated and the real FAR exceeds ``target_far`` once the
+  traits carry weight.
 
 What it must not use: the soft-trait store. A threshold computed from stored
 values would itself be a release of them (and it would change with every
@@ -45,8 +53,12 @@ model and the shape of a claim; this file does not import the store, which
 Simulation
 ----------
 A genuine claim is one person: the enrolled value Y and the observation come
-from the same draw. An impostor claim is two independent people: the claimed
-subject's Y and the presenter's observation. The face term of a genuine
+from the same draw. An impostor claim is two people: the claimed subject's Y
+and the presenter's observation, independent draws (``impostor_model =
+"independent"``) or, with ``"same-gender"``, the presenter drawn with the
+simulated claimed person's gender (the conservative model: at a site where
+gender does not tell people apart it cannot earn weight). Both are simulated
+people; the stored subject is never looked at. The face term of a genuine
 (impostor) claim is a resampled genuine (impostor) validation score. The
 simulation draws from a seeded numpy Generator: it is calibration, not
 privacy noise, and never reaches a mechanism (the module's mechanisms keep
@@ -77,7 +89,7 @@ from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from peep.server.qbbs.config import FACE, TraitSpec
+from peep.server.qbbs.config import FACE, Anthropometry, PopulationPrior, TraitSpec
 from peep.server.qbbs.matcher import ParzenScoreModel, gaussian_log_likelihood
 
 __all__ = [
@@ -86,6 +98,7 @@ __all__ = [
     "Calibration",
     "ObservationNoise",
     "TraitTerm",
+    "anthropometry",
     "calibrate",
     "far_threshold",
     "sample_population",
@@ -99,11 +112,8 @@ CALIBRATION_SEED = 0x9BB5CA1B
 #: Largest weight grid searched per claim shape.
 MAX_GRID_POINTS = 1001
 
-POPULATION = (
-    "gender Bernoulli(0.5); height (cm) and weight (kg): NHANES 2011-2014 adult anthropometry by gender "
-    "(peep.server.qbbs.traitdata, synthetic spread); every other trait (age included) uniform over its "
-    "declared range; all clipped to the declared range"
-)
+#: The default population model (``PopulationPrior()``), as :attr:`Calibration.population` names it.
+POPULATION = PopulationPrior().describe()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -223,6 +233,8 @@ class Calibration:
     noise : mapping of str to ObservationNoise
     model_version : object
         The face model's version the Parzen densities came from.
+    population : str
+        The population model simulated (:meth:`PopulationPrior.describe`).
     """
 
     threshold: float
@@ -250,20 +262,58 @@ class Calibration:
             "observation_noise": {t: n.describe() for t, n in self.noise.items()},
             "claims": self.claims,
             "model_version": self.model_version,
+            "population": self.population,
         }
 
 
 # --------------------------------------------------------------------------- simulation
 
 
-def sample_population(
-    specs: Mapping[str, TraitSpec], n: int, rng: np.random.Generator
-) -> dict[str, NDArray[np.float64]]:
-    """True trait values of ``n`` independent people from the public population model (:data:`POPULATION`)."""
-    from peep.server.qbbs.traitdata import synthetic_anthropometry
+def anthropometry(
+    male: NDArray[np.float64], *, female_params: Anthropometry, male_params: Anthropometry, seed: int
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Height (cm) and weight (kg) per person from their gender's distribution.
 
+    The model of :func:`peep.server.qbbs.traitdata.synthetic_anthropometry`
+    (normal height, log-normal weight with the same mean and SD, correlated
+    with height) with the means and SDs given; with the defaults it draws
+    exactly what that function draws for the same ``seed``.
+
+    Parameters
+    ----------
+    male : ndarray of shape (n,)
+        1 = male, 0 = female.
+    female_params, male_params : Anthropometry
+    seed : int
+    """
+    from peep.server.qbbs.traitdata import ANTHROPOMETRY
+
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x51A7]))
+    n = male.size
+    z1, z2 = rng.standard_normal(n), rng.standard_normal(n)
+    r = float(ANTHROPOMETRY["height_weight_correlation"])
+    height = np.empty(n)
+    weight = np.empty(n)
+    for g, p in ((0, female_params), (1, male_params)):
+        m = male == g
+        height[m] = p.height_mean + p.height_sd * z1[m]
+        s2 = math.log1p((p.weight_sd / p.weight_mean) ** 2)
+        mu = math.log(p.weight_mean) - s2 / 2
+        weight[m] = np.exp(mu + math.sqrt(s2) * (r * z1[m] + math.sqrt(1 - r * r) * z2[m]))
+    return height, weight
+
+
+def _sample(
+    specs: Mapping[str, TraitSpec],
+    n: int,
+    rng: np.random.Generator,
+    population: PopulationPrior,
+    male: NDArray[np.float64] | None = None,
+) -> tuple[dict[str, NDArray[np.float64]], NDArray[np.float64]]:
+    """:func:`sample_population`, also returning each person's gender (given as ``male``, or drawn)."""
+    if male is None:
+        male = (rng.random(n) < population.male_fraction).astype(np.float64)
     gender_spec = specs.get("gender")
-    male = (rng.random(n) < 0.5).astype(np.float64)
     out: dict[str, NDArray[np.float64]] = {}
     anthro: tuple[NDArray[np.float64], NDArray[np.float64]] | None = None
     for name, spec in specs.items():
@@ -271,14 +321,45 @@ def sample_population(
             v = male
         elif (name, spec.unit) in (("height", "cm"), ("weight", "kg")):
             if anthro is None:
-                anthro = synthetic_anthropometry(male, seed=int(rng.integers(0, 2**62)))
+                anthro = anthropometry(
+                    male,
+                    female_params=population.female,
+                    male_params=population.male,
+                    seed=int(rng.integers(0, 2**62)),
+                )
             v = anthro[0] if name == "height" else anthro[1]
         elif spec.kind == "binary":
             v = (rng.random(n) < 0.5).astype(np.float64)
+        elif name == "age" and population.age_mean is not None:
+            assert population.age_sd is not None  # validated together
+            v = rng.normal(population.age_mean, population.age_sd, n)
         else:
             v = rng.uniform(spec.lower, spec.upper, n)
         out[name] = np.clip(v, spec.lower, spec.upper)
-    return out
+    return out, male
+
+
+def sample_population(
+    specs: Mapping[str, TraitSpec],
+    n: int,
+    rng: np.random.Generator,
+    population: PopulationPrior | None = None,
+) -> dict[str, NDArray[np.float64]]:
+    """True trait values of ``n`` independent people from a public population model.
+
+    Parameters
+    ----------
+    specs : mapping of str to TraitSpec
+    n : int
+    rng : numpy Generator
+    population : PopulationPrior, optional
+        The deployer's declared prior; default :data:`POPULATION`.
+
+    Returns
+    -------
+    dict of str to ndarray of shape (n,)
+    """
+    return _sample(specs, n, rng, population or PopulationPrior())[0]
 
 
 def _observe(
@@ -313,9 +394,13 @@ def _trait_log_likelihood(
 
 
 def simulate_claims(
-    parzen: ParzenScoreModel, terms: Sequence[TraitTerm], n: int, rng: np.random.Generator
+    parzen: ParzenScoreModel,
+    terms: Sequence[TraitTerm],
+    n: int,
+    rng: np.random.Generator,
+    population: PopulationPrior | None = None,
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """Simulated genuine and impostor claims.
+    """Simulated genuine and impostor claims of people from ``population`` (default :data:`POPULATION`).
 
     Returns
     -------
@@ -330,10 +415,11 @@ def simulate_claims(
     genuine[0] = parzen.log_posterior(g_face)
     impostor[0] = parzen.log_posterior(i_face)
     if terms:
+        pop = population or PopulationPrior()
         specs = {t.name: t.spec for t in terms}
-        same = sample_population(specs, n, rng)  # genuine: claimed subject = presenter
-        claimed = sample_population(specs, n, rng)  # impostor: two independent people
-        presenter = sample_population(specs, n, rng)
+        same, _ = _sample(specs, n, rng, pop)  # genuine: claimed subject = presenter
+        claimed, claimed_male = _sample(specs, n, rng, pop)  # impostor: two people
+        presenter, _ = _sample(specs, n, rng, pop, claimed_male if pop.impostor_model == "same-gender" else None)
         for j, t in enumerate(terms, start=1):
             genuine[j] = _trait_log_likelihood(t, same[t.name], _observe(same[t.name], t.spec, t.noise, rng), rng)
             impostor[j] = _trait_log_likelihood(
@@ -405,6 +491,7 @@ def calibrate(
     claims: int,
     weights: Mapping[str, float] | None = None,
     model_version: object = None,
+    population: PopulationPrior | None = None,
 ) -> Calibration:
     """Choose the weights (unless given) and the threshold for claims observing ``terms``.
 
@@ -420,19 +507,24 @@ def calibrate(
     weights : mapping, optional
         Fixed weights over ``"face"`` and the observed traits (summing to 1);
         chosen on a first simulation when not given.
+    model_version : object
+        Recorded in the result.
+    population : PopulationPrior, optional
+        The deployer's declared public population (default :data:`POPULATION`).
     """
     if not 0.0 < target_far < 1.0:
         raise ValueError(f"target_far: expected a number in (0, 1), received {target_far!r}")
     if not (isinstance(claims, int) and claims >= 100):
         raise ValueError(f"claims: expected an int >= 100, received {claims!r}")
+    pop = population or PopulationPrior()
     names = [t.name for t in terms]
     noise = {t.name: t.noise for t in terms if t.noise is not None}
     choose_rng, threshold_rng = (np.random.default_rng(s) for s in _seed(names, noise).spawn(2))
     if weights is None:
-        w = _choose_weights(*simulate_claims(parzen, terms, claims, choose_rng), target_far)
+        w = _choose_weights(*simulate_claims(parzen, terms, claims, choose_rng, pop), target_far)
     else:
         w = np.array([weights[FACE], *(weights[t] for t in names)], dtype=np.float64)
-    genuine, impostor = simulate_claims(parzen, terms, claims, threshold_rng)
+    genuine, impostor = simulate_claims(parzen, terms, claims, threshold_rng, pop)
     g_imp, g_gen = w @ impostor, w @ genuine
     thr = far_threshold(g_imp, target_far)
     return Calibration(
@@ -446,4 +538,5 @@ def calibrate(
         observed=tuple(names),
         noise=noise,
         model_version=model_version,
+        population=pop.describe(),
     )

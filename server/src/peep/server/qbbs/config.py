@@ -48,6 +48,14 @@ Example (a ``[qbbs]`` table in ``server.toml``, or a file of its own)::
     target_far = 0.01      # the fused threshold is calibrated for this false-accept rate
     # weights = { face = 0.7, age = 0.15, gender = 0.15 }  # optional: fixed; unset = chosen by calibration
 
+    # Optional: whom the calibration simulates, as publicly known of the site (never computed
+    # from the store). Defaults: a general adult population, independent impostors.
+    [qbbs.population]
+    male_fraction = 1.0    # e.g. a site publicly known to serve men only
+    age_mean = 40.0        # unset: age uniform over its declared range
+    age_sd = 10.0
+    impostor_model = "same-gender"  # conservative: an impostor shares the claimed person's gender
+
     # Setting traits replaces the default set: list every trait kept.
     [qbbs.traits.age]
     unit = "years"
@@ -77,6 +85,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 __all__ = [
     "DEFAULT_TRAITS",
     "FALLBACK_FACE_WEIGHT",
+    "Anthropometry",
+    "PopulationPrior",
     "QbbsConfig",
     "TraitSpec",
     "load_config",
@@ -108,12 +118,18 @@ class TraitSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["continuous", "binary"] = "continuous"
-    unit: str = Field(min_length=1, max_length=32)
-    lower: float
-    upper: float
-    width: float = Field(gt=0.0)
-    description: str = ""
+    kind: Literal["continuous", "binary"] = Field(
+        default="continuous", description="binary traits are enrolled as exactly 0 or 1"
+    )
+    unit: str = Field(min_length=1, max_length=32, description="unit of the values (documentation)")
+    lower: float = Field(description="public lower bound of enrolled and observed values (fixed before enrolment)")
+    upper: float = Field(
+        description="public upper bound; with sensitivity = declared-range, Δf of each SUM is upper - lower"
+    )
+    width: float = Field(
+        gt=0.0, description="matcher width c: SD of an observed minus the enrolled value (measurement error)"
+    )
+    description: str = Field(default="", description="free text")
 
     @model_validator(mode="after")
     def _check_range(self) -> TraitSpec:
@@ -151,6 +167,125 @@ DEFAULT_TRAITS: dict[str, TraitSpec] = {
     "height": TraitSpec(unit="cm", lower=140.0, upper=210.0, width=5.0, description="stature"),
     "weight": TraitSpec(unit="kg", lower=40.0, upper=160.0, width=6.0, description="body weight"),
 }
+
+
+class Anthropometry(BaseModel):
+    """Height/weight means and SDs; default female 161.9±6.8 cm, 76.4±20 kg, male 175.9±7.4 cm, 88.8±19 kg.
+
+    The defaults are NHANES 2011-2014 adult means. A table replaces its
+    gender's default whole: give all four values. Weight is drawn log-normal
+    with this mean and SD, correlated with height as in
+    :mod:`peep.server.qbbs.traitdata`.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    height_mean: float = Field(gt=0.0, le=300.0, description="mean stature, cm")
+    height_sd: float = Field(gt=0.0, le=100.0, description="standard deviation of stature, cm")
+    weight_mean: float = Field(gt=0.0, le=500.0, description="mean body weight, kg")
+    weight_sd: float = Field(gt=0.0, le=200.0, description="standard deviation of body weight, kg")
+
+
+def _nhanes(gender: str) -> Anthropometry:
+    from peep.server.qbbs.traitdata import ANTHROPOMETRY
+
+    p = ANTHROPOMETRY[gender]
+    return Anthropometry(
+        height_mean=p["height_mean_cm"],
+        height_sd=p["height_sd_cm"],
+        weight_mean=p["weight_mean_kg"],
+        weight_sd=p["weight_sd_kg"],
+    )
+
+
+class PopulationPrior(BaseModel):
+    """Whom the calibration simulates: declare it from public knowledge of the site, never from the store.
+
+    The fused threshold (and the weights, unless configured) is calibrated on
+    simulated claims (:mod:`peep.server.qbbs.calibration`); this says whom to
+    simulate. The defaults are a general adult population: gender
+    Bernoulli(0.5), height and weight by gender (NHANES 2011-2014 means), age
+    uniform over its declared range, impostors independent of the claimed
+    person. At a site whose people are narrower than that (one gender only, a
+    tight age band) an impostor resembles the claimed person more than the
+    simulation assumes, so the real false-accept rate exceeds ``target_far``
+    once the traits carry weight. Declaring the site's population here, or
+    choosing ``impostor_model = "same-gender"``, corrects that.
+
+    **Declare it from public knowledge of the site** (whom it serves: "a men's
+    hostel", "a secondary school", published staff statistics), **never from
+    the soft-trait store** or any other private record of the enrolled people.
+    The threshold and the weights go back to every caller: a prior computed
+    from stored values would release them without the odometer accounting for
+    it. The module never derives it; it is configuration only.
+
+    Attributes
+    ----------
+    male_fraction : float, default 0.5
+        P(gender = 1) of a simulated person: the binary ``gender`` trait, and
+        the gender whose height and weight distribution is drawn from.
+    age_mean, age_sd : float, optional
+        The trait named ``age`` (in its unit) ~ N(age_mean, age_sd²), clipped
+        to its declared range. Unset (default): uniform over the declared
+        range. Give both or neither.
+    female, male : Anthropometry
+        Height/weight means and SDs per gender (the traits ``height`` in cm
+        and ``weight`` in kg). Defaults:
+        :data:`peep.server.qbbs.traitdata.ANTHROPOMETRY`.
+    impostor_model : {"independent", "same-gender"}
+        ``independent`` (default): an impostor is an independent draw from
+        the population. ``same-gender``: the impostor has the same gender as
+        the claimed (simulated) person, with that gender's height and weight
+        distribution -- conservative where gender does not tell people apart
+        (the gender trait then cannot separate claims, so the calibration
+        gives it little or no weight, and height and weight impostors are
+        closer). It needs no private data: the claimed person is a simulated
+        one, never the stored subject.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    male_fraction: float = Field(
+        default=0.5, ge=0.0, le=1.0, description="P(gender = 1) of a simulated person (public knowledge of the site)"
+    )
+    age_mean: float | None = Field(
+        default=None, description="mean age of the site's people; unset = age uniform over its declared range"
+    )
+    age_sd: float | None = Field(default=None, gt=0.0, description="SD of age (give with age_mean)")
+    female: Anthropometry = Field(default_factory=lambda: _nhanes("female"), description="female height/weight")
+    male: Anthropometry = Field(default_factory=lambda: _nhanes("male"), description="male height/weight")
+    impostor_model: Literal["independent", "same-gender"] = Field(
+        default="independent",
+        description="impostors are independent draws, or share the claimed person's gender (conservative)",
+    )
+
+    @model_validator(mode="after")
+    def _check_age(self) -> PopulationPrior:
+        if (self.age_mean is None) != (self.age_sd is None):
+            raise ValueError(
+                f"age_mean/age_sd: expected both or neither, received age_mean={self.age_mean}, age_sd={self.age_sd}"
+            )
+        for name in ("age_mean", "age_sd"):
+            v = getattr(self, name)
+            if v is not None and not math.isfinite(v):
+                raise ValueError(f"{name}: expected a finite number, received {v}")
+        return self
+
+    def describe(self) -> str:
+        """One line naming the model (kept with each calibration, and logged)."""
+        age = "age uniform over its declared range"
+        if self.age_mean is not None:
+            age = f"age N({self.age_mean:g}, {self.age_sd:g}²)"
+        f, m = self.female, self.male
+        return (
+            f"gender Bernoulli({self.male_fraction:g}); height (cm) / weight (kg) by gender: "
+            f"female {f.height_mean:g}±{f.height_sd:g} / {f.weight_mean:g}±{f.weight_sd:g}, "
+            f"male {m.height_mean:g}±{m.height_sd:g} / {m.weight_mean:g}±{m.weight_sd:g} "
+            "(log-normal weight; defaults: NHANES 2011-2014, peep.server.qbbs.traitdata); "
+            f"{age}; every other trait uniform over its declared range (binary: Bernoulli(0.5)); "
+            f"all clipped to the declared range; impostors: {self.impostor_model}"
+        )
+
 
 #: a0 when ``threshold`` is fixed and ``weights`` is not: the rest is shared equally by the traits
 #: (0.1 each for the four default traits).
@@ -220,29 +355,81 @@ class QbbsConfig(BaseModel):
         (``age_max``, default 100), used to widen the matcher when an observed
         trait comes from a template's ``soft_traits`` (the message does not
         carry it).
+    population : PopulationPrior
+        Whom the calibration simulates (``[qbbs.population]``): declared by the
+        deployer from public knowledge of the site, never computed from the
+        store. Default: a general adult population.
     store_path, ledger_path : path, optional
         SQLite soft-trait store and JSONL spend ledger (the audit log); both
         in memory when unset (tests).
+
+    A trait whose weight is 0 for a claim (configured, or chosen by the
+    calibration) cannot change the fused score, so it is neither queried nor
+    charged.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    traits: dict[str, TraitSpec] = Field(default_factory=lambda: dict(DEFAULT_TRAITS))
-    queries_per_trait: int = Field(default=2, ge=2, le=16)
-    partitions: int = Field(default=8, ge=2, le=1_000_000)
-    partition_salt: str = Field(default="peep-qbbs-v1", min_length=1, max_length=64)
-    epsilon: float = Field(default=1.0, gt=0.0)
-    sensitivity: Literal["declared-range", "database-extremes"] = "declared-range"
-    verification_transform: Literal["independent", "shared-noise"] = "independent"
-    epsilon_cap: float = Field(default=100.0, gt=0.0)
-    weights: dict[str, float] | None = None
-    genuine_prior: float = Field(default=0.5, gt=0.0, lt=1.0)
-    threshold: float | None = None
-    target_far: float = Field(default=0.01, gt=0.0, le=0.5)
-    calibration_claims: int = Field(default=20_000, ge=2_000, le=1_000_000)
-    edge_laplace_bounds: dict[str, float] = Field(default_factory=lambda: {"age": 100.0})
-    store_path: Path | None = None
-    ledger_path: Path | None = None
+    traits: dict[str, TraitSpec] = Field(
+        default_factory=lambda: dict(DEFAULT_TRAITS),
+        description="the deployment's soft traits (setting it replaces the default age, gender, height, weight)",
+    )
+    queries_per_trait: int = Field(
+        default=2, ge=2, le=16, description="m: SUM queries per trait value, in (with, without the subject) pairs"
+    )
+    partitions: int = Field(
+        default=8, ge=2, le=1_000_000, description="groups of the public partition used by the pairs after the first"
+    )
+    partition_salt: str = Field(
+        default="peep-qbbs-v1", min_length=1, max_length=64, description="public salt assigning subjects to groups"
+    )
+    epsilon: float = Field(
+        default=1.0, gt=0.0, description="ε of each SUM response; a trait value costs its subject pairs × ε"
+    )
+    sensitivity: Literal["declared-range", "database-extremes"] = Field(
+        default="declared-range",
+        description="Δf from the declared range, or the chapter's stored max - min (leaks; needs a fixed threshold)",
+    )
+    verification_transform: Literal["independent", "shared-noise"] = Field(
+        default="independent",
+        description="match against the ε-DP Y' (independent) or the chapter's Y*' = Y* + φ (reveals |Y* - Y|)",
+    )
+    epsilon_cap: float = Field(
+        default=100.0, gt=0.0, description="lifetime ε per subject; beyond it queries and verifications are refused"
+    )
+    weights: dict[str, float] | None = Field(
+        default=None,
+        description="fixed fusion weights (face and every trait, summing to 1); unset = chosen by the calibration",
+    )
+    genuine_prior: float = Field(
+        default=0.5, gt=0.0, lt=1.0, description="P(genuine) in the Parzen posterior P(genuine | face score)"
+    )
+    threshold: float | None = Field(
+        default=None, description="fixed fused-score threshold (accept iff g ≥ it); unset = calibrated for target_far"
+    )
+    target_far: float = Field(
+        default=0.01, gt=0.0, le=0.5, description="false-accept rate the fused threshold is calibrated for"
+    )
+    calibration_claims: int = Field(
+        default=20_000,
+        ge=2_000,
+        le=1_000_000,
+        description="simulated genuine and impostor claims per calibration (at least 20 / target_far)",
+    )
+    edge_laplace_bounds: dict[str, float] = Field(
+        default_factory=lambda: {"age": 100.0},
+        description="sensitivity of the edge's bounded-Laplace soft-trait release per trait (widens the matcher)",
+    )
+    population: PopulationPrior = Field(
+        default_factory=PopulationPrior,
+        description="whom the calibration simulates: declared from public knowledge of the site, never the store",
+    )
+    store_path: Path | None = Field(
+        default=None, description="SQLite soft-trait store (mode 0600); in memory when unset (tests only)"
+    )
+    ledger_path: Path | None = Field(
+        default=None, description="JSONL spend ledger, the odometer's audit log; in memory when unset (tests only)"
+    )
 
     @field_validator("traits")
     @classmethod
@@ -311,6 +498,19 @@ class QbbsConfig(BaseModel):
                 "threshold: expected a fixed threshold with sensitivity = 'database-extremes' (the calibration "
                 "would need the stored extremes, which it must not read), received none"
             )
+        age_mean = self.population.age_mean
+        if age_mean is not None:
+            age = self.traits.get("age")
+            if age is None or age.kind != "continuous":
+                raise ValueError(
+                    f"population.age_mean: expected a continuous 'age' trait for the age prior, "
+                    f"received traits {sorted(self.traits)}"
+                )
+            if not age.lower <= age_mean <= age.upper:
+                raise ValueError(
+                    f"population.age_mean: expected a value in the age trait's declared range "
+                    f"[{age.lower:g}, {age.upper:g}], received {age_mean:g}"
+                )
         if self.target_far * self.calibration_claims < 20:
             raise ValueError(
                 f"calibration_claims: expected at least 20 / target_far ({math.ceil(20 / self.target_far)}) so that "

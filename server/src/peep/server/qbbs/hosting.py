@@ -16,6 +16,18 @@ ledger resets every subject's ε), relative to ``server.toml``'s directory::
     epsilon = 1.0
     epsilon_cap = 100.0
 
+    [qbbs.population]   # optional; whom the calibration simulates, from public knowledge of the site only
+    male_fraction = 1.0
+    impostor_model = "same-gender"
+
+``[qbbs.population]`` (:class:`~peep.server.qbbs.config.PopulationPrior`)
+matters once the traits carry weight: at a site narrower than the general
+adult population (one gender, a tight age band) the default calibration
+under-estimates how alike impostors are, and the real FAR exceeds
+``target_far``. Declare it from what is publicly known of the site, never from
+the store. Traits whose weight is 0 (e.g. all of them at ε = 1, where the
+calibration keeps the face alone) are not queried and cost no ε.
+
 The same table serves ``peep qbbs enrol|query|odometer|erase --config server.toml``.
 
 What the plugin wires

@@ -19,7 +19,9 @@ The fused decision is calibrated (:mod:`peep.server.qbbs.calibration`) for
 ``config.target_far`` unless ``config.threshold`` fixes it: per claim shape
 (the traits a claim observes and their known observation noise), from the
 Parzen model's validation scores and public information only, redone when
-the Parzen densities are refitted. The calibration is handed no store.
+the Parzen densities are refitted, simulating people from the deployer's
+declared public population (``config.population``). The calibration is handed
+no store.
 """
 
 from __future__ import annotations
@@ -504,6 +506,7 @@ class QbbsModule:
                 claims=self.config.calibration_claims,
                 weights=None if self.config.weights is None else self._weights(traits),
                 model_version=version,
+                population=self.config.population,
             )
             self._calibrations[key] = (generation, cal)
             self._calibrations.move_to_end(key)
