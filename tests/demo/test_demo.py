@@ -19,7 +19,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory, data_home: str) -> tuple[
     rc = main(
         [
             "demo", "--data-home", data_home, "--out", str(out), "--subjects", "3", "--enrol-images", "8",
-            "--probe-images", "2", "--strangers", "4", "--cameras", "2",
+            "--probe-images", "2", "--strangers", "4", "--cameras", "2", "--qbbs-epsilon", "20",
         ]
     )  # fmt: skip
     assert rc == 0
@@ -27,7 +27,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory, data_home: str) -> tuple[
 
 
 def test_demo_summary_is_complete_and_consistent(demo_run):
-    _out, s = demo_run
+    out, s = demo_run
     edge, ident, ver, p = s["edge"], s["identification"], s["verification"], s["privacy"]
     assert edge["errors"] == [] and edge["events_missing"] == []
     # Every capture of the script that the agents released came back as an identification event.
@@ -43,9 +43,15 @@ def test_demo_summary_is_complete_and_consistent(demo_run):
     for dev in edge["devices"].values():
         assert dev["epsilon_vector_spent"] == pytest.approx(dev["releases"] * per_release)
         assert dev["max_epsilon_vector_per_track"] <= p["per_track_budget_epsilon_vector"] + 1e-6
-    # Genuine and impostor claims were both verified; the odometer charged the claimed subjects.
+    # Genuine and impostor claims were both verified; the odometer charged each claimed subject
+    # exactly what its verifications released (traits the calibration gives no weight cost nothing).
     assert ver["claims"] == 2 * ident["enrolled_templates"]
-    assert sum(ver["qbbs_epsilon_per_subject"].values()) > 0
+    rows = json.loads((out / "verification.json").read_text())
+    charged: dict[str, float] = {}
+    for r in rows:
+        charged[r["claim"]] = charged.get(r["claim"], 0.0) + r["qbbs_epsilon_spent"]
+    for subject, spent in ver["qbbs_epsilon_per_subject"].items():
+        assert spent == pytest.approx(charged.get(subject, 0.0))
     assert s["model"]["model_version"] == "v000001"
 
 
