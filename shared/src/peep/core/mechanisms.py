@@ -268,7 +268,23 @@ def _calibrate_on_grid(
 # --------------------------------------------------------------------------- scalar
 
 
-class LaplaceMechanism:
+class _ScalarMechanism:
+    """Shared by the scalar mechanisms: ``randomise`` over a float or an array."""
+
+    _sampler: NoiseSampler
+
+    def _perturb(self, arr: FloatArray) -> FloatArray:
+        raise NotImplementedError
+
+    def randomise(self, x: float | ArrayLike) -> Any:
+        """Return ``x`` plus noise: a float for a scalar, an ndarray of ``x``'s shape otherwise."""
+        if isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool):
+            value = check_real(x, "x")
+            return float(self._perturb(np.array([value]))[0])
+        return self._perturb(check_array(x, "x", ndim=tuple(range(0, 8))))
+
+
+class LaplaceMechanism(_ScalarMechanism):
     """The Laplace mechanism for a real value (or each entry of an array).
 
     Parameters
@@ -323,16 +339,11 @@ class LaplaceMechanism:
             f"random_state={self.random_state!r})"
         )
 
-    def randomise(self, x: float | ArrayLike) -> Any:
-        """Return ``x`` plus noise: a float for a scalar, an ndarray of ``x``'s shape otherwise."""
-        if isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool):
-            value = check_real(x, "x")
-            return float(self._sampler.perturb_laplace(np.array([value]), self.scale)[0])
-        arr = check_array(x, "x", ndim=tuple(range(0, 8)))
+    def _perturb(self, arr: FloatArray) -> FloatArray:
         return self._sampler.perturb_laplace(arr, self.scale)
 
 
-class GaussianMechanism:
+class GaussianMechanism(_ScalarMechanism):
     """The (analytic) Gaussian mechanism for a real value or vector.
 
     Parameters
@@ -394,12 +405,7 @@ class GaussianMechanism:
             f"sensitivity={self.sensitivity!r}, random_state={self.random_state!r})"
         )
 
-    def randomise(self, x: float | ArrayLike) -> Any:
-        """Return ``x`` plus noise: a float for a scalar, an ndarray of ``x``'s shape otherwise."""
-        if isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool):
-            value = check_real(x, "x")
-            return float(self._sampler.perturb_gaussian(np.array([value]), self.sigma)[0])
-        arr = check_array(x, "x", ndim=tuple(range(0, 8)))
+    def _perturb(self, arr: FloatArray) -> FloatArray:
         return self._sampler.perturb_gaussian(arr, self.sigma)
 
 
