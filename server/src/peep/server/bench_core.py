@@ -8,6 +8,7 @@ and run, so the comparisons hold on a noisy shared machine.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 import warnings
@@ -93,7 +94,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     for kind in ("peep", "peep-raw", "laplace-vector", "gaussian-l2", "laplace-l1"):
         r = TemplateReleaser(bundle, kind=kind, epsilon=8.0, delta=1e-5 if kind == "gaussian-l2" else None)
         b = bounded_coefficients(coef, bundle.bounds, kind)
-        by_kind[kind] = _median_us(lambda r=r, b=b: r.release_bounded(b), n // 2)
+        by_kind[kind] = _median_us(functools.partial(r.release_bounded, b), n // 2)
     out["release_us_per_face_by_kind"] = by_kind
     out["project_us_per_face"] = _median_us(lambda: bundle.project(face, "scaled"), n)
     out["project_us_per_face_batch"] = _median_us(lambda: bundle.project(batch_faces, "scaled"), reps, warmup=2) / len(
