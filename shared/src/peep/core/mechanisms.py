@@ -265,6 +265,19 @@ def _calibrate_on_grid(
     )
 
 
+def _laplace_on_grid(sampler: NoiseSampler, epsilon: float, sensitivity: float, dim: int) -> tuple[float, float]:
+    """(scale, step) of Laplace noise giving ε for an L1 sensitivity over ``dim`` grid-rounded coordinates."""
+    return _calibrate_on_grid(lambda d: d / epsilon, sensitivity, lambda g: grid_inflation_l1(g, dim), sampler, epsilon)
+
+
+def _gaussian_on_grid(
+    sampler: NoiseSampler, epsilon: float, delta: float, sensitivity: float, dim: int
+) -> tuple[float, float]:
+    """(sigma, step) of the analytic Gaussian for an L2 sensitivity over ``dim`` grid-rounded coordinates."""
+    unit = analytic_gaussian_sigma(epsilon, delta, 1.0)
+    return _calibrate_on_grid(lambda d: d * unit, sensitivity, lambda g: grid_inflation_l2(g, dim), sampler, epsilon)
+
+
 # --------------------------------------------------------------------------- scalar
 
 
@@ -321,14 +334,7 @@ class LaplaceMechanism(_ScalarMechanism):
         self.sensitivity = check_positive(sensitivity, "sensitivity")
         self.random_state = random_state
         self._sampler = check_random_state(random_state)
-        eps = self.epsilon
-        self.scale, self.grid_step = _calibrate_on_grid(
-            lambda d: d / eps,
-            self.sensitivity,
-            lambda g: grid_inflation_l1(g, 1),
-            self._sampler,
-            self.epsilon,
-        )
+        self.scale, self.grid_step = _laplace_on_grid(self._sampler, self.epsilon, self.sensitivity, 1)
         self.variance = laplace_variance(self.scale, self.grid_step)
         self.is_secure = bool(self._sampler.is_secure)
         self.delta = 0.0
@@ -388,14 +394,7 @@ class GaussianMechanism(_ScalarMechanism):
         self.sensitivity = check_positive(sensitivity, "sensitivity")
         self.random_state = random_state
         self._sampler = check_random_state(random_state)
-        unit = analytic_gaussian_sigma(self.epsilon, self.delta, 1.0)
-        self.sigma, self.grid_step = _calibrate_on_grid(
-            lambda d: d * unit,
-            self.sensitivity,
-            lambda g: grid_inflation_l2(g, 1),
-            self._sampler,
-            self.epsilon,
-        )
+        self.sigma, self.grid_step = _gaussian_on_grid(self._sampler, self.epsilon, self.delta, self.sensitivity, 1)
         self.variance = gaussian_variance(self.sigma, self.grid_step)
         self.is_secure = bool(self._sampler.is_secure)
 
@@ -522,10 +521,7 @@ class PeepMechanism(_LaplaceTemplate):
         self.delta = 0.0
         self.random_state = random_state
         self._sampler = check_random_state(random_state)
-        eps = self.epsilon
-        self.scale, self.grid_step = _calibrate_on_grid(
-            lambda d: d / eps, 1.0, lambda g: grid_inflation_l1(g, 1), self._sampler, self.epsilon
-        )
+        self.scale, self.grid_step = _laplace_on_grid(self._sampler, self.epsilon, 1.0, 1)
         self.guarantee = PrivacyGuarantee(
             epsilon_coordinate=self.epsilon,
             epsilon_vector=self.n_components * self.epsilon,
@@ -643,14 +639,7 @@ class LaplaceVectorMechanism(_LaplaceTemplate):
         self.delta = 0.0
         self.random_state = random_state
         self._sampler = check_random_state(random_state)
-        eps = self.epsilon
-        self.scale, self.grid_step = _calibrate_on_grid(
-            lambda d: d / eps,
-            float(nc),
-            lambda g: grid_inflation_l1(g, nc),
-            self._sampler,
-            self.epsilon,
-        )
+        self.scale, self.grid_step = _laplace_on_grid(self._sampler, self.epsilon, float(nc), nc)
         self.guarantee = PrivacyGuarantee(
             epsilon_coordinate=self.epsilon / nc,
             epsilon_vector=self.epsilon,
@@ -717,14 +706,7 @@ class GaussianL2Mechanism(TemplateMechanism):
         self.n_components = nc = check_int(n_components, "n_components", low=1)
         self.random_state = random_state
         self._sampler = check_random_state(random_state)
-        unit = analytic_gaussian_sigma(self.epsilon, self.delta, 1.0)
-        self.sigma, self.grid_step = _calibrate_on_grid(
-            lambda d: d * unit,
-            2.0 * self.radius,
-            lambda g: grid_inflation_l2(g, nc),
-            self._sampler,
-            self.epsilon,
-        )
+        self.sigma, self.grid_step = _gaussian_on_grid(self._sampler, self.epsilon, self.delta, 2.0 * self.radius, nc)
         self.guarantee = PrivacyGuarantee(
             epsilon_coordinate=self.epsilon,
             epsilon_vector=self.epsilon,
@@ -781,14 +763,7 @@ class LaplaceL1Mechanism(_LaplaceTemplate):
         self.delta = 0.0
         self.random_state = random_state
         self._sampler = check_random_state(random_state)
-        eps = self.epsilon
-        self.scale, self.grid_step = _calibrate_on_grid(
-            lambda d: d / eps,
-            2.0 * self.radius,
-            lambda g: grid_inflation_l1(g, nc),
-            self._sampler,
-            self.epsilon,
-        )
+        self.scale, self.grid_step = _laplace_on_grid(self._sampler, self.epsilon, 2.0 * self.radius, nc)
         self.guarantee = PrivacyGuarantee(
             epsilon_coordinate=min(
                 self.epsilon,
