@@ -59,7 +59,7 @@ def keypair(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def bundle_dir(tmp_path_factory: pytest.TempPathFactory, lfw_background, keypair) -> Path:
     """A signed nc=128 bundle built from the background population."""
-    from peep.server.bundles import build_bundle
+    from peep.server.bundles.build import build_bundle
 
     out = tmp_path_factory.mktemp("bundle")
     build_bundle(lfw_background, n_components=128, signing_key=keypair[0], out_dir=out)

@@ -1,4 +1,4 @@
-"""`peep.server.bench.run(quick=True)`: every number is measured on the real path and nothing is lost."""
+"""`peep.server.bench.server.run(quick=True)`: every number is measured on the real path and nothing is lost."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from peep_server_testlib import mqtt_available
 
 @pytest.mark.slow
 def test_quick_bench_measures_every_number():
-    from peep.server.bench import run
+    from peep.server.bench.server import run
 
     out = run(quick=True)
     keys = ("ingest_per_s_grpc", "identify_p50_ms", "identify_p99_ms", "identify_batch_per_s", "train_s_10k")

@@ -8,7 +8,7 @@ back as unknown far more often than enrolled ones.
 from __future__ import annotations
 
 import numpy as np
-from peep.server.training import fit_recogniser, onnx_probabilities, onnx_session
+from peep.server.recognition.fitting import fit_recogniser, onnx_probabilities, onnx_session
 from peep.v1 import recognition_pb2
 from peep_server_testlib import DEVICE
 

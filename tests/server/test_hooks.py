@@ -7,9 +7,9 @@ import math
 import grpc
 import numpy as np
 import pytest
-from peep.server.auth import authorize_admin, current_identity
 from peep.server.config import parse_config
-from peep.server.recognition import ModelMismatch, ServingFaceScores
+from peep.server.ingest.auth import authorize_admin, current_identity
+from peep.server.recognition.recogniser import ModelMismatch, ServingFaceScores
 from peep.v1 import qbbs_pb2, qbbs_pb2_grpc
 from peep_server_testlib import ADMIN, DEVICE, base_config, start_server, tls_section
 

@@ -11,7 +11,7 @@ import uuid
 import paho.mqtt.client as mqtt
 import pytest
 from peep.core.bundle import EigenfaceBundle
-from peep.server.bundlestore import files_from_message
+from peep.server.bundles.catalog import files_from_message
 from peep.v1 import recognition_pb2
 from peep_server_testlib import MQTT_PREFIX, SITE, base_config, mqtt_available, start_server
 

@@ -120,8 +120,8 @@ def test_erase_and_retention_from_the_command_line(enrolled, templates, capsys):
 
 
 def _admin_sender():
-    from peep.server.auth import Identity
-    from peep.server.ingest import Sender
+    from peep.server.ingest.auth import Identity
+    from peep.server.ingest.ingestor import Sender
 
     return Sender(identity=Identity(name="admin", is_admin=True))
 

@@ -13,8 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from peep.server.registry import ModelRegistry
-from peep.server.training import (
+from peep.server.recognition.fitting import (
     PRESETS,
     TrainingCancelled,
     TrainingError,
@@ -24,6 +23,7 @@ from peep.server.training import (
     onnx_probabilities,
     onnx_session,
 )
+from peep.server.recognition.registry import ModelRegistry
 
 
 def test_paper_preset_is_the_papers_configuration():
@@ -156,7 +156,7 @@ def test_a_killed_writer_leaves_only_garbage_that_is_cleaned(tmp_path):
     code = textwrap.dedent(
         f"""
         import sys, time
-        from peep.server.registry import ModelRegistry
+        from peep.server.recognition.registry import ModelRegistry
         reg = ModelRegistry({str(root)!r})
         with reg.staging() as st:
             (st / "model.onnx").write_bytes(b"half")

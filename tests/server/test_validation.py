@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from peep.core import features, wire
 from peep.core.release import TemplateReleaser
-from peep.server.bundlestore import BundleCatalog
+from peep.server.bundles.catalog import BundleCatalog
+from peep.server.ingest.validation import Rejection, TemplateValidator, reason_for
 from peep.server.storage.sqlite import SqliteStore
-from peep.server.validation import Rejection, TemplateValidator, reason_for
 
 
 @pytest.fixture

@@ -29,8 +29,8 @@ from typing import Any
 
 import grpc
 from peep.server.config import ResolvedSecrets, ServerConfig
-from peep.server.grpc_service import create_server
 from peep.server.services import Services
+from peep.server.transport.grpc_service import create_server
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class ServerApp:
         )
         self.server.start()
         if self._mqtt_enabled:
-            from peep.server.mqtt import MqttBridge
+            from peep.server.transport.mqtt import MqttBridge
 
             pw = s.secrets.mqtt_password.get_secret_value() if s.secrets.mqtt_password else None
             self.mqtt = MqttBridge(self.config.mqtt, s, password=pw)

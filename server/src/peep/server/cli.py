@@ -14,12 +14,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from peep.server.errors import UsageError
+
 #: Sub-command modules under peep.server.commands, in help order.
 COMMANDS = ("keys", "bundle", "serve", "train", "erase", "retention", "audit", "qbbs", "bench", "demo")
-
-
-class UsageError(Exception):
-    """Bad option or configuration: exit code 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,6 +58,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run the imported module's main: under ``python -m`` this file is also
-    # ``__main__``, and its UsageError would not be the one commands raise.
-    sys.exit(importlib.import_module("peep.server.cli").main())
+    sys.exit(main())

@@ -372,7 +372,7 @@ class MqttConfig(_Model):
 
 class TrainingConfig(_Model):
     preset: Literal["default", "paper"] = Field(
-        default="default", description="recogniser preset (see peep.server.training.PRESETS)"
+        default="default", description="recogniser preset (see peep.server.recognition.fitting.PRESETS)"
     )
     model_dir: Path = Field(default=Path("models"), description="versioned model registry")
     mechanism_kind: str | None = Field(

@@ -4,7 +4,7 @@
     templates received by transport (grpc, mqtt) and outcome (accepted, duplicate, rejected);
     the ingest rate is ``rate(peep_ingest_templates_total{status="accepted"}[1m])``.
 ``peep_ingest_rejected_total{transport,reason}``
-    refusals by reason code (see :mod:`peep.server.validation`).
+    refusals by reason code (see :mod:`peep.server.ingest.validation`).
 ``peep_identify_seconds``
     identify latency histogram (RPC handler, inference included).
 ``peep_model_version``

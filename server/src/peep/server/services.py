@@ -18,7 +18,7 @@ Hooks for the QBBS module
     the services close, before the database does.
 ``services.validator.validate(template)`` and ``services.ingestor.authorise(template, Sender(identity=...))``
     the same template checks ingest applies.
-``peep.server.auth.current_identity()``
+``peep.server.ingest.auth.current_identity()``
     the caller of the RPC being handled.
 """
 
@@ -32,18 +32,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from peep.core.bundle import load_public_key, read_bundle_files
-from peep.server.auth import DeviceRegistry
-from peep.server.bundlestore import BundleCatalog
+from peep.server.bundles.catalog import BundleCatalog
 from peep.server.config import ResolvedSecrets, ServerConfig, resolve_secrets
-from peep.server.events import EventBus
-from peep.server.ingest import Ingestor
+from peep.server.ingest.auth import DeviceRegistry
+from peep.server.ingest.events import EventBus
+from peep.server.ingest.ingestor import Ingestor
+from peep.server.ingest.validation import TemplateValidator
 from peep.server.metrics import ServerMetrics
-from peep.server.recognition import Recogniser
-from peep.server.registry import ModelRegistry
+from peep.server.recognition.fitting import Progress, TrainingError
+from peep.server.recognition.recogniser import Recogniser
+from peep.server.recognition.registry import ModelRegistry
+from peep.server.recognition.trainer import Trainer, TrainingBusy, TrainResult
 from peep.server.storage import Store, open_store
-from peep.server.trainer import Trainer, TrainingBusy, TrainResult
-from peep.server.training import Progress, TrainingError
-from peep.server.validation import TemplateValidator
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from peep.server.cli import UsageError
 from peep.server.config import ConfigError, ServerConfig, load_config
+from peep.server.errors import UsageError
 
 
 def add_config_option(p: argparse.ArgumentParser) -> None:

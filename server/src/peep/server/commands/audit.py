@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from peep.server.cli import UsageError
+from peep.server.errors import UsageError
 
 
 def _list(cast: Callable[[str], Any], option: str) -> Callable[[str], tuple[Any, ...]]:

@@ -19,7 +19,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-SECTIONS = {"core": "peep.server.bench_core", "edge": "peep.edge.bench", "server": "peep.server.bench"}
+SECTIONS = {"core": "peep.server.bench.core", "edge": "peep.edge.bench", "server": "peep.server.bench.server"}
 
 
 def register(sub: Any) -> None:
@@ -31,7 +31,7 @@ def register(sub: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from peep.server.cli import UsageError
+    from peep.server.errors import UsageError
 
     wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = [s for s in wanted if s not in SECTIONS]

@@ -11,7 +11,7 @@ from typing import Any
 from peep.core.bundle import load_private_key, load_public_key, verify_bundle
 from peep.core.exceptions import BundleError
 from peep.core.imaging import FaceGeometry
-from peep.server.cli import UsageError
+from peep.server.errors import UsageError
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -58,7 +58,7 @@ def register(sub: Any) -> None:
 
 
 def build(args: argparse.Namespace) -> int:
-    from peep.server.bundles import build_bundle
+    from peep.server.bundles.build import build_bundle
     from peep.server.datasets import DatasetError, load_dataset
     from peep.server.progress import progress_printer
 

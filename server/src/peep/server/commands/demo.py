@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from peep.server.cli import UsageError
+from peep.server.errors import UsageError
 
 
 def register(sub: Any) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from peep.server.cli import UsageError
 from peep.server.commands._config import add_config_option, load, say, services
+from peep.server.errors import UsageError
 
 
 def register(sub: Any) -> None:

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from peep.core.bundle import key_id, load_public_key, write_keypair
-from peep.server.cli import UsageError
+from peep.server.errors import UsageError
 
 
 def register(sub: Any) -> None:

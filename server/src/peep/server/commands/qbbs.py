@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from peep.server.cli import UsageError
+from peep.server.errors import UsageError
 
 
 def _epsilons(text: str) -> list[float]:

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from peep.server.commands._config import add_config_option, load, say, services
-from peep.server.training import PRESETS
+from peep.server.recognition.fitting import PRESETS
 
 
 def register(sub: Any) -> None:
@@ -20,7 +20,7 @@ def register(sub: Any) -> None:
 
 def train(args: argparse.Namespace) -> int:
     from peep.server.progress import progress_printer
-    from peep.server.training import TrainingError
+    from peep.server.recognition.fitting import TrainingError
 
     config = load(args)
     s = services(config)

@@ -195,7 +195,7 @@ class Demo:
         )
 
     def _bundle(self, scenario: Scenario) -> EigenfaceBundle:
-        from peep.server.bundles import build_bundle
+        from peep.server.bundles.build import build_bundle
         from peep.server.datasets import load_dataset
 
         keys = self.out / "keys"

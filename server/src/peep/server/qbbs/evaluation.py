@@ -505,7 +505,7 @@ def _bundle(
     opts: EvaluateOptions, ds: Any, part: NDArray[np.int8], notes: list[str], prog: Progress
 ) -> tuple[Any, dict[str, Any]]:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-    from peep.server.bundles import build_bundle
+    from peep.server.bundles.build import build_bundle
     from peep.server.datasets import load_dataset
 
     key = Ed25519PrivateKey.generate()  # throwaway: the bundle only lives for this run
@@ -534,20 +534,20 @@ def _train_recogniser(
 ) -> tuple[Callable[[NDArray[np.float32]], NDArray[np.float64]], dict[str, Any]]:
     """A recogniser on perturbed training templates; returns ``predict_proba`` in subject order.
 
-    Uses the server's :func:`peep.server.training.fit_recogniser` (its
+    Uses the server's :func:`peep.server.recognition.fitting.fit_recogniser` (its
     ``default`` preset, which early-stops on its own split of the training
     templates); falls back to a scikit-learn MLP if that API is unavailable.
     """
     info: dict[str, Any] = {"trained_on": "perturbed templates of the training split only", "n_train": int(y.size)}
     try:
-        from peep.server.training import fit_recogniser
+        from peep.server.recognition.fitting import fit_recogniser
 
         fitted = fit_recogniser(
             X, [subjects[int(i)] for i in y], preset="default", background_prefix="", random_state=seed
         )
         order = np.array([fitted.class_names.index(s) for s in subjects], dtype=np.intp)
         preset = fitted.preset
-        info["kind"] = f"peep.server.training.fit_recogniser, preset {preset.name!r}: {preset.description}"
+        info["kind"] = f"peep.server.recognition.fitting.fit_recogniser, preset {preset.name!r}: {preset.description}"
         info["epochs"] = int(fitted.n_epochs)
 
         def proba(Z: NDArray[np.float32]) -> NDArray[np.float64]:

@@ -121,7 +121,7 @@ class ClassifierFaceScores:
 
 
 class RecogniserFaceScores:
-    """Face scores from the server's trained recogniser (:class:`peep.server.training.FittedRecogniser`).
+    """Face scores from the server's trained recogniser (:class:`peep.server.recognition.fitting.FittedRecogniser`).
 
     The score is ``log P(claimed | template)`` (floored at 1e-12); the
     validation scores are the recogniser's own held-out genuine and impostor

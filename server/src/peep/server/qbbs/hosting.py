@@ -32,7 +32,7 @@ The same table serves ``peep qbbs enrol|query|odometer|erase --config server.tom
 
 What the plugin wires
 ---------------------
-* face scores: the serving model (:class:`peep.server.recognition.ServingFaceScores`,
+* face scores: the serving model (:class:`peep.server.recognition.recogniser.ServingFaceScores`,
   log P(claimed | template)); the Parzen densities of P(genuine | s) are
   refitted from the new model's validation scores when a model is promoted
   (eagerly, from the recogniser's listener, and lazily on the next
@@ -82,7 +82,7 @@ from peep.server.qbbs.errors import FaceScoreUnavailableError, QbbsError
 if TYPE_CHECKING:
     import grpc
     from peep.server.qbbs.module import QbbsModule
-    from peep.server.recognition import ServingFaceScores
+    from peep.server.recognition.recogniser import ServingFaceScores
     from peep.server.services import Services
 
 __all__ = ["HostedFaceScores", "QbbsRegistrar", "server_plugin"]
@@ -91,7 +91,7 @@ log = logging.getLogger(__name__)
 
 
 class HostedFaceScores:
-    """:class:`~peep.server.recognition.ServingFaceScores` with the server's "no model" errors as QBBS's.
+    """:class:`~peep.server.recognition.recogniser.ServingFaceScores` with the server's "no model" errors as QBBS's.
 
     ``ModelUnavailable`` (no model trained) and ``ModelMismatch`` (template of
     another bundle or domain) become :class:`FaceScoreUnavailableError`, which
@@ -108,7 +108,7 @@ class HostedFaceScores:
         return self.inner.model_version
 
     def face_score(self, claimed_subject: str, values: NDArray[np.float32], *, template: Any = None) -> float:
-        from peep.server.recognition import ModelMismatch, ModelUnavailable
+        from peep.server.recognition.recogniser import ModelMismatch, ModelUnavailable
 
         try:
             return self.inner.face_score(claimed_subject, values, template=template)
@@ -116,7 +116,7 @@ class HostedFaceScores:
             raise FaceScoreUnavailableError(f"fused verification needs the face score: {exc}") from exc
 
     def validation_scores(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        from peep.server.recognition import ModelUnavailable
+        from peep.server.recognition.recogniser import ModelUnavailable
 
         try:
             return self.inner.validation_scores()
@@ -138,7 +138,7 @@ class QbbsRegistrar:
         self.module = module
 
     def __call__(self, server: grpc.Server) -> None:
-        from peep.server.auth import authorize_admin
+        from peep.server.ingest.auth import authorize_admin
         from peep.server.qbbs.service import add_qbbs_servicer
 
         add_qbbs_servicer(
@@ -152,8 +152,8 @@ class QbbsRegistrar:
     def _check_template(self, context: grpc.ServicerContext, template: Any) -> None:
         """The ingest checks: validation (Rejection, a WireError: INVALID_ARGUMENT), then who may send it."""
         import grpc
-        from peep.server.auth import current_identity
-        from peep.server.ingest import PermissionRefused, Sender
+        from peep.server.ingest.auth import current_identity
+        from peep.server.ingest.ingestor import PermissionRefused, Sender
 
         try:
             self.services.ingestor.check(template, Sender(identity=current_identity()))
@@ -163,7 +163,7 @@ class QbbsRegistrar:
 
 def _requester(context: grpc.ServicerContext) -> str:
     """The authenticated caller and its address, for the odometer's audit log."""
-    from peep.server.auth import current_identity
+    from peep.server.ingest.auth import current_identity
 
     ident = current_identity()
     who = "unauthenticated" if ident is None else f"{'admin' if ident.is_admin else 'device'}:{ident.name}"
@@ -208,7 +208,7 @@ def server_plugin(services: Services) -> QbbsRegistrar | None:
     to the gRPC server.
     """
     from peep.server.qbbs.module import QbbsModule
-    from peep.server.recognition import ServingFaceScores
+    from peep.server.recognition.recogniser import ServingFaceScores
 
     cfg = server_config(services)
     if cfg is None:

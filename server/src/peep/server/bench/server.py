@@ -183,7 +183,11 @@ def _config(
 def _child(args: list[str], timeout: float = 600.0) -> dict[str, Any]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
     r = subprocess.run(
-        [sys.executable, "-m", "peep.server.bench", *args], capture_output=True, text=True, timeout=timeout, env=env
+        [sys.executable, "-m", "peep.server.bench.server", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
     if r.returncode != 0:
         raise RuntimeError(f"bench client {args[0]} failed: {r.stderr[-2000:]}")
@@ -297,8 +301,8 @@ def _bench_mqtt(tmp: Path, bundle: Any, pub: Path, cert: Path, key: Path, n: int
 def _train_and_identify(tmp: Path, bundle: Any, pub: Path, cert: Path, key: Path, n_identify: int) -> dict[str, Any]:
     from peep.core import wire
     from peep.server.app import ServerApp
-    from peep.server.auth import Identity
-    from peep.server.ingest import Sender
+    from peep.server.ingest.auth import Identity
+    from peep.server.ingest.ingestor import Sender
 
     app = ServerApp(_config(tmp / "train", pub, Path(bundle.bench_dir), cert, key, ["dev-0"], mqtt=None))
     app.start()

@@ -1,9 +1,9 @@
 """From stored enrolment templates to a promoted model version.
 
 :class:`Trainer` selects the current bundle's labelled enrolment templates,
-fits a recogniser (:func:`peep.server.training.fit_recogniser`), exports it
+fits a recogniser (:func:`peep.server.recognition.fitting.fit_recogniser`), exports it
 to ONNX, checks ONNX against scikit-learn, and promotes it atomically in the
-:class:`~peep.server.registry.ModelRegistry`. One training at a time per
+:class:`~peep.server.recognition.registry.ModelRegistry`. One training at a time per
 process; the Train RPC may run it in the background while the previous model
 keeps serving.
 """
@@ -19,11 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from peep.core.release import PROJECTOR_OUTPUT
-from peep.server.bundlestore import BundleCatalog
+from peep.server.bundles.catalog import BundleCatalog
 from peep.server.config import TrainingConfig
-from peep.server.registry import ModelRegistry
-from peep.server.storage import Store
-from peep.server.training import (
+from peep.server.recognition.fitting import (
     PRESETS,
     Progress,
     TrainingError,
@@ -32,6 +30,8 @@ from peep.server.training import (
     fit_recogniser,
     model_meta,
 )
+from peep.server.recognition.registry import ModelRegistry
+from peep.server.storage import Store
 
 log = logging.getLogger(__name__)
 

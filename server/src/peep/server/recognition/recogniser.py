@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from peep.core.release import PROJECTOR_OUTPUT
-from peep.server.registry import ModelRegistry, RegistryError
-from peep.server.training import onnx_session
+from peep.server.recognition.fitting import onnx_session
+from peep.server.recognition.registry import ModelRegistry, RegistryError
 
 log = logging.getLogger(__name__)
 

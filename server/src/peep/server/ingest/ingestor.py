@@ -15,12 +15,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from peep.server.auth import DeviceRegistry, Identity, Undecodable
-from peep.server.events import EventBus, new_event
+from peep.server.ingest.auth import DeviceRegistry, Identity, Undecodable
+from peep.server.ingest.events import EventBus, new_event
+from peep.server.ingest.validation import Rejection, TemplateValidator, ValidTemplate
 from peep.server.metrics import ServerMetrics
-from peep.server.recognition import ModelMismatch, ModelUnavailable, Recogniser
+from peep.server.recognition.recogniser import ModelMismatch, ModelUnavailable, Recogniser
 from peep.server.storage import Store, TemplateRecord
-from peep.server.validation import Rejection, TemplateValidator, ValidTemplate
 from peep.v1 import recognition_pb2, template_pb2
 
 log = logging.getLogger(__name__)

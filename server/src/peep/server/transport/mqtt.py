@@ -44,12 +44,12 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from peep.core.bundle import EigenfaceBundle
-from peep.server.bundlestore import bundle_files_message
+from peep.server.bundles.catalog import bundle_files_message
 from peep.server.config import MqttConfig
-from peep.server.events import event_json_bytes
-from peep.server.ingest import REJECTED, Sender
+from peep.server.ingest.events import event_json_bytes
+from peep.server.ingest.ingestor import REJECTED, Sender
+from peep.server.ingest.validation import Rejection
 from peep.server.services import Services
-from peep.server.validation import Rejection
 from peep.v1 import recognition_pb2, template_pb2
 
 log = logging.getLogger(__name__)

@@ -28,15 +28,15 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from peep.core.exceptions import BundleError
-from peep.server.auth import AuthInterceptor, current_identity
-from peep.server.bundlestore import bundle_files_message, files_from_message
+from peep.server.bundles.catalog import bundle_files_message, files_from_message
 from peep.server.config import ServerConfig
-from peep.server.ingest import REJECTED, PermissionRefused, Sender
-from peep.server.recognition import ModelMismatch, ModelUnavailable
+from peep.server.ingest.auth import AuthInterceptor, current_identity
+from peep.server.ingest.ingestor import REJECTED, PermissionRefused, Sender
+from peep.server.ingest.validation import Rejection
+from peep.server.recognition.fitting import PRESETS, TrainingError
+from peep.server.recognition.recogniser import ModelMismatch, ModelUnavailable
+from peep.server.recognition.trainer import TrainingBusy
 from peep.server.services import Services
-from peep.server.trainer import TrainingBusy
-from peep.server.training import PRESETS, TrainingError
-from peep.server.validation import Rejection
 from peep.v1 import qbbs_pb2, recognition_pb2, recognition_pb2_grpc, template_pb2
 
 log = logging.getLogger(__name__)

@@ -48,7 +48,7 @@ from peep.core import wire
 from peep.core.bundle import EigenfaceBundle
 from peep.core.exceptions import WireError
 from peep.core.release import PROJECTOR_OUTPUT, mechanism_for_bounds
-from peep.server.bundlestore import BundleCatalog
+from peep.server.bundles.catalog import BundleCatalog
 from peep.v1 import template_pb2
 
 MAX_SOFT_TRAITS = 16

@@ -1,0 +1,1 @@
+"""``peep bench``: the core and server sections (the edge section lives in peep.edge.bench)."""

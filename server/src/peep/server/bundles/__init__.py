@@ -1,0 +1,1 @@
+"""Bundles: building signed projector bundles and the catalogue of bundles the server knows."""

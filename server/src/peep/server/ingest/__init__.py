@@ -1,0 +1,1 @@
+"""Ingest: validation, authentication and rights, storing templates, recognition events."""

@@ -1,0 +1,1 @@
+"""Recognition: fitting recognisers on perturbed templates, training jobs, the model registry, serving."""

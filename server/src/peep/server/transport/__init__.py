@@ -1,0 +1,1 @@
+"""Transports: how templates and requests reach the server (MQTT consumer, gRPC service)."""
