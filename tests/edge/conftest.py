@@ -105,7 +105,7 @@ def edge_bundle(edge_bundle_dir, edge_keys):
 @pytest.fixture(scope="session")
 def people(data_home) -> dict[str, list[Path]]:
     """LFW people with >= 20 images (disjoint from the bundle's background population)."""
-    from peep.edge.synthetic import lfw_people
+    from peep.edge.testing import lfw_people
 
     return lfw_people(data_home, min_images=20)
 
@@ -118,7 +118,7 @@ def video_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def one_person_video(people, video_dir) -> dict[str, Any]:
     """60 s of one person moving slowly (5 fps, 300 frames)."""
-    from peep.edge.synthetic import FaceTrack, compose_video
+    from peep.edge.testing import FaceTrack, compose_video
 
     name = sorted(people)[0]
     track = FaceTrack(image=people[name][0], start=0, stop=300, x0=200, y0=130, amplitude=120, period_frames=100)
@@ -130,7 +130,7 @@ def one_person_video(people, video_dir) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def crowd_video(people, video_dir) -> dict[str, Any]:
     """20 s at 10 fps: person A throughout, B from 2 s to 14 s, C from 8 s to 20 s."""
-    from peep.edge.synthetic import FaceTrack, compose_video
+    from peep.edge.testing import FaceTrack, compose_video
 
     names = sorted(people)[1:4]
     tracks = [

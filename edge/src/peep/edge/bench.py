@@ -41,7 +41,7 @@ DETECTOR: dict[str, Any] = {"detect_width": 320, "scale_factor": 1.2, "min_neigh
 
 def _prepare(work: Path, quick: bool) -> dict[str, Any]:
     from peep.core.bundle import load_private_key, write_keypair
-    from peep.edge.synthetic import FaceTrack, build_bundle_from_images, compose_video, lfw_people
+    from peep.edge.testing import FaceTrack, build_bundle_from_images, compose_video, lfw_people
 
     everyone = lfw_people()
     frequent = {k: v for k, v in everyone.items() if len(v) >= 20}

@@ -3,7 +3,8 @@
 Each section is measured in this run (baselines included), so numbers are
 comparable within the file even on a shared, noisy machine. A section whose
 package is not installed or whose run fails is recorded with its error
-instead of aborting the others.
+instead of aborting the others. The edge section needs peep-edge (extra
+``peep-server[demo]``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def register(sub: Any) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     from peep.server.errors import UsageError
+    from peep.server.extras import require_edge
 
     wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = [s for s in wanted if s not in SECTIONS]
@@ -52,14 +54,21 @@ def handle(args: argparse.Namespace) -> int:
         print(f"peep bench: {name} ...", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         try:
+            if name == "edge":
+                require_edge("the edge section of peep bench")
             module = importlib.import_module(SECTIONS[name])
             section = module.run(quick=args.quick)
+        except UsageError as exc:  # a missing extra: recorded like any failing section
+            section = {"error": str(exc)}
+            failed = True
         except ModuleNotFoundError as exc:
             section = {"error": f"not installed: {exc.name}"}
             failed = True
         except Exception as exc:  # record and continue with the other sections
             section = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=5)}
             failed = True
+        if "error" in section:
+            print(f"peep bench: {name}: {section['error']}", file=sys.stderr, flush=True)
         section["wall_s"] = round(time.perf_counter() - t0, 2)
         result[name] = section
     out = Path(args.out)

@@ -42,6 +42,9 @@ def register(sub: Any) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    from peep.server.extras import require_edge
+
+    require_edge("peep demo")
     from peep.server.demo import DemoOptions, run_demo, summary_lines
 
     for name in ("subjects", "enrol_images", "probe_images", "cameras", "components"):

@@ -170,7 +170,7 @@ class Demo:
         from peep.core.imaging import primary_face
         from peep.edge.config import DetectorConfig
         from peep.edge.detection import build_detector
-        from peep.edge.synthetic import lfw_people
+        from peep.edge.testing import lfw_people
         from peep.server.datasets import ensure_lfw
 
         o = self.opts

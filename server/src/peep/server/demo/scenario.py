@@ -158,7 +158,7 @@ def camera_scripts(
 
 def compose_camera_video(script: CameraScript, *, fps: float, seed: int) -> None:
     """Write the camera's video: each appearance walks across the frame."""
-    from peep.edge.synthetic import FaceTrack, compose_video
+    from peep.edge.testing import FaceTrack, compose_video
 
     tracks = [
         FaceTrack(

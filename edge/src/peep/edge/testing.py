@@ -1,4 +1,10 @@
-"""Real-face test material for benchmarks, tests and demos (never used by the agent itself).
+"""Real-face material for tests, the edge benchmark and ``peep demo``; never imported by the agent.
+
+It lives in peep-edge, not in the server, because :mod:`peep.edge.bench`
+needs it and must run on a device where only peep-edge is installed (the
+edge may not depend on the server); the server's demo, which needs the
+edge agent anyway (extra ``peep-server[demo]``), imports it from here. A
+test keeps it out of the agent's import path.
 
 - :func:`lfw_people` finds LFW images in scikit-learn's layout
   (``<data_home>/lfw_home/lfw_funneled/<Person>/<Person>_0001.jpg``).
@@ -198,6 +204,6 @@ def build_bundle_from_images(
         signing_key=signing_key,
         normalisation=normalisation,
         mechanism_defaults={"kind": "peep", "epsilon": 8.0, "delta": 0.0},
-        provenance={"dataset": "lfw images", "n_images": len(faces), "software": "peep-edge synthetic"},
+        provenance={"dataset": "lfw images", "n_images": len(faces), "software": "peep-edge testing"},
     )
     return write_bundle_files(files, out_dir)
