@@ -1,21 +1,34 @@
 #!/usr/bin/env bash
-# Prints a writable scikit-learn data home whose lfw_home/ links to the team's
-# read-only LFW copy (scikit-learn writes a cache next to the images, so the
-# read-only folder itself cannot be the data home). Never writes into it.
-# Usage: eval "$(bash scripts/stage-lfw.sh [DIR])"  -> exports SCIKIT_LEARN_DATA
+# Prints a writable scikit-learn data home whose lfw_home/ links to a read-only
+# LFW copy in scikit-learn's layout (scikit-learn writes a cache next to the
+# images, so the read-only folder itself cannot be the data home). Never writes
+# into the copy.
+# Usage: eval "$(bash scripts/stage-lfw.sh [TARGET [SOURCE]])"  -> exports SCIKIT_LEARN_DATA
+#   TARGET  data home to create (default .data/scikit_learn_data in the repository)
+#   SOURCE  folder holding lfw_home/lfw_funneled/; default: $PEEP_DATASETS, then
+#           ../shared/datasets next to the repository
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 target="${1:-$root/.data/scikit_learn_data}"
+if [ $# -ge 2 ]; then
+  candidates=("$2")
+else
+  candidates=()
+  [ -z "${PEEP_DATASETS:-}" ] || candidates+=("$PEEP_DATASETS")
+  candidates+=("$(cd "$root/.." && pwd)/shared/datasets")
+fi
 src=""
-for c in "${PEEP_DATASETS:-}" "$root/../shared/datasets" "/work/shared/datasets"; do
-  [ -n "$c" ] || continue
+for c in "${candidates[@]}"; do
   if [ -d "$c/lfw_home/lfw_funneled" ]; then src=$(cd "$c" && pwd); break; fi
 done
 if [ -z "$src" ]; then
-  echo "stage-lfw: no LFW copy found (looked in \$PEEP_DATASETS, ../shared/datasets, /work/shared/datasets)" >&2
+  looked=""
+  for c in "${candidates[@]}"; do looked="$looked${looked:+, }$c/lfw_home/lfw_funneled"; done
+  echo "stage-lfw: no LFW copy found; looked for $looked (give the folder as the second argument or set PEEP_DATASETS)" >&2
   exit 1
 fi
 mkdir -p "$target/lfw_home"
+target=$(cd "$target" && pwd)
 for f in "$src/lfw_home/"*; do
   name=$(basename "$f")
   [ -e "$target/lfw_home/$name" ] || ln -s "$f" "$target/lfw_home/$name"
