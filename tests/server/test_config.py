@@ -131,3 +131,17 @@ def test_example_config_in_deploy_is_valid():
     cfg = load_config(example)
     assert cfg.grpc.tls is not None and cfg.grpc.grace_s < 30
     assert os.fspath(cfg.storage.path).startswith("/var/lib/peep")
+
+
+def test_edge_and_server_default_to_the_same_topic_root_and_validate_it_alike():
+    # Devices and servers must spell one root: both take it from peep.core.topics.
+    from peep.core.topics import DEFAULT_ROOT
+    from peep.edge.config import MqttConfig as EdgeMqtt
+    from peep.server.config import MqttConfig as ServerMqtt
+    from pydantic import ValidationError
+
+    assert EdgeMqtt().topic_prefix == ServerMqtt().topic_prefix == DEFAULT_ROOT
+    for bad in ("peep/v1/", "peep/+", "$SYS/x"):
+        for model in (EdgeMqtt, ServerMqtt):
+            with pytest.raises(ValidationError, match="expected topic levels such as 'peep/v1'"):
+                model(topic_prefix=bad)

@@ -190,6 +190,47 @@ def test_recognition_events_are_published_per_device(tmp_path, pki, keypair, bun
         srv.app.stop(0)
 
 
+def test_edge_and_server_agree_on_a_non_default_topic_root(tmp_path, pki, keypair, bundle_dir, bundle, templates):
+    """Same mqtt.topic_prefix on both sides (not the default): templates reach the server, bundle and events the device.
+
+    The edge's MqttLink and the server's MqttBridge both take their topics from peep.core.topics.
+    """
+    from peep.core.topics import DEFAULT_ROOT
+    from peep.edge.config import MqttConfig as EdgeMqttConfig
+    from peep.edge.transport.mqtt import MqttLink
+    from peep.server.ingest.events import new_event
+
+    assert MQTT_PREFIX != DEFAULT_ROOT
+    srv = start_server(mqtt_config(tmp_path, keypair, bundle_dir), pki, tmp_path, mqtt_wait=10)
+    bundles: list[bytes] = []
+    events: list[dict] = []
+    link = MqttLink(
+        EdgeMqttConfig(host="127.0.0.1", port=1883, tls=False, topic_prefix=MQTT_PREFIX),
+        client_id=f"edge-{uuid.uuid4().hex[:8]}",
+        site=SITE,
+        device_id="cam-1",
+        on_bundle=bundles.append,
+        on_event=events.append,
+        publish_status=False,  # no retained status left on the shared broker
+    )
+    link.start()
+    try:
+        assert link.wait_connected(10)
+        assert link.templates_topic == topic()
+        msg = templates.message(0)
+        link.publish_template(msg.SerializeToString())
+        assert wait_for(lambda: srv.services.store.count_templates() == 1)
+        assert srv.app.mqtt.deadletters == 0
+        assert wait_for(lambda: bool(bundles)), "the retained bundle announcement reached the device"
+        assert recognition_pb2.BundleFiles.FromString(bundles[-1]).bundle_id == bundle.bundle_id
+        ev = new_event(site=SITE, device_id="cam-1", message_id=msg.message_id)
+        srv.app.mqtt.publish_event(ev)
+        assert wait_for(lambda: any(e.get("event_id") == ev.event_id for e in events))
+    finally:
+        link.stop()
+        srv.app.stop(0)
+
+
 def test_replicas_split_the_load_through_the_shared_subscription(tmp_path, pki, keypair, bundle_dir, templates, pg_dsn):
     group = f"g{uuid.uuid4().hex[:8]}"
     storage = {"backend": "postgres", "dsn": pg_dsn}

@@ -28,7 +28,8 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from peep.core.wire import ID_PATTERN
+from peep.core import topics
+from peep.core.topics import ID_PATTERN
 from peep.edge.errors import ConfigError
 from pydantic import (
     AfterValidator,
@@ -88,7 +89,7 @@ class BundleConfig(_Section):
     public_key: ConfigPath = Field(description="Ed25519 public key (PEM) every bundle must verify against")
     accept_updates: bool = Field(
         default=True,
-        description="take newer bundles from the retained peep/v1/bundle topic if they verify",
+        description="take newer bundles from the retained <mqtt.topic_prefix>/bundle topic if they verify",
     )
 
 
@@ -232,6 +233,13 @@ class MqttConfig(_Section):
     cert_file: ConfigPath | None = Field(default=None, description="client certificate (mutual TLS)")
     key_file: ConfigPath | None = None
     client_id: str | None = Field(default=None, description="default peep-edge-<site>-<device>")
+    topic_prefix: str = Field(
+        default=topics.DEFAULT_ROOT,
+        description=(
+            "topic root; the device publishes to <prefix>/<site>/<device>/templates and reads <prefix>/bundle. "
+            "Must equal the server's mqtt.topic_prefix (and the broker ACL), or no template reaches the server"
+        ),
+    )
     username: str | None = Field(default=None, description="default: the device id when a password is configured")
     password_env: str | None = None
     password_credential: str | None = None
@@ -245,6 +253,13 @@ class MqttConfig(_Section):
     @classmethod
     def _no_secrets(cls, data: Any) -> Any:
         return _reject_secrets(data, "mqtt", ("password",))
+
+    @field_validator("topic_prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        if not topics.is_valid_root(v):
+            raise ValueError(topics.ROOT_EXPECTATION)
+        return v
 
     @model_validator(mode="after")
     def _cert_pair(self) -> MqttConfig:

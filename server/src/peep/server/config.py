@@ -47,7 +47,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from peep.core.wire import ID_PATTERN
+from peep.core import topics
+from peep.core.topics import ID_PATTERN
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -329,7 +330,12 @@ class MqttConfig(_Model):
         default="peep-server", description="MQTT v5 shared-subscription group (replicas split the load)"
     )
     topic_prefix: str = Field(
-        default="peep/v1", description="topic root; devices publish to <prefix>/<site>/<device>/templates"
+        default=topics.DEFAULT_ROOT,
+        description=(
+            "topic root; devices publish to <prefix>/<site>/<device>/templates, the bundle is retained on "
+            "<prefix>/bundle, refused templates go to <prefix>/deadletter. Must equal every device's "
+            "mqtt.topic_prefix (and the broker ACL)"
+        ),
     )
     qos: int = Field(default=1, ge=0, le=1)
     keepalive_s: int = Field(default=30, ge=5, le=3600)
@@ -358,15 +364,15 @@ class MqttConfig(_Model):
     @field_validator("share_group")
     @classmethod
     def _group(cls, v: str) -> str:
-        if not v or any(c in v for c in "/+#$"):
-            raise ValueError("expected a group name without '/', '+', '#', '$'")
+        if not topics.is_valid_share_group(v):
+            raise ValueError(topics.GROUP_EXPECTATION)
         return v
 
     @field_validator("topic_prefix")
     @classmethod
     def _prefix(cls, v: str) -> str:
-        if not v or v.startswith("/") or v.endswith("/") or any(c in v for c in "+#$"):
-            raise ValueError("expected topic levels such as 'peep/v1' (no wildcards, no leading/trailing '/')")
+        if not topics.is_valid_root(v):
+            raise ValueError(topics.ROOT_EXPECTATION)
         return v
 
 

@@ -28,6 +28,10 @@ class WireError(ValueError):
     """A template message is malformed or inconsistent (names the field)."""
 
 
+class TopicError(ValueError):
+    """An MQTT topic, topic root or shared-subscription group does not fit the grammar (names the field)."""
+
+
 class UnsafeFeatureError(RuntimeError):
     """An unsafe mode (e.g. seeded noise) was requested without enabling it by name."""
 

@@ -21,6 +21,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 from numpy.typing import ArrayLike, NDArray
 from peep.core.exceptions import WireError
+from peep.core.topics import ID_PATTERN as ID_PATTERN
 from peep.v1 import template_pb2
 
 PerturbedTemplate = template_pb2.PerturbedTemplate
@@ -31,8 +32,8 @@ SoftTraitRelease = template_pb2.SoftTraitRelease
 MAX_TEMPLATE_BYTES = 16_384
 #: Largest number of coefficients accepted in one template.
 MAX_COMPONENTS = 2_048
-#: Identifiers become MQTT topic levels and database keys: no '/', '+', '#'.
-ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$")
+# ID_PATTERN (re-exported above) lives with the topic grammar: identifiers become
+# MQTT topic levels and database keys, so they can never hold '/', '+' or '#'.
 SUBJECT_PATTERN = re.compile(r"^[^\x00-\x1f/+#]{1,128}$")
 
 MECHANISM_KINDS: Mapping[str, int] = {

@@ -1,13 +1,14 @@
 """MQTT transport (paho-mqtt 2.x, callback API v2, MQTT v5).
 
-Topics (DESIGN "Wire and API"):
+Topics (docs/DESIGN.md, "Wire and API"; the grammar is :mod:`peep.core.topics`, shared
+with the server; ``<root>`` is ``mqtt.topic_prefix``, ``peep/v1`` by default):
 
-- ``peep/v1/<site>/<device>/templates``: encoded ``PerturbedTemplate``, QoS 1.
-- ``peep/v1/<site>/<device>/status``: retained ``online`` on connect; the
+- ``<root>/<site>/<device>/templates``: encoded ``PerturbedTemplate``, QoS 1.
+- ``<root>/<site>/<device>/status``: retained ``online`` on connect; the
   last will (QoS 1, retained) and a clean stop publish ``offline``.
-- ``peep/v1/<site>/<device>/events``: recognition events from the server
+- ``<root>/<site>/<device>/events``: recognition events from the server
   (JSON), subscribed and logged.
-- ``peep/v1/bundle``: retained signed bundle announcement
+- ``<root>/bundle``: retained signed bundle announcement
   (``peep.v1.BundleFiles``), handed to the agent which verifies it against
   the pinned key before using it.
 
@@ -36,6 +37,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
+from peep.core.topics import TopicScheme
 from peep.edge.config import MqttConfig
 from peep.edge.errors import ConfigError
 from peep.edge.logs import log_event
@@ -44,13 +46,6 @@ from peep.edge.spool import Spool, SpoolItem
 from peep.edge.transport.base import Forwarder
 
 _log = logging.getLogger("peep.edge.mqtt")
-
-TOPIC_ROOT = "peep/v1"
-BUNDLE_TOPIC = f"{TOPIC_ROOT}/bundle"
-
-
-def device_topic(site: str, device_id: str, leaf: str) -> str:
-    return f"{TOPIC_ROOT}/{site}/{device_id}/{leaf}"
 
 
 class MqttLink:
@@ -88,9 +83,11 @@ class MqttLink:
         self.cfg = cfg
         self.client_id = client_id
         self.metrics = metrics or EdgeMetrics()
-        self.templates_topic = device_topic(site, device_id, "templates")
-        self.status_topic = device_topic(site, device_id, "status")
-        self.events_topic = device_topic(site, device_id, "events")
+        self.topics = TopicScheme(cfg.topic_prefix)
+        self.templates_topic = self.topics.templates(site, device_id)
+        self.status_topic = self.topics.status(site, device_id)
+        self.events_topic = self.topics.events(site, device_id)
+        self.bundle_topic = self.topics.bundle
         self._on_bundle = on_bundle
         self._on_event = on_event
         self._publish_status = publish_status
@@ -198,7 +195,7 @@ class MqttLink:
             client.publish(self.status_topic, b"online", qos=1, retain=True)
         subs = [(self.events_topic, 1)]
         if self._on_bundle is not None:
-            subs.append((BUNDLE_TOPIC, 1))
+            subs.append((self.bundle_topic, 1))
         client.subscribe(subs)
         self.connected.set()
         self._notify()
@@ -245,7 +242,7 @@ class MqttLink:
         self._notify()
 
     def _handle_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
-        if msg.topic == BUNDLE_TOPIC and self._on_bundle is not None:
+        if msg.topic == self.bundle_topic and self._on_bundle is not None:
             if msg.payload:
                 self._on_bundle(bytes(msg.payload))
             return

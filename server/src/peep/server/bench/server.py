@@ -218,9 +218,11 @@ def _bench_grpc(tmp: Path, bundle: Any, pub: Path, cert: Path, key: Path, n: int
 
 
 def _bench_mqtt(tmp: Path, bundle: Any, pub: Path, cert: Path, key: Path, n: int, publishers: int) -> dict[str, Any]:
+    from peep.core.topics import TopicScheme
     from peep.server.app import ServerApp
 
     prefix = f"peepbench-{uuid.uuid4().hex[:8]}/v1"
+    topics = TopicScheme(prefix)
     devices = [f"dev-{i}" for i in range(publishers)]
     mqtt = {
         "enabled": True,
@@ -256,7 +258,7 @@ def _bench_mqtt(tmp: Path, bundle: Any, pub: Path, cert: Path, key: Path, n: int
         procs = [
             ctx.Process(
                 target=_mqtt_publisher,
-                args=(f"{prefix}/bench/{d}/templates", f, i, published, processed, window, results),
+                args=(topics.templates("bench", d), f, i, published, processed, window, results),
             )
             for i, (d, f) in enumerate(zip(devices, files, strict=True))
         ]

@@ -32,7 +32,7 @@ def new_event(**fields: Any) -> recognition_pb2.RecognitionEvent:
 
 
 def event_to_json(ev: recognition_pb2.RecognitionEvent) -> dict[str, Any]:
-    """The JSON published on ``peep/v1/<site>/<device>/events``."""
+    """The JSON published on ``<mqtt.topic_prefix>/<site>/<device>/events`` (:mod:`peep.core.topics`)."""
     out: dict[str, Any] = {
         "event_id": ev.event_id,
         "time": Timestamp.ToJsonString(ev.time),

@@ -1,5 +1,8 @@
 """MQTT side of the server (paho-mqtt 2, MQTT v5).
 
+Topic names come from :mod:`peep.core.topics`, the grammar the devices use
+too; ``<prefix>`` is ``mqtt.topic_prefix`` (``peep/v1`` by default).
+
 Ingest
     Shared subscription ``$share/<group>/<prefix>/+/+/templates`` (QoS 1), so
     several replicas split the devices' templates. The paho network thread
@@ -44,6 +47,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from peep.core.bundle import EigenfaceBundle
+from peep.core.exceptions import TopicError
+from peep.core.topics import TopicScheme
 from peep.server.bundles.catalog import bundle_files_message
 from peep.server.config import MqttConfig
 from peep.server.ingest.events import event_json_bytes
@@ -84,11 +89,10 @@ class MqttBridge:
     def __init__(self, config: MqttConfig, services: Services, *, password: str | None = None) -> None:
         self.config = config
         self.s = services
-        self.prefix = config.topic_prefix
-        self._levels = len(self.prefix.split("/"))
-        self.templates_filter = f"$share/{config.share_group}/{self.prefix}/+/+/templates"
-        self.deadletter_topic = f"{self.prefix}/deadletter"
-        self.bundle_topic = f"{self.prefix}/bundle"
+        self.topics = TopicScheme(config.topic_prefix)
+        self.templates_filter = self.topics.shared_templates_filter(config.share_group)
+        self.deadletter_topic = self.topics.deadletter
+        self.bundle_topic = self.topics.bundle
         self.client_id = config.client_id or f"peep-server-{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
         self._queue: queue.Queue[_Item] = queue.Queue(config.queue_size)
         self._connected = threading.Event()
@@ -252,25 +256,18 @@ class MqttBridge:
             if self._queue.empty():
                 self._idle.set()
 
-    def _topic_sender(self, topic: str) -> Sender | None:
-        parts = topic.split("/")
-        if len(parts) != self._levels + 3 or parts[-1] != "templates":
-            return None
-        return Sender(topic_site=parts[self._levels], topic_device=parts[self._levels + 1])
-
     def _process(self, items: list[_Item]) -> None:
         msgs: list[template_pb2.PerturbedTemplate] = []
         senders: list[Sender] = []
         topics: list[_Item] = []
         early: dict[str, int] = {}
         for it in items:
-            sender = self._topic_sender(it.topic)
             try:
-                if sender is None:
-                    raise Rejection(
-                        "bad_topic",
-                        f"topic: expected {self.prefix}/<site>/<device>/templates, received {it.topic[:200]!r}",
-                    )
+                try:
+                    where = self.topics.parse(it.topic, leaf="templates")
+                except TopicError as exc:
+                    raise Rejection("bad_topic", str(exc)) from None
+                sender = Sender(topic_site=where.site, topic_device=where.device_id)
                 msg = self.s.validator.decode(it.payload)
             except Rejection as exc:
                 early[exc.reason] = early.get(exc.reason, 0) + 1
@@ -298,7 +295,7 @@ class MqttBridge:
     def publish_event(self, ev: recognition_pb2.RecognitionEvent) -> None:
         if not self._connected.is_set():
             return
-        self.client.publish(f"{self.prefix}/{ev.site}/{ev.device_id}/events", event_json_bytes(ev), qos=1)
+        self.client.publish(self.topics.events(ev.site, ev.device_id), event_json_bytes(ev), qos=1)
 
     def publish_bundle(self, bundle: EigenfaceBundle) -> None:
         payload = bundle_files_message(bundle).SerializeToString(deterministic=True)

@@ -1,0 +1,194 @@
+"""The MQTT topic grammar, the one both the edge agent and the server use.
+
+Every topic hangs off a configurable *root* (``peep/v1`` by default; the
+edge's and the server's ``mqtt.topic_prefix`` must be equal, or no template
+reaches the server)::
+
+    <root>/<site>/<device>/templates    device -> server, protobuf, QoS 1
+    <root>/<site>/<device>/status       device, retained "online"/"offline" (last will)
+    <root>/<site>/<device>/events       server -> device, recognition events (JSON)
+    <root>/bundle                       server, retained signed bundle announcement
+    <root>/deadletter                   server, refused templates (JSON, never the payload)
+
+Servers consume templates through the MQTT v5 shared subscription
+``$share/<group>/<root>/+/+/templates`` so that replicas split the load.
+Site and device levels are identifiers (:data:`ID_PATTERN`): they can never
+contain ``/``, ``+`` or ``#``, so a device id cannot widen a subscription or
+reach another device's topics. The broker's ACL (``deploy/mosquitto/acl``)
+spells the same root.
+
+Standard library only: the edge, the server and the tests import this module
+without protobuf, paho or pydantic.
+
+Examples
+--------
+>>> t = TopicScheme("acme/peep")
+>>> t.templates("lobby", "cam-1")
+'acme/peep/lobby/cam-1/templates'
+>>> t.shared_templates_filter("peep-server")
+'$share/peep-server/acme/peep/+/+/templates'
+>>> t.parse("acme/peep/lobby/cam-1/templates", leaf="templates")
+DeviceTopic(site='lobby', device_id='cam-1', leaf='templates')
+>>> t.parse("peep/v1/lobby/cam-1/templates")
+Traceback (most recent call last):
+...
+peep.core.exceptions.TopicError: topic: expected acme/peep/<site>/<device>/<leaf> ...
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from peep.core.exceptions import TopicError
+
+#: The topic root when the configuration names none.
+DEFAULT_ROOT = "peep/v1"
+#: Identifiers (site, device, message, bundle and track ids) become MQTT topic
+#: levels and database keys: no '/', '+', '#', no leading punctuation.
+ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$")
+#: What :func:`check_root` accepts, in words (config validators reuse it).
+ROOT_EXPECTATION = "expected topic levels such as 'peep/v1' (no wildcards, no '$', no leading/trailing '/')"
+#: What :func:`check_share_group` accepts, in words.
+GROUP_EXPECTATION = "expected a group name without '/', '+', '#', '$'"
+_ID_EXPECTATION = "[A-Za-z0-9_.:@-] (1-128 characters, starting with a letter or digit)"
+
+
+def is_valid_root(root: str) -> bool:
+    """Whether ``root`` is a usable topic root (what ``mqtt.topic_prefix`` accepts)."""
+    return bool(root) and not root.startswith("/") and not root.endswith("/") and not any(c in root for c in "+#$")
+
+
+def check_root(root: str, field: str = "topic_prefix") -> str:
+    """Return ``root`` or raise :class:`TopicError` naming ``field``."""
+    if not isinstance(root, str) or not is_valid_root(root):
+        raise TopicError(f"{field}: {ROOT_EXPECTATION}, received {root!r}")
+    return root
+
+
+def is_valid_share_group(group: str) -> bool:
+    """Whether ``group`` can name an MQTT v5 shared-subscription group."""
+    return bool(group) and not any(c in group for c in "/+#$")
+
+
+def check_share_group(group: str, field: str = "share_group") -> str:
+    """Return ``group`` or raise :class:`TopicError` naming ``field``."""
+    if not isinstance(group, str) or not is_valid_share_group(group):
+        raise TopicError(f"{field}: {GROUP_EXPECTATION}, received {group!r}")
+    return group
+
+
+def _check_id(value: str, field: str) -> str:
+    if not isinstance(value, str) or not ID_PATTERN.match(value):
+        raise TopicError(f"{field}: expected an identifier {_ID_EXPECTATION}, received {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTopic:
+    """A per-device topic taken apart: ``<root>/<site>/<device_id>/<leaf>``."""
+
+    site: str
+    device_id: str
+    leaf: str
+
+
+@dataclass(frozen=True, slots=True)
+class TopicScheme:
+    """Topic names and filters under one root.
+
+    Parameters
+    ----------
+    root : str, default "peep/v1"
+        Topic levels every PEEP topic starts with (the configuration's
+        ``mqtt.topic_prefix``, identical on devices and servers).
+
+    Raises
+    ------
+    TopicError
+        ``root`` is empty, starts or ends with ``/``, or contains ``+``, ``#`` or ``$``.
+    """
+
+    root: str = DEFAULT_ROOT
+
+    def __post_init__(self) -> None:
+        check_root(self.root, "root")
+
+    # -- names ------------------------------------------------------------------------
+
+    def device(self, site: str, device_id: str, leaf: str) -> str:
+        """``<root>/<site>/<device_id>/<leaf>``; ids are checked so no wildcard slips in."""
+        _check_id(site, "site")
+        _check_id(device_id, "device_id")
+        if not leaf or any(c in leaf for c in "/+#"):
+            raise TopicError(f"leaf: expected one topic level without '/', '+', '#', received {leaf!r}")
+        return f"{self.root}/{site}/{device_id}/{leaf}"
+
+    def templates(self, site: str, device_id: str) -> str:
+        """Where a device publishes its perturbed templates."""
+        return self.device(site, device_id, "templates")
+
+    def status(self, site: str, device_id: str) -> str:
+        """A device's retained ``online``/``offline`` state (its last will)."""
+        return self.device(site, device_id, "status")
+
+    def events(self, site: str, device_id: str) -> str:
+        """Where the server publishes recognition events for one device."""
+        return self.device(site, device_id, "events")
+
+    @property
+    def bundle(self) -> str:
+        """The retained, signed bundle announcement."""
+        return f"{self.root}/bundle"
+
+    @property
+    def deadletter(self) -> str:
+        """Where the server reports refused templates."""
+        return f"{self.root}/deadletter"
+
+    # -- filters ----------------------------------------------------------------------
+
+    def templates_filter(self) -> str:
+        """Every device's templates: ``<root>/+/+/templates``."""
+        return f"{self.root}/+/+/templates"
+
+    def shared_templates_filter(self, group: str) -> str:
+        """``$share/<group>/<root>/+/+/templates``: replicas in ``group`` split the templates."""
+        check_share_group(group, "share_group")
+        return f"$share/{group}/{self.templates_filter()}"
+
+    # -- parsing ----------------------------------------------------------------------
+
+    def parse(self, topic: str, *, leaf: str | None = None) -> DeviceTopic:
+        """Take a per-device topic apart, checking the root, the ids and (optionally) the leaf.
+
+        Parameters
+        ----------
+        topic : str
+            A topic a message arrived on.
+        leaf : str, optional
+            The last level the caller expects (e.g. ``"templates"``).
+
+        Returns
+        -------
+        DeviceTopic
+
+        Raises
+        ------
+        TopicError
+            Naming ``topic``, the expected shape and (the first 200 characters of) the topic received.
+        """
+        shape = f"{self.root}/<site>/<device>/{leaf or '<leaf>'}"
+        prefix = self.root + "/"
+        rest = topic[len(prefix) :].split("/") if topic.startswith(prefix) else []
+        if (
+            len(rest) != 3
+            or not ID_PATTERN.match(rest[0])
+            or not ID_PATTERN.match(rest[1])
+            or not rest[2]
+            or (leaf is not None and rest[2] != leaf)
+        ):
+            raise TopicError(
+                f"topic: expected {shape} with site and device {_ID_EXPECTATION}, received {topic[:200]!r}"
+            )
+        return DeviceTopic(site=rest[0], device_id=rest[1], leaf=rest[2])
