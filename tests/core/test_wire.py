@@ -151,3 +151,17 @@ def test_stack_values_requires_one_dimension():
     assert wire.stack_values([a, a]).shape == (2, 128)
     with pytest.raises(WireError, match="one dimension"):
         wire.stack_values([a, b])
+
+
+@pytest.mark.parametrize("good", ["alice", "background:12", "Zoë Smith", "x" * 128])
+def test_check_subject_id_returns_a_good_id(good):
+    assert wire.check_subject_id(good) == good
+
+
+@pytest.mark.parametrize("bad", ["", "a/b", "a+b", "a#b", "tab\there", "x" * 129, None, 7])
+@pytest.mark.parametrize("field", ["subject", "--subject", "claimed_subject"])
+def test_check_subject_id_names_the_field_the_expectation_and_the_value(bad, field):
+    # The one rule every caller (wire, edge enroll, server erase/enrol, QBBS) applies.
+    with pytest.raises(WireError, match=rf"^{field}: expected 1-128 characters without control characters") as info:
+        wire.check_subject_id(bad, field)
+    assert f"received {(bad[:64] if isinstance(bad, str) else bad)!r}" in str(info.value)

@@ -43,9 +43,9 @@ from typing import Any
 import cv2
 from peep.core.accounting import PrivacyAccountant, Spend
 from peep.core.bundle import EigenfaceBundle, load_public_key, write_bundle_files
-from peep.core.exceptions import BudgetError, BundleError
+from peep.core.exceptions import BudgetError, BundleError, WireError
 from peep.core.release import TemplateReleaser
-from peep.core.wire import SUBJECT_PATTERN
+from peep.core.wire import check_subject_id
 from peep.edge.capture import Frame, FrameSource, open_source
 from peep.edge.config import EdgeConfig, check_budget_allows_release
 from peep.edge.credentials import resolve_secret
@@ -500,10 +500,10 @@ class Agent:
 
     def enroll(self, *, subject: str, source: int | str, count: int, timeout_s: float = 30.0) -> int:
         """Release ``count`` ENROLL templates of ``subject`` from ``source``; wait for delivery."""
-        if not SUBJECT_PATTERN.match(subject):
-            raise ConfigError(
-                f"--subject: expected 1-128 printable characters without '/', '+', '#', received {subject!r}"
-            )
+        try:
+            check_subject_id(subject, "--subject")
+        except WireError as exc:
+            raise ConfigError(str(exc)) from None
         if count < 1:
             raise ConfigError(f"--count: expected >= 1, received {count}")
         if not self._prepared:

@@ -158,12 +158,9 @@ class Services:
         subject (its probability is zeroed). After retraining, older model
         versions that know the subject are deleted.
         """
-        from peep.core.wire import SUBJECT_PATTERN
+        from peep.core.wire import check_subject_id
 
-        if not SUBJECT_PATTERN.match(subject):
-            raise ValueError(
-                f"subject: expected 1-128 printable characters without '/', '+', '#', received {subject[:64]!r}"
-            )
+        check_subject_id(subject, "subject")
         with self._erase_lock:
             self.store.record_erasure(subject, time.time())
             self.recogniser.refresh_erasures()

@@ -238,6 +238,31 @@ def decode_template(data: bytes, *, validate: bool = True) -> template_pb2.Pertu
     return msg
 
 
+def check_subject_id(value: Any, field: str = "subject") -> str:
+    """Return ``value`` if it is a usable subject id, else raise :class:`WireError` naming ``field``.
+
+    The one rule for subject ids (enrolment labels, verification claims, erasure
+    requests): 1-128 characters, no control characters and none of ``/``, ``+``,
+    ``#`` (subjects appear in MQTT payloads, logs and database keys). Callers map
+    the error to their own (gRPC ``INVALID_ARGUMENT``, CLI exit code 2, ...).
+
+    Examples
+    --------
+    >>> check_subject_id("alice")
+    'alice'
+    >>> check_subject_id("a/b", "--subject")
+    Traceback (most recent call last):
+    ...
+    peep.core.exceptions.WireError: --subject: expected 1-128 characters ..., received 'a/b'
+    """
+    if not isinstance(value, str) or not SUBJECT_PATTERN.match(value):
+        shown = value[:64] if isinstance(value, str) else value
+        raise WireError(
+            f"{field}: expected 1-128 characters without control characters, '/', '+' or '#', received {shown!r}"
+        )
+    return value
+
+
 def validate_template(msg: template_pb2.PerturbedTemplate, *, n_components: int | None = None) -> None:
     """Check the rules every receiver relies on; raise :class:`WireError` naming the field.
 
@@ -258,10 +283,8 @@ def validate_template(msg: template_pb2.PerturbedTemplate, *, n_components: int 
     purpose = purpose_name(msg.purpose)
     if purpose in ("enroll", "verify") and not msg.subject:
         raise WireError(f"subject: expected a subject id for purpose {purpose!r}, received none")
-    if msg.subject and not SUBJECT_PATTERN.match(msg.subject):
-        raise WireError(
-            f"subject: expected 1-128 printable characters without '/', '+', '#', received {msg.subject[:64]!r}"
-        )
+    if msg.subject:
+        check_subject_id(msg.subject, "subject")
     if not msg.HasField("mechanism"):
         raise WireError("mechanism: expected the mechanism description, received none")
     info = msg.mechanism

@@ -20,12 +20,13 @@ def register(sub: Any) -> None:
 
 
 def erase(args: argparse.Namespace) -> int:
-    from peep.core.wire import SUBJECT_PATTERN
+    from peep.core.exceptions import WireError
+    from peep.core.wire import check_subject_id
 
-    if not SUBJECT_PATTERN.match(args.subject):
-        raise UsageError(
-            f"--subject: expected 1-128 printable characters without '/', '+', '#', received {args.subject!r}"
-        )
+    try:
+        check_subject_id(args.subject, "--subject")
+    except WireError as exc:
+        raise UsageError(str(exc)) from None  # exit code 2
     s = services(load(args))
     try:
         hooks = _qbbs_hooks(s)

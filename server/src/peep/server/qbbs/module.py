@@ -39,9 +39,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 from peep.core.accounting import SpendLedger
+from peep.core.exceptions import WireError
 from peep.core.mechanisms import LaplaceMechanism
 from peep.core.sampling import check_random_state
-from peep.core.wire import SUBJECT_PATTERN
+from peep.core.wire import check_subject_id
 from peep.server.qbbs._store import _SoftTraitStore
 from peep.server.qbbs.calibration import Calibration, ObservationNoise, TraitTerm, calibrate
 from peep.server.qbbs.config import FACE, QbbsConfig, TraitSpec, load_config
@@ -239,11 +240,10 @@ class QbbsModule:
 
     @staticmethod
     def _subject(subject: Any, name: str = "subject") -> str:
-        if not isinstance(subject, str) or not SUBJECT_PATTERN.match(subject):
-            raise QbbsError(
-                f"{name}: expected 1-128 characters without control characters, '/', '+' or '#', received {subject!r}"
-            )
-        return subject
+        try:
+            return check_subject_id(subject, name)
+        except WireError as exc:
+            raise QbbsError(str(exc)) from None
 
     # -- enrolment -------------------------------------------------------------------
 

@@ -190,13 +190,9 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
     def EnrolSubject(
         self, request: recognition_pb2.EnrolSubjectRequest, context: grpc.ServicerContext
     ) -> recognition_pb2.EnrolSubjectResponse:
-        from peep.core.wire import SUBJECT_PATTERN
+        from peep.core.wire import check_subject_id
 
-        subject = request.subject
-        if not SUBJECT_PATTERN.match(subject):
-            raise ValueError(
-                f"subject: expected 1-128 printable characters without '/', '+', '#', received {subject[:64]!r}"
-            )
+        subject = check_subject_id(request.subject, "subject")  # WireError -> INVALID_ARGUMENT (_guard)
         for i, t in enumerate(request.templates):
             if t.purpose != template_pb2.PURPOSE_ENROLL or t.subject != subject:
                 raise ValueError(
