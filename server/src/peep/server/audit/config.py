@@ -85,7 +85,7 @@ class AuditConfig:
     grid_faces : int
         Faces in the reconstruction image grid.
     progress : bool
-        tqdm progress bars on stderr.
+        Progress on stderr (:mod:`peep.server.progress`).
     """
 
     dataset: str = "lfw"

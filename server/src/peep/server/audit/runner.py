@@ -19,7 +19,6 @@ times slower, while two single-threaded processes scale.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -170,22 +169,11 @@ class AuditData:
 
 @contextmanager
 def _progress(cfg: AuditConfig, desc: str) -> Iterator[Callable[[int, int], None]]:
-    """A ``(done, total)`` callback driving a tqdm bar on stderr (only shown if called)."""
-    from tqdm import tqdm
+    """A ``(done, total)`` callback showing progress on stderr (only shown if called)."""
+    from peep.server.progress import Progress
 
-    bars: list[Any] = []
-
-    def update(done: int, total: int) -> None:
-        if not bars:
-            bars.append(tqdm(total=total, desc=desc, file=sys.stderr, disable=not cfg.progress))
-        bars[0].n = done
-        bars[0].refresh()
-
-    try:
-        yield update
-    finally:
-        for bar in bars:
-            bar.close()
+    with Progress(desc, enabled=cfg.progress) as bar:
+        yield bar.update
 
 
 def load_audit_data(cfg: AuditConfig) -> AuditData:
@@ -603,18 +591,19 @@ def run_jobs(
 
     Returns the results and the summed CPU seconds of the jobs.
     """
-    from tqdm import tqdm
+    from peep.server.progress import Progress
 
     results: list[Any] = [None] * len(jobs)
     cpu = 0.0
-    bar = tqdm(total=len(jobs), desc=desc, file=sys.stderr, disable=not cfg.progress, leave=True)
+    bar = Progress(desc, total=len(jobs), enabled=cfg.progress)
+    bar.update(0)
     try:
         workers = min(n_workers(cfg), len(jobs))
         if workers <= 1:
             for i, (fn, args) in enumerate(jobs):
                 results[i], c = fn(*args)
                 cpu += c
-                bar.update(1)
+                bar.advance()
         else:
             from joblib import Parallel, delayed  # type: ignore[import-untyped]
 
@@ -622,7 +611,7 @@ def run_jobs(
             for i, (res, c) in par(delayed(_indexed)(i, fn, args) for i, (fn, args) in enumerate(jobs)):
                 results[i] = res
                 cpu += c
-                bar.update(1)
+                bar.advance()
     finally:
         bar.close()
     return results, cpu
