@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,3 +28,24 @@ def test_every_cli_contract_command_is_documented():
         "peep qbbs evaluate", "peep bench", "peep demo", "peep-edge run", "peep-edge enroll", "peep-edge bundle verify",
     ):  # fmt: skip
         assert cmd in readme, cmd
+
+
+def _project_texts() -> list[Path]:
+    roots = ["shared/src", "edge/src", "server/src", "tests", "scripts", "deploy", "docs", ".ci"]
+    files = [ROOT / "README.md", *(f for r in roots for f in (ROOT / r).rglob("*") if f.is_file())]
+    return [f for f in files if f.suffix in {".py", ".md", ".sh", ".toml", ""} and f != Path(__file__).resolve()]
+
+
+def test_design_documents_cited_are_in_the_repository():
+    """The blueprint and conventions are cited as docs/DESIGN.md and docs/CONVENTIONS.md, which exist;
+    nothing points at a team folder outside the repository."""
+    outside = "/work/" + "shared"
+    for f in _project_texts():
+        text = f.read_text(errors="replace")
+        rel = f.relative_to(ROOT)
+        for page in re.findall(r"\bdocs/([\w-]+\.md)", text):
+            assert (ROOT / "docs" / page).is_file(), f"{rel} cites docs/{page}, which does not exist"
+        if rel.parts[0] != "docs":  # pages in docs/ link to each other relatively
+            for doc in set(re.findall(r"\b(DESIGN|CONVENTIONS)\b", text)):
+                assert f"docs/{doc}.md" in text, f"{rel} cites {doc} without its path docs/{doc}.md"
+        assert outside not in text, f"{rel} refers to {outside}, outside the repository"

@@ -1,4 +1,4 @@
-"""The `peep` CLI contracts from DESIGN: keys, bundle build/verify, bench; exit codes 0/1/2."""
+"""The `peep` CLI contracts from docs/DESIGN.md: keys, bundle build/verify, bench; exit codes 0/1/2."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """peep.core stays pure: no edge/server/paho/grpc/scikit-learn, and each outside
-library only in the module allowed to use it (CONVENTIONS 1)."""
+library only in the module allowed to use it (docs/CONVENTIONS.md, item 1)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Bounding of eigenface coefficients before noise is added.
 
 Local DP needs a bounded input domain, and the bounds must be public and not
-depend on the person being released (CONVENTIONS 7). PEEP's domain is a box:
+depend on the person being released (docs/CONVENTIONS.md, item 7). PEEP's domain is a box:
 per-coordinate ``[lo_j, hi_j]``, scaled to ``[0, 1]`` (Alg. 3); the
 rotation-invariant mechanisms use an L2 or L1 ball. All bounds are fitted on
 the bundle's faces (:func:`fit_bundle_bounds`) and shipped inside the bundle.
