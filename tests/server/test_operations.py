@@ -13,8 +13,8 @@ import urllib.request
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from peep.core.logs import JsonFormatter, log_event
 from peep.server.cli import main
-from peep.server.logs import JsonFormatter
 from peep.server.storage.sqlite import SqliteStore
 from peep.v1 import recognition_pb2
 from peep_server_testlib import (
@@ -160,7 +160,7 @@ def test_peep_serve_runs_and_stops_gracefully_on_sigterm(tmp_path, pki, keypair,
             lines.append(line)
             if line.startswith("{"):
                 doc = json.loads(line)
-                if doc["msg"] == "server started":
+                if doc["event"] == "server started":
                     started = doc
         assert started is not None, "".join(lines)
         assert started["tls"] is True and started["store"] == "sqlite" and started["model_version"] is None
@@ -182,8 +182,8 @@ def test_peep_serve_runs_and_stops_gracefully_on_sigterm(tmp_path, pki, keypair,
         lines.append(rest)
         assert p.returncode == 0, "".join(lines)
         docs = [json.loads(x) for x in "".join(lines).splitlines() if x.startswith("{")]
-        msgs = [d["msg"] for d in docs]
-        assert "signal received" in msgs and msgs[-1] == "stopped"
+        events = [d["event"] for d in docs]
+        assert "signal received" in events and events[-1] == "stopped"
         assert ADMIN_TOKEN not in "".join(lines)  # secrets never logged
         with pytest.raises(grpc.RpcError):
             h.Check(health_pb2.HealthCheckRequest(), timeout=2)
@@ -208,8 +208,28 @@ def test_json_logs_carry_extra_fields():
     rec.version = "v000002"
     doc = json.loads(JsonFormatter().format(rec))
     assert (
-        doc["msg"] == "model promoted"
+        doc["event"] == "model promoted"
         and doc["version"] == "v000002"
         and doc["level"] == "info"
         and doc["ts"].endswith("Z")
     )
+
+
+def test_edge_and_server_records_share_one_schema_and_fields_never_overwrite_it():
+    # log_event (the edge's style) and extra={...} (the server's) give the same keys.
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    log = logging.getLogger("peep.test.schema")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        log_event(log, logging.INFO, "release", track="t-1", event="spoof", level="x")
+        log.info("model promoted", extra={"version": "v1", "logger": "spoof"})
+    finally:
+        log.removeHandler(handler)
+    a, b = (json.loads(JsonFormatter().format(r)) for r in records)
+    assert a["event"] == "release" and a["track"] == "t-1" and a["level"] == "info" and a["logger"] == log.name
+    assert a["field_event"] == "spoof" and a["field_level"] == "x"
+    assert b["event"] == "model promoted" and b["version"] == "v1" and b["field_logger"] == "spoof"
+    assert set(a) >= {"ts", "level", "logger", "event"} and set(b) >= {"ts", "level", "logger", "event"}

@@ -79,9 +79,9 @@ def _bundle_verify(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from peep.core.logs import setup_logging
     from peep.edge.agent import Agent
     from peep.edge.config import load_config
-    from peep.edge.logs import setup_logging
 
     cfg = load_config(args.config)
     agent = Agent(cfg)
@@ -89,7 +89,7 @@ def _run(args: argparse.Namespace) -> int:
         agent.prepare()
         print(json.dumps({"config": str(args.config), "valid": True, **agent.describe()}, indent=1))
         return 0
-    setup_logging(cfg.log.level, cfg.log.format)
+    setup_logging(level=cfg.log.level, fmt=cfg.log.format)
 
     def _stop(signum: int, _frame: FrameType | None) -> None:
         agent.request_stop()
@@ -100,12 +100,12 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _enroll(args: argparse.Namespace) -> int:
+    from peep.core.logs import setup_logging
     from peep.edge.agent import Agent
     from peep.edge.config import load_config
-    from peep.edge.logs import setup_logging
 
     cfg = load_config(args.config)
-    setup_logging(cfg.log.level, cfg.log.format)
+    setup_logging(level=cfg.log.level, fmt=cfg.log.format)
     agent = Agent(cfg)
     signal.signal(signal.SIGTERM, lambda *_: agent.request_stop())
     rc = agent.enroll(subject=args.subject, source=args.source, count=args.count, timeout_s=args.timeout)

@@ -24,11 +24,11 @@ def serve(args: argparse.Namespace) -> int:
     if args.validate_config:
         return validate(args.config)
     config = load(args)
+    from peep.core.logs import setup_logging
     from peep.server.app import ServerApp, default_plugins
     from peep.server.commands._config import services as make_services
-    from peep.server.logs import configure_logging
 
-    configure_logging(config.logging.format, config.logging.level)
+    setup_logging(level=config.logging.level, fmt=config.logging.format)
     services = make_services(config)
     app = ServerApp(config, services=services, plugins=default_plugins(), enable_mqtt=False if args.no_mqtt else None)
     return app.run()

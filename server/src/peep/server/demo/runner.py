@@ -127,7 +127,7 @@ class Demo:
     # ------------------------------------------------------------------ steps
 
     def run(self) -> dict[str, Any]:
-        from peep.edge.logs import setup_logging
+        from peep.core.logs import setup_logging
 
         o = self.opts
         self.out.mkdir(parents=True, exist_ok=True)
