@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
+import psycopg
 import pytest
-from peep.server.storage import StoreError, TemplateRecord
+from peep.server.storage import COLUMNS, StoreError, TemplateRecord
 from peep.server.storage.migrations import latest
 from peep.server.storage.postgres import PostgresStore
 from peep.server.storage.sqlite import SqliteStore
@@ -42,8 +46,63 @@ def record(
     )  # fmt: skip
 
 
+@contextmanager
+def direct(store) -> Iterator[Any]:
+    """A connection of the store's own driver to its database, around the store."""
+    if isinstance(store, SqliteStore):
+        conn: Any = sqlite3.connect(store.path, isolation_level=None)
+    else:
+        conn = psycopg.connect(store.dsn, autocommit=True)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
 def test_schema_is_migrated_to_the_latest_version(store):
     assert store.schema_version() == latest(store.dialect) >= 1
+
+
+def test_the_migrated_table_has_exactly_the_record_columns(store):
+    # The migration spells the table out; the record is the one list the stores use.
+    with direct(store) as conn:
+        if store.dialect == "sqlite":
+            names = [row[1] for row in conn.execute("PRAGMA table_info(templates)")]
+        else:
+            names = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT column_name FROM information_schema.columns "
+                    "WHERE table_schema = current_schema() AND table_name = 'templates' ORDER BY ordinal_position"
+                )
+            ]
+    assert tuple(names) == COLUMNS
+
+
+def test_a_record_round_trips_through_a_row_by_column_name():
+    r = record(1, subject="a")
+    assert TemplateRecord.from_row(dict(zip(COLUMNS, r.row(), strict=True))) == r
+    shuffled = dict(reversed(list(zip(COLUMNS, r.row(), strict=True))))
+    assert TemplateRecord.from_row({**shuffled, "vals": memoryview(r.values)}) == r
+
+
+def test_refuses_a_newer_schema(store):
+    with direct(store) as conn:
+        conn.execute("INSERT INTO peep_schema (version, applied_at) VALUES (99, 0)")
+
+    class ClosedOnFailure(type(store)):  # type: ignore[misc]
+        # A store that fails to open leaves its connection to the garbage collector (a
+        # ResourceWarning from psycopg, reported in whichever test runs then).
+        def _migrate(self) -> None:
+            try:
+                super()._migrate()
+            except StoreError:
+                self.close()
+                raise
+
+    source = f"storage.path {store.path}" if store.dialect == "sqlite" else "storage.dsn"
+    with pytest.raises(StoreError, match=f"^{source}: schema version 99 is newer than this software's 1; upgrade"):
+        ClosedOnFailure(store.path if store.dialect == "sqlite" else store.dsn)
 
 
 def test_insert_is_idempotent_by_message_id_within_and_across_batches(store):
@@ -72,6 +131,41 @@ def test_concurrent_writers_never_store_a_message_twice(store):
         t.join()
     assert store.count_templates() == 200
     assert sum(sum(r) for r in results) == 200  # each id accepted exactly once overall
+
+
+def test_empty_batches_change_nothing(store):
+    assert store.insert_templates([]) == []
+    assert store.relabel([], "carol") == 0
+    assert store.count_templates() == 0
+
+
+def test_batches_larger_than_one_bound_id_list(store):
+    # SQLite binds ids in chunks of 500; duplicates across chunk boundaries must still be found.
+    recs = [record(i, purpose="identify") for i in range(1200)]
+    assert store.insert_templates(recs[:700]) == [True] * 700
+    assert store.insert_templates(recs[::-1]) == [True] * 500 + [False] * 700
+    assert store.count_templates() == 1200
+    ids = [r.message_id for r in recs[100:1150]]
+    assert store.relabel([*ids, "unknown-id"], "carol") == 1050
+    assert store.count_templates(subject="carol", purpose="enroll") == 1050
+
+
+def test_count_filters_by_subject_bundle_and_purpose(store):
+    store.insert_templates(
+        [record(1, subject="a"), record(2, subject="a", bundle="eb-2"), record(3, purpose="identify"),
+         record(4, subject="a", purpose="verify")]
+    )  # fmt: skip
+    assert store.count_templates(bundle_id="eb-1") == 3
+    assert store.count_templates(purpose="enroll") == 2
+    assert store.count_templates(subject="a", bundle_id="eb-1") == 2
+    assert store.count_templates(subject="a", bundle_id="eb-1", purpose="enroll") == 1
+    assert store.count_templates(subject="nobody") == 0
+
+
+def test_enrolment_set_of_several_widths_is_a_store_error(store):
+    store.insert_templates([record(1, subject="a", nc=4), record(2, subject="b", nc=5)])
+    with pytest.raises(StoreError, match=r"several dimensions \[4, 5\]"):
+        store.enrolment_set("eb-1", ["peep-raw"])
 
 
 def test_enrolment_set_selects_bundle_kind_and_labelled_enrolments(store):
@@ -128,15 +222,6 @@ def test_bundles_and_erasures(store):
     store.record_erasure("alice", 10.0)
     store.record_erasure("alice", 11.0)
     assert store.erasures() == {"alice": 11.0}
-
-
-def test_sqlite_refuses_a_newer_schema(tmp_path):
-    path = tmp_path / "peep.db"
-    SqliteStore(path).close()
-    with sqlite3.connect(path) as c:
-        c.execute("INSERT INTO peep_schema (version, applied_at) VALUES (99, 0)")
-    with pytest.raises(StoreError, match="schema version 99 is newer"):
-        SqliteStore(path)
 
 
 def test_sqlite_uses_wal(tmp_path):

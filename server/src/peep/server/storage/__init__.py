@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
+from typing import Any, Protocol, get_args, get_type_hints
 
 import numpy as np
 from numpy.typing import NDArray
@@ -26,7 +27,11 @@ from peep.v1 import template_pb2
 
 @dataclass(frozen=True, slots=True)
 class TemplateRecord:
-    """One stored template (a row of ``templates``)."""
+    """One stored template (a row of ``templates``).
+
+    The fields, in order, are the columns of ``templates`` (see :data:`TEMPLATE_COLUMNS`);
+    a field whose column is named otherwise says so in its ``column`` metadata.
+    """
 
     message_id: str
     device_id: str
@@ -44,7 +49,7 @@ class TemplateRecord:
     capture_time: float
     received_at: float
     n_components: int
-    values: bytes
+    values: bytes = field(metadata={"column": "vals"})
     soft_traits: str | None = None
 
     @classmethod
@@ -88,48 +93,47 @@ class TemplateRecord:
         return np.frombuffer(self.values, dtype="<f4").astype(np.float32)
 
     def row(self) -> tuple[object, ...]:
-        return (
-            self.message_id,
-            self.device_id,
-            self.site,
-            self.bundle_id,
-            self.mechanism_kind,
-            self.epsilon,
-            self.delta,
-            self.epsilon_coordinate,
-            self.epsilon_vector,
-            self.noise_std,
-            self.purpose,
-            self.subject,
-            self.track_id,
-            self.capture_time,
-            self.received_at,
-            self.n_components,
-            self.values,
-            self.soft_traits,
-        )
+        """The column values, in the order of :data:`COLUMNS`."""
+        return tuple(_column_values(self))
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> TemplateRecord:
+        """The record of a row of ``templates`` given as column name -> value."""
+        return cls(**{c.attribute: _plain(row[c.name]) for c in TEMPLATE_COLUMNS})
 
 
-COLUMNS = (
-    "message_id",
-    "device_id",
-    "site",
-    "bundle_id",
-    "mechanism_kind",
-    "epsilon",
-    "delta",
-    "epsilon_coordinate",
-    "epsilon_vector",
-    "noise_std",
-    "purpose",
-    "subject",
-    "track_id",
-    "capture_time",
-    "received_at",
-    "n_components",
-    "vals",
-    "soft_traits",
-)
+def _plain(value: Any) -> Any:
+    # A driver may return a binary column as a buffer rather than bytes; records hold bytes.
+    return bytes(value) if isinstance(value, memoryview | bytearray) else value
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """A column of ``templates``: its name, the :class:`TemplateRecord` field it stores and that field's type.
+
+    ``value_type`` is ``str``, ``float``, ``int`` or ``bytes`` (an optional field's column holds NULL too).
+    """
+
+    name: str
+    attribute: str
+    value_type: type
+
+
+def _template_columns() -> tuple[Column, ...]:
+    hints = get_type_hints(TemplateRecord)
+    columns = []
+    for f in fields(TemplateRecord):
+        hint = hints[f.name]
+        value_type = next((t for t in get_args(hint) if t is not type(None)), hint)  # T | None -> T
+        columns.append(Column(f.metadata.get("column", f.name), f.name, value_type))
+    return tuple(columns)
+
+
+#: The columns of ``templates`` in table order: the one list of them, read off :class:`TemplateRecord`.
+TEMPLATE_COLUMNS = _template_columns()
+#: Their names.
+COLUMNS = tuple(c.name for c in TEMPLATE_COLUMNS)
+_column_values = attrgetter(*(c.attribute for c in TEMPLATE_COLUMNS))
 
 
 @dataclass(frozen=True)
@@ -240,4 +244,14 @@ def open_store(config: object, *, password: str | None = None) -> Store:
     return PostgresStore(config.dsn, password=password, pool_size=config.pool_size)
 
 
-__all__ = ["COLUMNS", "EnrolmentSet", "Store", "StoreError", "TemplateRecord", "open_store", "stack_blobs"]
+__all__ = [
+    "COLUMNS",
+    "TEMPLATE_COLUMNS",
+    "Column",
+    "EnrolmentSet",
+    "Store",
+    "StoreError",
+    "TemplateRecord",
+    "open_store",
+    "stack_blobs",
+]

@@ -8,6 +8,11 @@ edit an applied one.
 
 from __future__ import annotations
 
+from peep.server.storage.dialect import POSTGRES, SQLITE, Dialect
+
+# Written out, not generated from TEMPLATE_COLUMNS: an applied migration must not change when
+# the record does (a new column is a new migration). tests/server/test_storage.py checks that the
+# migrated table has exactly the record's columns.
 _TEMPLATES = """
 CREATE TABLE templates (
     message_id          TEXT NOT NULL,
@@ -42,15 +47,12 @@ _COMMON = [
 ]
 
 
-def _render(real: str, blob: str) -> list[str]:
-    return [s.format(real=real, blob=blob) for s in [_TEMPLATES, *_COMMON]]
+def _render(dialect: Dialect) -> list[str]:
+    return [s.format(real=dialect.real, blob=dialect.blob) for s in [_TEMPLATES, *_COMMON]]
 
 
 #: dialect -> list of migrations; migration i (1-based) is a list of statements.
-MIGRATIONS: dict[str, list[list[str]]] = {
-    "sqlite": [_render("REAL", "BLOB")],
-    "postgres": [_render("DOUBLE PRECISION", "BYTEA")],
-}
+MIGRATIONS: dict[str, list[list[str]]] = {d.name: [_render(d)] for d in (SQLITE, POSTGRES)}
 
 SCHEMA_TABLE = "peep_schema"
 

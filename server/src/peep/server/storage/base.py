@@ -1,0 +1,224 @@
+"""The template store's SQL, written once for SQLite and PostgreSQL.
+
+:class:`SqlStore` implements :class:`~peep.server.storage.Store` on two
+primitives that a subclass supplies: ``_session()``, a connection whose
+statements each commit on their own, and ``_transaction()``, a connection
+inside one transaction. The subclasses add only what genuinely differs:
+connecting, keeping concurrent migrations apart, the idempotent batch insert
+and closing. A :class:`~peep.server.storage.dialect.Dialect` fills in the
+placeholders and the form of ``IN`` lists.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+from peep.server.storage import COLUMNS, EnrolmentSet, StoreError, TemplateRecord, stack_blobs
+from peep.server.storage.dialect import Dialect
+from peep.server.storage.migrations import MIGRATIONS, SCHEMA_TABLE
+
+
+class Cursor(Protocol):
+    """What the stores use of a DB-API cursor (sqlite3's and psycopg's)."""
+
+    @property
+    def rowcount(self) -> int: ...
+    @property
+    def description(self) -> Sequence[Sequence[Any]] | None: ...
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Connection(Protocol):
+    """What the stores use of a DB-API connection (sqlite3's and psycopg's)."""
+
+    def execute(self, sql: str, params: Sequence[Any] = ..., /) -> Cursor: ...
+
+
+class SqlStore(ABC):
+    """:class:`~peep.server.storage.Store` on a SQL database; subclasses bind it to one."""
+
+    dialect: str
+    #: How this database spells what the SQL below leaves open.
+    _sql: ClassVar[Dialect]
+    #: How error messages name the database (the configuration key it comes from).
+    _source: str
+
+    # ------------------------------------------------------------ what a subclass supplies
+
+    @abstractmethod
+    def _session(self) -> AbstractContextManager[Connection]:
+        """A connection whose statements commit one by one."""
+
+    @abstractmethod
+    def _transaction(self) -> AbstractContextManager[Connection]:
+        """A connection in one transaction, committed at the end of the block, rolled back if it raises."""
+
+    @abstractmethod
+    def _lock_schema(self, conn: Connection) -> None:
+        """Keep other processes from migrating until ``conn``'s transaction ends."""
+
+    @abstractmethod
+    def insert_templates(self, records: Sequence[TemplateRecord]) -> list[bool]:
+        """See :meth:`peep.server.storage.Store.insert_templates`."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    # ------------------------------------------------------------ schema
+
+    def _migrate(self) -> None:
+        p = self._sql.param
+        steps = MIGRATIONS[self.dialect]
+        with self._transaction() as conn:
+            self._lock_schema(conn)
+            conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {SCHEMA_TABLE} "
+                f"(version INTEGER PRIMARY KEY, applied_at {self._sql.real} NOT NULL)"
+            )
+            row = conn.execute(f"SELECT COALESCE(MAX(version), 0) FROM {SCHEMA_TABLE}").fetchone()
+            current = int(row[0]) if row else 0
+            if current > len(steps):
+                raise StoreError(
+                    f"{self._source}: schema version {current} is newer than this software's {len(steps)}; "
+                    "upgrade peep-server"
+                )
+            for version in range(current + 1, len(steps) + 1):
+                for stmt in steps[version - 1]:
+                    conn.execute(stmt)
+                conn.execute(
+                    f"INSERT INTO {SCHEMA_TABLE} (version, applied_at) VALUES ({p}, {p})", (version, time.time())
+                )
+
+    def schema_version(self) -> int:
+        with self._session() as conn:
+            row = conn.execute(f"SELECT COALESCE(MAX(version), 0) FROM {SCHEMA_TABLE}").fetchone()
+        return int(row[0]) if row else 0
+
+    # ------------------------------------------------------------ templates
+
+    def get_template(self, message_id: str) -> TemplateRecord | None:
+        with self._session() as conn:
+            cur = conn.execute(
+                f"SELECT {', '.join(COLUMNS)} FROM templates WHERE message_id = {self._sql.param}", (message_id,)
+            )
+            row = cur.fetchone()
+            names = [d[0] for d in cur.description or ()]
+        return None if row is None else TemplateRecord.from_row(dict(zip(names, row, strict=True)))
+
+    def count_templates(
+        self, *, subject: str | None = None, bundle_id: str | None = None, purpose: str | None = None
+    ) -> int:
+        where, params = [], []
+        for col, val in (("subject", subject), ("bundle_id", bundle_id), ("purpose", purpose)):
+            if val is not None:
+                where.append(f"{col} = {self._sql.param}")
+                params.append(val)
+        q = "SELECT COUNT(*) FROM templates" + (" WHERE " + " AND ".join(where) if where else "")
+        with self._session() as conn:
+            row = conn.execute(q, params).fetchone()
+        return int(row[0]) if row else 0
+
+    def enrolment_kinds(self, bundle_id: str) -> dict[str, int]:
+        q = (
+            f"SELECT mechanism_kind, COUNT(*) FROM templates WHERE bundle_id = {self._sql.param} "
+            "AND purpose = 'enroll' AND subject IS NOT NULL GROUP BY mechanism_kind"
+        )
+        with self._session() as conn:
+            return {k: int(n) for k, n in conn.execute(q, (bundle_id,))}
+
+    def enrolment_set(self, bundle_id: str, kinds: Sequence[str]) -> EnrolmentSet:
+        of_kinds, params = self._sql.any_of("mechanism_kind", kinds)
+        q = (
+            "SELECT message_id, subject, mechanism_kind, n_components, vals FROM templates "
+            f"WHERE bundle_id = {self._sql.param} AND purpose = 'enroll' AND subject IS NOT NULL AND {of_kinds} "
+            "ORDER BY message_id"
+        )
+        with self._session() as conn:
+            rows = conn.execute(q, [bundle_id, *params]).fetchall()
+        return _enrolment_set(rows)
+
+    def relabel(self, message_ids: Sequence[str], subject: str) -> int:
+        chunks = self._sql.chunks(message_ids)
+        n = 0
+        # Where the ids are bound in chunks, the UPDATEs are made atomic by one transaction;
+        # bound as one array they are one statement, atomic by itself.
+        with self._transaction() if self._sql.chunk else self._session() as conn:
+            for chunk in chunks:
+                of_ids, params = self._sql.any_of("message_id", chunk)
+                cur = conn.execute(
+                    f"UPDATE templates SET subject = {self._sql.param}, purpose = 'enroll' WHERE {of_ids}",
+                    [subject, *params],
+                )
+                n += cur.rowcount
+        return n
+
+    def delete_subject(self, subject: str) -> int:
+        with self._session() as conn:
+            return int(conn.execute(f"DELETE FROM templates WHERE subject = {self._sql.param}", (subject,)).rowcount)
+
+    def delete_received_before(self, cutoff: float, *, include_enrolment: bool = False) -> int:
+        q = f"DELETE FROM templates WHERE received_at < {self._sql.param}" + (
+            "" if include_enrolment else " AND purpose != 'enroll'"
+        )
+        with self._session() as conn:
+            return int(conn.execute(q, (cutoff,)).rowcount)
+
+    # ------------------------------------------------------------ bundles, erasures
+
+    def put_bundle(self, bundle_id: str, payload: bytes, published_at: float) -> None:
+        p = self._sql.param
+        with self._session() as conn:
+            conn.execute(
+                f"INSERT INTO bundles (bundle_id, published_at, payload) VALUES ({p}, {p}, {p}) "
+                "ON CONFLICT (bundle_id) DO UPDATE SET published_at = excluded.published_at",
+                (bundle_id, published_at, payload),
+            )
+
+    def get_bundle(self, bundle_id: str | None = None) -> bytes | None:
+        with self._session() as conn:
+            if bundle_id is None:
+                row = conn.execute("SELECT payload FROM bundles ORDER BY published_at DESC LIMIT 1").fetchone()
+            else:
+                q = f"SELECT payload FROM bundles WHERE bundle_id = {self._sql.param}"
+                row = conn.execute(q, (bundle_id,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def record_erasure(self, subject: str, at: float) -> None:
+        p = self._sql.param
+        with self._session() as conn:
+            conn.execute(
+                f"INSERT INTO erasures (subject, erased_at) VALUES ({p}, {p}) "
+                "ON CONFLICT (subject) DO UPDATE SET erased_at = excluded.erased_at",
+                (subject, at),
+            )
+
+    def erasures(self) -> Mapping[str, float]:
+        with self._session() as conn:
+            return {s: float(t) for s, t in conn.execute("SELECT subject, erased_at FROM erasures")}
+
+
+def _enrolment_set(rows: Sequence[Sequence[Any]]) -> EnrolmentSet:
+    if not rows:
+        return EnrolmentSet(
+            values=np.zeros((0, 0), dtype=np.float32),
+            subjects=np.array([], dtype=object),
+            kinds=np.array([], dtype=object),
+            message_ids=[],
+        )
+    widths = {int(r[3]) for r in rows}
+    if len(widths) != 1:
+        raise StoreError(f"templates: enrolment templates of one bundle have several dimensions {sorted(widths)}")
+    values = stack_blobs([bytes(r[4]) for r in rows], widths.pop())
+    return EnrolmentSet(
+        values=values,
+        subjects=np.array([r[1] for r in rows], dtype=object),
+        kinds=np.array([r[2] for r in rows], dtype=object),
+        message_ids=[str(r[0]) for r in rows],
+    )
