@@ -9,7 +9,7 @@ Scalar mechanisms
     :class:`LaplaceMechanism`, :class:`GaussianMechanism` (analytic Gaussian
     calibration of Balle & Wang 2018, :func:`analytic_gaussian_sigma`).
 
-Template mechanisms (one class per ``kind``, see DESIGN.md "Privacy semantics")
+Template mechanisms (one class per ``kind``, see docs/DESIGN.md, "Privacy semantics")
     ``peep`` (:class:`PeepMechanism`), ``peep-raw`` (:class:`PeepRawMechanism`),
     ``laplace-vector`` (:class:`LaplaceVectorMechanism`), ``gaussian-l2``
     (:class:`GaussianL2Mechanism`) and ``laplace-l1``
