@@ -53,7 +53,7 @@ def test_bad_roots_are_refused_naming_the_field(root):
     with pytest.raises(TopicError, match=r"^root: expected topic levels .* received"):
         TopicScheme(root)
     with pytest.raises(ValueError, match=r"^mqtt.topic_prefix: expected topic levels"):
-        check_root(root, "mqtt.topic_prefix")
+        check_root(root, field="mqtt.topic_prefix")
 
 
 @pytest.mark.parametrize("group", ["", "a/b", "a+", "#", "$g"])
@@ -61,10 +61,19 @@ def test_bad_share_groups_are_refused(group):
     with pytest.raises(TopicError, match=r"^share_group: expected a group name"):
         TopicScheme().shared_templates_filter(group)
     with pytest.raises(TopicError, match=r"^mqtt.share_group:"):
-        check_share_group(group, "mqtt.share_group")
+        check_share_group(group, field="mqtt.share_group")
 
 
 @pytest.mark.parametrize(("site", "device"), [("lob/by", "cam"), ("lobby", "cam+"), ("lobby", "#"), ("", "cam")])
 def test_ids_that_would_widen_a_topic_are_refused(site, device):
     with pytest.raises(TopicError, match=r"^(site|device_id): expected an identifier"):
         TopicScheme().templates(site, device)
+
+
+def test_without_a_field_the_checks_state_only_the_expectation_for_config_validators():
+    # pydantic (and peep.core.configfile) add the key path and the value received.
+    with pytest.raises(TopicError, match=r"^expected topic levels such as 'peep/v1' \(.*\)$"):
+        check_root("peep/")
+    with pytest.raises(TopicError, match=r"^expected a group name without"):
+        check_share_group("a/b")
+    assert check_root("a/b") == "a/b" and check_share_group("g") == "g"

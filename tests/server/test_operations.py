@@ -131,7 +131,7 @@ def test_train_command_reports_usage_errors(tmp_path, capsys):
     bad.write_text("[grpc]\nlisten = 'x'\n")
     assert main(["train", "--config", str(bad)]) == 2
     err = capsys.readouterr().err
-    assert "grpc.listen:" in err and "bundle: Field required" in err
+    assert "grpc.listen:" in err and "bundle: required setting is missing" in err
 
 
 def test_peep_serve_runs_and_stops_gracefully_on_sigterm(tmp_path, pki, keypair, bundle_dir):

@@ -4,7 +4,8 @@ Load -> parse -> validate (Frigate's pattern): :func:`load_config` reads the
 TOML, validates it into :class:`EdgeConfig` (pydantic v2, ``extra="forbid"``
 everywhere, so a misspelt key is an error, not a silent default) and raises
 :class:`~peep.edge.errors.ConfigError` listing every problem as
-``key.path: expected ..., received ...``.
+``key.path: expected ..., received ...``. Reading the file, resolving paths
+and wording the problems is :mod:`peep.core.configfile`, shared with the server.
 
 Privacy-relevant rules enforced here:
 
@@ -24,11 +25,18 @@ Relative paths are resolved against the directory of the config file.
 from __future__ import annotations
 
 import math
-import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from peep.core import topics
+from peep.core.configfile import (
+    BASE_DIR,
+    ConfigFileError,
+    context_base_dir,
+    problems_from_errors,
+    read_toml,
+    resolve_path,
+)
 from peep.core.topics import ID_PATTERN
 from peep.edge.errors import ConfigError
 from pydantic import (
@@ -46,11 +54,7 @@ MECHANISM_KINDS = ("peep", "peep-raw", "laplace-vector", "gaussian-l2", "laplace
 
 
 def _resolve_path(value: Path, info: ValidationInfo) -> Path:
-    base = (info.context or {}).get("base_dir")
-    value = value.expanduser()
-    if base is not None and not value.is_absolute():
-        value = Path(base) / value
-    return value
+    return resolve_path(value, context_base_dir(info.context))
 
 
 ConfigPath = Annotated[Path, AfterValidator(_resolve_path)]
@@ -233,7 +237,7 @@ class MqttConfig(_Section):
     cert_file: ConfigPath | None = Field(default=None, description="client certificate (mutual TLS)")
     key_file: ConfigPath | None = None
     client_id: str | None = Field(default=None, description="default peep-edge-<site>-<device>")
-    topic_prefix: str = Field(
+    topic_prefix: Annotated[str, AfterValidator(topics.check_root)] = Field(
         default=topics.DEFAULT_ROOT,
         description=(
             "topic root; the device publishes to <prefix>/<site>/<device>/templates and reads <prefix>/bundle. "
@@ -253,13 +257,6 @@ class MqttConfig(_Section):
     @classmethod
     def _no_secrets(cls, data: Any) -> Any:
         return _reject_secrets(data, "mqtt", ("password",))
-
-    @field_validator("topic_prefix")
-    @classmethod
-    def _prefix(cls, v: str) -> str:
-        if not topics.is_valid_root(v):
-            raise ValueError(topics.ROOT_EXPECTATION)
-        return v
 
     @model_validator(mode="after")
     def _cert_pair(self) -> MqttConfig:
@@ -352,54 +349,25 @@ class EdgeConfig(_Section):
         return self.mqtt.client_id or f"peep-edge-{self.device.site}-{self.device.id}"
 
 
-def _loc(loc: tuple[int | str, ...]) -> str:
-    return ".".join(str(p) for p in loc)
-
-
-def _format_errors(exc: ValidationError) -> list[tuple[str, str]]:
-    problems: list[tuple[str, str]] = []
-    for err in exc.errors(include_url=False):
-        path = _loc(err["loc"])
-        msg = str(err["msg"])
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, ") :]
-        # Model-level validators already name their field ("privacy.delta: ...").
-        head, sep, rest = msg.partition(": ")
-        if sep and "." in head and " " not in head:
-            path, msg = head, rest
-            problems.append((path, msg))
-            continue
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; seeds and secrets are never accepted)"
-        elif err["type"] == "missing":
-            msg = "required setting is missing"
-        value = err.get("input")
-        if err["type"] != "missing" and not isinstance(value, dict):
-            msg = f"{msg}, received {value!r}"
-        problems.append((path, msg))
-    return problems
-
-
 def parse_config(data: dict[str, Any], *, base_dir: Path | None = None) -> EdgeConfig:
     """Validate an already parsed TOML mapping (raises :class:`ConfigError`)."""
     try:
-        return EdgeConfig.model_validate(data, context={"base_dir": base_dir})
+        return EdgeConfig.model_validate(data, context={BASE_DIR: base_dir})
     except ValidationError as exc:
-        raise ConfigError(_format_errors(exc)) from None
+        problems = problems_from_errors(
+            exc.errors(include_url=False),
+            unknown_key="unknown key (check the spelling; seeds and secrets are never accepted)",
+        )
+        raise ConfigError([(p.key, p.detail) for p in problems]) from None
 
 
 def load_config(path: str | Path) -> EdgeConfig:
     """Read, parse and validate a TOML configuration file."""
-    p = Path(path)
     try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"--config: expected a readable TOML file, received {str(p)!r} ({exc.strerror})") from None
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"--config: expected valid TOML in {p}, parsing failed ({exc})") from None
-    return parse_config(data, base_dir=p.resolve().parent)
+        data, base_dir = read_toml(path)
+    except ConfigFileError as exc:
+        raise ConfigError(f"--config: {exc.reason}, received {str(exc.path)!r}") from None
+    return parse_config(data, base_dir=base_dir)
 
 
 def check_budget_allows_release(

@@ -3,9 +3,10 @@
 Load -> parse -> validate (Frigate's pattern): :func:`load_config` reads the
 TOML, resolves relative paths against the file's directory, validates every
 field (``extra="forbid"``: a typo is an error, not a silently ignored key) and
-resolves secrets. Every error is reported as ``key.path: message (received
-value)`` by :class:`ConfigError`, which ``peep serve --validate-config``
-prints one per line.
+resolves secrets. Every error is reported as ``key.path: expected ...,
+received ...`` by :class:`ConfigError`, which ``peep serve --validate-config``
+prints one per line. Reading the file, resolving paths and wording the
+problems is :mod:`peep.core.configfile`, shared with the edge agent.
 
 Secrets never sit in the file. A secret field holds a *reference*:
 
@@ -42,14 +43,23 @@ import hashlib
 import ipaddress
 import os
 import re
-import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from peep.core import topics
+from peep.core.configfile import (
+    BASE_DIR,
+    ConfigFileError,
+    Problem,
+    context_base_dir,
+    problems_from_errors,
+    read_toml,
+    resolve_path,
+)
 from peep.core.topics import ID_PATTERN
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -62,18 +72,13 @@ from pydantic import (
 
 
 class ConfigError(ValueError):
-    """The configuration is invalid; ``errors`` lists (key path, message, value)."""
+    """The configuration is invalid; ``errors`` lists :class:`~peep.core.configfile.Problem`
+    tuples (key path, message, value received), each printed as ``key: message, received value``."""
 
-    def __init__(self, source: str, errors: Sequence[tuple[str, str, Any]]) -> None:
+    def __init__(self, source: str, errors: Sequence[tuple[str, str, Any] | Problem]) -> None:
         self.source = source
-        self.errors = list(errors)
-        lines = [f"{path}: {msg} (received {_short(value)})" for path, msg, value in self.errors]
-        super().__init__(f"{source}: invalid configuration\n  " + "\n  ".join(lines))
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+        self.errors = [e if isinstance(e, Problem) else Problem(*e) for e in errors]
+        super().__init__(f"{source}: invalid configuration\n  " + "\n  ".join(str(p) for p in self.errors))
 
 
 # ------------------------------------------------------------------ secrets
@@ -129,13 +134,7 @@ class _Model(BaseModel):
 
 
 def _resolve_path(value: Path | None, info: ValidationInfo) -> Path | None:
-    if value is None:
-        return None
-    base = (info.context or {}).get("base_dir")
-    p = Path(os.path.expanduser(str(value)))
-    if not p.is_absolute() and base is not None:
-        p = Path(base) / p
-    return p
+    return None if value is None else resolve_path(value, context_base_dir(info.context))
 
 
 def _check_hex(v: str | None) -> str | None:
@@ -326,10 +325,10 @@ class MqttConfig(_Model):
     client_id: str | None = Field(default=None, description="unique per replica (default peep-server-<host>-<random>)")
     username: str | None = Field(default="peep-server", description="the server's broker user (deploy/mosquitto ACL)")
     password: SecretRef | None = None
-    share_group: str = Field(
+    share_group: Annotated[str, AfterValidator(topics.check_share_group)] = Field(
         default="peep-server", description="MQTT v5 shared-subscription group (replicas split the load)"
     )
-    topic_prefix: str = Field(
+    topic_prefix: Annotated[str, AfterValidator(topics.check_root)] = Field(
         default=topics.DEFAULT_ROOT,
         description=(
             "topic root; devices publish to <prefix>/<site>/<device>/templates, the bundle is retained on "
@@ -360,20 +359,6 @@ class MqttConfig(_Model):
     @classmethod
     def check_secret(cls, v: Any) -> Any:
         return _parse_secret_ref(v)
-
-    @field_validator("share_group")
-    @classmethod
-    def _group(cls, v: str) -> str:
-        if not topics.is_valid_share_group(v):
-            raise ValueError(topics.GROUP_EXPECTATION)
-        return v
-
-    @field_validator("topic_prefix")
-    @classmethod
-    def _prefix(cls, v: str) -> str:
-        if not topics.is_valid_root(v):
-            raise ValueError(topics.ROOT_EXPECTATION)
-        return v
 
 
 class TrainingConfig(_Model):
@@ -492,46 +477,21 @@ class ServerConfig(_Model):
         return self
 
 
-Loc = tuple[int | str, ...]
-
-
-def _loc(loc: Loc) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "(root)"
-
-
 def parse_config(data: Mapping[str, Any], *, source: str = "<config>", base_dir: Path | None = None) -> ServerConfig:
     """Validate a parsed TOML mapping; raise :class:`ConfigError` listing every problem."""
     try:
-        return ServerConfig.model_validate(dict(data), context={"base_dir": base_dir})
+        return ServerConfig.model_validate(dict(data), context={BASE_DIR: base_dir})
     except ValidationError as exc:
-        errors = []
-        for err in exc.errors(include_url=False):
-            msg = str(err["msg"])
-            if msg.startswith("Value error, "):
-                msg = msg[len("Value error, ") :]
-            value = "(missing)" if err.get("type") == "missing" else err.get("input")
-            errors.append((_loc(err["loc"]), msg, value))
-        raise ConfigError(source, errors) from None
+        raise ConfigError(source, problems_from_errors(exc.errors(include_url=False))) from None
 
 
 def load_config(path: str | os.PathLike[str]) -> ServerConfig:
     """Read, parse and validate ``server.toml`` (relative paths are relative to its directory)."""
-    p = Path(path)
     try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise ConfigError(str(p), [("(file)", f"expected a readable TOML file ({exc.strerror})", str(p))]) from None
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(str(p), [("(syntax)", f"expected valid TOML: {exc}", None)]) from None
-    return parse_config(data, source=str(p), base_dir=p.resolve().parent)
+        data, base_dir = read_toml(path)
+    except ConfigFileError as exc:
+        raise ConfigError(str(exc.path), [Problem("(file)", exc.reason, str(exc.path))]) from None
+    return parse_config(data, source=str(path), base_dir=base_dir)
 
 
 def token_sha256(token: str) -> str:

@@ -47,40 +47,37 @@ DEFAULT_ROOT = "peep/v1"
 #: Identifiers (site, device, message, bundle and track ids) become MQTT topic
 #: levels and database keys: no '/', '+', '#', no leading punctuation.
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,127}$")
-#: What :func:`check_root` accepts, in words (config validators reuse it).
-ROOT_EXPECTATION = "expected topic levels such as 'peep/v1' (no wildcards, no '$', no leading/trailing '/')"
-#: What :func:`check_share_group` accepts, in words.
-GROUP_EXPECTATION = "expected a group name without '/', '+', '#', '$'"
+_ROOT_EXPECTATION = "expected topic levels such as 'peep/v1' (no wildcards, no '$', no leading/trailing '/')"
+_GROUP_EXPECTATION = "expected a group name without '/', '+', '#', '$'"
 _ID_EXPECTATION = "[A-Za-z0-9_.:@-] (1-128 characters, starting with a letter or digit)"
 
 
-def is_valid_root(root: str) -> bool:
-    """Whether ``root`` is a usable topic root (what ``mqtt.topic_prefix`` accepts)."""
-    return bool(root) and not root.startswith("/") and not root.endswith("/") and not any(c in root for c in "+#$")
+def _refuse(expectation: str, value: object, field: str | None) -> TopicError:
+    # Without a field the caller is a config validator: pydantic and peep.core.configfile
+    # add the key path and the value received.
+    return TopicError(expectation if field is None else f"{field}: {expectation}, received {value!r}")
 
 
-def check_root(root: str, field: str = "topic_prefix") -> str:
-    """Return ``root`` or raise :class:`TopicError` naming ``field``."""
-    if not isinstance(root, str) or not is_valid_root(root):
-        raise TopicError(f"{field}: {ROOT_EXPECTATION}, received {root!r}")
+def check_root(root: str, *, field: str | None = None) -> str:
+    """Return ``root`` if it can be the topic root (``mqtt.topic_prefix``), else raise :class:`TopicError`.
+
+    Usable as a pydantic ``AfterValidator`` as it is (``field`` keyword-only, left ``None``).
+    """
+    if not isinstance(root, str) or not root or root[0] == "/" or root[-1] == "/" or any(c in root for c in "+#$"):
+        raise _refuse(_ROOT_EXPECTATION, root, field)
     return root
 
 
-def is_valid_share_group(group: str) -> bool:
-    """Whether ``group`` can name an MQTT v5 shared-subscription group."""
-    return bool(group) and not any(c in group for c in "/+#$")
-
-
-def check_share_group(group: str, field: str = "share_group") -> str:
-    """Return ``group`` or raise :class:`TopicError` naming ``field``."""
-    if not isinstance(group, str) or not is_valid_share_group(group):
-        raise TopicError(f"{field}: {GROUP_EXPECTATION}, received {group!r}")
+def check_share_group(group: str, *, field: str | None = None) -> str:
+    """Return ``group`` if it can name an MQTT v5 shared-subscription group, else raise :class:`TopicError`."""
+    if not isinstance(group, str) or not group or any(c in group for c in "/+#$"):
+        raise _refuse(_GROUP_EXPECTATION, group, field)
     return group
 
 
 def _check_id(value: str, field: str) -> str:
     if not isinstance(value, str) or not ID_PATTERN.match(value):
-        raise TopicError(f"{field}: expected an identifier {_ID_EXPECTATION}, received {value!r}")
+        raise _refuse(f"expected an identifier {_ID_EXPECTATION}", value, field)
     return value
 
 
@@ -112,7 +109,7 @@ class TopicScheme:
     root: str = DEFAULT_ROOT
 
     def __post_init__(self) -> None:
-        check_root(self.root, "root")
+        check_root(self.root, field="root")
 
     # -- names ------------------------------------------------------------------------
 
@@ -154,7 +151,7 @@ class TopicScheme:
 
     def shared_templates_filter(self, group: str) -> str:
         """``$share/<group>/<root>/+/+/templates``: replicas in ``group`` split the templates."""
-        check_share_group(group, "share_group")
+        check_share_group(group, field="share_group")
         return f"$share/{group}/{self.templates_filter()}"
 
     # -- parsing ----------------------------------------------------------------------

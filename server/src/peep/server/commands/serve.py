@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from peep.core.configfile import Problem
 from peep.server.commands._config import add_config_option, load
 from peep.server.config import ConfigError, resolve_secrets
 
@@ -42,13 +43,13 @@ def validate(path: str) -> int:
         resolve_secrets(config)
     except ConfigError as exc:
         print(f"{exc.source}: invalid configuration", file=sys.stderr)
-        for key, msg, value in exc.errors:
-            print(f"  {key}: {msg} (received {value!r})", file=sys.stderr)
+        for problem in exc.errors:
+            print(f"  {problem}", file=sys.stderr)
         return 2
     problems = []
     for label, p in (("bundle.public_key", config.bundle.public_key), ("bundle.dir", config.bundle.dir)):
         if p is not None and not p.exists():
-            problems.append(f"  {label}: expected an existing path (received {str(p)!r})")
+            problems.append(f"  {Problem(label, 'expected an existing path', str(p))}")
     if config.grpc.tls is not None:
         for label, p in (
             ("grpc.tls.cert", config.grpc.tls.cert),
@@ -56,7 +57,7 @@ def validate(path: str) -> int:
             ("grpc.tls.client_ca", config.grpc.tls.client_ca),
         ):
             if p is not None and not p.is_file():
-                problems.append(f"  {label}: expected a readable file (received {str(p)!r})")
+                problems.append(f"  {Problem(label, 'expected a readable file', str(p))}")
     if config.qbbs is not None:
         try:
             from peep.server.qbbs.config import load_config as load_qbbs_config

@@ -76,10 +76,10 @@ from __future__ import annotations
 import math
 import os
 import re
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
+from peep.core.configfile import ConfigFileError, problems_from_errors, read_toml, resolve_path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 __all__ = [
@@ -551,38 +551,28 @@ def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) ->
     data: dict[str, Any] = {}
     base: Path | None = None
     if path is not None:
-        p = Path(path)
         try:
-            with open(p, "rb") as fh:
-                doc = tomllib.load(fh)
-        except OSError as exc:
-            raise ValueError(f"{p}: cannot read the QBBS configuration ({exc.strerror})") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"{p}: not valid TOML ({exc})") from exc
+            doc, base = read_toml(path)
+        except ConfigFileError as exc:
+            raise ValueError(str(exc)) from exc
         section = doc.get("qbbs", doc)
         if not isinstance(section, dict):
-            raise ValueError(f"{p}: [qbbs]: expected a table, received {type(section).__name__}")
+            raise ValueError(f"{path}: [qbbs]: expected a table, received {type(section).__name__}")
         data = dict(section)
-        base = p.parent
     data.update(overrides)
     try:
         cfg = QbbsConfig.model_validate(data)
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            loc = ".".join(str(x) for x in err["loc"])
-            if loc:
-                lines.append(f"qbbs.{loc} = {err.get('input')!r}: {err['msg']}")
-            else:
-                lines.append(f"qbbs: {err['msg']}")
+        problems = problems_from_errors(exc.errors(include_url=False))
+        lines = [str(p._replace(key="qbbs" if p.key == "(root)" else f"qbbs.{p.key}")) for p in problems]
         where = f"{path}: " if path is not None else ""
         raise ValueError(where + "invalid QBBS configuration:\n  " + "\n  ".join(lines)) from exc
     if base is not None:
-        updates: dict[str, Path] = {}
-        for key in ("store_path", "ledger_path"):
-            value = getattr(cfg, key)
-            if value is not None and not value.is_absolute():
-                updates[key] = base / value
+        updates = {
+            key: resolve_path(value, base)
+            for key in ("store_path", "ledger_path")
+            if (value := getattr(cfg, key)) is not None and not value.is_absolute()
+        }
         if updates:
             cfg = cfg.model_copy(update=updates)
     return cfg
