@@ -58,6 +58,7 @@ from peep.core.configfile import (
     resolve_path,
 )
 from peep.core.topics import ID_PATTERN
+from peep.server.recognition.fitting import DEFAULT_PRESET, PRESETS
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -362,8 +363,9 @@ class MqttConfig(_Model):
 
 
 class TrainingConfig(_Model):
-    preset: Literal["default", "paper"] = Field(
-        default="default", description="recogniser preset (see peep.server.recognition.fitting.PRESETS)"
+    preset: str = Field(
+        default=DEFAULT_PRESET,
+        description=f"recogniser preset: one of {', '.join(PRESETS)} (peep.server.recognition.fitting.PRESETS)",
     )
     model_dir: Path = Field(default=Path("models"), description="versioned model registry")
     mechanism_kind: str | None = Field(
@@ -391,6 +393,13 @@ class TrainingConfig(_Model):
     @classmethod
     def check_paths(cls, v: Path | None, info: ValidationInfo) -> Path | None:
         return _resolve_path(v, info)
+
+    @field_validator("preset")
+    @classmethod
+    def _preset(cls, v: str) -> str:
+        if v not in PRESETS:
+            raise ValueError(f"expected one of {', '.join(PRESETS)}")
+        return v
 
     @field_validator("mechanism_kind")
     @classmethod

@@ -1,8 +1,20 @@
 """Training recognisers on perturbed templates only.
 
 The server never sees a face, so the recogniser learns from what devices
-release: noisy eigenface coefficients. Two presets of scikit-learn's
-:class:`~sklearn.neural_network.MLPClassifier`:
+release: noisy eigenface coefficients. How a recogniser is built and fitted
+is a **preset**: one object in the registry :data:`PRESETS` stating its name,
+its description and how it fits its estimator (:meth:`Preset.fit_estimator`).
+:func:`fit_recogniser` -- what the server's trainer
+(:class:`peep.server.recognition.trainer.Trainer`), ``peep audit`` and
+``peep qbbs evaluate`` all call -- fits any preset, calibrates it and returns
+a :class:`FittedRecogniser`; :func:`export_onnx` turns it into the model the
+server serves. Adding a recogniser is one new entry in :data:`PRESETS`: an
+:class:`MLPPreset` (epoch-wise training: progress, cancellation, early
+stopping) or an :class:`EstimatorPreset` (any scikit-learn classifier that
+skl2onnx can export, fitted in one call).
+
+The registered presets (:data:`DEFAULT_PRESET` is what a server trains
+unless ``training.preset`` says otherwise):
 
 ``paper``
     The PEEP paper's configuration: relu, adam, batch 100, hidden layers
@@ -15,6 +27,12 @@ release: noisy eigenface coefficients. Two presets of scikit-learn's
     epoch's weights restored. Smaller and much faster than the paper's network
     and more accurate on noisy templates, where a five-layer network mostly
     fits the noise.
+``reference``
+    The recogniser of the audit's reference measurements: scikit-learn's
+    ``MLPClassifier(hidden_layer_sizes=(512,))`` with every other parameter at
+    its default (relu, adam, batch min(200, n), alpha 1e-4, at most 200
+    epochs, scikit-learn's stopping rule, raw inputs). Fitted on the same data
+    it is exactly that estimator (a test pins it).
 
 Measured (LFW's five people with >= 100 images, detector-normalised, nc = 128
 bundle from the 5-9 image people; 70/30 stratified splits, 5 seeds; both
@@ -47,8 +65,9 @@ template scored against every subject it is not) so that the false-accept
 rate is at most ``target_far``; accept iff ``score > threshold``.
 
 The fitted pipeline is exported to ONNX (skl2onnx) and served with
-onnxruntime; :func:`train_version` refuses to promote a model whose ONNX
-predictions disagree with scikit-learn's.
+onnxruntime; :func:`check_onnx_agreement` refuses a model whose ONNX
+predictions disagree with scikit-learn's, and the trainer
+(:meth:`peep.server.recognition.trainer.Trainer.train`) does not promote it.
 """
 
 from __future__ import annotations
@@ -69,11 +88,60 @@ log = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
 
 
+class TrainingError(ValueError):
+    """Not enough data to train, or the trained model failed a check (says which)."""
+
+
+class TrainingCancelled(RuntimeError):
+    """Training was stopped (shutdown) before a model was promoted."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Preset:
-    """An MLP configuration and how training stops."""
+    """A recogniser preset: its name, what it is, and how it fits its estimator.
+
+    Subclasses implement :meth:`fit_estimator`; :func:`fit_recogniser` does
+    everything around it (labels, the validation split, calibration).
+    """
 
     name: str
+    description: str = ""
+
+    def fit_estimator(
+        self,
+        X: NDArray[np.float32],
+        y: NDArray[np.int64],
+        *,
+        n_classes: int,
+        X_val: NDArray[np.float32] | None,
+        y_val: NDArray[np.int64] | None,
+        random_state: int,
+        progress: Progress | None,
+        cancel: threading.Event | None,
+    ) -> tuple[Any, int]:
+        """Fit on ``X`` (n, nc) float32 with classes ``0..n_classes-1`` (each present in ``y``).
+
+        ``X_val``/``y_val`` are held-out templates the preset may use for early
+        stopping (never for the weights themselves).
+
+        Returns
+        -------
+        pipeline : fitted scikit-learn estimator with ``predict_proba``
+            Columns in class order ``0..n_classes-1``; exportable by skl2onnx.
+        n_epochs : int
+            Passes over the data (1 for a one-call fit).
+        """
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-able parameters (``model.json``, ``audit.json``, ``qbbs.json``)."""
+        return {"type": type(self).__name__, **asdict(self)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class MLPPreset(Preset):
+    """``[StandardScaler,] MLPClassifier`` trained epoch by epoch (see :func:`fit_mlp`)."""
+
     hidden_layer_sizes: tuple[int, ...]
     activation: str = "relu"
     solver: str = "adam"
@@ -82,17 +150,91 @@ class Preset:
     alpha: float = 1e-4
     learning_rate_init: float = 1e-3
     standardise: bool = True
-    #: "train-loss": scikit-learn's rule (training loss stalls for ``patience``
-    #: epochs by ``tol``), last weights. "validation": best validation
-    #: log-loss, weights of that epoch restored after ``patience`` epochs without improvement.
+    #: "train-loss": scikit-learn's rule (training loss not better than the best by ``tol`` for more
+    #: than ``patience`` epochs), last weights. "validation": best validation log-loss, weights of that
+    #: epoch restored after ``patience`` epochs without improvement.
     stopping: Literal["train-loss", "validation"] = "validation"
     patience: int = 10
     tol: float = 1e-4
-    description: str = ""
+
+    def fit_estimator(
+        self,
+        X: NDArray[np.float32],
+        y: NDArray[np.int64],
+        *,
+        n_classes: int,
+        X_val: NDArray[np.float32] | None,
+        y_val: NDArray[np.int64] | None,
+        random_state: int,
+        progress: Progress | None,
+        cancel: threading.Event | None,
+    ) -> tuple[Any, int]:
+        return _fit_mlp(X, y, preset=self, n_classes=n_classes, X_val=X_val, y_val=y_val,
+                        random_state=random_state, progress=progress, cancel=cancel)  # fmt: skip
 
 
-PRESETS: dict[str, Preset] = {
-    "paper": Preset(
+@dataclass(frozen=True, kw_only=True)
+class EstimatorPreset(Preset):
+    """Any scikit-learn classifier, fitted in one call: ``[StandardScaler,] build(random_state)``.
+
+    ``build`` returns an unfitted classifier with ``predict_proba`` that
+    skl2onnx can export (e.g. shrinkage LDA, logistic regression).
+    """
+
+    build: Callable[[int], Any]
+    standardise: bool = True
+
+    def fit_estimator(
+        self,
+        X: NDArray[np.float32],
+        y: NDArray[np.int64],
+        *,
+        n_classes: int,
+        X_val: NDArray[np.float32] | None,
+        y_val: NDArray[np.int64] | None,
+        random_state: int,
+        progress: Progress | None,
+        cancel: threading.Event | None,
+    ) -> tuple[Any, int]:
+        from sklearn.pipeline import Pipeline
+        from sklearn.preprocessing import StandardScaler
+
+        if cancel is not None and cancel.is_set():
+            raise TrainingCancelled("training cancelled")
+        steps: list[tuple[str, Any]] = [("scaler", StandardScaler())] if self.standardise else []
+        steps.append(("clf", self.build(random_state)))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", category=UserWarning)
+            pipeline = Pipeline(steps).fit(np.asarray(X, dtype=np.float32), y)
+        classes = pipeline.steps[-1][1].classes_
+        if not np.array_equal(classes, np.arange(n_classes)):
+            raise TrainingError(f"{self.name}: expected classes 0..{n_classes - 1} after fitting, received {classes}")
+        if progress is not None:
+            progress(1, 1)
+        return pipeline, 1
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "type": type(self).__name__,
+            "name": self.name,
+            "description": self.description,
+            "standardise": self.standardise,
+            "estimator": repr(self.build(0)),
+        }
+
+
+def _registry(*presets: Preset) -> dict[str, Preset]:
+    out: dict[str, Preset] = {}
+    for p in presets:
+        if p.name in out:
+            raise ValueError(f"preset: expected unique names, received {p.name!r} twice")
+        out[p.name] = p
+    return out
+
+
+#: Every recogniser the server can train, and the audit and the QBBS evaluation measure.
+PRESETS: dict[str, Preset] = _registry(
+    MLPPreset(
         name="paper",
         hidden_layer_sizes=(512, 1024, 2014, 1024, 512),
         batch_size=100,
@@ -103,7 +245,7 @@ PRESETS: dict[str, Preset] = {
         patience=10,
         description="PEEP paper: MLP relu/adam, batch 100, hidden (512, 1024, 2014, 1024, 512), 200 iterations",
     ),
-    "default": Preset(
+    MLPPreset(
         name="default",
         hidden_layer_sizes=(512,),
         batch_size=100,
@@ -116,15 +258,34 @@ PRESETS: dict[str, Preset] = {
             "tuned: standardised inputs, MLP relu/adam, hidden (512,), alpha 1.0, early stopping on validation log-loss"
         ),
     ),
-}
+    MLPPreset(
+        name="reference",
+        hidden_layer_sizes=(512,),
+        batch_size=200,
+        max_epochs=200,
+        alpha=1e-4,
+        standardise=False,
+        stopping="train-loss",
+        patience=10,
+        description=(
+            "the audit's reference recogniser: sklearn MLPClassifier(hidden_layer_sizes=(512,)), other "
+            "parameters default (raw inputs, batch min(200, n), alpha 1e-4, scikit-learn's stopping rule)"
+        ),
+    ),
+)
+
+#: The preset a server trains unless ``training.preset`` names another; the audit's and the QBBS evaluation's default.
+DEFAULT_PRESET = "default"
 
 
-class TrainingError(ValueError):
-    """Not enough data to train, or the trained model failed a check (says which)."""
-
-
-class TrainingCancelled(RuntimeError):
-    """Training was stopped (shutdown) before a model was promoted."""
+def get_preset(preset: Preset | str) -> Preset:
+    """The registered preset called ``preset`` (a :class:`Preset` is returned as is)."""
+    if isinstance(preset, Preset):
+        return preset
+    try:
+        return PRESETS[preset]
+    except KeyError:
+        raise TrainingError(f"preset: expected one of {', '.join(PRESETS)}, received {preset!r}") from None
 
 
 @dataclass
@@ -134,7 +295,7 @@ class FittedRecogniser:
     Attributes
     ----------
     pipeline : sklearn Pipeline
-        ``[scaler,] mlp``; inputs (n, nc) float32, classes ``0..n_classes-1``.
+        What the preset fitted (e.g. ``[scaler,] mlp``); inputs (n, nc) float32, classes ``0..n_classes-1``.
     class_names : list of str
         Name of each class index; the background class is ``""``.
     background_index : int or None
@@ -199,7 +360,7 @@ def fit_mlp(
     X: NDArray[np.float32],
     y: NDArray[np.int64],
     *,
-    preset: Preset,
+    preset: MLPPreset,
     n_classes: int,
     X_val: NDArray[np.float32] | None = None,
     y_val: NDArray[np.int64] | None = None,
@@ -223,18 +384,30 @@ def fit_mlp(
     pipeline : sklearn Pipeline
     n_epochs : int
     """
+    return _fit_estimator(preset, X, y, n_classes=n_classes, X_val=X_val, y_val=y_val, random_state=random_state,
+                          progress=progress, cancel=cancel, blas_threads=blas_threads)  # fmt: skip
+
+
+def _fit_estimator(
+    preset: Preset,
+    X: NDArray[np.float32],
+    y: NDArray[np.int64],
+    *,
+    blas_threads: int | None,
+    **kwargs: Any,
+) -> tuple[Any, int]:
+    """``preset.fit_estimator`` with the BLAS thread pool capped (see :func:`fit_mlp`)."""
     from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
 
     with threadpool_limits(limits=blas_threads, user_api="blas"):
-        return _fit_mlp(X, y, preset=preset, n_classes=n_classes, X_val=X_val, y_val=y_val,
-                        random_state=random_state, progress=progress, cancel=cancel)  # fmt: skip
+        return preset.fit_estimator(X, y, **kwargs)
 
 
 def _fit_mlp(
     X: NDArray[np.float32],
     y: NDArray[np.int64],
     *,
-    preset: Preset,
+    preset: MLPPreset,
     n_classes: int,
     X_val: NDArray[np.float32] | None,
     y_val: NDArray[np.int64] | None,
@@ -287,15 +460,18 @@ def _fit_mlp(
         if use_val:
             assert Xv is not None and y_val is not None
             score = _log_loss(mlp.predict_proba(Xv), y_val)
-        else:
-            score = float(mlp.loss_)
-        if score < best_score - preset.tol:
-            best_score = score
-            stall = 0
-            if use_val:
+            if score < best_score - preset.tol:
+                best_score = score
+                stall = 0
                 best_weights = ([c.copy() for c in mlp.coefs_], [b.copy() for b in mlp.intercepts_])
+            else:
+                stall += 1
         else:
-            stall += 1
+            # scikit-learn's rule (MLPClassifier._update_no_improvement_count): the best loss follows
+            # every decrease, an epoch counts as a stall unless it beats the best by tol.
+            score = float(mlp.loss_)
+            stall = stall + 1 if score > best_score - preset.tol else 0
+            best_score = min(best_score, score)
         if progress is not None:
             progress(epochs, preset.max_epochs)
         if stall > preset.patience:
@@ -319,7 +495,7 @@ def fit_recogniser(
     X: NDArray[np.float32],
     subjects: Sequence[str],
     *,
-    preset: Preset | str = "default",
+    preset: Preset | str = DEFAULT_PRESET,
     background_prefix: str = "background:",
     validation_fraction: float = 0.2,
     target_far: float = 0.01,
@@ -338,6 +514,8 @@ def fit_recogniser(
         Perturbed enrolment templates.
     subjects : sequence of str, length n_templates
         Enrolment labels; ids starting with ``background_prefix`` form the background class.
+    preset : Preset or str
+        A :class:`Preset` or the name of one in :data:`PRESETS`.
     blas_threads : int or None
         BLAS threads while training (see :func:`fit_mlp`).
 
@@ -348,9 +526,9 @@ def fit_recogniser(
     Raises
     ------
     TrainingError
-        Fewer than two classes with ``min_templates_per_subject`` templates.
+        Fewer than two classes with ``min_templates_per_subject`` templates, or an unknown preset.
     """
-    p = PRESETS[preset] if isinstance(preset, str) else preset
+    p = get_preset(preset)
     X = np.asarray(X, dtype=np.float32)
     subj = np.asarray(list(subjects), dtype=object)
     if X.ndim != 2 or X.shape[0] != subj.shape[0]:
@@ -386,8 +564,8 @@ def fit_recogniser(
     rng = np.random.default_rng(random_state)
     tr, va = split_indices(y, validation_fraction, rng)
     t0 = time.perf_counter()
-    pipeline, epochs = fit_mlp(
-        X[tr], y[tr], preset=p, n_classes=len(class_names), X_val=X[va], y_val=y[va],
+    pipeline, epochs = _fit_estimator(
+        p, X[tr], y[tr], n_classes=len(class_names), X_val=X[va], y_val=y[va],
         random_state=random_state, progress=progress, cancel=cancel, blas_threads=blas_threads,
     )  # fmt: skip
     fit_s = time.perf_counter() - t0
@@ -449,14 +627,14 @@ def export_onnx(fitted: FittedRecogniser, n_components: int) -> bytes:
     """The fitted pipeline as ONNX: input ``values`` (N, nc) float32 -> ``label``, ``probabilities`` (N, C)."""
     from skl2onnx import to_onnx
 
-    mlp = fitted.pipeline.steps[-1][1]
+    clf = fitted.pipeline.steps[-1][1]
     sample = np.zeros((1, n_components), dtype=np.float32)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = to_onnx(
             fitted.pipeline,
             sample,
-            options={id(mlp): {"zipmap": False}},
+            options={id(clf): {"zipmap": False}},
             target_opset={"": 18, "ai.onnx.ml": 3},
             final_types=None,
         )
@@ -525,7 +703,7 @@ def model_meta(
         "n_components": n_components,
         "n_templates": n_templates,
         "n_subjects": len(fitted.class_names) - (1 if fitted.background_index is not None else 0),
-        "preset": asdict(fitted.preset),
+        "preset": fitted.preset.describe(),
         "metrics": fitted.metrics,
         "trained_at": time.time(),
     }
