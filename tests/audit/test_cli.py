@@ -109,6 +109,8 @@ def test_cli_folder_dataset_secure_sampler(data_home: str, tmp_path: Path, monke
         "8",
         "--repeats",
         "1",
+        "--preset",
+        "reference",
         "--hidden",
         "16",
         "--sweep-components",
@@ -122,6 +124,8 @@ def test_cli_folder_dataset_secure_sampler(data_home: str, tmp_path: Path, monke
     assert main(argv) == 0
     doc = _check_outputs(out)
     assert doc["dataset"]["n_subjects"] == 3
+    assert doc["protocol"]["preset"] == "reference" and doc["config"]["hidden"] == 16
+    assert doc["command"][doc["command"].index("--preset") + 1] == "reference"
     assert doc["sampler"] == {**doc["sampler"], "name": "secure", "is_secure": True, "seeded_noise_feature": False}
     r = doc["results"][0]
     assert r["epsilon_vector"] == pytest.approx(100.0)

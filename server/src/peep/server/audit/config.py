@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from peep.core.mechanisms import MECHANISM_KINDS
+from peep.server.recognition.fitting import DEFAULT_PRESET, PRESETS, MLPPreset, Preset
 
 #: ε values of the default audit (7 values, per-coordinate for peep/peep-raw).
 DEFAULT_EPSILONS: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
@@ -56,8 +57,13 @@ class AuditConfig:
         Random stratified splits; every number is mean ± std over them.
     test_size : float
         Fraction of each identity's images held out (0.3 = the paper's 70/30).
-    hidden : int
-        Hidden units of the MLP recogniser (512 = the reference setup).
+    preset : str
+        Recogniser preset from :data:`peep.server.recognition.fitting.PRESETS`,
+        fitted by the server's own :func:`~peep.server.recognition.fitting.fit_recogniser`
+        (default: the server's default preset).
+    hidden : int or None
+        One hidden layer of this many units instead of the preset's layers
+        (MLP presets only; None = the preset as registered).
     basis : {"train", "background"}
         Where eigenfaces and public bounds are fitted: each split's training
         part (as the paper), or LFW's disjoint 5–9-image people (as a
@@ -98,7 +104,8 @@ class AuditConfig:
     components: int = 128
     repeats: int = 3
     test_size: float = 0.3
-    hidden: int = 512
+    preset: str = DEFAULT_PRESET
+    hidden: int | None = None
     basis: str = "train"
     seed: int = 0
     secure_noise: bool = False
@@ -124,7 +131,15 @@ class AuditConfig:
         _check(self.components >= 1, "--components", ">= 1", self.components)
         _check(self.repeats >= 1, "--repeats", ">= 1", self.repeats)
         _check(0.05 <= self.test_size <= 0.8, "--test-size", "a fraction in [0.05, 0.8]", self.test_size)
-        _check(self.hidden >= 1, "--hidden", ">= 1", self.hidden)
+        _check(self.preset in PRESETS, "--preset", f"one of {', '.join(PRESETS)}", self.preset)
+        if self.hidden is not None:
+            _check(self.hidden >= 1, "--hidden", ">= 1", self.hidden)
+            _check(
+                isinstance(PRESETS[self.preset], MLPPreset),
+                "--hidden",
+                "no value with a preset that is not an MLP",
+                self.hidden,
+            )
         _check(self.min_faces >= 2, "--min-faces", ">= 2 (a train and a test image per identity)", self.min_faces)
         _check(self.basis in BASES, "--basis", f"one of {', '.join(BASES)}", self.basis)
         _check(
@@ -135,7 +150,12 @@ class AuditConfig:
         )
         _check(self.jobs >= 0, "--jobs", ">= 0", self.jobs)
         _check(all(n >= 1 for n in self.sweep_components), "--sweep-components", "values >= 1", self.sweep_components)
-        _check(all(n >= 1 for n in self.sweep_images), "--sweep-images", "values >= 1", self.sweep_images)
+        _check(
+            all(n >= 2 for n in self.sweep_images),
+            "--sweep-images",
+            "values >= 2 (the server's training holds out validation templates of each subject)",
+            self.sweep_images,
+        )
         _check(all(n >= 2 for n in self.subset_sizes), "--subset-sizes", "values >= 2", self.subset_sizes)
         _check(all(k >= 1 for k in self.averaging), "--averaging", "values >= 1", self.averaging)
         _check(
@@ -181,6 +201,14 @@ class AuditConfig:
         """Averaging counts: always 1 (the plain linkage attack), 5 and 20, plus any asked for."""
         return tuple(sorted({1, 5, 20, *self.averaging}))
 
+    @property
+    def recogniser_preset(self) -> Preset:
+        """The registered preset, with ``hidden`` applied."""
+        preset = PRESETS[self.preset]
+        if self.hidden is not None and isinstance(preset, MLPPreset):
+            return replace(preset, hidden_layer_sizes=(self.hidden,))
+        return preset
+
     def with_(self, **changes: Any) -> AuditConfig:
         return replace(self, **changes)
 
@@ -195,6 +223,7 @@ class AuditConfig:
             "components": self.components,
             "repeats": self.repeats,
             "test_size": self.test_size,
+            "preset": self.preset,
             "hidden": self.hidden,
             "basis": self.basis,
             "seed": self.seed,

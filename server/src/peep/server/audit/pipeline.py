@@ -15,7 +15,6 @@ from peep.server.audit import runner
 from peep.server.audit.basis import BOUNDS_VARIANTS
 from peep.server.audit.config import FRONTIER_MECHANISMS, AuditConfig, AuditConfigError
 from peep.server.audit.runner import (
-    RECOGNISER,
     AuditData,
     RepeatContext,
     aggregate,
@@ -190,9 +189,7 @@ def run_audit(cfg: AuditConfig, *, command: Sequence[str] | None = None) -> Audi
             "split": "stratified random split per repeat",
             "n_train": base_mean["n_train"],
             "n_test": base_mean["n_test"],
-            "recogniser": RECOGNISER.format(hidden=cfg.hidden),
-            "recogniser_training": "trained on perturbed training templates (as the paper); the no-privacy "
-            "baseline on clean coefficients",
+            **recogniser_protocol(cfg),
             "seed": cfg.seed,
         },
         "sampler": sampler_description(cfg),
@@ -241,6 +238,29 @@ def run_audit(cfg: AuditConfig, *, command: Sequence[str] | None = None) -> Audi
     }
     grid = _grid(cfg, data, ctx0, evals[: len(cfg.epsilons)])
     return AuditResult(data=audit, grid=grid)
+
+
+def recogniser_protocol(cfg: AuditConfig) -> dict[str, Any]:
+    """What ``protocol`` says about the recogniser: the server's preset and training code."""
+    from peep.server.config import TrainingConfig
+
+    preset = cfg.recogniser_preset
+    server = TrainingConfig()
+    text = f"preset {preset.name!r}: {preset.description}"
+    if cfg.hidden is not None:
+        text += f"; here with one hidden layer of {cfg.hidden} units (--hidden)"
+    return {
+        "preset": preset.name,
+        "recogniser": text,
+        "recogniser_parameters": preset.describe(),
+        "recogniser_training": (
+            "the server's peep.server.recognition.fitting.fit_recogniser on perturbed training templates (as the "
+            f"paper), with the server's defaults: {server.validation_fraction:g} of each subject's training "
+            "templates held out for early stopping and calibration, subjects with fewer than "
+            f"{server.min_templates_per_subject} training templates dropped; the no-privacy baseline on clean "
+            "coefficients"
+        ),
+    }
 
 
 def majority(y: np.ndarray[Any, Any]) -> float:

@@ -3,9 +3,9 @@
 Work is cut into independent jobs so that two CPU cores are used fully:
 
 1. one *prepare* job per repeat: stratified split, eigenfaces and bounds
-   (see :mod:`peep.server.audit.basis`), the no-privacy MLP, reconstruction
-   baselines (mean face, PCA ceiling) and the candidate sets;
-2. one *evaluate* job per (repeat, ε) — releases, the MLP trained on
+   (see :mod:`peep.server.audit.basis`), the no-privacy recogniser,
+   reconstruction baselines (mean face, PCA ceiling) and the candidate sets;
+2. one *evaluate* job per (repeat, ε) — releases, the recogniser trained on
    perturbed templates, every attack — and one job per sweep point;
 3. with ``--frontier``, selection jobs and evaluate jobs for the chosen
    configurations.
@@ -14,6 +14,13 @@ Fitted models are reused across ε where that is valid (split, basis, bounds,
 clean recogniser, candidate sets). Each job pins BLAS to one thread: on a
 loaded 2-core machine two OpenBLAS threads per process made the MLP several
 times slower, while two single-threaded processes scale.
+
+Every recogniser the audit measures is fitted by the server's own code:
+:func:`peep.server.recognition.fitting.fit_recogniser` with a preset from
+:data:`~peep.server.recognition.fitting.PRESETS` (``--preset``, default the
+server's default) and the server's default training parameters, so a
+template's accuracy here is what a server trained on the same templates
+serves (before ONNX export, which the trainer checks agrees).
 """
 
 from __future__ import annotations
@@ -58,7 +65,6 @@ from peep.server.audit.metrics import (
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 
-RECOGNISER = "sklearn MLPClassifier(hidden_layer_sizes=({hidden},)), other parameters default"
 
 # Job tags keep the noise streams of different job families apart.
 _TAG_EVAL, _TAG_SWEEP, _TAG_FRONTIER_SELECT, _TAG_FRONTIER_EVAL = 1, 2, 3, 4
@@ -70,11 +76,49 @@ _FRONTIER_EVAL_SPLIT = 20_000
 # --------------------------------------------------------------------------- helpers
 
 
-def make_mlp(hidden: int, seed: int) -> Any:
-    """The recogniser of the reference setup: an MLP with one hidden layer."""
-    from sklearn.neural_network import MLPClassifier
+class ServedRecogniser:
+    """A :class:`~peep.server.recognition.fitting.FittedRecogniser` seen as a classifier of identity indices.
 
-    return MLPClassifier(hidden_layer_sizes=(hidden,), random_state=seed)
+    ``classes_`` are the identity indices the server kept (it drops subjects
+    with too few templates), in the column order of :meth:`predict_proba`.
+    """
+
+    def __init__(self, fitted: Any) -> None:
+        self.fitted = fitted
+        self.classes_ = np.array([int(n) for n in fitted.class_names], dtype=np.int64)
+
+    def predict_proba(self, X: FloatArray) -> FloatArray:
+        return np.asarray(self.fitted.predict_proba(np.asarray(X, dtype=np.float32)), dtype=np.float64)
+
+    def predict(self, X: FloatArray) -> IntArray:
+        return np.asarray(self.classes_[self.predict_proba(X).argmax(axis=1)], dtype=np.int64)
+
+
+def fit_served(cfg: AuditConfig, X: FloatArray, y: IntArray, seed: int) -> ServedRecogniser:
+    """The recogniser a server trains on templates ``X`` of identities ``y``.
+
+    The server's :func:`~peep.server.recognition.fitting.fit_recogniser` with
+    the audit's preset and the server's default training parameters
+    (validation fraction, minimum templates per subject, ...); no background
+    class. Runs inside :func:`job_env` (BLAS already pinned to one thread).
+    """
+    from peep.server.config import TrainingConfig
+    from peep.server.recognition.fitting import fit_recogniser
+
+    server = TrainingConfig()
+    fitted = fit_recogniser(
+        np.asarray(X, dtype=np.float32),
+        [str(int(v)) for v in y],
+        preset=cfg.recogniser_preset,
+        background_prefix="",
+        validation_fraction=server.validation_fraction,
+        target_far=server.target_far,
+        unknown_reject_rate=server.unknown_reject_rate,
+        min_templates_per_subject=server.min_templates_per_subject,
+        random_state=seed,
+        blas_threads=1,
+    )
+    return ServedRecogniser(fitted)
 
 
 def proba_full(clf: Any, X: FloatArray, n_classes: int) -> FloatArray:
@@ -286,7 +330,7 @@ def make_context(
     baseline: dict[str, Any] = {}
     if not with_clean:
         return ctx, baseline
-    mlp = make_mlp(cfg.hidden, seed).fit(ctx.C_train, ctx.y_train)
+    mlp = fit_served(cfg, ctx.C_train, ctx.y_train, seed)
     ctx.clean_mlp = mlp
     p_te = proba_full(mlp, ctx.C_test, ctx.n_classes)
     p_tr = proba_full(mlp, ctx.C_train, ctx.n_classes)
@@ -372,7 +416,7 @@ def evaluate_release(
     Ztr, Zte = dom.forward(ctx.C_train), dom.forward(ctx.C_test)
     Rtr, Rte = np.asarray(mech.release(Ztr)), np.asarray(mech.release(Zte))
     K = ctx.n_classes
-    mlp = make_mlp(cfg.hidden, ctx.seed).fit(Rtr, ctx.y_train)
+    mlp = fit_served(cfg, Rtr, ctx.y_train, ctx.seed)
     p_te = proba_full(mlp, Rte, K)
     g = mech.guarantee
     out: dict[str, Any] = {
@@ -496,7 +540,7 @@ def sweep_point(
             n_classes=ctx.n_classes,
             train_idx=ctx.train_idx[keep],
         )
-    clean = make_mlp(cfg.hidden, ctx.seed).fit(sub.C_train, sub.y_train)
+    clean = fit_served(cfg, sub.C_train, sub.y_train, ctx.seed)
     clean_m = classification_metrics(sub.y_test, proba_full(clean, sub.C_test, sub.n_classes).argmax(axis=1))
     private = evaluate_release(sub, cfg, kind=cfg.mechanism, epsilon=eps, key=key, attacks=False)
     per_subject = np.bincount(sub.y_train, minlength=sub.n_classes)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from peep.server.recognition.fitting import PRESETS
+
 _num: dict[str, Any] = {"type": "number"}
 _frac: dict[str, Any] = {"type": "number", "minimum": 0, "maximum": 1}
 _frac_or_null: dict[str, Any] = {"type": ["number", "null"], "minimum": 0, "maximum": 1}
@@ -164,7 +166,18 @@ AUDIT_SCHEMA: dict[str, Any] = {
                 {"source": {"enum": ["train", "background"]}, "note": {"type": "string"}}, ["source", "note"]
             ),
             "protocol": _obj(
-                {"repeats": {"type": "integer", "minimum": 1}, "test_size": _frac, "recogniser": {"type": "string"}}
+                {
+                    "repeats": {"type": "integer", "minimum": 1},
+                    "test_size": _frac,
+                    "preset": {
+                        "enum": list(PRESETS),
+                        "description": "recogniser preset (peep.server.recognition.fitting.PRESETS), fitted by "
+                        "the server's fit_recogniser",
+                    },
+                    "recogniser": {"type": "string", "description": "the preset's description"},
+                    "recogniser_parameters": {"type": "object", "description": "the preset's parameters"},
+                    "recogniser_training": {"type": "string"},
+                }
             ),
             "sampler": _obj(
                 {

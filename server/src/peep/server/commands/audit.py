@@ -31,6 +31,7 @@ def _list(cast: Callable[[str], Any], option: str) -> Callable[[str], tuple[Any,
 def register(sub: Any) -> None:
     from peep.core.mechanisms import MECHANISM_KINDS
     from peep.server.audit.config import DEFAULT_EPSILONS, DEFAULT_FRONTIER_EPSILONS, AuditConfig
+    from peep.server.recognition.fitting import PRESETS
 
     d = AuditConfig()
     p = sub.add_parser(
@@ -85,7 +86,19 @@ def register(sub: Any) -> None:
         "LFW's disjoint 5-9 image people (as a deployed bundle)",
     )
     g.add_argument("--test-size", type=float, default=d.test_size, help=f"held-out fraction (default {d.test_size})")
-    g.add_argument("--hidden", type=int, default=d.hidden, help=f"MLP hidden units (default {d.hidden})")
+    g.add_argument(
+        "--preset",
+        choices=list(PRESETS),
+        default=d.preset,
+        help=f"recogniser preset, trained by the server's own training code (default {d.preset}, the server's "
+        "default; 'reference' is the MLP behind the README's audit table)",
+    )
+    g.add_argument(
+        "--hidden",
+        type=int,
+        default=None,
+        help="one hidden layer of N units instead of the MLP preset's layers (default: the preset's)",
+    )
     g.add_argument("--seed", type=int, default=d.seed, help="seed of splits, recognisers and simulated noise")
     g.add_argument(
         "--secure-noise",
@@ -163,6 +176,7 @@ def handler(args: argparse.Namespace) -> int:
             components=args.components,
             repeats=args.repeats,
             test_size=args.test_size,
+            preset=args.preset,
             hidden=args.hidden,
             basis=args.basis,
             seed=args.seed,
@@ -217,8 +231,8 @@ def command_line(cfg: Any, out: str) -> list[str]:
         cfg.basis,
         "--seed",
         str(cfg.seed),
-        "--hidden",
-        str(cfg.hidden),
+        "--preset",
+        cfg.preset,
         "--test-size",
         f"{cfg.test_size:g}",
         "--sweep-components",
@@ -230,6 +244,8 @@ def command_line(cfg: Any, out: str) -> list[str]:
         "--averaging",
         join(cfg.averaging),
     ]
+    if cfg.hidden is not None:
+        cmd += ["--hidden", str(cfg.hidden)]
     if cfg.data_home:
         cmd += ["--data-home", cfg.data_home]
     if cfg.mechanism == "gaussian-l2":
@@ -253,7 +269,8 @@ def summary(audit: dict[str, Any]) -> str:
     """A plain-text table of the headline numbers."""
     np_ = audit["no_privacy"]
     lines = [
-        f"peep audit: {audit['mechanism']['kind']}, nc={audit['components']}, {audit['dataset']['n_subjects']} "
+        f"peep audit: {audit['mechanism']['kind']}, nc={audit['components']}, recogniser preset "
+        f"{audit['protocol']['preset']}, {audit['dataset']['n_subjects']} "
         f"identities / {audit['dataset']['n_images']} images, {audit['protocol']['repeats']} splits, "
         f"sampler={audit['sampler']['name']}, {audit['timing']['wall_seconds']:.0f} s wall / "
         f"{audit['timing']['cpu_seconds']:.0f} s CPU",
