@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from peep.server.cli import main
 
@@ -73,16 +74,28 @@ def test_evaluate_writes_the_json_and_plots(data_home, tmp_path, capsys):
         assert len(curve) == len(far)
         assert all(a <= b + 1e-12 for a, b in itertools.pairwise(curve))  # GAR grows with FAR
 
-    dev, dis = result["deviation"], result["distortion"]
-    assert dev["epsilons"] == dis["epsilons"] == [1.0, 2.0, 1000.0]
+    assert result["face"]["recogniser"]["preset"] == "default"  # the server's default preset
+    dev, dis, ver = result["deviation"], result["distortion"], result["verification_vs_epsilon"]
+    assert dev["epsilons"] == dis["epsilons"] == ver["epsilons"] == [1.0, 2.0, 1000.0]
     for d in dev["traits"].values():
         assert d["mean_abs"][0] > d["mean_abs"][1] > d["mean_abs"][2] > 0  # less noise as ε grows
-    assert dis["decision_flip_rate"][-1] <= dis["decision_flip_rate"][0]
-    assert dis["score_change"][-1] < dis["score_change"][0]
+    # Dist over the m·n = 2·4 responses: mean difference ≈ 0 (zero-mean noise); as an MSE it follows
+    # Var(Laplace) = 2(Δf/ε)² of each trait's responses
+    assert (dis["m"], dis["n_traits"]) == (2, 4)
+    for n, d in dis["traits"].items():
+        for got, want in zip(d["mean_squared_difference"], d["expected_mean_squared_difference"], strict=True):
+            assert got == pytest.approx(want, rel=0.5), n
+        assert d["expected_mean_squared_difference"][0] == pytest.approx(2 * (qs["sensitivity"][n] / 1.0) ** 2)
+    mse = dis["mean_squared_difference"]
+    assert mse[0] > mse[1] > mse[2] > 0
+    assert mse[1] == pytest.approx(np.mean([d["mean_squared_difference"][1] for d in dis["traits"].values()]))
+    assert abs(dis["mean_difference"][1]) < 3 * math.sqrt(mse[1] / (8 * 150))  # 150 test claims of 8 responses
+    assert ver["decision_flip_rate"][-1] <= ver["decision_flip_rate"][0]
+    assert ver["score_change"][-1] < ver["score_change"][0]
     assert result["module_consistency"]["max_abs_difference"] < 1e-9
     assert result["module_consistency"]["claims_checked"] > 0
 
-    assert sorted(result["plots"]) == ["deviation.png", "distortion.png", "parzen.png", "roc.png"]
+    assert sorted(result["plots"]) == ["deviation.png", "distortion.png", "parzen.png", "roc.png", "verification.png"]
     for name in result["plots"]:
         data = (out / name).read_bytes()
         assert data[:8] == PNG_MAGIC and len(data) > 10_000

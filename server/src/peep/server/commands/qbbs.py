@@ -43,6 +43,8 @@ def _trait_value(text: str) -> tuple[str, float]:
 
 
 def register(sub: Any) -> None:
+    from peep.server.recognition.fitting import DEFAULT_PRESET, PRESETS
+
     p = sub.add_parser("qbbs", help="soft-biometric query module: evaluation and admin commands")
     q = p.add_subparsers(dest="qbbs_command", metavar="ACTION", required=True)
 
@@ -66,6 +68,13 @@ def register(sub: Any) -> None:
     e.add_argument("--template-epsilon", type=float, default=8.0, help="template mechanism's ε (default 8)")
     e.add_argument("--template-delta", type=float, default=None, help="δ for gaussian-l2 templates")
     e.add_argument("--components", type=int, default=128, help="eigenfaces in the bundle (default 128)")
+    e.add_argument(
+        "--preset",
+        choices=list(PRESETS),
+        default=DEFAULT_PRESET,
+        help=f"face recogniser preset, trained by the server's own training code (default {DEFAULT_PRESET}, "
+        "the server's default)",
+    )
     e.add_argument("--seed", type=int, default=0, help="seed of the simulation (splits, noise, synthetic traits)")
     e.add_argument("--out", required=True, help="output directory (qbbs.json, *.png)")
     e.set_defaults(handler=evaluate)
@@ -153,6 +162,7 @@ def evaluate(args: argparse.Namespace) -> int:
         epsilons=args.epsilons or DEFAULT_SWEEP,
         seed=args.seed,
         config=cfg,
+        preset=args.preset,
     )
     try:
         result = run_evaluation(opts, progress=progress_printer)
@@ -163,8 +173,8 @@ def evaluate(args: argparse.Namespace) -> int:
     print(f"QBBS evaluation -> {args.out}/qbbs.json ({result['runtime_s']:.0f} s)")
     print(
         f"  {result['dataset']['n_subjects']} subjects, {result['dataset']['n_images']} images; templates "
-        f"{mech['kind']} ε={mech['epsilon']:g} ({mech['guarantee']}); recogniser test accuracy "
-        f"{result['face']['recogniser']['test_accuracy']:.3f}"
+        f"{mech['kind']} ε={mech['epsilon']:g} ({mech['guarantee']}); recogniser (preset "
+        f"{result['face']['recogniser']['preset']}) test accuracy {result['face']['recogniser']['test_accuracy']:.3f}"
     )
     print(
         f"  query noise: ε={args.epsilon:g} per response, "
@@ -178,6 +188,14 @@ def evaluate(args: argparse.Namespace) -> int:
     print(
         f"    face + all traits      {g['face_all']:.3f}      {g['face_all_noised']:.3f}"
         f"   (chapter shared-noise: {g['face_all_noised_shared_noise']:.3f})"
+    )
+    dev, dist = result["deviation"], result["distortion"]
+    i = dist["epsilons"].index(float(args.epsilon))
+    print(
+        f"  at ε={args.epsilon:g}: Deviation mean |Y' − Y| "
+        + ", ".join(f"{n} {d['mean_abs'][i]:.3g}" for n, d in dev["traits"].items())
+        + f"; Distortion (1/(m·n)) Σ (R − R') = {dist['mean_difference'][i]:.3g}, "
+        f"(1/(m·n)) Σ (R − R')² = {dist['mean_squared_difference'][i]:.4g}"
     )
     return 0
 

@@ -24,8 +24,16 @@ explicitly for this simulation only):
    ``independent`` transform (width sqrt(c² + Var φ)); the chapter's
    ``shared-noise`` transform (Y*' = Y* + φ) is reported too -- it equals the
    noise-free result by construction.
-7. Deviation (E|Y' - Y|) and Distortion (decision flips and fused-score
-   change against the noise-free pipeline, and GAR) over a sweep of ε.
+7. Over a sweep of ε, the chapter's fidelity metrics -- Deviation
+   ``Dev_i = |Y'_i - Y_i|`` per trait and Distortion
+   ``Dist = (1/(m·n)) Σ_k (R_k - R'_k)`` over the m·n true and perturbed
+   SUM responses of a verification (see :func:`deviation` and
+   :func:`distortion`) -- and what the noise does to verification (decision
+   flips, fused-score change and GAR against the noise-free pipeline).
+
+The face recogniser is the server's: :func:`peep.server.recognition.fitting.fit_recogniser`
+with a preset from :data:`~peep.server.recognition.fitting.PRESETS`
+(``--preset``, default the server's default).
 """
 
 from __future__ import annotations
@@ -36,14 +44,13 @@ import math
 import os
 import tempfile
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 from peep.core import features
 from peep.core.mechanisms import LaplaceMechanism
 from peep.core.sampling import check_random_state
@@ -59,10 +66,11 @@ from peep.server.qbbs.traitdata import (
     observe,
     synthetic_anthropometry,
 )
+from peep.server.recognition.fitting import DEFAULT_PRESET
 
 log = logging.getLogger(__name__)
 
-SCHEMA = "peep.qbbs.evaluate/1"
+SCHEMA = "peep.qbbs.evaluate/2"
 TARGET_FAR = 0.01
 FAR_GRID = np.unique(np.concatenate([np.logspace(-4, 0, 49), [0.001, 0.01, 0.1]]))
 DEFAULT_SWEEP = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0)
@@ -87,6 +95,8 @@ class EvaluateOptions:
     epsilons: Sequence[float] = DEFAULT_SWEEP
     seed: int = 0
     config: QbbsConfig = field(default_factory=QbbsConfig)
+    #: Recogniser preset (:data:`peep.server.recognition.fitting.PRESETS`).
+    preset: str = DEFAULT_PRESET
 
 
 # --------------------------------------------------------------------------- metrics
@@ -115,6 +125,39 @@ def roc(genuine: NDArray[np.float64], impostor: NDArray[np.float64], fars: NDArr
         thr = imp[k]
         out.append(float(1.0 - np.searchsorted(gen, thr, side="right") / gen.size))
     return out
+
+
+def deviation(enrolled: ArrayLike, synthesised: ArrayLike) -> NDArray[np.float64]:
+    """The chapter's Deviation ``Dev_i = |Y'_i - Y_i|``, element-wise.
+
+    ``enrolled`` holds the true stored values Y_i, ``synthesised`` the
+    matcher's estimates Y'_i = f(R') from the perturbed query responses.
+
+    >>> deviation([30.0, 180.0], [33.0, 176.5]).tolist()
+    [3.0, 3.5]
+    """
+    return np.asarray(np.abs(np.asarray(synthesised, dtype=np.float64) - np.asarray(enrolled, dtype=np.float64)))
+
+
+def distortion(true_responses: ArrayLike, perturbed_responses: ArrayLike) -> tuple[float, float]:
+    """The chapter's Distortion over all m·n responses: ``(mean difference, mean squared difference)``.
+
+    ``Dist = (1/(m·n)) Σ_k (R_k - R'_k)``, R_k the true and R'_k the
+    perturbed response of query k (m queries for each of n traits, any
+    array shape; every element is one response). The chapter calls Dist
+    analogous to the MSE; its signed mean is zero in expectation for
+    zero-mean noise, so the mean squared difference ``(1/(m·n)) Σ_k
+    (R_k - R'_k)²`` is returned with it.
+
+    >>> distortion([[120.0, 90.0], [1000.0, 800.0]], [[121.0, 88.0], [1003.0, 800.0]])
+    (-0.5, 3.5)
+    """
+    r = np.asarray(true_responses, dtype=np.float64)
+    rp = np.asarray(perturbed_responses, dtype=np.float64)
+    if r.shape != rp.shape or r.size == 0:
+        raise ValueError(f"responses: expected two non-empty arrays of one shape, received {r.shape} and {rp.shape}")
+    d = r - rp
+    return float(np.mean(d)), float(np.mean(d * d))
 
 
 def choose_weights(
@@ -229,7 +272,9 @@ def run_evaluation(opts: EvaluateOptions, *, progress: Progress | None = None) -
     t = lap("release", t)
 
     # 3. recogniser on perturbed training templates
-    predict_proba, recogniser_info = _train_recogniser(X[part == 0], labels[part == 0], subjects, opts.seed)
+    predict_proba, recogniser_info = _train_recogniser(
+        X[part == 0], labels[part == 0], subjects, opts.seed, preset=opts.preset
+    )
     log_p = np.log(np.maximum(predict_proba(X), PROBA_FLOOR))  # (n_images, n_subjects)
     recogniser_info["test_accuracy"] = float(np.mean(np.argmax(log_p[part == 2], axis=1) == labels[part == 2]))
     t = lap("recogniser", t)
@@ -277,28 +322,39 @@ def run_evaluation(opts: EvaluateOptions, *, progress: Progress | None = None) -
     def noisy_terms(
         eps: float, rows: NDArray[np.bool_]
     ) -> tuple[
-        dict[str, NDArray[np.float64]], dict[str, NDArray[np.float64]], dict[str, NDArray[np.float64]], dict[str, float]
+        dict[str, NDArray[np.float64]],
+        dict[str, NDArray[np.float64]],
+        dict[str, tuple[NDArray[np.float64], NDArray[np.float64]]],
+        dict[str, float],
+        dict[str, tuple[NDArray[np.float64], NDArray[np.float64]]],
     ]:
-        """Noised log-likelihoods of every claim of the probes ``rows``: independent and shared-noise."""
+        """Noised log-likelihoods of every claim of the probes ``rows``: independent and shared-noise.
+
+        Also, per trait: (enrolled Y, synthesised Y') of each claim, the
+        standard deviation of Y' - Y, and the (true, perturbed) SUM responses
+        of each claim, shape (n_claims, m).
+        """
         n_p = int(rows.sum())
         claims = np.tile(np.arange(ds.n_subjects), n_p)
-        ind, shared, phis, stds = {}, {}, {}, {}
+        ind, shared, estimates, stds, responses = {}, {}, {}, {}, {}
         for n in names:
             spec = cfg.traits[n]
             enrolled = traits[n]["enrolled"]
             delta_f = spec.range if cfg.sensitivity == "declared-range" else float(enrolled.max() - enrolled.min())
             mech = LaplaceMechanism(epsilon=eps, sensitivity=delta_f, random_state=sampler)
             exact = plan.exact_responses_many(subjects, enrolled, claims)
-            y_noisy = plan.synthesise_many(np.asarray(mech.randomise(exact), dtype=np.float64))
+            perturbed = np.asarray(mech.randomise(exact), dtype=np.float64)
+            y_noisy = plan.synthesise_many(perturbed)
             phi = y_noisy - enrolled[claims]
             var = plan.net_noise_variance(mech.variance)
             obs = np.repeat(traits[n]["observed"][rows], ds.n_subjects)
             shape = (n_p, ds.n_subjects)
             ind[n] = np.asarray(gaussian_log_likelihood(obs, y_noisy, math.sqrt(widths[n] ** 2 + var))).reshape(shape)
             shared[n] = np.asarray(gaussian_log_likelihood(obs + phi, y_noisy, widths[n])).reshape(shape)
-            phis[n] = phi
+            estimates[n] = (enrolled[claims], y_noisy)
             stds[n] = math.sqrt(var)
-        return ind, shared, phis, stds
+            responses[n] = (exact, perturbed)
+        return ind, shared, estimates, stds, responses
 
     def fused(w: dict[str, float], lls: dict[str, NDArray[np.float64]]) -> NDArray[np.float64]:
         g = w[FACE] * lp_test
@@ -311,7 +367,7 @@ def run_evaluation(opts: EvaluateOptions, *, progress: Progress | None = None) -
         return gar_at_far(g[gmask_test], g[~gmask_test], TARGET_FAR)[0]
 
     # A deployment sets its weights for its ε: refit them on noised validation claims.
-    ll_noised, ll_shared, phi_main, std_main = noisy_terms(opts.epsilon, test)
+    ll_noised, ll_shared, est_main, std_main, resp_main = noisy_terms(opts.epsilon, test)
     ll_val_noised = noisy_terms(opts.epsilon, val)[0]
     weights_noised, val_gar_noised = fit_weights(lp_val, ll_val_noised, gmask_val, list(combos))
     scores: dict[str, NDArray[np.float64]] = {"face": s_test, "face_parzen": lp_test}
@@ -355,25 +411,53 @@ def run_evaluation(opts: EvaluateOptions, *, progress: Progress | None = None) -
         cfg, opts, subjects, traits, names, weights["face_all"], parzen, s_test, test, labels[test], scores["face_all"]
     )
 
-    # 7. Deviation and Distortion vs epsilon
+    # 7. Deviation, Distortion and the effect on verification vs epsilon
     g_clean = scores["face_all"]
     _, thr_clean = gar_at_far(g_clean[gmask_test], g_clean[~gmask_test], TARGET_FAR)
     sweep = sorted({float(e) for e in opts.epsilons} | {float(opts.epsilon)})
-    deviation: dict[str, Any] = {
+    dev_table: dict[str, Any] = {
         "epsilons": sweep,
         "definition": (
-            "E|Y' - Y| over all test claims: mean absolute difference between the module's synthesised noisy value "
-            "and the stored value, in the trait's unit (and relative to its declared range)"
+            "the chapter's Deviation Dev_i = |Y'_i - Y_i| for trait i: the enrolled true value Y_i against the "
+            "matcher's estimate Y'_i synthesised from the m perturbed SUM responses of one claim. 'mean_abs': mean "
+            "of Dev_i over all test claims, in the trait's unit; 'relative_to_range': the same divided by the "
+            "trait's declared range; 'noise_std': the standard deviation of Y'_i - Y_i implied by the mechanism"
         ),
         "traits": {n: {"mean_abs": [], "relative_to_range": [], "noise_std": []} for n in names},
     }
-    distortion: dict[str, Any] = {
+    sens = {
+        n: cfg.traits[n].range
+        if cfg.sensitivity == "declared-range"
+        else float(traits[n]["enrolled"].max() - traits[n]["enrolled"].min())
+        for n in names
+    }
+    dist_table: dict[str, Any] = {
+        "epsilons": sweep,
+        "m": plan.m,
+        "n_traits": len(names),
+        "definition": (
+            "the chapter's Distortion Dist = (1/(m*n)) * sum_k (R_k - R'_k) over the m*n SUM responses of one "
+            "verification (m per trait, n traits): true response R_k minus perturbed response R'_k, averaged over "
+            "all test claims. 'mean_difference' is that formula (zero in expectation: the Laplace noise has mean "
+            "0); the chapter calls Dist analogous to the MSE, so 'mean_squared_difference' is (1/(m*n)) * sum_k "
+            "(R_k - R'_k)^2. The all-trait values mix the traits' units as the formula does; 'traits' gives each "
+            "trait's m responses alone, in its unit squared for the squared difference, with the expected value "
+            "2*(sensitivity/epsilon)^2 of a Laplace response"
+        ),
+        "mean_difference": [],
+        "mean_squared_difference": [],
+        "traits": {
+            n: {"mean_difference": [], "mean_squared_difference": [], "expected_mean_squared_difference": []}
+            for n in names
+        },
+    }
+    verification: dict[str, Any] = {
         "epsilons": sweep,
         "definition": (
             "effect of the query noise on verification with face + all traits (independent transform): fraction "
             "of accept/reject decisions that flip and mean |g' - g| / sd(g) against the noise-free system (same "
             "weights, its 1%-FAR threshold); GAR at FAR 1% with weights refitted for each epsilon and with the "
-            "noise-free weights. The chapter's shared-noise transform has zero distortion by construction"
+            "noise-free weights. The chapter's shared-noise transform leaves verification unchanged by construction"
         ),
         "decision_flip_rate": [],
         "score_change": [],
@@ -383,25 +467,33 @@ def run_evaluation(opts: EvaluateOptions, *, progress: Progress | None = None) -
         "epsilon_per_verification": [],
     }
     sd_g = float(np.std(g_clean)) or 1.0
-    report = prog("deviation and distortion vs epsilon")
+    report = prog("deviation, distortion and verification vs epsilon")
     for j, eps in enumerate(sweep):
         if eps == opts.epsilon:
-            ind, phis, stds, w_eps = ll_noised, phi_main, std_main, weights_noised["face_all"]
+            ind, est, stds, resp, w_eps = ll_noised, est_main, std_main, resp_main, weights_noised["face_all"]
         else:
-            ind, _, phis, stds = noisy_terms(eps, test)
+            ind, _, est, stds, resp = noisy_terms(eps, test)
             w_eps = fit_weights(lp_val, noisy_terms(eps, val)[0], gmask_val, ["face_all"])[0]["face_all"]
         for n in names:
-            dev = float(np.mean(np.abs(phis[n])))
-            deviation["traits"][n]["mean_abs"].append(dev)
-            deviation["traits"][n]["relative_to_range"].append(dev / cfg.traits[n].range)
-            deviation["traits"][n]["noise_std"].append(stds[n])
+            dev = float(np.mean(deviation(*est[n])))
+            dev_table["traits"][n]["mean_abs"].append(dev)
+            dev_table["traits"][n]["relative_to_range"].append(dev / cfg.traits[n].range)
+            dev_table["traits"][n]["noise_std"].append(stds[n])
+            mean_d, mean_sq = distortion(*resp[n])
+            dist_table["traits"][n]["mean_difference"].append(mean_d)
+            dist_table["traits"][n]["mean_squared_difference"].append(mean_sq)
+            dist_table["traits"][n]["expected_mean_squared_difference"].append(2.0 * (sens[n] / eps) ** 2)
+        # one verification's m*n responses side by side: (n_claims, n_traits * m)
+        mean_d, mean_sq = distortion(np.hstack([resp[n][0] for n in names]), np.hstack([resp[n][1] for n in names]))
+        dist_table["mean_difference"].append(mean_d)
+        dist_table["mean_squared_difference"].append(mean_sq)
         g_n = fused(weights["face_all"], ind)
-        distortion["decision_flip_rate"].append(float(np.mean((g_n > thr_clean) != (g_clean > thr_clean))))
-        distortion["score_change"].append(float(np.mean(np.abs(g_n - g_clean)) / sd_g))
-        distortion["gar_at_far_1pct_clean_weights"].append(gar(g_n))
-        distortion["gar_at_far_1pct"].append(gar(fused(w_eps, ind)))
-        distortion["weights"].append(w_eps)
-        distortion["epsilon_per_verification"].append(eps * plan.pairs * len(names))
+        verification["decision_flip_rate"].append(float(np.mean((g_n > thr_clean) != (g_clean > thr_clean))))
+        verification["score_change"].append(float(np.mean(np.abs(g_n - g_clean)) / sd_g))
+        verification["gar_at_far_1pct_clean_weights"].append(gar(g_n))
+        verification["gar_at_far_1pct"].append(gar(fused(w_eps, ind)))
+        verification["weights"].append(w_eps)
+        verification["epsilon_per_verification"].append(eps * plan.pairs * len(names))
         report(j + 1, len(sweep))
     t = lap("sweep", t)
 
@@ -476,8 +568,9 @@ def run_evaluation(opts: EvaluateOptions, *, progress: Progress | None = None) -
         },
         "gar_at_far_1pct": gar_table,
         "roc": {"far": FAR_GRID.tolist(), "curves": roc_curves},
-        "deviation": deviation,
-        "distortion": distortion,
+        "deviation": dev_table,
+        "distortion": dist_table,
+        "verification_vs_epsilon": verification,
         "module_consistency": consistency,
         "notes": [
             *notes,
@@ -530,51 +623,37 @@ def _bundle(
 
 
 def _train_recogniser(
-    X: NDArray[np.float32], y: NDArray[np.int64], subjects: Sequence[str], seed: int
+    X: NDArray[np.float32], y: NDArray[np.int64], subjects: Sequence[str], seed: int, *, preset: str = DEFAULT_PRESET
 ) -> tuple[Callable[[NDArray[np.float32]], NDArray[np.float64]], dict[str, Any]]:
-    """A recogniser on perturbed training templates; returns ``predict_proba`` in subject order.
+    """The server's recogniser on perturbed training templates; returns ``predict_proba`` in subject order.
 
-    Uses the server's :func:`peep.server.recognition.fitting.fit_recogniser` (its
-    ``default`` preset, which early-stops on its own split of the training
-    templates); falls back to a scikit-learn MLP if that API is unavailable.
+    Calls the server's :func:`peep.server.recognition.fitting.fit_recogniser`
+    with the registered ``preset`` (which may early-stop on its own split of
+    the training templates) and no background class.
     """
-    info: dict[str, Any] = {"trained_on": "perturbed templates of the training split only", "n_train": int(y.size)}
-    try:
-        from peep.server.recognition.fitting import fit_recogniser
+    from peep.server.recognition.fitting import TrainingError, fit_recogniser
 
-        fitted = fit_recogniser(
-            X, [subjects[int(i)] for i in y], preset="default", background_prefix="", random_state=seed
+    fitted = fit_recogniser(X, [subjects[int(i)] for i in y], preset=preset, background_prefix="", random_state=seed)
+    missing = [s for s in subjects if s not in fitted.class_names]
+    if missing:
+        raise TrainingError(
+            f"recogniser: expected every subject to have >= 2 training templates, {len(missing)} have fewer"
         )
-        order = np.array([fitted.class_names.index(s) for s in subjects], dtype=np.intp)
-        preset = fitted.preset
-        info["kind"] = f"peep.server.recognition.fitting.fit_recogniser, preset {preset.name!r}: {preset.description}"
-        info["epochs"] = int(fitted.n_epochs)
+    order = np.array([fitted.class_names.index(s) for s in subjects], dtype=np.intp)
+    p = fitted.preset
+    info: dict[str, Any] = {
+        "trained_on": "perturbed templates of the training split only",
+        "n_train": int(y.size),
+        "preset": p.name,
+        "kind": f"peep.server.recognition.fitting.fit_recogniser, preset {p.name!r}: {p.description}",
+        "parameters": p.describe(),
+        "epochs": int(fitted.n_epochs),
+    }
 
-        def proba(Z: NDArray[np.float32]) -> NDArray[np.float64]:
-            return np.asarray(fitted.predict_proba(Z), dtype=np.float64)[:, order]
+    def proba(Z: NDArray[np.float32]) -> NDArray[np.float64]:
+        return np.asarray(fitted.predict_proba(Z), dtype=np.float64)[:, order]
 
-        return proba, info
-    except (ImportError, AttributeError, TypeError, ValueError) as exc:
-        info["note"] = f"the server's training code was not usable ({type(exc).__name__}: {exc}); fell back"
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.neural_network import MLPClassifier
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
-    clf = make_pipeline(
-        StandardScaler(), MLPClassifier(hidden_layer_sizes=(256,), alpha=1e-2, max_iter=200, random_state=seed)
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        clf.fit(X, y)
-    if len(clf.classes_) != len(subjects):
-        raise ValueError("recogniser: every subject needs training images")
-    info["kind"] = "scikit-learn MLPClassifier(256 hidden, alpha=1e-2) on standardised perturbed templates"
-
-    def proba_sk(Z: NDArray[np.float32]) -> NDArray[np.float64]:
-        return np.asarray(clf.predict_proba(Z), dtype=np.float64)
-
-    return proba_sk, info
+    return proba, info
 
 
 def _soft_traits(
@@ -764,8 +843,8 @@ def _plots(
         label = f"{n}{' (synthetic)' if n in result['synthetic'] else ''} [{result['soft_traits'][n]['unit']}]"
         axes[0].plot(dev["epsilons"], d["mean_abs"], marker="o", label=label)
         axes[1].plot(dev["epsilons"], d["relative_to_range"], marker="o", label=label)
-    axes[0].set_ylabel("Deviation E|Y' − Y| (trait units)")
-    axes[1].set_ylabel("Deviation / declared range (= Δf)")
+    axes[0].set_ylabel("Deviation: mean over claims of |Y' − Y| (trait units)")
+    axes[1].set_ylabel("Deviation / declared range")
     for ax in axes:
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -779,6 +858,34 @@ def _plots(
     files.append("deviation.png")
 
     dis = result["distortion"]
+    m, n_traits = dis["m"], dis["n_traits"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    axes[0].plot(dis["epsilons"], dis["mean_difference"], marker="o", color="black", lw=2, label="all traits")
+    for n, d in dis["traits"].items():
+        axes[0].plot(dis["epsilons"], d["mean_difference"], marker=".", lw=1, label=n)
+        line = axes[1].plot(dis["epsilons"], d["mean_squared_difference"], marker="o", label=n)[0]
+        axes[1].plot(dis["epsilons"], d["expected_mean_squared_difference"], ls=":", color=line.get_color(), lw=1)
+    axes[1].plot(dis["epsilons"], dis["mean_squared_difference"], marker="s", color="black", lw=2, label="all traits")
+    axes[0].axhline(0.0, color="grey", lw=0.8)
+    axes[0].set_xscale("log")
+    axes[0].set_yscale("symlog", linthresh=1e-2)
+    axes[0].set_ylabel(f"Dist = (1/(m·n)) Σ (R − R′)   (m = {m}, n = {n_traits})")
+    axes[0].set_title("Distortion (chapter): mean difference", fontsize=10)
+    axes[1].set_xscale("log")
+    axes[1].set_yscale("log")
+    axes[1].set_ylabel("(1/(m·n)) Σ (R − R′)²   (trait units²)")
+    axes[1].set_title("Distortion as MSE (dotted: expected 2(Δf/ε)²)", fontsize=10)
+    for ax in axes:
+        ax.set_xlabel("ε per SUM response")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Distortion vs ε: true vs perturbed SUM responses of each verification", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out / "distortion.png", dpi=110)
+    plt.close(fig)
+    files.append("distortion.png")
+
+    dis = result["verification_vs_epsilon"]
     fig, ax = plt.subplots(figsize=(7, 4.8))
     ax.plot(
         dis["epsilons"], dis["decision_flip_rate"], marker="o", label="decisions flipped (at clean 1%-FAR threshold)"
@@ -803,13 +910,13 @@ def _plots(
     ax.axhline(g["face"], color="black", ls=":", lw=1, label="GAR face alone")
     ax.set_xscale("log")
     ax.set_xlabel("ε per SUM response")
-    ax.set_title("Distortion vs ε (independent transform)", fontsize=10)
+    ax.set_title("Verification vs query noise ε (independent transform)", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "distortion.png", dpi=110)
+    fig.savefig(out / "verification.png", dpi=110)
     plt.close(fig)
-    files.append("distortion.png")
+    files.append("verification.png")
 
     lo = float(min(genuine.min(), impostor.min()))
     hi = float(max(genuine.max(), impostor.max()))
