@@ -3,7 +3,7 @@ Bayesian fusion with the face score, and a privacy odometer.
 
 The soft-trait store (``_store``) is private to this package; the query
 module (:class:`QbbsModule`) is its only read path, and
-``tests/qbbs/test_architecture.py`` fails if anything else imports it or
+``tests/qbbs/test_store_boundary.py`` fails if anything else imports it or
 touches its tables. See :mod:`peep.server.qbbs.queries` for the permissible
 query structure and its privacy accounting, :mod:`peep.server.qbbs.matcher`
 for the fusion, :mod:`peep.server.qbbs.service` for the gRPC service and

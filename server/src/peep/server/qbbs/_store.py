@@ -1,7 +1,7 @@
 """The soft-trait store: private to :mod:`peep.server.qbbs`.
 
 Nothing outside this package may import this module or touch its tables
-(``tests/qbbs/test_architecture.py`` scans the source tree and fails if any
+(``tests/qbbs/test_store_boundary.py`` scans the source tree and fails if any
 does). The query module is the only reader: it asks for one trait's column
 to compute the permissible SUM queries and never returns stored values.
 
