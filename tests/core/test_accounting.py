@@ -81,9 +81,7 @@ def test_per_key_isolation():
 
 
 def test_per_key_budget_overrides():
-    acc = PrivacyAccountant(
-        epsilon_budget=2.0, budgets={"device:cam1": (100.0, 1e-6), "subject:bob": (0.0, 0.0)}
-    )
+    acc = PrivacyAccountant(epsilon_budget=2.0, budgets={"device:cam1": (100.0, 1e-6), "subject:bob": (0.0, 0.0)})
     assert acc.budget("device:cam1") == (100.0, 1e-6)
     assert acc.budget("track:9") == (2.0, 0.0)
     acc.spend("device:cam1", 50.0, 1e-7)
@@ -242,3 +240,31 @@ def test_jsonl_ledger_refuses_corrupt_files(tmp_path):
     path.write_text('{"key": "k"}\n', encoding="utf-8")
     with pytest.raises(ValueError, match=r"ledger.jsonl: line 1"):
         JsonlLedger(path)
+
+
+def test_spends_carry_typed_per_coordinate_epsilon_purpose_and_message_id(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    with JsonlLedger(path) as ledger:
+        acc = PrivacyAccountant(epsilon_budget=100.0, ledger=ledger)
+        s = acc.spend("track:1", 16.0, epsilon_coordinate=0.125, purpose="identify", message_id="m-1")
+    assert (s.epsilon_vector, s.epsilon_coordinate, s.purpose, s.message_id, s.note) == (
+        16.0,
+        0.125,
+        "identify",
+        "m-1",
+        "",
+    )
+    (again,) = JsonlLedger(path).entries()
+    assert again == s
+    with pytest.raises(ValueError, match="epsilon_coordinate"):
+        acc.spend("track:1", 1.0, epsilon_coordinate=-1.0)
+
+
+def test_release_cost_is_the_template_plus_its_soft_traits():
+    from peep.core.accounting import ReleaseCost
+    from peep.core.mechanisms import PeepMechanism
+
+    cost = ReleaseCost.of(PeepMechanism(epsilon=8.0, n_components=128), soft_epsilon=2.0)
+    assert (cost.epsilon_vector, cost.epsilon_coordinate, cost.delta) == (1024.0, 8.0, 0.0)
+    assert cost.total_vector == 1026.0
+    assert cost.releases_within(2052.0) == 2 and cost.releases_within(2051.0) == 1

@@ -28,6 +28,59 @@ def test_onnxruntime_and_numpy_projections_agree_on_real_faces(bundle, lfw100):
     assert np.linalg.norm(out["l2_clipped"], axis=1).max() <= b.radius_l2 * (1 + 1e-6)
 
 
+def test_every_release_domain_is_a_projector_output_equal_to_its_numpy_form(bundle, lfw100):
+    from peep.core.domains import DOMAINS
+    from peep.core.projections import projector_outputs
+
+    assert bundle.outputs == projector_outputs() == ("coefficients", *DOMAINS)
+    faces = lfw100.images[:200]
+    out = bundle.project(faces)
+    ref = bundle.model().transform(faces.reshape(len(faces), -1).astype(np.float64))
+    for name, dom in DOMAINS.items():
+        np.testing.assert_allclose(out[name], dom.apply(ref, bundle.bounds), atol=1e-4, err_msg=name)
+        back = dom.inverse(dom.apply(ref, bundle.bounds), bundle.bounds)
+        inside = np.all((ref >= bundle.bounds.lower) & (ref <= bundle.bounds.upper), axis=1)
+        if name in ("scaled", "box_clipped"):  # rescaling undone exactly inside the box
+            np.testing.assert_allclose(back[inside], ref[inside], atol=1e-9, err_msg=name)
+
+
+def test_bundle_reads_back_its_projection(bundle, lfw100):
+    from peep.core.projections import EigenfaceProjection
+
+    assert bundle.projection_kind == "eigenfaces" and bundle.metadata["projection"] == "eigenfaces"
+    proj = bundle.projection()
+    assert isinstance(proj, EigenfaceProjection)
+    X = lfw100.images[:20].reshape(20, -1).astype(np.float64)
+    np.testing.assert_allclose(proj.transform(X), bundle.project(lfw100.images[:20], "coefficients"), atol=1e-4)
+    np.testing.assert_array_equal(proj.bounds_.lower, bundle.bounds.lower)
+
+
+def test_a_mechanism_whose_domain_the_projector_lacks_is_refused(monkeypatch, keypair, lfw_background, tmp_path):
+    """A bundle without the output a mechanism releases (e.g. a unit-sphere mechanism with an
+    eigenface projector) is refused by name, never released from another output."""
+    from peep.core import domains
+    from peep.core.bundle import build_bundle_files, write_bundle_files
+    from peep.core.imaging import DEFAULT_GEOMETRY
+    from peep.core.projections import EigenfaceProjection
+    from peep.core.projections import base as projection_base
+    from peep.core.release import TemplateReleaser
+
+    without_l1 = {k: v for k, v in domains.DOMAINS.items() if k != "l1_clipped"}
+    monkeypatch.setattr(projection_base, "DOMAINS", without_l1)
+    proj = EigenfaceProjection(n_components=16).fit(lfw_background.X[:200])
+    files = build_bundle_files(
+        projection=proj, geometry=DEFAULT_GEOMETRY, signing_key=keypair[0], normalisation={}, mechanism_defaults={}
+    )
+    monkeypatch.undo()
+    b = EigenfaceBundle.load(write_bundle_files(files, tmp_path / "b"), keypair[1])
+    assert "l1_clipped" not in b.outputs
+    b.check_mechanism("gaussian-l2")
+    with pytest.raises(BundleError, match=r"laplace-l1.*l1_clipped.*" + b.bundle_id):
+        b.check_mechanism("laplace-l1")
+    with pytest.raises(BundleError, match="laplace-l1"):
+        TemplateReleaser(b, kind="laplace-l1", epsilon=8.0)
+
+
 def test_single_face_and_shape_errors(bundle, lfw100):
     one = bundle.project(lfw100.images[0], "scaled")
     assert one.shape == (1, 128) and one.dtype == np.float32

@@ -23,6 +23,9 @@ from peep.core.mechanisms import (
     bounds_from_data,
     classic_gaussian_sigma,
     make_mechanism,
+    mechanism_class,
+    mechanism_classes,
+    mechanism_kinds,
 )
 from peep.core.sampling import grid_inflation_l1, grid_inflation_l2, secure_sampler
 from scipy import stats
@@ -151,7 +154,7 @@ def test_too_small_epsilon_for_the_grid_is_refused():
 
 
 def test_make_mechanism_errors():
-    with pytest.raises(ValueError, match="peep, peep-raw, laplace-vector, gaussian-l2, laplace-l1"):
+    with pytest.raises(ValueError, match=", ".join(MECHANISM_KINDS)):
         make_mechanism("laplace", epsilon=1.0, n_components=NC)
     with pytest.raises(ValueError, match="lower"):
         make_mechanism("peep-raw", epsilon=1.0, n_components=NC)
@@ -187,8 +190,10 @@ def test_make_mechanism_kinds(kind, cls):
     assert kind in repr(m)
 
 
-def test_mechanism_kinds_tuple():
-    assert MECHANISM_KINDS == ("peep", "peep-raw", "laplace-vector", "gaussian-l2", "laplace-l1")
+def test_mechanism_kinds_come_from_the_registry():
+    assert set(MECHANISM_KINDS) >= {"peep", "peep-raw", "laplace-vector", "gaussian-l2", "laplace-l1"}
+    assert MECHANISM_KINDS == mechanism_kinds() == tuple(mechanism_classes())
+    assert all(mechanism_class(k).kind == k for k in MECHANISM_KINDS)
 
 
 # --------------------------------------------------------------------------- guarantees
@@ -483,3 +488,64 @@ def test_bounds_from_data_warns():
         lo, hi = bounds_from_data(X)
     np.testing.assert_array_equal(lo, [0.0, -1.0])
     np.testing.assert_array_equal(hi, [2.0, 5.0])
+
+
+# --------------------------------------------------------------------------- the declared contract
+
+
+@pytest.mark.parametrize("kind", MECHANISM_KINDS)
+def test_plausible_range_is_the_domain_widened_by_the_noise(kind):
+    m = _build(kind)
+    lo, hi = m.domain_box()
+    assert lo.shape == hi.shape == (NC,) and np.all(lo < hi)
+    clipped = m.clip(np.random.default_rng(0).normal(scale=50.0, size=(200, NC)))
+    assert np.all(clipped >= lo - 1e-12) and np.all(clipped <= hi + 1e-12)
+    plo, phi = m.plausible_range(40.0)
+    np.testing.assert_allclose(plo, lo - 40.0 * m.noise_std)
+    np.testing.assert_allclose(phi, hi + 40.0 * m.noise_std)
+
+
+@pytest.mark.parametrize("kind", MECHANISM_KINDS)
+def test_epsilon_for_vector_gives_that_per_vector_guarantee(kind):
+    from peep.core.bounding import BundleBounds
+
+    bounds = BundleBounds(lower=LOWER, upper=UPPER, radius_l2=3.0, radius_l1=7.0)
+    cls = mechanism_class(kind)
+    eps = cls.epsilon_for_vector(bounds, 64.0, delta=1e-5)
+    m = cls.from_bounds(bounds, epsilon=eps, delta=1e-5)
+    assert m.guarantee.epsilon_vector == pytest.approx(64.0, rel=1e-6)
+    assert (cls.epsilon_scope == "vector") == (eps == 64.0)
+
+
+# --------------------------------------------------------------------------- randomized response
+
+
+def test_randomized_response_keeps_the_bit_with_the_stated_probability():
+    from peep.core.mechanisms import RandomizedResponse
+
+    rr = RandomizedResponse(epsilon=1.0)
+    assert rr.is_secure and rr.p_keep == pytest.approx(math.e / (1 + math.e))
+    n = 20_000
+    kept = sum(rr.randomise(1) for _ in range(n)) / n
+    assert abs(kept - rr.p_keep) < 4 * math.sqrt(rr.p_keep * (1 - rr.p_keep) / n)
+    flipped = sum(rr.randomise(0) for _ in range(n)) / n
+    assert abs(flipped - (1 - rr.p_keep)) < 4 * math.sqrt(rr.p_keep * (1 - rr.p_keep) / n)
+    with pytest.raises(ValueError, match="bit: expected 0 or 1"):
+        rr.randomise(2)
+    with pytest.raises(ValueError, match="epsilon"):
+        RandomizedResponse(epsilon=0.0)
+    with pytest.raises(UnsafeFeatureError, match="seeded-noise"):
+        RandomizedResponse(epsilon=1.0, random_state=0)
+
+
+def test_secure_bernoulli_rounds_the_probability_down_never_up():
+    from peep.core.sampling import SecureSampler
+
+    # Words just below and at the 53-bit threshold of p = 0.5 decide the coin exactly.
+    below = (np.uint64(2**52 - 1) << np.uint64(11)).tobytes()
+    at = (np.uint64(2**52) << np.uint64(11)).tobytes()
+    s = SecureSampler(random_bytes=lambda n: (below + at)[:n] if n == 16 else below[:n])
+    assert s.bernoulli(0.5, 2).tolist() == [True, False]
+    assert not SecureSampler().bernoulli(0.0, 1000).any() and SecureSampler().bernoulli(1.0, 1000).all()
+    with pytest.raises(ValueError, match="p: expected <= 1"):
+        SecureSampler().bernoulli(1.5, 1)

@@ -235,12 +235,10 @@ def test_agent_over_grpc_only(make_config, crowd_video, pki, h):
         assert agent.run() == 0
     finally:
         server.stop(0)
-    import json
-
     from peep.edge.ledger import SqliteLedger
 
     ledger = SqliteLedger(config.ledger_path)
-    ids = [json.loads(s.note)["message_id"] for s in ledger.entries()]
+    ids = [s.message_id for s in ledger.entries()]
     ledger.close()
     assert len(ids) >= 10
     assert servicer.stored == ids

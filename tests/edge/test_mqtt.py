@@ -3,7 +3,6 @@ bundle updates from the retained topic."""
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import time
@@ -25,7 +24,7 @@ def released_ids(agent: Agent) -> list[str]:
 
     ledger = SqliteLedger(agent.cfg.ledger_path)
     try:
-        return [json.loads(s.note)["message_id"] for s in ledger.entries() if s.key.startswith("track:")]
+        return [s.message_id for s in ledger.entries() if s.key.startswith("track:")]
     finally:
         ledger.close()
 

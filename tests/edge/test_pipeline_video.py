@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from collections import Counter
@@ -15,7 +14,7 @@ from peep.edge.capture import VideoSource
 from peep.edge.cli import main
 from peep.edge.config import load_config
 from peep.edge.errors import MissingExtraError
-from peep.edge.soft import SoftTraitReleaser, randomized_response
+from peep.edge.soft import SoftTraitReleaser
 from peep.v1 import template_pb2
 
 # What a template may contain: the wire schema's fields, nothing else.
@@ -73,7 +72,7 @@ def test_release_policy_holds_on_a_long_video_of_one_person(agent_for, one_perso
     entries = spends(agent)
     assert [e.key for e in entries] == [f"track:{msgs[0].track_id}"] * 6
     assert sum(e.epsilon for e in entries) == pytest.approx(6 * cost)
-    assert {json.loads(e.note)["epsilon_coordinate"] for e in entries} == {4.0}
+    assert {e.epsilon_coordinate for e in entries} == {4.0}
     m = agent.metrics
     assert m.value("peep_edge_releases_total", purpose="identify") == 6
     assert m.value("peep_edge_frames_total") == 300
@@ -169,7 +168,12 @@ def test_soft_traits_are_released_with_ldp_and_charged_to_the_track(agent_for, o
 def test_randomized_response_and_age_noise_have_the_stated_distributions():
     eps = 1.0
     n = 20_000
-    kept = sum(randomized_response(1, eps) for _ in range(n)) / n
+    class Male:
+        def predict_face(self, face):
+            return {"age": {"value": 30}, "gender": {"value": "male"}}
+
+    coin = SoftTraitReleaser(age_epsilon=1.0, gender_epsilon=eps, estimator=Male())
+    kept = sum(coin.release(np.zeros((8, 8, 3), np.uint8))[1]["value"] for _ in range(n)) / n
     p = math.exp(eps) / (1 + math.exp(eps))
     assert abs(kept - p) < 4 * math.sqrt(p * (1 - p) / n)
 

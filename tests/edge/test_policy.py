@@ -108,10 +108,9 @@ def test_ledger_persists_spend_across_restarts(tmp_path):
     path = tmp_path / "ledger.sqlite3"
     ledger = SqliteLedger(path)
     acc = PrivacyAccountant(epsilon_budget=50.0, ledger=ledger)
-    note = json.dumps({"epsilon_coordinate": 0.5})
-    acc.spend("track:a-1", 20.0, note=note)
-    acc.spend("track:a-1", 20.0, note=note)
-    acc.spend("device:cam", 40.0, note=note)
+    acc.spend("track:a-1", 20.0, epsilon_coordinate=0.5, purpose="identify", message_id="m1")
+    acc.spend("track:a-1", 20.0, epsilon_coordinate=0.5, purpose="identify", message_id="m2")
+    acc.spend("device:cam", 40.0, epsilon_coordinate=0.5)
     ledger.close()
     again = SqliteLedger(path)
     acc2 = PrivacyAccountant(epsilon_budget=50.0, ledger=again)
@@ -122,3 +121,40 @@ def test_ledger_persists_spend_across_restarts(tmp_path):
     assert [s.key for s in again.entries()] == ["track:a-1", "track:a-1", "device:cam"]
     vec, coord, n = again.lifetime()
     assert (vec, coord, n) == (40.0, 1.0, 2)  # device cap keys are not double counted
+    first = again.entries("track:a-1")[0]
+    assert (first.epsilon_vector, first.epsilon_coordinate, first.purpose, first.message_id) == (
+        20.0,
+        0.5,
+        "identify",
+        "m1",
+    )
+
+
+def test_a_ledger_from_before_the_typed_columns_keeps_its_per_coordinate_spend(tmp_path):
+    """Devices that ran the earlier agent kept the per-coordinate ε as JSON in the note;
+    opening their ledger moves it into the typed columns, so the lifetime total is unchanged."""
+    import sqlite3
+
+    path = tmp_path / "old.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript(
+        "CREATE TABLE spends (id INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, epsilon REAL NOT NULL,"
+        " delta REAL NOT NULL, time REAL NOT NULL, note TEXT NOT NULL);"
+        "CREATE TABLE totals (key TEXT PRIMARY KEY, epsilon REAL NOT NULL, delta REAL NOT NULL, n INTEGER NOT NULL);"
+    )
+    for key, note in (
+        ("track:a-1", json.dumps({"epsilon_coordinate": 8.0, "message_id": "m1", "purpose": "identify"})),
+        ("subject:ann", json.dumps({"epsilon_coordinate": 8.0, "message_id": "m2", "purpose": "enroll"})),
+        ("track:a-2", "free text"),
+    ):
+        db.execute("INSERT INTO spends (key, epsilon, delta, time, note) VALUES (?, 1024, 0, 1, ?)", (key, note))
+        db.execute("INSERT INTO totals VALUES (?, 1024, 0, 1)", (key,))
+    db.commit()
+    db.close()
+    ledger = SqliteLedger(path)
+    assert ledger.lifetime() == (3072.0, 16.0, 3)
+    by_key = {s.key: s for s in ledger.entries()}
+    assert (by_key["subject:ann"].purpose, by_key["subject:ann"].message_id) == ("enroll", "m2")
+    assert by_key["track:a-2"].note == "free text" and by_key["track:a-2"].epsilon_coordinate == 0.0
+    ledger.close()
+    assert SqliteLedger(path).lifetime() == (3072.0, 16.0, 3)  # migrated once

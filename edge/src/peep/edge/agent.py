@@ -27,7 +27,6 @@ on the bundle's bounds). Accepted updates are stored in
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -41,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import cv2
-from peep.core.accounting import PrivacyAccountant, Spend
+from peep.core.accounting import PrivacyAccountant, ReleaseCost, Spend
 from peep.core.bundle import EigenfaceBundle, load_public_key, write_bundle_files
 from peep.core.exceptions import BudgetError, BundleError, WireError
 from peep.core.release import TemplateReleaser
@@ -113,11 +112,20 @@ class Agent:
         self.ledger: SqliteLedger | None = None
         self.pipeline: FramePipeline | None = None
         self.accountant: PrivacyAccountant | None = None
+        self.soft: SoftTraitReleaser | None = None
         self._bundle_updates: queue.SimpleQueue[bytes] = queue.SimpleQueue()
         self._prepared = False
         self._lifetime = [0.0, 0.0]
 
     # ------------------------------------------------------------------ start-up
+
+    def _cost_of(self, releaser: TemplateReleaser) -> ReleaseCost:
+        return ReleaseCost.of(releaser.mechanism, soft_epsilon=self.soft.epsilon if self.soft else 0.0)
+
+    @property
+    def cost(self) -> ReleaseCost:
+        """What one release costs (template + soft traits) with the current bundle and configuration."""
+        return self._cost_of(self.releaser)
 
     def _load_bundle(self) -> None:
         cfg = self.cfg
@@ -194,12 +202,12 @@ class Agent:
             if cfg.soft.enabled
             else None
         )
-        g = self.releaser.mechanism.guarantee
+        cost = self.cost
         check_budget_allows_release(
             cfg.privacy,
-            release_epsilon_vector=float(g.epsilon_vector),
-            release_epsilon_coordinate=float(g.epsilon_coordinate),
-            soft_epsilon=self.soft.epsilon if self.soft else 0.0,
+            release_epsilon_vector=cost.epsilon_vector,
+            release_epsilon_coordinate=cost.epsilon_coordinate,
+            soft_epsilon=cost.soft_epsilon,
         )
         self.mqtt_password = (
             resolve_secret(
@@ -226,7 +234,7 @@ class Agent:
 
     def describe(self) -> dict[str, Any]:
         """What the agent will do (logged at start, printed by ``--validate-config``)."""
-        g = self.releaser.mechanism.guarantee
+        cost = self.cost
         p = self.cfg.privacy
         return {
             "device": self.cfg.device.id,
@@ -236,13 +244,11 @@ class Agent:
             "mechanism": p.mechanism,
             "epsilon": p.epsilon,
             "delta": p.delta,
-            "epsilon_coordinate": float(g.epsilon_coordinate),
-            "epsilon_vector": float(g.epsilon_vector),
-            "soft_epsilon": self.soft.epsilon if self.soft else 0.0,
+            "epsilon_coordinate": cost.epsilon_coordinate,
+            "epsilon_vector": cost.epsilon_vector,
+            "soft_epsilon": cost.soft_epsilon,
             "track_budget_epsilon_vector": p.track_budget,
-            "releases_per_track_max": math.floor(
-                p.track_budget / (float(g.epsilon_vector) + (self.soft.epsilon if self.soft else 0.0)) * (1 + 1e-9)
-            ),
+            "releases_per_track_max": cost.releases_within(p.track_budget),
             "releases_per_window": p.releases_per_window,
             "window_seconds": p.window_seconds,
             "secure_sampler": bool(self.releaser.mechanism.is_secure),
@@ -277,7 +283,7 @@ class Agent:
             epsilon_coordinate_spent=coord,
         )
         p = cfg.privacy
-        cost = float(self.releaser.mechanism.guarantee.epsilon_vector) + (self.soft.epsilon if self.soft else 0.0)
+        cost = self.cost.total_vector
         all_budgets = dict(budgets or {})
         self.device_key: str | None = None
         if p.device_budget is not None:
@@ -309,10 +315,7 @@ class Agent:
         if spend.key.startswith("device:"):
             return
         self._lifetime[0] += spend.epsilon
-        try:
-            self._lifetime[1] += float(json.loads(spend.note).get("epsilon_coordinate", 0.0))
-        except (ValueError, AttributeError):
-            pass
+        self._lifetime[1] += spend.epsilon_coordinate
         self.metrics.epsilon_spent.labels(scope="vector").set(self._lifetime[0])
         self.metrics.epsilon_spent.labels(scope="coordinate").set(self._lifetime[1])
 
@@ -370,9 +373,8 @@ class Agent:
             releases_per_window=p.releases_per_window,
             window_s=p.window_seconds,
             min_hits=p.min_track_frames,
-            cost_epsilon=float(self.releaser.mechanism.guarantee.epsilon_vector)
-            + (self.soft.epsilon if self.soft else 0.0),
-            cost_delta=float(self.releaser.description.delta),
+            cost_epsilon=self.cost.total_vector,
+            cost_delta=self.cost.delta,
             device_key=self.device_key,
             on_suppressed=lambda reason: self.metrics.suppressed.labels(reason=reason).inc(),
         )
@@ -418,7 +420,7 @@ class Agent:
                     continue
                 self.releaser = self.pipeline.releaser
                 releaser = self._check_candidate(candidate)
-                cost = float(releaser.mechanism.guarantee.epsilon_vector) + (self.soft.epsilon if self.soft else 0.0)
+                cost = self._cost_of(releaser).total_vector
                 if cost > self.cfg.privacy.track_budget:
                     raise ValueError(f"one release would cost per-vector ε={cost:g}, more than privacy.track_budget")
             except Exception as exc:  # DecodeError, BundleError, ValueError: never take an unverified bundle
@@ -427,7 +429,6 @@ class Agent:
                 continue
             previous = self.pipeline.releaser.bundle_id
             self.pipeline.set_releaser(releaser)
-            self.pipeline.policy.cost_epsilon = cost
             self.releaser = releaser
             self.metrics.bundle_updates.labels(result="accepted").inc()
             g = releaser.mechanism.guarantee
@@ -509,7 +510,7 @@ class Agent:
         if not self._prepared:
             self.prepare()
         p = self.cfg.privacy
-        cost = float(self.releaser.mechanism.guarantee.epsilon_vector) + (self.soft.epsilon if self.soft else 0.0)
+        cost = self.cost.total_vector
         key = f"subject:{subject}"
         budget = p.enroll_budget if p.enroll_budget is not None else math.inf
         self.open(budgets={key: (budget, _delta_budget(budget, cost, p.delta))})

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from peep.core import topics
 from peep.core.configfile import (
@@ -37,6 +37,7 @@ from peep.core.configfile import (
     read_toml,
     resolve_path,
 )
+from peep.core.mechanisms import mechanism_class, mechanism_kind_literal
 from peep.core.topics import ID_PATTERN
 from peep.edge.errors import ConfigError
 from pydantic import (
@@ -50,7 +51,11 @@ from pydantic import (
     model_validator,
 )
 
-MECHANISM_KINDS = ("peep", "peep-raw", "laplace-vector", "gaussian-l2", "laplace-l1")
+if TYPE_CHECKING:
+    MechanismKind = str
+else:
+    # Exactly the registry's kinds (peep.core.mechanisms), listed in errors and docs.
+    MechanismKind = mechanism_kind_literal()
 
 
 def _resolve_path(value: Path, info: ValidationInfo) -> Path:
@@ -100,9 +105,11 @@ class BundleConfig(_Section):
 class PrivacyConfig(_Section):
     """Mechanism and release policy. Only this file sets them (never the bundle or the server)."""
 
-    mechanism: Literal["peep", "peep-raw", "laplace-vector", "gaussian-l2", "laplace-l1"] = "peep"
-    epsilon: float = Field(gt=0.0, le=1e6, description="the mechanism's ε (per coordinate for peep/peep-raw)")
-    delta: float = Field(default=0.0, ge=0.0, lt=1.0, description="δ, only for gaussian-l2")
+    mechanism: MechanismKind = Field(default="peep", description="the local-DP mechanism kind (see README)")
+    epsilon: float = Field(
+        gt=0.0, le=1e6, description="the mechanism's ε (per coordinate for the per-coordinate kinds peep/peep-raw)"
+    )
+    delta: float = Field(default=0.0, ge=0.0, lt=1.0, description="δ, only for kinds that take one (gaussian-l2)")
     track_budget: float = Field(gt=0.0, description="per-vector ε a single track may spend in total")
     releases_per_window: int = Field(default=1, ge=1, le=1000, description="k: releases per track per window")
     window_seconds: float = Field(default=60.0, gt=0.0, le=86400.0)
@@ -125,11 +132,12 @@ class PrivacyConfig(_Section):
 
     @model_validator(mode="after")
     def _delta_matches_kind(self) -> PrivacyConfig:
-        if self.mechanism == "gaussian-l2" and self.delta <= 0.0:
+        takes_delta = mechanism_class(self.mechanism).takes_delta
+        if takes_delta and self.delta <= 0.0:
             raise ValueError(
-                f"privacy.delta: expected 0 < delta < 1 for mechanism 'gaussian-l2', received {self.delta}"
+                f"privacy.delta: expected 0 < delta < 1 for mechanism {self.mechanism!r}, received {self.delta}"
             )
-        if self.mechanism != "gaussian-l2" and self.delta != 0.0:
+        if not takes_delta and self.delta != 0.0:
             raise ValueError(
                 f"privacy.delta: expected 0 for the pure-ε mechanism {self.mechanism!r}, received {self.delta}"
             )

@@ -10,8 +10,10 @@ into memory at every start).
 Keys used by the agent: ``track:<run>-<n>`` (per-track budgets; run ids are
 unique per process start, so a restart never reuses a track key),
 ``subject:<id>`` (enrolment), ``device:<id>`` (only when
-``privacy.device_budget`` is set). The note of each spend is JSON with the
-per-coordinate ε, purpose and message id.
+``privacy.device_budget`` is set). Each spend records its per-vector ε (what
+budgets add up), its per-coordinate ε, purpose and message id in typed
+columns; ledgers written before those columns existed kept them as JSON in the
+note and are migrated in place when opened.
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ CREATE TABLE IF NOT EXISTS spends (
     epsilon REAL NOT NULL,
     delta   REAL NOT NULL,
     time    REAL NOT NULL,
-    note    TEXT NOT NULL
+    note    TEXT NOT NULL,
+    epsilon_coordinate REAL NOT NULL DEFAULT 0,
+    purpose TEXT NOT NULL DEFAULT '',
+    message_id TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS spends_key ON spends (key);
 CREATE TABLE IF NOT EXISTS totals (
@@ -41,6 +46,14 @@ CREATE TABLE IF NOT EXISTS totals (
     n       INTEGER NOT NULL
 );
 """
+
+
+# Typed columns added after the first release of the ledger, with their SQL types.
+_TYPED_COLUMNS = {
+    "epsilon_coordinate": "REAL NOT NULL DEFAULT 0",
+    "purpose": "TEXT NOT NULL DEFAULT ''",
+    "message_id": "TEXT NOT NULL DEFAULT ''",
+}
 
 
 class SqliteLedger:
@@ -61,6 +74,43 @@ class SqliteLedger:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA busy_timeout=30000")
         self._db.executescript(_SCHEMA)
+        self._migrate_typed_columns()
+
+    def _migrate_typed_columns(self) -> None:
+        """Give a ledger from before the typed columns its per-coordinate ε, purpose and message id.
+
+        Those lived as JSON in each spend's note; they are copied into the
+        columns once, in one transaction, so the lifetime per-coordinate total
+        a restarted device reports does not change.
+        """
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(spends)")}
+        missing = [c for c in _TYPED_COLUMNS if c not in have]
+        if not missing:
+            return
+        cur = self._db.cursor()
+        cur.execute("BEGIN IMMEDIATE")
+        try:
+            for column in missing:
+                cur.execute(f"ALTER TABLE spends ADD COLUMN {column} {_TYPED_COLUMNS[column]}")
+            for row_id, note in cur.execute("SELECT id, note FROM spends").fetchall():
+                try:
+                    meta = json.loads(note)
+                    values = (
+                        float(meta.get("epsilon_coordinate", 0.0)),
+                        str(meta.get("purpose", "")),
+                        str(meta.get("message_id", "")),
+                        row_id,
+                    )
+                except (ValueError, AttributeError, TypeError):
+                    continue  # a free-text note: nothing typed to recover
+                cur.execute(
+                    "UPDATE spends SET epsilon_coordinate = ?, purpose = ?, message_id = ?, note = '' WHERE id = ?",
+                    values,
+                )
+            cur.execute("COMMIT")
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
 
     def append(self, spend: Spend) -> None:
         """Record ``spend`` durably (committed and fsynced) before returning."""
@@ -71,8 +121,18 @@ class SqliteLedger:
             cur.execute("BEGIN IMMEDIATE")
             try:
                 cur.execute(
-                    "INSERT INTO spends (key, epsilon, delta, time, note) VALUES (?, ?, ?, ?, ?)",
-                    (spend.key, spend.epsilon, spend.delta, spend.time, spend.note),
+                    "INSERT INTO spends (key, epsilon, delta, time, note, epsilon_coordinate, purpose, message_id) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        spend.key,
+                        spend.epsilon,
+                        spend.delta,
+                        spend.time,
+                        spend.note,
+                        spend.epsilon_coordinate,
+                        spend.purpose,
+                        spend.message_id,
+                    ),
                 )
                 cur.execute(
                     "INSERT INTO totals (key, epsilon, delta, n) VALUES (?, ?, ?, 1) "
@@ -93,14 +153,26 @@ class SqliteLedger:
 
     def entries(self, key: str | None = None) -> Sequence[Spend]:
         """Spends in recording order, all or those of ``key``."""
-        q = "SELECT key, epsilon, delta, time, note FROM spends"
+        q = "SELECT key, epsilon, delta, time, note, epsilon_coordinate, purpose, message_id FROM spends"
         args: tuple[str, ...] = ()
         if key is not None:
             q += " WHERE key = ?"
             args = (key,)
         with self._lock:
             rows = self._db.execute(q + " ORDER BY id", args).fetchall()
-        return [Spend(key=r[0], epsilon=r[1], delta=r[2], time=r[3], note=r[4]) for r in rows]
+        return [
+            Spend(
+                key=r[0],
+                epsilon=r[1],
+                delta=r[2],
+                time=r[3],
+                note=r[4],
+                epsilon_coordinate=r[5],
+                purpose=r[6],
+                message_id=r[7],
+            )
+            for r in rows
+        ]
 
     def lifetime(self) -> tuple[float, float, int]:
         """Device lifetime spend over all release keys (``device:`` cap keys excluded).
@@ -108,21 +180,14 @@ class SqliteLedger:
         Returns
         -------
         (epsilon_vector, epsilon_coordinate, releases)
-            Σ per-vector ε, Σ per-coordinate ε (from each spend's note) and
-            the number of releases.
+            Σ per-vector ε, Σ per-coordinate ε and the number of releases.
         """
         with self._lock:
-            vec, n = self._db.execute(
-                "SELECT COALESCE(SUM(epsilon), 0), COUNT(*) FROM spends WHERE key NOT LIKE 'device:%'"
+            vec, coord, n = self._db.execute(
+                "SELECT COALESCE(SUM(epsilon), 0), COALESCE(SUM(epsilon_coordinate), 0), COUNT(*) "
+                "FROM spends WHERE key NOT LIKE 'device:%'"
             ).fetchone()
-            notes = self._db.execute("SELECT note FROM spends WHERE key NOT LIKE 'device:%'").fetchall()
-        coord = 0.0
-        for (note,) in notes:
-            try:
-                coord += float(json.loads(note).get("epsilon_coordinate", 0.0))
-            except (ValueError, AttributeError, TypeError):
-                continue
-        return float(vec), coord, int(n)
+        return float(vec), float(coord), int(n)
 
     def close(self) -> None:
         with self._lock:

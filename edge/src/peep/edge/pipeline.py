@@ -12,7 +12,6 @@ memory for the duration of one release.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import defaultdict
@@ -20,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from peep.core.accounting import PrivacyAccountant
+from peep.core.accounting import PrivacyAccountant, ReleaseCost
 from peep.core.exceptions import BudgetError
 from peep.core.imaging import FaceBox, FaceDetector, normalise_face, primary_face
 from peep.core.release import TemplateReleaser
@@ -50,7 +49,7 @@ def make_releaser(bundle: Any, *, kind: str, epsilon: float, delta: float) -> Te
         bundle,
         kind=kind,
         epsilon=epsilon,
-        delta=delta if kind == "gaussian-l2" else None,
+        delta=delta,
         random_state=None,
     )
     if not releaser.mechanism.is_secure:
@@ -147,18 +146,33 @@ class FramePipeline:
         if not releaser.mechanism.is_secure:
             raise RuntimeError("the release mechanism is not on the secure sampler; refusing to release")
         self.releaser = releaser
-        g = releaser.mechanism.guarantee
-        self.epsilon_vector = float(g.epsilon_vector)
-        self.epsilon_coordinate = float(g.epsilon_coordinate)
-        self.delta = float(releaser.description.delta)
+        # The one place a release's cost is computed: the policy's budget
+        # checks read it from here, so a bundle update cannot leave them stale.
+        self.cost = ReleaseCost.of(releaser.mechanism, soft_epsilon=self.soft.epsilon if self.soft else 0.0)
+        self.policy.cost_epsilon = self.cost.total_vector
+        self.policy.cost_delta = self.cost.delta
         self.metrics.mechanism_epsilon.labels(scope="vector").set(self.epsilon_vector)
         self.metrics.mechanism_epsilon.labels(scope="coordinate").set(self.epsilon_coordinate)
         self.refiner = BoxRefiner(releaser.bundle.normalisation) if self.refine else None
 
     @property
+    def epsilon_vector(self) -> float:
+        """Per-vector ε of one template."""
+        return self.cost.epsilon_vector
+
+    @property
+    def epsilon_coordinate(self) -> float:
+        """Per-coordinate ε of one template."""
+        return self.cost.epsilon_coordinate
+
+    @property
+    def delta(self) -> float:
+        return self.cost.delta
+
+    @property
     def release_cost(self) -> float:
         """Per-vector ε charged for one release (template + soft traits)."""
-        return self.epsilon_vector + (self.soft.epsilon if self.soft is not None else 0.0)
+        return self.cost.total_vector
 
     # -- frames ------------------------------------------------------------------------
 
@@ -189,7 +203,7 @@ class FramePipeline:
                 epsilon=cost,
                 delta=self.delta,
                 epsilon_coordinate=coord,
-                note=message_id,
+                message_id=message_id,
             )
 
         return self.release_face(frame, track.box, track_id=track.id, spend=spend, purpose="identify")
@@ -315,10 +329,11 @@ class EnrollSession:
             self.accountant.check(self.device_key, cost, p.delta)
 
         def spend(eps: float, coord: float, message_id: str) -> None:
-            note = json.dumps({"epsilon_coordinate": coord, "message_id": message_id, "purpose": "enroll"})
-            if self.device_key is not None:
-                self.accountant.spend(self.device_key, eps, p.delta, note=note)
-            self.accountant.spend(self.key, eps, p.delta, note=note)
+            for key in (self.device_key, self.key):
+                if key is not None:
+                    self.accountant.spend(
+                        key, eps, p.delta, epsilon_coordinate=coord, purpose="enroll", message_id=message_id
+                    )
 
         rel = p.release_face(
             frame,

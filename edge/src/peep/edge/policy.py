@@ -12,7 +12,6 @@ persisted) after the noise and before the template is queued.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -126,12 +125,18 @@ class ReleasePolicy:
         epsilon: float,
         delta: float = 0.0,
         epsilon_coordinate: float,
-        note: str = "",
+        message_id: str = "",
     ) -> Spend:
         """Persist the spend of a release that was allowed (``epsilon`` per vector)."""
-        meta = json.dumps({"epsilon_coordinate": epsilon_coordinate, "message_id": note, "purpose": "identify"})
-        if self.device_key is not None:
-            self.accountant.spend(self.device_key, epsilon, delta, note=meta)
-        spend = self.accountant.spend(self.key(track), epsilon, delta, note=meta)
+        for key in (self.device_key, self.key(track)):
+            if key is not None:
+                spend = self.accountant.spend(
+                    key,
+                    epsilon,
+                    delta,
+                    epsilon_coordinate=epsilon_coordinate,
+                    purpose="identify",
+                    message_id=message_id,
+                )
         track.releases.append(t)
         return spend

@@ -9,9 +9,11 @@ estimates never leave the device in clear:
   core's :class:`~peep.core.mechanisms.LaplaceMechanism` with the secure
   sampler ("bounded Laplace": bounded input domain). The noisy value is not
   clipped again, so it stays unbiased for the server's aggregates.
-- **gender**: randomized response; the true bit (0 = female, 1 = male) is
-  reported with probability ``e^ε/(1+e^ε)``, the flipped bit otherwise,
-  which is ε-LDP. The coin comes from the OS CSPRNG (:mod:`secrets`).
+- **gender**: randomized response (the core's
+  :class:`~peep.core.mechanisms.RandomizedResponse`); the true bit
+  (0 = female, 1 = male) is reported with probability ``e^ε/(1+e^ε)``, the
+  flipped bit otherwise, which is ε-LDP. The coin comes from the same secure
+  sampler (OS CSPRNG) as every other release.
 
 Both are attached to the template as ``SoftTraitRelease`` with their ε and
 mechanism name; the agent charges ``ε_age + ε_gender`` to the same per-track
@@ -23,18 +25,14 @@ with :class:`~peep.edge.errors.MissingExtraError` (exit 2), never silently.
 
 from __future__ import annotations
 
-import math
-import secrets
 from typing import Any, Protocol
 
 import cv2
 import numpy as np
 from numpy.typing import NDArray
 from peep.core.imaging import FaceBox
-from peep.core.mechanisms import LaplaceMechanism
+from peep.core.mechanisms import LaplaceMechanism, RandomizedResponse
 from peep.edge.errors import MissingExtraError
-
-_P_BITS = 53
 
 
 class AgeGenderEstimator(Protocol):
@@ -54,18 +52,6 @@ def load_estimator() -> AgeGenderEstimator:
         ) from None
     est: AgeGenderEstimator = AgeAndGender()
     return est
-
-
-def randomized_response(bit: int, epsilon: float) -> int:
-    """Report ``bit`` truthfully with probability ``e^ε/(1+e^ε)`` (ε-LDP), using the OS CSPRNG."""
-    if bit not in (0, 1):
-        raise ValueError(f"bit: expected 0 or 1, received {bit!r}")
-    if not (math.isfinite(epsilon) and epsilon > 0):
-        raise ValueError(f"epsilon: expected a finite number > 0, received {epsilon!r}")
-    p_keep = 1.0 / (1.0 + math.exp(-epsilon))
-    threshold = int(p_keep * (1 << _P_BITS))
-    keep = secrets.randbits(_P_BITS) < threshold
-    return bit if keep else 1 - bit
 
 
 def face_crop_rgb(image: NDArray[Any], box: FaceBox, *, margin: float = 0.25) -> NDArray[np.uint8]:
@@ -104,8 +90,9 @@ class SoftTraitReleaser:
         self.gender_epsilon = float(gender_epsilon)
         self.age_max = float(age_max)
         self._age = LaplaceMechanism(epsilon=self.age_epsilon, sensitivity=self.age_max, random_state=None)
-        if not self._age.is_secure:
-            raise RuntimeError("soft traits: the age mechanism must use the secure sampler")
+        self._gender = RandomizedResponse(epsilon=self.gender_epsilon, random_state=None)
+        if not (self._age.is_secure and self._gender.is_secure):
+            raise RuntimeError("soft traits: the age and gender mechanisms must use the secure sampler")
         self.estimator = estimator if estimator is not None else load_estimator()
 
     @property
@@ -119,7 +106,7 @@ class SoftTraitReleaser:
             raise ValueError(f"gender: expected 'female' or 'male', received {gender!r}")
         clipped = min(max(float(age), 0.0), self.age_max)
         noisy_age = float(self._age.randomise(clipped))
-        noisy_gender = randomized_response(1 if gender == "male" else 0, self.gender_epsilon)
+        noisy_gender = self._gender.randomise(1 if gender == "male" else 0)
         return [
             {
                 "trait": "age",

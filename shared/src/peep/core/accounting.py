@@ -45,6 +45,7 @@ __all__ = [
     "InMemoryLedger",
     "JsonlLedger",
     "PrivacyAccountant",
+    "ReleaseCost",
     "Spend",
     "SpendLedger",
 ]
@@ -67,18 +68,82 @@ class Spend:
     key : str
         What was protected (``"track:42"``, ``"subject:alice"``, ...).
     epsilon, delta : float
-        The release's privacy cost.
+        The release's privacy cost: ``epsilon`` is the per-vector ε (the
+        whole release, what budgets add up).
     time : float
         When it was recorded (seconds since the epoch, from the accountant's clock).
+    epsilon_coordinate : float
+        The per-coordinate ε of the release (reported next to the per-vector
+        one; 0 where it does not apply, e.g. a QBBS answer).
+    purpose : str
+        ``"identify"``, ``"enroll"``, ... (empty when not a template release).
+    message_id : str
+        The released message, to link a spend to what was sent.
     note : str
-        Free text (mechanism, purpose, message id, ...).
+        Free text.
     """
 
     key: str
     epsilon: float
     delta: float
     time: float
+    epsilon_coordinate: float = 0.0
+    purpose: str = ""
+    message_id: str = ""
     note: str = ""
+
+    @property
+    def epsilon_vector(self) -> float:
+        """The per-vector ε (the same as :attr:`epsilon`)."""
+        return self.epsilon
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReleaseCost:
+    """What one release costs the person in it: computed once, read everywhere.
+
+    Attributes
+    ----------
+    epsilon_vector : float
+        Per-vector ε of the template.
+    epsilon_coordinate : float
+        Per-coordinate ε of the template.
+    delta : float
+        δ of the template (0 for pure-ε mechanisms).
+    soft_epsilon : float
+        ε of the soft traits released with it (age, gender), 0 if none.
+
+    Examples
+    --------
+    >>> c = ReleaseCost(epsilon_vector=16.0, epsilon_coordinate=16.0, soft_epsilon=2.0)
+    >>> c.total_vector, c.releases_within(40.0)
+    (18.0, 2)
+    """
+
+    epsilon_vector: float
+    epsilon_coordinate: float
+    delta: float = 0.0
+    soft_epsilon: float = 0.0
+
+    @classmethod
+    def of(cls, mechanism: Any, *, soft_epsilon: float = 0.0) -> ReleaseCost:
+        """The cost of one release of a template ``mechanism`` (plus ``soft_epsilon``)."""
+        g = mechanism.guarantee
+        return cls(
+            epsilon_vector=float(g.epsilon_vector),
+            epsilon_coordinate=float(g.epsilon_coordinate),
+            delta=float(g.delta),
+            soft_epsilon=float(soft_epsilon),
+        )
+
+    @property
+    def total_vector(self) -> float:
+        """Per-vector ε charged for the release: the template plus its soft traits."""
+        return self.epsilon_vector + self.soft_epsilon
+
+    def releases_within(self, budget: float) -> int:
+        """How many such releases fit in a per-vector ``budget`` (with the accountant's slack)."""
+        return math.floor(budget / self.total_vector * (1 + _RTOL)) if self.total_vector > 0 else 0
 
 
 @runtime_checkable
@@ -194,6 +259,9 @@ class JsonlLedger(InMemoryLedger):
                         epsilon=float(obj["epsilon"]),
                         delta=float(obj["delta"]),
                         time=float(obj["time"]),
+                        epsilon_coordinate=float(obj.get("epsilon_coordinate", 0.0)),
+                        purpose=str(obj.get("purpose", "")),
+                        message_id=str(obj.get("message_id", "")),
                         note=str(obj.get("note", "")),
                     )
                 except (ValueError, KeyError, TypeError) as exc:
@@ -383,8 +451,21 @@ class PrivacyAccountant:
         with self._lock:
             self._check(key, eps, delta)
 
-    def spend(self, key: str, epsilon: float, delta: float = 0.0, note: str = "") -> Spend:
+    def spend(
+        self,
+        key: str,
+        epsilon: float,
+        delta: float = 0.0,
+        note: str = "",
+        *,
+        epsilon_coordinate: float = 0.0,
+        purpose: str = "",
+        message_id: str = "",
+    ) -> Spend:
         """Check, then record the release, atomically; notify listeners.
+
+        ``epsilon`` is the per-vector ε charged to ``key``; ``epsilon_coordinate``,
+        ``purpose`` and ``message_id`` are recorded with it (see :class:`Spend`).
 
         Returns
         -------
@@ -398,11 +479,22 @@ class PrivacyAccountant:
         """
         key = _check_key(key)
         eps, delta = self._check_cost(epsilon, delta)
-        if not isinstance(note, str):
-            raise TypeError(f"note: expected a str, received {type(note).__name__}")
+        for name, text in (("note", note), ("purpose", purpose), ("message_id", message_id)):
+            if not isinstance(text, str):
+                raise TypeError(f"{name}: expected a str, received {type(text).__name__}")
+        coord = check_real(epsilon_coordinate, "epsilon_coordinate", low=0.0)
         with self._lock:
             self._check(key, eps, delta)
-            entry = Spend(key=key, epsilon=eps, delta=delta, time=float(self._clock()), note=note)
+            entry = Spend(
+                key=key,
+                epsilon=eps,
+                delta=delta,
+                time=float(self._clock()),
+                epsilon_coordinate=coord,
+                purpose=purpose,
+                message_id=message_id,
+                note=note,
+            )
             self.ledger.append(entry)
             listeners = list(self._listeners)
         # Outside the lock: a slow or re-entrant listener must not block spends.

@@ -1,11 +1,13 @@
-"""Signed eigenface bundles: ONNX projector + metadata + Ed25519 signature.
+"""Signed bundles: ONNX projector + metadata + Ed25519 signature.
 
 A bundle directory holds::
 
-    projector.onnx   faces (N, D) float32 in [0,1] -> coefficients, scaled,
-                     box_clipped, l2_clipped, l1_clipped (each (N, nc) float32)
-    metadata.json    geometry, preprocessing, nc, bounds, radii, mechanism
-                     defaults, provenance
+    projector.onnx   faces (N, D) float32 in [0,1] -> coefficients and the
+                     coefficients in every release domain (scaled,
+                     box_clipped, l2_clipped, l1_clipped, ...; each (N, nc)
+                     float32; see peep.core.domains)
+    metadata.json    projection kind, geometry, preprocessing, nc, bounds,
+                     radii, mechanism defaults, provenance
     manifest.json    format, bundle_id, SHA-256 of every file above, key id
     signature.sig    JSON: SHA-256 of manifest.json + Ed25519 signature of it
 
@@ -43,6 +45,7 @@ from peep.core.imaging import FaceGeometry
 
 if TYPE_CHECKING:
     from peep.core.eigenfaces import EigenfaceModel
+    from peep.core.projections.base import Projection
 
 # The onnx package (graph building/reading) and scipy (via eigenfaces) are
 # imported where used: a device only *runs* projectors with onnxruntime, and
@@ -54,10 +57,8 @@ METADATA = "metadata.json"
 MANIFEST = "manifest.json"
 SIGNATURE = "signature.sig"
 BUNDLE_FILES = (PROJECTOR, METADATA, MANIFEST, SIGNATURE)
-#: The projector's outputs, in order.
-OUTPUTS = ("coefficients", "scaled", "box_clipped", "l2_clipped", "l1_clipped")
-_OPSET = 18
-_IR_VERSION = 9
+#: Projection of a bundle whose metadata names none (bundles built before projections had kinds).
+LEGACY_PROJECTION = "eigenfaces"
 
 
 # --------------------------------------------------------------------- keys
@@ -119,85 +120,6 @@ def key_id(public_key: Ed25519PublicKey) -> str:
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
-# ---------------------------------------------------------------- projector
-
-
-def build_projector(model: EigenfaceModel, bounds: BundleBounds) -> bytes:
-    """Serialised ONNX graph: mean subtraction, projection, bounding.
-
-    Parameters
-    ----------
-    model : EigenfaceModel
-        Fitted eigenfaces (``components_`` of shape (nc, D)).
-    bounds : BundleBounds
-        Public box and radii for the nc coefficients.
-
-    Returns
-    -------
-    bytes
-        An ONNX model with input ``faces`` of shape (N, D) and the
-        :data:`OUTPUTS`, each of shape (N, nc).
-    """
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    nc, d = model.components_.shape
-    if bounds.n_components != nc:
-        raise ValueError(f"bounds: expected {nc} components (the model's), received {bounds.n_components}")
-    f32 = np.float32
-    inits = [
-        numpy_helper.from_array(model.mean_.astype(f32), "mean"),
-        numpy_helper.from_array(np.ascontiguousarray(model.components_.T.astype(f32)), "components_t"),
-        numpy_helper.from_array(np.asarray(model.explained_variance_, dtype=f32), "explained_variance"),
-        numpy_helper.from_array(bounds.lower.astype(f32), "lower"),
-        numpy_helper.from_array(bounds.upper.astype(f32), "upper"),
-        numpy_helper.from_array((1.0 / (bounds.upper - bounds.lower)).astype(f32), "inv_range"),
-        numpy_helper.from_array(np.array(bounds.radius_l2, dtype=f32), "radius_l2"),
-        numpy_helper.from_array(np.array(bounds.radius_l1, dtype=f32), "radius_l1"),
-        numpy_helper.from_array(np.array(0.0, dtype=f32), "zero"),
-        numpy_helper.from_array(np.array(1.0, dtype=f32), "one"),
-        numpy_helper.from_array(np.array(np.finfo(np.float32).tiny, dtype=f32), "tiny"),
-        numpy_helper.from_array(np.array([1], dtype=np.int64), "axis1"),
-    ]
-    n = helper.make_node
-    nodes = [
-        n("Sub", ["faces", "mean"], ["centred"]),
-        n("MatMul", ["centred", "components_t"], ["coefficients"]),
-        n("Sub", ["coefficients", "lower"], ["shifted"]),
-        n("Mul", ["shifted", "inv_range"], ["unit"]),
-        n("Clip", ["unit", "zero", "one"], ["scaled"]),
-        n("Max", ["coefficients", "lower"], ["above_lower"]),
-        n("Min", ["above_lower", "upper"], ["box_clipped"]),
-        n("ReduceL2", ["coefficients", "axis1"], ["norm_l2"], keepdims=1),
-        n("Max", ["norm_l2", "tiny"], ["safe_l2"]),
-        n("Div", ["radius_l2", "safe_l2"], ["ratio_l2"]),
-        n("Min", ["ratio_l2", "one"], ["factor_l2"]),
-        n("Mul", ["coefficients", "factor_l2"], ["l2_clipped"]),
-        n("ReduceL1", ["coefficients", "axis1"], ["norm_l1"], keepdims=1),
-        n("Max", ["norm_l1", "tiny"], ["safe_l1"]),
-        n("Div", ["radius_l1", "safe_l1"], ["ratio_l1"]),
-        n("Min", ["ratio_l1", "one"], ["factor_l1"]),
-        n("Mul", ["coefficients", "factor_l1"], ["l1_clipped"]),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "peep_eigenface_projector",
-        [helper.make_tensor_value_info("faces", TensorProto.FLOAT, ["N", d])],
-        [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["N", nc]) for name in OUTPUTS],
-        initializer=inits,
-    )
-    onnx_model = helper.make_model(
-        graph,
-        opset_imports=[helper.make_opsetid("", _OPSET)],
-        producer_name="peep",
-        doc_string="PEEP eigenface projector: (faces - mean) @ eigenfaces.T, then public bounding",
-    )
-    onnx_model.ir_version = _IR_VERSION
-    onnx.checker.check_model(onnx_model)
-    data: bytes = onnx_model.SerializeToString()
-    return data
-
-
 # ------------------------------------------------------------------ writing
 
 
@@ -211,8 +133,9 @@ def _canonical_json(obj: Any) -> bytes:
 
 def build_bundle_files(
     *,
-    model: EigenfaceModel,
-    bounds: BundleBounds,
+    projection: Projection | None = None,
+    model: EigenfaceModel | None = None,
+    bounds: BundleBounds | None = None,
     geometry: FaceGeometry,
     signing_key: Ed25519PrivateKey,
     normalisation: Mapping[str, Any],
@@ -224,6 +147,12 @@ def build_bundle_files(
 
     Parameters
     ----------
+    projection : Projection
+        A fitted projection (:mod:`peep.core.projections`), with its public
+        bounds ``bounds_``.
+    model, bounds : EigenfaceModel, BundleBounds
+        Instead of ``projection``: eigenfaces and their public bounds (the
+        ``eigenfaces`` projection).
     normalisation : mapping
         How faces were detected and normalised (e.g. ``{"detector": "haar", ...}``);
         devices must use the same.
@@ -233,16 +162,25 @@ def build_bundle_files(
     provenance : mapping, optional
         Dataset name, number of faces and subjects, software version.
     """
-    projector = build_projector(model, bounds)
+    if projection is None:
+        if model is None or bounds is None:
+            raise ValueError("projection: expected a fitted projection (or an eigenface model and its bounds)")
+        from peep.core.projections.eigenfaces import EigenfaceProjection
+
+        projection = EigenfaceProjection.from_model(model, bounds)
+    elif model is not None or bounds is not None:
+        raise ValueError("model, bounds: expected none of them when a projection is given")
+    projector = projection.to_onnx()
     metadata = {
         "format": FORMAT,
+        "projection": projection.kind,
         "geometry": geometry.to_dict(),
-        "n_components": int(model.n_components_),
-        "n_features": int(model.n_features_in_),
+        "n_components": int(projection.n_components_),
+        "n_features": int(projection.n_features_in_),
         "normalisation": dict(normalisation),
-        "bounds": bounds.to_dict(),
+        "bounds": projection.bounds_.to_dict(),
         "mechanism_defaults": dict(mechanism_defaults),
-        "explained_variance_ratio": [float(v) for v in model.explained_variance_ratio_],
+        **projection.metadata(),
         "provenance": dict(provenance or {}),
     }
     meta_bytes = _canonical_json(metadata)
@@ -373,7 +311,7 @@ def verify_bundle(bundle_dir: str | os.PathLike[str], public_key: Ed25519PublicK
 
 
 class EigenfaceBundle:
-    """A verified bundle ready to project faces with onnxruntime.
+    """A verified bundle ready to project faces with onnxruntime (any projection, eigenfaces by default).
 
     Use :meth:`load` (directory) or :meth:`from_files` (bytes received over
     gRPC/MQTT); both verify before parsing.
@@ -381,6 +319,11 @@ class EigenfaceBundle:
     Attributes
     ----------
     bundle_id : str
+    projection_kind : str
+        The projection its projector computes (``"eigenfaces"`` for bundles
+        built before projections had kinds).
+    outputs : tuple of str
+        The projector's outputs: ``coefficients``, then the release domains it bounds into.
     geometry : FaceGeometry
     bounds : BundleBounds
     n_components : int
@@ -399,6 +342,7 @@ class EigenfaceBundle:
             self.bounds = BundleBounds.from_dict(self.metadata["bounds"])
             self.n_components = int(self.metadata["n_components"])
             self.n_features = int(self.metadata["n_features"])
+            self.projection_kind = str(self.metadata.get("projection", LEGACY_PROJECTION))
         except (ValueError, KeyError, TypeError) as exc:
             raise BundleError(f"{METADATA}: inconsistent metadata ({exc})") from exc
         if self.n_features != self.geometry.n_pixels:
@@ -415,10 +359,21 @@ class EigenfaceBundle:
             )
         except Exception as exc:  # onnxruntime raises its own exception types
             raise BundleError(f"{PROJECTOR}: onnxruntime could not load the projector ({exc})") from exc
+        from peep.core.domains import COEFFICIENTS, DOMAINS
+
         shapes = {o.name: o.shape for o in self._session.get_outputs()}
-        if tuple(shapes) != OUTPUTS or any(s[-1] != self.n_components for s in shapes.values()):
-            raise BundleError(f"{PROJECTOR}: outputs {shapes} do not match metadata n_components {self.n_components}")
-        self._output_index = {name: i for i, name in enumerate(OUTPUTS)}
+        names = tuple(shapes)
+        if (
+            not names
+            or names[0] != COEFFICIENTS
+            or any(n not in DOMAINS for n in names[1:])
+            or any(s[-1] != self.n_components for s in shapes.values())
+        ):
+            raise BundleError(
+                f"{PROJECTOR}: expected outputs {COEFFICIENTS!r} then release domains among {list(DOMAINS)}, "
+                f"each with metadata n_components {self.n_components}; received {shapes}"
+            )
+        self.outputs: tuple[str, ...] = names
 
     @classmethod
     def from_files(cls, files: Mapping[str, bytes], public_key: Ed25519PublicKey) -> EigenfaceBundle:
@@ -444,7 +399,7 @@ class EigenfaceBundle:
         faces : array-like of shape (n, height, width) or (n, n_pixels) or (height, width)
             Normalised faces in [0, 1] (see :func:`peep.core.imaging.normalise_face`).
         output : str, optional
-            One of :data:`OUTPUTS`; all of them (as a dict) when omitted.
+            One of :attr:`outputs`; all of them (as a dict) when omitted.
 
         Returns
         -------
@@ -461,21 +416,46 @@ class EigenfaceBundle:
                 f"{self.geometry.width}), received {np.shape(faces)}"
             )
         if output is not None:
-            if output not in self._output_index:
-                raise ValueError(f"output: expected one of {list(OUTPUTS)}, received {output!r}")
+            if output not in self.outputs:
+                raise ValueError(
+                    f"output: expected one of {list(self.outputs)} (bundle {self.bundle_id}), received {output!r}"
+                )
             return self._session.run([output], {"faces": arr})[0]
-        return dict(zip(OUTPUTS, self._session.run(list(OUTPUTS), {"faces": arr}), strict=True))
+        return dict(zip(self.outputs, self._session.run(list(self.outputs), {"faces": arr}), strict=True))
 
-    def model(self) -> EigenfaceModel:
-        """The eigenfaces as a numpy :class:`EigenfaceModel` (read from the projector)."""
+    def check_mechanism(self, kind: str) -> None:
+        """Raise :class:`BundleError` unless this bundle's projector outputs the domain mechanism ``kind`` releases.
+
+        A mechanism made for another projection's output (e.g. a unit-sphere
+        mechanism with an eigenface bundle) is refused with both named.
+        """
+        from peep.core.mechanisms import mechanism_class
+
+        dom = mechanism_class(kind).domain
+        if dom not in self.outputs:
+            raise BundleError(
+                f"mechanism {kind!r} releases the {dom!r} output, which bundle {self.bundle_id} "
+                f"(projection {self.projection_kind!r}) does not have; its outputs are {list(self.outputs[1:])}"
+            )
+
+    def projection(self) -> Projection:
+        """The fitted projection read back from the projector (its arrays as numpy)."""
         import onnx
         from onnx import numpy_helper
-        from peep.core.eigenfaces import EigenfaceModel
+        from peep.core.projections import projection_class
 
         graph = onnx.load_from_string(self.files[PROJECTOR]).graph
         arrays: dict[str, NDArray[Any]] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-        return EigenfaceModel.from_components(
-            mean=arrays["mean"].astype(np.float64),
-            components=arrays["components_t"].T.astype(np.float64),
-            explained_variance=arrays["explained_variance"].astype(np.float64),
-        )
+        try:
+            cls = projection_class(self.projection_kind)
+        except ValueError as exc:
+            raise BundleError(f"{METADATA}: {exc}") from None
+        return cls.from_arrays(arrays, self.metadata)
+
+    def model(self) -> EigenfaceModel:
+        """The eigenfaces as a numpy :class:`EigenfaceModel` (``eigenfaces`` bundles only)."""
+        projection = self.projection()
+        model = getattr(projection, "model_", None)
+        if model is None:
+            raise BundleError(f"bundle {self.bundle_id}: projection {self.projection_kind!r} has no eigenface model")
+        return model  # type: ignore[no-any-return]

@@ -2,41 +2,22 @@
 
 The one release path shared by the edge agent (real releases), the server's
 tests and the audit (simulations), so they cannot drift apart. Each mechanism
-kind consumes the projector output that matches its domain:
-
-==================  ================  ==========================================
-kind                projector output  domain
-==================  ================  ==========================================
-``peep``            ``scaled``        [0,1] per coordinate (bundle bounds)
-``peep-raw``        ``box_clipped``   [lo_j, hi_j] per coordinate, unscaled
-``laplace-vector``  ``scaled``        [0,1] per coordinate
-``gaussian-l2``     ``l2_clipped``    L2 ball of radius R
-``laplace-l1``      ``l1_clipped``    L1 ball of radius R1
-==================  ================  ==========================================
-
-The mechanism clips again in numpy (defence in depth: its guarantee must not
-depend on the projector being right).
+kind releases the projector output named by its ``domain``
+(:attr:`peep.core.mechanisms.TemplateMechanism.domain`, see
+:mod:`peep.core.domains`); the mechanism clips again in numpy (defence in
+depth: its guarantee must not depend on the projector being right).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from peep.core.bounding import BundleBounds
-from peep.core.mechanisms import MECHANISM_KINDS, TemplateMechanism, make_mechanism
+from peep.core.domains import domain
+from peep.core.mechanisms import TemplateMechanism, mechanism_class
 from peep.core.wire import MechanismDescription
-
-#: Projector output each mechanism kind releases.
-PROJECTOR_OUTPUT: Mapping[str, str] = {
-    "peep": "scaled",
-    "peep-raw": "box_clipped",
-    "laplace-vector": "scaled",
-    "gaussian-l2": "l2_clipped",
-    "laplace-l1": "l1_clipped",
-}
 
 
 def mechanism_for_bounds(
@@ -52,28 +33,17 @@ def mechanism_for_bounds(
     Parameters
     ----------
     bounds : BundleBounds
-    kind : {"peep", "peep-raw", "laplace-vector", "gaussian-l2", "laplace-l1"}
+    kind : str
+        One of :func:`peep.core.mechanisms.mechanism_kinds`.
     epsilon : float
         The mechanism's ε parameter (per coordinate for ``peep``/``peep-raw``,
         per vector for the others; the guarantee states both).
     delta : float, optional
-        Required for ``gaussian-l2``.
+        Required by kinds that take δ (``gaussian-l2``); ignored by the others.
     random_state : None or seed
         ``None`` = the secure sampler. Seeds need the ``seeded-noise`` feature.
     """
-    if kind not in PROJECTOR_OUTPUT:
-        raise ValueError(f"kind: expected one of {', '.join(MECHANISM_KINDS)}, received {kind!r}")
-    return make_mechanism(
-        kind,
-        epsilon=epsilon,
-        delta=delta,
-        n_components=bounds.n_components,
-        lower=bounds.lower,
-        upper=bounds.upper,
-        radius_l2=bounds.radius_l2,
-        radius_l1=bounds.radius_l1,
-        random_state=random_state,
-    )
+    return mechanism_class(kind).from_bounds(bounds, epsilon=epsilon, delta=delta, random_state=random_state)
 
 
 def bounded_coefficients(coefficients: ArrayLike, bounds: BundleBounds, kind: str) -> NDArray[np.float64]:
@@ -82,21 +52,9 @@ def bounded_coefficients(coefficients: ArrayLike, bounds: BundleBounds, kind: st
     Parameters
     ----------
     coefficients : array-like of shape (n_samples, n_components)
-        Raw eigenface coefficients.
+        Raw projected coefficients.
     """
-    from peep.core.bounding import clip_box, clip_l1, clip_l2
-
-    Y = np.asarray(coefficients, dtype=np.float64)
-    output = PROJECTOR_OUTPUT.get(kind)
-    if output == "scaled":
-        return bounds.scaler().transform(Y)
-    if output == "box_clipped":
-        return clip_box(Y, bounds.lower, bounds.upper)
-    if output == "l2_clipped":
-        return clip_l2(Y, bounds.radius_l2)
-    if output == "l1_clipped":
-        return clip_l1(Y, bounds.radius_l1)
-    raise ValueError(f"kind: expected one of {', '.join(MECHANISM_KINDS)}, received {kind!r}")
+    return domain(mechanism_class(kind).domain).apply(coefficients, bounds)
 
 
 class TemplateReleaser:
@@ -108,6 +66,12 @@ class TemplateReleaser:
         A verified bundle (:class:`peep.core.bundle.EigenfaceBundle`).
     kind, epsilon, delta, random_state
         See :func:`mechanism_for_bounds`.
+
+    Raises
+    ------
+    ValueError
+        Unknown kind, or the bundle's projector has no output for the kind's
+        domain (a mechanism for another projection).
 
     Attributes
     ----------
@@ -127,10 +91,11 @@ class TemplateReleaser:
     ) -> None:
         self.bundle = bundle
         self.kind = kind
+        bundle.check_mechanism(kind)
         self.mechanism = mechanism_for_bounds(
             bundle.bounds, kind=kind, epsilon=epsilon, delta=delta, random_state=random_state
         )
-        self.output = PROJECTOR_OUTPUT[kind]
+        self.output = self.mechanism.domain
         self.description = MechanismDescription.of(self.mechanism)
 
     @property

@@ -83,7 +83,7 @@ from typing import Final, Protocol, runtime_checkable
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from peep.core import features
-from peep.core._validation import check_int, check_positive
+from peep.core._validation import check_int, check_positive, check_real
 
 __all__ = [
     "GRID_BITS",
@@ -158,6 +158,10 @@ class NoiseSampler(Protocol):
 
     def grid_step(self, scale: float) -> float:
         """Output grid step for noise of this scale (0.0 if continuous)."""
+        ...
+
+    def bernoulli(self, p: float, size: int) -> NDArray[np.bool_]:
+        """``size`` independent coins, each True with probability ``p`` (at most ``p``, never more)."""
         ...
 
 
@@ -493,6 +497,21 @@ class SecureSampler:
         size = check_int(size, "size", low=0)
         return self.perturb_gaussian(np.zeros(size), sigma)
 
+    def bernoulli(self, p: float, size: int) -> NDArray[np.bool_]:
+        """Coins that are True with probability ``floor(p·2**53)/2**53``.
+
+        A 53-bit uniform integer from the OS CSPRNG is compared with an exact
+        integer threshold, so the probability is ``p`` rounded *down* by less
+        than ``2**-53``: a mechanism whose guarantee needs "at most ``p``"
+        keeps it exactly.
+        """
+        p = check_real(p, "p", low=0.0, high=1.0)
+        size = check_int(size, "size", low=0)
+        threshold = np.uint64(math.floor(p * _TWO53))
+        words = self._words(size) >> np.uint64(11)  # 53 uniform bits each
+        out: NDArray[np.bool_] = words < threshold
+        return out
+
 
 #: The process-wide default sampler (``random_state=None`` everywhere).
 secure_sampler: Final = SecureSampler()
@@ -548,6 +567,12 @@ class SeededSampler:
         """Continuous Gaussian noise, ndarray of shape (size,)."""
         sigma = check_positive(sigma, "sigma")
         return self._rng.normal(0.0, sigma, check_int(size, "size", low=0))
+
+    def bernoulli(self, p: float, size: int) -> NDArray[np.bool_]:
+        """Coins that are True with probability ``p`` (numpy's uniform; not private)."""
+        p = check_real(p, "p", low=0.0, high=1.0)
+        out: NDArray[np.bool_] = self._rng.random(check_int(size, "size", low=0)) < p
+        return out
 
     def perturb_laplace(self, x: ArrayLike, scale: float) -> FloatArray:
         """``x + Laplace(scale)`` (naive float addition: no FP protection)."""

@@ -21,6 +21,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 from numpy.typing import ArrayLike, NDArray
 from peep.core.exceptions import WireError
+from peep.core.mechanisms.registry import mechanism_class, mechanism_classes
 from peep.core.topics import ID_PATTERN as ID_PATTERN
 from peep.v1 import template_pb2
 
@@ -36,13 +37,23 @@ MAX_COMPONENTS = 2_048
 # MQTT topic levels and database keys, so they can never hold '/', '+' or '#'.
 SUBJECT_PATTERN = re.compile(r"^[^\x00-\x1f/+#]{1,128}$")
 
-MECHANISM_KINDS: Mapping[str, int] = {
-    "peep": template_pb2.MECHANISM_KIND_PEEP,
-    "peep-raw": template_pb2.MECHANISM_KIND_PEEP_RAW,
-    "laplace-vector": template_pb2.MECHANISM_KIND_LAPLACE_VECTOR,
-    "gaussian-l2": template_pb2.MECHANISM_KIND_GAUSSIAN_L2,
-    "laplace-l1": template_pb2.MECHANISM_KIND_LAPLACE_L1,
-}
+
+def _wire_kinds() -> dict[str, int]:
+    """Each registered mechanism kind's ``MechanismKind`` enum value (the registry names it)."""
+    out: dict[str, int] = {}
+    for kind, cls in mechanism_classes().items():
+        try:
+            out[kind] = int(template_pb2.MechanismKind.Value(cls.wire_name))
+        except ValueError:
+            raise RuntimeError(
+                f"{cls.__name__}.wire_name: {cls.wire_name!r} is not a peep.v1.MechanismKind value; "
+                "add it to proto/peep/v1/template.proto and run scripts/gen-proto.sh"
+            ) from None
+    return out
+
+
+#: Mechanism kind name -> ``MechanismKind`` enum value, for every registered kind.
+MECHANISM_KINDS: Mapping[str, int] = _wire_kinds()
 _KIND_NAMES = {v: k for k, v in MECHANISM_KINDS.items()}
 
 PURPOSES: Mapping[str, int] = {
@@ -288,15 +299,15 @@ def validate_template(msg: template_pb2.PerturbedTemplate, *, n_components: int 
     if not msg.HasField("mechanism"):
         raise WireError("mechanism: expected the mechanism description, received none")
     info = msg.mechanism
-    mechanism_kind_name(info.kind)
+    kind = mechanism_kind_name(info.kind)
     for name in ("epsilon", "epsilon_coordinate", "epsilon_vector"):
         v = getattr(info, name)
         if not (math.isfinite(v) and v > 0):
             raise WireError(f"mechanism.{name}: expected a finite number > 0, received {v}")
     if not (math.isfinite(info.delta) and 0.0 <= info.delta < 1.0):
         raise WireError(f"mechanism.delta: expected 0 <= delta < 1, received {info.delta}")
-    if info.kind == template_pb2.MECHANISM_KIND_GAUSSIAN_L2 and info.delta <= 0.0:
-        raise WireError(f"mechanism.delta: expected delta > 0 for gaussian-l2, received {info.delta}")
+    if mechanism_class(kind).takes_delta and info.delta <= 0.0:
+        raise WireError(f"mechanism.delta: expected delta > 0 for {kind}, received {info.delta}")
     if not (math.isfinite(info.noise_std) and info.noise_std >= 0):
         raise WireError(f"mechanism.noise_std: expected a finite number >= 0, received {info.noise_std}")
     n = len(msg.values)

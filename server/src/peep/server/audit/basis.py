@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 from peep.core.bounding import BundleBounds, fit_bundle_bounds
+from peep.core.domains import domain
 from peep.core.eigenfaces import EigenfaceModel
-from peep.core.release import PROJECTOR_OUTPUT, bounded_coefficients
+from peep.core.mechanisms import mechanism_class
 
 FloatArray = NDArray[np.float64]
 
@@ -96,27 +97,21 @@ def fit_basis(X: NDArray[np.floating], n_components: int, *, variant: str = "bun
 class Domain:
     """Map coefficients into a mechanism's release domain and back.
 
-    ``forward`` is what the bundle's projector outputs for the kind
-    (:func:`peep.core.release.bounded_coefficients`); ``inverse`` undoes the
-    [0, 1] scaling of ``peep``/``laplace-vector`` (the other kinds release
-    coefficients, clipped), which is PEEP Eq. 14's first step.
+    ``forward`` is what the bundle's projector outputs for the kind (the
+    kind's :class:`peep.core.domains.Domain`); ``inverse`` undoes the domain's
+    rescaling (the [0, 1] scaling of ``peep``/``laplace-vector``; the other
+    kinds release coefficients, clipped), which is PEEP Eq. 14's first step.
     """
 
     def __init__(self, kind: str, bounds: BundleBounds) -> None:
-        if kind not in PROJECTOR_OUTPUT:
-            raise ValueError(f"kind: expected one of {', '.join(PROJECTOR_OUTPUT)}, received {kind!r}")
         self.kind = kind
         self.bounds = bounds
-        self.scaled = PROJECTOR_OUTPUT[kind] == "scaled"
-        width = bounds.upper - bounds.lower
+        self.domain = domain(mechanism_class(kind).domain)
         #: Multiplier from domain units to coefficient units, shape (nc,).
-        self.unit: FloatArray = width if self.scaled else np.ones_like(width)
+        self.unit: FloatArray = self.domain.unit(bounds)
 
     def forward(self, C: FloatArray) -> FloatArray:
-        return bounded_coefficients(C, self.bounds, self.kind)
+        return self.domain.apply(C, self.bounds)
 
     def inverse(self, Z: FloatArray) -> FloatArray:
-        if self.scaled:
-            out: FloatArray = Z * self.unit + self.bounds.lower
-            return out
-        return np.asarray(Z, dtype=np.float64)
+        return self.domain.inverse(Z, self.bounds)

@@ -20,6 +20,7 @@ from peep.core.bounding import fit_bundle_bounds
 from peep.core.bundle import EigenfaceBundle, build_bundle_files, generate_keypair, load_private_key
 from peep.core.eigenfaces import EigenfaceModel
 from peep.core.imaging import DEFAULT_GEOMETRY
+from peep.core.mechanisms import mechanism_kinds
 from peep.core.release import TemplateReleaser, bounded_coefficients
 
 
@@ -91,8 +92,8 @@ def run(quick: bool = False) -> dict[str, Any]:
         lambda: releaser.mechanism.release(bounded_batch), reps, warmup=2
     ) / len(bounded_batch)
     by_kind: dict[str, float] = {}
-    for kind in ("peep", "peep-raw", "laplace-vector", "gaussian-l2", "laplace-l1"):
-        r = TemplateReleaser(bundle, kind=kind, epsilon=8.0, delta=1e-5 if kind == "gaussian-l2" else None)
+    for kind in mechanism_kinds():
+        r = TemplateReleaser(bundle, kind=kind, epsilon=8.0, delta=1e-5)
         b = bounded_coefficients(coef, bundle.bounds, kind)
         by_kind[kind] = _median_us(functools.partial(r.release_bounded, b), n // 2)
     out["release_us_per_face_by_kind"] = by_kind

@@ -1,4 +1,4 @@
-"""Building signed eigenface bundles from a face dataset (server side)."""
+"""Building signed bundles from a face dataset (server side), for any registered projection."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from peep.core.bounding import fit_bundle_bounds
 from peep.core.bundle import EigenfaceBundle, build_bundle_files, write_bundle_files
-from peep.core.eigenfaces import EigenfaceModel
+from peep.core.projections import projection_class
 from peep.server.datasets import FaceDataset
 
 #: Advisory only: devices take mechanism and epsilon from their own config.
@@ -25,14 +24,16 @@ def build_bundle(
     out_dir: str | os.PathLike[str],
     radius_quantile: float = 0.95,
     mechanism_defaults: Mapping[str, Any] | None = None,
+    projection: str = "eigenfaces",
 ) -> EigenfaceBundle:
-    """Fit eigenfaces and public bounds on ``dataset``, sign, write, reload.
+    """Fit the projection ``projection`` and public bounds on ``dataset``, sign, write, reload.
 
-    Returns the bundle as a device would load it (verified with the key pair's
-    public half), so callers can use it straight away.
+    ``dataset`` is the public (background) population: never the people the
+    devices will release. Returns the bundle as a device would load it
+    (verified with the key pair's public half), so callers can use it straight away.
     """
-    model = EigenfaceModel(n_components=n_components).fit(dataset.X)
-    bounds = fit_bundle_bounds(model.transform(dataset.X), radius_quantile=radius_quantile)
+    fitted = projection_class(projection)(n_components=n_components, radius_quantile=radius_quantile)
+    fitted.fit(dataset.X, dataset.labels)
     geometry_dict = dataset.normalisation.get("geometry")
     from peep.core.imaging import FaceGeometry
 
@@ -42,8 +43,7 @@ def build_bundle(
         else FaceGeometry(width=dataset.images.shape[2], height=dataset.images.shape[1])
     )
     files = build_bundle_files(
-        model=model,
-        bounds=bounds,
+        projection=fitted,
         geometry=geometry,
         signing_key=signing_key,
         normalisation=dataset.normalisation,

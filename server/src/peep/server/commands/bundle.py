@@ -11,6 +11,7 @@ from typing import Any
 from peep.core.bundle import load_private_key, load_public_key, verify_bundle
 from peep.core.exceptions import BundleError
 from peep.core.imaging import FaceGeometry
+from peep.core.projections import projection_kinds
 from peep.server.errors import UsageError
 
 
@@ -42,7 +43,13 @@ def register(sub: Any) -> None:
     b.add_argument(
         "--max-faces", type=int, default=None, help="only identities with at most N images (background population)"
     )
-    b.add_argument("--components", type=int, required=True, help="number of eigenfaces (nc)")
+    b.add_argument(
+        "--projection",
+        choices=projection_kinds(),
+        default="eigenfaces",
+        help="what the projector computes from a face (default eigenfaces, the paper's)",
+    )
+    b.add_argument("--components", type=int, required=True, help="dimension of a template (nc)")
     b.add_argument("--size", type=parse_size, default=(47, 62), metavar="WxH", help="face geometry (default 47x62)")
     b.add_argument("--equalize", action="store_true", help="histogram-equalise faces (devices will too)")
     b.add_argument(
@@ -88,13 +95,19 @@ def build(args: argparse.Namespace) -> int:
             f"received {args.components}"
         )
     bundle = build_bundle(
-        ds, n_components=args.components, signing_key=key, out_dir=args.out, radius_quantile=args.radius_quantile
+        ds,
+        n_components=args.components,
+        signing_key=key,
+        out_dir=args.out,
+        radius_quantile=args.radius_quantile,
+        projection=args.projection,
     )
-    ratio = sum(bundle.metadata["explained_variance_ratio"])
+    ratio = bundle.metadata.get("explained_variance_ratio")
+    kept = f", {sum(ratio):.1%} of variance kept" if ratio else ""
     print(
-        f"bundle {bundle.bundle_id} -> {args.out}\n"
+        f"bundle {bundle.bundle_id} ({bundle.projection_kind}) -> {args.out}\n"
         f"  {ds.n_images} faces of {ds.n_subjects} identities ({ds.n_skipped} without a detected face skipped), "
-        f"{w}x{h}, nc={bundle.n_components}, {ratio:.1%} of variance kept\n"
+        f"{w}x{h}, nc={bundle.n_components}{kept}\n"
         f"  L2 radius {bundle.bounds.radius_l2:.3f}, L1 radius {bundle.bounds.radius_l1:.3f} "
         f"({args.radius_quantile:.0%} quantile of the bundle faces' norms); {time.perf_counter() - t0:.1f} s",
         file=sys.stdout,

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from peep.core.mechanisms import mechanism_class, mechanism_kinds
 from peep.server.errors import UsageError
 
 
@@ -27,11 +28,10 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--strangers", type=int, default=30, help="never-enrolled people the cameras see (default 30)")
     p.add_argument("--cameras", type=int, default=3, help="edge agents watching videos (default 3)")
-    p.add_argument("--mechanism", default="laplace-l1",
-                   choices=["peep", "peep-raw", "laplace-vector", "gaussian-l2", "laplace-l1"],
+    p.add_argument("--mechanism", default="laplace-l1", choices=mechanism_kinds(),
                    help="the devices' mechanism (default laplace-l1: best pure-ε mechanism in the audit)")  # fmt: skip
     p.add_argument("--epsilon", type=float, default=1024.0, help="the mechanism's ε (default 1024 per vector)")
-    p.add_argument("--delta", type=float, default=None, help="δ for gaussian-l2")
+    p.add_argument("--delta", type=float, default=None, help="δ, for kinds that take one (gaussian-l2)")
     p.add_argument("--components", type=int, default=128, help="eigenfaces in the bundle (default 128)")
     p.add_argument("--no-soft", action="store_true", help="cameras do not release age/gender")
     p.add_argument("--qbbs-epsilon", type=float, default=1.0, help="ε of each QBBS query answer (default 1)")
@@ -56,8 +56,8 @@ def handle(args: argparse.Namespace) -> int:
         raise UsageError(f"--qbbs-epsilon: expected > 0, received {args.qbbs_epsilon}")
     if not args.epsilon > 0:
         raise UsageError(f"--epsilon: expected > 0, received {args.epsilon}")
-    if args.mechanism == "gaussian-l2" and args.delta is None:
-        raise UsageError("--delta: expected a value in (0, 1) for --mechanism gaussian-l2")
+    if mechanism_class(args.mechanism).takes_delta and args.delta is None:
+        raise UsageError(f"--delta: expected a value in (0, 1) for --mechanism {args.mechanism}")
     out = Path(args.out) if args.out else Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
     opts = DemoOptions(
         out=out,

@@ -19,11 +19,12 @@ mechanism consistent with the bundle
     ~1e-6..1e-4). A device cannot claim a stronger guarantee than the noise
     it applied implies.
 plausible values
-    Each coordinate must lie within the mechanism's domain widened by
-    ``plausibility_sigmas`` (default 40) noise standard deviations:
-    ``[0, 1]`` for ``peep``/``laplace-vector``, ``[lo_j, hi_j]`` for
-    ``peep-raw``, ``[-R, R]`` for ``gaussian-l2`` and ``[-R1, R1]`` for
-    ``laplace-l1``. A genuine release falls outside with probability below
+    Each coordinate must lie within the mechanism's
+    :meth:`~peep.core.mechanisms.TemplateMechanism.plausible_range` with
+    ``plausibility_sigmas`` (default 40): its domain box (``[0, 1]`` for
+    ``peep``/``laplace-vector``, ``[lo_j, hi_j]`` for ``peep-raw``,
+    ``[-R, R]`` for ``gaussian-l2``, ``[-R1, R1]`` for ``laplace-l1``) widened
+    by that many noise standard deviations. A genuine release falls outside with probability below
     ``exp(-40·√2) ≈ 3e-25`` per coordinate (Laplace; smaller for Gaussian
     noise), so only forged or corrupted vectors are refused.
 size limits
@@ -47,7 +48,7 @@ from numpy.typing import NDArray
 from peep.core import wire
 from peep.core.bundle import EigenfaceBundle
 from peep.core.exceptions import WireError
-from peep.core.release import PROJECTOR_OUTPUT, mechanism_for_bounds
+from peep.core.release import mechanism_for_bounds
 from peep.server.bundles.catalog import BundleCatalog
 from peep.v1 import template_pb2
 
@@ -202,33 +203,20 @@ class TemplateValidator:
 
     def _build_domain(self, bundle: EigenfaceBundle, kind: str, m: template_pb2.MechanismInfo) -> _Domain | str:
         try:
-            mech = mechanism_for_bounds(
-                bundle.bounds, kind=kind, epsilon=m.epsilon, delta=m.delta if kind == "gaussian-l2" else None
-            )
+            bundle.check_mechanism(kind)
+            mech = mechanism_for_bounds(bundle.bounds, kind=kind, epsilon=m.epsilon, delta=m.delta)
         except (ValueError, TypeError, OverflowError) as exc:
             return (
                 f"mechanism: {kind} with epsilon={m.epsilon:g}, delta={m.delta:g} is not a valid mechanism "
                 f"for bundle {bundle.bundle_id} ({exc})"
             )
-        b = bundle.bounds
-        nc = bundle.n_components
-        output = PROJECTOR_OUTPUT[kind]
-        if output == "scaled":
-            lo, hi = np.zeros(nc), np.ones(nc)
-        elif output == "box_clipped":
-            lo, hi = b.lower, b.upper
-        elif output == "l2_clipped":
-            lo, hi = np.full(nc, -b.radius_l2), np.full(nc, b.radius_l2)
-        else:
-            lo, hi = np.full(nc, -b.radius_l1), np.full(nc, b.radius_l1)
-        margin = self.plausibility_sigmas * float(mech.noise_std)
+        lower, upper = mech.plausible_range(self.plausibility_sigmas)
         g = mech.guarantee
         with np.errstate(over="ignore"):
-            lower = np.asarray(lo - margin, dtype=np.float32)
-            upper = np.asarray(hi + margin, dtype=np.float32)
+            lower32, upper32 = lower.astype(np.float32), upper.astype(np.float32)
         return _Domain(
-            lower=lower,
-            upper=upper,
+            lower=lower32,
+            upper=upper32,
             delta=float(g.delta),
             epsilon_coordinate=float(g.epsilon_coordinate),
             epsilon_vector=float(g.epsilon_vector),

@@ -29,11 +29,18 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from peep.core.release import PROJECTOR_OUTPUT
+from peep.core.mechanisms import mechanism_class
 from peep.server.recognition.fitting import onnx_session
 from peep.server.recognition.registry import ModelRegistry, RegistryError
 
 log = logging.getLogger(__name__)
+
+
+def _domain_of(kind: str) -> str | None:
+    try:
+        return mechanism_class(kind).domain
+    except (TypeError, ValueError):
+        return None
 
 
 class ModelUnavailable(RuntimeError):
@@ -107,7 +114,7 @@ def _load(version: Any, threads: int) -> LoadedModel:
         verify_threshold=float(meta["verify_threshold"]),
         target_far=float(meta["target_far"]),
         bundle_id=str(meta["bundle_id"]),
-        domain=PROJECTOR_OUTPUT[kinds[0]] if kinds else "",
+        domain=mechanism_class(kinds[0]).domain if kinds else "",
         n_components=int(meta["n_components"]),
         trained_at=float(meta.get("trained_at", 0.0)),
         genuine=scores.get("genuine", np.zeros(0)),
@@ -261,7 +268,7 @@ class Recogniser:
                 f"bundle_id: expected {m.bundle_id} (the bundle model {m.version} was trained on), "
                 f"received {bundle_id!r}"
             )
-        if PROJECTOR_OUTPUT.get(kind) != m.domain:
+        if _domain_of(kind) != m.domain:
             raise ModelMismatch(
                 f"mechanism.kind: expected a mechanism releasing {m.domain!r} coefficients like "
                 f"{', '.join(m.meta.get('mechanism_kinds', []))} (model {m.version}), received {kind!r}"

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from peep.core.release import PROJECTOR_OUTPUT
+from peep.core.mechanisms import mechanism_class
 from peep.server.bundles.catalog import BundleCatalog
 from peep.server.config import TrainingConfig
 from peep.server.recognition.fitting import (
@@ -94,7 +94,7 @@ class Trainer:
         """Mechanism kinds to train on: the configured one, or the domain with most templates."""
         counts = self.store.enrolment_kinds(bundle_id)
         if self.config.mechanism_kind is not None:
-            domain = PROJECTOR_OUTPUT[self.config.mechanism_kind]
+            domain = mechanism_class(self.config.mechanism_kind).domain
         else:
             if not counts:
                 raise TrainingError(
@@ -102,9 +102,9 @@ class Trainer:
                 )
             per_domain: Counter[str] = Counter()
             for kind, n in counts.items():
-                per_domain[PROJECTOR_OUTPUT[kind]] += n
+                per_domain[mechanism_class(kind).domain] += n
             domain = per_domain.most_common(1)[0][0]
-        return sorted(k for k in counts if PROJECTOR_OUTPUT[k] == domain) or [self.config.mechanism_kind or ""]
+        return sorted(k for k in counts if mechanism_class(k).domain == domain) or [self.config.mechanism_kind or ""]
 
     def train(self, preset: str | None = None, *, progress: Progress | None = None) -> TrainResult:
         """Train synchronously and promote; raises :class:`TrainingBusy`, :class:`TrainingError`."""
