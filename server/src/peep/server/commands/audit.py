@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from peep.core.mechanisms import mechanism_class
 from peep.server.errors import UsageError
 
 
@@ -75,7 +76,9 @@ def register(sub: Any) -> None:
         help="face crop: the edge agent's detector path (default) or scikit-learn's fixed LFW crop "
         "(as in the PEEP paper)",
     )
-    p.add_argument("--delta", type=float, default=d.delta, help=f"δ for gaussian-l2 (default {d.delta:g})")
+    p.add_argument(
+        "--delta", type=float, default=d.delta, help=f"δ, for kinds that take one, gaussian-l2 (default {d.delta:g})"
+    )
     p.add_argument("--out", required=True, help="output directory")
     g = p.add_argument_group("protocol")
     g.add_argument(
@@ -248,7 +251,7 @@ def command_line(cfg: Any, out: str) -> list[str]:
         cmd += ["--hidden", str(cfg.hidden)]
     if cfg.data_home:
         cmd += ["--data-home", cfg.data_home]
-    if cfg.mechanism == "gaussian-l2":
+    if mechanism_class(cfg.mechanism).takes_delta:
         cmd += ["--delta", f"{cfg.delta:g}"]
     if cfg.sweep_epsilon is not None:
         cmd += ["--sweep-epsilon", f"{cfg.sweep_epsilon:g}"]

@@ -66,7 +66,9 @@ def register(sub: Any) -> None:
     e.add_argument("--queries-per-trait", type=int, default=None, help="m, even >= 2 (overrides the config)")
     e.add_argument("--mechanism", default="peep-raw", help="template mechanism (default peep-raw)")
     e.add_argument("--template-epsilon", type=float, default=8.0, help="template mechanism's ε (default 8)")
-    e.add_argument("--template-delta", type=float, default=None, help="δ for gaussian-l2 templates")
+    e.add_argument(
+        "--template-delta", type=float, default=None, help="δ, for template kinds that take one (gaussian-l2)"
+    )
     e.add_argument("--components", type=int, default=128, help="eigenfaces in the bundle (default 128)")
     e.add_argument(
         "--preset",
@@ -132,7 +134,7 @@ def _module(args: argparse.Namespace) -> Any:
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    from peep.core.mechanisms import MECHANISM_KINDS
+    from peep.core.mechanisms import MECHANISM_KINDS, mechanism_class
     from peep.server.datasets import DatasetError
     from peep.server.progress import progress_printer
     from peep.server.qbbs.evaluation import DEFAULT_SWEEP, EvaluateOptions, run_evaluation
@@ -141,8 +143,10 @@ def evaluate(args: argparse.Namespace) -> int:
         raise UsageError(f"--epsilon: expected a positive finite number, received {args.epsilon}")
     if args.mechanism not in MECHANISM_KINDS:
         raise UsageError(f"--mechanism: expected one of {', '.join(MECHANISM_KINDS)}, received {args.mechanism!r}")
-    if args.mechanism == "gaussian-l2" and args.template_delta is None:
-        raise UsageError("--template-delta: expected a δ in (0, 1) for --mechanism gaussian-l2, received none")
+    if mechanism_class(args.mechanism).takes_delta and args.template_delta is None:
+        raise UsageError(
+            f"--template-delta: expected a δ in (0, 1) for --mechanism {args.mechanism}, received none"
+        )
     if args.components < 1:
         raise UsageError(f"--components: expected >= 1, received {args.components}")
     if args.seed < 0:
