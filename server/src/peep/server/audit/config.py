@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from peep.core.mechanisms import MECHANISM_KINDS
+from peep.core.mechanisms import MECHANISM_KINDS, mechanism_classes
 from peep.server.recognition.fitting import DEFAULT_PRESET, PRESETS, MLPPreset, Preset
 
 #: ε values of the default audit (7 values, per-coordinate for peep/peep-raw).
@@ -15,7 +15,8 @@ DEFAULT_EPSILONS: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 DEFAULT_FRONTIER_EPSILONS: tuple[float, ...] = (16.0, 64.0, 256.0, 1024.0, 4096.0)
 #: Mechanisms the frontier searches. ``laplace-vector`` is left out: it is the
 #: same noise as ``peep`` at per-coordinate ε = ε/nc, so it adds nothing.
-FRONTIER_MECHANISMS: tuple[str, ...] = ("peep", "peep-raw", "laplace-l1", "gaussian-l2")
+#: Kinds the frontier searches: every registered kind that does not duplicate another's noise.
+FRONTIER_MECHANISMS: tuple[str, ...] = tuple(k for k, c in mechanism_classes().items() if c.frontier)
 BASES = ("train", "background")
 NORMALISATIONS = ("detector", "lfw-crop")
 

@@ -87,10 +87,10 @@ def _component_limit(data: AuditData, cfg: AuditConfig) -> int:
 
 def _mechanism_summary(cfg: AuditConfig, ctx: RepeatContext) -> dict[str, Any]:
     mech = runner._mechanism(cfg, ctx.basis, cfg.mechanism, cfg.epsilons[0], None)  # draws no noise
-    per = "per coordinate" if cfg.mechanism in ("peep", "peep-raw") else "per vector"
+    per = f"per {mech.epsilon_scope}"
     return {
         "kind": cfg.mechanism,
-        "delta": cfg.delta if cfg.mechanism == "gaussian-l2" else 0.0,
+        "delta": cfg.delta if mech.takes_delta else 0.0,
         "epsilon_parameter": per,
         "description": mech.guarantee.description,
     }

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 from peep.core import features
+from peep.core.mechanisms import mechanism_class
 from peep.core.release import mechanism_for_bounds
 from peep.server.audit.attacks import (
     ADVERSARIES,
@@ -158,23 +159,13 @@ def nominal_epsilon(cfg: AuditConfig, kind: str, target_vector: float, basis: Ba
     Called inside :func:`job_env`, so a seeded probe is allowed when simulating;
     with the secure sampler the probe is secure too (its grid inflation counts).
     """
-    if kind == "peep":
-        return target_vector / basis.n_components
-    if kind == "peep-raw":
-        # The guarantee is linear in ε (Σ_j (hi_j − lo_j + γ)·ε): calibrate with a probe at ε = 1.
-        probe = _mechanism(cfg, basis, kind, 1.0, None if cfg.secure_noise else 0)
-        return float(target_vector / probe.guarantee.epsilon_vector)
-    return target_vector
+    return mechanism_class(kind).epsilon_for_vector(
+        basis.bounds, target_vector, delta=cfg.delta, random_state=None if cfg.secure_noise else 0
+    )
 
 
 def _mechanism(cfg: AuditConfig, basis: Basis, kind: str, epsilon: float, rng: Any) -> Any:
-    return mechanism_for_bounds(
-        basis.bounds,
-        kind=kind,
-        epsilon=epsilon,
-        delta=cfg.delta if kind == "gaussian-l2" else None,
-        random_state=rng,
-    )
+    return mechanism_for_bounds(basis.bounds, kind=kind, epsilon=epsilon, delta=cfg.delta, random_state=rng)
 
 
 def _release_avg(mech: Any, Z: FloatArray, k: int) -> FloatArray:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from peep.core.mechanisms import mechanism_kinds
 from peep.server.recognition.fitting import PRESETS
 
 _num: dict[str, Any] = {"type": "number"}
@@ -155,7 +156,7 @@ AUDIT_SCHEMA: dict[str, Any] = {
             ),
             "mechanism": _obj(
                 {
-                    "kind": {"enum": ["peep", "peep-raw", "laplace-vector", "gaussian-l2", "laplace-l1"]},
+                    "kind": {"enum": list(mechanism_kinds())},
                     "delta": {"type": "number", "minimum": 0, "maximum": 1},
                     "epsilon_parameter": {"enum": ["per coordinate", "per vector"]},
                     "description": {"type": "string"},
