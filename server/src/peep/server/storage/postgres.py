@@ -56,7 +56,12 @@ class PostgresStore(SqlStore):
         self._pool: queue.LifoQueue[psycopg.Connection] = queue.LifoQueue()
         self._slots = threading.BoundedSemaphore(pool_size)
         self._closed = False
-        self._migrate()
+        try:
+            self._migrate()
+        except BaseException:
+            # A store that refuses to open (e.g. a newer schema) must not leak its pooled connection.
+            self.close()
+            raise
 
     # ------------------------------------------------------------ connections
 
