@@ -8,8 +8,6 @@ TLS/ACL and kill/restart tests).
 
 from __future__ import annotations
 
-import datetime as dt
-import ipaddress
 import os
 import shutil
 import signal
@@ -379,103 +377,16 @@ def collector_factory() -> Iterator[Callable[..., Collector]]:
 
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory) -> dict[str, Path]:
-    """A CA, a server certificate for 127.0.0.1/localhost and a client certificate (PEM files)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    """A CA, a server certificate for 127.0.0.1/localhost and a client certificate (PEM files; peep.server.pki)."""
+    from peep.server.pki import LocalCA
 
     d = tmp_path_factory.mktemp("pki")
-    now = dt.datetime.now(dt.UTC)
-
-    def key():
-        return ec.generate_private_key(ec.SECP256R1())
-
-    def write_key(k, path: Path) -> Path:
-        path.write_bytes(
-            k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-        )
-        path.chmod(0o600)
-        return path
-
-    ca_key = key()
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "peep test CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=2))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-
-    def leaf(cn: str, server: bool):
-        k = key()
-        b = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
-            .issuer_name(ca_name)
-            .public_key(k.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=2))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-            .add_extension(
-                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]),
-                critical=False,
-            )
-        )
-        if server:
-            b = b.add_extension(
-                x509.SubjectAlternativeName(
-                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-                ),
-                critical=False,
-            )
-        return k, b.sign(ca_key, hashes.SHA256())
-
-    (d / "ca.pem").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    out = {"ca": d / "ca.pem", "ca_key": write_key(ca_key, d / "ca.key")}
-    for name, server in (("server", True), ("client", False)):
-        k, cert = leaf("localhost" if server else "cam-1", server)
-        (d / f"{name}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        out[name] = d / f"{name}.pem"
-        out[f"{name}_key"] = write_key(k, d / f"{name}.key")
+    ca = LocalCA("peep test CA", days=2)
+    out = {"ca": ca.write_ca(d / "ca.pem")}
+    out["server"], out["server_key"] = ca.issue_server(("localhost",)).write(d / "server.pem", d / "server.key")
+    out["client"], out["client_key"] = ca.issue_client("cam-1").write(d / "client.pem", d / "client.key")
     # A second, unrelated CA: a device pinned to it must refuse the broker.
-    other_key = key()
-    other_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "some other CA")])
-    other = (
-        x509.CertificateBuilder()
-        .subject_name(other_name)
-        .issuer_name(other_name)
-        .public_key(other_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=2))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(other_key, hashes.SHA256())
-    )
-    (d / "other-ca.pem").write_bytes(other.public_bytes(serialization.Encoding.PEM))
-    out["other_ca"] = d / "other-ca.pem"
+    out["other_ca"] = LocalCA("some other CA", days=2).write_ca(d / "other-ca.pem")
     return out
 
 

@@ -1,6 +1,6 @@
 """Fixtures for the recognition server tests: TLS material, templates, servers, PostgreSQL.
 
-Real parts only: TLS certificates are generated with ``cryptography``, the
+Real parts only: TLS certificates come from ``peep.server.pki`` (a real in-process CA), the
 broker is the Mosquitto on 127.0.0.1:1883 (a unique topic prefix per session
 keeps other test runs on the same broker out), PostgreSQL is 127.0.0.1:5432
 (a private schema per test), gRPC runs over loopback.

@@ -6,9 +6,7 @@ puts this directory on sys.path so `import peep_server_testlib` works.
 
 from __future__ import annotations
 
-import datetime
 import hashlib
-import ipaddress
 import json
 import socket
 import sys
@@ -19,12 +17,9 @@ from typing import Any
 
 import grpc
 import numpy as np
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from peep.core import wire
 from peep.core.release import TemplateReleaser
+from peep.server.pki import LocalCA
 
 ADMIN_TOKEN = "admin-" + uuid.uuid4().hex
 DEVICE_TOKENS = {"cam-1": "tok-cam1-" + uuid.uuid4().hex, "cam-2": "tok-cam2-" + uuid.uuid4().hex}
@@ -52,78 +47,21 @@ class Pki:
     rogue: tuple[bytes, bytes]  # signed by another CA
 
 
-def _key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _pem_key(k: ec.EllipticCurvePrivateKey) -> bytes:
-    return k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-
-
-def _cert(
-    subject_cn: str,
-    key: ec.EllipticCurvePrivateKey,
-    issuer_cn: str,
-    issuer_key: ec.EllipticCurvePrivateKey,
-    *,
-    ca: bool = False,
-    san: list[x509.GeneralName] | None = None,
-    client: bool = False,
-) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.UTC)
-    b = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject_cn)]))
-        .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer_cn)]))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=2))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if ca:
-        b = b.add_extension(
-            x509.KeyUsage(
-                digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                key_encipherment=False, data_encipherment=False, key_agreement=False, encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )  # fmt: skip
-    else:
-        usage = x509.ExtendedKeyUsageOID.CLIENT_AUTH if client else x509.ExtendedKeyUsageOID.SERVER_AUTH
-        b = b.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-    if san:
-        b = b.add_extension(x509.SubjectAlternativeName(san), critical=False)
-    return b.sign(issuer_key, hashes.SHA256())
-
-
 # --------------------------------------------------------------------------- configs
 
 
 def make_pki(d: Path) -> Pki:
-    """A CA, a server certificate for localhost/127.0.0.1, client certificates and a rogue one."""
-    ca_key = _key()
-    ca = _cert("peep-test-ca", ca_key, "peep-test-ca", ca_key, ca=True)
-    ca_pem = ca.public_bytes(serialization.Encoding.PEM)
-    srv_key = _key()
-    srv = _cert(
-        "localhost", srv_key, "peep-test-ca", ca_key,
-        san=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
-    )  # fmt: skip
-    (d / "ca.pem").write_bytes(ca_pem)
-    (d / "server.pem").write_bytes(srv.public_bytes(serialization.Encoding.PEM))
-    (d / "server.key").write_bytes(_pem_key(srv_key))
+    """A CA, a server certificate for localhost/127.0.0.1, client certificates and a rogue one (peep.server.pki)."""
+    ca = LocalCA("peep-test-ca", days=2)
+    ca.write_ca(d / "ca.pem")
+    ca.issue_server(("localhost",)).write(d / "server.pem", d / "server.key")
     clients = {}
     for cn in ("cam-1", "cam-2", "peep-admin", "cam-unregistered"):
-        k = _key()
-        c = _cert(cn, k, "peep-test-ca", ca_key, client=True)
-        clients[cn] = (_pem_key(k), c.public_bytes(serialization.Encoding.PEM))
-    rogue_ca_key = _key()
-    rk = _key()
-    rogue_cert = _cert("cam-1", rk, "rogue-ca", rogue_ca_key, client=True)
-    rogue = (_pem_key(rk), rogue_cert.public_bytes(serialization.Encoding.PEM))
-    return Pki(d, ca_pem, d / "server.pem", d / "server.key", d / "ca.pem", clients, rogue)
+        c = ca.issue_client(cn)
+        clients[cn] = (c.key_pem, c.cert_pem)
+    rogue_cert = LocalCA("rogue-ca", days=2).issue_client("cam-1")  # the right CN from the wrong CA
+    rogue = (rogue_cert.key_pem, rogue_cert.cert_pem)
+    return Pki(d, ca.cert_pem, d / "server.pem", d / "server.key", d / "ca.pem", clients, rogue)
 
 
 def base_config(tmp: Path, pub_path: Path, bundle_dir: Path | None, **sections: dict[str, Any]) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from peep.server.pki import IssuedFiles, make_local_pki
 
 N_COMPONENTS = 128
 _TOKEN = "bench-device-token"
@@ -73,40 +74,6 @@ def _synthetic_bundle(out: Path) -> tuple[Any, Path]:
 
     write_bundle_files(files, bdir)
     return EigenfaceBundle.load(bdir, load_public_key(pub_path)), pub_path
-
-
-def _tls(out: Path) -> tuple[Path, Path, bytes]:
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    pem = cert.public_bytes(serialization.Encoding.PEM)
-    (out / "tls.pem").write_bytes(pem)
-    (out / "tls.key").write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return out / "tls.pem", out / "tls.key", pem
 
 
 def _templates(
@@ -154,7 +121,7 @@ def _read_frames(path: str) -> list[bytes]:
 
 
 def _config(
-    tmp: Path, pub: Path, bundle_dir: Path, cert: Path, key: Path, devices: list[str], *, mqtt: dict[str, Any] | None
+    tmp: Path, pub: Path, bundle_dir: Path, tls: IssuedFiles, devices: list[str], *, mqtt: dict[str, Any] | None
 ) -> Any:
     from peep.server.config import parse_config, token_sha256
 
@@ -164,7 +131,7 @@ def _config(
                 "listen": "127.0.0.1:0",
                 "grace_s": 2.0,
                 "max_workers": 16,
-                "tls": {"cert": str(cert), "key": str(key)},
+                "tls": {"cert": str(tls.server_cert), "key": str(tls.server_key)},
             },
             "storage": {"backend": "sqlite", "path": str(tmp / "bench.db")},
             "bundle": {"public_key": str(pub), "dir": str(bundle_dir)},
@@ -198,11 +165,11 @@ def _child(args: list[str], timeout: float = 600.0) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the sections
 
 
-def _bench_grpc(tmp: Path, bundle: Any, pub: Path, cert: Path, key: Path, n: int, streams: int) -> dict[str, Any]:
+def _bench_grpc(tmp: Path, bundle: Any, pub: Path, tls: IssuedFiles, n: int, streams: int) -> dict[str, Any]:
     from peep.server.app import ServerApp
 
     devices = [f"dev-{i}" for i in range(streams)]
-    app = ServerApp(_config(tmp / "grpc", pub, Path(bundle.bench_dir), cert, key, devices, mqtt=None))
+    app = ServerApp(_config(tmp / "grpc", pub, Path(bundle.bench_dir), tls, devices, mqtt=None))
     app.start()
     try:
         files = []
@@ -210,14 +177,14 @@ def _bench_grpc(tmp: Path, bundle: Any, pub: Path, cert: Path, key: Path, n: int
             f = tmp / f"grpc-{d}.bin"
             _write_frames(f, _templates(bundle, n // streams, devices=[d]))
             files.append(str(f))
-        res = _child(["grpc-ingest", str(app.port), str(cert), _TOKEN, *files])
+        res = _child(["grpc-ingest", str(app.port), str(tls.ca_cert), _TOKEN, *files])
         stored = app.services.store.count_templates()
         return {"rate": stored / res["seconds"], "stored": stored, "sent": res["sent"], "streams": streams}
     finally:
         app.stop(0)
 
 
-def _bench_mqtt(tmp: Path, bundle: Any, pub: Path, cert: Path, key: Path, n: int, publishers: int) -> dict[str, Any]:
+def _bench_mqtt(tmp: Path, bundle: Any, pub: Path, tls: IssuedFiles, n: int, publishers: int) -> dict[str, Any]:
     from peep.core.topics import TopicScheme
     from peep.server.app import ServerApp
 
@@ -233,7 +200,7 @@ def _bench_mqtt(tmp: Path, bundle: Any, pub: Path, cert: Path, key: Path, n: int
         "share_group": f"bench{uuid.uuid4().hex[:6]}",
         "client_id": f"peep-bench-{uuid.uuid4().hex[:6]}",
     }
-    app = ServerApp(_config(tmp / "mqtt", pub, Path(bundle.bench_dir), cert, key, devices, mqtt=mqtt))
+    app = ServerApp(_config(tmp / "mqtt", pub, Path(bundle.bench_dir), tls, devices, mqtt=mqtt))
     app.start(mqtt_wait=10.0)
     try:
         files = []
@@ -300,13 +267,13 @@ def _bench_mqtt(tmp: Path, bundle: Any, pub: Path, cert: Path, key: Path, n: int
         app.stop(0)
 
 
-def _train_and_identify(tmp: Path, bundle: Any, pub: Path, cert: Path, key: Path, n_identify: int) -> dict[str, Any]:
+def _train_and_identify(tmp: Path, bundle: Any, pub: Path, tls: IssuedFiles, n_identify: int) -> dict[str, Any]:
     from peep.core import wire
     from peep.server.app import ServerApp
     from peep.server.ingest.auth import Identity
     from peep.server.ingest.ingestor import Sender
 
-    app = ServerApp(_config(tmp / "train", pub, Path(bundle.bench_dir), cert, key, ["dev-0"], mqtt=None))
+    app = ServerApp(_config(tmp / "train", pub, Path(bundle.bench_dir), tls, ["dev-0"], mqtt=None))
     app.start()
     try:
         s = app.services
@@ -346,7 +313,7 @@ def _train_and_identify(tmp: Path, bundle: Any, pub: Path, cert: Path, key: Path
         _write_frames(f, [wire.encode_template(wire.make_template(
             P[i % len(P)], device_id="dev-0", site="bench", bundle_id=bundle.bundle_id, mechanism=r.description))
             for i in range(n_identify)])  # fmt: skip
-        lat = _child(["grpc-identify", str(app.port), str(cert), f"{_TOKEN}-dev-0", str(f)])
+        lat = _child(["grpc-identify", str(app.port), str(tls.ca_cert), f"{_TOKEN}-dev-0", str(f)])
         return {
             "train_s_10k": train_s,
             "train_epochs": result.metrics.get("epochs"),
@@ -383,16 +350,16 @@ def run(quick: bool = False) -> dict[str, Any]:
         tmp = Path(d)
         bundle, pub = _synthetic_bundle(tmp)
         bundle.bench_dir = str(tmp / "bundle")
-        cert, key, _pem = _tls(tmp)
-        g = _bench_grpc(tmp, bundle, pub, cert, key, n_ingest, streams=4)
+        tls = make_local_pki(tmp / "tls")
+        g = _bench_grpc(tmp, bundle, pub, tls, n_ingest, streams=4)
         out["ingest_per_s_grpc"] = g["rate"]
         try:
-            m = _bench_mqtt(tmp, bundle, pub, cert, key, n_ingest, publishers=4)
+            m = _bench_mqtt(tmp, bundle, pub, tls, n_ingest, publishers=4)
             out["ingest_per_s_mqtt"] = m["rate"]
         except (OSError, TimeoutError, RuntimeError) as exc:
             m = {"error": f"MQTT broker at 127.0.0.1:1883 not usable ({exc})"}
             out["ingest_per_s_mqtt"] = None
-        ti = _train_and_identify(tmp, bundle, pub, cert, key, n_identify)
+        ti = _train_and_identify(tmp, bundle, pub, tls, n_identify)
         out.update({k: ti[k] for k in ("identify_p50_ms", "identify_p99_ms", "identify_batch_per_s", "train_s_10k")})
         out["context"] = {
             "quick": quick,
@@ -425,21 +392,21 @@ def run(quick: bool = False) -> dict[str, Any]:
 # --------------------------------------------------------------------------- child processes
 
 
-def _client_channel(port: str, cert: str) -> Any:
+def _client_channel(port: str, ca_file: str) -> Any:
     import grpc
 
-    creds = grpc.ssl_channel_credentials(root_certificates=Path(cert).read_bytes())
+    creds = grpc.ssl_channel_credentials(root_certificates=Path(ca_file).read_bytes())
     return grpc.secure_channel(f"localhost:{port}", creds)
 
 
-def _grpc_ingest(port: str, cert: str, token: str, *files: str) -> dict[str, Any]:
+def _grpc_ingest(port: str, ca_file: str, token: str, *files: str) -> dict[str, Any]:
     import threading
 
     import grpc
     from peep.v1 import recognition_pb2_grpc, template_pb2
 
     batches = [[template_pb2.PerturbedTemplate.FromString(p) for p in _read_frames(f)] for f in files]
-    ch = _client_channel(port, cert)
+    ch = _client_channel(port, ca_file)
     stub = recognition_pb2_grpc.RecognitionServiceStub(ch)  # type: ignore[no-untyped-call]
     grpc.channel_ready_future(ch).result(timeout=10)
     results: list[Any] = [None] * len(batches)
@@ -460,12 +427,12 @@ def _grpc_ingest(port: str, cert: str, token: str, *files: str) -> dict[str, Any
     return {"seconds": seconds, "sent": sum(len(b) for b in batches), "accepted": sum(r.accepted for r in results)}
 
 
-def _grpc_identify(port: str, cert: str, token: str, file: str) -> dict[str, Any]:
+def _grpc_identify(port: str, ca_file: str, token: str, file: str) -> dict[str, Any]:
     import grpc
     from peep.v1 import recognition_pb2, recognition_pb2_grpc, template_pb2
 
     msgs = [template_pb2.PerturbedTemplate.FromString(p) for p in _read_frames(file)]
-    ch = _client_channel(port, cert)
+    ch = _client_channel(port, ca_file)
     grpc.channel_ready_future(ch).result(timeout=10)
     stub = recognition_pb2_grpc.RecognitionServiceStub(ch)  # type: ignore[no-untyped-call]
     md = [("authorization", f"Bearer {token}")]
