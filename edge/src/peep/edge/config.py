@@ -28,15 +28,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from peep.core import topics
-from peep.core.configfile import (
-    BASE_DIR,
-    ConfigFileError,
-    context_base_dir,
-    problems_from_errors,
-    read_toml,
-    resolve_path,
-)
+from peep.core import configfile, topics
 from peep.core.mechanisms import mechanism_class, mechanism_kind_literal
 from peep.core.topics import ID_PATTERN
 from peep.edge.errors import ConfigError
@@ -59,7 +51,7 @@ else:
 
 
 def _resolve_path(value: Path, info: ValidationInfo) -> Path:
-    return resolve_path(value, context_base_dir(info.context))
+    return configfile.resolve_path(value, configfile.context_base_dir(info.context))
 
 
 ConfigPath = Annotated[Path, AfterValidator(_resolve_path)]
@@ -360,9 +352,9 @@ class EdgeConfig(_Section):
 def parse_config(data: dict[str, Any], *, base_dir: Path | None = None) -> EdgeConfig:
     """Validate an already parsed TOML mapping (raises :class:`ConfigError`)."""
     try:
-        return EdgeConfig.model_validate(data, context={BASE_DIR: base_dir})
+        return EdgeConfig.model_validate(data, context={configfile.BASE_DIR: base_dir})
     except ValidationError as exc:
-        problems = problems_from_errors(
+        problems = configfile.problems_from_errors(
             exc.errors(include_url=False),
             unknown_key="unknown key (check the spelling; seeds and secrets are never accepted)",
         )
@@ -372,8 +364,8 @@ def parse_config(data: dict[str, Any], *, base_dir: Path | None = None) -> EdgeC
 def load_config(path: str | Path) -> EdgeConfig:
     """Read, parse and validate a TOML configuration file."""
     try:
-        data, base_dir = read_toml(path)
-    except ConfigFileError as exc:
+        data, base_dir = configfile.read_toml(path)
+    except configfile.ConfigFileError as exc:
         raise ConfigError(f"--config: {exc.reason}, received {str(exc.path)!r}") from None
     return parse_config(data, base_dir=base_dir)
 

@@ -47,16 +47,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from peep.core import topics
-from peep.core.configfile import (
-    BASE_DIR,
-    ConfigFileError,
-    Problem,
-    context_base_dir,
-    problems_from_errors,
-    read_toml,
-    resolve_path,
-)
+from peep.core import configfile, topics
 from peep.core.mechanisms import mechanism_kind_literal
 from peep.core.topics import ID_PATTERN
 from peep.server.recognition.fitting import DEFAULT_PRESET, PRESETS
@@ -83,9 +74,9 @@ class ConfigError(ValueError):
     """The configuration is invalid; ``errors`` lists :class:`~peep.core.configfile.Problem`
     tuples (key path, message, value received), each printed as ``key: message, received value``."""
 
-    def __init__(self, source: str, errors: Sequence[tuple[str, str, Any] | Problem]) -> None:
+    def __init__(self, source: str, errors: Sequence[tuple[str, str, Any] | configfile.Problem]) -> None:
         self.source = source
-        self.errors = [e if isinstance(e, Problem) else Problem(*e) for e in errors]
+        self.errors = [e if isinstance(e, configfile.Problem) else configfile.Problem(*e) for e in errors]
         super().__init__(f"{source}: invalid configuration\n  " + "\n  ".join(str(p) for p in self.errors))
 
 
@@ -142,7 +133,7 @@ class _Model(BaseModel):
 
 
 def _resolve_path(value: Path | None, info: ValidationInfo) -> Path | None:
-    return None if value is None else resolve_path(value, context_base_dir(info.context))
+    return None if value is None else configfile.resolve_path(value, configfile.context_base_dir(info.context))
 
 
 def _check_hex(v: str | None) -> str | None:
@@ -487,17 +478,17 @@ class ServerConfig(_Model):
 def parse_config(data: Mapping[str, Any], *, source: str = "<config>", base_dir: Path | None = None) -> ServerConfig:
     """Validate a parsed TOML mapping; raise :class:`ConfigError` listing every problem."""
     try:
-        return ServerConfig.model_validate(dict(data), context={BASE_DIR: base_dir})
+        return ServerConfig.model_validate(dict(data), context={configfile.BASE_DIR: base_dir})
     except ValidationError as exc:
-        raise ConfigError(source, problems_from_errors(exc.errors(include_url=False))) from None
+        raise ConfigError(source, configfile.problems_from_errors(exc.errors(include_url=False))) from None
 
 
 def load_config(path: str | os.PathLike[str]) -> ServerConfig:
     """Read, parse and validate ``server.toml`` (relative paths are relative to its directory)."""
     try:
-        data, base_dir = read_toml(path)
-    except ConfigFileError as exc:
-        raise ConfigError(str(exc.path), [Problem("(file)", exc.reason, str(exc.path))]) from None
+        data, base_dir = configfile.read_toml(path)
+    except configfile.ConfigFileError as exc:
+        raise ConfigError(str(exc.path), [configfile.Problem("(file)", exc.reason, str(exc.path))]) from None
     return parse_config(data, source=str(path), base_dir=base_dir)
 
 
