@@ -64,17 +64,13 @@ def build_edge_bundle(
     created_at: float | None = None,
 ) -> Path:
     """A signed bundle from the background population (core only; nc=64 keeps tests fast)."""
-    from peep.core.bounding import fit_bundle_bounds
     from peep.core.bundle import build_bundle_files, write_bundle_files
-    from peep.core.eigenfaces import EigenfaceModel
     from peep.core.imaging import FaceGeometry
+    from peep.core.projections import EigenfaceProjection
 
     X = np.asarray(dataset.X[:n_faces], dtype=np.float64)
-    model = EigenfaceModel(n_components=n_components).fit(X)
-    bounds = fit_bundle_bounds(model.transform(X))
     files = build_bundle_files(
-        model=model,
-        bounds=bounds,
+        projection=EigenfaceProjection(n_components=n_components).fit(X),
         geometry=FaceGeometry.from_dict(dataset.normalisation["geometry"]),
         signing_key=signing_key,
         normalisation=dataset.normalisation,

@@ -29,10 +29,9 @@ import cv2
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from numpy.typing import NDArray
-from peep.core.bounding import fit_bundle_bounds
 from peep.core.bundle import build_bundle_files, write_bundle_files
-from peep.core.eigenfaces import EigenfaceModel
 from peep.core.imaging import DEFAULT_GEOMETRY, HaarFaceDetector, normalise_face, primary_face
+from peep.core.projections import EigenfaceProjection
 
 
 def lfw_home(data_home: str | os.PathLike[str] | None = None) -> Path:
@@ -186,8 +185,7 @@ def build_bundle_from_images(
     if len(faces) <= n_components:
         raise ValueError(f"images: expected more than n_components={n_components} detectable faces, found {len(faces)}")
     X = np.asarray(faces, dtype=np.float64)
-    model = EigenfaceModel(n_components=n_components).fit(X)
-    bounds = fit_bundle_bounds(model.transform(X), radius_quantile=radius_quantile)
+    projection = EigenfaceProjection(n_components=n_components, radius_quantile=radius_quantile).fit(X)
     normalisation = {
         "method": "detector",
         "detector": "HaarFaceDetector",
@@ -198,8 +196,7 @@ def build_bundle_from_images(
         "geometry": DEFAULT_GEOMETRY.to_dict(),
     }
     files = build_bundle_files(
-        model=model,
-        bounds=bounds,
+        projection=projection,
         geometry=DEFAULT_GEOMETRY,
         signing_key=signing_key,
         normalisation=normalisation,

@@ -133,9 +133,7 @@ def _canonical_json(obj: Any) -> bytes:
 
 def build_bundle_files(
     *,
-    projection: Projection | None = None,
-    model: EigenfaceModel | None = None,
-    bounds: BundleBounds | None = None,
+    projection: Projection,
     geometry: FaceGeometry,
     signing_key: Ed25519PrivateKey,
     normalisation: Mapping[str, Any],
@@ -148,11 +146,9 @@ def build_bundle_files(
     Parameters
     ----------
     projection : Projection
-        A fitted projection (:mod:`peep.core.projections`), with its public
-        bounds ``bounds_``.
-    model, bounds : EigenfaceModel, BundleBounds
-        Instead of ``projection``: eigenfaces and their public bounds (the
-        ``eigenfaces`` projection).
+        A fitted projection (:mod:`peep.core.projections`, e.g.
+        :class:`~peep.core.projections.EigenfaceProjection`), with its public
+        bounds ``bounds_``; fitted on public faces only.
     normalisation : mapping
         How faces were detected and normalised (e.g. ``{"detector": "haar", ...}``);
         devices must use the same.
@@ -162,14 +158,6 @@ def build_bundle_files(
     provenance : mapping, optional
         Dataset name, number of faces and subjects, software version.
     """
-    if projection is None:
-        if model is None or bounds is None:
-            raise ValueError("projection: expected a fitted projection (or an eigenface model and its bounds)")
-        from peep.core.projections.eigenfaces import EigenfaceProjection
-
-        projection = EigenfaceProjection.from_model(model, bounds)
-    elif model is not None or bounds is not None:
-        raise ValueError("model, bounds: expected none of them when a projection is given")
     projector = projection.to_onnx()
     metadata = {
         "format": FORMAT,

@@ -16,11 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from peep.core.bounding import fit_bundle_bounds
 from peep.core.bundle import EigenfaceBundle, build_bundle_files, generate_keypair, load_private_key
-from peep.core.eigenfaces import EigenfaceModel
 from peep.core.imaging import DEFAULT_GEOMETRY
 from peep.core.mechanisms import mechanism_kinds
+from peep.core.projections import EigenfaceProjection
 from peep.core.release import TemplateReleaser, bounded_coefficients
 
 
@@ -40,8 +39,7 @@ def _synthetic_bundle(n_components: int, tmpdir: str) -> EigenfaceBundle:
     # bench independent of the dataset.
     rng = np.random.default_rng(0)
     faces = rng.random((400, DEFAULT_GEOMETRY.n_pixels))
-    model = EigenfaceModel(n_components=n_components).fit(faces)
-    bounds = fit_bundle_bounds(model.transform(faces))
+    projection = EigenfaceProjection(n_components=n_components).fit(faces)
     import os
 
     private_pem, _ = generate_keypair()
@@ -50,8 +48,7 @@ def _synthetic_bundle(n_components: int, tmpdir: str) -> EigenfaceBundle:
         fh.write(private_pem)
     key = load_private_key(key_path)
     files = build_bundle_files(
-        model=model,
-        bounds=bounds,
+        projection=projection,
         geometry=DEFAULT_GEOMETRY,
         signing_key=key,
         normalisation={"method": "synthetic"},

@@ -49,21 +49,17 @@ _ADMIN = "bench-admin-token"
 
 
 def _synthetic_bundle(out: Path) -> tuple[Any, Path]:
-    from peep.core.bounding import fit_bundle_bounds
     from peep.core.bundle import EigenfaceBundle, build_bundle_files, load_public_key, write_keypair
-    from peep.core.eigenfaces import EigenfaceModel
     from peep.core.imaging import DEFAULT_GEOMETRY
+    from peep.core.projections import EigenfaceProjection
 
     key_path, pub_path = write_keypair(out / "site")
     from peep.core.bundle import load_private_key
 
     rng = np.random.default_rng(0)
     faces = rng.random((400, DEFAULT_GEOMETRY.n_pixels))
-    model = EigenfaceModel(n_components=N_COMPONENTS).fit(faces)
-    bounds = fit_bundle_bounds(model.transform(faces))
     files = build_bundle_files(
-        model=model,
-        bounds=bounds,
+        projection=EigenfaceProjection(n_components=N_COMPONENTS).fit(faces),
         geometry=DEFAULT_GEOMETRY,
         signing_key=load_private_key(key_path),
         normalisation={"method": "synthetic"},
