@@ -185,6 +185,9 @@ def problems_from_errors(
             continue
         if kind == "extra_forbidden":
             msg = unknown_key
+        elif kind == "literal_error" and "expected" in (err.get("ctx") or {}):
+            # pydantic says "Input should be 'a', 'b' or 'c'"; say it the way every other error does.
+            msg = f"expected one of {err['ctx']['expected']}"
         value = err.get("input", NOT_GIVEN)
         # A whole section as "received" says nothing the key path does not.
         problems.append(Problem(_key(err["loc"]), msg, NOT_GIVEN if isinstance(value, dict) else value))
