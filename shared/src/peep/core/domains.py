@@ -12,8 +12,6 @@ needs about it:
   output, which ``tests/core/test_bundle.py`` checks);
 * :meth:`Domain.inverse` — back to coefficient units where the domain
   rescaled them (the reconstruction attack's first step);
-* :meth:`Domain.box` — the per-coordinate range of the output (ingest's
-  plausibility check widens it by the noise);
 * :meth:`Domain.graph` — the same computation as ONNX node specifications
   (plain tuples, so this module imports no ONNX; the projection's graph
   builder turns them into nodes).
@@ -28,6 +26,7 @@ output              value                                            used by
 ``box_clipped``     per coordinate clipped to ``[lo, hi]``           ``peep-raw``
 ``l2_clipped``      scaled into the L2 ball of radius R              ``gaussian-l2``
 ``l1_clipped``      scaled into the L1 ball of radius R₁             ``laplace-l1``
+``unit``            the direction ``y/‖y‖₂`` on the unit sphere      ``privunit``, ``privunit-g``
 ==================  ===============================================  =====================
 """
 
@@ -49,6 +48,7 @@ __all__ = [
     "NodeSpec",
     "domain",
     "domain_names",
+    "unit_rows",
 ]
 
 FloatArray = NDArray[np.float64]
@@ -94,10 +94,6 @@ class Domain:
         """Coefficient units per domain unit, shape (nc,): what :meth:`inverse` multiplies by."""
         return np.ones(bounds.n_components)
 
-    def box(self, bounds: BundleBounds) -> tuple[FloatArray, FloatArray]:
-        """Per-coordinate (lower, upper) of every value in the domain, each of shape (nc,)."""
-        raise NotImplementedError
-
     def graph(self, bounds: BundleBounds) -> DomainGraph:
         """ONNX nodes computing output :attr:`name` from ``coefficients``."""
         raise NotImplementedError
@@ -118,10 +114,6 @@ class ScaledDomain(Domain):
 
     def unit(self, bounds: BundleBounds) -> FloatArray:
         return np.asarray(bounds.upper - bounds.lower)
-
-    def box(self, bounds: BundleBounds) -> tuple[FloatArray, FloatArray]:
-        nc = bounds.n_components
-        return np.zeros(nc), np.ones(nc)
 
     def graph(self, bounds: BundleBounds) -> DomainGraph:
         return DomainGraph(
@@ -144,9 +136,6 @@ class BoxDomain(Domain):
     def apply(self, coefficients: ArrayLike, bounds: BundleBounds) -> FloatArray:
         return clip_box(coefficients, bounds.lower, bounds.upper)
 
-    def box(self, bounds: BundleBounds) -> tuple[FloatArray, FloatArray]:
-        return bounds.lower.copy(), bounds.upper.copy()
-
     def graph(self, bounds: BundleBounds) -> DomainGraph:
         return DomainGraph(
             nodes=[
@@ -163,11 +152,6 @@ class _BallDomain(Domain):
 
     def radius(self, bounds: BundleBounds) -> float:
         raise NotImplementedError
-
-    def box(self, bounds: BundleBounds) -> tuple[FloatArray, FloatArray]:
-        r = self.radius(bounds)
-        nc = bounds.n_components
-        return np.full(nc, -r), np.full(nc, r)
 
     def graph(self, bounds: BundleBounds) -> DomainGraph:
         p = f"l{self.order}"
@@ -209,9 +193,43 @@ class L1BallDomain(_BallDomain):
         return clip_l1(coefficients, bounds.radius_l1)
 
 
+class UnitSphereDomain(Domain):
+    name = "unit"
+    description = "the direction y/‖y‖₂ on the unit sphere (no public bound needed: every direction is allowed)"
+
+    def apply(self, coefficients: ArrayLike, bounds: BundleBounds) -> FloatArray:
+        return unit_rows(coefficients)
+
+    def graph(self, bounds: BundleBounds) -> DomainGraph:
+        return DomainGraph(
+            nodes=[
+                ("ReduceL2", ("coefficients", "axis1"), ("norm_unit",), {"keepdims": 1}),
+                ("Max", ("norm_unit", "tiny"), ("safe_unit",), {}),
+                ("Div", ("coefficients", "safe_unit"), (self.name,), {}),
+            ]
+        )
+
+
+def unit_rows(Y: ArrayLike) -> FloatArray:
+    """Each row (or the vector) scaled to unit L2 norm; a zero row becomes the first basis vector.
+
+    The zero vector has no direction; mapping it to a fixed, data-independent
+    direction keeps the release domain exactly the unit sphere.
+    """
+    arr = np.array(Y, dtype=np.float64)
+    norms = np.linalg.norm(arr, axis=-1, keepdims=True)
+    zero = norms[..., 0] == 0.0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out: FloatArray = arr / norms
+    if np.any(zero):
+        out[zero] = 0.0
+        out[zero, 0] = 1.0
+    return out
+
+
 #: Every release domain, in the projector's output order (after ``coefficients``).
 DOMAINS: Final[Mapping[str, Domain]] = {
-    d.name: d for d in (ScaledDomain(), BoxDomain(), L2BallDomain(), L1BallDomain())
+    d.name: d for d in (ScaledDomain(), BoxDomain(), L2BallDomain(), L1BallDomain(), UnitSphereDomain())
 }
 
 

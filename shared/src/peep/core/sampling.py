@@ -164,6 +164,16 @@ class NoiseSampler(Protocol):
         """``size`` independent coins, each True with probability ``p`` (at most ``p``, never more)."""
         ...
 
+    def exponential(self, size: int) -> FloatArray:
+        """Standard exponential variates ``E = −ln U``, shape (size,), continuous (not on a grid).
+
+        The secure sampler keeps ``U``'s full relative precision at every
+        magnitude, so ``exp(−E)`` is a uniform whose small values keep all their
+        significant bits. Mechanisms that release functions of these must put
+        the result on a grid themselves (see :mod:`peep.core.mechanisms.privunit`).
+        """
+        ...
+
 
 # --------------------------------------------------------------------------- helpers
 
@@ -573,6 +583,10 @@ class SeededSampler:
         p = check_real(p, "p", low=0.0, high=1.0)
         out: NDArray[np.bool_] = self._rng.random(check_int(size, "size", low=0)) < p
         return out
+
+    def exponential(self, size: int) -> FloatArray:
+        """Standard exponential variates (numpy's; not private)."""
+        return self._rng.standard_exponential(check_int(size, "size", low=0))
 
     def perturb_laplace(self, x: ArrayLike, scale: float) -> FloatArray:
         """``x + Laplace(scale)`` (naive float addition: no FP protection)."""

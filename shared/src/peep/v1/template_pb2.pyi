@@ -18,6 +18,8 @@ class MechanismKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     MECHANISM_KIND_LAPLACE_VECTOR: _ClassVar[MechanismKind]
     MECHANISM_KIND_GAUSSIAN_L2: _ClassVar[MechanismKind]
     MECHANISM_KIND_LAPLACE_L1: _ClassVar[MechanismKind]
+    MECHANISM_KIND_PRIVUNIT: _ClassVar[MechanismKind]
+    MECHANISM_KIND_PRIVUNIT_G: _ClassVar[MechanismKind]
 
 class Purpose(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -39,6 +41,8 @@ MECHANISM_KIND_PEEP_RAW: MechanismKind
 MECHANISM_KIND_LAPLACE_VECTOR: MechanismKind
 MECHANISM_KIND_GAUSSIAN_L2: MechanismKind
 MECHANISM_KIND_LAPLACE_L1: MechanismKind
+MECHANISM_KIND_PRIVUNIT: MechanismKind
+MECHANISM_KIND_PRIVUNIT_G: MechanismKind
 PURPOSE_UNSPECIFIED: Purpose
 PURPOSE_ENROLL: Purpose
 PURPOSE_IDENTIFY: Purpose
