@@ -124,7 +124,13 @@ class PrivacyConfig(_Section):
 
     @model_validator(mode="after")
     def _delta_matches_kind(self) -> PrivacyConfig:
-        takes_delta = mechanism_class(self.mechanism).takes_delta
+        cls = mechanism_class(self.mechanism)
+        if self.epsilon > cls.max_epsilon:
+            raise ValueError(
+                f"privacy.epsilon: expected <= {cls.max_epsilon:g} for mechanism {self.mechanism!r}, "
+                f"received {self.epsilon:g}"
+            )
+        takes_delta = cls.takes_delta
         if takes_delta and self.delta <= 0.0:
             raise ValueError(
                 f"privacy.delta: expected 0 < delta < 1 for mechanism {self.mechanism!r}, received {self.delta}"

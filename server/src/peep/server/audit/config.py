@@ -125,8 +125,10 @@ class AuditConfig:
     def __post_init__(self) -> None:
         _check(self.mechanism in MECHANISM_KINDS, "--mechanism", f"one of {', '.join(MECHANISM_KINDS)}", self.mechanism)
         _check(len(self.epsilons) >= 1, "--epsilons", "at least one value", self.epsilons)
+        top = mechanism_classes()[self.mechanism].max_epsilon
         for e in self.epsilons:
             _check(math.isfinite(e) and e > 0, "--epsilons", "finite values > 0", e)
+            _check(e <= top, "--epsilons", f"values <= {top:g} for {self.mechanism}", e)
         _check(len(set(self.epsilons)) == len(self.epsilons), "--epsilons", "distinct values", self.epsilons)
         _check(0.0 < self.delta < 1.0, "--delta", "a value in (0, 1)", self.delta)
         _check(self.components >= 1, "--components", ">= 1", self.components)

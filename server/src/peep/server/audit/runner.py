@@ -568,6 +568,8 @@ def frontier_group(data: AuditData, cfg: AuditConfig, n_components: int, variant
     rows: list[dict[str, Any]] = []
     for i, target in enumerate(cfg.frontier_epsilons):
         for j, kind in enumerate(FRONTIER_MECHANISMS):
+            if target > mechanism_class(kind).max_epsilon:
+                continue  # outside the kind's range (e.g. privunit above 500): not a candidate there
             res = evaluate_release(
                 ctx,
                 cfg,

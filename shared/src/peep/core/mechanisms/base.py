@@ -22,6 +22,8 @@ models: each class states its own contract):
 ``frontier``
     Whether the audit's frontier searches it (``False`` only where another
     kind releases exactly the same noise).
+``max_epsilon``
+    The largest ε parameter it accepts (``inf`` unless its numerics stop there).
 ``summary``
     One line: domain, noise and guarantee, for help texts and docs.
 
@@ -123,6 +125,7 @@ class TemplateMechanism:
     takes_delta: ClassVar[bool] = False
     epsilon_scope: ClassVar[Literal["coordinate", "vector"]] = "vector"
     frontier: ClassVar[bool] = True
+    max_epsilon: ClassVar[float] = math.inf
     summary: ClassVar[str]
 
     n_components: int

@@ -284,6 +284,7 @@ class _UnitSphereMechanism(TemplateMechanism):
 
     domain: ClassVar[str] = "unit"
     frontier: ClassVar[bool] = True
+    max_epsilon: ClassVar[float] = MAX_EPSILON
     _family: ClassVar[str]
 
     gamma: float
