@@ -71,7 +71,7 @@ def _privunit_variance(gamma: float, epsilon: float, d: int) -> float:
 
 @pytest.mark.parametrize(("epsilon", "d"), [(4.0, 16), (16.0, 32), (32.0, 128)])
 def test_parameters_minimise_the_variance(epsilon, d):
-    gamma, p, q, m = privunit_parameters(epsilon, d)
+    gamma, _p, _q, m = privunit_parameters(epsilon, d)
     best = 1 / m**2 - 1
     assert best == pytest.approx(_privunit_variance(gamma, epsilon, d), rel=1e-9)
     for other in np.linspace(0.02, 0.98, 49):
@@ -94,7 +94,7 @@ def test_parameters_minimise_the_variance(epsilon, d):
 
 
 def test_privunitg_parameters_minimise_its_variance():
-    gamma, p, q, m = privunitg_parameters(16.0, 64)
+    gamma, _p, _q, m = privunitg_parameters(16.0, 64)
     var = (64 + gamma * m) / m**2 - 1
     for dg in (-0.05, 0.05):
         g = gamma + dg
