@@ -36,7 +36,7 @@ warns with :class:`~peep.core.exceptions.PrivacyLeakWarning`.
 
 from __future__ import annotations
 
-from peep.core.mechanisms.base import PrivacyGuarantee, TemplateMechanism, bounds_from_data
+from peep.core.mechanisms.base import PrivacyGuarantee, PublicParameters, TemplateMechanism, bounds_from_data
 from peep.core.mechanisms.calibration import analytic_gaussian_sigma, classic_gaussian_sigma
 from peep.core.mechanisms.gaussian import GaussianL2Mechanism
 from peep.core.mechanisms.laplace import (
@@ -65,6 +65,7 @@ __all__ = [
     "PeepMechanism",
     "PeepRawMechanism",
     "PrivacyGuarantee",
+    "PublicParameters",
     "RandomizedResponse",
     "TemplateMechanism",
     "analytic_gaussian_sigma",

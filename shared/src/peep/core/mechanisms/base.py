@@ -51,6 +51,7 @@ from peep.core.sampling import NoiseSampler
 
 __all__ = [
     "PrivacyGuarantee",
+    "PublicParameters",
     "TemplateMechanism",
     "bounds_from_data",
     "clip_to_ball",
@@ -66,6 +67,44 @@ _NORM_SAFETY: Final = 1.0 - 2.0**-32
 
 def _fmt(v: float) -> str:
     return f"{v:.6g}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PublicParameters:
+    """The public, data-independent parameters a mechanism may be built from (a bundle's bounds).
+
+    Attributes
+    ----------
+    n_components : int
+    lower, upper : array_like of shape (n_components,), optional
+        The per-coordinate box.
+    radius_l2, radius_l1 : float, optional
+        The ball radii.
+    """
+
+    n_components: int
+    lower: ArrayLike | None = None
+    upper: ArrayLike | None = None
+    radius_l2: float | None = None
+    radius_l1: float | None = None
+
+    @classmethod
+    def of(cls, bounds: BundleBounds) -> PublicParameters:
+        """Everything a bundle's :class:`BundleBounds` holds."""
+        return cls(
+            n_components=bounds.n_components,
+            lower=bounds.lower,
+            upper=bounds.upper,
+            radius_l2=bounds.radius_l2,
+            radius_l1=bounds.radius_l1,
+        )
+
+    def require(self, name: str, kind: str) -> Any:
+        """The parameter ``name``; ``ValueError`` naming it if mechanism ``kind`` needs it and it is missing."""
+        value = getattr(self, name)
+        if value is None:
+            raise ValueError(f"{name}: expected a value for mechanism kind {kind!r}, received None")
+        return value
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,31 +181,19 @@ class TemplateMechanism:
 
     @classmethod
     def from_parameters(
-        cls,
-        *,
-        epsilon: float,
-        delta: float | None = None,
-        n_components: int,
-        lower: ArrayLike | None = None,
-        upper: ArrayLike | None = None,
-        radius_l2: float | None = None,
-        radius_l1: float | None = None,
-        random_state: object = None,
+        cls, public: PublicParameters, *, epsilon: float, delta: float | None = None, random_state: object = None
     ) -> TemplateMechanism:
         """Build the mechanism from the public parameters a bundle ships, taking what it needs.
 
         Parameters
         ----------
+        public : PublicParameters
+            Dimension and public bounds (the kind reads only those it needs).
         epsilon : float
             The mechanism's ε parameter (see :attr:`epsilon_scope`).
         delta : float, optional
             Required when :attr:`takes_delta`; ignored by pure-ε kinds (a pure
             ε-LDP mechanism satisfies every δ).
-        n_components : int
-        lower, upper : array_like of shape (n_components,), optional
-            The public per-coordinate box.
-        radius_l2, radius_l1 : float, optional
-            The public ball radii.
         random_state : None, NoiseSampler, int or Generator
             ``None`` = the secure sampler; seeds need the ``"seeded-noise"`` feature.
 
@@ -188,13 +215,9 @@ class TemplateMechanism:
     ) -> TemplateMechanism:
         """The mechanism with the public bounds a bundle ships (:class:`BundleBounds`)."""
         return cls.from_parameters(
+            PublicParameters.of(bounds),
             epsilon=epsilon,
             delta=delta if cls.takes_delta else None,
-            n_components=bounds.n_components,
-            lower=bounds.lower,
-            upper=bounds.upper,
-            radius_l2=bounds.radius_l2,
-            radius_l1=bounds.radius_l1,
             random_state=random_state,
         )
 
@@ -213,12 +236,6 @@ class TemplateMechanism:
         coordinate override it.
         """
         return float(epsilon_vector)
-
-    @staticmethod
-    def _require(value: Any, name: str, kind: str) -> Any:
-        if value is None:
-            raise ValueError(f"{name}: expected a value for mechanism kind {kind!r}, received None")
-        return value
 
     # -- what a release can be --------------------------------------------------------
 

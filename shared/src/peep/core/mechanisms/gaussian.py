@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import ClassVar
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import NDArray
 from peep.core._validation import check_int, check_positive
-from peep.core.mechanisms.base import PrivacyGuarantee, TemplateMechanism, clip_to_ball
+from peep.core.mechanisms.base import PrivacyGuarantee, PublicParameters, TemplateMechanism, clip_to_ball
 from peep.core.mechanisms.calibration import check_delta, check_epsilon, gaussian_on_grid
 from peep.core.mechanisms.registry import register_mechanism
 from peep.core.sampling import check_random_state, gaussian_variance
@@ -20,6 +20,12 @@ from peep.core.sampling import check_random_state, gaussian_variance
 __all__ = ["GaussianL2Mechanism"]
 
 FloatArray = NDArray[np.float64]
+
+
+def _require_delta(delta: float | None, kind: str) -> float:
+    if delta is None:
+        raise ValueError(f"delta: expected a value for mechanism kind {kind!r}, received None")
+    return delta
 
 
 @register_mechanism
@@ -86,22 +92,13 @@ class GaussianL2Mechanism(TemplateMechanism):
 
     @classmethod
     def from_parameters(
-        cls,
-        *,
-        epsilon: float,
-        delta: float | None = None,
-        n_components: int,
-        lower: ArrayLike | None = None,
-        upper: ArrayLike | None = None,
-        radius_l2: float | None = None,
-        radius_l1: float | None = None,
-        random_state: object = None,
+        cls, public: PublicParameters, *, epsilon: float, delta: float | None = None, random_state: object = None
     ) -> TemplateMechanism:
         return cls(
             epsilon=epsilon,
-            delta=cls._require(delta, "delta", cls.kind),
-            radius=cls._require(radius_l2, "radius_l2", cls.kind),
-            n_components=n_components,
+            delta=_require_delta(delta, cls.kind),
+            radius=public.require("radius_l2", cls.kind),
+            n_components=public.n_components,
             random_state=random_state,
         )
 

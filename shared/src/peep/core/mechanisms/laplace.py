@@ -15,7 +15,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from peep.core._validation import check_array, check_int, check_positive
 from peep.core.bounding import BundleBounds
-from peep.core.mechanisms.base import PrivacyGuarantee, TemplateMechanism, clip_to_ball
+from peep.core.mechanisms.base import PrivacyGuarantee, PublicParameters, TemplateMechanism, clip_to_ball
 from peep.core.mechanisms.calibration import check_epsilon, laplace_on_grid
 from peep.core.mechanisms.registry import register_mechanism
 from peep.core.sampling import check_random_state, grid_inflation_l1, laplace_variance
@@ -93,18 +93,9 @@ class PeepMechanism(_LaplaceTemplate):
 
     @classmethod
     def from_parameters(
-        cls,
-        *,
-        epsilon: float,
-        delta: float | None = None,
-        n_components: int,
-        lower: ArrayLike | None = None,
-        upper: ArrayLike | None = None,
-        radius_l2: float | None = None,
-        radius_l1: float | None = None,
-        random_state: object = None,
+        cls, public: PublicParameters, *, epsilon: float, delta: float | None = None, random_state: object = None
     ) -> TemplateMechanism:
-        return cls(epsilon=epsilon, n_components=n_components, random_state=random_state)
+        return cls(epsilon=epsilon, n_components=public.n_components, random_state=random_state)
 
     @classmethod
     def epsilon_for_vector(
@@ -200,24 +191,15 @@ class PeepRawMechanism(_LaplaceTemplate):
 
     @classmethod
     def from_parameters(
-        cls,
-        *,
-        epsilon: float,
-        delta: float | None = None,
-        n_components: int,
-        lower: ArrayLike | None = None,
-        upper: ArrayLike | None = None,
-        radius_l2: float | None = None,
-        radius_l1: float | None = None,
-        random_state: object = None,
+        cls, public: PublicParameters, *, epsilon: float, delta: float | None = None, random_state: object = None
     ) -> TemplateMechanism:
         mechanism = cls(
             epsilon=epsilon,
-            lower=cls._require(lower, "lower", cls.kind),
-            upper=cls._require(upper, "upper", cls.kind),
+            lower=public.require("lower", cls.kind),
+            upper=public.require("upper", cls.kind),
             random_state=random_state,
         )
-        nc = check_int(n_components, "n_components", low=1)
+        nc = check_int(public.n_components, "n_components", low=1)
         if mechanism.n_components != nc:
             raise ValueError(
                 f"n_components: expected {mechanism.n_components} (the length of lower/upper), received {nc}"
@@ -287,18 +269,9 @@ class LaplaceVectorMechanism(_LaplaceTemplate):
 
     @classmethod
     def from_parameters(
-        cls,
-        *,
-        epsilon: float,
-        delta: float | None = None,
-        n_components: int,
-        lower: ArrayLike | None = None,
-        upper: ArrayLike | None = None,
-        radius_l2: float | None = None,
-        radius_l1: float | None = None,
-        random_state: object = None,
+        cls, public: PublicParameters, *, epsilon: float, delta: float | None = None, random_state: object = None
     ) -> TemplateMechanism:
-        return cls(epsilon=epsilon, n_components=n_components, random_state=random_state)
+        return cls(epsilon=epsilon, n_components=public.n_components, random_state=random_state)
 
     def domain_box(self) -> tuple[FloatArray, FloatArray]:
         return np.zeros(self.n_components), np.ones(self.n_components)
@@ -365,21 +338,12 @@ class LaplaceL1Mechanism(_LaplaceTemplate):
 
     @classmethod
     def from_parameters(
-        cls,
-        *,
-        epsilon: float,
-        delta: float | None = None,
-        n_components: int,
-        lower: ArrayLike | None = None,
-        upper: ArrayLike | None = None,
-        radius_l2: float | None = None,
-        radius_l1: float | None = None,
-        random_state: object = None,
+        cls, public: PublicParameters, *, epsilon: float, delta: float | None = None, random_state: object = None
     ) -> TemplateMechanism:
         return cls(
             epsilon=epsilon,
-            radius=cls._require(radius_l1, "radius_l1", cls.kind),
-            n_components=n_components,
+            radius=public.require("radius_l1", cls.kind),
+            n_components=public.n_components,
             random_state=random_state,
         )
 

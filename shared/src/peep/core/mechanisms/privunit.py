@@ -84,10 +84,10 @@ import math
 from typing import Any, ClassVar, Final
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import NDArray
 from peep.core._validation import check_int
 from peep.core.domains import unit_rows
-from peep.core.mechanisms.base import PrivacyGuarantee, TemplateMechanism
+from peep.core.mechanisms.base import PrivacyGuarantee, PublicParameters, TemplateMechanism
 from peep.core.mechanisms.calibration import check_epsilon
 from peep.core.mechanisms.registry import register_mechanism
 from peep.core.sampling import GRID_BITS, check_random_state
@@ -340,19 +340,10 @@ class _UnitSphereMechanism(TemplateMechanism):
 
     @classmethod
     def from_parameters(
-        cls,
-        *,
-        epsilon: float,
-        delta: float | None = None,
-        n_components: int,
-        lower: ArrayLike | None = None,
-        upper: ArrayLike | None = None,
-        radius_l2: float | None = None,
-        radius_l1: float | None = None,
-        random_state: object = None,
+        cls, public: PublicParameters, *, epsilon: float, delta: float | None = None, random_state: object = None
     ) -> TemplateMechanism:
         # The unit sphere needs no public bound: every direction is a valid input.
-        return cls(epsilon=epsilon, n_components=n_components, random_state=random_state)
+        return cls(epsilon=epsilon, n_components=public.n_components, random_state=random_state)
 
     # -- per family --------------------------------------------------------------------
 

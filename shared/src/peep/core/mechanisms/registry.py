@@ -129,13 +129,9 @@ def make_mechanism(
     >>> make_mechanism("laplace-vector", epsilon=2.0, n_components=4).guarantee.epsilon_vector
     2.0
     """
-    return mechanism_class(kind).from_parameters(
-        epsilon=epsilon,
-        delta=delta,
-        n_components=n_components,
-        lower=lower,
-        upper=upper,
-        radius_l2=radius_l2,
-        radius_l1=radius_l1,
-        random_state=random_state,
+    from peep.core.mechanisms.base import PublicParameters
+
+    public = PublicParameters(
+        n_components=n_components, lower=lower, upper=upper, radius_l2=radius_l2, radius_l1=radius_l1
     )
+    return mechanism_class(kind).from_parameters(public, epsilon=epsilon, delta=delta, random_state=random_state)
