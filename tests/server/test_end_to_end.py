@@ -2,7 +2,7 @@
 
 The accuracy the server's API gives must equal the accuracy computed offline
 on the same vectors with the same model, and never-enrolled people must come
-back as unknown far more often than enrolled ones.
+back as unknown except for about the false-accept rate the model was calibrated for.
 """
 
 from __future__ import annotations
@@ -58,16 +58,21 @@ def test_api_accuracy_equals_offline_accuracy(trained_server, templates):
 
 
 def test_never_enrolled_people_are_unknown(trained_server, templates):
+    """Strangers are accepted about as often as the model's calibration says (target_far on held-out background)."""
     stub = trained_server.stub()
     enrolled = _identify_all(stub, templates, templates.X[templates.test[::3]])
     strangers = _identify_all(stub, templates, templates.strangers[::3])
     enrolled_unknown = np.mean([r.unknown for r in enrolled])
     stranger_unknown = np.mean([r.unknown for r in strangers])
     assert all((r.subject == "") == r.unknown for r in enrolled + strangers)
-    assert enrolled_unknown < 0.15, enrolled_unknown
-    assert stranger_unknown > 0.35 and stranger_unknown > enrolled_unknown + 0.25, (stranger_unknown, enrolled_unknown)
+    meta = trained_server.services.registry.current().meta
+    cal = meta["metrics"]["unknown_calibration"]
+    assert cal["rule"] == "background-far" and meta["target_far"] == 0.01
+    assert 1.0 - stranger_unknown <= 0.05, stranger_unknown  # ~270 strangers; the threshold's own error ~0.008
+    assert abs(enrolled_unknown - cal["enrolled_rejected_rate"]) < 0.2, (enrolled_unknown, cal)
+    assert stranger_unknown > enrolled_unknown + 0.2, (stranger_unknown, enrolled_unknown)
     # when the server does name someone, it is mostly right
     named = [
         (r.subject, s) for r, s in zip(enrolled, templates.subjects[templates.test[::3]], strict=True) if not r.unknown
     ]
-    assert np.mean([a == b for a, b in named]) > 0.8
+    assert len(named) >= 10 and np.mean([a == b for a, b in named]) > 0.8

@@ -371,13 +371,28 @@ class TrainingConfig(_Model):
     )
     validation_fraction: float = Field(default=0.2, gt=0.0, lt=0.5)
     target_far: float = Field(
-        default=0.01, gt=0.0, lt=0.5, description="false-accept rate the verify threshold is set for"
+        default=0.01,
+        gt=0.0,
+        lt=0.5,
+        description=(
+            "false-accept rate both thresholds are set for: verify (validation impostor scores) and, with "
+            "background templates, identify (share of held-out background people named as someone)"
+        ),
     )
     unknown_reject_rate: float = Field(
-        default=0.05, ge=0.0, lt=0.5, description="share of enrolled validation templates allowed to be called unknown"
+        default=0.05,
+        ge=0.0,
+        lt=0.5,
+        description=(
+            "without background templates only: share of enrolled validation templates allowed to be called unknown"
+        ),
     )
     background_prefix: str = Field(
-        default="background:", description="subjects with this prefix form the never-enrolled 'unknown' class"
+        default="background:",
+        description=(
+            "subjects with this prefix are never identities: they form the 'unknown' class and calibrate the "
+            "unknown threshold (the rest of the id names the person; validation holds out whole people)"
+        ),
     )
     min_templates_per_subject: int = Field(default=2, ge=2, le=10_000)
     random_state: int = Field(default=0, ge=0, description="seed of the training split and weights (not privacy noise)")
