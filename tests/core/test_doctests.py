@@ -10,7 +10,7 @@ import pytest
 MODULES = [
     "peep.core.accounting", "peep.core.bounding", "peep.core.eigenfaces", "peep.core.features",
     "peep.core.mechanisms", "peep.core.sampling", "peep.core.statistics", "peep.core.release", "peep.core.wire",
-    "peep.core.topics", "peep.core.logs", "peep.core.configfile",
+    "peep.core.topics", "peep.core.logs", "peep.core.configfile", "peep.core.projections.fisherfaces",
 ]  # fmt: skip
 
 

@@ -8,6 +8,9 @@
     The one list of projection kinds.
 :mod:`~peep.core.projections.eigenfaces`
     ``eigenfaces`` (PEEP Alg. 1).
+:mod:`~peep.core.projections.fisherfaces`
+    ``fisherfaces`` (whitened eigenfaces, then LDA on the public identities;
+    its ``unit`` output is what the unit-sphere mechanisms release).
 
 Adding a projection: a new module here with a :class:`Projection` subclass
 decorated with :func:`register_projection`, and its tests.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 from peep.core.projections.base import Projection, build_projector, projector_outputs
 from peep.core.projections.eigenfaces import EigenfaceProjection
+from peep.core.projections.fisherfaces import FisherfaceProjection
 from peep.core.projections.registry import (
     projection_class,
     projection_classes,
@@ -26,6 +30,7 @@ from peep.core.projections.registry import (
 
 __all__ = [
     "EigenfaceProjection",
+    "FisherfaceProjection",
     "Projection",
     "build_projector",
     "projection_class",
