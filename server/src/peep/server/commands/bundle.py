@@ -38,7 +38,7 @@ def add_dataset_options(p: argparse.ArgumentParser, *, min_faces: int) -> None:
 def register(sub: Any) -> None:
     p = sub.add_parser("bundle", help="build and verify signed eigenface bundles")
     bsub = p.add_subparsers(dest="bundle_command", metavar="ACTION", required=True)
-    b = bsub.add_parser("build", help="fit eigenfaces on a dataset and write a signed bundle")
+    b = bsub.add_parser("build", help="fit a projection on a dataset and write a signed bundle")
     add_dataset_options(b, min_faces=5)
     b.add_argument(
         "--max-faces", type=int, default=None, help="only identities with at most N images (background population)"
@@ -94,25 +94,49 @@ def build(args: argparse.Namespace) -> int:
             f"--components: expected at most {min(ds.n_images - 1, geometry.n_pixels)} for {ds.n_images} faces, "
             f"received {args.components}"
         )
-    bundle = build_bundle(
-        ds,
-        n_components=args.components,
-        signing_key=key,
-        out_dir=args.out,
-        radius_quantile=args.radius_quantile,
-        projection=args.projection,
-    )
-    ratio = bundle.metadata.get("explained_variance_ratio")
-    kept = f", {sum(ratio):.1%} of variance kept" if ratio else ""
+    try:
+        bundle = build_bundle(
+            ds,
+            n_components=args.components,
+            signing_key=key,
+            out_dir=args.out,
+            radius_quantile=args.radius_quantile,
+            projection=args.projection,
+        )
+    except ValueError as exc:
+        # The projection knows its own limit on K (e.g. fisherfaces: identities - 1).
+        field, _, detail = str(exc).partition(": ")
+        if field == "n_components":
+            raise UsageError(f"--components ({args.projection} on {ds.n_subjects} identities): {detail}") from exc
+        raise
     print(
         f"bundle {bundle.bundle_id} ({bundle.projection_kind}) -> {args.out}\n"
         f"  {ds.n_images} faces of {ds.n_subjects} identities ({ds.n_skipped} without a detected face skipped), "
-        f"{w}x{h}, nc={bundle.n_components}{kept}\n"
+        f"{w}x{h}, nc={bundle.n_components}{_projection_summary(bundle.metadata)}\n"
         f"  L2 radius {bundle.bounds.radius_l2:.3f}, L1 radius {bundle.bounds.radius_l1:.3f} "
         f"({args.radius_quantile:.0%} quantile of the bundle faces' norms); {time.perf_counter() - t0:.1f} s",
         file=sys.stdout,
     )
     return 0
+
+
+def _projection_summary(metadata: dict[str, Any]) -> str:
+    """What the projection kept, from the bundle metadata (empty when it records nothing we know)."""
+    ratio = metadata.get("explained_variance_ratio")
+    if ratio:
+        return f", {sum(ratio):.1%} of variance kept"
+    fisher = metadata.get("fisherfaces")
+    if fisher:
+        from peep.core.mechanisms import mechanism_classes
+
+        lam = fisher.get("discriminant_eigenvalues") or [float("nan")]
+        unit = [k for k, cls in mechanism_classes().items() if cls.domain == "unit"]
+        return (
+            f"; LDA on {fisher['n_classes']} identities over {fisher['n_pca']} whitened eigenfaces "
+            f"({fisher['pca_variance_ratio']:.1%} of variance), Fisher ratios {lam[0]:.2f} .. {lam[-1]:.2f}"
+            + (f"; its 'unit' output is what {', '.join(unit)} release" if unit else "")
+        )
+    return ""
 
 
 def verify(args: argparse.Namespace) -> int:
