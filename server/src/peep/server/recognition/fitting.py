@@ -69,6 +69,35 @@ peep, ε = 8         0.594 ± 0.020    0.609 ± 0.019
 The default wins on every seed (ties once at peep ε = 8) and trains in about
 a second instead of about a minute on this 2-core machine.
 
+The noise-aware presets, measured with ``peep audit --dataset lfw --repeats 3
+--sweep-components none --sweep-images none --preset P`` (LFW-5, 3 splits,
+test accuracy mean, balanced accuracy in brackets; majority class 0.465):
+
+=============================  =============  =============  =============  =============
+templates                      lda            logreg         auto           default
+=============================  =============  =============  =============  =============
+eigenfaces nc=128, no noise    0.882 (0.822)  0.901 (0.865)  0.911 (0.883)  0.917 (0.892)
+privunit ε=16, eigenfaces 128  0.452 (0.287)  0.474 (0.242)  0.460 (0.275)  0.469 (0.269)
+privunit ε=64, eigenfaces 128  0.676 (0.551)  0.661 (0.538)  0.654 (0.533)  0.659 (0.536)
+laplace-l1 ε=1024, nc=40       0.827 (0.741)  0.848 (0.795)  0.856 (0.798)  0.869 (0.818)
+peep ε=8, nc=128               0.558 (0.407)  0.547 (0.361)  0.556 (0.388)  0.571 (0.413)
+privunit ε=8, fisherfaces 32   0.590 (0.469)  0.574 (0.428)  0.579 (0.444)  0.565 (0.417)
+privunit ε=16, fisherfaces 32  0.751 (0.689)  0.731 (0.641)  0.751 (0.689)  0.737 (0.650)
+privunit ε=64, fisherfaces 32  0.869 (0.844)  0.856 (0.811)  0.866 (0.833)  0.869 (0.832)
+=============================  =============  =============  =============  =============
+
+(the fisherfaces rows: ``--projection fisherfaces --basis background
+--components 32``, measured on the projection while it was being built.)
+On PrivUnit releases of Fisherface templates, ``lda`` is the best recogniser
+(balanced accuracy +0.04 to +0.07 over ``default`` at ε = 8 and 16, a tie at
+64, on every split); on eigenface coefficients with Laplace noise the
+``default`` MLP is (0.04 better than ``lda`` at laplace-l1 ε = 1,024), and
+``auto``'s choice on a validation fifth of ~640 templates is too noisy to
+beat always taking ``default`` there. No preset is at least as good
+everywhere, so :data:`DEFAULT_PRESET` stays ``default``; a deployment
+releasing unit vectors with ``privunit`` should set ``training.preset =
+"lda"``.
+
 Open set. Subjects whose id starts with ``training.background_prefix``
 (default ``"background:"``; the rest of the id names the person) are never
 returned as identities; their templates form one extra *background* class,
