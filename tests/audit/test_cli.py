@@ -72,15 +72,26 @@ def test_cli_end_to_end_with_frontier(data_home: str, tmp_path: Path, capsys: py
         # calibrated to the requested per-vector ε, best and paper mode alike
         assert p["best"]["epsilon_vector"] == pytest.approx(p["epsilon_vector"], rel=1e-6)
         assert p["paper_mode"]["epsilon_vector"] == pytest.approx(p["epsilon_vector"], rel=1e-6)
-        assert p["paper_mode"]["configuration"] == {"mechanism": "peep", "n_components": 16, "bounds": "bundle"}
+        assert p["paper_mode"]["configuration"] == {
+            "projection": "eigenfaces",
+            "mechanism": "peep",
+            "n_components": 16,
+            "bounds": "bundle",
+        }
         assert p["best"]["configuration"]["mechanism"] in fr["searched"]["mechanisms"]
         assert "linkage" in p["best"] and "averaging" in p["best"]
-    # (8, 16 nc) x 2 bounds x the mechanisms searched at each ε (privunit stops at ε = 500)
+    # (8, 16 nc) x the mechanisms searched at each ε (privunit stops at ε = 500) x 2 bounds
+    # (the unit-sphere kinds use no bounds: searched once)
+    from peep.core.domains import domain
     from peep.core.mechanisms import mechanism_class
 
-    per_eps = [sum(mechanism_class(k).max_epsilon >= e for k in fr["searched"]["mechanisms"]) for e in (64.0, 1024.0)]
-    assert per_eps[0] > per_eps[1] >= 4
-    assert len(fr["selection"]["points"]) == 2 * 2 * sum(per_eps)
+    def searched(eps: float) -> int:
+        kinds = [mechanism_class(k) for k in fr["searched"]["mechanisms"] if mechanism_class(k).max_epsilon >= eps]
+        return sum(2 if domain(c.domain).uses_bounds else 1 for c in kinds)
+
+    assert fr["searched"]["projections"] == ["eigenfaces"]  # --basis train: Fisherfaces would not be honest
+    assert searched(64.0) > searched(1024.0) >= 8
+    assert len(fr["selection"]["points"]) == 2 * (searched(64.0) + searched(1024.0))
     stdout = capsys.readouterr().out
     assert "no privacy: accuracy" in stdout and "frontier" in stdout
     assert doc["command"][:2] == ["peep", "audit"]
@@ -162,26 +173,55 @@ def test_cli_rejects_malformed_lists(data_home: str, tmp_path: Path) -> None:
     assert exc.value.code == 2
 
 
-def test_background_basis_only_for_lfw(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = [
-        "audit",
-        "--dataset",
-        str(tmp_path),
-        "--mechanism",
-        "peep",
-        "--basis",
-        "background",
-        "--out",
-        str(tmp_path / "o"),
-    ]
-    assert main(argv) == 2
-    assert "--basis" in capsys.readouterr().err
+def test_fisherfaces_need_the_background_basis(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """LDA on the audited people would be neither public nor honest: --basis train is refused by name."""
+    argv = ["audit", "--dataset", "lfw", "--projection", "fisherfaces", "--mechanism", "privunit", "--epsilons", "8"]
+    assert main([*argv, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "--basis" in err and "fisherfaces" in err and "'background'" in err
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"dataset": "lfw", "min_faces": 100}, (5, 99)),
+        ({"dataset": "lfw", "min_faces": 20}, (5, 19)),
+        ({"dataset": "/some/folder", "min_faces": 10}, (5, None)),
+        ({"dataset": "lfw", "min_faces": 100, "background_max_faces": 9}, (5, 9)),
+    ],
+)
+def test_background_is_every_lfw_identity_that_is_not_audited(small_cfg, changes, expected) -> None:
+    assert small_cfg.with_(basis="background", **changes).background_faces_range == expected
+
+
+def test_background_max_faces_must_stay_below_the_audited_people(small_cfg) -> None:
+    from peep.server.audit.config import AuditConfigError
+
+    with pytest.raises(AuditConfigError, match="--background-max-faces"):
+        small_cfg.with_(basis="background", background_max_faces=100)
+
+
+def test_a_folder_background_excludes_the_audited_identities(data_home: str, tmp_path: Path, small_cfg) -> None:
+    from peep.server.audit.runner import load_audit_data
+
+    src = Path(data_home) / "lfw_home" / "lfw_funneled"
+    folder = tmp_path / "faces"
+    people = ("Ahmed_Chalabi", "Ai_Sugiyama", "Al_Gore")  # LFW people with 5-9 images
+    for person in people:
+        (folder / person).mkdir(parents=True)
+        for f in sorted((src / person).glob("*.jpg"))[:5]:
+            (folder / person / f.name).symlink_to(f)
+    cfg = small_cfg.with_(dataset=str(folder), min_faces=4, basis="background", background_max_faces=9)
+    data = load_audit_data(cfg)
+    assert data.background is not None and data.background_labels is not None
+    assert data.background_desc["excluded_audited_identities"] == len(people)
+    assert data.background.shape[0] == data.background_labels.shape[0]
 
 
 def test_background_basis_is_shared_by_all_splits(lfw_background, small_cfg) -> None:
     from peep.server.audit.runner import load_audit_data, make_context
 
-    cfg = small_cfg.with_(basis="background", components=16)
+    cfg = small_cfg.with_(basis="background", components=16, background_max_faces=9)
     data = load_audit_data(cfg)
     assert data.background is not None and data.background.shape[0] == lfw_background.n_images
     a, _ = make_context(data, cfg, 0, n_components=16, with_clean=False)

@@ -81,6 +81,10 @@ class Domain:
 
     name: ClassVar[str]
     description: ClassVar[str]
+    #: Whether :meth:`inverse` recovers coefficient units (False: only a direction is kept).
+    invertible: ClassVar[bool] = True
+    #: Whether the output depends on the bundle's public bounds (the unit sphere needs none).
+    uses_bounds: ClassVar[bool] = True
 
     def apply(self, coefficients: ArrayLike, bounds: BundleBounds) -> FloatArray:
         """The output for raw ``coefficients`` of shape (n, nc) or (nc,)."""
@@ -195,6 +199,8 @@ class L1BallDomain(_BallDomain):
 
 class UnitSphereDomain(Domain):
     name = "unit"
+    invertible = False
+    uses_bounds = False
     description = "the direction y/‖y‖₂ on the unit sphere (no public bound needed: every direction is allowed)"
 
     def apply(self, coefficients: ArrayLike, bounds: BundleBounds) -> FloatArray:

@@ -309,8 +309,8 @@ def shrinkage_prior(clean_domain: FloatArray) -> tuple[FloatArray, FloatArray]:
 
 
 def reconstruct_direct(releases: FloatArray, domain: Domain, basis: Basis) -> FloatArray:
-    """PEEP Eq. 14: undo the scaling and project back; flattened faces (n, pixels)."""
-    return basis.faces(domain.inverse(releases))
+    """PEEP Eq. 14 (undo the scaling and project back), or the learned decoder; flattened faces (n, pixels)."""
+    return basis.faces_from(releases, domain.name)
 
 
 def reconstruct_shrinkage(
@@ -324,7 +324,7 @@ def reconstruct_shrinkage(
     """Wiener/linear-MMSE estimate of each face from its release; (n, pixels)."""
     gain = prior_var / (prior_var + np.asarray(noise_var, dtype=np.float64))
     Z = prior_mean + gain * (releases - prior_mean)
-    return basis.faces(domain.inverse(Z))
+    return basis.faces_from(Z, domain.name)
 
 
 class Recogniser(Protocol):

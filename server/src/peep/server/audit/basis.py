@@ -1,23 +1,32 @@
-"""Eigenfaces, public bounds and each mechanism's release domain for the audit.
+"""The projection, its public bounds and each mechanism's release domain for the audit.
 
-The audit fits eigenfaces and bounds on faces that are *not* the released
-test faces: each split's training part (``--basis train``, the paper's
-set-up, whose numbers the issue's reference table was measured with) or a
-disjoint background population (``--basis background``, how a deployed bundle
-is built). The bounds therefore never depend on the faces whose releases are
-attacked.
+The audit fits the projection (eigenfaces, Fisherfaces, ... — any kind in
+:mod:`peep.core.projections`) and the bounds on faces that are *not* the
+released test faces: each split's training part (``--basis train``, the
+paper's set-up) or a disjoint background population (``--basis background``,
+how a deployed bundle is built; the only honest choice for projections that
+learn from identities, such as Fisherfaces). The bounds therefore never depend
+on the faces whose releases are attacked.
+
+Reconstruction needs a way back from a release to pixels. For eigenfaces and
+the domains that keep the coefficients' scale, that is PEEP's Eq. 14 (undo the
+scaling, multiply by the eigenfaces). Where no exact inverse exists (Fisherfaces,
+or a direction on the unit sphere) the adversary learns one: a ridge
+regression from the domain values of the *public* basis faces to their pixels,
+the strongest linear decoder available without the released people's photos.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 from peep.core.bounding import BundleBounds, fit_bundle_bounds
-from peep.core.domains import domain
-from peep.core.eigenfaces import EigenfaceModel
+from peep.core.domains import DOMAINS, domain
 from peep.core.mechanisms import mechanism_class
+from peep.core.projections import Projection, projection_class
 
 FloatArray = NDArray[np.float64]
 
@@ -25,37 +34,94 @@ FloatArray = NDArray[np.float64]
 #: build`` ships); ``tight``: 5–95 % quantile box and median-norm radius, which
 #: clips more faces but cuts everybody's noise (searched by ``--frontier``).
 BOUNDS_VARIANTS = ("bundle", "tight")
+# Ridge penalty of the learned decoders, relative to the mean squared domain value.
+_DECODER_RIDGE = 1e-3
+
+
+@dataclass(frozen=True)
+class LinearDecoder:
+    """Faces from domain values, ``mean + (Z − z_mean) @ weights``, fitted on public faces."""
+
+    z_mean: FloatArray
+    face_mean: FloatArray
+    weights: FloatArray
+
+    @classmethod
+    def fit(cls, Z: FloatArray, X: FloatArray) -> LinearDecoder:
+        z_mean, face_mean = Z.mean(axis=0), X.mean(axis=0)
+        Zc, Xc = Z - z_mean, X - face_mean
+        gram = Zc.T @ Zc
+        ridge = _DECODER_RIDGE * float(np.trace(gram)) / max(gram.shape[0], 1)
+        weights = np.linalg.solve(gram + ridge * np.eye(gram.shape[0]), Zc.T @ Xc)
+        return cls(z_mean=z_mean, face_mean=face_mean, weights=weights)
+
+    def predict(self, Z: FloatArray) -> FloatArray:
+        out: FloatArray = self.face_mean + (np.asarray(Z, dtype=np.float64) - self.z_mean) @ self.weights
+        return out
 
 
 @dataclass(frozen=True)
 class Basis:
-    """A fitted eigenface model with its public bounds.
+    """A fitted projection with its public bounds.
 
     Attributes
     ----------
-    model : EigenfaceModel
+    projection : Projection
     bounds : BundleBounds
     variant : {"bundle", "tight"}
     n_fit : int
         Number of faces the basis was fitted on.
+    mean_face : ndarray of shape (pixels,)
+        The basis faces' mean.
+    decoders : dict of str to LinearDecoder
+        Learned decoders, fitted on the basis faces, for the raw coefficients
+        (``"coefficients"``) and every release domain without an exact inverse.
     """
 
-    model: EigenfaceModel
+    projection: Projection
     bounds: BundleBounds
     variant: str
     n_fit: int
+    mean_face: FloatArray = field(repr=False)
+    decoders: dict[str, LinearDecoder] = field(default_factory=dict, repr=False)
+
+    @property
+    def kind(self) -> str:
+        return self.projection.kind
 
     @property
     def n_components(self) -> int:
-        return int(self.model.n_components_)
+        return int(self.projection.n_components_)
+
+    @property
+    def exact_inverse(self) -> bool:
+        """Whether coefficients map back to faces exactly (eigenfaces: PEEP Eq. 14)."""
+        return hasattr(self.projection, "model_")
+
+    @property
+    def explained_variance_ratio(self) -> float | None:
+        """Share of the basis faces' variance the coefficients keep (eigenfaces only)."""
+        model: Any = getattr(self.projection, "model_", None)
+        return None if model is None else float(model.explained_variance_ratio_.sum())
 
     def transform(self, X: NDArray[np.floating]) -> FloatArray:
-        """Eigenface coefficients of flattened faces, shape (n, nc)."""
-        return self.model.transform(X)
+        """Raw coefficients of flattened faces, shape (n, nc)."""
+        return self.projection.transform(np.asarray(X, dtype=np.float64))
 
     def faces(self, C: FloatArray) -> FloatArray:
-        """Flattened faces from coefficients (PEEP Eq. 14), clipped to [0, 1]."""
-        return np.clip(self.model.inverse_transform(C), 0.0, 1.0)
+        """Flattened faces from raw coefficients, clipped to [0, 1] (Eq. 14 or the learned decoder)."""
+        if self.exact_inverse:
+            model: Any = getattr(self.projection, "model_", None)
+            out: FloatArray = np.clip(model.inverse_transform(C), 0.0, 1.0)
+            return out
+        return np.clip(self.decoders["coefficients"].predict(C), 0.0, 1.0)
+
+    def faces_from(self, Z: FloatArray, domain_name: str) -> FloatArray:
+        """Flattened faces from values of a release domain (undoing its rescaling where it has one)."""
+        dom = domain(domain_name)
+        if self.exact_inverse and dom.invertible:
+            return self.faces(dom.inverse(Z, self.bounds))
+        return np.clip(self.decoders[domain_name].predict(Z), 0.0, 1.0)
 
 
 def tight_bounds(C: FloatArray, *, box_quantile: float = 0.90, radius_quantile: float = 0.5) -> BundleBounds:
@@ -79,19 +145,46 @@ def tight_bounds(C: FloatArray, *, box_quantile: float = 0.90, radius_quantile: 
     )
 
 
-def fit_basis(X: NDArray[np.floating], n_components: int, *, variant: str = "bundle") -> Basis:
-    """Fit eigenfaces and bounds on ``X`` (flattened faces, shape (n, pixels)).
+def fit_basis(
+    X: NDArray[np.floating],
+    n_components: int,
+    *,
+    variant: str = "bundle",
+    projection: str = "eigenfaces",
+    labels: NDArray[np.integer] | None = None,
+) -> Basis:
+    """Fit the projection and bounds on ``X`` (flattened public faces, shape (n, pixels)).
 
-    ``n_components`` is capped at ``n − 1`` (the rank of centred faces).
+    ``n_components`` is capped at what the faces allow: ``n − 1`` (the rank
+    of centred faces), and for projections that learn from identities one
+    fewer than the number of identities in ``labels``.
     """
     if variant not in BOUNDS_VARIANTS:
         raise ValueError(f"variant: expected one of {BOUNDS_VARIANTS}, received {variant!r}")
+    cls = projection_class(projection)
     Xf = np.asarray(X, dtype=np.float64)
     nc = int(min(n_components, Xf.shape[0] - 1, Xf.shape[1]))
-    model = EigenfaceModel(n_components=nc).fit(Xf)
-    C = model.transform(Xf)
+    if cls.needs_labels:
+        if labels is None:
+            raise ValueError(f"labels: expected the identities of the basis faces for projection {projection!r}")
+        nc = int(min(nc, np.unique(labels).shape[0] - 1))
+    fitted = cls(n_components=nc).fit(Xf, labels)
+    C = fitted.transform(Xf)
     bounds = fit_bundle_bounds(C) if variant == "bundle" else tight_bounds(C)
-    return Basis(model=model, bounds=bounds, variant=variant, n_fit=int(Xf.shape[0]))
+    # Decoders are fitted now (the basis travels to worker processes without its faces).
+    exact = hasattr(fitted, "model_")
+    decoders = {} if exact else {"coefficients": LinearDecoder.fit(C, Xf)}
+    for name, dom in DOMAINS.items():
+        if not (exact and dom.invertible):
+            decoders[name] = LinearDecoder.fit(dom.apply(C, bounds), Xf)
+    return Basis(
+        projection=fitted,
+        bounds=bounds,
+        variant=variant,
+        n_fit=int(Xf.shape[0]),
+        mean_face=Xf.mean(axis=0),
+        decoders=decoders,
+    )
 
 
 class Domain:
@@ -106,7 +199,8 @@ class Domain:
     def __init__(self, kind: str, bounds: BundleBounds) -> None:
         self.kind = kind
         self.bounds = bounds
-        self.domain = domain(mechanism_class(kind).domain)
+        self.name = mechanism_class(kind).domain
+        self.domain = domain(self.name)
         #: Multiplier from domain units to coefficient units, shape (nc,).
         self.unit: FloatArray = self.domain.unit(bounds)
 

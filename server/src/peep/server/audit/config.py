@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from peep.core.mechanisms import MECHANISM_KINDS, mechanism_classes
+from peep.core.projections import projection_class, projection_kinds
 from peep.server.recognition.fitting import DEFAULT_PRESET, PRESETS, MLPPreset, Preset
 
 #: ε values of the default audit (7 values, per-coordinate for peep/peep-raw).
@@ -52,8 +53,12 @@ class AuditConfig:
         per vector otherwise; reports show both).
     delta : float
         δ for ``gaussian-l2``.
+    projection : str
+        What templates are: one of :func:`peep.core.projections.projection_kinds`
+        (``eigenfaces``, the paper's, or ``fisherfaces``, which needs
+        ``basis="background"``).
     components : int
-        Number of eigenfaces nc.
+        Dimension of a template (nc eigenfaces, K Fisherfaces).
     repeats : int
         Random stratified splits; every number is mean ± std over them.
     test_size : float
@@ -66,9 +71,16 @@ class AuditConfig:
         One hidden layer of this many units instead of the preset's layers
         (MLP presets only; None = the preset as registered).
     basis : {"train", "background"}
-        Where eigenfaces and public bounds are fitted: each split's training
-        part (as the paper), or LFW's disjoint 5–9-image people (as a
-        deployed bundle). Never the released test faces.
+        Where the projection and public bounds are fitted: each split's
+        training part (as the paper), or a disjoint public background
+        population (as a deployed bundle): every LFW identity in the data home
+        that is not audited (for ``lfw``, the people with 5 to
+        ``min_faces − 1`` images; for a folder, LFW's people with at least 5
+        images whose names are not in it). Never the released test faces.
+    background_max_faces : int or None
+        Only LFW people with at most this many images form the background
+        (None: ``min_faces − 1`` for ``lfw``, no limit for a folder); a smaller
+        background is quicker to normalise the first time.
     seed : int
         Seeds splits, recognisers and (with the seeded sampler) the noise.
     secure_noise : bool
@@ -86,9 +98,13 @@ class AuditConfig:
     averaging : tuple of int
         Numbers of releases averaged by the averaging attack.
     frontier : bool
-        Also search mechanism × nc × bounds for the best accuracy at each
-        per-vector ε in ``frontier_epsilons``.
+        Also search projection × nc × mechanism × bounds for the best accuracy
+        at each per-vector ε in ``frontier_epsilons``.
     frontier_components : tuple of int
+    frontier_projections : tuple of str
+        Projections the frontier searches (empty: every registered one the
+        basis allows — projections that learn from identities need
+        ``basis="background"``).
     grid_faces : int
         Faces in the reconstruction image grid.
     progress : bool
@@ -102,12 +118,14 @@ class AuditConfig:
     mechanism: str = "peep"
     epsilons: tuple[float, ...] = DEFAULT_EPSILONS
     delta: float = 1e-5
+    projection: str = "eigenfaces"
     components: int = 128
     repeats: int = 3
     test_size: float = 0.3
     preset: str = DEFAULT_PRESET
     hidden: int | None = None
     basis: str = "train"
+    background_max_faces: int | None = None
     seed: int = 0
     secure_noise: bool = False
     jobs: int = 0
@@ -119,6 +137,7 @@ class AuditConfig:
     frontier: bool = False
     frontier_epsilons: tuple[float, ...] = DEFAULT_FRONTIER_EPSILONS
     frontier_components: tuple[int, ...] = (16, 40, 64, 128)
+    frontier_projections: tuple[str, ...] = ()
     grid_faces: int = 6
     progress: bool = True
 
@@ -132,6 +151,10 @@ class AuditConfig:
         _check(len(set(self.epsilons)) == len(self.epsilons), "--epsilons", "distinct values", self.epsilons)
         _check(0.0 < self.delta < 1.0, "--delta", "a value in (0, 1)", self.delta)
         _check(self.components >= 1, "--components", ">= 1", self.components)
+        kinds = projection_kinds()
+        _check(self.projection in kinds, "--projection", f"one of {', '.join(kinds)}", self.projection)
+        for kind in self.frontier_projections:
+            _check(kind in kinds, "--frontier-projections", f"values among {', '.join(kinds)}", kind)
         _check(self.repeats >= 1, "--repeats", ">= 1", self.repeats)
         _check(0.05 <= self.test_size <= 0.8, "--test-size", "a fraction in [0.05, 0.8]", self.test_size)
         _check(self.preset in PRESETS, "--preset", f"one of {', '.join(PRESETS)}", self.preset)
@@ -181,13 +204,46 @@ class AuditConfig:
                 "a finite value > 0",
                 self.sweep_epsilon,
             )
-        if self.basis == "background":
+        if projection_class(self.projection).needs_labels:
             _check(
-                self.dataset == "lfw",
+                self.basis == "background",
                 "--basis",
-                "'train' for a folder dataset (the background population is LFW's 5-9 image people)",
+                f"'background' with --projection {self.projection} (it learns from identities: fitted on the "
+                "audited people it would be neither public nor honest)",
                 self.basis,
             )
+        if self.background_max_faces is not None:
+            _check(self.background_max_faces >= 5, "--background-max-faces", ">= 5", self.background_max_faces)
+            if self.dataset == "lfw":
+                _check(
+                    self.background_max_faces < self.min_faces,
+                    "--background-max-faces",
+                    f"< --min-faces {self.min_faces} (the background must not contain audited people)",
+                    self.background_max_faces,
+                )
+        if self.basis == "background" and self.dataset == "lfw":
+            _check(
+                self.min_faces > 5,
+                "--min-faces",
+                "> 5 with --basis background (the background is LFW's people with 5 to min_faces - 1 images)",
+                self.min_faces,
+            )
+
+    @property
+    def background_faces_range(self) -> tuple[int, int | None]:
+        """(min, max) images per LFW person in the background population."""
+        if self.background_max_faces is not None:
+            return 5, self.background_max_faces
+        return 5, (self.min_faces - 1 if self.dataset == "lfw" else None)
+
+    @property
+    def searched_projections(self) -> tuple[str, ...]:
+        """Projections the frontier searches (those the basis allows, unless listed)."""
+        if self.frontier_projections:
+            return self.frontier_projections
+        return tuple(
+            k for k in projection_kinds() if self.basis == "background" or not projection_class(k).needs_labels
+        )
 
     @property
     def effective_sweep_epsilon(self) -> float:
@@ -223,12 +279,14 @@ class AuditConfig:
             "mechanism": self.mechanism,
             "epsilons": list(self.epsilons),
             "delta": self.delta,
+            "projection": self.projection,
             "components": self.components,
             "repeats": self.repeats,
             "test_size": self.test_size,
             "preset": self.preset,
             "hidden": self.hidden,
             "basis": self.basis,
+            "background_faces": list(self.background_faces_range),
             "seed": self.seed,
             "secure_noise": self.secure_noise,
             "sweep_components": list(self.sweep_components),
@@ -239,4 +297,5 @@ class AuditConfig:
             "frontier": self.frontier,
             "frontier_epsilons": list(self.frontier_epsilons),
             "frontier_components": list(self.frontier_components),
+            "frontier_projections": list(self.searched_projections),
         }

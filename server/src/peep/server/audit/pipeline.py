@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from peep.core.projections import projection_class
 from peep.server.audit import runner
 from peep.server.audit.basis import BOUNDS_VARIANTS
 from peep.server.audit.config import FRONTIER_MECHANISMS, AuditConfig, AuditConfigError
@@ -27,15 +28,15 @@ SCHEMA_VERSION = 1
 
 BASIS_NOTES = {
     "train": (
-        "Eigenfaces and public bounds are fitted on each split's training part only (as in the PEEP "
+        "The projection and public bounds are fitted on each split's training part only (as in the PEEP "
         "paper, and as the issue's reference numbers were measured); the released test faces never "
         "influence them. The training faces' own releases are then calibrated on bounds that saw them, "
         "which a deployment avoids by building its bundle from a background population (--basis background)."
     ),
     "background": (
-        "Eigenfaces and public bounds are fitted on LFW's people with 5-9 images, a population disjoint "
-        "from the audited identities (how a deployed bundle is built): no audited face, training or test, "
-        "influences them."
+        "The projection and public bounds are fitted on a public background population disjoint from the "
+        "audited identities (every LFW identity in the data home that is not audited; how a deployed bundle "
+        "is built): no audited face, training or test, influences them."
     ),
 }
 
@@ -76,13 +77,17 @@ def sampler_description(cfg: AuditConfig) -> dict[str, Any]:
     }
 
 
-def _component_limit(data: AuditData, cfg: AuditConfig) -> int:
+def _component_limit(data: AuditData, cfg: AuditConfig, projection: str | None = None) -> int:
+    """The largest template dimension the basis faces allow (identities − 1 for projections that learn from them)."""
     if data.background is not None:
         n_fit = data.background.shape[0]
     else:
         n = data.labels.shape[0]
         n_fit = n - math.ceil(cfg.test_size * n)
-    return int(min(n_fit - 1, data.X.shape[1]))
+    limit = min(n_fit - 1, data.X.shape[1])
+    if projection_class(projection or cfg.projection).needs_labels and data.background_labels is not None:
+        limit = min(limit, int(np.unique(data.background_labels).shape[0]) - 1)
+    return int(limit)
 
 
 def _mechanism_summary(cfg: AuditConfig, ctx: RepeatContext) -> dict[str, Any]:
@@ -109,8 +114,8 @@ def run_audit(cfg: AuditConfig, *, command: Sequence[str] | None = None) -> Audi
     limit = _component_limit(data, cfg)
     if cfg.components > limit:
         raise AuditConfigError(
-            f"--components: expected at most {limit} (faces the eigenfaces are fitted on "
-            f"minus one), received {cfg.components}"
+            f"--components: expected at most {limit} for {cfg.projection} (faces, or for Fisherfaces "
+            f"identities, the projection is fitted on minus one), received {cfg.components}"
         )
     cpu = 0.0
 
@@ -175,8 +180,10 @@ def run_audit(cfg: AuditConfig, *, command: Sequence[str] | None = None) -> Audi
         },
         "mechanism": _mechanism_summary(cfg, ctx0),
         "components": ctx0.basis.n_components,
+        "projection": ctx0.basis.kind,
         "basis": {
             "source": cfg.basis,
+            "projection": ctx0.basis.kind,
             "bounds": "bundle",
             "fitted_on_images": ctx0.basis.n_fit,
             "explained_variance_ratio": base_mean["explained_variance_ratio"],
@@ -315,15 +322,21 @@ def _assemble_sweeps(
 
 
 def run_frontier(data: AuditData, cfg: AuditConfig, limit: int) -> tuple[dict[str, Any], float]:
-    """Best accuracy over mechanism × nc × bounds at each per-vector ε, with its attacks.
+    """Best accuracy over projection × nc × mechanism × bounds at each per-vector ε, with its attacks.
 
     Selection uses one extra split (not one of the reported ones); the chosen
     configuration and paper mode at the same per-vector ε are then evaluated,
     with every attack, on ``repeats`` fresh splits, so the reported accuracy
     is not the selection's optimistic maximum.
     """
-    ncs = sorted({min(n, limit) for n in cfg.frontier_components})
-    jobs = [(runner._frontier_group_job, (data, cfg, nc, v)) for nc in ncs for v in BOUNDS_VARIANTS]
+    projections = cfg.searched_projections
+    ncs = {p: sorted({min(n, _component_limit(data, cfg, p)) for n in cfg.frontier_components}) for p in projections}
+    jobs = [
+        (runner._frontier_group_job, (data, cfg, nc, v, p))
+        for p in projections
+        for nc in ncs[p]
+        for v in BOUNDS_VARIANTS
+    ]
     groups, cpu = run_jobs(cfg, jobs, "audit: frontier search")
     rows = [r for g in groups for r in g]
     chosen: list[dict[str, Any]] = []
@@ -333,27 +346,29 @@ def run_frontier(data: AuditData, cfg: AuditConfig, limit: int) -> tuple[dict[st
         chosen.append(best)
 
     paper_nc = min(cfg.components, limit)
-    configs = {(c["n_components"], c["bounds"]) for c in chosen} | {(paper_nc, "bundle")}
+    configs = {(c["projection"], c["n_components"], c["bounds"]) for c in chosen} | {("eigenfaces", paper_nc, "bundle")}
     prep_jobs = [
-        (runner._prepare_job, (data, cfg, runner._FRONTIER_EVAL_SPLIT + r, nc, v, True))
-        for (nc, v) in sorted(configs)
+        (runner._prepare_job, (data, cfg, runner._FRONTIER_EVAL_SPLIT + r, nc, v, True, p))
+        for (p, nc, v) in sorted(configs)
         for r in range(cfg.repeats)
     ]
     prepared, c = run_jobs(cfg, prep_jobs, "audit: frontier splits")
     cpu += c
-    ctxs: dict[tuple[int, str, int], RepeatContext] = {}
-    for (_, (_, _, split, nc, v, _)), (ctx, _) in zip(prep_jobs, prepared, strict=True):
-        ctxs[(nc, v, split - runner._FRONTIER_EVAL_SPLIT)] = ctx
+    ctxs: dict[tuple[str, int, str, int], RepeatContext] = {}
+    for (_, (_, _, split, nc, v, _, p)), (ctx, _) in zip(prep_jobs, prepared, strict=True):
+        ctxs[(p, nc, v, split - runner._FRONTIER_EVAL_SPLIT)] = ctx
 
     eval_jobs: list[tuple[Any, tuple[Any, ...]]] = []
     labels: list[tuple[int, str]] = []
     for ti, (target, best) in enumerate(zip(cfg.frontier_epsilons, chosen, strict=True)):
-        for which, (kind, nc, v) in enumerate(
-            ((best["mechanism"], best["n_components"], best["bounds"]), ("peep", paper_nc, "bundle"))
-        ):
+        candidates = (
+            (best["mechanism"], best["projection"], best["n_components"], best["bounds"]),
+            ("peep", "eigenfaces", paper_nc, "bundle"),
+        )
+        for which, (kind, p, nc, v) in enumerate(candidates):
             for r in range(cfg.repeats):
                 kw = {"kind": kind, "target_vector": target, "key": (runner._TAG_FRONTIER_EVAL, ti, which, r)}
-                eval_jobs.append((runner._evaluate_job, (ctxs[(nc, v, r)], cfg, kw)))
+                eval_jobs.append((runner._evaluate_job, (ctxs[(p, nc, v, r)], cfg, kw)))
                 labels.append((ti, "best" if which == 0 else "paper_mode"))
     evaluated, c = run_jobs(cfg, eval_jobs, "audit: frontier attacks")
     cpu += c
@@ -363,19 +378,26 @@ def run_frontier(data: AuditData, cfg: AuditConfig, limit: int) -> tuple[dict[st
         for name in ("best", "paper_mode"):
             reps = [e for lab, e in zip(labels, evaluated, strict=True) if lab == (ti, name)]
             entry[name] = combine_results(reps)
-        entry["best"]["configuration"] = {k: best[k] for k in ("mechanism", "n_components", "bounds")}
+        entry["best"]["configuration"] = {k: best[k] for k in ("projection", "mechanism", "n_components", "bounds")}
         entry["best"]["selection_accuracy"] = best["accuracy"]
-        entry["paper_mode"]["configuration"] = {"mechanism": "peep", "n_components": paper_nc, "bounds": "bundle"}
+        entry["paper_mode"]["configuration"] = {
+            "projection": "eigenfaces",
+            "mechanism": "peep",
+            "n_components": paper_nc,
+            "bounds": "bundle",
+        }
         points.append(entry)
     return {
         "epsilons_vector": list(cfg.frontier_epsilons),
         "searched": {
+            "projections": list(projections),
             "mechanisms": list(FRONTIER_MECHANISMS),
-            "n_components": ncs,
+            "n_components": sorted({n for v in ncs.values() for n in v}),
             "bounds": list(BOUNDS_VARIANTS),
             "note": "laplace-vector is peep at per-coordinate ε/nc (the same noise), so it is not "
             "searched separately; bounds 'bundle' = min/max box and 95 % norm radius, "
-            "'tight' = 5-95 % quantile box and median norm radius, both fitted on basis faces",
+            "'tight' = 5-95 % quantile box and median norm radius, both fitted on basis faces (the unit-sphere "
+            "mechanisms use no bounds and are searched once); a kind is not searched above its largest ε",
         },
         "selection": {"split": "one extra stratified split, not among the reported ones", "points": rows},
         "points": points,

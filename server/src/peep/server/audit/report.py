@@ -243,7 +243,7 @@ def plot_frontier(audit: dict[str, Any], path: Path) -> bool:
     for p in pts:
         c = p["best"]["configuration"]
         ax.annotate(
-            f"{c['mechanism']}\nnc={c['n_components']}, {c['bounds']}",
+            f"{c['mechanism']}\n{c.get('projection', 'eigenfaces')} {c['n_components']}, {c['bounds']}",
             (p["epsilon_vector"], p["best"]["accuracy"]),
             fontsize=6,
             textcoords="offset points",
@@ -499,7 +499,9 @@ def render_html(audit: dict[str, Any], out: Path) -> str:
         parts.append(
             "<h2>4. Privacy–utility frontier</h2><p>"
             + html.escape(
-                "Search over "
+                "Search over projections "
+                + ", ".join(fr["searched"].get("projections", ["eigenfaces"]))
+                + " × mechanisms "
                 + ", ".join(fr["searched"]["mechanisms"])
                 + f" × nc ∈ {fr['searched']['n_components']} × "
                 f"bounds {fr['searched']['bounds']} on a separate selection split; the chosen configuration and paper "
@@ -528,7 +530,9 @@ def render_html(audit: dict[str, Any], out: Path) -> str:
             rows.append(
                 [
                     _g(p["epsilon_vector"]),
-                    html.escape(f"{c['mechanism']}, nc={c['n_components']}, {c['bounds']}"),
+                    html.escape(
+                        f"{c['mechanism']}, {c.get('projection', 'eigenfaces')} nc={c['n_components']}, {c['bounds']}"
+                    ),
                     _g(b["epsilon_coordinate"]),
                     _pm(b, "accuracy"),
                     _pm(b, "balanced_accuracy"),
@@ -595,7 +599,8 @@ def write_outputs(result: AuditResult, out: Path) -> Path:
     made["privacy_vs_epsilon"] = PLOTS["privacy_vs_epsilon"]
     plot_subsets(audit, out / PLOTS["linkage_subsets"])
     made["linkage_subsets"] = PLOTS["linkage_subsets"]
-    if plot_sweep(audit, "components", "number of eigenfaces nc", out / PLOTS["utility_vs_components"]):
+    label = f"template dimension ({audit.get('projection', 'eigenfaces')} nc)"
+    if plot_sweep(audit, "components", label, out / PLOTS["utility_vs_components"]):
         made["utility_vs_components"] = PLOTS["utility_vs_components"]
     if plot_sweep(
         audit, "images_per_subject", "training images per subject (mean after cap)", out / PLOTS["utility_vs_images"]

@@ -35,7 +35,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 from peep.core import features
+from peep.core.domains import domain
 from peep.core.mechanisms import mechanism_class
+from peep.core.projections import projection_kinds
 from peep.core.release import mechanism_for_bounds
 from peep.server.audit.attacks import (
     ADVERSARIES,
@@ -191,6 +193,7 @@ class AuditData:
     normalisation: dict[str, Any]
     n_skipped: int
     background: NDArray[np.float32] | None = None  # flattened (m, pixels)
+    background_labels: IntArray | None = None
     background_desc: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -234,23 +237,40 @@ def load_audit_data(cfg: AuditConfig) -> AuditData:
             f"received {cfg.min_faces} ({data.n_classes} identity left)"
         )
     if cfg.basis == "background":
+        # Every LFW identity in the data home that is not audited: for lfw the people below
+        # --min-faces, for a folder LFW's people whose names are not in it.
+        min_bg, max_faces = cfg.background_faces_range
         with _progress(cfg, "background faces (cached afterwards)") as cb:
-            bg = load_dataset("lfw", data_home=cfg.data_home, min_faces=5, max_faces=9, normalisation=norm, progress=cb)
-        overlap = set(bg.target_names) & set(ds.target_names)
-        if overlap:
+            bg = load_dataset(
+                "lfw", data_home=cfg.data_home, min_faces=min_bg, max_faces=max_faces, normalisation=norm, progress=cb
+            )
+        audited = set(ds.target_names)
+        excluded = sorted(audited & set(bg.target_names))
+        if excluded:
+            bg = bg.subset(np.array([bg.target_names[int(i)] not in audited for i in bg.labels]))
+        if bg.n_subjects < 2:
             raise AuditConfigError(
-                f"--basis background: background overlaps the audited identities "
-                f"({sorted(overlap)[:3]}); raise --min-faces above 9"
+                f"--basis background: expected a background of at least 2 LFW identities outside the audited "
+                f"ones, found {bg.n_subjects}"
             )
         data.background = bg.X.astype(np.float32)
+        data.background_labels = bg.labels.astype(np.int64)
         data.background_desc = {
             "source": "lfw",
-            "min_faces": 5,
-            "max_faces": 9,
+            "min_faces": min_bg,
+            "max_faces": max_faces,
             "n_images": bg.n_images,
             "n_subjects": bg.n_subjects,
+            "excluded_audited_identities": len(excluded),
         }
     return data
+
+
+def basis_faces(data: AuditData, train_idx: IntArray) -> tuple[NDArray[np.float32], IntArray]:
+    """The public faces (and their identities) the projection and bounds are fitted on."""
+    if data.background is not None and data.background_labels is not None:
+        return data.background, data.background_labels
+    return data.X[train_idx], data.labels[train_idx]
 
 
 # --------------------------------------------------------------------------- repeat context
@@ -298,13 +318,14 @@ def make_context(
     n_components: int,
     variant: str = "bundle",
     with_clean: bool = True,
+    projection: str | None = None,
 ) -> tuple[RepeatContext, dict[str, Any]]:
     """Split, fit the basis and (optionally) the clean recogniser and baselines."""
     seed = split_seed(cfg, split)
     tr, te = _split(data.labels, cfg.test_size, seed)
     X = data.X
-    fit_on = data.background if data.background is not None else X[tr]
-    basis = fit_basis(fit_on, n_components, variant=variant)
+    fit_on, fit_labels = basis_faces(data, tr)
+    basis = fit_basis(fit_on, n_components, variant=variant, projection=projection or cfg.projection, labels=fit_labels)
     ctx = RepeatContext(
         split=split,
         seed=seed,
@@ -329,7 +350,7 @@ def make_context(
     member = p_tr[np.arange(p_tr.shape[0]), ctx.y_train]
     nonmember = p_te[np.arange(p_te.shape[0]), ctx.y_test]
     baseline["membership_auc"] = membership_auc(member, nonmember)
-    mean_face = np.broadcast_to(basis.model.mean_, (ctx.C_test.shape[0], basis.model.mean_.shape[0]))
+    mean_face = np.broadcast_to(basis.mean_face, (ctx.C_test.shape[0], basis.mean_face.shape[0]))
     baseline["mean_face"] = reconstruction_scores(np.clip(mean_face, 0, 1), ctx.test_images, basis, mlp, ctx.y_test)
     baseline["pca_ceiling"] = reconstruction_scores(basis.faces(ctx.C_test), ctx.test_images, basis, mlp, ctx.y_test)
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, split, 99]))
@@ -338,16 +359,31 @@ def make_context(
     baseline["n_components"] = basis.n_components
     baseline["n_train"] = int(tr.shape[0])
     baseline["n_test"] = int(te.shape[0])
-    baseline["explained_variance_ratio"] = float(basis.model.explained_variance_ratio_.sum())
+    baseline["explained_variance_ratio"] = basis.explained_variance_ratio
+    baseline["projection"] = basis.kind
     return ctx, baseline
 
 
 def _prepare_job(
-    data: AuditData, cfg: AuditConfig, split: int, n_components: int, variant: str, with_clean: bool
+    data: AuditData,
+    cfg: AuditConfig,
+    split: int,
+    n_components: int,
+    variant: str,
+    with_clean: bool,
+    projection: str | None = None,
 ) -> tuple[tuple[RepeatContext, dict[str, Any]], float]:
     t = time.process_time()
     with job_env(cfg):
-        ctx, base = make_context(data, cfg, split, n_components=n_components, variant=variant, with_clean=with_clean)
+        ctx, base = make_context(
+            data,
+            cfg,
+            split,
+            n_components=n_components,
+            variant=variant,
+            with_clean=with_clean,
+            projection=projection,
+        )
     return (ctx, base), time.process_time() - t
 
 
@@ -499,11 +535,13 @@ def sweep_point(
     """Clean and private (at the sweep ε) utility for one nc or images-per-subject value."""
     eps = cfg.effective_sweep_epsilon
     if sweep == "components":
-        limit = ctx.train_idx.shape[0] - 1 if data.background is None else data.background.shape[0] - 1
+        fit_on, fit_labels = basis_faces(data, ctx.train_idx)
+        limit = fit_on.shape[0] - 1
         if value > limit:
             return None
-        fit_on = data.background if data.background is not None else data.X[ctx.train_idx]
-        basis = fit_basis(fit_on, value)
+        basis = fit_basis(fit_on, value, projection=ctx.basis.kind, labels=fit_labels)
+        if basis.n_components != value:
+            return None  # capped by the basis (e.g. Fisherfaces: at most identities − 1)
         sub = RepeatContext(
             split=ctx.split,
             seed=ctx.seed,
@@ -560,27 +598,40 @@ def _sweep_job(
 # --------------------------------------------------------------------------- frontier selection
 
 
-def frontier_group(data: AuditData, cfg: AuditConfig, n_components: int, variant: str) -> list[dict[str, Any]]:
-    """Utility of every mechanism × per-vector ε for one (nc, bounds) on the selection split."""
+def frontier_group(
+    data: AuditData, cfg: AuditConfig, n_components: int, variant: str, projection: str = "eigenfaces"
+) -> list[dict[str, Any]]:
+    """Utility of every mechanism × per-vector ε for one (projection, nc, bounds) on the selection split."""
     ctx, _ = make_context(
-        data, cfg, _FRONTIER_SELECT_SPLIT, n_components=n_components, variant=variant, with_clean=False
+        data,
+        cfg,
+        _FRONTIER_SELECT_SPLIT,
+        n_components=n_components,
+        variant=variant,
+        with_clean=False,
+        projection=projection,
     )
+    p_index = projection_kinds().index(projection)
     rows: list[dict[str, Any]] = []
     for i, target in enumerate(cfg.frontier_epsilons):
         for j, kind in enumerate(FRONTIER_MECHANISMS):
-            if target > mechanism_class(kind).max_epsilon:
+            cls = mechanism_class(kind)
+            if target > cls.max_epsilon:
                 continue  # outside the kind's range (e.g. privunit above 500): not a candidate there
+            if variant != "bundle" and not domain(cls.domain).uses_bounds:
+                continue  # the unit sphere needs no bounds: 'tight' would repeat 'bundle'
             res = evaluate_release(
                 ctx,
                 cfg,
                 kind=kind,
                 target_vector=target,
-                key=(_TAG_FRONTIER_SELECT, n_components, BOUNDS_INDEX[variant], i, j),
+                key=(_TAG_FRONTIER_SELECT, p_index, n_components, BOUNDS_INDEX[variant], i, j),
                 attacks=False,
             )
             rows.append(
                 {
                     "target_epsilon_vector": target,
+                    "projection": projection,
                     "mechanism": kind,
                     "n_components": ctx.basis.n_components,
                     "bounds": variant,
@@ -599,11 +650,11 @@ BOUNDS_INDEX = {"bundle": 0, "tight": 1}
 
 
 def _frontier_group_job(
-    data: AuditData, cfg: AuditConfig, n_components: int, variant: str
+    data: AuditData, cfg: AuditConfig, n_components: int, variant: str, projection: str = "eigenfaces"
 ) -> tuple[list[dict[str, Any]], float]:
     t = time.process_time()
     with job_env(cfg):
-        res = frontier_group(data, cfg, n_components, variant)
+        res = frontier_group(data, cfg, n_components, variant, projection)
     return res, time.process_time() - t
 
 

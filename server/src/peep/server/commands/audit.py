@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from peep.core.mechanisms import mechanism_class
+from peep.core.projections import projection_kinds
 from peep.server.errors import UsageError
 
 
@@ -61,13 +62,22 @@ def register(sub: Any) -> None:
         + ")",
     )
     p.add_argument(
-        "--components", type=int, default=d.components, help=f"number of eigenfaces nc (default {d.components})"
+        "--projection",
+        choices=projection_kinds(),
+        default=d.projection,
+        help="what a template is (default eigenfaces, the paper's; fisherfaces needs --basis background)",
+    )
+    p.add_argument(
+        "--components",
+        type=int,
+        default=d.components,
+        help=f"dimension of a template: nc eigenfaces or K Fisherfaces (default {d.components})",
     )
     p.add_argument("--repeats", type=int, default=d.repeats, help=f"random stratified splits (default {d.repeats})")
     p.add_argument(
         "--frontier",
         action="store_true",
-        help="also search mechanism × nc × bounds for the best accuracy at each per-vector ε",
+        help="also search projection × nc × mechanism × bounds for the best accuracy at each per-vector ε",
     )
     p.add_argument(
         "--normalisation",
@@ -85,8 +95,16 @@ def register(sub: Any) -> None:
         "--basis",
         choices=("train", "background"),
         default=d.basis,
-        help="fit eigenfaces and bounds on each split's training part (default, as the paper) or on "
-        "LFW's disjoint 5-9 image people (as a deployed bundle)",
+        help="fit the projection and bounds on each split's training part (default, as the paper) or on a "
+        "disjoint public background (as a deployed bundle): every LFW identity in the data home that is not "
+        "audited (for lfw, the people with 5 to min-faces - 1 images)",
+    )
+    g.add_argument(
+        "--background-max-faces",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --basis background: only LFW people with at most N images (default: min-faces - 1 for lfw)",
     )
     g.add_argument("--test-size", type=float, default=d.test_size, help=f"held-out fraction (default {d.test_size})")
     g.add_argument(
@@ -158,6 +176,13 @@ def register(sub: Any) -> None:
         metavar="LIST",
         help="nc values the frontier searches",
     )
+    g.add_argument(
+        "--frontier-projections",
+        type=_list(str.strip, "--frontier-projections"),
+        default=(),
+        metavar="LIST",
+        help="projections the frontier searches (default: every one the basis allows)",
+    )
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(handler=handler)
 
@@ -176,12 +201,14 @@ def handler(args: argparse.Namespace) -> int:
             mechanism=args.mechanism,
             epsilons=tuple(sorted(args.epsilons)),
             delta=args.delta,
+            projection=args.projection,
             components=args.components,
             repeats=args.repeats,
             test_size=args.test_size,
             preset=args.preset,
             hidden=args.hidden,
             basis=args.basis,
+            background_max_faces=args.background_max_faces,
             seed=args.seed,
             secure_noise=args.secure_noise,
             jobs=args.jobs,
@@ -193,6 +220,7 @@ def handler(args: argparse.Namespace) -> int:
             frontier=args.frontier,
             frontier_epsilons=tuple(args.frontier_epsilons),
             frontier_components=tuple(args.frontier_components),
+            frontier_projections=tuple(args.frontier_projections),
             progress=not args.no_progress,
         )
     except AuditConfigError as exc:
@@ -224,6 +252,8 @@ def command_line(cfg: Any, out: str) -> list[str]:
         cfg.mechanism,
         "--epsilons",
         join(cfg.epsilons),
+        "--projection",
+        cfg.projection,
         "--components",
         str(cfg.components),
         "--repeats",
@@ -232,6 +262,7 @@ def command_line(cfg: Any, out: str) -> list[str]:
         cfg.normalisation,
         "--basis",
         cfg.basis,
+        *(["--background-max-faces", str(cfg.background_max_faces)] if cfg.background_max_faces is not None else []),
         "--seed",
         str(cfg.seed),
         "--preset",
@@ -264,6 +295,8 @@ def command_line(cfg: Any, out: str) -> list[str]:
             join(cfg.frontier_epsilons),
             "--frontier-components",
             join(cfg.frontier_components),
+            "--frontier-projections",
+            ",".join(cfg.searched_projections),
         ]
     return [*cmd, "--out", out]
 
@@ -272,7 +305,8 @@ def summary(audit: dict[str, Any]) -> str:
     """A plain-text table of the headline numbers."""
     np_ = audit["no_privacy"]
     lines = [
-        f"peep audit: {audit['mechanism']['kind']}, nc={audit['components']}, recogniser preset "
+        f"peep audit: {audit['mechanism']['kind']}, {audit.get('projection', 'eigenfaces')} nc={audit['components']}, "
+        "recogniser preset "
         f"{audit['protocol']['preset']}, {audit['dataset']['n_subjects']} "
         f"identities / {audit['dataset']['n_images']} images, {audit['protocol']['repeats']} splits, "
         f"sampler={audit['sampler']['name']}, {audit['timing']['wall_seconds']:.0f} s wall / "
@@ -295,7 +329,8 @@ def summary(audit: dict[str, Any]) -> str:
         for p in fr["points"]:
             c = p["best"]["configuration"]
             lines.append(
-                f"  {p['epsilon_vector']:>8.5g}: {c['mechanism']} nc={c['n_components']} {c['bounds']} → "
+                f"  {p['epsilon_vector']:>8.5g}: {c['mechanism']} {c.get('projection', 'eigenfaces')} "
+                f"nc={c['n_components']} {c['bounds']} → "
                 f"{p['best']['accuracy']:.3f} ± {p['best']['std']['accuracy']:.3f}; paper mode "
                 f"{p['paper_mode']['accuracy']:.3f}"
             )
