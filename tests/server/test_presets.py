@@ -374,3 +374,15 @@ def test_background_people_are_held_out_whole():
     one = np.array(["only"] * 10, dtype=object)
     tr, va = split_groups(one, 0.2, rng)  # a single person: its templates are split
     assert tr.size == 8 and va.size == 2
+
+
+def test_the_calibration_is_summarised_in_one_line_for_peep_train_and_the_log():
+    import doctest
+
+    from peep.server.recognition import fitting
+
+    assert doctest.testmod(fitting, optionflags=doctest.NORMALIZE_WHITESPACE).failed == 0
+    X, subjects, _ = _open_set(3, n_background=300)
+    line = fitting.calibration_summary(fit_recogniser(X, subjects, preset="auto").metrics)
+    assert line.startswith("auto chose ") and "held-out background templates accepted (target 1.0%" in line
+    assert "called unknown" in line and "verify: FAR" in line

@@ -20,7 +20,7 @@ def register(sub: Any) -> None:
 
 def train(args: argparse.Namespace) -> int:
     from peep.server.progress import progress_printer
-    from peep.server.recognition.fitting import TrainingError
+    from peep.server.recognition.fitting import TrainingError, calibration_summary
 
     config = load(args)
     s = services(config)
@@ -51,4 +51,7 @@ def train(args: argparse.Namespace) -> int:
             f"model {r.version} promoted: {r.n_subjects} subjects, {r.n_templates} templates, "
             f"validation accuracy {r.validation_accuracy:.3f}, {r.seconds:.1f} s"
         )
+        summary = calibration_summary(r.metrics)
+        if summary:
+            say(f"  {summary}")
     return 0

@@ -1195,3 +1195,41 @@ def model_meta(
         "metrics": fitted.metrics,
         "trained_at": time.time(),
     }
+
+
+def calibration_summary(metrics: dict[str, Any]) -> str:
+    """One line on what the thresholds cost and (for ``auto``) which preset was chosen, from ``metrics``.
+
+    >>> metrics = {"unknown_calibration": {"rule": "enrolled-reject-rate", "enrolled_rejected_rate": 0.04},
+    ...            "verify_calibration": {"target_far": 0.01, "far": 0.009}}
+    >>> for part in calibration_summary(metrics).split("; "):
+    ...     print(part)
+    unknown: no background templates, 4.0% of enrolled validation templates called unknown (strangers not calibrated)
+    verify: FAR 0.9% (target 1.0%)
+    """
+    parts: list[str] = []
+    chosen = metrics.get("preset_fit", {}).get("chosen")
+    if chosen is not None:
+        accs = metrics["preset_fit"].get("validation_accuracy", {})
+        parts.append(
+            f"auto chose {chosen} ("
+            + ", ".join(f"{n} {a:.3f}" for n, a in accs.items() if a is not None)
+            + " validation accuracy)"
+        )
+    u = metrics.get("unknown_calibration", {})
+    if u.get("rule") == "background-far":
+        parts.append(
+            f"unknown: {100 * u['background_accepted_rate']:.1f}% of {u['background_templates']} held-out background "
+            f"templates accepted (target {100 * u['target_far']:.1f}%, 95% bound "
+            f"{100 * u['background_accepted_upper95']:.1f}%), {100 * u['enrolled_rejected_rate']:.1f}% of enrolled "
+            "validation templates called unknown"
+        )
+    elif u:
+        parts.append(
+            f"unknown: no background templates, {100 * u['enrolled_rejected_rate']:.1f}% of enrolled validation "
+            "templates called unknown (strangers not calibrated)"
+        )
+    v = metrics.get("verify_calibration")
+    if v:
+        parts.append(f"verify: FAR {100 * v['far']:.1f}% (target {100 * v['target_far']:.1f}%)")
+    return "; ".join(parts)

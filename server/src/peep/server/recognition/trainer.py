@@ -25,6 +25,7 @@ from peep.server.recognition.fitting import (
     PRESETS,
     Progress,
     TrainingError,
+    calibration_summary,
     check_onnx_agreement,
     export_onnx,
     fit_recogniser,
@@ -211,6 +212,7 @@ class Trainer:
                     "version": version.name,
                     "validation_accuracy": result.validation_accuracy,
                     "seconds": round(result.seconds, 2),
+                    "calibration": calibration_summary(fitted.metrics),
                 },
             )
             if self._on_promoted is not None:
