@@ -814,6 +814,60 @@ def _rate_upper95(k: int, n: int) -> float:
     return 1.0 if k >= n else float(beta.ppf(0.95, k + 1, n - k))
 
 
+def _cross_fit(
+    pipeline: Any,
+    X: NDArray[np.float32],
+    y: NDArray[np.int64],
+    subjects: NDArray[Any],
+    background_index: int | None,
+    validation_fraction: float,
+    rng: np.random.Generator,
+) -> tuple[Any, NDArray[np.float64], int]:
+    """Out-of-fold probabilities of ``pipeline``'s configuration for every template, and the final fit on all.
+
+    ``k = round(1/validation_fraction)`` folds: each enrolled subject's
+    templates dealt round-robin over the folds (a subject with two templates
+    keeps one for training in every fold), background templates by *person*,
+    so a held-out background template is always of someone the fold's model
+    never saw. Each fold's model is a clone of ``pipeline`` (same
+    hyperparameters) fitted on the other folds; its probabilities fill that
+    fold's rows.
+
+    Returns
+    -------
+    final : fitted clone of ``pipeline`` on every template
+    P : ndarray of shape (n_templates, n_classes), out of fold
+    k : int
+    """
+    from sklearn.base import clone
+
+    k = max(2, round(1.0 / validation_fraction))
+    fold = np.empty(y.size, dtype=np.int64)
+    for c in np.unique(y):
+        rows = np.flatnonzero(y == c)
+        if background_index is not None and c == background_index:
+            people = rng.permutation(np.unique(subjects[rows]))
+            person_fold = {p: i % k for i, p in enumerate(people)}
+            fold[rows] = [person_fold[p] for p in subjects[rows]]
+        else:
+            fold[rng.permutation(rows)] = np.arange(rows.size) % k
+    n_classes = int(y.max()) + 1
+    P = np.zeros((y.size, n_classes))
+    for f in range(k):
+        held = fold == f
+        if not held.any():
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", category=UserWarning)
+            est = clone(pipeline).fit(X[~held], y[~held])
+        cols = np.asarray(est.classes_ if hasattr(est, "classes_") else est.steps[-1][1].classes_, dtype=np.intp)
+        P[np.ix_(np.flatnonzero(held), cols)] = est.predict_proba(X[held])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", category=UserWarning)
+        final = clone(pipeline).fit(X, y)
+    return final, P, k
+
+
 def split_groups(
     groups: NDArray[Any], fraction: float, rng: np.random.Generator
 ) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
@@ -938,8 +992,23 @@ def fit_recogniser(
         random_state=random_state, progress=progress, cancel=cancel, blas_threads=blas_threads,
         background_index=background_index, notes=notes,
     )  # fmt: skip
+    calibration = "validation-split"
+    split_accuracy: float | None = None
+    if linear_parts(pipeline) is not None and va.size:
+        split_accuracy = known_accuracy(
+            np.asarray(pipeline.predict_proba(X[va]), dtype=np.float64), y[va], background_index
+        )
+        # A linear model has nothing to stop early: calibrate on out-of-fold scores of its
+        # configuration (whatever the preset chose on the split) and serve it fitted on every template.
+        pipeline, P_all, folds = _cross_fit(pipeline, X, y, subj, background_index, validation_fraction, rng)
+        calibration = f"cross-fitted ({folds} folds; final model on every template)"
+        va = tr = np.arange(y.size)
+        P = P_all
+        if background_index is not None:
+            bg_groups = int(np.unique(subj[y == background_index]).size)
+    else:
+        P = np.asarray(pipeline.predict_proba(X[va]), dtype=np.float64)
     fit_s = time.perf_counter() - t0
-    P = np.asarray(pipeline.predict_proba(X[va]), dtype=np.float64)
     yv = y[va]
     known = np.array([i for i in range(len(class_names)) if i != background_index], dtype=np.intp)
     Pk = P[:, known]
@@ -983,6 +1052,8 @@ def fit_recogniser(
     far_k = int(np.sum(impostor > verify_threshold))
     metrics: dict[str, Any] = {
         "validation_accuracy": known_accuracy(P, yv, background_index),
+        "calibration": calibration,
+        **({"split_validation_accuracy": split_accuracy} if split_accuracy is not None else {}),
         "validation_templates": int(va.size),
         "training_templates": int(tr.size),
         "validation_unknown_rate_enrolled": enrolled_rejected,
@@ -1017,7 +1088,7 @@ def fit_recogniser(
         impostor_scores=impostor,
         preset=p,
         n_epochs=epochs,
-        val_probabilities=P,
+        val_probabilities=np.asarray(pipeline.predict_proba(X[va]), dtype=np.float64),
         val_values=X[va],
     )
 
