@@ -58,7 +58,8 @@ def test_fisherface_bundle_from_the_lfw_background(tmp_path, data_home, keys, lf
     assert md["projection"] == "fisherfaces" and md["n_components"] == 32
     facts = md["fisherfaces"]
     assert facts["n_classes"] == md["provenance"]["n_subjects"] > 200
-    assert facts["n_faces"] == md["provenance"]["n_images"] and facts["n_pca"] == 200
+    # Fitted on the public faces and their mirror images (the fisherfaces default).
+    assert facts["mirrored"] and facts["n_faces"] == 2 * md["provenance"]["n_images"] and facts["n_pca"] == 200
     assert "explained_variance_ratio" not in md
     # The summary describes the LDA, not an eigenface variance it does not have.
     assert "(fisherfaces)" in printed.out and f"LDA on {facts['n_classes']} identities" in printed.out
@@ -86,4 +87,4 @@ def test_a_small_folder_dataset_builds_with_k_up_to_identities_minus_one(tmp_pat
     md = json.loads((out / "metadata.json").read_text())
     facts = md["fisherfaces"]
     assert md["n_components"] == 2 and facts["n_classes"] == 3
-    assert facts["n_pca"] == md["provenance"]["n_images"] - 3  # capped at n - n_classes
+    assert facts["n_pca"] == 2 * md["provenance"]["n_images"] - 3  # capped at n - n_classes (n doubled by mirroring)

@@ -53,6 +53,7 @@ def test_registered_with_its_contract():
         "n_pca": 200,
         "regularisation": 1e-3,
         "radius_quantile": 0.95,
+        "mirror_shape": None,
     }
 
 
@@ -255,7 +256,9 @@ def test_params_contract_works_with_sklearn_clone(rng):
     p = FisherfaceProjection(n_components=2, n_pca=10, regularisation=0.01).fit(X, y)
     c = clone(p)
     assert c.get_params() == p.get_params() and not hasattr(c, "scalings_")
-    assert repr(c) == "FisherfaceProjection(n_components=2, n_pca=10, regularisation=0.01, radius_quantile=0.95)"
+    assert repr(c) == (
+        "FisherfaceProjection(n_components=2, n_pca=10, regularisation=0.01, radius_quantile=0.95, mirror_shape=None)"
+    )
 
 
 # ----------------------------------------------------------------- behaviour
@@ -290,3 +293,18 @@ def test_fisherfaces_separate_unseen_identities_better_than_eigenfaces(fisher, b
     e_ncm, e_lda = _accuracies(unit_rows(eig.transform(faces)), lfw100.labels)
     assert f_ncm > e_ncm + 0.3, (f_ncm, e_ncm)
     assert f_lda > e_lda + 0.08, (f_lda, e_lda)
+
+
+def test_mirrored_fit_treats_a_face_and_its_mirror_alike(lfw_background, lfw100):
+    from peep.core.projections import mirror_faces
+
+    shape = lfw100.images.shape[1:]
+    p = FisherfaceProjection(n_components=16, mirror_shape=shape).fit(lfw_background.X, lfw_background.labels)
+    X = lfw100.X[:50].astype(np.float64)
+    # The mirrored public data makes every discriminant direction symmetric.
+    np.testing.assert_allclose(p.transform(mirror_faces(X, shape)), p.transform(X), atol=1e-6)
+    assert p.metadata()["fisherfaces"]["mirrored"] and p.n_samples_ == 2 * lfw_background.n_images
+    plain = FisherfaceProjection(n_components=16).fit(lfw_background.X, lfw_background.labels)
+    assert not np.allclose(plain.transform(mirror_faces(X, shape)), plain.transform(X), atol=1e-3)
+    with pytest.raises(ValueError, match="mirror_shape"):
+        FisherfaceProjection(n_components=4, mirror_shape=(10, 10)).fit(lfw_background.X[:50], lfw_background.labels[:50])

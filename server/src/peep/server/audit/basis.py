@@ -152,6 +152,7 @@ def fit_basis(
     variant: str = "bundle",
     projection: str = "eigenfaces",
     labels: NDArray[np.integer] | None = None,
+    mirror_shape: tuple[int, int] | None = None,
 ) -> Basis:
     """Fit the projection and bounds on ``X`` (flattened public faces, shape (n, pixels)).
 
@@ -168,7 +169,7 @@ def fit_basis(
         if labels is None:
             raise ValueError(f"labels: expected the identities of the basis faces for projection {projection!r}")
         nc = int(min(nc, np.unique(labels).shape[0] - 1))
-    fitted = cls(n_components=nc).fit(Xf, labels)
+    fitted = cls(n_components=nc, mirror_shape=mirror_shape).fit(Xf, labels)
     C = fitted.transform(Xf)
     bounds = fit_bundle_bounds(C) if variant == "bundle" else tight_bounds(C)
     # Decoders are fitted now (the basis travels to worker processes without its faces).

@@ -77,6 +77,9 @@ class AuditConfig:
         that is not audited (for ``lfw``, the people with 5 to
         ``min_faces − 1`` images; for a folder, LFW's people with at least 5
         images whose names are not in it). Never the released test faces.
+    mirror : bool or None
+        Fit the projection on the basis faces' mirror images too (None: the
+        projection's default: on for Fisherfaces, off for eigenfaces).
     background_max_faces : int or None
         Only LFW people with at most this many images form the background
         (None: ``min_faces − 1`` for ``lfw``, no limit for a folder); a smaller
@@ -126,6 +129,7 @@ class AuditConfig:
     hidden: int | None = None
     basis: str = "train"
     background_max_faces: int | None = None
+    mirror: bool | None = None
     seed: int = 0
     secure_noise: bool = False
     jobs: int = 0
@@ -229,6 +233,10 @@ class AuditConfig:
                 self.min_faces,
             )
 
+    def mirrored(self, projection: str) -> bool:
+        """Whether ``projection`` is fitted on mirrored basis faces too."""
+        return projection_class(projection).mirror_by_default if self.mirror is None else self.mirror
+
     @property
     def background_faces_range(self) -> tuple[int, int | None]:
         """(min, max) images per LFW person in the background population."""
@@ -287,6 +295,7 @@ class AuditConfig:
             "hidden": self.hidden,
             "basis": self.basis,
             "background_faces": list(self.background_faces_range),
+            "mirror": self.mirrored(self.projection),
             "seed": self.seed,
             "secure_noise": self.secure_noise,
             "sweep_components": list(self.sweep_components),

@@ -325,7 +325,9 @@ def make_context(
     tr, te = _split(data.labels, cfg.test_size, seed)
     X = data.X
     fit_on, fit_labels = basis_faces(data, tr)
-    basis = fit_basis(fit_on, n_components, variant=variant, projection=projection or cfg.projection, labels=fit_labels)
+    kind = projection or cfg.projection
+    shape = (int(data.images.shape[1]), int(data.images.shape[2])) if cfg.mirrored(kind) else None
+    basis = fit_basis(fit_on, n_components, variant=variant, projection=kind, labels=fit_labels, mirror_shape=shape)
     ctx = RepeatContext(
         split=split,
         seed=seed,
@@ -539,7 +541,8 @@ def sweep_point(
         limit = fit_on.shape[0] - 1
         if value > limit:
             return None
-        basis = fit_basis(fit_on, value, projection=ctx.basis.kind, labels=fit_labels)
+        shape = (int(data.images.shape[1]), int(data.images.shape[2])) if cfg.mirrored(ctx.basis.kind) else None
+        basis = fit_basis(fit_on, value, projection=ctx.basis.kind, labels=fit_labels, mirror_shape=shape)
         if basis.n_components != value:
             return None  # capped by the basis (e.g. Fisherfaces: at most identities − 1)
         sub = RepeatContext(

@@ -25,14 +25,21 @@ def build_bundle(
     radius_quantile: float = 0.95,
     mechanism_defaults: Mapping[str, Any] | None = None,
     projection: str = "eigenfaces",
+    mirror: bool | None = None,
 ) -> EigenfaceBundle:
     """Fit the projection ``projection`` and public bounds on ``dataset``, sign, write, reload.
 
     ``dataset`` is the public (background) population: never the people the
-    devices will release. Returns the bundle as a device would load it
-    (verified with the key pair's public half), so callers can use it straight away.
+    devices will release. ``mirror`` fits on the faces' mirror images too
+    (None: the projection's own default, see
+    :attr:`peep.core.projections.base.Projection.mirror_by_default`). Returns
+    the bundle as a device would load it (verified with the key pair's public
+    half), so callers can use it straight away.
     """
-    fitted = projection_class(projection)(n_components=n_components, radius_quantile=radius_quantile)
+    cls = projection_class(projection)
+    shape = (int(dataset.images.shape[1]), int(dataset.images.shape[2]))
+    use_mirror = cls.mirror_by_default if mirror is None else mirror
+    fitted = cls(n_components=n_components, radius_quantile=radius_quantile, mirror_shape=shape if use_mirror else None)
     fitted.fit(dataset.X, dataset.labels)
     geometry_dict = dataset.normalisation.get("geometry")
     from peep.core.imaging import FaceGeometry

@@ -100,6 +100,12 @@ def register(sub: Any) -> None:
         "audited (for lfw, the people with 5 to min-faces - 1 images)",
     )
     g.add_argument(
+        "--mirror",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="fit the projection on the basis faces' mirror images too (default: on for fisherfaces)",
+    )
+    g.add_argument(
         "--background-max-faces",
         type=int,
         default=None,
@@ -209,6 +215,7 @@ def handler(args: argparse.Namespace) -> int:
             hidden=args.hidden,
             basis=args.basis,
             background_max_faces=args.background_max_faces,
+            mirror=args.mirror,
             seed=args.seed,
             secure_noise=args.secure_noise,
             jobs=args.jobs,
@@ -263,6 +270,7 @@ def command_line(cfg: Any, out: str) -> list[str]:
         "--basis",
         cfg.basis,
         *(["--background-max-faces", str(cfg.background_max_faces)] if cfg.background_max_faces is not None else []),
+        *([] if cfg.mirror is None else ["--mirror" if cfg.mirror else "--no-mirror"]),
         "--seed",
         str(cfg.seed),
         "--preset",

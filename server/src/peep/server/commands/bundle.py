@@ -50,6 +50,12 @@ def register(sub: Any) -> None:
         help="what the projector computes from a face (default eigenfaces, the paper's)",
     )
     b.add_argument("--components", type=int, required=True, help="dimension of a template (nc)")
+    b.add_argument(
+        "--mirror",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="fit on the faces' mirror images too (default: on for fisherfaces, off for eigenfaces)",
+    )
     b.add_argument("--size", type=parse_size, default=(47, 62), metavar="WxH", help="face geometry (default 47x62)")
     b.add_argument("--equalize", action="store_true", help="histogram-equalise faces (devices will too)")
     b.add_argument(
@@ -102,6 +108,7 @@ def build(args: argparse.Namespace) -> int:
             out_dir=args.out,
             radius_quantile=args.radius_quantile,
             projection=args.projection,
+            mirror=args.mirror,
         )
     except ValueError as exc:
         # The projection knows its own limit on K (e.g. fisherfaces: identities - 1).

@@ -18,7 +18,7 @@ decorated with :func:`register_projection`, and its tests.
 
 from __future__ import annotations
 
-from peep.core.projections.base import Projection, build_projector, projector_outputs
+from peep.core.projections.base import Projection, build_projector, mirror_faces, projector_outputs
 from peep.core.projections.eigenfaces import EigenfaceProjection
 from peep.core.projections.fisherfaces import FisherfaceProjection
 from peep.core.projections.registry import (
@@ -33,6 +33,7 @@ __all__ = [
     "FisherfaceProjection",
     "Projection",
     "build_projector",
+    "mirror_faces",
     "projection_class",
     "projection_classes",
     "projection_kinds",

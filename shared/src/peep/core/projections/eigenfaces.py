@@ -33,7 +33,9 @@ class EigenfaceProjection(Projection):
     n_components : int, default=128
         Number of eigenfaces kept (the paper's nc).
     radius_quantile : float, default=0.95
-        See :class:`~peep.core.projections.base.Projection`.
+    mirror_shape : (height, width) or None, default=None
+        See :class:`~peep.core.projections.base.Projection`: fit on the public
+        faces and their mirror images.
 
     Attributes
     ----------
@@ -55,8 +57,10 @@ class EigenfaceProjection(Projection):
 
     model_: EigenfaceModel
 
-    def __init__(self, *, n_components: int = 128, radius_quantile: float = 0.95) -> None:
-        super().__init__(n_components=n_components, radius_quantile=radius_quantile)
+    def __init__(
+        self, *, n_components: int = 128, radius_quantile: float = 0.95, mirror_shape: tuple[int, int] | None = None
+    ) -> None:
+        super().__init__(n_components=n_components, radius_quantile=radius_quantile, mirror_shape=mirror_shape)
 
     def _fit(self, X: NDArray[np.float64], y: NDArray[Any] | None) -> None:
         self._set_model(EigenfaceModel(n_components=self.n_components).fit(X))

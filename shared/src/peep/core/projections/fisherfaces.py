@@ -117,7 +117,9 @@ class FisherfaceProjection(Projection):
         well-conditioned fit unchanged (on LFW the accuracy of the projected
         templates is the same to three decimals for α from 0 to 0.3).
     radius_quantile : float, default=0.95
-        See :class:`~peep.core.projections.base.Projection`.
+    mirror_shape : (height, width) or None, default=None
+        See :class:`~peep.core.projections.base.Projection`: fit on the public
+        faces and their mirror images.
 
     Attributes
     ----------
@@ -157,6 +159,7 @@ class FisherfaceProjection(Projection):
         "whitened eigenfaces then LDA on the public background identities (Fisherfaces); "
         "its unit output is what privunit releases"
     )
+    mirror_by_default: ClassVar[bool] = True
     needs_labels: ClassVar[bool] = True
 
     mean_: NDArray[np.float64]
@@ -174,8 +177,9 @@ class FisherfaceProjection(Projection):
         n_pca: int = 200,
         regularisation: float = 1e-3,
         radius_quantile: float = 0.95,
+        mirror_shape: tuple[int, int] | None = None,
     ) -> None:
-        super().__init__(n_components=n_components, radius_quantile=radius_quantile)
+        super().__init__(n_components=n_components, radius_quantile=radius_quantile, mirror_shape=mirror_shape)
         self.n_pca = n_pca
         self.regularisation = regularisation
 
@@ -371,6 +375,7 @@ class FisherfaceProjection(Projection):
                 "n_classes": int(self.n_classes_),
                 "n_faces": int(self.n_samples_),
                 "regularisation": float(self.regularisation),
+                "mirrored": self.mirror_shape is not None,
                 "pca_variance_ratio": float(self.pca_variance_ratio_),
                 "discriminant_eigenvalues": [float(v) for v in self.eigenvalues_],
             }
