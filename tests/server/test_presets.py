@@ -390,3 +390,17 @@ def test_the_calibration_is_summarised_in_one_line_for_peep_train_and_the_log():
     line = fitting.calibration_summary(fit_recogniser(X, subjects, preset="auto").metrics)
     assert line.startswith("auto chose ") and "held-out background templates accepted (target 1.0%" in line
     assert "called unknown" in line and "verify: FAR" in line
+
+
+def test_identification_can_accept_more_strangers_than_verification():
+    """identify_far sets the open-set threshold apart from the verification FAR (FPIR vs FAR)."""
+    X, subjects, strangers = _open_set(2)
+    strict = fit_recogniser(X, subjects, preset="lda", target_far=0.01, random_state=0)
+    loose = fit_recogniser(X, subjects, preset="lda", target_far=0.01, identify_far=0.1, random_state=0)
+    assert loose.metrics["unknown_calibration"]["target_far"] == 0.1
+    assert loose.metrics["verify_calibration"]["target_far"] == 0.01
+    assert loose.verify_threshold == strict.verify_threshold
+    assert loose.unknown_threshold < strict.unknown_threshold
+    best = loose.predict_proba(strangers)[:, loose.known_indices].max(1)
+    accepted = float(np.mean(best >= loose.unknown_threshold))
+    assert abs(accepted - 0.1) < 0.03, accepted

@@ -376,7 +376,18 @@ class TrainingConfig(_Model):
         lt=0.5,
         description=(
             "false-accept rate both thresholds are set for: verify (validation impostor scores) and, with "
-            "background templates, identify (share of held-out background people named as someone)"
+            "background templates, identify (share of held-out background people named as someone) unless "
+            "identify_far is set"
+        ),
+    )
+    identify_far: float | None = Field(
+        default=None,
+        gt=0.0,
+        lt=0.5,
+        description=(
+            "false-positive identification rate of the open-set decision (share of strangers named as someone), "
+            "if it should differ from target_far: a camera naming people from noisy templates may accept more "
+            "strangers than a verification gate (none = target_far)"
         ),
     )
     unknown_reject_rate: float = Field(

@@ -902,6 +902,7 @@ def fit_recogniser(
     background_prefix: str = "background:",
     validation_fraction: float = 0.2,
     target_far: float = 0.01,
+    identify_far: float | None = None,
     unknown_reject_rate: float = 0.05,
     min_templates_per_subject: int = 2,
     random_state: int = 0,
@@ -924,6 +925,9 @@ def fit_recogniser(
         False-accept rate of both thresholds: verification (on validation
         impostor scores) and, when background templates exist, identification
         (on held-out background people's templates).
+    identify_far : float, optional
+        False-positive identification rate of the open-set threshold (held-out
+        background people named as someone); ``None`` = ``target_far``.
     unknown_reject_rate : float
         Without background templates only: share of enrolled validation templates called unknown.
     blas_threads : int or None
@@ -1025,11 +1029,12 @@ def fit_recogniser(
     bg_best = best_known[~gen_rows]
     unknown: dict[str, Any]
     if bg_best.size:
-        unknown_threshold = _threshold_accept(bg_best, target_far)
+        fpir = target_far if identify_far is None else identify_far
+        unknown_threshold = _threshold_accept(bg_best, fpir)
         accepted = int(np.sum(bg_best >= unknown_threshold))
         unknown = {
             "rule": "background-far",
-            "target_far": target_far,
+            "target_far": fpir,
             "background_templates": int(bg_best.size),
             "background_subjects": bg_groups,
             "background_accepted_rate": accepted / bg_best.size,

@@ -174,6 +174,7 @@ class Trainer:
                 background_prefix=self.config.background_prefix,
                 validation_fraction=self.config.validation_fraction,
                 target_far=self.config.target_far,
+                identify_far=self.config.identify_far,
                 unknown_reject_rate=self.config.unknown_reject_rate,
                 min_templates_per_subject=self.config.min_templates_per_subject,
                 random_state=self.config.random_state,
