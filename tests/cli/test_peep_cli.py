@@ -41,6 +41,8 @@ def test_bundle_build_and_verify_on_a_folder_dataset(tmp_path, data_home, capsys
             str(ds),
             "--min-faces",
             "2",
+            "--projection",
+            "eigenfaces",
             "--components",
             "8",
             "--size",

@@ -35,9 +35,11 @@ def test_demo_summary_is_complete_and_consistent(demo_run):
     assert ident["enrolled_templates"] >= 4 and ident["stranger_templates"] >= 2
     for v in (ident["accuracy"], ident["unknown_rejection_rate"], ver["face"]["gar"], ver["face"]["far"]):
         assert 0.0 <= v <= 1.0
-    # Both epsilons are reported, and per-vector = per-coordinate for laplace-l1 (a vector mechanism).
-    assert p["mechanism"] == "laplace-l1" and p["epsilon_vector"] == pytest.approx(1024.0)
+    # Both epsilons are reported; the default is privunit at ε = 32 per template (a coordinate is
+    # post-processing of the vector, so the same ε), on a Fisherface bundle.
+    assert p["mechanism"] == "privunit" and p["epsilon_vector"] == pytest.approx(32.0, rel=1e-6)
     assert p["epsilon_coordinate"] == pytest.approx(p["epsilon_vector"])
+    assert s["bundle"]["projection"] == "fisherfaces"
     # Each device's ledger holds exactly one release's cost per template it sent (template + soft traits).
     per_release = p["epsilon_vector"] + p["soft_traits_epsilon_per_release"]
     for dev in edge["devices"].values():

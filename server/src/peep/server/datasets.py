@@ -232,6 +232,53 @@ def normalise_files(
     return out[ok], ok
 
 
+def _normalise_cached(
+    per_person: Sequence[Sequence[Path]],
+    geometry: FaceGeometry,
+    detector: FaceDetector | None,
+    fixed: bool,
+    normalisation: str,
+    cache: Path | None,
+    progress: Callable[[int, int], None] | None,
+) -> tuple[NDArray[np.float32], NDArray[np.bool_]]:
+    """Normalised faces of every person's files, cached per person.
+
+    One cache entry per identity (keyed by its files, the geometry, the
+    detector and the normalisation), so any selection of people -- the
+    5-9-image background, the people with >= 100 images, everyone -- reuses
+    the detections of every other selection that shared a person.
+    """
+    total = sum(len(imgs) for imgs in per_person)
+    done = 0
+    faces: list[NDArray[np.float32]] = []
+    oks: list[NDArray[np.bool_]] = []
+    for imgs in per_person:
+        cached = cache / f"person-{_cache_key(imgs, geometry, detector, normalisation)}.npz" if cache else None
+        if cached is not None and cached.is_file():
+            with np.load(cached) as z:
+                f, o = z["faces"], z["ok"]
+        else:
+            start = done
+
+            def report(i: int, _n: int, start: int = start) -> None:
+                if progress is not None:
+                    progress(start + i, total)
+
+            f, o = normalise_files(imgs, geometry=geometry, detector=detector, fixed_box=fixed, progress=report)
+            if cached is not None:
+                tmp = cached.with_suffix(".tmp.npz")
+                np.savez(tmp, faces=f, ok=o)
+                os.replace(tmp, cached)
+        done += len(imgs)
+        if progress is not None:
+            progress(done, total)
+        faces.append(np.asarray(f, dtype=np.float32))
+        oks.append(np.asarray(o, dtype=bool))
+    if not faces:
+        return np.zeros((0, geometry.height, geometry.width), dtype=np.float32), np.zeros(0, dtype=bool)
+    return np.concatenate(faces), np.concatenate(oks)
+
+
 def load_dataset(
     dataset: str,
     *,
@@ -291,18 +338,7 @@ def load_dataset(
     norm_desc: dict[str, Any] = {"method": normalisation, "geometry": geom.to_dict()}
     norm_desc.update({"box": "lfw-fixed"} if fixed else _detector_description(det))
 
-    cache = _cache_dir(home)
-    key = _cache_key(files, geom, det, normalisation)
-    cached = cache / f"faces-{key}.npz" if cache else None
-    if cached is not None and cached.is_file():
-        with np.load(cached) as z:
-            faces, ok = z["faces"], z["ok"]
-    else:
-        faces, ok = normalise_files(files, geometry=geom, detector=det, fixed_box=fixed, progress=progress)
-        if cached is not None:
-            tmp = cached.with_suffix(".tmp.npz")
-            np.savez(tmp, faces=faces, ok=ok)
-            os.replace(tmp, cached)
+    faces, ok = _normalise_cached(per_person, geom, det, fixed, normalisation, _cache_dir(home), progress)
     labels = labels_all[ok]
     kept_paths = [str(f) for f, good in zip(files, ok, strict=True) if good]
     counts = np.bincount(labels, minlength=len(names))

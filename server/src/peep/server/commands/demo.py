@@ -9,10 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from peep.core.mechanisms import mechanism_class, mechanism_kinds
+from peep.core.projections import projection_kinds
 from peep.server.errors import UsageError
 
 
 def register(sub: Any) -> None:
+    from peep.server.demo.runner import DemoOptions as DemoDefaults
+    from peep.server.recognition.fitting import PRESETS
+
     p = sub.add_parser(
         "demo",
         help="the whole system on one machine: bundle, server, edge agents, enrolment, training, identify, verify",
@@ -28,11 +32,23 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--strangers", type=int, default=30, help="never-enrolled people the cameras see (default 30)")
     p.add_argument("--cameras", type=int, default=3, help="edge agents watching videos (default 3)")
-    p.add_argument("--mechanism", default="laplace-l1", choices=mechanism_kinds(),
-                   help="the devices' mechanism (default laplace-l1: best pure-ε mechanism in the audit)")  # fmt: skip
-    p.add_argument("--epsilon", type=float, default=1024.0, help="the mechanism's ε (default 1024 per vector)")
+    d = DemoDefaults
+    p.add_argument("--mechanism", default=d.mechanism, choices=mechanism_kinds(),
+                   help=f"the devices' mechanism (default {d.mechanism})")  # fmt: skip
+    p.add_argument("--epsilon", type=float, default=d.epsilon,
+                   help=f"the mechanism's ε (default {d.epsilon:g} per template)")  # fmt: skip
     p.add_argument("--delta", type=float, default=None, help="δ, for kinds that take one (gaussian-l2)")
-    p.add_argument("--components", type=int, default=128, help="eigenfaces in the bundle (default 128)")
+    p.add_argument("--projection", default=d.projection, choices=projection_kinds(),
+                   help=f"what the bundle's projector computes (default {d.projection})")  # fmt: skip
+    p.add_argument("--components", type=int, default=d.components,
+                   help=f"template dimension in the bundle (default {d.components})")  # fmt: skip
+    p.add_argument("--mirror", action=argparse.BooleanOptionalAction, default=None,
+                   help="fit the projection on mirrored faces too (default: the projection's own default)")  # fmt: skip
+    p.add_argument("--preset", default=d.preset, choices=list(PRESETS),
+                   help=f"the server's recogniser preset (default {d.preset})")  # fmt: skip
+    p.add_argument("--identify-far", type=float, default=d.identify_far,
+                   help=f"share of strangers the camera may name (default {d.identify_far:g}); "
+                   "verification stays at 1 %% FAR")  # fmt: skip
     p.add_argument("--no-soft", action="store_true", help="cameras do not release age/gender")
     p.add_argument("--qbbs-epsilon", type=float, default=1.0, help="ε of each QBBS query answer (default 1)")
     p.add_argument("--mqtt", choices=["auto", "on", "off"], default="auto",
@@ -56,6 +72,8 @@ def handle(args: argparse.Namespace) -> int:
         raise UsageError(f"--qbbs-epsilon: expected > 0, received {args.qbbs_epsilon}")
     if not args.epsilon > 0:
         raise UsageError(f"--epsilon: expected > 0, received {args.epsilon}")
+    if not 0 < args.identify_far < 0.5:
+        raise UsageError(f"--identify-far: expected a value in (0, 0.5), received {args.identify_far}")
     if mechanism_class(args.mechanism).takes_delta and args.delta is None:
         raise UsageError(f"--delta: expected a value in (0, 1) for --mechanism {args.mechanism}")
     out = Path(args.out) if args.out else Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
@@ -70,7 +88,11 @@ def handle(args: argparse.Namespace) -> int:
         mechanism=args.mechanism,
         epsilon=args.epsilon,
         delta=args.delta,
+        projection=args.projection,
         components=args.components,
+        mirror=args.mirror,
+        preset=args.preset,
+        identify_far=args.identify_far,
         soft=not args.no_soft,
         qbbs_epsilon=args.qbbs_epsilon,
         mqtt=args.mqtt,
