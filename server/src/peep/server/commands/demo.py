@@ -47,8 +47,10 @@ def register(sub: Any) -> None:
     p.add_argument("--preset", default=d.preset, choices=list(PRESETS),
                    help=f"the server's recogniser preset (default {d.preset})")  # fmt: skip
     p.add_argument("--identify-far", type=float, default=d.identify_far,
-                   help=f"share of strangers the camera may name (default {d.identify_far:g}); "
-                   "verification stays at 1 %% FAR")  # fmt: skip
+                   help=f"share of strangers the camera may name (default {d.identify_far:g})")  # fmt: skip
+    p.add_argument("--verify-far", type=float, default=d.verify_far,
+                   help=f"false-accept rate verification is calibrated for on the enrolment photos "
+                   f"(default {d.verify_far:g})")  # fmt: skip
     p.add_argument("--no-soft", action="store_true", help="cameras do not release age/gender")
     p.add_argument("--qbbs-epsilon", type=float, default=1.0, help="ε of each QBBS query answer (default 1)")
     p.add_argument("--mqtt", choices=["auto", "on", "off"], default="auto",
@@ -72,8 +74,10 @@ def handle(args: argparse.Namespace) -> int:
         raise UsageError(f"--qbbs-epsilon: expected > 0, received {args.qbbs_epsilon}")
     if not args.epsilon > 0:
         raise UsageError(f"--epsilon: expected > 0, received {args.epsilon}")
-    if not 0 < args.identify_far < 0.5:
-        raise UsageError(f"--identify-far: expected a value in (0, 0.5), received {args.identify_far}")
+    for name in ("identify_far", "verify_far"):
+        if not 0 < getattr(args, name) < 0.5:
+            option = "--" + name.replace("_", "-")
+            raise UsageError(f"{option}: expected a value in (0, 0.5), received {getattr(args, name)}")
     if mechanism_class(args.mechanism).takes_delta and args.delta is None:
         raise UsageError(f"--delta: expected a value in (0, 1) for --mechanism {args.mechanism}")
     out = Path(args.out) if args.out else Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")
@@ -93,6 +97,7 @@ def handle(args: argparse.Namespace) -> int:
         mirror=args.mirror,
         preset=args.preset,
         identify_far=args.identify_far,
+        verify_far=args.verify_far,
         soft=not args.no_soft,
         qbbs_epsilon=args.qbbs_epsilon,
         mqtt=args.mqtt,
