@@ -179,3 +179,23 @@ def test_yunet_without_its_model_file_is_a_config_error(make_config, tmp_path):
     with pytest.raises(ConfigError) as info:
         Agent(cfg, environ={}).prepare()
     assert "expected a YuNet ONNX file" in dict(info.value.problems)["detector.model_path"]
+
+
+def test_a_mechanism_the_bundle_has_no_output_for_is_refused_at_start(
+    make_config, tmp_path, lfw_background, edge_keys, capsys, h
+):
+    """A privunit device with a bundle whose projector lacks the 'unit' output refuses to start,
+    naming the mechanism, the missing output and the bundle (exit 1), instead of releasing anything."""
+    from peep.core import domains
+    from peep.core.projections import base as projection_base
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(projection_base, "DOMAINS", {k: v for k, v in domains.DOMAINS.items() if k != "unit"})
+    old = h.build_edge_bundle(lfw_background, edge_keys["private"], tmp_path / "old-bundle", n_components=16)
+    mp.undo()
+    path = make_config(
+        bundle={"path": str(old)}, privacy={"mechanism": "privunit", "epsilon": 16.0, "track_budget": 64.0}
+    )
+    assert main(["run", "--config", str(path), "--validate-config"]) == 1
+    err = capsys.readouterr().err
+    assert "refusing to start" in err and "privunit" in err and "'unit'" in err

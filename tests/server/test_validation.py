@@ -26,6 +26,8 @@ KINDS = [
     ("laplace-vector", 1000.0, None),
     ("gaussian-l2", 4.0, 1e-5),
     ("laplace-l1", 64.0, None),
+    ("privunit", 16.0, None),
+    ("privunit-g", 16.0, None),
 ]
 
 
@@ -124,3 +126,40 @@ def test_reason_codes_are_a_bounded_set():
     assert reason_for(WireError("mechanism.delta: expected ...")) == "invalid_mechanism"
     assert reason_for(WireError("soft_traits[3].value: expected ...")) == "invalid_soft_traits"
     assert reason_for(WireError("something odd")) == "invalid"
+
+
+def test_a_mechanism_whose_domain_the_bundle_lacks_is_refused_at_ingest(tmp_path, keypair, lfw_background, bundle):
+    """A unit-sphere template for a bundle whose projector has no 'unit' output (e.g. a bundle built
+    before unit-sphere mechanisms existed) is refused by name, never scored as something else."""
+    from peep.core import domains
+    from peep.core.bundle import EigenfaceBundle, build_bundle_files
+    from peep.core.imaging import DEFAULT_GEOMETRY
+    from peep.core.projections import EigenfaceProjection
+    from peep.core.projections import base as projection_base
+
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(projection_base, "DOMAINS", {k: v for k, v in domains.DOMAINS.items() if k != "unit"})
+    files = build_bundle_files(
+        projection=EigenfaceProjection(n_components=16).fit(lfw_background.X[:300]),
+        geometry=DEFAULT_GEOMETRY,
+        signing_key=keypair[0],
+        normalisation={},
+        mechanism_defaults={},
+    )
+    monkeypatch.undo()
+    old = EigenfaceBundle.from_files(files, keypair[1])
+    store = SqliteStore(tmp_path / "v.db")
+    catalog = BundleCatalog(store, keypair[1])
+    catalog.publish(old.files)
+    validator = TemplateValidator(catalog)
+    with features.enabled("seeded-noise"):
+        # The same kind for a bundle that has the output: its description, the old bundle's id.
+        r = TemplateReleaser(bundle, kind="privunit", epsilon=16.0, random_state=1)
+    values = np.zeros(16, np.float32)
+    values[0] = 1.0
+    msg = wire.make_template(values, device_id="c", site="s", bundle_id=old.bundle_id, mechanism=r.description)
+    with pytest.raises(Rejection) as info:
+        validator.validate(msg)
+    assert info.value.reason == "mechanism_mismatch"
+    assert "privunit" in str(info.value) and "'unit'" in str(info.value) and old.bundle_id in str(info.value)
+    store.close()

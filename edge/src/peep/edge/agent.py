@@ -142,7 +142,11 @@ class Agent:
         except BundleError as exc:
             raise BundleRefused(f"bundle.path {cfg.bundle.path}: refusing to start: {exc}") from None
         p = cfg.privacy
-        releaser = make_releaser(bundle, kind=p.mechanism, epsilon=p.epsilon, delta=p.delta)
+        try:
+            releaser = make_releaser(bundle, kind=p.mechanism, epsilon=p.epsilon, delta=p.delta)
+        except BundleError as exc:
+            # e.g. a unit-sphere mechanism with a bundle whose projector has no 'unit' output
+            raise BundleRefused(f"bundle.path {cfg.bundle.path}: refusing to start: {exc}") from None
         # The configured bundle fixes the largest per-vector ε any later bundle may give.
         self.epsilon_vector_cap = float(releaser.mechanism.guarantee.epsilon_vector)
         self.releaser = releaser
