@@ -307,4 +307,5 @@ def test_mirrored_fit_treats_a_face_and_its_mirror_alike(lfw_background, lfw100)
     plain = FisherfaceProjection(n_components=16).fit(lfw_background.X, lfw_background.labels)
     assert not np.allclose(plain.transform(mirror_faces(X, shape)), plain.transform(X), atol=1e-3)
     with pytest.raises(ValueError, match="mirror_shape"):
-        FisherfaceProjection(n_components=4, mirror_shape=(10, 10)).fit(lfw_background.X[:50], lfw_background.labels[:50])
+        bad = FisherfaceProjection(n_components=4, mirror_shape=(10, 10))
+        bad.fit(lfw_background.X[:50], lfw_background.labels[:50])
