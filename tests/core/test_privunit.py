@@ -223,3 +223,22 @@ def test_privunit_beats_privunitg_in_variance_at_large_epsilon():
         a = PrivUnitMechanism(epsilon=epsilon, n_components=d)
         b = PrivUnitGMechanism(epsilon=epsilon, n_components=d)
         assert a.noise_std < b.noise_std
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_one_release_at_a_time_follows_the_same_law_as_a_batch(kind):
+    """A device releases one template at a time through a shorter path: same coin, same law, unbiased."""
+    d = 16
+    m = make_mechanism(kind, epsilon=8.0, n_components=d)
+    x = _unit(d, 5)
+    n = 5000
+    Z = np.array([m._sample_one(x) for _ in range(n)])
+    t = Z @ x
+    in_cap = t >= m.gamma
+    assert abs(in_cap.mean() - m.p) < 5 * math.sqrt(m.p * (1 - m.p) / n)
+    u_cap, u_off = _cap_uniforms(m, t, in_cap)
+    assert stats.kstest(u_cap, "uniform").pvalue > 1e-4 and stats.kstest(u_off, "uniform").pvalue > 1e-4
+    if kind == "privunit":
+        np.testing.assert_allclose(np.linalg.norm(Z, axis=1), 1.0, atol=1e-12)
+    R = np.array([m.release(x) for _ in range(n)])
+    assert np.linalg.norm(R.mean(axis=0) - x) < 5 * math.sqrt(float(np.sum(m.variance)) / n)

@@ -400,23 +400,54 @@ class _UnitSphereMechanism(TemplateMechanism):
         E = self._sampler.exponential(n * (2 + 2 * h)).reshape(n, 2 + 2 * h)
         in_cap = E[:, 0] > self._coin_threshold
         t, ortho_norm = self._along(in_cap, np.exp(-E[:, 1]))
-        radius = E[:, 2 : 2 + h] * 2.0
-        np.sqrt(radius, out=radius)
-        angle = np.exp(-E[:, 2 + h :])
-        angle *= 2.0 * math.pi
-        G = np.empty((n, 2 * h))
-        np.cos(angle, out=G[:, :h])
-        np.sin(angle, out=G[:, h:])
-        G[:, :h] *= radius
-        G[:, h:] *= radius
-        Z: FloatArray = X * t[:, None] + self._orthogonal(X, G[:, :d], ortho_norm)
+        Z: FloatArray = X * t[:, None] + self._orthogonal(X, self._normals(E[:, 2:], d), ortho_norm)
         return Z, in_cap
 
+    @staticmethod
+    def _normals(E: FloatArray, d: int) -> FloatArray:
+        """``d`` Box–Muller normals per row from ``2·ceil(d/2)`` exponentials per row.
+
+        ``√(2E)·exp(2πi·exp(−E'))`` as complex numbers, whose real and
+        imaginary parts (read interleaved) are independent standard normals.
+        """
+        h = E.shape[1] // 2
+        radius = np.sqrt(2.0 * E[:, :h])
+        angle = np.exp(-E[:, h:])
+        angle *= 2.0 * math.pi
+        z = np.exp(1j * angle)
+        z *= radius
+        out: FloatArray = z.view(np.float64)[:, :d]
+        return out
+
     def _perturb(self, X: FloatArray) -> FloatArray:
-        Z, _ = self.sample_unscaled(np.atleast_2d(X))
+        if X.ndim == 1:
+            Z1 = self._sample_one(X)
+            Z1 *= 1.0 / self.m
+            return self._sampler.perturb_laplace(Z1, self.smoothing_scale)
+        Z, _ = self.sample_unscaled(X)
         Z *= 1.0 / self.m
-        out = self._sampler.perturb_laplace(Z, self.smoothing_scale)
-        return out.reshape(X.shape)
+        return self._sampler.perturb_laplace(Z, self.smoothing_scale)
+
+    def _sample_one(self, x: FloatArray) -> FloatArray:
+        """:meth:`sample_unscaled` for one unit vector of shape (d,): the same draws, fewer array calls."""
+        d = x.shape[0]
+        h = (d + 1) // 2
+        E = self._sampler.exponential(2 + 2 * h)
+        in_cap = bool(E[0] > self._coin_threshold)
+        t, ortho = self._along_one(in_cap, math.exp(-float(E[1])))
+        G: FloatArray = self._normals(E[None, 2:], d)[0]
+        G -= float(G @ x) * x
+        G *= self._orthogonal_scale(G, ortho)
+        G += t * x
+        return G
+
+    def _along_one(self, in_cap: bool, u: float) -> tuple[float, float]:
+        t, ortho = self._along(np.array([in_cap]), np.array([u]))
+        return float(t[0]), float(ortho[0])
+
+    def _orthogonal_scale(self, G: FloatArray, norm: float) -> float:
+        """Factor turning the orthogonal part ``G`` of one draw into the family's (``norm`` = its target length)."""
+        raise NotImplementedError
 
 
 @register_mechanism
@@ -466,8 +497,9 @@ class PrivUnitMechanism(_UnitSphereMechanism):
         return 1.0 / (self.m * self.m)
 
     def _mass_below_threshold(self) -> float:
-        from scipy.special import betainc
+        from scipy.special import betainc, betaincinv
 
+        self._betaincinv = betaincinv
         a = 0.5 * (self.n_components - 1)
         return float(betainc(a, a, 0.5 * (1.0 + self.gamma)))
 
@@ -487,6 +519,14 @@ class PrivUnitMechanism(_UnitSphereMechanism):
         lengths = np.sqrt(np.einsum("ij,ij->i", G, G))
         G *= (norms / np.maximum(lengths, _TINY))[:, None]
         return G
+
+    def _along_one(self, in_cap: bool, u: float) -> tuple[float, float]:
+        a = 0.5 * (self.n_components - 1)
+        v = float(self._betaincinv(a, a, max(u * (self.q if in_cap else self._off_cap_mass), _TINY)))
+        return (1.0 - 2.0 * v if in_cap else 2.0 * v - 1.0), 2.0 * math.sqrt(v * (1.0 - v))
+
+    def _orthogonal_scale(self, G: FloatArray, norm: float) -> float:
+        return norm / max(math.sqrt(float(G @ G)), _TINY)
 
     def plausible_range(self, sigmas: float) -> tuple[FloatArray, FloatArray]:
         # Every release has norm exactly 1/m before the grid noise: no coordinate exceeds it.
@@ -547,3 +587,6 @@ class PrivUnitGMechanism(_UnitSphereMechanism):
     def _orthogonal(self, X: FloatArray, G: FloatArray, norms: FloatArray) -> FloatArray:
         G -= np.einsum("ij,ij->i", G, X)[:, None] * X
         return G
+
+    def _orthogonal_scale(self, G: FloatArray, norm: float) -> float:
+        return 1.0
