@@ -146,3 +146,27 @@ def test_edge_and_server_default_to_the_same_topic_root_and_validate_it_alike():
         for model in (EdgeMqtt, ServerMqtt):
             with pytest.raises(ValidationError, match="expected topic levels such as 'peep/v1'"):
                 model(topic_prefix=bad)
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0:50051", "[::]:50051", "192.168.1.10:50051", "peep.example:50051"])
+def test_insecure_grpc_is_refused_off_loopback_naming_both_keys(listen):
+    data = {"grpc": {"listen": listen}, "bundle": {"public_key": "/k.pub"}, "auth": {"allow_insecure": True}}
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    (problem,) = info.value.errors
+    assert problem.key == "grpc.listen/auth.allow_insecure"
+    assert "loopback" in problem.message and listen in problem.message
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:0", "127.1.2.3:50051", "[::1]:50051", "localhost:50051"])
+def test_insecure_grpc_is_allowed_on_loopback(listen):
+    cfg = parse_config({"grpc": {"listen": listen}, "bundle": {"public_key": "/k.pub"}, "auth": {"allow_insecure": True}})
+    assert cfg.grpc.tls is None
+
+
+def test_validate_config_refuses_insecure_grpc_on_every_interface(tmp_path, capsys, keypair):
+    path = write(tmp_path, MINIMAL.replace("127.0.0.1:0", "0.0.0.0:50051").replace("keys/site.pub", str(keypair[3])))
+    assert main(["serve", "--config", str(path), "--validate-config"]) == 2
+    captured = capsys.readouterr()
+    assert "TLS OFF" not in captured.out and "configuration OK" not in captured.out
+    assert "grpc.listen/auth.allow_insecure: expected a loopback address" in captured.err

@@ -157,6 +157,23 @@ def _check_listen(value: str) -> str:
     return value
 
 
+def is_loopback_listen(listen: str) -> bool:
+    """Whether ``HOST:PORT`` binds a loopback address only (127.0.0.0/8, ``::1``, ``localhost``).
+
+    >>> [is_loopback_listen(v) for v in ("127.0.0.1:0", "[::1]:50051", "localhost:1", "0.0.0.0:1", "[::]:1")]
+    [True, True, True, False, False]
+    """
+    host = listen.rpartition(":")[0].strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False  # any other name may resolve to a routable address
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
 # ------------------------------------------------------------------ sections
 
 
@@ -283,7 +300,11 @@ class AuthConfig(_Model):
     admin_common_names: list[str] = Field(default_factory=list, description="client-certificate CNs with admin rights")
     devices: list[DeviceConfig] = Field(default_factory=list)
     allow_insecure: bool = Field(
-        default=False, description="permit a gRPC listener without TLS (loopback development only)"
+        default=False,
+        description=(
+            "permit a gRPC listener without TLS, for development on one machine: grpc.listen must then be a "
+            "loopback address (127.0.0.0/8, ::1, localhost)"
+        ),
     )
 
     @field_validator("admin_token", mode="before")
@@ -497,6 +518,13 @@ class ServerConfig(_Model):
         if self.grpc.tls is None and not self.auth.allow_insecure:
             raise ValueError(
                 "grpc.tls is missing: set grpc.tls.cert/key, or auth.allow_insecure = true for loopback development"
+            )
+        if self.grpc.tls is None and not is_loopback_listen(self.grpc.listen):
+            # Tokens and templates would cross the network in clear: insecure is for one machine only.
+            raise ValueError(
+                "grpc.listen/auth.allow_insecure: expected a loopback address (127.0.0.0/8, ::1 or localhost) "
+                "for a listener without TLS (auth.allow_insecure = true), or grpc.tls.cert/key, "
+                f"received grpc.listen = {self.grpc.listen!r}"
             )
         return self
 
