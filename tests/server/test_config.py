@@ -160,7 +160,8 @@ def test_insecure_grpc_is_refused_off_loopback_naming_both_keys(listen):
 
 @pytest.mark.parametrize("listen", ["127.0.0.1:0", "127.1.2.3:50051", "[::1]:50051", "localhost:50051"])
 def test_insecure_grpc_is_allowed_on_loopback(listen):
-    cfg = parse_config({"grpc": {"listen": listen}, "bundle": {"public_key": "/k.pub"}, "auth": {"allow_insecure": True}})
+    data = {"grpc": {"listen": listen}, "bundle": {"public_key": "/k.pub"}, "auth": {"allow_insecure": True}}
+    cfg = parse_config(data)
     assert cfg.grpc.tls is None
 
 
