@@ -199,3 +199,49 @@ def test_a_mechanism_the_bundle_has_no_output_for_is_refused_at_start(
     assert main(["run", "--config", str(path), "--validate-config"]) == 1
     err = capsys.readouterr().err
     assert "refusing to start" in err and "privunit" in err and "'unit'" in err
+
+
+def test_a_secret_loses_one_trailing_newline_and_nothing_else(tmp_path):
+    # `echo token > file` and `export TOKEN=$(cat file)`-style stores leave a newline; gRPC would refuse
+    # "Bearer token\n" on every send with INTERNAL "Invalid metadata".
+    (tmp_path / "grpc-token").write_text("tok-123\r\n")
+    env = {"CREDENTIALS_DIRECTORY": str(tmp_path), "TOK": "tok-123\n", "PW": "mot-de-passe-été\n"}
+    assert resolve_secret(credential=None, env="TOK", field="grpc.token", environ=env) == "tok-123"
+    assert resolve_secret(credential="grpc-token", env=None, field="grpc.token", environ=env) == "tok-123"
+    assert resolve_secret(credential=None, env="PW", field="mqtt.password", environ=env) == "mot-de-passe-été"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "fragment"),
+    [
+        ("grpc.token", "Zq7-tok\n\n", "found a line feed at position 8 of 8"),
+        ("grpc.token", "Zq7\x00tok", "found a NUL at position 4 of 7"),
+        ("grpc.token", "Zq7-tök", "found U+00F6 at position 6 of 7"),
+        ("grpc.token", " Zq7-tok", "without leading or trailing spaces"),
+        ("grpc.token", "\n", "expected a non-empty secret"),
+        ("mqtt.password", "Zq7\tpass", "found a tab at position 4 of 8"),
+    ],
+)
+def test_a_secret_an_http2_header_or_the_broker_cannot_take_is_refused_naming_the_key(tmp_path, field, value, fragment):
+    with pytest.raises(ConfigError) as info:
+        resolve_secret(credential=None, env="SECRET", field=field, environ={"SECRET": value})
+    message = dict(info.value.problems)[f"{field}_env"]
+    assert fragment in message and "$SECRET" in message
+    assert "Zq7" not in str(info.value), "the secret itself is never printed"
+    (tmp_path / "secret").write_text(value)
+    with pytest.raises(ConfigError) as info:
+        resolve_secret(credential="secret", env=None, field=field, environ={"CREDENTIALS_DIRECTORY": str(tmp_path)})
+    message = dict(info.value.problems)[f"{field}_credential"]
+    assert fragment in message and str(tmp_path / "secret") in message and "Zq7" not in message
+
+
+def test_validate_config_refuses_a_token_with_a_control_character_naming_the_key(make_config, capsys, monkeypatch):
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    monkeypatch.setenv("PEEP_TEST_GRPC_TOKEN", "tok\n\n")
+    path = make_config(grpc={"enabled": True, "token_env": "PEEP_TEST_GRPC_TOKEN"})
+    assert main(["run", "--config", str(path), "--validate-config"]) == 2
+    assert "grpc.token_env: expected a secret without control characters" in capsys.readouterr().err
+    monkeypatch.setenv("PEEP_TEST_GRPC_TOKEN", "tok\n")
+    agent = Agent(load_config(path))
+    agent.prepare()
+    assert agent.grpc_token == "tok"

@@ -171,3 +171,50 @@ def test_validate_config_refuses_insecure_grpc_on_every_interface(tmp_path, caps
     captured = capsys.readouterr()
     assert "TLS OFF" not in captured.out and "configuration OK" not in captured.out
     assert "grpc.listen/auth.allow_insecure: expected a loopback address" in captured.err
+
+
+def _secrets_config() -> object:
+    return parse_config(
+        {
+            "bundle": {"public_key": "/k.pub"},
+            "auth": {
+                "allow_insecure": True,
+                "admin_token": "env:ADMIN",
+                "devices": [{"id": "cam-1", "token": "credential:cam-token"}],
+            },
+            "mqtt": {"password": "env:MQTT_PW"},
+        }
+    )
+
+
+def test_secrets_lose_one_trailing_newline(tmp_path):
+    """A token that kept echo's newline would hash to something no client can send (the header cannot hold it)."""
+    (tmp_path / "cam-token").write_text("cam-secret\r\n")
+    env = {"CREDENTIALS_DIRECTORY": str(tmp_path), "ADMIN": "adm-secret\n", "MQTT_PW": "mot-de-passe-été\n"}
+    s = resolve_secrets(_secrets_config(), env)
+    assert s.admin_token_sha256 == token_sha256("adm-secret")
+    assert s.device_token_sha256 == {"cam-1": token_sha256("cam-secret")}
+    assert s.mqtt_password is not None and s.mqtt_password.get_secret_value() == "mot-de-passe-été"
+
+
+@pytest.mark.parametrize(
+    ("admin", "cam", "password", "problems"),
+    [
+        ("Zq7-adm\n\n", "ok", "ok", {"auth.admin_token": "found a line feed at position 8 of 8"}),
+        ("Zq7-ädm", "ok", "ok", {"auth.admin_token": "expected a token of printable ASCII characters"}),
+        ("ok", "Zq7\x1bcam", "ok", {"auth.devices[0].token": "found U+001B at position 4 of 7"}),
+        ("ok", "ok", "Zq7\x00pw", {"mqtt.password": "found a NUL at position 4 of 6"}),
+    ],
+)
+def test_a_secret_with_a_character_its_use_cannot_carry_is_refused_naming_the_key(
+    tmp_path, admin, cam, password, problems
+):
+    (tmp_path / "cam-token").write_text(cam)
+    env = {"CREDENTIALS_DIRECTORY": str(tmp_path), "ADMIN": admin, "MQTT_PW": password}
+    with pytest.raises(ConfigError) as info:
+        resolve_secrets(_secrets_config(), env)
+    got = {p.key: p.message for p in info.value.errors}
+    assert set(got) == set(problems)
+    for key, fragment in problems.items():
+        assert fragment in got[key]
+    assert "Zq7" not in str(info.value), "the secret itself is never printed"

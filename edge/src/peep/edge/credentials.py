@@ -5,6 +5,12 @@ Secrets never live in the TOML file: the config names where to find them.
 ``LoadCredential=``), ``*_env`` names an environment variable. A credential
 that is configured but cannot be found is a :class:`ConfigError` naming the
 field.
+
+What is read is checked once, here (:func:`peep.core.configfile.clean_secret`):
+one trailing newline is removed (``echo token > file`` and most secret stores
+add one), and a secret still holding a control character, or a token holding
+anything an HTTP/2 header cannot carry, is a :class:`ConfigError` naming the
+field — rather than a gRPC ``INTERNAL "Invalid metadata"`` on every send.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from peep.core.configfile import clean_secret
 from peep.edge.errors import ConfigError
 
 
@@ -22,6 +29,7 @@ def resolve_secret(
     env: str | None,
     field: str,
     environ: Mapping[str, str] | None = None,
+    header_value: bool | None = None,
 ) -> str | None:
     """The secret, or ``None`` when neither source is configured.
 
@@ -34,14 +42,32 @@ def resolve_secret(
         systemd did not provide one.
     field : str
         Config path prefix for messages (``mqtt.password``).
+    header_value : bool, optional
+        The secret travels in an HTTP/2 header (only printable ASCII); by
+        default true for a ``*.token`` field.
     """
     environ = os.environ if environ is None else environ
+    header = field.endswith(".token") if header_value is None else header_value
+
+    def checked(value: str, key: str, where: str) -> str:
+        try:
+            return clean_secret(value, header_value=header)
+        except ValueError as exc:
+            raise ConfigError(f"{key}: {exc}, in {where}") from None
+
     if credential:
         cred_dir = environ.get("CREDENTIALS_DIRECTORY")
         if cred_dir:
             path = Path(cred_dir) / credential
             if path.is_file():
-                return path.read_text(encoding="utf-8").rstrip("\r\n")
+                try:
+                    text = path.read_text(encoding="utf-8")
+                except (OSError, UnicodeDecodeError) as exc:
+                    raise ConfigError(
+                        f"{field}_credential: expected a readable UTF-8 credential file, received {str(path)!r} "
+                        f"({getattr(exc, 'strerror', None) or type(exc).__name__})"
+                    ) from None
+                return checked(text, f"{field}_credential", f"the credential file {path}")
         if not env or env not in environ:
             raise ConfigError(
                 f"{field}_credential: expected a systemd credential {credential!r} in "
@@ -54,5 +80,5 @@ def resolve_secret(
             raise ConfigError(f"{field}_env: expected the environment variable {env} to hold the secret, it is not set")
         if not value:
             raise ConfigError(f"{field}_env: expected a non-empty secret in ${env}, received an empty string")
-        return value
+        return checked(value, f"{field}_env", f"${env}")
     return None

@@ -15,7 +15,12 @@ Secrets never sit in the file. A secret field holds a *reference*:
 ``"credential:NAME"``
     the file ``$CREDENTIALS_DIRECTORY/NAME`` (systemd ``LoadCredential=``);
 ``"file:/path"``
-    a file (first line, stripped).
+    a file.
+
+A secret read from any of them loses one trailing newline (what ``echo`` and
+most secret stores add) and is refused, naming its key, if it still holds a
+control character, or for a bearer token anything an HTTP/2 header cannot
+carry (:func:`peep.core.configfile.clean_secret`).
 
 Example (``deploy/server/server.toml`` has the full, commented version)::
 
@@ -90,12 +95,19 @@ class SecretRef(BaseModel):
     source: Literal["env", "credential", "file"]
     name: str
 
-    def resolve(self, environ: Mapping[str, str] | None = None) -> SecretStr:
+    def resolve(self, environ: Mapping[str, str] | None = None, *, header_value: bool = False) -> SecretStr:
+        """The secret, checked by :func:`~peep.core.configfile.clean_secret` (``header_value``: a bearer token).
+
+        Raises ValueError saying what is wrong and where it was read (never the secret).
+        """
         env = os.environ if environ is None else environ
         if self.source == "env":
             if self.name not in env:
                 raise ValueError(f"expected the environment variable {self.name} to hold the secret; it is not set")
-            return SecretStr(env[self.name])
+            try:
+                return SecretStr(configfile.clean_secret(env[self.name], header_value=header_value))
+            except ValueError as exc:
+                raise ValueError(f"{exc}, in ${self.name}") from None
         if self.source == "credential":
             cdir = env.get("CREDENTIALS_DIRECTORY")
             if not cdir:
@@ -108,10 +120,13 @@ class SecretRef(BaseModel):
             path = Path(self.name)
         try:
             text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ValueError(f"expected a readable secret file {path} ({exc.strerror})") from None
-        lines = text.splitlines()
-        return SecretStr(lines[0].strip() if lines else "")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or "not UTF-8 text"
+            raise ValueError(f"expected a readable secret file {path} ({reason})") from None
+        try:
+            return SecretStr(configfile.clean_secret(text, header_value=header_value))
+        except ValueError as exc:
+            raise ValueError(f"{exc}, in the file {path}") from None
 
     def __str__(self) -> str:
         return f"{self.source}:{self.name}"
@@ -568,16 +583,17 @@ def resolve_secrets(config: ServerConfig, environ: Mapping[str, str] | None = No
         if ref is None:
             return None
         try:
-            return ref.resolve(environ)
+            # A token is compared with what clients send in the authorization header.
+            return ref.resolve(environ, header_value=token)
         except ValueError as exc:
             errors.append((path, str(exc), str(ref)))
             return None
 
-    admin = get(config.auth.admin_token, "auth.admin_token")
+    admin = get(config.auth.admin_token, "auth.admin_token", token=True)
     admin_hash = token_sha256(admin.get_secret_value()) if admin is not None else config.auth.admin_token_sha256
     devices: dict[str, str] = {}
     for i, d in enumerate(config.auth.devices):
-        tok = get(d.token, f"auth.devices[{i}].token")
+        tok = get(d.token, f"auth.devices[{i}].token", token=True)
         if tok is not None:
             devices[d.id] = token_sha256(tok.get_secret_value())
         elif d.token_sha256 is not None:

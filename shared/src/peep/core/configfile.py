@@ -1,7 +1,7 @@
 """The pydantic-free half of loading a configuration file, shared by ``peep-edge`` and ``peep``.
 
 Each process validates its own typed model (pydantic v2, ``extra="forbid"``;
-core does not import pydantic). Around that model both do the same three
+core does not import pydantic). Around that model both do the same
 things, here:
 
 - :func:`read_toml` reads the file; :class:`ConfigFileError` names the file
@@ -12,6 +12,9 @@ things, here:
 - :func:`problems_from_errors` turns pydantic's error list
   (``ValidationError.errors()``, plain dicts) into :class:`Problem` tuples
   that print as ``key.path: expected ..., received ...``.
+- :func:`clean_secret` checks a secret read from the environment or a file
+  (one trailing newline removed; control characters refused, and for a
+  token anything an HTTP/2 header cannot carry).
 
 Standard library only.
 
@@ -46,6 +49,7 @@ __all__ = [
     "NOT_GIVEN",
     "ConfigFileError",
     "Problem",
+    "clean_secret",
     "context_base_dir",
     "problems_from_errors",
     "read_toml",
@@ -117,6 +121,59 @@ def context_base_dir(context: Mapping[str, Any] | None) -> Path | None:
     """The config file's directory from a validation context (``None`` when validating a mapping)."""
     base = (context or {}).get(BASE_DIR)
     return None if base is None else Path(base)
+
+
+def _char_name(c: str) -> str:
+    names = {"\n": "a line feed", "\r": "a carriage return", "\t": "a tab", "\x00": "a NUL"}
+    return names.get(c, f"U+{ord(c):04X}")
+
+
+def clean_secret(value: str, *, header_value: bool) -> str:
+    """A secret as read from the environment or a file, checked before anything uses it.
+
+    One trailing newline (``\\n`` or ``\\r\\n``: what ``echo``, ``printf '%s\\n'`` and
+    most secret stores add) is removed; anything else that could not have been
+    meant is refused with a :class:`ValueError` that says what and where, never
+    the secret itself.
+
+    Parameters
+    ----------
+    value : str
+        The raw secret.
+    header_value : bool
+        The secret travels in an HTTP/2 header (a gRPC bearer token): only
+        printable ASCII (``0x20``-``0x7E``), no leading or trailing space.
+        Otherwise (a password) only control characters are refused.
+
+    Examples
+    --------
+    >>> clean_secret("s3cret\\n", header_value=True)
+    's3cret'
+    >>> clean_secret("s3cret\\n\\n", header_value=True)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: expected a secret without control characters, found a line feed at position 7 of 7 (after ...
+    >>> clean_secret("mot-de-passe-été", header_value=False)
+    'mot-de-passe-été'
+    """
+    text = value[:-2] if value.endswith("\r\n") else value[:-1] if value.endswith("\n") else value
+    if not text:
+        raise ValueError("expected a non-empty secret, received an empty one")
+    n = len(text)
+    for i, c in enumerate(text, start=1):
+        if ord(c) < 0x20 or ord(c) == 0x7F:
+            raise ValueError(
+                f"expected a secret without control characters, found {_char_name(c)} at position {i} of {n} "
+                "(after removing one trailing newline)"
+            )
+        if header_value and ord(c) > 0x7E:
+            raise ValueError(
+                f"expected a token of printable ASCII characters (it travels in an HTTP/2 header), found "
+                f"{_char_name(c)} at position {i} of {n}"
+            )
+    if header_value and text != text.strip(" "):
+        raise ValueError("expected a token without leading or trailing spaces (HTTP/2 header values cannot keep them)")
+    return text
 
 
 class Problem(NamedTuple):
