@@ -165,3 +165,129 @@ def test_check_subject_id_names_the_field_the_expectation_and_the_value(bad, fie
     with pytest.raises(WireError, match=rf"^{field}: expected 1-128 characters without control characters") as info:
         wire.check_subject_id(bad, field)
     assert f"received {(bad[:64] if isinstance(bad, str) else bad)!r}" in str(info.value)
+
+
+# --------------------------------------------------------------------------- capture_time (issue 12, item 6)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "match"),
+    [
+        (lambda m: m.ClearField("capture_time"), r"^capture_time: expected the capture time, received none"),
+        (lambda m: setattr(m.capture_time, "seconds", 2**62), r"^capture_time: expected a timestamp within"),
+        (lambda m: setattr(m.capture_time, "seconds", -(2**62)), r"^capture_time: expected a timestamp within"),
+        (lambda m: setattr(m.capture_time, "seconds", 253_402_300_800), r"^capture_time: expected a timestamp within"),
+        (lambda m: setattr(m.capture_time, "nanos", -1), r"^capture_time.nanos: expected 0-999999999, received -1"),
+        (lambda m: setattr(m.capture_time, "nanos", 10**9), r"^capture_time.nanos: expected 0-999999999"),
+    ],
+)
+def test_capture_time_must_be_a_valid_timestamp(mutate, match):
+    msg = _template()
+    mutate(msg)
+    with pytest.raises(WireError, match=match):
+        wire.validate_template(msg)
+
+
+def test_the_extremes_of_the_timestamp_range_are_left_to_the_receivers_clock():
+    # Year 1 and year 9999 are valid timestamps: the window around the server's clock refuses them.
+    for seconds in (-62_135_596_800, 253_402_300_799):
+        msg = _template()
+        msg.capture_time.seconds, msg.capture_time.nanos = seconds, 999_999_999
+        wire.validate_template(msg)
+
+
+# --------------------------------------------------------------------------- bounds (issue 12, item 7)
+
+AGE = {"trait": "age", "value": 31.5, "epsilon": 1.0, "mechanism": "bounded-laplace"}
+GENDER = {"trait": "gender", "value": 1.0, "epsilon": 1.0, "mechanism": "randomized-response"}
+
+
+def test_genuine_soft_trait_releases_pass():
+    _template(soft_traits=[AGE, GENDER])
+    _template(soft_traits=[{**AGE, "value": -5000.0}, {**GENDER, "value": 0.0, "epsilon": 100.0}])
+    for trait in ("height", "weight"):
+        _template(soft_traits=[{"trait": trait, "value": 170.0, "epsilon": 0.5, "mechanism": "bounded-laplace"}])
+
+
+@pytest.mark.parametrize(
+    ("trait", "match"),
+    [
+        ({**AGE, "value": 1e300}, r"^soft_traits\[0\]\.value: expected age within \[-6000, 6150\] "),
+        ({**AGE, "value": -1e300}, r"^soft_traits\[0\]\.value: expected age within"),
+        ({**AGE, "value": 1e6, "epsilon": 2.0}, r"^soft_traits\[0\]\.value: expected age within \[-3000, 3150\]"),
+        ({"trait": "height", "value": 1e9, "epsilon": 1.0, "mechanism": "bounded-laplace"}, r"expected height within"),
+        ({"trait": "weight", "value": -1e9, "epsilon": 1.0, "mechanism": "bounded-laplace"}, r"expected weight within"),
+        ({**GENDER, "value": 0.5}, r"^soft_traits\[0\]\.value: expected 0 or 1 \(randomized response\), received 0.5"),
+        ({**GENDER, "value": 2.0}, r"expected 0 or 1"),
+        ({**AGE, "epsilon": 1e-300}, r"^soft_traits\[0\]\.epsilon: expected 0.001 <= epsilon <= 100, received 1e-300"),
+        ({**AGE, "epsilon": 0.0}, r"^soft_traits\[0\]\.epsilon: expected"),
+        ({**AGE, "epsilon": 101.0}, r"^soft_traits\[0\]\.epsilon: expected"),
+        ({**AGE, "epsilon": float("nan")}, r"^soft_traits\[0\]\.epsilon: expected"),
+        ({**AGE, "value": float("inf")}, r"^soft_traits\[0\]\.value: expected a finite number"),
+        ({**AGE, "mechanism": "x" * 5000}, r"^soft_traits\[0\]\.mechanism: expected 'bounded-laplace' for age, "),
+        ({**AGE, "mechanism": ""}, r"^soft_traits\[0\]\.mechanism: expected 'bounded-laplace' for age"),
+        ({**AGE, "mechanism": "randomized-response"}, r"expected 'bounded-laplace' for age"),
+        ({**GENDER, "mechanism": "bounded-laplace"}, r"expected 'randomized-response' for gender"),
+    ],
+)
+def test_soft_traits_are_bounded_and_named(trait, match):
+    msg = _template()
+    msg.soft_traits.add(
+        kind=wire.SOFT_TRAITS[trait["trait"]],
+        value=trait["value"],
+        epsilon=trait["epsilon"],
+        mechanism=trait["mechanism"],
+    )
+    with pytest.raises(WireError, match=match) as info:
+        wire.validate_template(msg)
+    assert len(str(info.value)) < 300  # never echoes an unbounded string
+
+
+def test_each_soft_trait_at_most_once():
+    with pytest.raises(WireError, match=r"^soft_traits\[1\]\.kind: expected each trait at most once, received 'age'"):
+        _template(soft_traits=[AGE, AGE])
+
+
+@pytest.mark.parametrize(
+    ("kind", "epsilon", "match"),
+    [
+        ("peep", 1e-300, r"^mechanism.epsilon: expected 0.001 <= epsilon <= 1e\+06 for peep, received 1e-300"),
+        ("peep", 2e6, r"^mechanism.epsilon: expected 0.001 <= epsilon <= 1e\+06 for peep"),
+        ("privunit", 600.0, r"^mechanism.epsilon: expected 0.001 <= epsilon <= 500 for privunit, received 600"),
+    ],
+)
+def test_template_epsilon_within_the_registry_limits(kind, epsilon, match):
+    msg = _template()
+    msg.mechanism.kind = wire.MECHANISM_KINDS[kind]
+    msg.mechanism.epsilon = epsilon
+    with pytest.raises(WireError, match=match):
+        wire.validate_template(msg)
+
+
+# --------------------------------------------------------------------------- subject ids (issue 12, item 11)
+
+BIDI_AND_CONTROLS = [
+    "\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068", "\u2069", "\u200e", "\u200f",
+    "\u200b", "\u200d", "\ufeff", "\u00ad", "\u061c", "\x7f", "\x85", "\u2028", "\u2029", "\x00", "\n",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("char", BIDI_AND_CONTROLS)
+def test_check_subject_id_refuses_control_format_and_bidi_characters(char):
+    with pytest.raises(WireError, match=rf"^subject: expected .* received .*U\+{ord(char):04X}"):
+        wire.check_subject_id(f"alice{char}evil")
+
+
+def test_subject_ids_are_nfc_normalised_at_entry_and_refused_otherwise_on_the_wire():
+    nfd = "Zoe\u0308"  # "Zoë" decomposed
+    assert wire.check_subject_id(nfd) == "Zo\u00eb"
+    msg = _template(purpose="enroll", subject=nfd)
+    assert msg.subject == "Zo\u00eb"  # make_template normalises
+    msg.subject = nfd  # a foreign sender that did not
+    with pytest.raises(WireError, match=r"^subject: expected NFC-normalised text"):
+        wire.validate_template(msg)
+
+
+def test_sql_looking_subjects_are_just_text():
+    # Parameters are always bound; such an id is an ordinary label, not a query.
+    assert wire.check_subject_id("' OR 1=1 --") == "' OR 1=1 --"

@@ -111,9 +111,13 @@ def test_non_finite_and_malformed(validator, bundle):
     assert e.value.reason == "too_large"
 
 
-def test_invalid_epsilon_is_a_mismatch_not_a_crash(validator, bundle):
+def test_an_epsilon_out_of_bounds_is_refused_by_name_not_a_crash(validator, bundle):
     msg = _msg(bundle)
     msg.mechanism.epsilon = 1e-300
+    with pytest.raises(Rejection, match=r"^mechanism.epsilon: expected 0.001 <= epsilon <= 1e\+06 for peep") as e:
+        validator.validate(msg)
+    assert e.value.reason == "invalid_mechanism"
+    msg.mechanism.epsilon = wire.MIN_EPSILON  # in bounds, but not the noise the template states
     with pytest.raises(Rejection) as e:
         validator.validate(msg)
     assert e.value.reason == "mechanism_mismatch"
@@ -163,3 +167,78 @@ def test_a_mechanism_whose_domain_the_bundle_lacks_is_refused_at_ingest(tmp_path
     assert info.value.reason == "mechanism_mismatch"
     assert "privunit" in str(info.value) and "'unit'" in str(info.value) and old.bundle_id in str(info.value)
     store.close()
+
+
+# --------------------------------------------------------------------------- capture time (issue 12, item 6)
+
+NOW = 1_800_000_000.0
+
+
+@pytest.fixture
+def clocked(tmp_path, bundle, keypair):
+    store = SqliteStore(tmp_path / "c.db")
+    catalog = BundleCatalog(store, keypair[1])
+    catalog.publish(bundle.files)
+    yield TemplateValidator(catalog, clock=lambda: NOW, max_clock_skew_s=300.0, max_age_s=30 * 86400.0)
+    store.close()
+
+
+@pytest.mark.parametrize("offset", [0.0, 299.0, -30 * 86400.0 + 1, -3600.0])
+def test_capture_times_inside_the_window_pass(clocked, bundle, offset):
+    clocked.validate(_msg(bundle, capture_time=NOW + offset))
+
+
+@pytest.mark.parametrize(
+    ("set_time", "reason", "match"),
+    [
+        (lambda t: setattr(t, "seconds", int(NOW) + 301), "capture_time_future",
+         r"^capture_time: expected at most 300 s ahead of the server clock \(ingest.max_clock_skew_s\), received "
+         r"2027-01-15T08:05:01Z \(301 s ahead\)"),
+        (lambda t: setattr(t, "seconds", 253_402_300_799), "capture_time_future", r"received 9999-12-31T23:59:59Z"),
+        (lambda t: setattr(t, "seconds", int(NOW) - 30 * 86400 - 1), "capture_time_too_old",
+         r"^capture_time: expected at most 2592000 s before the server clock \(ingest.max_age_s\), received "
+         r"2026-12-16T07:59:59Z"),
+        (lambda t: setattr(t, "seconds", -62_135_596_800), "capture_time_too_old", r"received 0001-01-01T00:00:00Z"),
+        (lambda t: t.Clear(), "capture_time_too_old", r"received 1970-01-01T00:00:00Z"),
+        (lambda t: setattr(t, "seconds", 2**62), "invalid_capture_time", r"^capture_time: expected a timestamp within"),
+        (lambda t: setattr(t, "seconds", -(2**62)), "invalid_capture_time", r"^capture_time: expected a timestamp"),
+        (lambda t: setattr(t, "nanos", -5), "invalid_capture_time", r"^capture_time.nanos: expected 0-999999999"),
+    ],
+)  # fmt: skip
+def test_capture_times_outside_the_window_are_refused_with_the_reason(clocked, bundle, set_time, reason, match):
+    msg = _msg(bundle, capture_time=NOW)
+    set_time(msg.capture_time)
+    with pytest.raises(Rejection, match=match) as e:
+        clocked.validate(msg)
+    assert e.value.reason == reason
+
+
+def test_an_unset_capture_time_is_refused(clocked, bundle):
+    msg = _msg(bundle, capture_time=NOW)
+    msg.ClearField("capture_time")
+    with pytest.raises(Rejection, match=r"^capture_time: expected the capture time, received none") as e:
+        clocked.validate(msg)
+    assert e.value.reason == "invalid_capture_time"
+
+
+def test_the_default_window_lets_a_spool_deliver_after_a_long_outage(validator, bundle):
+    import time
+
+    validator.validate(_msg(bundle, capture_time=time.time() - 29 * 86400))  # four weeks in the spool
+    validator.validate(_msg(bundle, capture_time=time.time() + 60))  # a device clock a minute fast
+
+
+# --------------------------------------------------------------------------- soft traits (issue 12, item 7)
+
+
+def test_unbounded_soft_traits_are_refused_at_ingest(validator, bundle):
+    msg = _msg(bundle)
+    msg.soft_traits.add(kind=wire.SOFT_TRAITS["age"], value=1e300, epsilon=1.0, mechanism="bounded-laplace")
+    with pytest.raises(Rejection, match=r"^soft_traits\[0\]\.value: expected age within") as e:
+        validator.validate(msg)
+    assert e.value.reason == "invalid_soft_traits"
+    msg = _msg(bundle)
+    msg.soft_traits.add(kind=wire.SOFT_TRAITS["age"], value=30.0, epsilon=1e-300, mechanism="m" * 5000)
+    with pytest.raises(Rejection, match=r"^soft_traits\[0\]\.mechanism: .* \(5000 characters\)$") as e:
+        validator.validate(msg)
+    assert e.value.reason == "invalid_soft_traits" and len(str(e.value)) < 200

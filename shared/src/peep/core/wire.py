@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 import time
+import unicodedata
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -36,6 +37,41 @@ MAX_COMPONENTS = 2_048
 # ID_PATTERN (re-exported above) lives with the topic grammar: identifiers become
 # MQTT topic levels and database keys, so they can never hold '/', '+' or '#'.
 SUBJECT_PATTERN = re.compile(r"^[^\x00-\x1f/+#]{1,128}$")
+#: Unicode categories refused anywhere in a subject id: controls (Cc), format characters (Cf: the bidi
+#: embeddings, overrides and isolates U+202A-U+202E and U+2066-U+2069, the marks U+200E/U+200F and U+061C,
+#: zero-width characters, soft hyphen, BOM), surrogates (Cs) and line/paragraph separators (Zl, Zp).
+SUBJECT_REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+# ---- bounds of the numbers a template carries (README "Wire and API reference", "Bounds")
+
+#: Smallest ε a template may state (its mechanism's and each soft trait's): below it a release is noise
+#: (and ε = 1e-300 would overflow every scale computed from it).
+MIN_EPSILON = 1e-3
+#: Largest template-mechanism ε for kinds whose class sets no smaller ``max_epsilon`` (the edge's
+#: ``privacy.epsilon`` bound).
+MAX_EPSILON = 1e6
+#: Largest soft-trait ε (the edge's ``soft.age_epsilon`` / ``soft.gender_epsilon`` bound).
+MAX_SOFT_EPSILON = 100.0
+#: The one mechanism each soft trait is released with (``SoftTraitRelease.mechanism``).
+SOFT_TRAIT_MECHANISMS: Mapping[str, str] = {
+    "age": "bounded-laplace",
+    "gender": "randomized-response",
+    "height": "bounded-laplace",
+    "weight": "bounded-laplace",
+}
+#: Public domain [lower, upper] of each bounded-Laplace trait (years, cm, kg): generous on purpose (the edge clips
+#: age to [0, age_max] with age_max <= 150). Its width is the largest sensitivity a release can have.
+SOFT_TRAIT_RANGES: Mapping[str, tuple[float, float]] = {
+    "age": (0.0, 150.0),
+    "height": (0.0, 300.0),
+    "weight": (0.0, 700.0),
+}
+#: A bounded-Laplace value may leave its domain by this many noise scales (width/ε): a genuine release does so
+#: with probability below e^-40/2 ≈ 2e-18.
+SOFT_TRAIT_NOISE_SCALES = 40.0
+#: Protobuf ``Timestamp``'s valid range, 0001-01-01T00:00:00Z .. 9999-12-31T23:59:59Z, in seconds.
+TIMESTAMP_MIN_SECONDS = -62_135_596_800
+TIMESTAMP_MAX_SECONDS = 253_402_300_799
 
 
 def _wire_kinds() -> dict[str, int]:
@@ -186,7 +222,7 @@ def make_template(
         bundle_id=bundle_id,
         mechanism=mechanism.to_proto(),
         purpose=PURPOSES[purpose],  # type: ignore[arg-type]
-        subject=subject,
+        subject=check_subject_id(subject, "subject") if subject else "",
         track_id=track_id,
     )
     msg.capture_time.FromNanoseconds(int((time.time() if capture_time is None else capture_time) * 1e9))
@@ -250,36 +286,80 @@ def decode_template(data: bytes, *, validate: bool = True) -> template_pb2.Pertu
 
 
 def check_subject_id(value: Any, field: str = "subject") -> str:
-    """Return ``value`` if it is a usable subject id, else raise :class:`WireError` naming ``field``.
+    """Return ``value`` in NFC if it is a usable subject id, else raise :class:`WireError` naming ``field``.
 
     The one rule for subject ids (enrolment labels, verification claims, erasure
-    requests): 1-128 characters, no control characters and none of ``/``, ``+``,
-    ``#`` (subjects appear in MQTT payloads, logs and database keys). Callers map
-    the error to their own (gRPC ``INVALID_ARGUMENT``, CLI exit code 2, ...).
+    requests): 1-128 characters, none of ``/``, ``+``, ``#`` (subjects appear in
+    MQTT payloads, logs and database keys) and no control, format or bidi
+    character (Unicode categories Cc, Cf, Cs, Zl, Zp: the embeddings,
+    overrides and isolates U+202A-U+202E and U+2066-U+2069, the marks
+    U+200E/U+200F, zero-width characters, ...), which could make a label
+    display as another one. Such ids are **refused**, never stripped: removing
+    characters would silently merge two distinct labels. Callers map the error
+    to their own (gRPC ``INVALID_ARGUMENT``, CLI exit code 2, ...).
+
+    The id is **normalised to NFC** (canonical composition: "Zoë" typed as ``o``
+    + U+0308 and as U+00EB is one subject); callers use the returned value.
+    Compatibility forms (NFKC) are not folded, since that changes text. On the wire
+    :func:`validate_template` refuses a subject that is not already NFC
+    (:func:`make_template` builds it so): a receiver cannot rewrite a message it
+    acknowledges.
 
     Examples
     --------
     >>> check_subject_id("alice")
     'alice'
+    >>> check_subject_id("Zoe\u0308") == "Zo\u00eb"
+    True
     >>> check_subject_id("a/b", "--subject")
     Traceback (most recent call last):
     ...
     peep.core.exceptions.WireError: --subject: expected 1-128 characters ..., received 'a/b'
+    >>> check_subject_id("bob\u202eevil")
+    Traceback (most recent call last):
+    ...
+    peep.core.exceptions.WireError: subject: expected 1-128 characters ..., received 'bob\u202eevil' (U+202E at index 3)
     """
-    if not isinstance(value, str) or not SUBJECT_PATTERN.match(value):
-        shown = value[:64] if isinstance(value, str) else value
-        raise WireError(
-            f"{field}: expected 1-128 characters without control characters, '/', '+' or '#', received {shown!r}"
-        )
-    return value
+    expected = (
+        f"{field}: expected 1-128 characters without control characters (Unicode Cc, Cf including bidi controls, "
+        "Cs, Zl, Zp), '/', '+' or '#'"
+    )
+    if not isinstance(value, str):
+        raise WireError(f"{expected}, received {value!r}"[:300])
+    text = unicodedata.normalize("NFC", value) if len(value) <= 4 * 128 else value
+    for i, ch in enumerate(text[:129]):
+        if unicodedata.category(ch) in SUBJECT_REFUSED_CATEGORIES:
+            raise WireError(f"{expected}, received {text[:64]!r} (U+{ord(ch):04X} at index {i})")
+    if not SUBJECT_PATTERN.match(text):
+        raise WireError(f"{expected}, received {value[:64]!r}")
+    return text
 
 
 def validate_template(msg: template_pb2.PerturbedTemplate, *, n_components: int | None = None) -> None:
     """Check the rules every receiver relies on; raise :class:`WireError` naming the field.
 
+    Every string and number is bounded here (messages never echo more than 64
+    characters of a received string):
+
+    * ids: :data:`ID_PATTERN` (1-128 characters); ``subject``:
+      :func:`check_subject_id`, already NFC;
+    * ``capture_time``: present, a valid protobuf ``Timestamp`` (seconds within
+      0001-01-01..9999-12-31, ``nanos`` in [0, 1e9)); the window around the
+      receiver's clock is the receiver's check;
+    * ``mechanism.epsilon`` in [:data:`MIN_EPSILON`, the kind's ``max_epsilon``
+      or :data:`MAX_EPSILON`]; the other mechanism numbers finite and positive
+      (the receiver pins them to what the bundle implies);
+    * ``values``: 1-:data:`MAX_COMPONENTS` finite numbers;
+    * ``soft_traits``: each kind at most once, its mechanism the one named in
+      :data:`SOFT_TRAIT_MECHANISMS`, ε in [:data:`MIN_EPSILON`,
+      :data:`MAX_SOFT_EPSILON`], and the value 0 or 1 (randomized response) or
+      within the trait's public range (:data:`SOFT_TRAIT_RANGES`) widened by
+      :data:`SOFT_TRAIT_NOISE_SCALES` Laplace scales ``width/ε``.
+
     Context-dependent checks (known bundle, mechanism consistent with the
-    bundle, values inside the mechanism's possible range, device identity)
-    belong to the receiver, which knows the bundle and the caller.
+    bundle, values inside the mechanism's possible range, capture time near
+    the receiver's clock, device identity and rights) belong to the receiver,
+    which knows the bundle, the clock and the caller.
     """
     if not ID_PATTERN.match(msg.message_id):
         raise WireError(f"message_id: expected 1-128 characters [A-Za-z0-9_.:@-], received {msg.message_id[:64]!r}")
@@ -294,13 +374,21 @@ def validate_template(msg: template_pb2.PerturbedTemplate, *, n_components: int 
     purpose = purpose_name(msg.purpose)
     if purpose in ("enroll", "verify") and not msg.subject:
         raise WireError(f"subject: expected a subject id for purpose {purpose!r}, received none")
-    if msg.subject:
-        check_subject_id(msg.subject, "subject")
+    if msg.subject and check_subject_id(msg.subject, "subject") != msg.subject:
+        raise WireError(
+            f"subject: expected NFC-normalised text (the form check_subject_id returns), received {msg.subject[:64]!r}"
+        )
+    check_capture_time(msg)
     if not msg.HasField("mechanism"):
         raise WireError("mechanism: expected the mechanism description, received none")
     info = msg.mechanism
     kind = mechanism_kind_name(info.kind)
-    for name in ("epsilon", "epsilon_coordinate", "epsilon_vector"):
+    top = min(mechanism_class(kind).max_epsilon, MAX_EPSILON)
+    if not (MIN_EPSILON <= info.epsilon <= top):  # False for NaN too
+        raise WireError(
+            f"mechanism.epsilon: expected {MIN_EPSILON:g} <= epsilon <= {top:g} for {kind}, received {info.epsilon:g}"
+        )
+    for name in ("epsilon_coordinate", "epsilon_vector"):
         v = getattr(info, name)
         if not (math.isfinite(v) and v > 0):
             raise WireError(f"mechanism.{name}: expected a finite number > 0, received {v}")
@@ -319,9 +407,85 @@ def validate_template(msg: template_pb2.PerturbedTemplate, *, n_components: int 
     if not np.all(np.isfinite(vals)):
         idx = int(np.argmax(~np.isfinite(vals)))
         raise WireError(f"values: expected finite numbers, received {vals[idx]} at index {idx}")
-    for i, t in enumerate(msg.soft_traits):
-        trait_name(t.kind)
+    check_soft_traits(msg.soft_traits)
+
+
+def check_capture_time(msg: template_pb2.PerturbedTemplate) -> float:
+    """The template's capture time (Unix seconds) if it is a valid ``Timestamp``, else :class:`WireError`.
+
+    Examples
+    --------
+    >>> msg = PerturbedTemplate()
+    >>> msg.capture_time.seconds = 2**62
+    >>> check_capture_time(msg)
+    Traceback (most recent call last):
+    ...
+    peep.core.exceptions.WireError: capture_time: expected a timestamp within 0001-01-01..9999-12-31 ...
+    """
+    if not msg.HasField("capture_time"):
+        raise WireError("capture_time: expected the capture time, received none")
+    ts = msg.capture_time
+    if not (TIMESTAMP_MIN_SECONDS <= ts.seconds <= TIMESTAMP_MAX_SECONDS):
+        raise WireError(
+            "capture_time: expected a timestamp within 0001-01-01..9999-12-31 (seconds "
+            f"{TIMESTAMP_MIN_SECONDS}..{TIMESTAMP_MAX_SECONDS}), received seconds={ts.seconds}"
+        )
+    if not (0 <= ts.nanos < 1_000_000_000):
+        raise WireError(f"capture_time.nanos: expected 0-999999999, received {ts.nanos}")
+    return ts.seconds + ts.nanos * 1e-9
+
+
+def soft_trait_value_range(trait: str, epsilon: float) -> tuple[float, float]:
+    """Where a genuine bounded-Laplace release of ``trait`` at ``epsilon`` lies (see :data:`SOFT_TRAIT_RANGES`).
+
+    Examples
+    --------
+    >>> soft_trait_value_range("age", 1.0)
+    (-6000.0, 6150.0)
+    """
+    lo, hi = SOFT_TRAIT_RANGES[trait]
+    margin = SOFT_TRAIT_NOISE_SCALES * (hi - lo) / epsilon
+    return lo - margin, hi + margin
+
+
+def check_soft_traits(traits: Iterable[template_pb2.SoftTraitRelease]) -> None:
+    """Check a template's soft-trait releases (see :func:`validate_template`); :class:`WireError` names the field.
+
+    Receivers that read soft traits (the server's store, the QBBS module) can rely on every value being
+    finite and plausible for its kind, mechanism and ε.
+    """
+    seen: set[str] = set()
+    for i, t in enumerate(traits):
+        try:
+            name = trait_name(t.kind)
+        except WireError:
+            raise WireError(
+                f"soft_traits[{i}].kind: expected one of {sorted(SOFT_TRAITS)}, received enum value {t.kind}"
+            ) from None
+        if name in seen:
+            raise WireError(f"soft_traits[{i}].kind: expected each trait at most once, received {name!r} again")
+        seen.add(name)
+        mechanism = SOFT_TRAIT_MECHANISMS[name]
+        if t.mechanism != mechanism:
+            more = f" ({len(t.mechanism)} characters)" if len(t.mechanism) > 32 else ""
+            raise WireError(
+                f"soft_traits[{i}].mechanism: expected {mechanism!r} for {name}, received {t.mechanism[:32]!r}{more}"
+            )
+        if not (MIN_EPSILON <= t.epsilon <= MAX_SOFT_EPSILON):  # False for NaN too
+            raise WireError(
+                f"soft_traits[{i}].epsilon: expected {MIN_EPSILON:g} <= epsilon <= {MAX_SOFT_EPSILON:g}, "
+                f"received {t.epsilon:g}"
+            )
         if not math.isfinite(t.value):
             raise WireError(f"soft_traits[{i}].value: expected a finite number, received {t.value}")
-        if not (math.isfinite(t.epsilon) and t.epsilon > 0):
-            raise WireError(f"soft_traits[{i}].epsilon: expected a finite number > 0, received {t.epsilon}")
+        if mechanism == "randomized-response":
+            if t.value not in (0.0, 1.0):
+                raise WireError(f"soft_traits[{i}].value: expected 0 or 1 (randomized response), received {t.value:g}")
+            continue
+        lo, hi = soft_trait_value_range(name, t.epsilon)
+        if not (lo <= t.value <= hi):
+            raise WireError(
+                f"soft_traits[{i}].value: expected {name} within [{lo:g}, {hi:g}] (its public range "
+                f"{list(SOFT_TRAIT_RANGES[name])} ± {SOFT_TRAIT_NOISE_SCALES:g} Laplace scales at epsilon="
+                f"{t.epsilon:g}), received {t.value:g}"
+            )

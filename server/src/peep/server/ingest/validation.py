@@ -27,9 +27,22 @@ plausible values
     by that many noise standard deviations. A genuine release falls outside with probability below
     ``exp(-40·√2) ≈ 3e-25`` per coordinate (Laplace; smaller for Gaussian
     noise), so only forged or corrupted vectors are refused.
+capture time near the server's clock
+    ``capture_time`` (a valid timestamp, checked by the core) lies at most
+    ``max_clock_skew_s`` (default 300 s: devices run NTP; this absorbs a
+    real-time clock that drifted before it synchronised) ahead of the server's
+    clock and at most ``max_age_s`` (default 30 days) behind it
+    (``[ingest]`` in ``server.toml``). The edge's store-and-forward spool keeps
+    templates until they are acknowledged, without an age limit (enrolment
+    templates are never dropped), so the window is what bounds how long an
+    outage may last before its backlog is refused (``capture_time_too_old``,
+    dead-lettered on the device like every refusal); widen ``max_age_s`` for
+    sites that may stay offline longer. Refused: year 9999, year 1, an unset
+    time (1970) and anything outside the ``Timestamp`` range.
 size limits
     At most :data:`peep.core.wire.MAX_TEMPLATE_BYTES` bytes, at most
-    :data:`MAX_SOFT_TRAITS` soft traits.
+    :data:`MAX_SOFT_TRAITS` soft traits; every string and number bounded by
+    :func:`peep.core.wire.validate_template` (its docstring lists the bounds).
 
 Every refusal is a :class:`Rejection` (a :class:`~peep.core.exceptions.WireError`)
 with a short ``reason`` code for metrics/dead letters and a message naming the
@@ -40,8 +53,11 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 import numpy as np
 from numpy.typing import NDArray
@@ -54,6 +70,9 @@ from peep.v1 import template_pb2
 
 MAX_SOFT_TRAITS = 16
 _REL_TOL = 1e-3
+#: Default window around the server's clock a ``capture_time`` must fall in (``[ingest]`` in server.toml).
+DEFAULT_MAX_CLOCK_SKEW_S = 300.0
+DEFAULT_MAX_AGE_S = 30 * 86400.0
 
 
 class Rejection(WireError):
@@ -116,11 +135,26 @@ class TemplateValidator:
     bundles : BundleCatalog
     plausibility_sigmas : float
         Allowed excursion beyond the mechanism's domain, in noise standard deviations.
+    max_clock_skew_s, max_age_s : float
+        ``capture_time`` may be at most this far ahead of / behind ``clock()``.
+    clock : callable
+        Unix time (injected for tests).
     """
 
-    def __init__(self, bundles: BundleCatalog, *, plausibility_sigmas: float = 40.0) -> None:
+    def __init__(
+        self,
+        bundles: BundleCatalog,
+        *,
+        plausibility_sigmas: float = 40.0,
+        max_clock_skew_s: float = DEFAULT_MAX_CLOCK_SKEW_S,
+        max_age_s: float = DEFAULT_MAX_AGE_S,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.bundles = bundles
         self.plausibility_sigmas = float(plausibility_sigmas)
+        self.max_clock_skew_s = float(max_clock_skew_s)
+        self.max_age_s = float(max_age_s)
+        self.clock = clock
         self._domains: OrderedDict[tuple[str, str, float, float], _Domain | str] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -146,6 +180,7 @@ class TemplateValidator:
             wire.validate_template(msg)
         except WireError as exc:
             raise Rejection(reason_for(exc), str(exc)) from None
+        self._check_capture_time(msg)
         bundle = self.bundles.get(msg.bundle_id)
         if bundle is None:
             raise Rejection(
@@ -185,6 +220,24 @@ class TemplateValidator:
             message=msg, values=values, bundle=bundle, kind=kind, purpose=wire.purpose_name(msg.purpose)
         )
 
+    def _check_capture_time(self, msg: template_pb2.PerturbedTemplate) -> None:
+        # seconds alone decide (nanos < 1 s cannot move a whole-second window meaningfully), in integers:
+        # a float of year-9999 seconds would be exact too, but integers cannot overflow a datetime.
+        seconds = msg.capture_time.seconds
+        now = self.clock()
+        if seconds > now + self.max_clock_skew_s:
+            raise Rejection(
+                "capture_time_future",
+                f"capture_time: expected at most {self.max_clock_skew_s:.0f} s ahead of the server clock "
+                f"(ingest.max_clock_skew_s), received {_iso(seconds)} ({seconds - now:.0f} s ahead)",
+            )
+        if seconds < now - self.max_age_s:
+            raise Rejection(
+                "capture_time_too_old",
+                f"capture_time: expected at most {self.max_age_s:.0f} s before the server clock (ingest.max_age_s), "
+                f"received {_iso(seconds)} ({now - seconds:.0f} s before)",
+            )
+
     def _domain(self, bundle: EigenfaceBundle, kind: str, m: template_pb2.MechanismInfo) -> _Domain:
         key = (bundle.bundle_id, kind, float(m.epsilon), float(m.delta))
         with self._lock:
@@ -222,3 +275,9 @@ class TemplateValidator:
             epsilon_vector=float(g.epsilon_vector),
             noise_std=float(mech.noise_std),
         )
+
+
+def _iso(seconds: int) -> str:
+    """UTC ISO-8601 of a valid ``Timestamp``'s seconds (0001-01-01..9999-12-31)."""
+    d = datetime(1970, 1, 1) + timedelta(seconds=seconds)
+    return d.isoformat(timespec="seconds") + "Z"
