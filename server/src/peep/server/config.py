@@ -579,7 +579,7 @@ def resolve_secrets(config: ServerConfig, environ: Mapping[str, str] | None = No
     """Resolve every secret reference; raise :class:`ConfigError` naming the key of each missing one."""
     errors: list[tuple[str, str, Any]] = []
 
-    def get(ref: SecretRef | None, path: str) -> SecretStr | None:
+    def get(ref: SecretRef | None, path: str, *, token: bool = False) -> SecretStr | None:
         if ref is None:
             return None
         try:
