@@ -37,10 +37,11 @@ def record(
     received_at: float = 1000.0,
     bundle: str = "eb-1",
     nc: int = 4,
+    device: str = "cam-1",
 ) -> TemplateRecord:
     values = np.arange(nc, dtype=np.float32) + i
     return TemplateRecord(
-        message_id=f"m{i:05d}", device_id="cam-1", site="lobby", bundle_id=bundle, mechanism_kind=kind, epsilon=8.0,
+        message_id=f"m{i:05d}", device_id=device, site="lobby", bundle_id=bundle, mechanism_kind=kind, epsilon=8.0,
         delta=0.0, epsilon_coordinate=8.0, epsilon_vector=32.0, noise_std=0.17, purpose=purpose, subject=subject,
         track_id="t1", capture_time=999.5, received_at=received_at, n_components=nc, values=values.tobytes(),
         soft_traits='[{"trait":"age","value":31.5,"epsilon":1.0,"mechanism":"bounded-laplace"}]' if i % 2 else None,
@@ -94,7 +95,9 @@ def test_refuses_a_newer_schema(store):
     # The store itself closes what it opened when it refuses (filterwarnings=error turns a
     # connection left to the garbage collector into a failure here or in a later test).
     source = f"storage.path {store.path}" if store.dialect == "sqlite" else "storage.dsn"
-    with pytest.raises(StoreError, match=f"^{source}: schema version 99 is newer than this software's 1; upgrade"):
+    with pytest.raises(
+        StoreError, match=f"^{source}: schema version 99 is newer than this software's {latest(store.dialect)}; upgrade"
+    ):
         type(store)(store.path if store.dialect == "sqlite" else store.dsn)
     gc.collect()
 
@@ -139,8 +142,8 @@ def test_batches_larger_than_one_bound_id_list(store):
     assert store.insert_templates(recs[:700]) == [True] * 700
     assert store.insert_templates(recs[::-1]) == [True] * 500 + [False] * 700
     assert store.count_templates() == 1200
-    ids = [r.message_id for r in recs[100:1150]]
-    assert store.relabel([*ids, "unknown-id"], "carol") == 1050
+    keys = [(r.device_id, r.message_id) for r in recs[100:1150]]
+    assert store.relabel([*keys, ("cam-1", "unknown-id"), ("cam-9", recs[0].message_id)], "carol") == 1050
     assert store.count_templates(subject="carol", purpose="enroll") == 1050
 
 
@@ -177,7 +180,7 @@ def test_enrolment_set_selects_bundle_kind_and_labelled_enrolments(store):
 
 def test_relabel_turns_stored_templates_into_enrolments(store):
     store.insert_templates([record(1, purpose="identify"), record(2, purpose="identify")])
-    assert store.relabel(["m00001", "m00002", "unknown-id"], "carol") == 2
+    assert store.relabel([("cam-1", "m00001"), ("cam-1", "m00002"), ("cam-1", "unknown-id")], "carol") == 2
     es = store.enrolment_set("eb-1", ["peep-raw"])
     assert list(es.subjects) == ["carol", "carol"]
 
@@ -249,3 +252,94 @@ def test_postgres_migrations_run_once_for_concurrent_replicas(pg_dsn):
 def test_postgres_unreachable_is_a_store_error():
     with pytest.raises(StoreError, match="could not connect"):
         PostgresStore("host=127.0.0.1 port=1 dbname=x user=x connect_timeout=1")
+
+
+# --------------------------------------------------------------------------- per-device message ids (issue 12, item 12)
+
+
+def test_message_ids_are_unique_per_device_not_globally(store):
+    # Another device re-using a message id is not a duplicate; the same device re-sending it is.
+    first = store.insert_templates(
+        [record(1, device="cam-1"), record(1, device="cam-2"), record(1, device="cam-1"), record(2, device="cam-2")]
+    )
+    assert first == [True, True, False, True]
+    assert store.insert_templates([record(1, device="cam-2"), record(1, device="cam-3")]) == [False, True]
+    assert store.count_templates() == 4
+    assert store.get_template("m00001", device_id="cam-2") == record(1, device="cam-2")
+    assert store.get_template("m00001", device_id="cam-9") is None
+    assert store.devices_of(["m00001", "m00002", "missing"]) == {"m00001": ["cam-1", "cam-2", "cam-3"],
+                                                                 "m00002": ["cam-2"]}  # fmt: skip
+
+
+def test_concurrent_devices_reusing_ids_are_each_stored_once(store):
+    recs = [record(i, device=d) for i in range(100) for d in ("cam-1", "cam-2")]
+    results: list[list[bool]] = []
+    threads = [threading.Thread(target=lambda: results.append(store.insert_templates(recs))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert store.count_templates() == 200 and sum(sum(r) for r in results) == 200
+
+
+def test_relabel_touches_only_the_named_devices_template(store):
+    store.insert_templates(
+        [record(1, purpose="identify", device="cam-1"), record(1, purpose="identify", device="cam-2")]
+    )
+    assert store.relabel([("cam-2", "m00001")], "carol") == 1
+    assert store.get_template("m00001", device_id="cam-2").subject == "carol"
+    assert store.get_template("m00001", device_id="cam-1").subject is None
+
+
+def _schema_v1(store_kind: str, tmp_path, pg_dsn_factory) -> tuple[Any, Any]:
+    """A database at schema version 1 (the single-column message id key), as released, with rows in it."""
+    from peep.server.storage.migrations import MIGRATIONS
+
+    v1 = MIGRATIONS[store_kind][0]
+    if store_kind == "sqlite":
+        path = tmp_path / "old.db"
+        conn: Any = sqlite3.connect(path, isolation_level=None)
+        target: Any = path
+    else:
+        target = pg_dsn_factory()
+        conn = psycopg.connect(target, autocommit=True)
+    p = "?" if store_kind == "sqlite" else "%s"
+    conn.execute("CREATE TABLE peep_schema (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)")
+    for stmt in v1:
+        conn.execute(stmt)
+    conn.execute(f"INSERT INTO peep_schema (version, applied_at) VALUES ({p}, {p})", (1, 0.0))
+    rows = [record(i, subject="a" if i < 3 else None, purpose="enroll" if i < 3 else "identify") for i in range(6)]
+    for r in rows:
+        conn.execute(f"INSERT INTO templates ({', '.join(COLUMNS)}) VALUES ({', '.join([p] * len(COLUMNS))})", r.row())
+    conn.close()
+    return target, rows
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_migration_from_schema_1_keeps_every_row_and_keys_by_device(kind, tmp_path, request):
+    target, rows = _schema_v1(kind, tmp_path, lambda: request.getfixturevalue("pg_dsn"))
+    store = SqliteStore(target) if kind == "sqlite" else PostgresStore(target, pool_size=2)
+    try:
+        assert store.schema_version() == latest(kind) == 2
+        assert store.count_templates() == 6
+        assert [store.get_template(r.message_id, device_id="cam-1") for r in rows] == rows
+        assert store.enrolment_set("eb-1", ["peep-raw"]).message_ids == ["m00000", "m00001", "m00002"]
+        # the old rows still de-duplicate their own device's resends; another device's id is new now
+        again = store.insert_templates([rows[4], record(4, purpose="identify", device="cam-2")])
+        assert again == [False, True]
+        # and the indexes the queries use came back
+        with direct(store) as conn:
+            if kind == "sqlite":
+                names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+            else:
+                names = {
+                    r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()")
+                }
+        assert {"templates_enrolment", "templates_subject", "templates_received", "templates_message"} <= names
+    finally:
+        store.close()
+    reopened = SqliteStore(target) if kind == "sqlite" else PostgresStore(target, pool_size=1)
+    try:
+        assert reopened.schema_version() == 2 and reopened.count_templates() == 7
+    finally:
+        reopened.close()

@@ -179,14 +179,22 @@ class Store(Protocol):
         ...
 
     def insert_templates(self, records: Sequence[TemplateRecord]) -> list[bool]:
-        """Insert in one transaction, idempotently by ``message_id``.
+        """Insert in one transaction, idempotently by ``(device_id, message_id)``.
 
-        Returns, per input record, True when it was stored now and False when
-        its ``message_id`` was already stored (or repeated earlier in the batch).
+        Message ids are unique per device (schema version 2): another device
+        may use the same id. Returns, per input record, True when it was stored
+        now and False when its device's ``message_id`` was already stored (or
+        repeated earlier in the batch).
         """
         ...
 
-    def get_template(self, message_id: str) -> TemplateRecord | None: ...
+    def get_template(self, message_id: str, *, device_id: str | None = None) -> TemplateRecord | None:
+        """The template ``device_id`` sent as ``message_id``; without ``device_id``, the first received of that id."""
+        ...
+
+    def devices_of(self, message_ids: Sequence[str]) -> dict[str, list[str]]:
+        """For each stored message id among ``message_ids``, the devices that sent one (sorted)."""
+        ...
 
     def count_templates(
         self, *, subject: str | None = None, bundle_id: str | None = None, purpose: str | None = None
@@ -200,8 +208,8 @@ class Store(Protocol):
         """Labelled enrolment templates of ``bundle_id`` released with one of ``kinds``."""
         ...
 
-    def relabel(self, message_ids: Sequence[str], subject: str) -> int:
-        """Mark stored templates as enrolment templates of ``subject``; returns rows changed."""
+    def relabel(self, keys: Sequence[tuple[str, str]], subject: str) -> int:
+        """Mark the stored templates ``(device_id, message_id)`` as enrolments of ``subject``; returns rows changed."""
         ...
 
     def delete_subject(self, subject: str) -> int:
@@ -229,6 +237,42 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
+def template_keys(store: Store, refs: Sequence[str], field: str = "message_ids") -> list[tuple[str, str]]:
+    """``(device_id, message_id)`` of the stored templates ``refs`` name; unknown ones are skipped.
+
+    Message ids are unique per device, so a reference is ``DEVICE_ID/MESSAGE_ID``
+    (``/`` never occurs in an id), or a bare ``MESSAGE_ID`` that exactly one
+    device sent. A bare id several devices used is refused (``ValueError``
+    naming them), never resolved to all of them: a device could otherwise get
+    its own template trained on as someone's enrolment by re-using an id it saw.
+    """
+    keys: list[tuple[str, str]] = []
+    bare: list[tuple[int, str]] = []
+    for i, ref in enumerate(refs):
+        device, sep, mid = ref.rpartition("/")
+        if not (wire.ID_PATTERN.match(mid) and (not sep or wire.ID_PATTERN.match(device))):
+            raise ValueError(
+                f"{field}[{i}]: expected MESSAGE_ID or DEVICE_ID/MESSAGE_ID (1-128 characters [A-Za-z0-9_.:@-] "
+                f"each), received {ref[:64]!r}"
+            )
+        if sep:
+            keys.append((device, mid))
+        else:
+            bare.append((i, ref))
+    found = store.devices_of([ref for _, ref in bare]) if bare else {}
+    for i, ref in bare:
+        devices = found.get(ref, [])
+        if len(devices) > 1:
+            shown = ", ".join(devices[:5]) + (", ..." if len(devices) > 5 else "")
+            raise ValueError(
+                f"{field}[{i}]: expected a message id one device sent, received {ref!r}, sent by {len(devices)} "
+                f"devices ({shown}); name one as DEVICE_ID/{ref}"
+            )
+        if devices:
+            keys.append((devices[0], ref))
+    return keys
+
+
 def open_store(config: object, *, password: str | None = None) -> Store:
     """Open (and migrate) the store described by a :class:`~peep.server.config.StorageConfig`."""
     from peep.server.config import StorageConfig
@@ -254,4 +298,5 @@ __all__ = [
     "TemplateRecord",
     "open_store",
     "stack_blobs",
+    "template_keys",
 ]

@@ -103,14 +103,28 @@ class SqlStore(ABC):
 
     # ------------------------------------------------------------ templates
 
-    def get_template(self, message_id: str) -> TemplateRecord | None:
+    def get_template(self, message_id: str, *, device_id: str | None = None) -> TemplateRecord | None:
+        p = self._sql.param
+        q = f"SELECT {', '.join(COLUMNS)} FROM templates WHERE message_id = {p}"
+        params: list[object] = [message_id]
+        if device_id is not None:
+            q += f" AND device_id = {p}"
+            params.append(device_id)
         with self._session() as conn:
-            cur = conn.execute(
-                f"SELECT {', '.join(COLUMNS)} FROM templates WHERE message_id = {self._sql.param}", (message_id,)
-            )
+            cur = conn.execute(q + " ORDER BY received_at, device_id LIMIT 1", params)
             row = cur.fetchone()
             names = [d[0] for d in cur.description or ()]
         return None if row is None else TemplateRecord.from_row(dict(zip(names, row, strict=True)))
+
+    def devices_of(self, message_ids: Sequence[str]) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        with self._session() as conn:
+            for chunk in self._sql.chunks(list(dict.fromkeys(message_ids))):
+                of_ids, params = self._sql.any_of("message_id", chunk)
+                q = f"SELECT message_id, device_id FROM templates WHERE {of_ids} ORDER BY message_id, device_id"
+                for mid, dev in conn.execute(q, params):
+                    out.setdefault(str(mid), []).append(str(dev))
+        return out
 
     def count_templates(
         self, *, subject: str | None = None, bundle_id: str | None = None, purpose: str | None = None
@@ -138,20 +152,22 @@ class SqlStore(ABC):
         q = (
             "SELECT message_id, subject, mechanism_kind, n_components, vals FROM templates "
             f"WHERE bundle_id = {self._sql.param} AND purpose = 'enroll' AND subject IS NOT NULL AND {of_kinds} "
-            "ORDER BY message_id"
+            "ORDER BY message_id, device_id"
         )
         with self._session() as conn:
             rows = conn.execute(q, [bundle_id, *params]).fetchall()
         return _enrolment_set(rows)
 
-    def relabel(self, message_ids: Sequence[str], subject: str) -> int:
-        chunks = self._sql.chunks(message_ids)
+    def relabel(self, keys: Sequence[tuple[str, str]], subject: str) -> int:
+        chunks = self._sql.chunks([(str(d), str(m)) for d, m in keys])
         n = 0
-        # Where the ids are bound in chunks, the UPDATEs are made atomic by one transaction;
-        # bound as one array they are one statement, atomic by itself.
+        # Where the keys are bound in chunks, the UPDATEs are made atomic by one transaction;
+        # bound as arrays they are one statement, atomic by itself.
         with self._transaction() if self._sql.chunk else self._session() as conn:
             for chunk in chunks:
-                of_ids, params = self._sql.any_of("message_id", chunk)
+                if not chunk:
+                    continue
+                of_ids, params = self._sql.any_pair_of(("device_id", "message_id"), chunk)
                 cur = conn.execute(
                     f"UPDATE templates SET subject = {self._sql.param}, purpose = 'enroll' WHERE {of_ids}",
                     [subject, *params],

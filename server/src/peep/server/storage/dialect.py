@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,8 +25,8 @@ class Dialect:
     real, blob : str
         Column types of float and bytes values.
     chunk : int or None
-        Ids bound per ``IN (...)`` list; None when a list is bound as one array
-        parameter (``= ANY(...)``) and never needs splitting.
+        Ids (or id pairs) bound per ``IN (...)`` list; None when a list is bound as
+        one array parameter (``= ANY(...)``, ``unnest(...)``) and never needs splitting.
     """
 
     name: str
@@ -40,8 +41,18 @@ class Dialect:
             return f"{column} = ANY({self.param})", [list(values)]
         return f"{column} IN ({','.join([self.param] * len(values))})", list(values)
 
-    def chunks(self, values: Sequence[str]) -> list[list[str]]:
-        """``values`` split into lists that :meth:`any_of` can bind (one list when it binds arrays)."""
+    def any_pair_of(self, columns: tuple[str, str], pairs: Sequence[tuple[str, str]]) -> tuple[str, list[object]]:
+        """The condition "``(columns[0], columns[1])`` is one of ``pairs``" and its parameters."""
+        a, b = columns
+        if self.chunk is None:
+            firsts, seconds = [p[0] for p in pairs], [p[1] for p in pairs]
+            arrays = f"unnest({self.param}::text[], {self.param}::text[])"
+            return f"({a}, {b}) IN (SELECT * FROM {arrays})", [firsts, seconds]
+        rows = ",".join([f"({self.param}, {self.param})"] * len(pairs))
+        return f"({a}, {b}) IN (VALUES {rows})", [v for p in pairs for v in p]
+
+    def chunks(self, values: Sequence[Any]) -> list[list[Any]]:
+        """``values`` split into lists :meth:`any_of` / :meth:`any_pair_of` can bind (one list when it binds arrays)."""
         if self.chunk is None:
             return [list(values)]
         return [list(values[i : i + self.chunk]) for i in range(0, len(values), self.chunk)]

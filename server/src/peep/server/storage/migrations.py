@@ -47,12 +47,38 @@ _COMMON = [
 ]
 
 
-def _render(dialect: Dialect) -> list[str]:
-    return [s.format(real=dialect.real, blob=dialect.blob) for s in [_TEMPLATES, *_COMMON]]
+# Migration 2: message ids are unique per device, not globally (issue 12, item 12: another device
+# re-using an id was answered DUPLICATE and its template dropped). The key becomes (device_id, message_id).
+# SQLite cannot change a primary key in place, so both dialects rebuild the table with the same
+# statements: copy every row into the new table, drop the old one (its indexes go with it), rename,
+# recreate the indexes, plus one on message_id alone (relabelling and look-ups by id). The new key
+# has its own constraint name: PostgreSQL names the key's index after it, and the old one exists
+# until the old table is dropped.
+_COLUMNS_V1 = (
+    "message_id, device_id, site, bundle_id, mechanism_kind, epsilon, delta, epsilon_coordinate, epsilon_vector, "
+    "noise_std, purpose, subject, track_id, capture_time, received_at, n_components, vals, soft_traits"
+)
+_PER_DEVICE_KEY = [
+    _TEMPLATES.replace("CREATE TABLE templates (", "CREATE TABLE templates_v2 (").replace(
+        "CONSTRAINT templates_pk PRIMARY KEY (message_id)",
+        "CONSTRAINT templates_device_message_pk PRIMARY KEY (device_id, message_id)",
+    ),
+    f"INSERT INTO templates_v2 ({_COLUMNS_V1}) SELECT {_COLUMNS_V1} FROM templates",
+    "DROP TABLE templates",
+    "ALTER TABLE templates_v2 RENAME TO templates",
+    *_COMMON[:3],
+    "CREATE INDEX templates_message ON templates (message_id)",
+]
+
+
+def _render(dialect: Dialect, statements: list[str]) -> list[str]:
+    return [s.format(real=dialect.real, blob=dialect.blob) for s in statements]
 
 
 #: dialect -> list of migrations; migration i (1-based) is a list of statements.
-MIGRATIONS: dict[str, list[list[str]]] = {d.name: [_render(d)] for d in (SQLITE, POSTGRES)}
+MIGRATIONS: dict[str, list[list[str]]] = {
+    d.name: [_render(d, [_TEMPLATES, *_COMMON]), _render(d, _PER_DEVICE_KEY)] for d in (SQLITE, POSTGRES)
+}
 
 SCHEMA_TABLE = "peep_schema"
 

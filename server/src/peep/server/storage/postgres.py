@@ -3,8 +3,9 @@
 Migrations run under a transaction-scoped advisory lock, so replicas starting
 together apply each migration exactly once. Batched ingest is one
 ``INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING RETURNING`` per
-batch: one round trip, and the returned ids say exactly which templates were
-new (the others are duplicates, including ones a concurrent replica stored).
+batch: one round trip, and the returned (device id, message id) keys say
+exactly which templates were new (the others are duplicates, including ones a
+concurrent replica stored).
 psycopg prepares statements that run repeatedly on a connection.
 """
 
@@ -25,7 +26,7 @@ _ARRAY_TYPES = {str: "text", float: "float8", int: "int4", bytes: "bytea"}  # el
 _INSERT = (
     f"INSERT INTO templates ({', '.join(COLUMNS)}) "
     f"SELECT * FROM unnest({', '.join(f'%s::{_ARRAY_TYPES[c.value_type]}[]' for c in TEMPLATE_COLUMNS)}) "
-    "ON CONFLICT (message_id) DO NOTHING RETURNING message_id"
+    "ON CONFLICT (device_id, message_id) DO NOTHING RETURNING device_id, message_id"
 )
 
 
@@ -117,11 +118,13 @@ class PostgresStore(SqlStore):
     def insert_templates(self, records: Sequence[TemplateRecord]) -> list[bool]:
         if not records:
             return []
-        first: dict[str, int] = {}
+        # Message ids are unique per device: the key is (device_id, message_id).
+        first: dict[tuple[str, str], int] = {}
         for i, r in enumerate(records):
-            first.setdefault(r.message_id, i)
+            first.setdefault((r.device_id, r.message_id), i)
         unique = [records[i] for i in first.values()]
         columns = list(zip(*(r.row() for r in unique), strict=True))
         with self._transaction() as conn:
-            inserted = {row[0] for row in conn.execute(_INSERT, [list(c) for c in columns])}
-        return [first[r.message_id] == i and r.message_id in inserted for i, r in enumerate(records)]
+            inserted = {(row[0], row[1]) for row in conn.execute(_INSERT, [list(c) for c in columns])}
+        keys = [(r.device_id, r.message_id) for r in records]
+        return [first[k] == i and k in inserted for i, k in enumerate(keys)]

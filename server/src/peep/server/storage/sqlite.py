@@ -83,17 +83,20 @@ class SqliteStore(SqlStore):
         if not records:
             return []
         with self._transaction() as c:
-            existing: set[str] = set()
-            for chunk in SQLITE.chunks(list(dict.fromkeys(r.message_id for r in records))):
-                of_ids, params = SQLITE.any_of("message_id", chunk)
-                existing.update(row[0] for row in c.execute(f"SELECT message_id FROM templates WHERE {of_ids}", params))
+            # Message ids are unique per device: the key is (device_id, message_id).
+            existing: set[tuple[str, str]] = set()
+            for chunk in SQLITE.chunks(list(dict.fromkeys((r.device_id, r.message_id) for r in records))):
+                of_keys, params = SQLITE.any_pair_of(("device_id", "message_id"), chunk)
+                q = f"SELECT device_id, message_id FROM templates WHERE {of_keys}"
+                existing.update((row[0], row[1]) for row in c.execute(q, params))
             result: list[bool] = []
             rows = []
             for r in records:
-                if r.message_id in existing:
+                key = (r.device_id, r.message_id)
+                if key in existing:
                     result.append(False)
                 else:
-                    existing.add(r.message_id)
+                    existing.add(key)
                     rows.append(r.row())
                     result.append(True)
             if rows:

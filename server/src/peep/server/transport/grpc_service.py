@@ -37,6 +37,7 @@ from peep.server.recognition.fitting import PRESETS, TrainingError
 from peep.server.recognition.recogniser import ModelMismatch, ModelUnavailable
 from peep.server.recognition.trainer import TrainingBusy
 from peep.server.services import Services
+from peep.server.storage import template_keys
 from peep.v1 import qbbs_pb2, recognition_pb2, recognition_pb2_grpc, template_pb2
 
 log = logging.getLogger(__name__)
@@ -199,15 +200,14 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
                     f"templates[{i}]: expected purpose ENROLL and subject {subject!r}, received purpose {t.purpose} "
                     f"and subject {t.subject[:64]!r}"
                 )
-        ids: list[str] = []
+        keys = template_keys(self.s.store, request.message_ids)  # (device_id, message_id): unique per device
         if request.templates:
             outcomes = self.s.ingestor.ingest(list(request.templates), "grpc", self._sender(), recognise=False)
             bad = [o for o in outcomes if o.status == REJECTED]
             if bad:
                 raise Rejection(bad[0].code, f"templates[{outcomes.index(bad[0])}]: {bad[0].reason}")
-            ids.extend(o.message_id for o in outcomes)
-        ids.extend(request.message_ids)
-        n = self.s.store.relabel(ids, subject) if ids else 0
+            keys.extend((t.device_id, o.message_id) for t, o in zip(request.templates, outcomes, strict=True))
+        n = self.s.store.relabel(keys, subject) if keys else 0
         return recognition_pb2.EnrolSubjectResponse(subject=subject, templates=n)
 
     @_guard
