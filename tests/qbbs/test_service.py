@@ -248,3 +248,40 @@ def test_without_a_face_recogniser_verification_is_a_failed_precondition(tmp_pat
     finally:
         server.stop(None).wait()
         module.close()
+
+
+def _with_traits(*traits: dict[str, Any]) -> Any:
+    """A verify template whose soft traits were written by a sender that bypassed make_template."""
+    from peep.core.wire import SOFT_TRAITS
+
+    tmpl = _template("bob")
+    for t in traits:
+        tmpl.soft_traits.add(kind=SOFT_TRAITS[t["trait"]], value=t["value"], epsilon=t["epsilon"],
+                             mechanism=t["mechanism"])  # fmt: skip
+    return tmpl
+
+
+UNBOUNDED = [
+    ({"trait": "age", "value": 1e300, "epsilon": 1.0, "mechanism": "bounded-laplace"}, "soft_traits[0].value"),
+    ({"trait": "age", "value": 40.0, "epsilon": 1e-300, "mechanism": "x" * 5000}, "soft_traits[0].mechanism"),
+    ({"trait": "age", "value": 40.0, "epsilon": 1e-300, "mechanism": "bounded-laplace"}, "soft_traits[0].epsilon"),
+    ({"trait": "gender", "value": 0.5, "epsilon": 1.0, "mechanism": "randomized-response"}, "soft_traits[0].value"),
+    ({"trait": "height", "value": 170.0, "epsilon": 1.0, "mechanism": "randomized-response"}, "soft_traits[0].mech"),
+]
+
+
+@pytest.mark.parametrize(("trait", "field"), UNBOUNDED)
+def test_the_module_refuses_the_soft_traits_ingest_refuses(served, trait, field):
+    # The same bounds as ingest (peep.core.wire.check_soft_traits): over the socket and for direct callers.
+    from peep.server.qbbs.errors import QbbsError
+
+    stub, module = served
+    _enrol(stub, "bob", age=52, gender=1)
+    tmpl = _with_traits(trait)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.VerifyFused(qbbs_pb2.QbbsVerifyRequest(template=tmpl), timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith(field) and len(err.value.details()) < 300
+    with pytest.raises(QbbsError, match=rf"^{field.replace('[', '.').replace(']', '.')}"):
+        observed_from_template(tmpl, module)
+    assert module.odometer("bob").epsilon_spent == 0.0

@@ -74,7 +74,8 @@ def base_config(tmp: Path, pub_path: Path, bundle_dir: Path | None, **sections: 
             "admin_token_sha256": sha(ADMIN_TOKEN),
             "admin_common_names": ["peep-admin"],
             "devices": [
-                {"id": "cam-1", "site": SITE, "token_sha256": sha(DEVICE_TOKENS["cam-1"])},
+                # cam-1 is the enrolment desk the fixtures enrol through; cam-2 an ordinary camera.
+                {"id": "cam-1", "site": SITE, "token_sha256": sha(DEVICE_TOKENS["cam-1"]), "enrolment_desk": True},
                 {"id": "cam-2", "site": SITE, "token_sha256": sha(DEVICE_TOKENS["cam-2"])},
             ],
         },

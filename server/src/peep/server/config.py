@@ -290,6 +290,13 @@ class DeviceConfig(_Model):
     token_sha256: str | None = Field(default=None, description="hex SHA-256 of the device's bearer token")
     token: SecretRef | None = Field(default=None, description="the bearer token itself, by reference")
     enabled: bool = True
+    enrolment_desk: bool = Field(
+        default=False,
+        description=(
+            "an enrolment desk: may send ENROLL templates (enrol subjects by name) over gRPC and MQTT; "
+            "ordinary cameras (false) may only identify and verify"
+        ),
+    )
 
     @field_validator("token", mode="before")
     @classmethod
@@ -462,6 +469,26 @@ class TrainingConfig(_Model):
         return v
 
 
+class IngestConfig(_Model):
+    """What every ingested template must satisfy besides the wire rules (peep.server.ingest.validation)."""
+
+    max_clock_skew_s: float = Field(
+        default=300.0,
+        ge=0.0,
+        le=86_400.0,
+        description="a template's capture_time may be at most this far ahead of the server clock",
+    )
+    max_age_s: float = Field(
+        default=30 * 86_400.0,
+        ge=60.0,
+        le=10 * 365 * 86_400.0,
+        description=(
+            "a template's capture_time may be at most this far behind the server clock (default 30 days): how "
+            "long a device's spool may hold templates through an outage before they are refused"
+        ),
+    )
+
+
 class RetentionConfig(_Model):
     days: float | None = Field(default=None, gt=0, description="delete templates received more than N days ago")
     include_enrolment: bool = Field(
@@ -494,6 +521,7 @@ class ServerConfig(_Model):
     auth: AuthConfig = Field(default_factory=AuthConfig)
     mqtt: MqttConfig = Field(default_factory=MqttConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
+    ingest: IngestConfig = Field(default_factory=IngestConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
@@ -524,7 +552,7 @@ class ServerConfig(_Model):
         # are resolved against the config file like explicit ones.
         if isinstance(data, dict):
             data = dict(data)
-            for name in ("grpc", "storage", "auth", "mqtt", "training", "retention", "metrics", "logging"):
+            for name in ("grpc", "storage", "auth", "mqtt", "training", "ingest", "retention", "metrics", "logging"):
                 data.setdefault(name, {})
         return data
 

@@ -86,7 +86,12 @@ class Services:
         db_password = self.secrets.db_password.get_secret_value() if self.secrets.db_password else None
         self.store = store if store is not None else open_store(config.storage, password=db_password)
         self.bundles = BundleCatalog(self.store, load_public_key(config.bundle.public_key))
-        self.validator = TemplateValidator(self.bundles, plausibility_sigmas=config.bundle.plausibility_sigmas)
+        self.validator = TemplateValidator(
+            self.bundles,
+            plausibility_sigmas=config.bundle.plausibility_sigmas,
+            max_clock_skew_s=config.ingest.max_clock_skew_s,
+            max_age_s=config.ingest.max_age_s,
+        )
         self.registry = ModelRegistry(config.training.model_dir)
         self.recogniser = Recogniser(self.registry, threads=config.training.threads, erasures=self.store.erasures)
         self.recogniser.add_listener(lambda m: self.metrics.set_model_version(m.version))

@@ -249,7 +249,11 @@ class Demo:
         self.pki = make_local_pki(self.out / "tls")
         srv = self.out / "server"
         srv.mkdir(exist_ok=True)
-        devices = [{"id": d, "site": self.site, "token_sha256": _sha256(t)} for d, t in self.device_tokens.items()]
+        # desk-1 enrols subjects (enrolment right); the cameras may only identify.
+        devices = [
+            {"id": d, "site": self.site, "token_sha256": _sha256(t), "enrolment_desk": d == "desk-1"}
+            for d, t in self.device_tokens.items()
+        ]
         cfg: dict[str, Any] = {
             "grpc": {
                 "listen": "127.0.0.1:0",

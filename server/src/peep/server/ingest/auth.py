@@ -14,6 +14,12 @@ reflection are open; everything else needs an identity (else
 ``PERMISSION_DENIED``). Handlers read the caller with :func:`current_identity`
 and enforce the per-message rule: a device may only send templates whose
 ``device_id`` is its own (and whose ``site`` is its registered site).
+
+Enrolment is a right of its own: a template with purpose ENROLL (which names
+a subject the server then trains on) is accepted from an admin, or from a
+device whose registry entry says ``enrolment_desk = true``; ordinary cameras
+may only identify and verify (:meth:`Ingestor.authorise
+<peep.server.ingest.ingestor.Ingestor.authorise>`, for gRPC and MQTT alike).
 """
 
 from __future__ import annotations
@@ -59,10 +65,16 @@ class Identity:
     is_admin: bool
     site: str | None = None
     via: str = "token"
+    enrolment_desk: bool = False
 
     @property
     def device_id(self) -> str | None:
         return None if self.is_admin else self.name
+
+    @property
+    def may_enrol(self) -> bool:
+        """Whether this caller may send ENROLL templates (an admin or an enrolment desk)."""
+        return self.is_admin or self.enrolment_desk
 
 
 _current: contextvars.ContextVar[Identity | None] = contextvars.ContextVar("peep_identity", default=None)
@@ -97,7 +109,9 @@ class DeviceRegistry:
         for dev_id, h in (token_sha256 or {}).items():
             d = self.devices.get(dev_id)
             if d is not None and d.enabled:
-                self._by_hash[h.lower()] = Identity(name=dev_id, is_admin=False, site=d.site, via="token")
+                self._by_hash[h.lower()] = Identity(
+                    name=dev_id, is_admin=False, site=d.site, via="token", enrolment_desk=d.enrolment_desk
+                )
         self._admin_hash = admin_token_sha256.lower() if admin_token_sha256 else None
         self._admin_cns = frozenset(admin_common_names)
 
@@ -112,6 +126,11 @@ class DeviceRegistry:
         d = self.devices.get(device_id)
         return None if d is None else d.site
 
+    def is_enrolment_desk(self, device_id: str) -> bool:
+        """Whether ``device_id`` is registered, enabled and configured as an enrolment desk."""
+        d = self.devices.get(device_id)
+        return d is not None and d.enabled and d.enrolment_desk
+
     def by_token(self, token: str) -> Identity | None:
         h = hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
         if self._admin_hash is not None and hmac.compare_digest(h, self._admin_hash):
@@ -124,7 +143,9 @@ class DeviceRegistry:
         d = self.devices.get(common_name)
         if d is None or not d.enabled:
             return None
-        return Identity(name=common_name, is_admin=False, site=d.site, via="certificate")
+        return Identity(
+            name=common_name, is_admin=False, site=d.site, via="certificate", enrolment_desk=d.enrolment_desk
+        )
 
 
 class AuthError(Exception):

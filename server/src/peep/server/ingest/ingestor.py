@@ -31,7 +31,15 @@ REJECTED = recognition_pb2.INGEST_STATUS_REJECTED
 
 
 class PermissionRefused(Rejection):
-    """The sender may not send this template (wrong device or site)."""
+    """The sender may not send this template (wrong device or site, or an enrolment without the right)."""
+
+
+def _enrolment_refused(device_id: str) -> PermissionRefused:
+    return PermissionRefused(
+        "enrolment_not_permitted",
+        f"purpose: expected IDENTIFY or VERIFY from device {device_id[:64]!r} (enrolment needs an admin or a "
+        "device registered with auth.devices[].enrolment_desk = true), received ENROLL",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +103,15 @@ class Ingestor:
     # ------------------------------------------------------------ checks
 
     def authorise(self, msg: template_pb2.PerturbedTemplate, sender: Sender) -> None:
-        """Raise :class:`PermissionRefused` unless ``sender`` may send ``msg``."""
+        """Raise :class:`PermissionRefused` unless ``sender`` may send ``msg``.
+
+        A device sends only its own templates (device id, registered site); an
+        ENROLL template needs the enrolment right: an admin, or a registered
+        device with ``enrolment_desk = true`` (over MQTT the topic's device must
+        be such a device, whatever ``require_registered_device`` says).
+        """
         ident = sender.identity
+        enrol = msg.purpose == template_pb2.PURPOSE_ENROLL
         if ident is not None:
             if ident.is_admin:
                 return
@@ -111,6 +126,8 @@ class Ingestor:
                     f"site: expected {ident.site!r} (device {ident.name}'s registered site), "
                     f"received {msg.site[:64]!r}",
                 )
+            if enrol and not ident.may_enrol:
+                raise _enrolment_refused(ident.name)
             return
         if sender.topic_device is not None:
             if msg.device_id != sender.topic_device or msg.site != sender.topic_site:
@@ -131,6 +148,8 @@ class Ingestor:
                         f"site: expected {site!r} (device {msg.device_id}'s registered site), "
                         f"received {msg.site[:64]!r}",
                     )
+            if enrol and not self.devices.is_enrolment_desk(msg.device_id):
+                raise _enrolment_refused(msg.device_id)
             return
         raise PermissionRefused("unauthenticated", "sender: expected an authenticated device")
 

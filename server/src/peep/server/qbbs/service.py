@@ -41,14 +41,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
 import grpc
 from peep.core.exceptions import BudgetError, WireError
-from peep.core.wire import template_values, trait_name, validate_template
+from peep.core.wire import check_soft_traits, template_values, trait_name, validate_template
 from peep.server.qbbs.calibration import ObservationNoise
 from peep.server.qbbs.errors import (
     FaceScoreUnavailableError,
@@ -140,14 +139,26 @@ def observed_noise_from_template(
     response; the values are clipped into the declared range. The noise's
     variance widens the matcher and the calibration simulates the mechanism.
     Traits this deployment does not configure are ignored.
+
+    Raises
+    ------
+    QbbsError
+        A release ingest would refuse (:func:`peep.core.wire.check_soft_traits`:
+        a trait twice, a mechanism other than its own, ε outside
+        [``MIN_EPSILON``, ``MAX_SOFT_EPSILON``], a value outside what its
+        mechanism can produce), named by field.
     """
+    try:
+        check_soft_traits(template.soft_traits)
+    except WireError as exc:
+        raise QbbsError(str(exc)) from None
     values: dict[str, float] = {}
     noise: dict[str, ObservationNoise] = {}
     cfg = module.config
     for rel in template.soft_traits:
         name = trait_name(rel.kind)
         spec = cfg.traits.get(name)
-        if spec is None or not math.isfinite(rel.value) or not rel.epsilon > 0:
+        if spec is None:
             continue
         values[name] = min(max(float(rel.value), spec.lower), spec.upper)
         if rel.mechanism == "randomized-response":
