@@ -20,6 +20,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory, data_home: str) -> tuple[
         [
             "demo", "--data-home", data_home, "--out", str(out), "--subjects", "3", "--enrol-images", "8",
             "--probe-images", "2", "--strangers", "4", "--cameras", "2", "--qbbs-epsilon", "20",
+            "--public-max-faces", "9",
         ]
     )  # fmt: skip
     assert rc == 0

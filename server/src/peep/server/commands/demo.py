@@ -51,6 +51,8 @@ def register(sub: Any) -> None:
     p.add_argument("--verify-far", type=float, default=d.verify_far,
                    help=f"false-accept rate verification is calibrated for on the enrolment photos "
                    f"(default {d.verify_far:g})")  # fmt: skip
+    p.add_argument("--public-max-faces", type=int, default=None, metavar="N",
+                   help="fit the bundle only on public LFW people with at most N images (default: all)")  # fmt: skip
     p.add_argument("--no-soft", action="store_true", help="cameras do not release age/gender")
     p.add_argument("--qbbs-epsilon", type=float, default=1.0, help="ε of each QBBS query answer (default 1)")
     p.add_argument("--mqtt", choices=["auto", "on", "off"], default="auto",
@@ -98,6 +100,7 @@ def handle(args: argparse.Namespace) -> int:
         preset=args.preset,
         identify_far=args.identify_far,
         verify_far=args.verify_far,
+        public_max_faces=args.public_max_faces,
         soft=not args.no_soft,
         qbbs_epsilon=args.qbbs_epsilon,
         mqtt=args.mqtt,

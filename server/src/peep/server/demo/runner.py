@@ -80,6 +80,9 @@ class DemoOptions:
     # Verification is calibrated on the enrolment desk's photos but tested on camera captures,
     # which score impostors a little higher: 0.5 % on the desk keeps captures near 1 %.
     verify_far: float = 0.005
+    # The bundle's public faces: LFW people with at most this many images (None: everyone who is
+    # neither enrolled nor a stranger). Smaller is quicker to normalise the first time.
+    public_max_faces: int | None = None
     soft: bool = True
     qbbs_epsilon: float = 1.0
     mqtt: str = "auto"  # auto | on | off
@@ -218,7 +221,7 @@ class Demo:
         self.background_faces = background
         # The bundle is fitted on every public face the demo does not use as a person: the background
         # population and the frequent LFW people who are neither enrolled nor strangers (never them).
-        everyone = load_dataset("lfw", data_home=self.opts.data_home, min_faces=5)
+        everyone = load_dataset("lfw", data_home=self.opts.data_home, min_faces=5, max_faces=self.opts.public_max_faces)
         taken = {n.replace("_", " ") for n in (*scenario.enrolled, *scenario.strangers)}
         public = everyone.subset(np.isin(everyone.labels, [i for i, n in enumerate(everyone.target_names)
                                                            if n not in taken]))  # fmt: skip
