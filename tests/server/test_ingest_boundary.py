@@ -365,3 +365,14 @@ def test_mqtt_refuses_the_same_and_dead_letters_the_reason(
 def test_purpose_values_are_the_wire_enum():
     # The enrolment check compares the enum: keep it in step with the wire's names.
     assert wire.PURPOSES["enroll"] == template_pb2.PURPOSE_ENROLL
+
+
+def test_the_ingest_section_is_bounded_and_its_defaults_are_the_validators():
+    from peep.server.config import ConfigError, IngestConfig
+    from peep.server.ingest.validation import DEFAULT_MAX_AGE_S, DEFAULT_MAX_CLOCK_SKEW_S
+
+    assert (IngestConfig().max_clock_skew_s, IngestConfig().max_age_s) == (DEFAULT_MAX_CLOCK_SKEW_S, DEFAULT_MAX_AGE_S)
+    base = {"bundle": {"public_key": "k.pem"}, "auth": {"allow_insecure": True}}
+    for key, value in (("max_clock_skew_s", -1), ("max_age_s", 10), ("max_age_s", 1e12), ("max_ages", 5)):
+        with pytest.raises(ConfigError, match=rf"ingest\.{key}"):
+            parse_config({**base, "ingest": {key: value}})
