@@ -83,6 +83,9 @@ def base_config(tmp: Path, pub_path: Path, bundle_dir: Path | None, **sections: 
             "enabled": False,
             "topic_prefix": MQTT_PREFIX,
             "client_id": f"peep-test-{uuid.uuid4().hex[:8]}",
+            # The shared broker: no persistent session outlives a test (tests of durability
+            # start their own broker, peep_broker_testlib).
+            "session_expiry_s": 0,
             "username": None,
         },
         "training": {"model_dir": str(tmp / "models")},

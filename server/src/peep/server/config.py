@@ -364,7 +364,42 @@ class MqttConfig(_Model):
     enabled: bool = True
     host: str = "127.0.0.1"
     port: int = Field(default=1883, ge=1, le=65535)
-    client_id: str | None = Field(default=None, description="unique per replica (default peep-server-<host>-<random>)")
+    client_id: Annotated[str, AfterValidator(_check_client_id)] | None = Field(
+        default=None,
+        description=(
+            "this replica's MQTT client id, stable across restarts: the broker keeps the replica's persistent "
+            "session (its share of the queued templates) under it. Every replica needs its own; connection i > 0 "
+            "uses <client_id>-<i>. Default peep-server-<host name> (set it where host names are not stable, e.g. "
+            "containers)"
+        ),
+    )
+    session_expiry_s: int = Field(
+        default=604_800,
+        ge=0,
+        le=4_294_967_295,
+        description=(
+            "MQTT v5 session expiry: how long the broker keeps this replica's session, its subscription and the "
+            "templates queued for it while the server is stopped or crash-looping (default 7 days; 0 = no "
+            "persistent session: templates published while the server is down are lost; 4294967295 = never "
+            "expires). docs/OPERATIONS.md"
+        ),
+    )
+    device_mount_point: Annotated[str, AfterValidator(_check_mount_point)] = Field(
+        default="",
+        description=(
+            "the broker's mount_point on the devices' listener (deploy/mosquitto/mosquitto.conf: \"devices/\"): "
+            "device topics reach the server as <device_mount_point><topic_prefix>/<site>/<device>/…, and a device "
+            "cannot join the server's shared subscription. Empty when devices and the server use one listener"
+        ),
+    )
+    clear_retained: bool = Field(
+        default=True,
+        description=(
+            "clear retained messages devices should not leave (the broker cannot refuse the retain flag): "
+            "retained templates once stored, and retained statuses other than online/offline from a registered "
+            "device at its registered site"
+        ),
+    )
     username: str | None = Field(default="peep-server", description="the server's broker user (deploy/mosquitto ACL)")
     password: SecretRef | None = None
     share_group: Annotated[str, AfterValidator(topics.check_share_group)] = Field(
@@ -485,6 +520,21 @@ class IngestConfig(_Model):
         description=(
             "a template's capture_time may be at most this far behind the server clock (default 30 days): how "
             "long a device's spool may hold templates through an outage before they are refused"
+_CLIENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,99}$")
+
+
+def _check_client_id(v: str) -> str:
+    if not _CLIENT_ID.match(v):
+        raise ValueError("expected an MQTT client id: 1-100 of [A-Za-z0-9_.:@-], starting with a letter or digit")
+    return v
+
+
+def _check_mount_point(v: str) -> str:
+    if v and (not v.endswith("/") or v.startswith("/") or "//" in v or any(c in v for c in "+#$")):
+        raise ValueError("expected empty or topic levels ending with '/', e.g. \"devices/\" (no wildcards, no '$')")
+    return v
+
+
         ),
     )
 

@@ -47,6 +47,21 @@ from peep.edge.transport.base import Forwarder
 
 _log = logging.getLogger("peep.edge.mqtt")
 
+def _is_topic(received: str, ours: str) -> bool:
+    """Whether a message the broker sent is on ``ours``, with the broker's listener mount point or without.
+
+    The shipped broker mounts devices under ``devices/`` (deploy/mosquitto/mosquitto.conf); Mosquitto 2.0.11
+    (Debian 12) does not strip the mount point from the topics it sends (fixed in 2.0.12). Only messages
+    matching this client's own subscriptions arrive, so the suffix identifies them.
+
+    >>> _is_topic("devices/peep/v1/bundle", "peep/v1/bundle"), _is_topic("peep/v1/bundle", "peep/v1/bundle")
+    (True, True)
+    >>> _is_topic("xpeep/v1/bundle", "peep/v1/bundle")
+    False
+    """
+    return received == ours or received.endswith("/" + ours)
+
+
 
 class MqttLink:
     """One paho client: TLS, authentication, last will, status, subscriptions.
@@ -242,11 +257,11 @@ class MqttLink:
         self._notify()
 
     def _handle_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
-        if msg.topic == self.bundle_topic and self._on_bundle is not None:
+        if _is_topic(msg.topic, self.bundle_topic) and self._on_bundle is not None:
             if msg.payload:
                 self._on_bundle(bytes(msg.payload))
             return
-        if msg.topic == self.events_topic:
+        if _is_topic(msg.topic, self.events_topic):
             self.metrics.events.inc()
             try:
                 event = json.loads(msg.payload)

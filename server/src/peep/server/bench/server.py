@@ -195,6 +195,7 @@ def _bench_mqtt(tmp: Path, bundle: Any, pub: Path, tls: IssuedFiles, n: int, pub
         "topic_prefix": prefix,
         "share_group": f"bench{uuid.uuid4().hex[:6]}",
         "client_id": f"peep-bench-{uuid.uuid4().hex[:6]}",
+        "session_expiry_s": 0,  # a one-off server: no session left on the broker
     }
     app = ServerApp(_config(tmp / "mqtt", pub, Path(bundle.bench_dir), tls, devices, mqtt=mqtt))
     app.start(mqtt_wait=10.0)

@@ -273,6 +273,10 @@ class Demo:
                 "username": None,
                 "share_group": f"peep-{self.site}",
                 "client_id": f"peep-{self.site}-server",
+                # A one-off server on someone's broker: no session outlives it, and it leaves
+                # other clients' retained statuses under peep/v1 alone.
+                "session_expiry_s": 0,
+                "clear_retained": False,
             },
             "training": {
                 "model_dir": str(srv / "models"),

@@ -1,10 +1,12 @@
 """MQTT side of the server (paho-mqtt 2, MQTT v5).
 
 Topic names come from :mod:`peep.core.topics`, the grammar the devices use
-too; ``<prefix>`` is ``mqtt.topic_prefix`` (``peep/v1`` by default).
+too; ``<root>`` is ``mqtt.device_mount_point`` + ``mqtt.topic_prefix``
+(``peep/v1`` by default; ``devices/peep/v1`` with the shipped broker, whose
+devices' listener mounts their topics under ``devices/``).
 
 Ingest
-    Shared subscription ``$share/<group>/<prefix>/+/+/templates`` (QoS 1), so
+    Shared subscription ``$share/<group>/<root>/+/+/templates`` (QoS 1), so
     several replicas split the devices' templates. The paho network thread
     only queues messages; a writer thread validates and stores them in
     batches (one transaction per batch) and acknowledges each message
@@ -16,15 +18,38 @@ Ingest
     connection* (Mosquitto: ``max_inflight_messages``, 20 by default), and an
     acknowledgement waits for a database commit, so one connection would cap
     ingest at a few thousand templates per second.
+Durable sessions
+    Each connection has a stable client id (``mqtt.client_id``, default
+    ``peep-server-<host name>``; connection *i* > 0 appends ``-<i>``) and a
+    persistent MQTT v5 session (clean start off, ``mqtt.session_expiry_s``).
+    While the server is stopped, restarting or crash-looping, its sessions stay
+    members of the share group and the broker queues their share of the
+    templates (Mosquitto: ``persistence``, ``max_queued_messages``); messages
+    in flight but not acknowledged when the process died are redelivered when
+    the session resumes. A stop therefore never unsubscribes: it stops taking
+    messages, commits and acknowledges what it holds, and disconnects.
+    An acknowledgement is sent only on the connection that delivered the
+    message: after a reconnect the broker redelivers what was unacknowledged,
+    and a late PUBACK could otherwise acknowledge a different message that
+    reused the packet id.
+Retained messages devices should not leave
+    Mosquitto cannot refuse the retain flag. The template subscription asks
+    for *retain as published*: a retained template is stored like any other,
+    then its retained copy is cleared (an empty retained message). Connection
+    0 also subscribes (QoS 0, never queued) to ``<root>/+/+/status`` and
+    clears any retained status that is not ``online``/``offline`` from a
+    registered device at its registered site (``mqtt.clear_retained``).
 Dead letters
-    Every refused template produces a JSON document on ``<prefix>/deadletter``:
+    Every refused template produces a JSON document on ``<root>/deadletter``:
     ``{"topic", "code", "reason", "size"}``, never the payload itself, plus
     ``peep_ingest_rejected{transport="mqtt",reason=...}``.
 Events
-    Recognition events as JSON on ``<prefix>/<site>/<device>/events`` (QoS 1).
+    Recognition events as JSON on ``<root>/<site>/<device>/events`` (QoS 1).
 Bundle
     The current bundle as a retained ``BundleFiles`` message on
-    ``<prefix>/bundle`` (re-announced after every (re)connect).
+    ``<root>/bundle`` (re-announced after every (re)connect), unless it exceeds
+    the maximum packet size the broker announces in CONNACK (then an error is
+    logged: the broker would disconnect the server for it).
 
 The socket gets ``TCP_NODELAY``: with Nagle's algorithm the small PUBACKs
 wait for delayed ACKs and ingest stalls at a few hundred messages per second.
@@ -35,10 +60,10 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import re
 import socket
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +71,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
 from peep.core.bundle import EigenfaceBundle
 from peep.core.exceptions import TopicError
 from peep.core.topics import TopicScheme
@@ -59,6 +85,22 @@ from peep.v1 import recognition_pb2, template_pb2
 
 log = logging.getLogger(__name__)
 
+#: MQTT v5 DISCONNECT reason "Session taken over": another client connected with our client id.
+_SESSION_TAKEN_OVER = 0x8E
+_STATUSES = (b"online", b"offline")
+
+
+def default_client_id(hostname: str | None = None) -> str:
+    """``peep-server-<host name>``, reduced to the characters and length a client id may have.
+
+    >>> default_client_id("db-1.example.org")
+    'peep-server-db-1.example.org'
+    >>> default_client_id("weird host/name")
+    'peep-server-weird-host-name'
+    """
+    host = re.sub(r"[^A-Za-z0-9_.:@-]+", "-", hostname if hostname is not None else socket.gethostname())
+    return f"peep-server-{host.strip('-') or 'unnamed'}"[:96]
+
 
 @dataclass(frozen=True, slots=True)
 class _Item:
@@ -67,6 +109,8 @@ class _Item:
     mid: int
     qos: int
     conn: int
+    gen: int  # the connection's generation that delivered it (acks go to that one only)
+    retain: bool
 
 
 def _nodelay(client: mqtt.Client, userdata: Any, sock: Any) -> None:
@@ -89,32 +133,43 @@ class MqttBridge:
     def __init__(self, config: MqttConfig, services: Services, *, password: str | None = None) -> None:
         self.config = config
         self.s = services
-        self.topics = TopicScheme(config.topic_prefix)
+        self.topics = TopicScheme(config.device_mount_point + config.topic_prefix)
         self.templates_filter = self.topics.shared_templates_filter(config.share_group)
+        self.status_filter = f"{self.topics.root}/+/+/status"
         self.deadletter_topic = self.topics.deadletter
         self.bundle_topic = self.topics.bundle
-        self.client_id = config.client_id or f"peep-server-{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+        self.client_id = config.client_id or default_client_id()
         self._queue: queue.Queue[_Item] = queue.Queue(config.queue_size)
         self._connected = threading.Event()
         self._subscribed = threading.Event()
         self._stop = threading.Event()
+        self._closing = threading.Event()  # stop taking messages (they stay with the broker)
         self._writer: threading.Thread | None = None
         self._idle = threading.Event()
         self._idle.set()
         self.processed = 0
         self.deadletters = 0
+        self.retained_cleared = 0
+        self.max_packet_size: int | None = None  # from CONNACK
+        self._state_lock = threading.Lock()
+        self._gen = [0] * config.connections
+        self._up = [False] * config.connections
+        self._ready = [False] * config.connections
         self.clients = [self._make_client(i, password) for i in range(config.connections)]
         self.client = self.clients[0]  # also publishes events, dead letters and the bundle
-        self._n_connected = 0
-        self._n_subscribed = 0
-        self._state_lock = threading.Lock()
         services.events.add_sink(self.publish_event)
         services.bundles.add_listener(self.publish_bundle)
 
+    def connection_client_id(self, index: int) -> str:
+        return self.client_id if index == 0 else f"{self.client_id}-{index}"
+
     def _make_client(self, index: int, password: str | None) -> mqtt.Client:
-        cid = self.client_id if index == 0 else f"{self.client_id}-{index}"
         c = mqtt.Client(
-            CallbackAPIVersion.VERSION2, client_id=cid, protocol=mqtt.MQTTv5, manual_ack=True, userdata=index
+            CallbackAPIVersion.VERSION2,
+            client_id=self.connection_client_id(index),
+            protocol=mqtt.MQTTv5,
+            manual_ack=True,
+            userdata=index,
         )
         if self.config.username:
             c.username_pw_set(self.config.username, password)
@@ -134,17 +189,31 @@ class MqttBridge:
         c.on_subscribe = self._on_subscribe
         return c
 
+    @property
+    def durable(self) -> bool:
+        return self.config.session_expiry_s > 0
+
     # ------------------------------------------------------------ lifecycle
 
     def start(self, *, wait: float | None = None) -> None:
         """Connect in the background; with ``wait``, block until subscribed (or raise TimeoutError)."""
+        # The writer first: a resumed session delivers its queue right after CONNACK.
+        self._writer = threading.Thread(target=self._write_loop, name="peep-mqtt-writer", daemon=True)
+        self._writer.start()
         for c in self.clients:
             props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
             props.ReceiveMaximum = self.config.receive_maximum
-            c.connect_async(self.config.host, self.config.port, keepalive=self.config.keepalive_s, properties=props)
+            props.SessionExpiryInterval = self.config.session_expiry_s
+            # Clean start off on every connect, the first of the process included: resume the
+            # session (and the templates queued for it) the previous run of this replica left.
+            c.connect_async(
+                self.config.host,
+                self.config.port,
+                keepalive=self.config.keepalive_s,
+                clean_start=not self.durable,
+                properties=props,
+            )
             c.loop_start()
-        self._writer = threading.Thread(target=self._write_loop, name="peep-mqtt-writer", daemon=True)
-        self._writer.start()
         if wait is not None and not self._subscribed.wait(wait):
             raise TimeoutError(
                 f"mqtt: not connected and subscribed to {self.config.host}:{self.config.port} within {wait} s"
@@ -158,12 +227,14 @@ class MqttBridge:
         return self._subscribed.wait(timeout)
 
     def stop(self, *, drain_timeout: float = 10.0) -> None:
-        """Unsubscribe, store what is queued (and ack it), disconnect."""
-        for c in self.clients:
-            try:
-                c.unsubscribe(self.templates_filter)
-            except Exception:  # best effort at shutdown
-                pass
+        """Stop taking messages, store and acknowledge what was taken, disconnect.
+
+        The subscription stays: the broker keeps the session for
+        ``mqtt.session_expiry_s`` and queues this replica's share of the
+        templates until it returns. Whatever is not acknowledged when the
+        drain times out is redelivered then (ingest is idempotent).
+        """
+        self._closing.set()
         deadline = time.monotonic() + drain_timeout
         while (not self._queue.empty() or not self._idle.is_set()) and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -174,51 +245,141 @@ class MqttBridge:
             c.disconnect()
             c.loop_stop()
         self.s.metrics.mqtt_connected.set(0)
+        log.info(
+            "mqtt stopped",
+            extra={
+                "client_id": self.client_id,
+                "processed": self.processed,
+                "left_with_broker": self._queue.qsize(),
+                "session_expiry_s": self.config.session_expiry_s,
+            },
+        )
 
     # ------------------------------------------------------------ paho callbacks
 
     def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
         if reason.is_failure:
-            log.error("mqtt connect refused", extra={"reason": str(reason)})
+            cid = self.connection_client_id(int(userdata))
+            log.error("mqtt connect refused", extra={"reason": str(reason), "client_id": cid})
             return
+        index = int(userdata)
+        size = getattr(properties, "MaximumPacketSize", None)
         with self._state_lock:
-            self._n_connected += 1
-            if self._n_connected == len(self.clients):
+            self._gen[index] += 1
+            first = self._gen[index] == 1
+            self._up[index] = True
+            if size:
+                self.max_packet_size = int(size)
+            if all(self._up):
                 self._connected.set()
                 self.s.metrics.mqtt_connected.set(1)
-        client.subscribe(self.templates_filter, qos=self.config.qos)
-        log.info(
-            "mqtt connected",
-            extra={"client_id": self.client_id, "connection": userdata, "filter": self.templates_filter},
-        )
-        if userdata == 0:
+        resumed = bool(getattr(flags, "session_present", False))
+        # Subscribe on every connect: a resumed session keeps its subscription (re-subscribing
+        # is idempotent), a new or expired one needs it.
+        subs: list[tuple[str, SubscribeOptions]] = [
+            (self.templates_filter, SubscribeOptions(qos=self.config.qos, retainAsPublished=True))
+        ]
+        if index == 0 and self.config.clear_retained:
+            # QoS 0: status messages are never queued for this session while the server is away;
+            # the retained ones arrive again with every subscription.
+            subs.append((self.status_filter, SubscribeOptions(qos=0, retainAsPublished=True)))
+        client.subscribe(subs)
+        extra = {
+            "client_id": self.connection_client_id(index),
+            "connection": index,
+            "filter": self.templates_filter,
+            "session_present": resumed,
+            "session_expiry_s": self.config.session_expiry_s,
+        }
+        if self.durable and not resumed and not first:
+            # The broker dropped the session (expired, or restarted without persistence): what
+            # it had queued for this connection is gone.
+            log.warning("mqtt session not resumed; templates queued for it may be lost", extra=extra)
+        else:
+            log.info("mqtt connected", extra=extra)
+        if index == 0:
             b = self.s.bundles.current()
             if b is not None:
                 self.publish_bundle(b)
 
     def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, reason_codes: Any, properties: Any) -> None:
-        if all(not rc.is_failure for rc in reason_codes):
-            with self._state_lock:
-                self._n_subscribed += 1
-                if self._n_subscribed >= len(self.clients):
-                    self._subscribed.set()
-        else:
+        if any(rc.is_failure for rc in reason_codes):
             log.error("mqtt subscribe refused (check the broker ACL)", extra={"filter": self.templates_filter})
+            return
+        with self._state_lock:
+            self._ready[int(userdata)] = True
+            ready = all(self._ready)
+        if ready and not self._subscribed.is_set():
+            self._subscribed.set()
+            log.info("mqtt subscribed", extra={"client_id": self.client_id, "filter": self.templates_filter})
 
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
+        index = int(userdata)
         with self._state_lock:
-            self._n_connected = max(0, self._n_connected - 1)
-            self._n_subscribed = max(0, self._n_subscribed - 1)
+            self._up[index] = False
+            self._ready[index] = False
         self._connected.clear()
         self._subscribed.clear()
         self.s.metrics.mqtt_connected.set(0)
-        if not self._stop.is_set():
-            log.warning("mqtt disconnected; reconnecting", extra={"reason": str(reason)})
+        if self._stop.is_set():
+            return
+        if getattr(reason, "value", None) == _SESSION_TAKEN_OVER:
+            log.error(
+                "mqtt session taken over: another client connected with this client id (every replica needs "
+                "its own mqtt.client_id)",
+                extra={"client_id": self.connection_client_id(index)},
+            )
+        else:
+            log.warning("mqtt disconnected; reconnecting", extra={"reason": str(reason), "connection": index})
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        index = int(userdata)
+        if not msg.topic.endswith("/templates"):
+            if msg.topic.endswith("/status"):
+                self._check_status(msg)
+            return
+        if self._closing.is_set():
+            return  # not acknowledged: the broker redelivers it to this session when it resumes
+        if msg.retain and not msg.payload:
+            # The clearing of a retained template (ours or the device's): nothing to store.
+            if msg.qos:
+                client.ack(msg.mid, msg.qos)
+            return
         # Blocking put = back-pressure: the broker holds further messages
         # (receive maximum) until the writer catches up.
-        self._queue.put(_Item(msg.topic, bytes(msg.payload), msg.mid, msg.qos, userdata))
+        self._queue.put(
+            _Item(msg.topic, bytes(msg.payload), msg.mid, msg.qos, index, self._gen[index], bool(msg.retain))
+        )
+
+    # ------------------------------------------------------------ retained messages
+
+    def _check_status(self, msg: mqtt.MQTTMessage) -> None:
+        """Clear a retained status that is not a registered device's ``online``/``offline`` at its site."""
+        if not msg.retain or not msg.payload:
+            return
+        reason = None
+        try:
+            where = self.topics.parse(msg.topic, leaf="status")
+        except TopicError:
+            reason = "bad_topic"
+        else:
+            devices = self.s.devices
+            if msg.payload not in _STATUSES:
+                reason = "bad_payload"
+            elif self.config.require_registered_device and len(devices):
+                if not devices.is_registered(where.device_id):
+                    reason = "unknown_device"
+                else:
+                    site = devices.site_of(where.device_id)
+                    if site is not None and site != where.site:
+                        reason = "wrong_site"
+        if reason is not None:
+            self._clear_retained(msg.topic, reason, len(msg.payload))
+
+    def _clear_retained(self, topic: str, reason: str, size: int) -> None:
+        self.retained_cleared += 1
+        self.client.publish(topic, b"", qos=1, retain=True)
+        log.warning("mqtt retained message cleared", extra={"topic": topic[:256], "reason": reason, "size": size})
 
     # ------------------------------------------------------------ writer
 
@@ -248,13 +409,18 @@ class MqttBridge:
                         break  # shutting down: unacknowledged, the broker redelivers
                     delay = min(delay * 2, 10.0)
                     continue
-                for it in items:
-                    if it.qos:
-                        self.clients[it.conn].ack(it.mid, it.qos)
+                self._acknowledge(items)
                 self.processed += len(items)
                 break
             if self._queue.empty():
                 self._idle.set()
+
+    def _acknowledge(self, items: list[_Item]) -> None:
+        for it in items:
+            if it.qos and it.gen == self._gen[it.conn]:
+                self.clients[it.conn].ack(it.mid, it.qos)
+            if it.retain:
+                self._clear_retained(it.topic, "retained_template", len(it.payload))
 
     def _process(self, items: list[_Item]) -> None:
         msgs: list[template_pb2.PerturbedTemplate] = []
@@ -299,5 +465,16 @@ class MqttBridge:
 
     def publish_bundle(self, bundle: EigenfaceBundle) -> None:
         payload = bundle_files_message(bundle).SerializeToString(deterministic=True)
+        # PUBLISH = fixed header (<= 5) + topic (2 + len) + packet id (2) + properties (1): a
+        # packet over the broker's maximum would get this connection dropped, again at each retry.
+        packet = len(payload) + len(self.bundle_topic.encode()) + 10
+        limit = self.max_packet_size
+        if limit is not None and packet > limit:
+            log.error(
+                "bundle not announced: larger than the broker's maximum packet size (raise max_packet_size in "
+                "mosquitto.conf); devices keep their bundle",
+                extra={"bundle_id": bundle.bundle_id, "bytes": packet, "max_packet_size": limit},
+            )
+            return
         self.client.publish(self.bundle_topic, payload, qos=1, retain=True)
         log.info("bundle announced", extra={"bundle_id": bundle.bundle_id, "topic": self.bundle_topic})

@@ -1,0 +1,193 @@
+"""Our own Mosquitto with the shipped configuration (deploy/mosquitto), for durability and ACL tests.
+
+The shipped ``mosquitto.conf``, ``acl`` and ``make-passwd.sh`` are used as they
+are; only paths and ports are swapped in (and ``persistence_location`` added,
+which Debian's main configuration sets). Two TLS listeners: ``dev_port``
+(``mount_point devices/``, device passwords) and ``srv_port`` (``peep-server``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy" / "mosquitto"
+MOSQUITTO = "/usr/sbin/mosquitto"
+MOSQUITTO_PASSWD = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
+DEVICE_PASSWORDS = {"cam-1": "cam-1-pw-" + uuid.uuid4().hex[:8], "cam-2": "cam-2-pw-" + uuid.uuid4().hex[:8]}
+SERVER_PASSWORD = "server-pw-" + uuid.uuid4().hex[:8]
+MOUNT = "devices/"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+class ShippedBroker:
+    """mosquitto -c <the shipped mosquitto.conf, paths and ports swapped>; killable and restartable."""
+
+    def __init__(self, workdir: Path, ca: Path, cert: Path, key: Path) -> None:
+        for tool in (MOSQUITTO, MOSQUITTO_PASSWD):
+            if not os.path.exists(tool):
+                pytest.skip(f"{tool} not installed (Debian package mosquitto)")
+        self.workdir = workdir
+        etc = workdir / "etc"
+        etc.mkdir(parents=True)
+        self.creds = workdir / "creds"
+        for name, src in (("ca.pem", ca), ("server.pem", cert), ("server.key", key)):
+            shutil.copyfile(src, etc / name)
+        shutil.copyfile(DEPLOY / "acl", etc / "acl")
+        devices = [f"{d}={pw}" for d, pw in DEVICE_PASSWORDS.items()]
+        for passwd, users in (("passwd", devices), ("passwd-server", [f"peep-server={SERVER_PASSWORD}"])):
+            subprocess.run(
+                ["bash", str(DEPLOY / "make-passwd.sh"), str(etc / passwd), str(self.creds), *users],
+                check=True,
+                capture_output=True,
+            )
+        self.dev_port, self.srv_port = free_port(), free_port()
+        conf = (DEPLOY / "mosquitto.conf").read_text().replace("/etc/mosquitto/peep/", f"{etc}/")
+        conf, n_dev = re.subn(r"^listener 8883$", f"listener {self.dev_port} 127.0.0.1", conf, flags=re.M)
+        conf, n_srv = re.subn(r"^listener 8884$", f"listener {self.srv_port} 127.0.0.1", conf, flags=re.M)
+        assert n_dev == n_srv == 1, "deploy/mosquitto/mosquitto.conf: expected listeners 8883 and 8884"
+        head = [f"persistence_location {workdir}/", f"log_dest file {workdir}/mosquitto.log", "log_type all"]
+        if os.geteuid() == 0:
+            head.append("user root")  # as root mosquitto would drop to `mosquitto`, which cannot read tmp dirs
+        self.conf = workdir / "mosquitto.conf"
+        self.conf.write_text("\n".join(head) + "\n" + conf)
+        self.ca = etc / "ca.pem"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ShippedBroker:
+        with open(self.workdir / "stderr.txt", "ab") as err:
+            self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.conf)], stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mosquitto exited: {(self.workdir / 'stderr.txt').read_text()} {self.log()}")
+            if _port_open(self.dev_port) and _port_open(self.srv_port):
+                return self
+            time.sleep(0.05)
+        raise RuntimeError("mosquitto did not start")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+
+    def log(self) -> str:
+        p = self.workdir / "mosquitto.log"
+        return p.read_text(errors="replace") if p.exists() else ""
+
+    def server_mqtt_section(self, **overrides: Any) -> dict[str, Any]:
+        """server.toml's [mqtt] for this broker (password from PEEP_TEST_MQTT_PASSWORD)."""
+        sec: dict[str, Any] = {
+            "enabled": True,
+            "host": "localhost",
+            "port": self.srv_port,
+            "username": "peep-server",
+            "password": "env:PEEP_TEST_MQTT_PASSWORD",
+            "device_mount_point": MOUNT,
+            "topic_prefix": "peep/v1",  # the root the shipped ACL names
+            "tls": {"ca": str(self.ca)},
+        }
+        sec.update(overrides)
+        return sec
+
+
+@dataclass
+class Client:
+    """A paho MQTT v5 client over TLS recording PUBACK reason codes and received messages."""
+
+    port: int
+    user: str
+    password: str
+    ca: Path
+    client_id: str = ""
+    acks: dict[int, int] = field(default_factory=dict)
+    messages: list[tuple[str, bytes, bool]] = field(default_factory=list)
+    disconnects: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.lock = threading.Lock()
+        self.connected = threading.Event()
+        self.c = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=self.client_id or f"{self.user}-{uuid.uuid4().hex[:8]}",
+            protocol=mqtt.MQTTv5,
+        )
+        self.c.username_pw_set(self.user, self.password)
+        self.c.tls_set(ca_certs=str(self.ca))
+        self.c.max_inflight_messages_set(100)
+        self.c.max_queued_messages_set(0)
+        self.c.on_connect = lambda c, u, f, rc, p: self.connected.set() if not rc.is_failure else None
+        self.c.on_disconnect = self._on_disconnect
+        self.c.on_publish = self._on_publish
+        self.c.on_message = self._on_message
+
+    def _on_disconnect(self, c: Any, u: Any, f: Any, rc: Any, p: Any) -> None:
+        self.connected.clear()
+        self.disconnects.append(str(rc))
+
+    def _on_publish(self, c: Any, u: Any, mid: int, rc: Any, p: Any) -> None:
+        with self.lock:
+            self.acks[mid] = rc.value
+
+    def _on_message(self, c: Any, u: Any, m: Any) -> None:
+        with self.lock:
+            self.messages.append((m.topic, bytes(m.payload), bool(m.retain)))
+
+    def connect(self, timeout: float = 10.0) -> Client:
+        self.c.connect_async("localhost", self.port)
+        self.c.loop_start()
+        if not self.connected.wait(timeout):
+            raise RuntimeError(f"{self.user}: could not connect to port {self.port}")
+        return self
+
+    def subscribe(self, *filters: str) -> None:
+        done = threading.Event()
+        self.c.on_subscribe = lambda *a: done.set()
+        self.c.subscribe([(f, 1) for f in filters])
+        assert done.wait(5), "no SUBACK"
+
+    def close(self) -> None:
+        self.c.disconnect()
+        self.c.loop_stop()
+
+
+def wait_for(pred: Any, timeout: float = 20.0, step: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(step)
+    return bool(pred())

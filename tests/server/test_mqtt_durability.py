@@ -1,0 +1,203 @@
+"""Durable MQTT delivery: `peep serve` killed, stopped or away while devices publish, and nothing acknowledged is lost.
+
+The broker is our own Mosquitto with the shipped configuration (deploy/mosquitto:
+persistence, queue limits, TLS, the devices' listener with its mount point, the
+server's listener). The server runs as a subprocess (`peep serve --config`) with
+a fixed client id, as a replica does in production. A device publishes QoS 1
+templates and counts the broker's PUBACKs (after which a device deletes them
+from its spool); the test then counts the rows in the server's SQLite store.
+The store de-duplicates by message id, so "rows == templates acknowledged"
+means every acknowledged template was stored exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from peep_broker_testlib import DEVICE_PASSWORDS, SERVER_PASSWORD, Client, ShippedBroker, wait_for
+from peep_server_testlib import PEEP, SITE, base_config, to_toml
+
+pytestmark = [pytest.mark.mqtt, pytest.mark.slow]
+
+REPLICA = "peep-durability-a"
+
+
+@pytest.fixture
+def broker(tmp_path, pki):
+    b = ShippedBroker(tmp_path / "broker", pki.client_ca, pki.server_cert, pki.server_key).start()
+    yield b
+    b.stop(signal.SIGKILL)
+
+
+class ServerProcess:
+    """`peep serve --config server.toml` as a subprocess; its JSON log lines are collected."""
+
+    def __init__(self, conf: Path, env: dict[str, str]) -> None:
+        self.conf, self.env = conf, env
+        self.proc: subprocess.Popen[str] | None = None
+        self.events: list[dict[str, Any]] = []
+        self.lines: list[str] = []
+
+    def start(self, timeout: float = 90.0) -> ServerProcess:
+        self.events.clear()
+        self.proc = subprocess.Popen(
+            [PEEP, "serve", "--config", str(self.conf)], stderr=subprocess.PIPE, env=self.env, text=True
+        )
+        self._reader = threading.Thread(target=self._read, args=(self.proc,), daemon=True)
+        self._reader.start()
+        assert wait_for(lambda: self.seen("mqtt subscribed"), timeout), "".join(self.lines[-40:])
+        return self
+
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            self.lines.append(line)
+            if line.startswith("{"):
+                try:
+                    self.events.append(json.loads(line))
+                except ValueError:
+                    pass
+
+    def seen(self, event: str) -> bool:
+        return any(e.get("event") == event for e in list(self.events))
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        rc = self.proc.wait(timeout)
+        self._close()
+        return rc
+
+    def _close(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        self._reader.join(10)
+        self.proc.stderr.close()
+        self.proc = None
+
+    def kill_if_running(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(10)
+            self._close()
+
+
+@pytest.fixture
+def server_factory(tmp_path, keypair, bundle_dir, broker):
+    made: list[ServerProcess] = []
+
+    def make(**mqtt: Any) -> ServerProcess:
+        cfg = base_config(
+            tmp_path,
+            keypair[3],
+            bundle_dir,
+            mqtt=broker.server_mqtt_section(client_id=REPLICA, session_expiry_s=600, **mqtt),
+            logging={"format": "json", "level": "info"},
+        )
+        cfg["auth"]["allow_insecure"] = True
+        conf = tmp_path / "server.toml"
+        conf.write_text(to_toml(cfg))
+        env = {**os.environ, "PEEP_TEST_MQTT_PASSWORD": SERVER_PASSWORD}
+        p = ServerProcess(conf, env)
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.kill_if_running()
+
+
+def stored(db: Path) -> int:
+    if not db.exists():
+        return 0
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as conn:
+        try:
+            return int(conn.execute("SELECT COUNT(*) FROM templates").fetchone()[0])
+        except sqlite3.OperationalError:  # schema not created yet
+            return 0
+
+
+class Device:
+    """cam-1 publishing QoS 1 templates through the devices' listener; a successful PUBACK = the broker took it."""
+
+    def __init__(self, broker: ShippedBroker) -> None:
+        self.client = Client(broker.dev_port, "cam-1", DEVICE_PASSWORDS["cam-1"], broker.ca).connect()
+        self.topic = f"peep/v1/{SITE}/cam-1/templates"
+        self.mids: list[int] = []
+
+    def publish(self, payloads: list[bytes], *, rate: float | None = None) -> None:
+        t0 = time.monotonic()
+        for i, p in enumerate(payloads):
+            self.mids.append(self.client.c.publish(self.topic, p, qos=1).mid)
+            if rate is not None:
+                ahead = t0 + (i + 1) / rate - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)
+
+    def acknowledged(self) -> int:
+        with self.client.lock:
+            # < 0x80 is success: 0x00, or 0x10 "no matching subscribers" (no server session to queue for)
+            return sum(1 for m in self.mids if self.client.acks.get(m, 0x80) < 0x80)
+
+
+def payloads(templates: Any, n: int, tag: str) -> list[bytes]:
+    X = templates.X
+    return [templates.message(i % len(X), message_id=f"{tag}-{i:05d}").SerializeToString() for i in range(n)]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+def test_server_stopped_mid_stream_loses_no_acknowledged_template(server_factory, broker, templates, tmp_path, sig):
+    n = 2000
+    srv = server_factory().start()
+    dev = Device(broker)
+    try:
+        sender = threading.Thread(target=dev.publish, args=(payloads(templates, n, sig.name),), kwargs={"rate": 400})
+        sender.start()
+        db = tmp_path / "peep.db"
+        assert wait_for(lambda: stored(db) >= 300, 30), "".join(srv.lines[-20:]) + broker.log()[-3000:]
+        srv.stop(sig)  # mid-stream: the device keeps publishing
+        at_stop = stored(db)
+        srv.start()  # the same replica comes back (systemd Restart=, an upgrade)
+        sender.join(60)
+        assert wait_for(lambda: dev.acknowledged() == n, 30), f"broker acknowledged {dev.acknowledged()} of {n}"
+        wait_for(lambda: stored(db) >= n, 60)
+        assert srv.stop(signal.SIGTERM) == 0
+        rows = stored(db)
+        print(f"\n{sig.name}: sent {n}, acknowledged {dev.acknowledged()}, stored at the stop {at_stop}, stored {rows}")
+        assert at_stop < n, "the stop was not mid-stream"
+        assert rows == n, f"{sig.name}: {n} acknowledged by the broker, {rows} stored"
+    finally:
+        dev.client.close()
+
+
+def test_templates_published_while_the_server_is_down_are_stored_when_it_returns(
+    server_factory, broker, templates, tmp_path
+):
+    srv = server_factory().start()  # the replica's first start creates its session on the broker
+    assert srv.stop(signal.SIGTERM) == 0
+    dev = Device(broker)
+    try:
+        n = 500
+        dev.publish(payloads(templates, n, "down"))
+        assert wait_for(lambda: dev.acknowledged() == n, 30)
+        # The broker restarts meanwhile (an upgrade of the backend): the queue is persisted.
+        broker.stop(signal.SIGTERM)
+        broker.start()
+        srv.start()
+        db = tmp_path / "peep.db"
+        wait_for(lambda: stored(db) >= n, 60)
+        assert srv.stop(signal.SIGTERM) == 0
+        rows = stored(db)
+        print(f"\ndown for the burst: sent {n}, acknowledged {dev.acknowledged()}, stored {rows}")
+        assert rows == n
+    finally:
+        dev.client.close()
