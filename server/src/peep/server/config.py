@@ -360,6 +360,21 @@ class MqttTlsConfig(_Model):
         return _resolve_path(v, info)
 
 
+_CLIENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,99}$")
+
+
+def _check_client_id(v: str) -> str:
+    if not _CLIENT_ID.match(v):
+        raise ValueError("expected an MQTT client id: 1-100 of [A-Za-z0-9_.:@-], starting with a letter or digit")
+    return v
+
+
+def _check_mount_point(v: str) -> str:
+    if v and (not v.endswith("/") or v.startswith("/") or "//" in v or any(c in v for c in "+#$")):
+        raise ValueError("expected empty or topic levels ending with '/', e.g. \"devices/\" (no wildcards, no '$')")
+    return v
+
+
 class MqttConfig(_Model):
     enabled: bool = True
     host: str = "127.0.0.1"
@@ -520,21 +535,6 @@ class IngestConfig(_Model):
         description=(
             "a template's capture_time may be at most this far behind the server clock (default 30 days): how "
             "long a device's spool may hold templates through an outage before they are refused"
-_CLIENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,99}$")
-
-
-def _check_client_id(v: str) -> str:
-    if not _CLIENT_ID.match(v):
-        raise ValueError("expected an MQTT client id: 1-100 of [A-Za-z0-9_.:@-], starting with a letter or digit")
-    return v
-
-
-def _check_mount_point(v: str) -> str:
-    if v and (not v.endswith("/") or v.startswith("/") or "//" in v or any(c in v for c in "+#$")):
-        raise ValueError("expected empty or topic levels ending with '/', e.g. \"devices/\" (no wildcards, no '$')")
-    return v
-
-
         ),
     )
 

@@ -47,6 +47,7 @@ from peep.edge.transport.base import Forwarder
 
 _log = logging.getLogger("peep.edge.mqtt")
 
+
 def _is_topic(received: str, ours: str) -> bool:
     """Whether a message the broker sent is on ``ours``, with the broker's listener mount point or without.
 
@@ -60,7 +61,6 @@ def _is_topic(received: str, ours: str) -> bool:
     False
     """
     return received == ours or received.endswith("/" + ours)
-
 
 
 class MqttLink:
