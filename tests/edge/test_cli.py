@@ -53,14 +53,15 @@ def test_bundle_verify_ok_tampered_and_wrong_key(bundle_copy, edge_keys, capsys)
 def test_run_refuses_a_tampered_or_unsigned_bundle_saying_which_file(bundle_copy, make_config, capsys, damage, needle):
     damage(bundle_copy)
     path = make_config(bundle={"path": str(bundle_copy)})
-    assert main(["run", "--config", str(path)]) == 1
+    # A configuration error (exit 2) naming bundle.path, as --validate-config says it.
+    assert main(["run", "--config", str(path)]) == 2
     err = capsys.readouterr().err
-    assert "refusing to start" in err and needle in err
+    assert "bundle.path: refusing to start" in err and needle in err
 
 
 def test_run_refuses_a_bundle_signed_by_another_key(make_config, edge_keys, capsys):
     path = make_config(bundle={"public_key": str(edge_keys["other_pub_path"])})
-    assert main(["run", "--config", str(path)]) == 1
+    assert main(["run", "--config", str(path)]) == 2
     assert "signature.sig: Ed25519 signature does not verify with the pinned key" in capsys.readouterr().err
 
 

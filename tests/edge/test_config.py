@@ -185,7 +185,7 @@ def test_a_mechanism_the_bundle_has_no_output_for_is_refused_at_start(
     make_config, tmp_path, lfw_background, edge_keys, capsys, h
 ):
     """A privunit device with a bundle whose projector lacks the 'unit' output refuses to start,
-    naming the mechanism, the missing output and the bundle (exit 1), instead of releasing anything."""
+    naming the mechanism, the missing output and the bundle (exit 2, bundle.path), instead of releasing anything."""
     from peep.core import domains
     from peep.core.projections import base as projection_base
 
@@ -196,9 +196,9 @@ def test_a_mechanism_the_bundle_has_no_output_for_is_refused_at_start(
     path = make_config(
         bundle={"path": str(old)}, privacy={"mechanism": "privunit", "epsilon": 16.0, "track_budget": 64.0}
     )
-    assert main(["run", "--config", str(path), "--validate-config"]) == 1
+    assert main(["run", "--config", str(path), "--validate-config"]) == 2
     err = capsys.readouterr().err
-    assert "refusing to start" in err and "privunit" in err and "'unit'" in err
+    assert "bundle.path: refusing to start" in err and "privunit" in err and "'unit'" in err
 
 
 def test_a_secret_loses_one_trailing_newline_and_nothing_else(tmp_path):

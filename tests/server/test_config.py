@@ -124,7 +124,7 @@ def test_validate_config_cli_accepts_a_good_file(tmp_path, capsys, keypair):
 
 def test_validate_config_cli_checks_referenced_files(tmp_path, capsys):
     assert main(["serve", "--config", str(write(tmp_path, MINIMAL)), "--validate-config"]) == 2
-    assert "bundle.public_key: expected an existing path" in capsys.readouterr().err
+    assert "bundle.public_key: expected a readable Ed25519 public key file" in capsys.readouterr().err
 
 
 def test_example_config_in_deploy_is_valid():

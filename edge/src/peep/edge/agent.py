@@ -45,6 +45,7 @@ from peep.core.bundle import EigenfaceBundle, load_public_key, write_bundle_file
 from peep.core.exceptions import BudgetError, BundleError, WireError
 from peep.core.release import TemplateReleaser
 from peep.core.wire import check_subject_id
+from peep.edge import startup
 from peep.edge.capture import Frame, FrameSource, open_source
 from peep.edge.config import EdgeConfig, check_budget_allows_release
 from peep.edge.credentials import resolve_secret
@@ -65,8 +66,15 @@ _log = logging.getLogger("peep.edge.agent")
 UPDATED_BUNDLE_DIR = "bundle"
 
 
-class BundleRefused(EdgeError):
-    """The configured bundle failed verification (exit 1; the message names the file)."""
+class BundleRefused(ConfigError):
+    """The configured bundle failed verification, or lacks what the mechanism releases.
+
+    A configuration error (exit 2, as from ``--validate-config``): ``bundle.path``
+    names a bundle this device must not use; the message names the file at fault.
+    """
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__([("bundle.path", f"refusing to start with {str(path)!r}: {reason}")])
 
 
 def _delta_budget(epsilon_budget: float | None, cost: float, delta: float) -> float:
@@ -140,13 +148,13 @@ class Agent:
         try:
             bundle = EigenfaceBundle.load(cfg.bundle.path, self.public_key)
         except BundleError as exc:
-            raise BundleRefused(f"bundle.path {cfg.bundle.path}: refusing to start: {exc}") from None
+            raise BundleRefused(cfg.bundle.path, str(exc)) from None
         p = cfg.privacy
         try:
             releaser = make_releaser(bundle, kind=p.mechanism, epsilon=p.epsilon, delta=p.delta)
         except BundleError as exc:
             # e.g. a unit-sphere mechanism with a bundle whose projector has no 'unit' output
-            raise BundleRefused(f"bundle.path {cfg.bundle.path}: refusing to start: {exc}") from None
+            raise BundleRefused(cfg.bundle.path, str(exc)) from None
         # The configured bundle fixes the largest per-vector ε any later bundle may give.
         self.epsilon_vector_cap = float(releaser.mechanism.guarantee.epsilon_vector)
         self.releaser = releaser
@@ -193,7 +201,15 @@ class Agent:
         return releaser
 
     def prepare(self) -> None:
-        """Everything that can fail because of the config or the bundle (no network, no frames)."""
+        """Everything that can fail because of the config or the bundle (no network, no frames).
+
+        ``peep-edge run --validate-config`` is this: the pinned key and the bundle
+        verified against it, the mechanism on that bundle, the soft-trait extra,
+        the budgets, the secrets, the TLS files of each enabled transport
+        (:mod:`peep.edge.startup`, which the transports load theirs from), the
+        state directory and the detector. Each problem is a
+        :class:`~peep.edge.errors.ConfigError` naming its key.
+        """
         cfg = self.cfg
         cv2.setNumThreads(cfg.detector.threads)
         self._load_bundle()
@@ -233,6 +249,11 @@ class Agent:
             if cfg.grpc.enabled
             else None
         )
+        if cfg.mqtt.enabled:
+            startup.mqtt_tls_context(cfg.mqtt)
+        if cfg.grpc.enabled:
+            startup.grpc_tls_material(cfg.grpc)
+        startup.check_state_dir(cfg.device.state_dir)
         self.detector = build_detector(cfg.detector)
         self._prepared = True
 

@@ -29,9 +29,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from peep.core.bundle import load_public_key, read_bundle_files
+from peep.server import startup
 from peep.server.bundles.catalog import BundleCatalog
 from peep.server.config import ResolvedSecrets, ServerConfig, resolve_secrets
 from peep.server.ingest.auth import DeviceRegistry
@@ -85,7 +84,7 @@ class Services:
         self.metrics = metrics or ServerMetrics()
         db_password = self.secrets.db_password.get_secret_value() if self.secrets.db_password else None
         self.store = store if store is not None else open_store(config.storage, password=db_password)
-        self.bundles = BundleCatalog(self.store, load_public_key(config.bundle.public_key))
+        self.bundles = BundleCatalog(self.store, startup.pinned_key(config))
         self.validator = TemplateValidator(
             self.bundles,
             plausibility_sigmas=config.bundle.plausibility_sigmas,
@@ -130,12 +129,15 @@ class Services:
     # ------------------------------------------------------------ bundles
 
     def publish_configured_bundle(self) -> str | None:
-        """Publish ``bundle.dir`` (if configured); returns its id."""
-        d = self.config.bundle.dir
-        if d is None:
+        """Publish ``bundle.dir`` (if configured); returns its id.
+
+        Raises :class:`~peep.server.config.ConfigError` naming ``bundle.dir`` if it
+        does not verify against the pinned key (:func:`peep.server.startup.configured_bundle`).
+        """
+        bundle = startup.configured_bundle(self.config, self.bundles.public_key)
+        if bundle is None:
             return None
-        bundle = self.bundles.publish(read_bundle_files(Path(d)))
-        return bundle.bundle_id
+        return self.bundles.publish(bundle.files).bundle_id
 
     # ------------------------------------------------------------ training
 

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnxruntime as ort
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from numpy.typing import ArrayLike, NDArray
@@ -103,14 +103,30 @@ def load_private_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
 
 
 def load_public_key(path_or_pem: str | os.PathLike[str] | bytes) -> Ed25519PublicKey:
-    """Read an Ed25519 public key from a PEM file path or PEM bytes."""
+    """Read an Ed25519 public key from a PEM file path or PEM bytes.
+
+    Errors say what was expected and what was received (the file's path, never
+    a Python ``repr``; an X.509 certificate, another kind of key, or no key at
+    all), so a caller only prefixes the option or key it came from.
+    """
+    received = "PEM bytes" if isinstance(path_or_pem, bytes) else repr(os.fspath(path_or_pem))
     try:
         pem = path_or_pem if isinstance(path_or_pem, bytes) else Path(path_or_pem).read_bytes()
+    except OSError as exc:
+        raise BundleError(
+            f"expected a readable Ed25519 public key file (PEM), received {received} ({exc.strerror})"
+        ) from None
+    if b"-----BEGIN CERTIFICATE-----" in pem:
+        raise BundleError(
+            "expected the deployer's Ed25519 public key (PEM 'PUBLIC KEY', as written by 'peep keys generate'), "
+            f"received an X.509 certificate in {received}"
+        )
+    try:
         key = serialization.load_pem_public_key(pem)
-    except (OSError, ValueError, TypeError) as exc:
-        raise BundleError(f"public key {path_or_pem!r}: expected an Ed25519 public key in PEM ({exc})") from exc
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+        raise BundleError(f"expected an Ed25519 public key in PEM, received {received} ({exc})") from None
     if not isinstance(key, Ed25519PublicKey):
-        raise BundleError(f"public key {path_or_pem!r}: expected an Ed25519 public key, received {type(key).__name__}")
+        raise BundleError(f"expected an Ed25519 public key, received a {type(key).__name__} in {received}")
     return key
 
 

@@ -24,25 +24,16 @@ from typing import Any
 import grpc
 from peep.core.wire import decode_template
 from peep.edge.config import GrpcConfig
-from peep.edge.errors import ConfigError
 from peep.edge.logs import log_event
 from peep.edge.metrics import EdgeMetrics
 from peep.edge.spool import Spool
+from peep.edge.startup import grpc_tls_material
 from peep.edge.transport.base import Forwarder
 from peep.v1 import recognition_pb2, recognition_pb2_grpc
 
 _log = logging.getLogger("peep.edge.grpc")
 
 _AUTH_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
-
-
-def _read(path: Any, field: str) -> bytes:
-    try:
-        return bytes(path.read_bytes())
-    except OSError as exc:
-        raise ConfigError(
-            f"grpc.{field}: expected a readable PEM file, received {str(path)!r} ({exc.strerror})"
-        ) from None
 
 
 def make_channel(cfg: GrpcConfig) -> grpc.Channel:
@@ -61,9 +52,10 @@ def make_channel(cfg: GrpcConfig) -> grpc.Channel:
             detail="grpc.tls = false: the bearer token and templates travel in clear",
         )
         return grpc.insecure_channel(cfg.target, options=options)
-    root = _read(cfg.ca_file, "ca_file") if cfg.ca_file else None
-    key = _read(cfg.key_file, "key_file") if cfg.key_file else None
-    chain = _read(cfg.cert_file, "cert_file") if cfg.cert_file else None
+    # The files Agent.prepare (and --validate-config) checked; ConfigError naming the key otherwise.
+    material = grpc_tls_material(cfg)
+    assert material is not None
+    root, key, chain = material
     creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=chain)
     if cfg.server_name:
         options.append(("grpc.ssl_target_name_override", cfg.server_name))

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import queue
-import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -39,10 +38,10 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from peep.core.topics import TopicScheme
 from peep.edge.config import MqttConfig
-from peep.edge.errors import ConfigError
 from peep.edge.logs import log_event
 from peep.edge.metrics import EdgeMetrics
 from peep.edge.spool import Spool, SpoolItem
+from peep.edge.startup import mqtt_tls_context
 from peep.edge.transport.base import Forwarder
 
 _log = logging.getLogger("peep.edge.mqtt")
@@ -117,21 +116,10 @@ class MqttLink:
             protocol=mqtt.MQTTv5,
             reconnect_on_failure=True,
         )
-        if cfg.tls:
-            for name in ("ca_file", "cert_file", "key_file"):
-                path = getattr(cfg, name)
-                if path is not None and not path.is_file():
-                    raise ConfigError(f"mqtt.{name}: expected a readable PEM file, received {str(path)!r} (not found)")
-            try:
-                c.tls_set(
-                    ca_certs=str(cfg.ca_file) if cfg.ca_file else None,
-                    certfile=str(cfg.cert_file) if cfg.cert_file else None,
-                    keyfile=str(cfg.key_file) if cfg.key_file else None,
-                    cert_reqs=ssl.CERT_REQUIRED,
-                    tls_version=ssl.PROTOCOL_TLS_CLIENT,
-                )
-            except (ssl.SSLError, OSError, ValueError) as exc:
-                raise ConfigError(f"mqtt.ca_file/cert_file/key_file: could not load TLS material ({exc})") from None
+        # The context Agent.prepare (and --validate-config) checked: certificate and host name verified.
+        context = mqtt_tls_context(cfg)
+        if context is not None:
+            c.tls_set_context(context)
         username = cfg.username or (device_id if password is not None else None)
         if username is not None:
             c.username_pw_set(username, password)

@@ -63,6 +63,11 @@ class BundleCatalog:
         self._current_checked = 0.0
         self._listeners: list[Callable[[EigenfaceBundle], None]] = []
 
+    @property
+    def public_key(self) -> Ed25519PublicKey:
+        """The pinned key every bundle must verify against."""
+        return self._key
+
     def add_listener(self, fn: Callable[[EigenfaceBundle], None]) -> None:
         """Call ``fn(bundle)`` after each publish (e.g. the MQTT retained announcement)."""
         self._listeners.append(fn)

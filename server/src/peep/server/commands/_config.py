@@ -28,9 +28,9 @@ def services(config: ServerConfig):  # type: ignore[no-untyped-def]
 
     try:
         secrets = resolve_secrets(config)
-    except ConfigError as exc:
+        return Services(config, secrets=secrets)
+    except ConfigError as exc:  # a secret, or the pinned key (peep.server.startup.pinned_key)
         raise UsageError(str(exc)) from None
-    return Services(config, secrets=secrets)
 
 
 def say(text: str) -> None:

@@ -28,6 +28,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from peep.core.exceptions import BundleError
+from peep.server import startup
 from peep.server.bundles.catalog import bundle_files_message, files_from_message
 from peep.server.config import ServerConfig
 from peep.server.ingest.auth import AuthInterceptor, current_identity
@@ -309,12 +310,11 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
 
 
 def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
-    tls = config.grpc.tls
-    if tls is None:
+    # The files pass the checks --validate-config runs (ConfigError naming the key otherwise).
+    material = startup.grpc_tls_material(config)
+    if material is None:
         return None
-    key = tls.key.read_bytes()
-    cert = tls.cert.read_bytes()
-    ca = tls.client_ca.read_bytes() if tls.client_ca is not None else None
+    key, cert, ca = material
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
 
 
