@@ -48,8 +48,14 @@ class Dialect:
             firsts, seconds = [p[0] for p in pairs], [p[1] for p in pairs]
             arrays = f"unnest({self.param}::text[], {self.param}::text[])"
             return f"({a}, {b}) IN (SELECT * FROM {arrays})", [firsts, seconds]
+        # SQLite scans the whole key for a row-value IN list; the IN list on the second column lets it
+        # search that column's index (templates_message) and test the pair only on what it finds.
+        seconds_in = ",".join([self.param] * len(pairs))
         rows = ",".join([f"({self.param}, {self.param})"] * len(pairs))
-        return f"({a}, {b}) IN (VALUES {rows})", [v for p in pairs for v in p]
+        return (
+            f"{b} IN ({seconds_in}) AND ({a}, {b}) IN (VALUES {rows})",
+            [p[1] for p in pairs] + [v for p in pairs for v in p],
+        )
 
     def chunks(self, values: Sequence[Any]) -> list[list[Any]]:
         """``values`` split into lists :meth:`any_of` / :meth:`any_pair_of` can bind (one list when it binds arrays)."""
