@@ -376,3 +376,12 @@ def test_the_ingest_section_is_bounded_and_its_defaults_are_the_validators():
     for key, value in (("max_clock_skew_s", -1), ("max_age_s", 10), ("max_age_s", 1e12), ("max_ages", 5)):
         with pytest.raises(ConfigError, match=rf"ingest\.{key}"):
             parse_config({**base, "ingest": {key: value}})
+
+
+def test_an_id_typed_decomposed_names_the_stored_subject(fresh, templates):
+    # make_template stores NFC; erasure (CLI, RPC) normalises what the operator typed the same way.
+    stub = fresh.stub()
+    msg = templates.message(0, purpose="enroll", subject="Zoe\u0308")
+    assert msg.subject == "Zo\u00eb" and stub.Ingest(msg, metadata=DEVICE, timeout=5).status == ACCEPTED
+    assert fresh.services.erase_subject("Zoe\u0308", retrain=False).templates_deleted == 1
+    assert fresh.services.store.count_templates() == 0

@@ -167,7 +167,7 @@ class Services:
         """
         from peep.core.wire import check_subject_id
 
-        check_subject_id(subject, "subject")
+        subject = check_subject_id(subject, "subject")  # NFC: the form stored
         with self._erase_lock:
             self.store.record_erasure(subject, time.time())
             self.recogniser.refresh_erasures()
