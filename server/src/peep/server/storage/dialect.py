@@ -52,10 +52,9 @@ class Dialect:
         # search that column's index (templates_message) and test the pair only on what it finds.
         seconds_in = ",".join([self.param] * len(pairs))
         rows = ",".join([f"({self.param}, {self.param})"] * len(pairs))
-        return (
-            f"{b} IN ({seconds_in}) AND ({a}, {b}) IN (VALUES {rows})",
-            [p[1] for p in pairs] + [v for p in pairs for v in p],
-        )
+        params: list[object] = [p[1] for p in pairs]
+        params.extend(v for p in pairs for v in p)
+        return f"{b} IN ({seconds_in}) AND ({a}, {b}) IN (VALUES {rows})", params
 
     def chunks(self, values: Sequence[Any]) -> list[list[Any]]:
         """``values`` split into lists :meth:`any_of` / :meth:`any_pair_of` can bind (one list when it binds arrays)."""
