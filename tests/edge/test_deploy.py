@@ -32,10 +32,46 @@ def test_unit_runs_unprivileged_restarts_on_failure_and_outlasts_the_drain():
 
 
 def test_mosquitto_acl_binds_devices_to_their_own_prefix():
+    """Devices write exactly their own templates and status, read their own events and the bundle, nothing else
+    (no wildcard, no read of templates: they cannot take templates from the server's shared subscription);
+    every other grant is the server's, under its own user (issue 12, items 2 and 5)."""
     acl = (DEPLOY / "mosquitto" / "acl").read_text().splitlines()
-    rules = [line.split() for line in acl if line.strip() and not line.startswith("#")]
-    device_writes = [r[2] for r in rules if r[:2] == ["pattern", "write"]]
-    assert device_writes == ["peep/v1/+/%u/#"]
+    rules = [line.split() for line in acl if line.strip() and not line.strip().startswith("#")]
+    root = "devices/peep/v1"  # the devices' listener mounts their topics under devices/
+    pattern = [r for r in rules if r[0] == "pattern"]
+    assert sorted((r[1], r[2]) for r in pattern) == sorted(
+        [
+            ("write", f"{root}/+/%u/templates"),
+            ("write", f"{root}/+/%u/status"),
+            ("read", f"{root}/+/%u/events"),
+            ("read", f"{root}/bundle"),
+        ]
+    )
+    assert all(len(r) == 3 for r in pattern), "a pattern rule has one access and one topic"
+    # Nothing broader: the pattern rules apply to every client, so none may read templates or use '#'.
+    assert not [r for r in pattern if "#" in r[2]]
+    assert [r[1] for r in pattern if "templates" in r[2]] == ["write"]
+    # `topic` rules belong to a user; before the first `user` line they would apply to clients without one.
+    kinds = [r[0] for r in rules]
+    assert set(kinds) <= {"pattern", "user", "topic"}
+    first_user = kinds.index("user")
+    assert "topic" not in kinds[:first_user]
+    assert [r[1] for r in rules if r[0] == "user"] == ["peep-server"]
     conf = (DEPLOY / "mosquitto" / "mosquitto.conf").read_text()
     for needle in ("allow_anonymous false", "password_file ", "acl_file ", "certfile ", "keyfile "):
         assert needle in conf
+    lines = [line.strip() for line in conf.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    listeners = [i for i, line in enumerate(lines) if line.startswith("listener ")]
+    assert len(listeners) == 2, "one listener for the devices, one for the server"
+    dev = lines[listeners[0] : listeners[1]]
+    srv = lines[listeners[1] :]
+    assert "mount_point devices/" in dev and not any(line.startswith("mount_point") for line in srv)
+    assert "per_listener_settings true" in lines
+    for section in (dev, srv):
+        assert "allow_anonymous false" in section and any(line.startswith("acl_file ") for line in section)
+    assert next(line for line in dev if line.startswith("password_file ")) != next(
+        line for line in srv if line.startswith("password_file ")
+    ), "the server's listener has its own password file (no device can log in there)"
+    assert "persistence true" in lines
+    size = int(next(line.split()[1] for line in lines if line.startswith("max_packet_size ")))
+    assert 0 < size <= 16 * 2**20
