@@ -191,3 +191,31 @@ def wait_for(pred: Any, timeout: float = 20.0, step: float = 0.05) -> bool:
             return True
         time.sleep(step)
     return bool(pred())
+
+
+def session_exists(broker: ShippedBroker, client_id: str) -> bool:
+    """Whether the broker holds a session for ``client_id`` (probing it leaves none behind)."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    state: dict[str, bool] = {}
+    up = threading.Event()
+    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+    c.username_pw_set("peep-server", SERVER_PASSWORD)
+    c.tls_set(ca_certs=str(broker.ca))
+
+    def on_connect(cl: Any, u: Any, flags: Any, rc: Any, p: Any) -> None:
+        state["present"] = bool(flags.session_present)
+        up.set()
+
+    c.on_connect = on_connect
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 0  # a session created by this probe ends with it
+    c.connect("localhost", broker.srv_port, clean_start=False, properties=props)
+    c.loop_start()
+    try:
+        assert up.wait(10), "no CONNACK"
+    finally:
+        c.disconnect()
+        c.loop_stop()
+    return state["present"]

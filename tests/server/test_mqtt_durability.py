@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from peep_broker_testlib import DEVICE_PASSWORDS, SERVER_PASSWORD, Client, ShippedBroker, wait_for
+from peep_broker_testlib import DEVICE_PASSWORDS, SERVER_PASSWORD, Client, ShippedBroker, session_exists, wait_for
 from peep_server_testlib import PEEP, SITE, base_config, to_toml
 
 pytestmark = [pytest.mark.mqtt, pytest.mark.slow]
@@ -149,6 +149,11 @@ class Device:
             return sum(1 for m in self.mids if self.client.acks.get(m, 0x80) < 0x80)
 
 
+def retired(srv: ServerProcess) -> dict[str, int]:
+    """The sessions the server retired (its log), with the templates each held."""
+    return {e["client_id"]: e["templates"] for e in list(srv.events) if e.get("event") == "mqtt session retired"}
+
+
 def payloads(templates: Any, n: int, tag: str) -> list[bytes]:
     X = templates.X
     return [templates.message(i % len(X), message_id=f"{tag}-{i:05d}").SerializeToString() for i in range(n)]
@@ -201,3 +206,98 @@ def test_templates_published_while_the_server_is_down_are_stored_when_it_returns
         assert rows == n
     finally:
         dev.client.close()
+
+
+def test_sessions_a_replica_no_longer_uses_are_drained_and_ended(server_factory, broker, templates, tmp_path):
+    """A session keeps taking its share until it expires: lowering mqtt.connections, or retiring a replica,
+    must store what its sessions hold and end them, or that share is lost when they expire."""
+    srv = server_factory(connections=3).start()
+    assert srv.stop(signal.SIGTERM) == 0
+    dev = Device(broker)
+    db = tmp_path / "peep.db"
+    try:
+        n = 300
+        dev.publish(payloads(templates, n, "three"))  # split between the 3 sessions while the server is away
+        assert wait_for(lambda: dev.acknowledged() == n, 30)
+        srv = server_factory(connections=1).start()  # restarted with one connection: -1 and -2 are surplus
+        assert wait_for(lambda: stored(db) >= n, 60), f"{stored(db)} of {n} stored"
+        assert wait_for(lambda: len(retired(srv)) == 2, 30), retired(srv)
+        shares = retired(srv)
+        assert srv.stop(signal.SIGTERM) == 0
+        print(f"\nconnections 3 -> 1: {n} queued, stored {stored(db)}, held by the retired sessions {shares}")
+        # Each surplus session held a share (what would have been lost when it expired).
+        assert set(shares) == {f"{REPLICA}-1", f"{REPLICA}-2"} and all(v > 0 for v in shares.values())
+        assert stored(db) == n
+        assert not session_exists(broker, f"{REPLICA}-1") and not session_exists(broker, f"{REPLICA}-2")
+        # The replica is taken out of service: `peep mqtt retire` ends its last session.
+        dev.publish(payloads(templates, 20, "last"))
+        r = subprocess.run(
+            [PEEP, "mqtt", "retire", "--config", str(srv.conf)],
+            env=srv.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 0, r.stderr
+        assert f"mqtt retire: {REPLICA}: 20 templates stored, session ended" in r.stdout
+        assert stored(db) == n + 20
+        assert not session_exists(broker, REPLICA)
+        # Nothing is queued for it any more: the broker says so to the device (0x10, no subscribers).
+        mid = dev.client.c.publish(dev.topic, payloads(templates, 1, "after")[0], qos=1).mid
+        assert wait_for(lambda: mid in dev.client.acks, 10) and dev.client.acks[mid] == 0x10
+    finally:
+        dev.client.close()
+
+
+def test_retire_refuses_while_the_replica_is_running_and_loses_nothing(server_factory, broker, templates, tmp_path):
+    """The operator's likely mistake: `peep mqtt retire` with the replica still running. The replica takes its
+    session back; the command says so (exit 1) and leaves the session subscribed: nothing published is lost."""
+    srv = server_factory(connections=1).start()
+    dev = Device(broker)
+    db = tmp_path / "peep.db"
+    try:
+        r = subprocess.run(
+            [PEEP, "mqtt", "retire", "--config", str(srv.conf)],
+            env=srv.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+        assert "is the replica still running? Stop it first" in r.stderr and "session left in place" in r.stderr
+        assert "Traceback" not in r.stderr and "session ended" not in r.stdout
+        n = 50
+        dev.publish(payloads(templates, n, "running"))
+        assert wait_for(lambda: dev.acknowledged() == n, 30)
+        assert wait_for(lambda: stored(db) >= n, 30), f"{stored(db)} of {n} stored"
+        assert srv.stop(signal.SIGTERM) == 0
+        assert stored(db) == n
+        assert session_exists(broker, REPLICA)  # still the replica's: it was not ended
+    finally:
+        dev.client.close()
+
+
+def test_retire_errors_name_what_to_fix(server_factory, broker, keypair, bundle_dir, tmp_path, capsys):
+    from peep.server.cli import main
+
+    srv = server_factory()
+    # A wrong password: the broker's refusal, with the keys to check; exit 1.
+    r = subprocess.run(
+        [PEEP, "mqtt", "retire", "--config", str(srv.conf)],
+        env={**srv.env, "PEEP_TEST_MQTT_PASSWORD": "not-the-password"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert f"the broker refused {REPLICA}" in r.stderr and "mqtt.password" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    # No broker sessions to retire: a usage error naming the key (exit 2).
+    off = tmp_path / "off.toml"
+    cfg = base_config(tmp_path, keypair[3], bundle_dir)  # mqtt.enabled = false
+    cfg["auth"]["allow_insecure"] = True
+    off.write_text(to_toml(cfg))
+    assert main(["mqtt", "retire", "--config", str(off)]) == 2
+    assert "mqtt.enabled: expected true" in capsys.readouterr().err
+    assert main(["mqtt", "retire", "--config", str(off), "--from-connection", "64"]) == 2
+    assert "--from-connection: expected 0 to 63, received 64" in capsys.readouterr().err

@@ -32,6 +32,13 @@ Durable sessions
     message: after a reconnect the broker redelivers what was unacknowledged,
     and a late PUBACK could otherwise acknowledge a different message that
     reused the packet id.
+Sessions no longer used
+    A session keeps receiving its share of the templates until it expires,
+    connected or not. After ``mqtt.connections`` was lowered, the server finds
+    the sessions ``<client_id>-<i>`` for *i* >= ``connections`` at start-up,
+    stores what they hold, and ends them (:meth:`MqttBridge.retire_sessions`);
+    ``peep mqtt retire`` does the same for every session of a replica taken out
+    of service.
 Retained messages devices should not leave
     Mosquitto cannot refuse the retain flag. The template subscription asks
     for *retain as published*: a retained template is stored like any other,
@@ -152,9 +159,13 @@ class MqttBridge:
         self.retained_cleared = 0
         self.max_packet_size: int | None = None  # from CONNACK
         self._state_lock = threading.Lock()
-        self._gen = [0] * config.connections
+        self._gen: dict[int, int] = dict.fromkeys(range(config.connections), 0)
+        self._retiring: dict[int, mqtt.Client] = {}  # sessions being drained and ended, by index
+        self._taken: dict[int, int] = {}  # templates a retiring session delivered / had acknowledged
+        self._acked: dict[int, int] = {}
         self._up = [False] * config.connections
         self._ready = [False] * config.connections
+        self._password = password
         self.clients = [self._make_client(i, password) for i in range(config.connections)]
         self.client = self.clients[0]  # also publishes events, dead letters and the bundle
         services.events.add_sink(self.publish_event)
@@ -164,6 +175,14 @@ class MqttBridge:
         return self.client_id if index == 0 else f"{self.client_id}-{index}"
 
     def _make_client(self, index: int, password: str | None) -> mqtt.Client:
+        c = self._bare_client(index, password)
+        c.on_connect = self._on_connect
+        c.on_disconnect = self._on_disconnect
+        c.on_message = self._on_message
+        c.on_subscribe = self._on_subscribe
+        return c
+
+    def _bare_client(self, index: int, password: str | None) -> mqtt.Client:
         c = mqtt.Client(
             CallbackAPIVersion.VERSION2,
             client_id=self.connection_client_id(index),
@@ -183,10 +202,6 @@ class MqttBridge:
         c.max_queued_messages_set(0)
         c.reconnect_delay_set(1, 30)
         c.on_socket_open = _nodelay
-        c.on_connect = self._on_connect
-        c.on_disconnect = self._on_disconnect
-        c.on_message = self._on_message
-        c.on_subscribe = self._on_subscribe
         return c
 
     @property
@@ -195,11 +210,15 @@ class MqttBridge:
 
     # ------------------------------------------------------------ lifecycle
 
+    def _start_writer(self) -> None:
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._write_loop, name="peep-mqtt-writer", daemon=True)
+            self._writer.start()
+
     def start(self, *, wait: float | None = None) -> None:
         """Connect in the background; with ``wait``, block until subscribed (or raise TimeoutError)."""
         # The writer first: a resumed session delivers its queue right after CONNACK.
-        self._writer = threading.Thread(target=self._write_loop, name="peep-mqtt-writer", daemon=True)
-        self._writer.start()
+        self._start_writer()
         for c in self.clients:
             props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
             props.ReceiveMaximum = self.config.receive_maximum
@@ -214,10 +233,23 @@ class MqttBridge:
                 properties=props,
             )
             c.loop_start()
+        if self.durable:
+            threading.Thread(target=self._retire_surplus, name="peep-mqtt-retire", daemon=True).start()
         if wait is not None and not self._subscribed.wait(wait):
             raise TimeoutError(
                 f"mqtt: not connected and subscribed to {self.config.host}:{self.config.port} within {wait} s"
             )
+
+    def _retire_surplus(self) -> None:
+        # Once this run's connections are in the group (they take the new templates), end the
+        # sessions a run with more connections left behind.
+        while not self._subscribed.wait(1.0):
+            if self._stop.is_set():
+                return
+        try:
+            self.retire_sessions(self.config.connections)
+        except Exception:
+            log.exception("mqtt: retiring unused sessions failed; they stay until they expire")
 
     @property
     def connected(self) -> bool:
@@ -225,6 +257,137 @@ class MqttBridge:
 
     def wait_ready(self, timeout: float) -> bool:
         return self._subscribed.wait(timeout)
+
+    def retire_sessions(
+        self, first: int = 0, *, quiet_s: float = 1.0, timeout_s: float = 300.0, settle_s: float = 0.0
+    ) -> dict[str, int]:
+        """Store what the sessions ``connection_client_id(first)``, ``(first + 1)``, … hold, then end them.
+
+        For each index from ``first`` on, connect resuming the session (clean start off); stop at
+        the first index without a session (a replica's sessions are numbered from 0 without
+        gaps). Each session found is unsubscribed (new templates go to the group's other
+        members), its queued and unacknowledged templates are stored and acknowledged like any
+        other, and once nothing arrived for ``quiet_s`` and all are acknowledged, the DISCONNECT
+        sets its expiry to 0, which ends it. On a failure or timeout the socket is closed without
+        DISCONNECT, so the session and what it still holds stay with the broker. The server of
+        this client id must not be running with these indices: it would take the session back
+        (RuntimeError). ``settle_s`` waits that long after connecting before unsubscribing, so that
+        a running replica, which reconnects within about a second, takes its session back while it
+        is still subscribed. Returns ``{client_id: templates stored}``.
+        """
+        self._start_writer()
+        done: dict[str, int] = {}
+        for index in range(first, 64):
+            cid = self.connection_client_id(index)
+            c = self._bare_client(index, self._password)
+            up = threading.Event()
+            state: dict[str, Any] = {}
+            absent = False
+
+            def connected(
+                client: Any, u: Any, flags: Any, reason: Any, p: Any, state: Any = state, up: Any = up
+            ) -> None:
+                state["ok"] = not reason.is_failure
+                state["reason"] = str(reason)
+                state["present"] = bool(getattr(flags, "session_present", False))
+                up.set()
+
+            def disconnected(client: Any, u: Any, flags: Any, reason: Any, p: Any, state: Any = state) -> None:
+                state.setdefault("lost", reason)
+
+            c.on_connect = connected
+            c.on_disconnect = disconnected
+            c.on_message = self._on_retiring_message
+            props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            props.SessionExpiryInterval = max(self.config.session_expiry_s, 60)
+            props.ReceiveMaximum = self.config.receive_maximum
+            self._gen[index] = self._gen.get(index, 0) + 1
+            self._taken[index] = self._acked[index] = 0
+            self._retiring[index] = c
+            try:
+                c.connect_async(
+                    self.config.host, self.config.port, keepalive=self.config.keepalive_s, clean_start=False,
+                    properties=props,
+                )  # fmt: skip
+                c.loop_start()
+                if not up.wait(15.0):
+                    raise ConnectionError(
+                        f"mqtt: no answer from {self.config.host}:{self.config.port} within 15 s (mqtt.host, "
+                        f"mqtt.port, mqtt.tls); session {cid} not retired"
+                    )
+                if not state["ok"]:
+                    raise ConnectionError(
+                        f"mqtt: the broker refused {cid} ({state['reason']}; mqtt.username, mqtt.password, the "
+                        f"broker ACL); session not retired"
+                    )
+                absent = not state["present"]
+                if not absent:
+                    self._drain_retiring(c, cid, index, state, quiet_s, timeout_s, settle_s)
+                    done[cid] = self._taken[index]
+                    log.info("mqtt session retired", extra={"client_id": cid, "templates": self._taken[index]})
+            except BaseException:
+                c.loop_stop()  # no DISCONNECT: the session keeps what is not acknowledged
+                sock = c.socket()
+                if sock is not None:
+                    sock.close()
+                raise
+            else:
+                end = Properties(PacketTypes.DISCONNECT)  # type: ignore[no-untyped-call]
+                end.SessionExpiryInterval = 0  # the session ends with this connection
+                c.disconnect(properties=end)
+                c.loop_stop()
+            finally:
+                self._gen[index] += 1  # anything still queued from it is redelivered, not acknowledged here
+                self._retiring.pop(index, None)
+            if absent:
+                break
+        return done
+
+    def _drain_retiring(
+        self,
+        c: mqtt.Client,
+        cid: str,
+        index: int,
+        state: dict[str, Any],
+        quiet_s: float,
+        timeout_s: float,
+        settle_s: float,
+    ) -> None:
+        def check() -> None:
+            if self._closing.is_set():
+                raise RuntimeError(f"mqtt: stopping; session {cid} left in place")
+            lost = state.get("lost")
+            if lost is None:
+                return
+            # Mosquitto 2.0 closes the connection of a session taken over without a DISCONNECT
+            # (reason "Unspecified error"); other brokers say "Session taken over" (0x8E).
+            why = "taken over" if getattr(lost, "value", None) == _SESSION_TAKEN_OVER else str(lost)
+            raise RuntimeError(
+                f"mqtt: the broker closed the connection retiring {cid} ({why}): is the replica still running? "
+                f"Stop it first (it takes its session back); session left in place"
+            )
+
+        settled = time.monotonic() + settle_s
+        while time.monotonic() < settled:
+            check()
+            time.sleep(0.05)
+        check()
+        c.unsubscribe([self.templates_filter, self.status_filter])
+        deadline = time.monotonic() + timeout_s
+        last, seen = time.monotonic(), -1
+        while time.monotonic() < deadline:
+            check()
+            n = self._taken[index]
+            if n != seen:
+                last, seen = time.monotonic(), n
+            elif time.monotonic() - last >= quiet_s and self._acked[index] >= n:
+                break
+            time.sleep(0.05)
+        else:
+            raise TimeoutError(
+                f"mqtt: session {cid} still delivering after {timeout_s} s; left in place "
+                f"({self._acked[index]} of {self._taken[index]} templates stored)"
+            )
 
     def stop(self, *, drain_timeout: float = 10.0) -> None:
         """Stop taking messages, store and acknowledge what was taken, disconnect.
@@ -333,23 +496,31 @@ class MqttBridge:
             log.warning("mqtt disconnected; reconnecting", extra={"reason": str(reason), "connection": index})
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
-        index = int(userdata)
         if not msg.topic.endswith("/templates"):
             if msg.topic.endswith("/status"):
                 self._check_status(msg)
             return
+        self._take(client, int(userdata), msg)
+
+    def _on_retiring_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        if msg.topic.endswith("/templates") and self._take(client, int(userdata), msg):
+            self._taken[int(userdata)] += 1
+
+    def _take(self, client: mqtt.Client, index: int, msg: mqtt.MQTTMessage) -> bool:
+        """Queue a template for the writer; False when it was not queued."""
         if self._closing.is_set():
-            return  # not acknowledged: the broker redelivers it to this session when it resumes
+            return False  # not acknowledged: the broker redelivers it to this session when it resumes
         if msg.retain and not msg.payload:
             # The clearing of a retained template (ours or the device's): nothing to store.
             if msg.qos:
                 client.ack(msg.mid, msg.qos)
-            return
+            return False
         # Blocking put = back-pressure: the broker holds further messages
         # (receive maximum) until the writer catches up.
         self._queue.put(
             _Item(msg.topic, bytes(msg.payload), msg.mid, msg.qos, index, self._gen[index], bool(msg.retain))
         )
+        return True
 
     # ------------------------------------------------------------ retained messages
 
@@ -378,7 +549,7 @@ class MqttBridge:
 
     def _clear_retained(self, topic: str, reason: str, size: int) -> None:
         self.retained_cleared += 1
-        self.client.publish(topic, b"", qos=1, retain=True)
+        self._publisher().publish(topic, b"", qos=1, retain=True)
         log.warning("mqtt retained message cleared", extra={"topic": topic[:256], "reason": reason, "size": size})
 
     # ------------------------------------------------------------ writer
@@ -417,8 +588,11 @@ class MqttBridge:
 
     def _acknowledge(self, items: list[_Item]) -> None:
         for it in items:
-            if it.qos and it.gen == self._gen[it.conn]:
-                self.clients[it.conn].ack(it.mid, it.qos)
+            if it.qos and it.gen == self._gen.get(it.conn):
+                retiring = self._retiring.get(it.conn)
+                (retiring or self.clients[it.conn]).ack(it.mid, it.qos)
+                if retiring is not None:
+                    self._acked[it.conn] += 1
             if it.retain:
                 self._clear_retained(it.topic, "retained_template", len(it.payload))
 
@@ -454,9 +628,16 @@ class MqttBridge:
     def _deadletter(self, it: _Item, code: str, reason: str) -> None:
         self.deadletters += 1
         doc = {"topic": it.topic[:256], "code": code, "reason": reason[:500], "size": len(it.payload)}
-        self.client.publish(self.deadletter_topic, json.dumps(doc, separators=(",", ":")), qos=1)
+        self._publisher().publish(self.deadletter_topic, json.dumps(doc, separators=(",", ":")), qos=1)
 
     # ------------------------------------------------------------ outgoing
+
+    def _publisher(self) -> mqtt.Client:
+        """Connection 0, or a retiring session's while connection 0 is down (``peep mqtt retire`` never starts it)."""
+        if not self._up[0]:
+            for c in list(self._retiring.values()):
+                return c
+        return self.client
 
     def publish_event(self, ev: recognition_pb2.RecognitionEvent) -> None:
         if not self._connected.is_set():
