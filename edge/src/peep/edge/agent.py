@@ -50,6 +50,7 @@ from peep.edge.capture import Frame, FrameSource, open_source
 from peep.edge.config import EdgeConfig, check_budget_allows_release
 from peep.edge.credentials import resolve_secret
 from peep.edge.detection import build_detector
+from peep.edge.embedding import DescriptorEncoder, encoder_for_bundle
 from peep.edge.errors import ConfigError, EdgeError
 from peep.edge.ledger import SqliteLedger
 from peep.edge.logs import log_event
@@ -121,6 +122,7 @@ class Agent:
         self.pipeline: FramePipeline | None = None
         self.accountant: PrivacyAccountant | None = None
         self.soft: SoftTraitReleaser | None = None
+        self.encoder: DescriptorEncoder | None = None
         self._bundle_updates: queue.SimpleQueue[bytes] = queue.SimpleQueue()
         self._prepared = False
         self._lifetime = [0.0, 0.0]
@@ -155,14 +157,23 @@ class Agent:
         except BundleError as exc:
             # e.g. a unit-sphere mechanism with a bundle whose projector has no 'unit' output
             raise BundleRefused(cfg.bundle.path, str(exc)) from None
+        try:
+            # A descriptor bundle needs its network on the device, the very one it was built with.
+            self.encoder = encoder_for_bundle(bundle.input, bundle_id=bundle.bundle_id)
+        except BundleError as exc:
+            raise BundleRefused(cfg.bundle.path, str(exc)) from None
         # The configured bundle fixes the largest per-vector ε any later bundle may give.
         self.epsilon_vector_cap = float(releaser.mechanism.guarantee.epsilon_vector)
+        if type(releaser.mechanism).epsilon_scope == "vector":
+            # PrivUnit's calibrated guarantee sits a hair under the configured ε and
+            # depends on the dimension; the device's own ε is the cap it chose.
+            self.epsilon_vector_cap = max(self.epsilon_vector_cap, float(cfg.privacy.epsilon))
         self.releaser = releaser
         updated = cfg.device.state_dir / UPDATED_BUNDLE_DIR
         if cfg.bundle.accept_updates and updated.is_dir():
             try:
                 candidate = EigenfaceBundle.load(updated, self.public_key)
-                self.releaser = self._check_candidate(candidate)
+                self.releaser, self.encoder = self._check_candidate(candidate)
                 log_event(
                     _log,
                     logging.INFO,
@@ -179,8 +190,8 @@ class Agent:
                     error=str(exc),
                 )
 
-    def _check_candidate(self, candidate: EigenfaceBundle) -> TemplateReleaser:
-        """A releaser for a verified candidate bundle, or ValueError saying why not."""
+    def _check_candidate(self, candidate: EigenfaceBundle) -> tuple[TemplateReleaser, DescriptorEncoder | None]:
+        """A releaser (and the descriptor encoder it needs) for a verified candidate bundle, or ValueError."""
         p = self.cfg.privacy
         current = self.releaser.bundle
         if candidate.manifest.created_at < current.manifest.created_at:
@@ -198,7 +209,7 @@ class Agent:
                 f"{g.epsilon_coordinate:g}); "
                 "only the device configuration may do that"
             )
-        return releaser
+        return releaser, encoder_for_bundle(candidate.input, bundle_id=candidate.bundle_id)
 
     def prepare(self) -> None:
         """Everything that can fail because of the config or the bundle (no network, no frames).
@@ -422,6 +433,7 @@ class Agent:
             soft=self.soft,
             metrics=self.metrics,
             on_release=self.on_release,
+            encoder=self.encoder,
         )
 
     # ------------------------------------------------------------------ bundle updates
@@ -444,7 +456,7 @@ class Agent:
                 if candidate.bundle_id == self.pipeline.releaser.bundle_id:
                     continue
                 self.releaser = self.pipeline.releaser
-                releaser = self._check_candidate(candidate)
+                releaser, encoder = self._check_candidate(candidate)
                 cost = self._cost_of(releaser).total_vector
                 if cost > self.cfg.privacy.track_budget:
                     raise ValueError(f"one release would cost per-vector ε={cost:g}, more than privacy.track_budget")
@@ -453,8 +465,8 @@ class Agent:
                 log_event(_log, logging.ERROR, "bundle_update_rejected", error=str(exc))
                 continue
             previous = self.pipeline.releaser.bundle_id
-            self.pipeline.set_releaser(releaser)
-            self.releaser = releaser
+            self.pipeline.set_releaser(releaser, encoder)
+            self.releaser, self.encoder = releaser, encoder
             self.metrics.bundle_updates.labels(result="accepted").inc()
             g = releaser.mechanism.guarantee
             log_event(

@@ -26,6 +26,7 @@ from peep.core.release import TemplateReleaser
 from peep.core.wire import encode_template, make_template
 from peep.edge.capture import Frame
 from peep.edge.detection import BoxRefiner
+from peep.edge.embedding import DescriptorEncoder
 from peep.edge.logs import log_event
 from peep.edge.metrics import EdgeMetrics
 from peep.edge.policy import ReleasePolicy
@@ -107,6 +108,10 @@ class FramePipeline:
         ``on_release(released, frame)`` after a template is spooled: a local
         observer (dashboards, the demo's ground truth). It sees what is sent,
         never the face crop.
+    encoder : DescriptorEncoder, optional
+        For a bundle whose projector takes a face descriptor instead of pixels
+        (:func:`peep.edge.embedding.encoder_for_bundle`): computed from the
+        frame and the box, only for faces being released.
     """
 
     def __init__(
@@ -124,6 +129,7 @@ class FramePipeline:
         metrics: EdgeMetrics | None = None,
         clock: Callable[[], float] = time.time,
         on_release: Callable[[Released, Frame], None] | None = None,
+        encoder: DescriptorEncoder | None = None,
     ) -> None:
         self.device_id = device_id
         self.on_release = on_release
@@ -139,12 +145,23 @@ class FramePipeline:
         self.clock = clock
         self.timer = StageTimer()
         self.releaser = releaser
-        self.set_releaser(releaser)
+        self.set_releaser(releaser, encoder)
 
-    def set_releaser(self, releaser: TemplateReleaser) -> None:
-        """Swap the releaser (bundle update); the mechanism comes from the device config only."""
+    def set_releaser(self, releaser: TemplateReleaser, encoder: DescriptorEncoder | None = None) -> None:
+        """Swap the releaser (bundle update); the mechanism comes from the device config only.
+
+        ``encoder`` is the descriptor encoder the new bundle's input needs (None for pixels).
+        """
         if not releaser.mechanism.is_secure:
             raise RuntimeError("the release mechanism is not on the secure sampler; refusing to release")
+        kind = getattr(releaser.bundle, "input_kind", "pixels")
+        if (kind == "pixels") != (encoder is None) or (encoder is not None and encoder.kind != kind):
+            raise RuntimeError(
+                f"bundle {releaser.bundle_id} takes {kind!r} input: expected "
+                f"{'no encoder' if kind == 'pixels' else 'its ' + kind + ' encoder'}, received "
+                f"{type(encoder).__name__ if encoder is not None else 'none'}"
+            )
+        self.encoder = encoder
         self.releaser = releaser
         # The one place a release's cost is computed: the policy's budget
         # checks read it from here, so a bundle update cannot leave them stale.
@@ -227,7 +244,12 @@ class FramePipeline:
         t0 = time.perf_counter()
         if self.refiner is not None:
             box = self.refiner.refine(frame.image, box)
-        face = normalise_face(frame.image, box, self.releaser.bundle.geometry)
+        face: Any
+        if self.encoder is not None:
+            # A descriptor bundle: the network sees the frame around the box (its own alignment).
+            face = self.encoder.encode(frame.image, box)
+        else:
+            face = normalise_face(frame.image, box, self.releaser.bundle.geometry)
         bounded = self.releaser.project(face)
         t1 = time.perf_counter()
         values = self.releaser.release_bounded(bounded)[0]

@@ -69,6 +69,9 @@ class FaceDataset:
         How faces were found and cropped (goes into bundle metadata).
     n_skipped : int
         Images dropped because no face was detected or they could not be read.
+    descriptors : ndarray of shape (n_images, dimension) or None
+        Face descriptors of the same images (same detection, same order) when
+        an encoder was given to :func:`load_dataset`, else None.
     """
 
     images: NDArray[np.float32]
@@ -78,6 +81,7 @@ class FaceDataset:
     normalisation: dict[str, Any]
     paths: list[str] = field(default_factory=list)
     n_skipped: int = 0
+    descriptors: NDArray[np.float32] | None = None
 
     @property
     def n_images(self) -> int:
@@ -104,7 +108,16 @@ class FaceDataset:
             normalisation=self.normalisation,
             paths=[p for p, m in zip(self.paths, mask, strict=False) if m] if self.paths else [],
             n_skipped=self.n_skipped,
+            descriptors=None if self.descriptors is None else self.descriptors[mask],
         )
+
+    def inputs(self, kind: str) -> NDArray[np.float32]:
+        """What a projection with input ``kind`` takes: flattened faces (``"pixels"``) or the descriptors."""
+        if kind == "pixels":
+            return self.X
+        if self.descriptors is None:
+            raise DatasetError(f"dataset: expected {kind} descriptors (load it with their encoder), it has none")
+        return self.descriptors
 
 
 def resolve_data_home(data_home: str | os.PathLike[str] | None) -> str | None:
@@ -279,6 +292,85 @@ def _normalise_cached(
     return np.concatenate(faces), np.concatenate(oks)
 
 
+def describe_files(
+    files: Sequence[Path],
+    *,
+    encoder: Any,
+    detector: FaceDetector | None,
+    fixed_box: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[NDArray[np.float32], NDArray[np.bool_]]:
+    """Descriptors of the primary face of every file, found exactly as :func:`normalise_files` finds it.
+
+    Detection runs on the same grayscale decoding, so the faces kept (``ok``)
+    are the same images in the same order; the encoder sees the colour image.
+    """
+    out = np.zeros((len(files), int(encoder.dimension)), dtype=np.float32)
+    ok = np.zeros(len(files), dtype=bool)
+    for i, f in enumerate(files):
+        gray = cv2.imread(str(f), cv2.IMREAD_GRAYSCALE)
+        color = cv2.imread(str(f), cv2.IMREAD_COLOR)
+        if gray is None or color is None:
+            continue
+        if fixed_box:
+            box = LFW_FIXED_BOX
+        else:
+            assert detector is not None
+            found = primary_face(detector.detect(gray), gray.shape)
+            if found is None:
+                continue
+            box = found
+        out[i] = encoder.encode(color, box)
+        ok[i] = True
+        if progress is not None:
+            progress(i + 1, len(files))
+    return out[ok], ok
+
+
+def _describe_cached(
+    per_person: Sequence[Sequence[Path]],
+    encoder: Any,
+    detector: FaceDetector | None,
+    fixed: bool,
+    geometry: FaceGeometry,
+    normalisation: str,
+    cache: Path | None,
+    progress: Callable[[int, int], None] | None,
+) -> tuple[NDArray[np.float32], NDArray[np.bool_]]:
+    """Descriptors of every person's files, cached per person and per network (its file hashes)."""
+    network = json.dumps(encoder.identity, sort_keys=True)
+    total = sum(len(imgs) for imgs in per_person)
+    done = 0
+    found: list[NDArray[np.float32]] = []
+    oks: list[NDArray[np.bool_]] = []
+    for imgs in per_person:
+        key = hashlib.sha256((_cache_key(imgs, geometry, detector, normalisation) + network).encode()).hexdigest()
+        cached = cache / f"descriptors-{key[:32]}.npz" if cache else None
+        if cached is not None and cached.is_file():
+            with np.load(cached) as z:
+                d, o = z["descriptors"], z["ok"]
+        else:
+            start = done
+
+            def report(i: int, _n: int, start: int = start) -> None:
+                if progress is not None:
+                    progress(start + i, total)
+
+            d, o = describe_files(imgs, encoder=encoder, detector=detector, fixed_box=fixed, progress=report)
+            if cached is not None:
+                tmp = cached.with_suffix(".tmp.npz")
+                np.savez(tmp, descriptors=d, ok=o)
+                os.replace(tmp, cached)
+        done += len(imgs)
+        if progress is not None:
+            progress(done, total)
+        found.append(np.asarray(d, dtype=np.float32))
+        oks.append(np.asarray(o, dtype=bool))
+    if not found:
+        return np.zeros((0, int(encoder.dimension)), dtype=np.float32), np.zeros(0, dtype=bool)
+    return np.concatenate(found), np.concatenate(oks)
+
+
 def load_dataset(
     dataset: str,
     *,
@@ -290,6 +382,7 @@ def load_dataset(
     detector: FaceDetector | None = None,
     max_per_subject: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    encoder: Any = None,
 ) -> FaceDataset:
     """Load ``"lfw"`` or a folder-per-identity directory as normalised faces.
 
@@ -311,6 +404,10 @@ def load_dataset(
         Defaults to :class:`HaarFaceDetector`.
     max_per_subject : int, optional
         Cap images per identity (first ones in file order), e.g. to balance.
+    encoder : DescriptorEncoder, optional
+        Also compute each face's descriptor (e.g.
+        :class:`peep.edge.embedding.DlibResNetEncoder`), from the same
+        detection; cached per person and network.
     """
     home = resolve_data_home(data_home)
     if min_faces < 1:
@@ -339,6 +436,13 @@ def load_dataset(
     norm_desc.update({"box": "lfw-fixed"} if fixed else _detector_description(det))
 
     faces, ok = _normalise_cached(per_person, geom, det, fixed, normalisation, _cache_dir(home), progress)
+    descriptors: NDArray[np.float32] | None = None
+    if encoder is not None:
+        descriptors, ok_d = _describe_cached(
+            per_person, encoder, det, fixed, geom, normalisation, _cache_dir(home), progress
+        )
+        if not np.array_equal(ok_d, ok):
+            raise DatasetError(f"--dataset {dataset}: descriptors and faces disagree on which images hold a face")
     labels = labels_all[ok]
     kept_paths = [str(f) for f, good in zip(files, ok, strict=True) if good]
     counts = np.bincount(labels, minlength=len(names))
@@ -357,6 +461,7 @@ def load_dataset(
         normalisation=norm_desc,
         paths=kept_paths,
         n_skipped=int((~ok).sum()),
+        descriptors=descriptors,
     )
     return ds.subset(mask) if not mask.all() or keep_subjects.size != len(names) else ds
 

@@ -84,7 +84,9 @@ class Services:
         self.metrics = metrics or ServerMetrics()
         db_password = self.secrets.db_password.get_secret_value() if self.secrets.db_password else None
         self.store = store if store is not None else open_store(config.storage, password=db_password)
-        self.bundles = BundleCatalog(self.store, startup.pinned_key(config))
+        self.bundles = BundleCatalog(
+            self.store, startup.pinned_key(config), trusted_models=config.bundle.trusted_descriptor_models
+        )
         self.validator = TemplateValidator(
             self.bundles,
             plausibility_sigmas=config.bundle.plausibility_sigmas,

@@ -178,6 +178,7 @@ def build_bundle_files(
     metadata = {
         "format": FORMAT,
         "projection": projection.kind,
+        "input": projection.input_description(),
         "geometry": geometry.to_dict(),
         "n_components": int(projection.n_components_),
         "n_features": int(projection.n_features_in_),
@@ -347,10 +348,17 @@ class EigenfaceBundle:
             self.n_components = int(self.metadata["n_components"])
             self.n_features = int(self.metadata["n_features"])
             self.projection_kind = str(self.metadata.get("projection", LEGACY_PROJECTION))
+            self.input: dict[str, Any] = dict(self.metadata.get("input", {"kind": "pixels"}))
+            self.input_kind = str(self.input["kind"])
         except (ValueError, KeyError, TypeError) as exc:
             raise BundleError(f"{METADATA}: inconsistent metadata ({exc})") from exc
-        if self.n_features != self.geometry.n_pixels:
+        if self.input_kind == "pixels" and self.n_features != self.geometry.n_pixels:
             raise BundleError(f"{METADATA}: n_features {self.n_features} does not match geometry {self.geometry.shape}")
+        if self.input_kind != "pixels" and self.n_features != int(self.input.get("dimension", -1)):
+            raise BundleError(
+                f"{METADATA}: n_features {self.n_features} does not match the {self.input_kind} descriptor's "
+                f"dimension {self.input.get('dimension')!r}"
+            )
         opts = ort.SessionOptions()
         # One thread: a template is a tiny matmul, thread hand-off costs more
         # than it saves, and the Pi's other core stays free for capture.
@@ -401,7 +409,9 @@ class EigenfaceBundle:
         Parameters
         ----------
         faces : array-like of shape (n, height, width) or (n, n_pixels) or (height, width)
-            Normalised faces in [0, 1] (see :func:`peep.core.imaging.normalise_face`).
+            Normalised faces in [0, 1] (see :func:`peep.core.imaging.normalise_face`);
+            for a descriptor bundle (:attr:`input_kind` not ``"pixels"``),
+            descriptors of shape (n, dimension) or (dimension,).
         output : str, optional
             One of :attr:`outputs`; all of them (as a dict) when omitted.
 
@@ -410,7 +420,10 @@ class EigenfaceBundle:
         ndarray of shape (n, n_components), float32, or dict of them
         """
         arr = np.asarray(faces, dtype=np.float32)
-        if arr.ndim == 2 and arr.shape == self.geometry.shape:
+        if self.input_kind != "pixels":
+            if arr.ndim == 1:
+                arr = arr.reshape(1, -1)
+        elif arr.ndim == 2 and arr.shape == self.geometry.shape:
             arr = arr.reshape(1, -1)
         elif arr.ndim == 3:
             arr = arr.reshape(arr.shape[0], -1)

@@ -308,9 +308,13 @@ def shrinkage_prior(clean_domain: FloatArray) -> tuple[FloatArray, FloatArray]:
     return clean_domain.mean(axis=0), clean_domain.var(axis=0)
 
 
-def reconstruct_direct(releases: FloatArray, domain: Domain, basis: Basis) -> FloatArray:
-    """PEEP Eq. 14 (undo the scaling and project back), or the learned decoder; flattened faces (n, pixels)."""
-    return basis.faces_from(releases, domain.name)
+def reconstruct_direct(releases: FloatArray, domain: Domain, basis: Basis) -> tuple[FloatArray, FloatArray]:
+    """PEEP Eq. 14 (undo the scaling and project back), the learned decoder, or retrieval.
+
+    Returns flattened faces (n, pixels) and the projection's inputs for them
+    (the faces themselves, or the retrieved public faces' descriptors).
+    """
+    return basis.reconstruct_from(releases, domain.name)
 
 
 def reconstruct_shrinkage(
@@ -320,11 +324,11 @@ def reconstruct_shrinkage(
     prior_mean: FloatArray,
     prior_var: FloatArray,
     noise_var: FloatArray,
-) -> FloatArray:
-    """Wiener/linear-MMSE estimate of each face from its release; (n, pixels)."""
+) -> tuple[FloatArray, FloatArray]:
+    """Wiener/linear-MMSE estimate of each release's clean value, then as :func:`reconstruct_direct`."""
     gain = prior_var / (prior_var + np.asarray(noise_var, dtype=np.float64))
     Z = prior_mean + gain * (releases - prior_mean)
-    return basis.faces_from(Z, domain.name)
+    return basis.reconstruct_from(Z, domain.name)
 
 
 class Recogniser(Protocol):
@@ -337,6 +341,7 @@ def reconstruction_scores(
     basis: Basis,
     clean_recogniser: Recogniser,
     y: IntArray,
+    inputs_hat: FloatArray | None = None,
 ) -> dict[str, float]:
     """SSIM and PSNR against the originals, and re-identification by a clean recogniser.
 
@@ -346,10 +351,13 @@ def reconstruction_scores(
     originals : ndarray of shape (n, height, width)
     clean_recogniser
         Trained on clean coefficients of the training faces.
+    inputs_hat : ndarray of shape (n, input dimension), optional
+        What the projection takes for the reconstructed faces (default: the
+        faces; for a descriptor projection, the retrieved faces' descriptors).
     """
     shape = originals.shape
     imgs = faces_hat.reshape(shape)
-    reid = clean_recogniser.predict(basis.transform(faces_hat))
+    reid = clean_recogniser.predict(basis.transform(faces_hat if inputs_hat is None else inputs_hat))
     return {
         "ssim": float(ssim_batch(imgs, originals).mean()),
         "psnr": float(psnr_batch(imgs, originals).mean()),

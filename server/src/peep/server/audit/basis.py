@@ -14,6 +14,12 @@ scaling, multiply by the eigenfaces). Where no exact inverse exists (Fisherfaces
 or a direction on the unit sphere) the adversary learns one: a ridge
 regression from the domain values of the *public* basis faces to their pixels,
 the strongest linear decoder available without the released people's photos.
+
+A projection of a face *descriptor* (``dlib-resnet``: a deep network's output,
+not pixels) has no linear way back at all. There the adversary retrieves: the
+public face whose template (in the same release domain) is nearest the
+release stands for the released face, and re-identification is measured on
+that retrieved face's descriptor (:class:`RetrievalDecoder`).
 """
 
 from __future__ import annotations
@@ -59,6 +65,43 @@ class LinearDecoder:
         out: FloatArray = self.face_mean + (np.asarray(Z, dtype=np.float64) - self.z_mean) @ self.weights
         return out
 
+    def reconstruct(self, Z: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """(faces, the projection's inputs for them): for a pixel projection both are the faces."""
+        faces = np.clip(self.predict(Z), 0.0, 1.0)
+        return faces, faces
+
+
+@dataclass(frozen=True)
+class RetrievalDecoder:
+    """The nearest public face: a release stands for the public face whose domain value is closest.
+
+    ``faces`` (uint8, 1/255 steps: only for display and SSIM/PSNR) and
+    ``inputs`` (the projection's inputs, e.g. descriptors) are the public
+    basis faces', shared by every decoder of one basis.
+    """
+
+    Z: FloatArray  # (m, nc) domain values of the public faces
+    faces: NDArray[np.uint8] = field(repr=False)  # (m, pixels)
+    inputs: NDArray[np.float32] = field(repr=False)  # (m, input dimension)
+
+    def nearest(self, Z: FloatArray) -> NDArray[np.int64]:
+        Zq = np.asarray(Z, dtype=np.float64)
+        # ‖a − b‖² = ‖a‖² − 2ab + ‖b‖² in blocks keeps memory at block × m.
+        sq = (self.Z**2).sum(axis=1)
+        out = np.empty(Zq.shape[0], dtype=np.int64)
+        for start in range(0, Zq.shape[0], 1024):
+            block = Zq[start : start + 1024]
+            out[start : start + block.shape[0]] = np.argmin(sq[None, :] - 2.0 * block @ self.Z.T, axis=1)
+        return out
+
+    def predict(self, Z: FloatArray) -> FloatArray:
+        return self.reconstruct(Z)[0]
+
+    def reconstruct(self, Z: FloatArray) -> tuple[FloatArray, FloatArray]:
+        idx = self.nearest(Z)
+        faces: FloatArray = self.faces[idx].astype(np.float64) / 255.0
+        return faces, self.inputs[idx].astype(np.float64)
+
 
 @dataclass(frozen=True)
 class Basis:
@@ -73,9 +116,13 @@ class Basis:
         Number of faces the basis was fitted on.
     mean_face : ndarray of shape (pixels,)
         The basis faces' mean.
-    decoders : dict of str to LinearDecoder
-        Learned decoders, fitted on the basis faces, for the raw coefficients
-        (``"coefficients"``) and every release domain without an exact inverse.
+    decoders : dict of str to LinearDecoder or RetrievalDecoder
+        Decoders fitted on the basis faces, for the raw coefficients
+        (``"coefficients"``) and every release domain without an exact
+        inverse: learned linear ones for pixel projections, nearest-public-face
+        retrieval for descriptor projections.
+    mean_input : ndarray of shape (input dimension,)
+        The basis faces' mean input (the mean face, or the mean descriptor).
     """
 
     projection: Projection
@@ -83,7 +130,8 @@ class Basis:
     variant: str
     n_fit: int
     mean_face: FloatArray = field(repr=False)
-    decoders: dict[str, LinearDecoder] = field(default_factory=dict, repr=False)
+    decoders: dict[str, LinearDecoder | RetrievalDecoder] = field(default_factory=dict, repr=False)
+    mean_input: FloatArray | None = field(default=None, repr=False)
 
     @property
     def kind(self) -> str:
@@ -99,29 +147,55 @@ class Basis:
         return hasattr(self.projection, "model_")
 
     @property
+    def input_kind(self) -> str:
+        """``"pixels"`` or the descriptor the projection takes (see :attr:`Projection.input_kind`)."""
+        return self.projection.input_kind
+
+    @property
     def explained_variance_ratio(self) -> float | None:
-        """Share of the basis faces' variance the coefficients keep (eigenfaces only)."""
+        """Share of the basis inputs' variance the coefficients keep (PCA-based projections)."""
         model: Any = getattr(self.projection, "model_", None)
-        return None if model is None else float(model.explained_variance_ratio_.sum())
+        if model is not None:
+            return float(model.explained_variance_ratio_.sum())
+        ratio = getattr(self.projection, "explained_variance_ratio_", None)
+        return None if ratio is None else float(np.sum(ratio))
 
     def transform(self, X: NDArray[np.floating]) -> FloatArray:
-        """Raw coefficients of flattened faces, shape (n, nc)."""
+        """Raw coefficients of the projection's inputs (flattened faces or descriptors), shape (n, nc)."""
         return self.projection.transform(np.asarray(X, dtype=np.float64))
 
     def faces(self, C: FloatArray) -> FloatArray:
-        """Flattened faces from raw coefficients, clipped to [0, 1] (Eq. 14 or the learned decoder)."""
+        """Flattened faces from raw coefficients, in [0, 1] (Eq. 14, the learned decoder or retrieval)."""
+        return self.reconstruct(C)[0]
+
+    def reconstruct(self, C: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """(flattened faces, the projection's inputs for them) from raw coefficients."""
         if self.exact_inverse:
             model: Any = getattr(self.projection, "model_", None)
             out: FloatArray = np.clip(model.inverse_transform(C), 0.0, 1.0)
-            return out
-        return np.clip(self.decoders["coefficients"].predict(C), 0.0, 1.0)
+            return out, out
+        return self.decoders["coefficients"].reconstruct(C)
 
     def faces_from(self, Z: FloatArray, domain_name: str) -> FloatArray:
         """Flattened faces from values of a release domain (undoing its rescaling where it has one)."""
+        return self.reconstruct_from(Z, domain_name)[0]
+
+    def reconstruct_from(self, Z: FloatArray, domain_name: str) -> tuple[FloatArray, FloatArray]:
+        """(flattened faces, the projection's inputs for them) from values of a release domain.
+
+        For a pixel projection the inputs are the faces; for a descriptor
+        projection they are the retrieved public faces' descriptors, which is
+        what re-identification of a retrieved face is measured on.
+        """
         dom = domain(domain_name)
         if self.exact_inverse and dom.invertible:
-            return self.faces(dom.inverse(Z, self.bounds))
-        return np.clip(self.decoders[domain_name].predict(Z), 0.0, 1.0)
+            return self.reconstruct(dom.inverse(Z, self.bounds))
+        return self.decoders[domain_name].reconstruct(Z)
+
+    def inputs_of_mean(self, n: int) -> FloatArray:
+        """The mean basis input, ``n`` times (what the mean-face baseline is re-identified on)."""
+        mean = self.mean_face if self.mean_input is None else self.mean_input
+        return np.broadcast_to(mean, (n, mean.shape[0])).astype(np.float64)
 
 
 def tight_bounds(C: FloatArray, *, box_quantile: float = 0.90, radius_quantile: float = 0.5) -> BundleBounds:
@@ -153,12 +227,16 @@ def fit_basis(
     projection: str = "eigenfaces",
     labels: NDArray[np.integer] | None = None,
     mirror_shape: tuple[int, int] | None = None,
+    faces: NDArray[np.floating] | None = None,
 ) -> Basis:
-    """Fit the projection and bounds on ``X`` (flattened public faces, shape (n, pixels)).
+    """Fit the projection and bounds on ``X``, the public faces' inputs, shape (n, input dimension).
 
-    ``n_components`` is capped at what the faces allow: ``n − 1`` (the rank
-    of centred faces), and for projections that learn from identities one
-    fewer than the number of identities in ``labels``.
+    ``X`` is what the projection takes (:attr:`Projection.input_kind`):
+    flattened faces for pixel projections, descriptors otherwise, in which
+    case ``faces`` (the same public faces' pixels, (n, pixels)) are required
+    for the retrieval decoders. ``n_components`` is capped at what the inputs
+    allow: ``n − 1`` (the rank of centred inputs), and for projections that
+    learn from identities one fewer than the number of identities in ``labels``.
     """
     if variant not in BOUNDS_VARIANTS:
         raise ValueError(f"variant: expected one of {BOUNDS_VARIANTS}, received {variant!r}")
@@ -172,9 +250,30 @@ def fit_basis(
     fitted = cls(n_components=nc, mirror_shape=mirror_shape).fit(Xf, labels)
     C = fitted.transform(Xf)
     bounds = fit_bundle_bounds(C) if variant == "bundle" else tight_bounds(C)
+    if cls.input_kind != "pixels":
+        if faces is None or np.asarray(faces).shape[0] != Xf.shape[0]:
+            raise ValueError(
+                f"faces: expected the pixels of the {Xf.shape[0]} basis faces whose {cls.input_kind} descriptors "
+                f"X holds (for retrieval), received {None if faces is None else np.asarray(faces).shape}"
+            )
+        pixels = np.asarray(faces, dtype=np.float64).reshape(Xf.shape[0], -1)
+        public = np.round(np.clip(pixels, 0.0, 1.0) * 255.0).astype(np.uint8)
+        inputs = Xf.astype(np.float32)
+        retrieval: dict[str, LinearDecoder | RetrievalDecoder] = {"coefficients": RetrievalDecoder(C, public, inputs)}
+        for name, dom in DOMAINS.items():
+            retrieval[name] = RetrievalDecoder(dom.apply(C, bounds), public, inputs)
+        return Basis(
+            projection=fitted,
+            bounds=bounds,
+            variant=variant,
+            n_fit=int(Xf.shape[0]),
+            mean_face=pixels.mean(axis=0),
+            decoders=retrieval,
+            mean_input=Xf.mean(axis=0),
+        )
     # Decoders are fitted now (the basis travels to worker processes without its faces).
     exact = hasattr(fitted, "model_")
-    decoders = {} if exact else {"coefficients": LinearDecoder.fit(C, Xf)}
+    decoders: dict[str, LinearDecoder | RetrievalDecoder] = {} if exact else {"coefficients": LinearDecoder.fit(C, Xf)}
     for name, dom in DOMAINS.items():
         if not (exact and dom.invertible):
             decoders[name] = LinearDecoder.fit(dom.apply(C, bounds), Xf)

@@ -216,6 +216,14 @@ class AuditConfig:
                 "audited people it would be neither public nor honest)",
                 self.basis,
             )
+        if self.mirror:
+            _check(
+                projection_class(self.projection).input_kind == "pixels",
+                "--mirror",
+                f"no mirroring with --projection {self.projection} (its input is a "
+                f"{projection_class(self.projection).input_kind} descriptor, not pixels)",
+                self.mirror,
+            )
         if self.background_max_faces is not None:
             _check(self.background_max_faces >= 5, "--background-max-faces", ">= 5", self.background_max_faces)
             if self.dataset == "lfw":
@@ -234,8 +242,11 @@ class AuditConfig:
             )
 
     def mirrored(self, projection: str) -> bool:
-        """Whether ``projection`` is fitted on mirrored basis faces too."""
-        return projection_class(projection).mirror_by_default if self.mirror is None else self.mirror
+        """Whether ``projection`` is fitted on mirrored basis faces too (never for descriptor inputs)."""
+        cls = projection_class(projection)
+        if cls.input_kind != "pixels":
+            return False
+        return cls.mirror_by_default if self.mirror is None else self.mirror
 
     @property
     def background_faces_range(self) -> tuple[int, int | None]:
@@ -246,12 +257,25 @@ class AuditConfig:
 
     @property
     def searched_projections(self) -> tuple[str, ...]:
-        """Projections the frontier searches (those the basis allows, unless listed)."""
+        """Projections the frontier searches, unless listed: those the basis allows.
+
+        Descriptor projections (whose inputs cost a network pass per face and
+        an optional extra) are searched by default only when ``--projection``
+        is one of them.
+        """
         if self.frontier_projections:
             return self.frontier_projections
         return tuple(
-            k for k in projection_kinds() if self.basis == "background" or not projection_class(k).needs_labels
+            k
+            for k in projection_kinds()
+            if (self.basis == "background" or not projection_class(k).needs_labels)
+            and (projection_class(k).input_kind == "pixels" or k == self.projection)
         )
+
+    @property
+    def used_projections(self) -> tuple[str, ...]:
+        """Every projection this audit fits: ``--projection`` and, with ``--frontier``, the searched ones."""
+        return (self.projection, *(self.searched_projections if self.frontier else ()))
 
     @property
     def effective_sweep_epsilon(self) -> float:

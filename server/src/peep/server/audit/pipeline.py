@@ -84,8 +84,9 @@ def _component_limit(data: AuditData, cfg: AuditConfig, projection: str | None =
     else:
         n = data.labels.shape[0]
         n_fit = n - math.ceil(cfg.test_size * n)
-    limit = min(n_fit - 1, data.X.shape[1])
-    if projection_class(projection or cfg.projection).needs_labels and data.background_labels is not None:
+    cls = projection_class(projection or cfg.projection)
+    limit = min(n_fit - 1, data.inputs(cls.input_kind).shape[1])
+    if cls.needs_labels and data.background_labels is not None:
         limit = min(limit, int(np.unique(data.background_labels).shape[0]) - 1)
     return int(limit)
 

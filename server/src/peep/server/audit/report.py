@@ -559,7 +559,11 @@ METHOD_HTML = """
 <li><b>Utility.</b> The MLP is trained on perturbed releases of the training faces and tested on
 perturbed releases of the held-out faces; weighted precision/recall/F1 weight each identity by its test
 support. Chance is the majority-class rate (a constant guess); balanced accuracy's chance is 1/K.</li>
-<li><b>(a) Reconstruction.</b> Eq. 14 direct inversion undoes the scaling and projects back; the
+<li><b>(a) Reconstruction.</b> Eq. 14 direct inversion undoes the scaling and projects back (eigenfaces);
+where no exact inverse exists (Fisherfaces, unit-sphere releases) a ridge decoder learned on the public
+basis faces maps releases to pixels; for a descriptor projection (dlib-resnet: a deep network's output,
+with no way back to pixels) the adversary retrieves the public face whose template is nearest the
+release, and re-identification is measured on that face's descriptor. The
 shrinkage (Wiener) estimator knows the mechanism's noise variance per coordinate and the prior
 mean/variance of each coordinate from the basis faces, and shrinks each coordinate by v/(v+σ²). SSIM/PSNR
 against the original test faces; re-identification by the no-privacy MLP (trained on clean faces) applied

@@ -37,7 +37,7 @@ from numpy.typing import NDArray
 from peep.core import features
 from peep.core.domains import domain
 from peep.core.mechanisms import mechanism_class
-from peep.core.projections import projection_kinds
+from peep.core.projections import projection_class, projection_kinds
 from peep.core.release import mechanism_for_bounds
 from peep.server.audit.attacks import (
     ADVERSARIES,
@@ -195,10 +195,17 @@ class AuditData:
     background: NDArray[np.float32] | None = None  # flattened (m, pixels)
     background_labels: IntArray | None = None
     background_desc: dict[str, Any] = field(default_factory=dict)
+    #: Descriptors of the same faces, by descriptor kind (e.g. ``"dlib-resnet"``): (n, dimension).
+    descriptors: dict[str, NDArray[np.float32]] = field(default_factory=dict)
+    background_descriptors: dict[str, NDArray[np.float32]] = field(default_factory=dict)
 
     @property
     def X(self) -> NDArray[np.float32]:
         return self.images.reshape(self.images.shape[0], -1)
+
+    def inputs(self, kind: str) -> NDArray[np.float32]:
+        """What a projection with input ``kind`` takes for every audited face: flattened pixels or descriptors."""
+        return self.X if kind == "pixels" else self.descriptors[kind]
 
     @property
     def n_classes(self) -> int:
@@ -215,13 +222,29 @@ def _progress(cfg: AuditConfig, desc: str) -> Iterator[Callable[[int, int], None
 
 
 def load_audit_data(cfg: AuditConfig) -> AuditData:
-    """Load the dataset (and background population) with the configured normalisation."""
+    """Load the dataset (and background population) with the configured normalisation.
+
+    Descriptor projections (``dlib-resnet``) among the audited or searched
+    ones get their descriptors computed for the same faces (cached per person
+    and network, like the faces).
+    """
     from peep.server.datasets import load_dataset
+    from peep.server.descriptors import descriptor_encoder
 
     norm: Any = cfg.normalisation
+    kinds = sorted({projection_class(k).input_kind for k in cfg.used_projections} - {"pixels"})
+    encoders = {kind: descriptor_encoder(kind) for kind in kinds}
+    if len(encoders) > 1:
+        raise AuditConfigError(f"--projection/--frontier-projections: at most one descriptor kind, received {kinds}")
+    encoder = next(iter(encoders.values()), None)
     with _progress(cfg, "detecting and normalising faces (cached afterwards)") as cb:
         ds = load_dataset(
-            cfg.dataset, data_home=cfg.data_home, min_faces=cfg.min_faces, normalisation=norm, progress=cb
+            cfg.dataset,
+            data_home=cfg.data_home,
+            min_faces=cfg.min_faces,
+            normalisation=norm,
+            progress=cb,
+            encoder=encoder,
         )
     data = AuditData(
         images=ds.images,
@@ -231,6 +254,9 @@ def load_audit_data(cfg: AuditConfig) -> AuditData:
         normalisation=dict(ds.normalisation),
         n_skipped=ds.n_skipped,
     )
+    if encoder is not None and ds.descriptors is not None:
+        data.descriptors[encoder.kind] = ds.descriptors
+        data.normalisation["descriptor"] = encoder.identity
     if data.n_classes < 2:
         raise AuditConfigError(
             f"--min-faces: expected a value leaving at least 2 identities, "
@@ -242,7 +268,13 @@ def load_audit_data(cfg: AuditConfig) -> AuditData:
         min_bg, max_faces = cfg.background_faces_range
         with _progress(cfg, "background faces (cached afterwards)") as cb:
             bg = load_dataset(
-                "lfw", data_home=cfg.data_home, min_faces=min_bg, max_faces=max_faces, normalisation=norm, progress=cb
+                "lfw",
+                data_home=cfg.data_home,
+                min_faces=min_bg,
+                max_faces=max_faces,
+                normalisation=norm,
+                progress=cb,
+                encoder=encoder,
             )
         audited = set(ds.target_names)
         excluded = sorted(audited & set(bg.target_names))
@@ -255,6 +287,8 @@ def load_audit_data(cfg: AuditConfig) -> AuditData:
             )
         data.background = bg.X.astype(np.float32)
         data.background_labels = bg.labels.astype(np.int64)
+        if encoder is not None and bg.descriptors is not None:
+            data.background_descriptors[encoder.kind] = bg.descriptors
         data.background_desc = {
             "source": "lfw",
             "min_faces": min_bg,
@@ -266,11 +300,36 @@ def load_audit_data(cfg: AuditConfig) -> AuditData:
     return data
 
 
-def basis_faces(data: AuditData, train_idx: IntArray) -> tuple[NDArray[np.float32], IntArray]:
-    """The public faces (and their identities) the projection and bounds are fitted on."""
+def basis_faces(
+    data: AuditData, train_idx: IntArray, input_kind: str = "pixels"
+) -> tuple[NDArray[np.float32], IntArray, NDArray[np.float32]]:
+    """The public faces the projection and bounds are fitted on: (inputs, identities, flattened pixels).
+
+    The inputs are what a projection of ``input_kind`` takes (the pixels
+    themselves, or the faces' descriptors).
+    """
     if data.background is not None and data.background_labels is not None:
-        return data.background, data.background_labels
-    return data.X[train_idx], data.labels[train_idx]
+        inputs = data.background if input_kind == "pixels" else data.background_descriptors[input_kind]
+        return inputs, data.background_labels, data.background
+    return data.inputs(input_kind)[train_idx], data.labels[train_idx], data.X[train_idx]
+
+
+def _fit_basis(
+    data: AuditData, cfg: AuditConfig, train_idx: IntArray, n_components: int, kind: str, variant: str = "bundle"
+) -> Basis:
+    """:func:`fit_basis` on the split's public faces, for projection ``kind``."""
+    input_kind = projection_class(kind).input_kind
+    fit_on, fit_labels, pixels = basis_faces(data, train_idx, input_kind)
+    shape = (int(data.images.shape[1]), int(data.images.shape[2])) if cfg.mirrored(kind) else None
+    return fit_basis(
+        fit_on,
+        n_components,
+        variant=variant,
+        projection=kind,
+        labels=fit_labels,
+        mirror_shape=shape,
+        faces=None if input_kind == "pixels" else pixels,
+    )
 
 
 # --------------------------------------------------------------------------- repeat context
@@ -290,6 +349,7 @@ class RepeatContext:
     test_images: NDArray[np.float32]
     n_classes: int
     train_idx: IntArray
+    test_idx: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     clean_mlp: Any = None
     candidate_sets: list[CandidateSet] = field(default_factory=list)
     grid_idx: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
@@ -323,11 +383,9 @@ def make_context(
     """Split, fit the basis and (optionally) the clean recogniser and baselines."""
     seed = split_seed(cfg, split)
     tr, te = _split(data.labels, cfg.test_size, seed)
-    X = data.X
-    fit_on, fit_labels = basis_faces(data, tr)
     kind = projection or cfg.projection
-    shape = (int(data.images.shape[1]), int(data.images.shape[2])) if cfg.mirrored(kind) else None
-    basis = fit_basis(fit_on, n_components, variant=variant, projection=kind, labels=fit_labels, mirror_shape=shape)
+    basis = _fit_basis(data, cfg, tr, n_components, kind, variant)
+    X = data.inputs(basis.input_kind)
     ctx = RepeatContext(
         split=split,
         seed=seed,
@@ -339,6 +397,7 @@ def make_context(
         test_images=data.images[te],
         n_classes=data.n_classes,
         train_idx=tr,
+        test_idx=te,
         grid_idx=_grid_indices(data.labels[te], cfg.grid_faces),
     )
     baseline: dict[str, Any] = {}
@@ -352,9 +411,13 @@ def make_context(
     member = p_tr[np.arange(p_tr.shape[0]), ctx.y_train]
     nonmember = p_te[np.arange(p_te.shape[0]), ctx.y_test]
     baseline["membership_auc"] = membership_auc(member, nonmember)
-    mean_face = np.broadcast_to(basis.mean_face, (ctx.C_test.shape[0], basis.mean_face.shape[0]))
-    baseline["mean_face"] = reconstruction_scores(np.clip(mean_face, 0, 1), ctx.test_images, basis, mlp, ctx.y_test)
-    baseline["pca_ceiling"] = reconstruction_scores(basis.faces(ctx.C_test), ctx.test_images, basis, mlp, ctx.y_test)
+    n_test = ctx.C_test.shape[0]
+    mean_face = np.broadcast_to(basis.mean_face, (n_test, basis.mean_face.shape[0]))
+    baseline["mean_face"] = reconstruction_scores(
+        np.clip(mean_face, 0, 1), ctx.test_images, basis, mlp, ctx.y_test, basis.inputs_of_mean(n_test)
+    )
+    ceiling, ceiling_inputs = basis.reconstruct(ctx.C_test)
+    baseline["pca_ceiling"] = reconstruction_scores(ceiling, ctx.test_images, basis, mlp, ctx.y_test, ceiling_inputs)
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, split, 99]))
     ctx.candidate_sets, skipped = select_candidate_sets(ctx.C_train, ctx.y_train, ctx.n_classes, cfg.subset_sizes, rng)
     baseline["subsets_skipped"] = skipped
@@ -504,10 +567,10 @@ def evaluate_release(
 
     # (a) reconstruction: direct inversion (Eq. 14) and shrinkage with known variances.
     m, v = shrinkage_prior(Ztr)
-    direct = reconstruct_direct(Rte, dom, basis)
-    shrink = reconstruct_shrinkage(Rte, dom, basis, m, v, var)
-    rec_d = reconstruction_scores(direct, ctx.test_images, basis, ctx.clean_mlp, yte)
-    rec_s = reconstruction_scores(shrink, ctx.test_images, basis, ctx.clean_mlp, yte)
+    direct, direct_inputs = reconstruct_direct(Rte, dom, basis)
+    shrink, shrink_inputs = reconstruct_shrinkage(Rte, dom, basis, m, v, var)
+    rec_d = reconstruction_scores(direct, ctx.test_images, basis, ctx.clean_mlp, yte, direct_inputs)
+    rec_s = reconstruction_scores(shrink, ctx.test_images, basis, ctx.clean_mlp, yte, shrink_inputs)
     out["reconstruction"] = {"direct": rec_d, "shrinkage": rec_s}
     out["reconstruction_ssim"] = max(rec_d["ssim"], rec_s["ssim"])
     out["reconstruction_psnr"] = max(rec_d["psnr"], rec_s["psnr"])
@@ -537,12 +600,11 @@ def sweep_point(
     """Clean and private (at the sweep ε) utility for one nc or images-per-subject value."""
     eps = cfg.effective_sweep_epsilon
     if sweep == "components":
-        fit_on, fit_labels = basis_faces(data, ctx.train_idx)
+        fit_on, _, _ = basis_faces(data, ctx.train_idx, ctx.basis.input_kind)
         limit = fit_on.shape[0] - 1
         if value > limit:
             return None
-        shape = (int(data.images.shape[1]), int(data.images.shape[2])) if cfg.mirrored(ctx.basis.kind) else None
-        basis = fit_basis(fit_on, value, projection=ctx.basis.kind, labels=fit_labels, mirror_shape=shape)
+        basis = _fit_basis(data, cfg, ctx.train_idx, value, ctx.basis.kind)
         if basis.n_components != value:
             return None  # capped by the basis (e.g. Fisherfaces: at most identities − 1)
         sub = RepeatContext(
@@ -551,11 +613,12 @@ def sweep_point(
             basis=basis,
             y_train=ctx.y_train,
             y_test=ctx.y_test,
-            C_train=basis.transform(data.X[ctx.train_idx]),
-            C_test=basis.transform(ctx.test_images.reshape(ctx.test_images.shape[0], -1)),
+            C_train=basis.transform(data.inputs(basis.input_kind)[ctx.train_idx]),
+            C_test=basis.transform(data.inputs(basis.input_kind)[ctx.test_idx]),
             test_images=ctx.test_images,
             n_classes=ctx.n_classes,
             train_idx=ctx.train_idx,
+            test_idx=ctx.test_idx,
         )
     else:
         keep = np.concatenate([np.flatnonzero(ctx.y_train == c)[:value] for c in range(ctx.n_classes)])
@@ -571,6 +634,7 @@ def sweep_point(
             test_images=ctx.test_images,
             n_classes=ctx.n_classes,
             train_idx=ctx.train_idx[keep],
+            test_idx=ctx.test_idx,
         )
     clean = fit_served(cfg, sub.C_train, sub.y_train, ctx.seed)
     clean_m = classification_metrics(sub.y_test, proba_full(clean, sub.C_test, sub.n_classes).argmax(axis=1))

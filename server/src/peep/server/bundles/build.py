@@ -26,21 +26,36 @@ def build_bundle(
     mechanism_defaults: Mapping[str, Any] | None = None,
     projection: str = "eigenfaces",
     mirror: bool | None = None,
+    network: Mapping[str, Any] | None = None,
 ) -> EigenfaceBundle:
     """Fit the projection ``projection`` and public bounds on ``dataset``, sign, write, reload.
 
     ``dataset`` is the public (background) population: never the people the
     devices will release. ``mirror`` fits on the faces' mirror images too
     (None: the projection's own default, see
-    :attr:`peep.core.projections.base.Projection.mirror_by_default`). Returns
-    the bundle as a device would load it (verified with the key pair's public
-    half), so callers can use it straight away.
+    :attr:`peep.core.projections.base.Projection.mirror_by_default`). A
+    projection of descriptors (``dlib-resnet``) is fitted on
+    ``dataset.descriptors`` and records ``network`` (the encoder's
+    :attr:`~peep.edge.embedding.DlibResNetEncoder.identity`) so devices check
+    they run the same network. Returns the bundle as a device would load it
+    (verified with the key pair's public half), so callers can use it straight away.
     """
     cls = projection_class(projection)
     shape = (int(dataset.images.shape[1]), int(dataset.images.shape[2]))
-    use_mirror = cls.mirror_by_default if mirror is None else mirror
-    fitted = cls(n_components=n_components, radius_quantile=radius_quantile, mirror_shape=shape if use_mirror else None)
-    fitted.fit(dataset.X, dataset.labels)
+    fitted: Any
+    if cls.input_kind == "pixels":
+        use_mirror = cls.mirror_by_default if mirror is None else mirror
+        fitted = cls(
+            n_components=n_components, radius_quantile=radius_quantile, mirror_shape=shape if use_mirror else None
+        )
+    else:
+        if mirror:
+            raise ValueError(f"mirror: expected False for projection {projection!r}, whose input is a descriptor")
+        if not network:
+            raise ValueError(f"network: expected the identity of the {cls.input_kind} network, received {network!r}")
+        descriptor_cls: Any = cls  # the descriptor projections take the network they were fitted behind
+        fitted = descriptor_cls(n_components=n_components, radius_quantile=radius_quantile, network=dict(network))
+    fitted.fit(dataset.inputs(cls.input_kind), dataset.labels)
     geometry_dict = dataset.normalisation.get("geometry")
     from peep.core.imaging import FaceGeometry
 

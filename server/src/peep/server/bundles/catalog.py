@@ -12,11 +12,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from peep.core.bundle import EigenfaceBundle
 from peep.core.exceptions import BundleError
+from peep.core.projections.descriptor import DLIB_RESNET_MODEL_SHA256, untrusted_network
 from peep.server.storage import Store
 from peep.v1 import recognition_pb2
 
@@ -51,11 +52,21 @@ class BundleCatalog:
     store : Store
     public_key : Ed25519PublicKey
         The deployer's key; nothing else is accepted.
+    trusted_models : iterable of str, optional
+        SHA-256 of the descriptor model files a descriptor bundle
+        (``dlib-resnet``) may name (``[bundle] trusted_descriptor_models``;
+        default: :data:`peep.core.projections.descriptor.DLIB_RESNET_MODEL_SHA256`).
+        A bundle naming another network is refused at publish; one already
+        stored (published under another configuration) is refused at ingest
+        (:meth:`untrusted`).
     """
 
-    def __init__(self, store: Store, public_key: Ed25519PublicKey) -> None:
+    def __init__(
+        self, store: Store, public_key: Ed25519PublicKey, *, trusted_models: Iterable[str] | None = None
+    ) -> None:
         self._store = store
         self._key = public_key
+        self._trusted = frozenset(DLIB_RESNET_MODEL_SHA256.values() if trusted_models is None else trusted_models)
         self._lock = threading.Lock()
         self._bundles: dict[str, EigenfaceBundle] = {}
         self._misses: dict[str, float] = {}
@@ -72,9 +83,19 @@ class BundleCatalog:
         """Call ``fn(bundle)`` after each publish (e.g. the MQTT retained announcement)."""
         self._listeners.append(fn)
 
+    def untrusted(self, bundle: EigenfaceBundle) -> str | None:
+        """Why ``bundle``'s descriptor network is not trusted here (None: trusted, or pixel input)."""
+        return untrusted_network(bundle.input, self._trusted)
+
     def publish(self, files: Mapping[str, bytes]) -> EigenfaceBundle:
         """Verify, store and make current; raises :class:`BundleError` naming the failing file."""
         bundle = EigenfaceBundle.from_files(files, self._key)
+        reason = self.untrusted(bundle)
+        if reason is not None:
+            raise BundleError(
+                f"bundle {bundle.bundle_id}: {reason} (the server trusts the descriptor models listed in "
+                "[bundle] trusted_descriptor_models)"
+            )
         payload = bundle_files_message(bundle).SerializeToString(deterministic=True)
         self._store.put_bundle(bundle.bundle_id, payload, time.time())
         with self._lock:

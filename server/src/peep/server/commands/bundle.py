@@ -11,7 +11,7 @@ from typing import Any
 from peep.core.bundle import load_private_key, load_public_key, verify_bundle
 from peep.core.exceptions import BundleError
 from peep.core.imaging import FaceGeometry
-from peep.core.projections import projection_kinds
+from peep.core.projections import projection_class, projection_kinds
 from peep.server.errors import UsageError
 
 
@@ -55,7 +55,8 @@ def register(sub: Any) -> None:
         "--mirror",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="fit on the faces' mirror images too (default: on for fisherfaces, off for eigenfaces)",
+        help="fit on the faces' mirror images too (default: on for fisherfaces, off for eigenfaces; "
+        "not for descriptor projections such as dlib-resnet)",
     )
     b.add_argument("--size", type=parse_size, default=(47, 62), metavar="WxH", help="face geometry (default 47x62)")
     b.add_argument("--equalize", action="store_true", help="histogram-equalise faces (devices will too)")
@@ -84,6 +85,17 @@ def build(args: argparse.Namespace) -> int:
         raise UsageError(f"--signing-key: {exc}") from exc
     w, h = args.size
     geometry = FaceGeometry(width=w, height=h, equalize=args.equalize)
+    input_kind = projection_class(args.projection).input_kind
+    encoder: Any = None
+    if input_kind != "pixels":
+        from peep.server.descriptors import descriptor_encoder
+
+        if args.mirror:
+            raise UsageError(
+                f"--mirror: expected --no-mirror or nothing with --projection {args.projection} "
+                f"(its input is a {input_kind} descriptor, not pixels), received --mirror"
+            )
+        encoder = descriptor_encoder(input_kind)
     t0 = time.perf_counter()
     try:
         ds = load_dataset(
@@ -92,13 +104,18 @@ def build(args: argparse.Namespace) -> int:
             min_faces=args.min_faces,
             max_faces=args.max_faces,
             geometry=geometry,
-            progress=progress_printer("detecting and normalising faces"),
+            progress=progress_printer(
+                "detecting and normalising faces" + (f", then {input_kind} descriptors" if encoder else "")
+            ),
+            encoder=encoder,
         )
     except DatasetError as exc:
         raise UsageError(str(exc)) from exc
-    if args.components > min(ds.n_images - 1, geometry.n_pixels):
+    dimension = geometry.n_pixels if encoder is None else int(encoder.dimension)
+    if args.components > min(ds.n_images - 1, dimension):
         raise UsageError(
-            f"--components: expected at most {min(ds.n_images - 1, geometry.n_pixels)} for {ds.n_images} faces, "
+            f"--components: expected at most {min(ds.n_images - 1, dimension)} for {ds.n_images} faces "
+            f"({'pixels' if encoder is None else input_kind + ' descriptors'} of dimension {dimension}), "
             f"received {args.components}"
         )
     try:
@@ -110,6 +127,7 @@ def build(args: argparse.Namespace) -> int:
             radius_quantile=args.radius_quantile,
             projection=args.projection,
             mirror=args.mirror,
+            network=None if encoder is None else encoder.identity,
         )
     except ValueError as exc:
         # The projection knows its own limit on K (e.g. fisherfaces: identities - 1).
@@ -133,6 +151,14 @@ def _projection_summary(metadata: dict[str, Any]) -> str:
     ratio = metadata.get("explained_variance_ratio")
     if ratio:
         return f", {sum(ratio):.1%} of variance kept"
+    descriptor = metadata.get("dlib_resnet")
+    if descriptor:
+        network = metadata.get("input", {}).get("network", {})
+        return (
+            f"; whitened PCA of {metadata.get('input', {}).get('dimension', '?')}-d dlib ResNet descriptors "
+            f"({sum(descriptor['explained_variance_ratio']):.1%} of their variance kept), network "
+            f"{str(network.get('network_sha256', '?'))[:12]}… ({network.get('package', '?')})"
+        )
     fisher = metadata.get("fisherfaces")
     if fisher:
         from peep.core.mechanisms import mechanism_classes

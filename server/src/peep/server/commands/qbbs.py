@@ -144,9 +144,7 @@ def evaluate(args: argparse.Namespace) -> int:
     if args.mechanism not in MECHANISM_KINDS:
         raise UsageError(f"--mechanism: expected one of {', '.join(MECHANISM_KINDS)}, received {args.mechanism!r}")
     if mechanism_class(args.mechanism).takes_delta and args.template_delta is None:
-        raise UsageError(
-            f"--template-delta: expected a δ in (0, 1) for --mechanism {args.mechanism}, received none"
-        )
+        raise UsageError(f"--template-delta: expected a δ in (0, 1) for --mechanism {args.mechanism}, received none")
     if args.components < 1:
         raise UsageError(f"--components: expected >= 1, received {args.components}")
     if args.seed < 0:

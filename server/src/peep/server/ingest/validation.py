@@ -6,7 +6,9 @@ The server adds what needs context:
 
 known bundle
     ``bundle_id`` names a bundle this server published (verified with the
-    deployer's key).
+    deployer's key); a descriptor bundle (``dlib-resnet``) must name a
+    network whose model files the server trusts (``[bundle]
+    trusted_descriptor_models``), else ``untrusted_network``.
 dimension
     ``len(values)`` equals the bundle's ``nc``.
 mechanism consistent with the bundle
@@ -186,6 +188,9 @@ class TemplateValidator:
             raise Rejection(
                 "unknown_bundle", f"bundle_id: expected a bundle published on this server, received {msg.bundle_id!r}"
             )
+        untrusted = self.bundles.untrusted(bundle)
+        if untrusted is not None:
+            raise Rejection("untrusted_network", f"bundle {bundle.bundle_id}: {untrusted}")
         nc = bundle.n_components
         if len(msg.values) != nc:
             raise Rejection(

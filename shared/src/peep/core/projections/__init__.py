@@ -11,6 +11,10 @@
 :mod:`~peep.core.projections.fisherfaces`
     ``fisherfaces`` (whitened eigenfaces, then LDA on the public identities;
     its ``unit`` output is what the unit-sphere mechanisms release).
+:mod:`~peep.core.projections.descriptor`
+    ``dlib-resnet`` (a whitened public PCA of dlib's 128-d ResNet face
+    descriptor, which the device computes per release: the projector's input
+    is the descriptor, not pixels).
 
 Adding a projection: a new module here with a :class:`Projection` subclass
 decorated with :func:`register_projection`, and its tests.
@@ -19,6 +23,7 @@ decorated with :func:`register_projection`, and its tests.
 from __future__ import annotations
 
 from peep.core.projections.base import Projection, build_projector, mirror_faces, projector_outputs
+from peep.core.projections.descriptor import DlibResNetProjection
 from peep.core.projections.eigenfaces import EigenfaceProjection
 from peep.core.projections.fisherfaces import FisherfaceProjection
 from peep.core.projections.registry import (
@@ -29,6 +34,7 @@ from peep.core.projections.registry import (
 )
 
 __all__ = [
+    "DlibResNetProjection",
     "EigenfaceProjection",
     "FisherfaceProjection",
     "Projection",

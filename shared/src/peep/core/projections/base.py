@@ -107,6 +107,9 @@ class Projection(ParamsMixin):
     needs_labels: ClassVar[bool] = False
     #: Whether builders (``peep bundle build``, the audit) fit it on mirrored faces too unless told not to.
     mirror_by_default: ClassVar[bool] = False
+    #: What the projector's input is: ``"pixels"`` (a normalised face, flattened) or the kind of a
+    #: face descriptor the device computes first (e.g. ``"dlib-resnet"``; see :meth:`input_description`).
+    input_kind: ClassVar[str] = "pixels"
 
     bounds_: BundleBounds
     n_components_: int
@@ -129,6 +132,12 @@ class Projection(ParamsMixin):
         if self.needs_labels and y is None:
             raise ValueError(f"y: expected the identities of the faces for projection {self.kind!r}, received None")
         labels = None if y is None else np.asarray(y)
+        if self.mirror_shape is not None and self.input_kind != "pixels":
+            raise ValueError(
+                f"mirror_shape: expected None for projection {self.kind!r}, whose input is a {self.input_kind} "
+                "descriptor, not pixels (mirror the images before computing descriptors), "
+                f"received {self.mirror_shape!r}"
+            )
         if self.mirror_shape is not None:
             arr = np.vstack([arr, mirror_faces(arr, self.mirror_shape)])
             labels = None if labels is None else np.concatenate([labels, labels])
@@ -150,6 +159,15 @@ class Projection(ParamsMixin):
     def metadata(self) -> dict[str, Any]:
         """Projection-specific entries for the bundle's ``metadata.json`` (JSON-able)."""
         return {}
+
+    def input_description(self) -> dict[str, Any]:
+        """What a device feeds the projector (``metadata.json``'s ``input``, covered by the signature).
+
+        ``{"kind": "pixels"}`` for projections of normalised faces; descriptor
+        projections also name the descriptor network a device must run, by
+        file hash and version, so a device with another network refuses the bundle.
+        """
+        return {"kind": self.input_kind}
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, NDArray[Any]], metadata: Mapping[str, Any]) -> Self:

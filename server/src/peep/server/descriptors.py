@@ -1,0 +1,40 @@
+"""Face descriptors on the server: the same encoder a device runs, for building and auditing descriptor bundles.
+
+A projection whose input is a descriptor (``dlib-resnet``) is fitted on the
+public faces' descriptors, computed by :class:`peep.edge.embedding.DlibResNetEncoder`
+(the optional extra ``peep-server[dlib]``), so the network a bundle names is
+the one that fitted it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from peep.server.errors import UsageError
+
+__all__ = ["descriptor_encoder"]
+
+
+def descriptor_encoder(kind: str, *, option: str = "--projection") -> Any:
+    """The encoder computing descriptors of input ``kind``, or a :class:`UsageError` naming the extra.
+
+    Parameters
+    ----------
+    kind : str
+        A projection's :attr:`~peep.core.projections.base.Projection.input_kind` other than ``"pixels"``.
+    option : str
+        The command-line option the error names.
+    """
+    if kind != "dlib-resnet":
+        raise UsageError(f"{option}: no descriptor encoder is known for projection input {kind!r}")
+    try:
+        from peep.edge.embedding import DlibResNetEncoder
+    except ImportError as exc:
+        raise UsageError(
+            f"{option}: input {kind!r} expected the optional extra peep-server[dlib] (it computes the descriptor "
+            f"devices compute), received an import error ({exc}); install it with pip install 'peep-server[dlib]'"
+        ) from None
+    try:
+        return DlibResNetEncoder()
+    except Exception as exc:  # MissingExtraError: its text names the extra to install
+        raise UsageError(f"{option}: {exc}") from None
