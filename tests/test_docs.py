@@ -24,7 +24,8 @@ def test_readme_names_the_two_setup_commands_and_ci_runs_the_test_one():
 def test_every_cli_contract_command_is_documented():
     readme = (ROOT / "README.md").read_text()
     for cmd in (
-        "peep keys generate", "peep bundle build", "peep bundle verify", "peep serve", "peep train", "peep audit",
+        "peep keys generate", "peep bundle build", "peep bundle verify", "peep serve", "peep mqtt retire", "peep train",
+        "peep audit",
         "peep qbbs evaluate", "peep bench", "peep demo", "peep-edge run", "peep-edge enroll", "peep-edge bundle verify",
     ):  # fmt: skip
         assert cmd in readme, cmd

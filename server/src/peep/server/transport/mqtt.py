@@ -15,8 +15,9 @@ Ingest
     idempotent). The bounded queue and the broker's receive maximum give
     back-pressure. ``mqtt.connections`` consumer connections (default 4) join
     the share group: the broker limits QoS 1 messages in flight *per
-    connection* (Mosquitto: ``max_inflight_messages``, 20 by default), and an
-    acknowledgement waits for a database commit, so one connection would cap
+    connection* (to ``mqtt.receive_maximum``, the Receive Maximum this client
+    sends; Mosquitto's ``max_inflight_messages`` applies to MQTT 3 clients), and
+    an acknowledgement waits for a database commit, so one connection would cap
     ingest at a few thousand templates per second.
 Durable sessions
     Each connection has a stable client id (``mqtt.client_id``, default
