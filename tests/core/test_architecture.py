@@ -73,3 +73,18 @@ def test_device_release_path_does_not_import_heavy_libraries():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_releasing_with_every_mechanism_does_not_import_scipy():
+    """The unit-sphere and Gaussian mechanisms need special functions (incomplete beta, normal quantiles);
+    peep.core.special has them, so building and running any mechanism on a device loads no scipy (21 MB)."""
+    code = (
+        "import sys, numpy as np; from peep.core.mechanisms import make_mechanism;"
+        "x = np.full(24, 0.2);"
+        "[make_mechanism(k, epsilon=8.0, n_components=24).release(x / np.linalg.norm(x)) for k in"
+        " ('privunit', 'privunit-g')];"
+        "make_mechanism('gaussian-l2', epsilon=1.0, delta=1e-6, n_components=24, radius_l2=1.0).release(x);"
+        "print(','.join(m for m in ('onnx', 'scipy', 'sklearn') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

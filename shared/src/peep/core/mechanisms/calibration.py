@@ -25,6 +25,7 @@ from typing import Any, Final
 
 from peep.core._validation import check_positive, check_real
 from peep.core.sampling import NoiseSampler, grid_inflation_l1, grid_inflation_l2
+from peep.core.special import log_ndtr
 
 __all__ = [
     "analytic_gaussian_sigma",
@@ -53,14 +54,10 @@ def _log_delta(u: float, epsilon: float) -> float:
     δ = Φ(1/(2u) − εu) − e^ε·Φ(−1/(2u) − εu), evaluated in log space so that
     e^ε never overflows (ε up to 1e4 and beyond).
     """
-    # Imported here: only gaussian-l2 calibration needs scipy, and a device
-    # running a Laplace mechanism should not pay its import memory.
-    from scipy.special import log_ndtr
-
     a = 0.5 / u - epsilon * u
     b = -0.5 / u - epsilon * u
-    log_pa = float(log_ndtr(a))
-    r = epsilon + float(log_ndtr(b)) - log_pa  # log of e^ε·Φ(b)/Φ(a), < 0
+    log_pa = log_ndtr(a)
+    r = epsilon + log_ndtr(b) - log_pa  # log of e^ε·Φ(b)/Φ(a), < 0
     if r >= 0.0:
         return -math.inf  # numerically no δ left (only at extreme u)
     return log_pa + math.log(-math.expm1(r))
@@ -71,7 +68,7 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) ->
 
     The analytic Gaussian mechanism (Balle & Wang 2018, Thm 8 / Alg. 1): the
     exact condition ``Φ(Δ/2σ − εσ/Δ) − e^ε·Φ(−Δ/2σ − εσ/Δ) <= δ``, solved by
-    bisection on ``σ/Δ`` in log space (``scipy.special.log_ndtr``). The result
+    bisection on ``σ/Δ`` in log space (:func:`peep.core.special.log_ndtr`). The result
     is the upper end of the final bracket, so the condition holds for it.
 
     Parameters

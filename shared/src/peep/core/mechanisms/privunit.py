@@ -40,7 +40,8 @@ at large ε the cap is tiny (``q`` down to ``e^{−ε}``) and ``1 − I`` would
 round to 0 and return the input unperturbed. ``√(1 − ⟨Z, x⟩²)`` is
 ``2·√(s(1 − s))``. Off the cap, ``B = betaincinv(α, α, U·(1 − q))`` with
 ``1 − q = I_{(1+γ)/2}(α, α)`` computed directly. PrivUnitG uses
-``ndtri``/``ndtr`` the same way. ``U`` comes from the sampler's
+``ndtri``/``ndtr`` the same way. These special functions are
+:mod:`peep.core.special`'s (tested against scipy), so a device never loads scipy. ``U`` comes from the sampler's
 full-precision exponential (``U = exp(−E)``); the direction orthogonal to
 ``x`` from Box–Muller normals built from the same exponentials.
 
@@ -85,6 +86,7 @@ from typing import Any, ClassVar, Final
 
 import numpy as np
 from numpy.typing import NDArray
+from peep.core import special
 from peep.core._validation import check_int
 from peep.core.domains import unit_rows
 from peep.core.mechanisms.base import PrivacyGuarantee, PublicParameters, TemplateMechanism
@@ -163,11 +165,8 @@ def _p_for(epsilon0: float) -> float:
 
 def _log_cap_fraction(gamma: float, d: int) -> float:
     """``log q``: ``q = P(⟨U, x⟩ >= γ)`` for ``U`` uniform on ``S^{d−1}`` (no cancellation)."""
-    from scipy.special import betainc
-
     a = 0.5 * (d - 1)
-    q = float(betainc(a, a, 0.5 * (1.0 - gamma)))
-    return math.log(q) if q > 0.0 else -math.inf
+    return special.log_betainc(a, a, 0.5 * (1.0 - gamma))
 
 
 def _cap_epsilon(log_q: float) -> float:
@@ -176,13 +175,11 @@ def _cap_epsilon(log_q: float) -> float:
 
 
 def _log_m_privunit(gamma: float, p: float, log_q: float, d: int) -> float:
-    from scipy.special import betaln
-
     a = 0.5 * (d - 1)
     if p <= math.exp(log_q):
         return -math.inf
     log_a = (
-        a * math.log1p(-gamma * gamma) - math.log(d - 1) - (d - 2) * math.log(2.0) - float(betaln(a, a))
+        a * math.log1p(-gamma * gamma) - math.log(d - 1) - (d - 2) * math.log(2.0) - special.betaln(a, a)
         if gamma < 1.0
         else -math.inf
     )
@@ -233,9 +230,7 @@ def privunit_parameters(epsilon: float, d: int) -> tuple[float, float, float, fl
 
 def _log_tail(gamma: float) -> float:
     """``log Φ̄(γ)`` (no cancellation)."""
-    from scipy.special import log_ndtr
-
-    return float(log_ndtr(-gamma))
+    return special.log_ndtr(-gamma)
 
 
 def _log_m_privunitg(gamma: float, p: float, log_q: float) -> float:
@@ -497,19 +492,14 @@ class PrivUnitMechanism(_UnitSphereMechanism):
         return 1.0 / (self.m * self.m)
 
     def _mass_below_threshold(self) -> float:
-        from scipy.special import betainc, betaincinv
-
-        self._betaincinv = betaincinv
         a = 0.5 * (self.n_components - 1)
-        return float(betainc(a, a, 0.5 * (1.0 + self.gamma)))
+        return special.betainc(a, a, 0.5 * (1.0 + self.gamma))
 
     def _along(self, in_cap: NDArray[np.bool_], u: FloatArray) -> tuple[FloatArray, FloatArray]:
-        from scipy.special import betaincinv
-
         a = 0.5 * (self.n_components - 1)
         # In the cap, s = (1 − t)/2 is Beta(α, α) below (1 − γ)/2, whose mass is q; off it,
         # B = (1 + t)/2 is Beta(α, α) below (1 + γ)/2, whose mass 1 − q was computed directly.
-        v = betaincinv(a, a, np.maximum(u * np.where(in_cap, self.q, self._off_cap_mass), _TINY))
+        v = special.betaincinv(a, a, np.maximum(u * np.where(in_cap, self.q, self._off_cap_mass), _TINY))
         t = np.where(in_cap, 1.0 - 2.0 * v, 2.0 * v - 1.0)
         ortho: FloatArray = 2.0 * np.sqrt(v * (1.0 - v))
         return t, ortho
@@ -522,7 +512,7 @@ class PrivUnitMechanism(_UnitSphereMechanism):
 
     def _along_one(self, in_cap: bool, u: float) -> tuple[float, float]:
         a = 0.5 * (self.n_components - 1)
-        v = float(self._betaincinv(a, a, max(u * (self.q if in_cap else self._off_cap_mass), _TINY)))
+        v = special.betaincinv(a, a, max(u * (self.q if in_cap else self._off_cap_mass), _TINY))
         return (1.0 - 2.0 * v if in_cap else 2.0 * v - 1.0), 2.0 * math.sqrt(v * (1.0 - v))
 
     def _orthogonal_scale(self, G: FloatArray, norm: float) -> float:
@@ -572,15 +562,11 @@ class PrivUnitGMechanism(_UnitSphereMechanism):
         return (self.n_components + self.gamma * self.m) / (self.m * self.m)
 
     def _mass_below_threshold(self) -> float:
-        from scipy.special import ndtr
-
-        return float(ndtr(self.gamma))
+        return special.ndtr(self.gamma)
 
     def _along(self, in_cap: NDArray[np.bool_], u: FloatArray) -> tuple[FloatArray, FloatArray]:
-        from scipy.special import ndtri
-
         # Cap: t = Φ̄⁻¹(U·q) = −Φ⁻¹(U·q); off it: t = Φ⁻¹(U·Φ(γ)), with Φ(γ) = 1 − q computed directly.
-        v = ndtri(np.maximum(u * np.where(in_cap, self.q, self._off_cap_mass), _TINY))
+        v = special.ndtri(np.maximum(u * np.where(in_cap, self.q, self._off_cap_mass), _TINY))
         t: FloatArray = np.where(in_cap, -v, v)
         return t, np.ones_like(u)
 
