@@ -17,3 +17,16 @@ def test_quick_bench_reports_fps_stages_and_memory(data_home):
     assert r["releases"] > 0 and r["delivered"] == r["releases"]
     assert r["video"]["faces_per_frame_max"] == 3 and r["detector"]["kind"] == "haar"
     assert r["payload_bytes_mean"] < 2 * 4 * r["bundle"]["n_components"]
+    # The descriptor run (the dlib extra is installed by scripts/bootstrap.sh): same video, a dlib-resnet bundle.
+    d = r["dlib_resnet"]
+    assert "error" not in d, d
+    assert d["bundle"]["projection"] == "dlib-resnet" and d["mechanism"]["kind"] == "privunit"
+    assert d["releases"] > 0 and d["delivered"] == d["releases"] and d["frames"] == 150
+    # The descriptor runs per release, so it costs more than a pixel projection there but not per frame.
+    assert d["descriptor_ms_per_release"] == d["stage_ms"]["project"] > r["stage_ms"]["project"]
+    assert d["rss_breakdown_mb"]["bundle_loaded"] > r["rss_breakdown_mb"]["bundle_loaded"]  # the network is loaded
+    pi = d["raspberry_pi_4_estimate"]
+    assert pi["descriptor_ms_per_release"] == pytest.approx(
+        d["descriptor_ms_per_release"] * pi["assumed_per_core_ratio"]
+    )
+    assert d["payload_bytes_mean"] < r["payload_bytes_mean"]  # 16 values instead of 128

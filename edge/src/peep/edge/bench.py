@@ -20,6 +20,12 @@ of the whole loop, releases and the forwarder included. The release policy
 is set to one release per track per second (60x the default rate) so the
 per-release stages are exercised.
 
+When the extra ``peep-edge[dlib]`` is installed, a second child runs the same
+video with a ``dlib-resnet`` bundle (k = 16, PrivUnit at ε = 8), reported
+under ``dlib_resnet``: there ``project`` is refine + 5-point alignment +
+ResNet descriptor + PCA, i.e. ``descriptor_ms_per_release``, and a Raspberry
+Pi 4 estimate scales it by an assumed per-core ratio (stated in the JSON).
+
 Run: ``python -c "import json; from peep.edge.bench import run; print(json.dumps(run(False), indent=1))"``
 """
 
@@ -37,6 +43,12 @@ from pathlib import Path
 from typing import Any
 
 DETECTOR: dict[str, Any] = {"detect_width": 320, "scale_factor": 1.2, "min_neighbors": 5, "min_size": 64}
+# The descriptor run: a dlib-resnet bundle of this dimension released with PrivUnit at this ε.
+DLIB_COMPONENTS = 16
+DLIB_EPSILON = 8.0
+# Assumed single-core slowdown of a Raspberry Pi 4 (Cortex-A72, 1.5 GHz) against one x86-64 core of
+# this machine for dlib's float convolutions; an assumption stated in the JSON, not a measurement.
+PI4_PER_CORE_RATIO = 6.0
 
 
 def _prepare(work: Path, quick: bool) -> dict[str, Any]:
@@ -53,6 +65,7 @@ def _prepare(work: Path, quick: bool) -> dict[str, Any]:
     bundle_dir = build_bundle_from_images(
         background[:n_bundle_images], n_components=128, signing_key=load_private_key(key_path), out_dir=work / "bundle"
     )
+    dlib_bundle = _descriptor_bundle(background, work, key_path, quick)
     names = sorted(frequent)[:3]
     n = 150 if quick else 900
     tracks = [
@@ -66,12 +79,44 @@ def _prepare(work: Path, quick: bool) -> dict[str, Any]:
     return {
         "video": str(work / "bench.mp4"),
         "bundle": str(bundle_dir),
+        "dlib_bundle": dlib_bundle,
         "public_key": str(pub_path),
         "n_frames": n,
         "faces_per_frame_mean": sum(video["visible"]) / n,
         "faces_per_frame_max": max(video["visible"]),
         "people": names,
     }
+
+
+def _descriptor_bundle(background: list[Path], work: Path, key_path: Path, quick: bool) -> str | None:
+    """A signed ``dlib-resnet`` bundle (k = 16) from public faces' descriptors; None without the extra."""
+    from peep.edge.embedding import DlibResNetEncoder
+    from peep.edge.errors import MissingExtraError
+
+    try:
+        encoder = DlibResNetEncoder()
+    except MissingExtraError:
+        return None
+    import cv2
+    import numpy as np
+    from peep.core.bundle import build_bundle_files, load_private_key, write_bundle_files
+    from peep.core.imaging import DEFAULT_GEOMETRY, LFW_FIXED_BOX
+    from peep.core.projections import DlibResNetProjection
+
+    rows = []
+    for path in background[: 80 if quick else 200]:
+        image = cv2.imread(str(path), cv2.IMREAD_COLOR)
+        if image is not None:
+            rows.append(encoder.encode(image, LFW_FIXED_BOX))
+    projection = DlibResNetProjection(n_components=DLIB_COMPONENTS, network=encoder.identity)
+    files = build_bundle_files(
+        projection=projection.fit(np.stack(rows).astype(np.float64)),
+        geometry=DEFAULT_GEOMETRY,
+        signing_key=load_private_key(key_path),
+        normalisation={"detector": "haar"},
+        mechanism_defaults={"kind": "privunit", "epsilon": DLIB_EPSILON},
+    )
+    return str(write_bundle_files(files, work / "dlib-bundle"))
 
 
 def _status_mb(field: str) -> float:
@@ -124,8 +169,13 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     rss["imports"] = _rss_mb()
     work = Path(spec["work"])
     bundle = EigenfaceBundle.load(spec["bundle"], load_public_key(spec["public_key"]))
+    encoder = None
+    if bundle.input_kind != "pixels":
+        from peep.edge.embedding import encoder_for_bundle
+
+        encoder = encoder_for_bundle(bundle.input, bundle_id=bundle.bundle_id)
     rss["bundle_loaded"] = _rss_mb()
-    releaser = make_releaser(bundle, kind="peep", epsilon=8.0, delta=0.0)
+    releaser = make_releaser(bundle, kind=spec["mechanism"], epsilon=spec["epsilon"], delta=0.0)
     metrics = EdgeMetrics()
     ledger = SqliteLedger(work / "ledger.sqlite3")
     accountant = PrivacyAccountant(epsilon_budget=1e12, ledger=ledger)
@@ -147,6 +197,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         releaser=releaser,
         spool=spool,
         metrics=metrics,
+        encoder=encoder,
     )
     src = VideoSource(spec["video"], kind="file")
     forwarder.start()
@@ -190,6 +241,19 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _run_child(spec: dict[str, Any]) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "peep.edge.bench", "--child", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"edge benchmark child failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
 def run(quick: bool = False) -> dict[str, Any]:
     """Benchmark the edge pipeline; returns a JSON-able dict (see the module docstring)."""
     import cv2
@@ -201,15 +265,27 @@ def run(quick: bool = False) -> dict[str, Any]:
         spec = _prepare(work, quick)
         spec["work"] = str(work)
         prepare_s = time.perf_counter() - t0
-        proc = subprocess.run(
-            [sys.executable, "-m", "peep.edge.bench", "--child", json.dumps(spec)],
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"edge benchmark child failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
-        result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+        result: dict[str, Any] = _run_child({**spec, "mechanism": "peep", "epsilon": 8.0})
+        if spec["dlib_bundle"] is None:
+            result["dlib_resnet"] = {"error": "not installed: the extra peep-edge[dlib]"}
+        else:
+            dlib = _run_child({**spec, "bundle": spec["dlib_bundle"], "mechanism": "privunit", "epsilon": DLIB_EPSILON})
+            # project = refine + align + descriptor + PCA, per release: the descriptor's cost.
+            per_release_ms = dlib["stage_ms"]["project"]
+            result["dlib_resnet"] = {
+                **dlib,
+                "bundle": {"projection": "dlib-resnet", "n_components": DLIB_COMPONENTS, "input": "128-d descriptor"},
+                "mechanism": {"kind": "privunit", "epsilon": DLIB_EPSILON},
+                "descriptor_ms_per_release": per_release_ms,
+                "raspberry_pi_4_estimate": {
+                    "assumed_per_core_ratio": PI4_PER_CORE_RATIO,
+                    "basis": "an assumed single-core ratio against this machine, not a run on a Pi",
+                    "descriptor_ms_per_release": per_release_ms * PI4_PER_CORE_RATIO,
+                    "frame_ms_mean": dlib["frame_ms_mean"] * PI4_PER_CORE_RATIO,
+                    "fps_640x480": dlib["fps_640x480"] / PI4_PER_CORE_RATIO,
+                },
+                "targets": {"rss_mb_max": 300.0},
+            }
     result.update(
         {
             "quick": quick,
