@@ -286,6 +286,32 @@ def test_verify_fused_before_any_model_is_a_failed_precondition(tmp_path, pki, k
         h.srv.app.stop(0)
 
 
+def test_qbbs_request_strings_are_bounded_where_they_enter(tmp_path, pki, keypair, bundle_dir, templates):
+    """A 1 MB claim, subject or trait name: INVALID_ARGUMENT naming the field, quoting at most 64 characters."""
+    h = _start(tmp_path, pki, keypair, bundle_dir, templates, train=False)
+    huge = "q" * (1024 * 1024)
+    try:
+        a = h.subjects[0]
+        h.enrol(a, _synthetic_traits(0))
+        calls = {
+            # the claim is checked before the template (there is no model: that would be FAILED_PRECONDITION)
+            "claimed_subject": lambda: h.verify(templates.message(0), huge, {"age": 30.0}),
+            "observed[0].trait": lambda: h.verify(templates.message(0), a, {huge: 30.0}),
+            "traits[0].trait": lambda: h.enrol(a, {huge: 1.0}),
+            "subject": lambda: h.enrol(huge, {"age": 30.0}),
+            "trait": lambda: h.qbbs.Query(qbbs_pb2.QbbsQueryRequest(subject=a, trait=huge), metadata=ADMIN, timeout=5),
+            "subject ": lambda: h.odometer(huge),
+        }
+        for field, call in calls.items():
+            code, details = _code(call)
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith(field.strip() + ":"), details[:200]
+            assert len(details) < 400
+        assert h.odometer(a).epsilon_spent == 0.0
+    finally:
+        h.channel.close()
+        h.srv.app.stop(0)
+
+
 # --------------------------------------------------------------------------- configuration
 
 

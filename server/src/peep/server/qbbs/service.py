@@ -76,8 +76,14 @@ TemplateCheck = Callable[[grpc.ServicerContext, Any], None]
 Requester = Callable[[grpc.ServicerContext], str]
 
 
+#: Longest trait name a request may carry (configured names are short words).
+MAX_TRAIT_NAME = 64
+#: Longest status message sent (messages quote at most 64 characters of input anyway).
+MAX_DETAILS = 1_000
+
+
 def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
-    context.abort(code, message)
+    context.abort(code, message if len(message) <= MAX_DETAILS else message[:MAX_DETAILS] + "... (cut)")
     raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
 
 
@@ -178,6 +184,16 @@ def observed_from_template(template: Any, module: QbbsModule) -> tuple[dict[str,
     return values, {t: n.variance for t, n in noise.items()}
 
 
+def _trait(name: str, field: str) -> str:
+    """A request's trait name, bounded before it is looked up or quoted (QbbsError naming ``field``)."""
+    if len(name) > MAX_TRAIT_NAME:
+        raise QbbsError(
+            f"{field}: expected a trait name of at most {MAX_TRAIT_NAME} characters, "
+            f"received {name[:MAX_TRAIT_NAME]!r}... ({len(name)} characters)"
+        )
+    return name
+
+
 class QbbsServicer(qbbs_pb2_grpc.QbbsServiceServicer):
     """The QbbsService RPCs (see proto/peep/v1/qbbs.proto)."""
 
@@ -214,7 +230,8 @@ class QbbsServicer(qbbs_pb2_grpc.QbbsServiceServicer):
         self._admin(context, "EnrolSoftTraits")
         with _status(context):
             traits: dict[str, float] = {}
-            for t in request.traits:
+            for i, t in enumerate(request.traits):
+                _trait(t.trait, f"traits[{i}].trait")
                 if t.trait in traits:
                     raise QbbsError(f"traits: expected each trait once, received {t.trait!r} twice")
                 traits[t.trait] = t.value
@@ -225,7 +242,7 @@ class QbbsServicer(qbbs_pb2_grpc.QbbsServiceServicer):
     def Query(self, request: Any, context: grpc.ServicerContext) -> Any:
         self._admin(context, "Query")
         with _status(context):
-            r = self.module.query(request.subject, request.trait, requester=self._requester(context))
+            r = self.module.query(request.subject, _trait(request.trait, "trait"), requester=self._requester(context))
         return qbbs_pb2.QbbsQueryResponse(
             subject=r.subject,
             trait=r.trait,
@@ -236,6 +253,12 @@ class QbbsServicer(qbbs_pb2_grpc.QbbsServiceServicer):
 
     def VerifyFused(self, request: Any, context: grpc.ServicerContext) -> Any:
         with _status(context):
+            if request.claimed_subject:  # bounded before anything else is done with the request
+                from peep.core.wire import check_subject_id
+
+                check_subject_id(request.claimed_subject, "claimed_subject")
+            for i, t in enumerate(request.observed):
+                _trait(t.trait, f"observed[{i}].trait")
             if not request.HasField("template"):
                 raise QbbsError("template: expected a perturbed face template, received none")
             validate_template(request.template)
