@@ -79,10 +79,11 @@ def test_erasure_without_retraining_masks_the_subject_at_once(enrolled, template
     r = stub.Identify(probe, metadata=DEVICE, timeout=5)
     scores = {c.subject: c.probability for c in r.candidates}
     assert scores.get(victim, 0.0) == 0.0 and r.subject != victim
-    v = stub.Verify(
-        recognition_pb2.VerifyRequest(template=probe.template, claimed_subject=victim), metadata=DEVICE, timeout=5
-    )
-    assert not v.accepted and v.score == 0.0
+    with pytest.raises(grpc.RpcError) as e:  # an erased subject is no longer enrolled: NOT_FOUND, not a score
+        stub.Verify(
+            recognition_pb2.VerifyRequest(template=probe.template, claimed_subject=victim), metadata=DEVICE, timeout=5
+        )
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND and victim in e.value.details()
 
 
 def test_erase_and_retention_from_the_command_line(enrolled, templates, capsys):

@@ -159,6 +159,7 @@ class ServerApp:
                 self.mqtt.stop(drain_timeout=max(1.0, g))
             if self.server is not None:
                 self.server.stop(g).wait(g + 5.0)
+                self.server.peep_streams.close()
             self.services.trainer.cancel(timeout=10.0)
             if self.metrics_server is not None:
                 self.metrics_server.shutdown()

@@ -215,7 +215,10 @@ class GrpcConfig(_Model):
         default=16,
         ge=1,
         le=512,
-        description="handler threads (one per in-flight RPC; each StreamEvents client holds one)",
+        description=(
+            "handler threads of unary calls (Identify, Verify, Ingest, health checks, ...); streaming calls run on "
+            "threads of their own (max_streams + 4) and can never occupy these"
+        ),
     )
     grace_s: float = Field(
         default=10.0,
@@ -228,15 +231,138 @@ class GrpcConfig(_Model):
     )
     stream_batch: int = Field(default=512, ge=1, le=10_000, description="streamed templates committed per transaction")
     max_concurrent_streams: int = Field(
-        default=64, ge=1, le=10_000, description="concurrent RPCs before RESOURCE_EXHAUSTED"
+        default=64,
+        ge=1,
+        le=10_000,
+        description=(
+            "RPCs running or queued for a thread, unary and streaming together, before gRPC refuses more with "
+            "RESOURCE_EXHAUSTED (must exceed max_streams)"
+        ),
     )
-    reflection: bool = True
+    max_streams: int = Field(
+        default=32,
+        ge=1,
+        le=1_000,
+        description=(
+            "streaming calls open at once on the server (IngestStream, StreamEvents, reflection, health Watch), "
+            "each on a thread of the stream pool; more are refused with RESOURCE_EXHAUSTED naming this key. "
+            "Several callers together must be needed to fill it: keep it well above max_streams_per_identity"
+        ),
+    )
+    max_streams_per_identity: int = Field(
+        default=4,
+        ge=1,
+        le=1_000,
+        description=(
+            "streaming calls open at once per caller (a device, an admin credential); callers without "
+            "credentials count as one caller together. At most max_streams"
+        ),
+    )
+    stream_idle_timeout_s: float = Field(
+        default=120.0,
+        ge=1.0,
+        le=86_400.0,
+        description=(
+            "a stream with no message either way for this long is ended with DEADLINE_EXCEEDED (an IngestStream "
+            "keeps going while templates flow; a StreamEvents subscriber with no event re-subscribes)"
+        ),
+    )
+    keepalive_time_s: float = Field(
+        default=60.0,
+        ge=1.0,
+        le=7_200.0,
+        description=(
+            "the server pings a connection with calls in flight after this long without traffic "
+            "(grpc.keepalive_time_ms); a peer that does not answer within keepalive_timeout_s is dropped and its "
+            "streams end"
+        ),
+    )
+    keepalive_timeout_s: float = Field(
+        default=20.0, ge=1.0, le=600.0, description="how long the server waits for the answer to its ping"
+    )
+    min_client_ping_interval_s: float = Field(
+        default=10.0,
+        ge=1.0,
+        le=3_600.0,
+        description=(
+            "a client pinging more often than this without sending data is disconnected after 2 strikes "
+            "(GOAWAY too_many_pings; grpc.http2.min_ping_interval_without_data_ms). The edge pings every 30 s"
+        ),
+    )
+    max_connection_idle_s: float = Field(
+        default=300.0,
+        ge=1.0,
+        le=86_400.0,
+        description="close a connection without calls for this long (grpc.max_connection_idle_ms; clients reconnect)",
+    )
+    max_connection_age_s: float = Field(
+        default=3_600.0,
+        ge=10.0,
+        le=604_800.0,
+        description=(
+            "close every connection after this long (GOAWAY; grpc.max_connection_age_ms; clients reconnect): "
+            "bounds what a stalled peer can hold, e.g. a call whose request never arrives"
+        ),
+    )
+    max_connection_age_grace_s: float = Field(
+        default=60.0,
+        ge=0.0,
+        le=86_400.0,
+        description="calls in flight on a connection past max_connection_age_s get this long to finish",
+    )
+    max_message_mb: int = Field(
+        default=32,
+        ge=1,
+        le=1_024,
+        description=(
+            "largest request accepted, in MiB (grpc.max_receive_message_length; larger ones get RESOURCE_EXHAUSTED "
+            "before any handler runs). PublishBundle carries a whole bundle: projector.onnx is about "
+            "n_components x pixels x 4 bytes (1.5 MB with the defaults)"
+        ),
+    )
+    reflection: Literal["off", "authenticated", "open"] = Field(
+        default="off",
+        description=(
+            "gRPC server reflection (grpcurl, Postman): it lists every method and message. off; authenticated "
+            "(any device or admin credential; true means this); open (no credentials: development only)"
+        ),
+    )
+    device_events: Literal["site", "device", "none"] = Field(
+        default="site",
+        description=(
+            "what StreamEvents shows a device: site (the recognitions of its registered site; a device without "
+            "one sees its own), device (only its own templates' recognitions), none (devices may not subscribe). "
+            "An admin sees every site"
+        ),
+    )
     tls: TlsConfig | None = None
 
     @field_validator("listen")
     @classmethod
     def check_listen(cls, v: str) -> str:
         return _check_listen(v)
+
+    @field_validator("reflection", mode="before")
+    @classmethod
+    def _reflection_bool(cls, v: Any) -> Any:
+        # true/false from configurations written before the three modes; true is the safe reading
+        if isinstance(v, bool):
+            return "authenticated" if v else "off"
+        return v
+
+    @model_validator(mode="after")
+    def _stream_budgets(self) -> GrpcConfig:
+        if self.max_streams_per_identity > self.max_streams:
+            raise ValueError(
+                f"max_streams_per_identity: expected at most max_streams ({self.max_streams}), "
+                f"received {self.max_streams_per_identity}"
+            )
+        if self.max_concurrent_streams <= self.max_streams:
+            raise ValueError(
+                f"max_concurrent_streams: expected more than max_streams ({self.max_streams}) so that streams "
+                f"cannot take every RPC slot, received {self.max_concurrent_streams}"
+            )
+        return self
 
 
 class StorageConfig(_Model):

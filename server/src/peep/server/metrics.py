@@ -15,6 +15,10 @@
     recognition events published.
 ``peep_mqtt_connected``
     1 while the MQTT consumer is connected.
+``peep_grpc_streams`` and ``peep_grpc_streams_refused_total{reason}``
+    streaming RPCs open, and streams refused or ended (per_identity, global: over
+    ``grpc.max_streams_per_identity`` / ``grpc.max_streams``; idle: ended after
+    ``grpc.stream_idle_timeout_s``).
 """
 
 from __future__ import annotations
@@ -50,6 +54,13 @@ class ServerMetrics:
         self.erasures = Counter("peep_erasures", "Subjects erased", registry=r)
         self.retention_deleted = Counter(
             "peep_retention_deleted_templates", "Templates deleted by retention", registry=r
+        )
+        self.grpc_streams = Gauge("peep_grpc_streams", "Streaming RPCs open", registry=r)
+        self.grpc_streams_refused = Counter(
+            "peep_grpc_streams_refused",
+            "Streams refused (over a limit) or ended (idle), by reason",
+            ["reason"],
+            registry=r,
         )
 
     def count_ingest(self, transport: str, accepted: int, duplicates: int, rejected: dict[str, int]) -> None:

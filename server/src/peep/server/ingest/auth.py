@@ -8,9 +8,9 @@ is the device id (or an admin, if listed in ``auth.admin_common_names``).
 A bearer token sent over an mTLS connection must name the same device as the
 certificate (an admin certificate may carry any token).
 
-:class:`AuthInterceptor` runs before every handler: health checking and
-reflection are open; everything else needs an identity (else
-``UNAUTHENTICATED``), and :data:`ADMIN_METHODS` need an admin (else
+:class:`AuthInterceptor` runs before every handler: health checking is open
+(and server reflection when ``grpc.reflection = "open"``, for development);
+everything else needs an identity (else ``UNAUTHENTICATED``), and :data:`ADMIN_METHODS` need an admin (else
 ``PERMISSION_DENIED``). Handlers read the caller with :func:`current_identity`
 and enforce the per-message rule: a device may only send templates whose
 ``device_id`` is its own (and whose ``site`` is its registered site).
@@ -49,12 +49,11 @@ ADMIN_METHODS = frozenset(
         _QBBS + "GetOdometer",
     }
 )
-#: Methods open without credentials (infrastructure probes).
-PUBLIC_PREFIXES = (
-    "/grpc.health.v1.Health/",
-    "/grpc.reflection.v1alpha.ServerReflection/",
-    "/grpc.reflection.v1.ServerReflection/",
-)
+HEALTH_PREFIXES = ("/grpc.health.v1.Health/",)
+REFLECTION_PREFIXES = ("/grpc.reflection.v1alpha.ServerReflection/", "/grpc.reflection.v1.ServerReflection/")
+#: Methods open without credentials by default (infrastructure probes); reflection is added
+#: only with ``grpc.reflection = "open"``.
+PUBLIC_PREFIXES = HEALTH_PREFIXES
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,18 +251,24 @@ def _wrap(behavior: Callable[..., Any], check: Callable[[Any], Identity | None],
 
 
 class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
-    """Authenticate every RPC except health and reflection; require admin for :data:`ADMIN_METHODS`."""
+    """Authenticate every RPC except ``public_prefixes`` (health); require admin for :data:`ADMIN_METHODS`."""
 
-    def __init__(self, registry: DeviceRegistry, admin_methods: Iterable[str] = ADMIN_METHODS) -> None:
+    def __init__(
+        self,
+        registry: DeviceRegistry,
+        admin_methods: Iterable[str] = ADMIN_METHODS,
+        public_prefixes: Iterable[str] = PUBLIC_PREFIXES,
+    ) -> None:
         self.registry = registry
         self.admin_methods = frozenset(admin_methods)
+        self.public_prefixes = tuple(public_prefixes)
 
     def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
         handler = continuation(handler_call_details)
         method = handler_call_details.method
         if handler is None:
             return None
-        if method.startswith(PUBLIC_PREFIXES):
+        if method.startswith(self.public_prefixes):
             _current.set(None)
             return handler
         needs_admin = method in self.admin_methods

@@ -55,17 +55,22 @@ def event_json_bytes(ev: recognition_pb2.RecognitionEvent) -> bytes:
 
 
 class Subscription:
-    """One StreamEvents client: iterate with :meth:`get`."""
+    """One StreamEvents client: iterate with :meth:`get`.
 
-    def __init__(self, bus: EventBus, site: str, maxsize: int) -> None:
+    Receives the events of ``site`` (every site when empty) and, when ``device_id``
+    is set, only those of that device's templates.
+    """
+
+    def __init__(self, bus: EventBus, site: str, maxsize: int, device_id: str = "") -> None:
         self._bus = bus
         self.site = site
+        self.device_id = device_id
         self.queue: queue.Queue[recognition_pb2.RecognitionEvent | None] = queue.Queue(maxsize)
         self.dropped = 0
         self.closed = False
 
     def offer(self, ev: recognition_pb2.RecognitionEvent) -> None:
-        if self.site and ev.site != self.site:
+        if (self.site and ev.site != self.site) or (self.device_id and ev.device_id != self.device_id):
             return
         while True:
             try:
@@ -105,8 +110,9 @@ class EventBus:
     def add_sink(self, fn: Callable[[recognition_pb2.RecognitionEvent], None]) -> None:
         self._sinks.append(fn)
 
-    def subscribe(self, site: str = "") -> Subscription:
-        sub = Subscription(self, site, self._queue_size)
+    def subscribe(self, site: str = "", *, device_id: str = "") -> Subscription:
+        """Events of ``site`` ("" = all sites), only ``device_id``'s when given (the caller decides who sees what)."""
+        sub = Subscription(self, site, self._queue_size, device_id)
         with self._lock:
             self._subs.append(sub)
         return sub

@@ -5,9 +5,21 @@ message (it names the field, the expectation and the value); missing or bad
 credentials -> ``UNAUTHENTICATED``; a device sending another device's
 template, or a device calling an admin method -> ``PERMISSION_DENIED``; no
 model yet, or a template of another bundle/domain than the model's ->
-``FAILED_PRECONDITION``; a training already running -> ``ABORTED``.
+``FAILED_PRECONDITION``; a training already running -> ``ABORTED``; a claimed
+subject the serving model does not know, or an unknown bundle ->
+``NOT_FOUND``; over a stream limit -> ``RESOURCE_EXHAUSTED``.
 Handlers never let an exception escape as ``UNKNOWN``: anything unexpected is
 logged and answered ``INTERNAL``, and the server keeps serving.
+
+Every request field is bounded where it enters, before any other work
+(identifiers by :data:`~peep.core.wire.ID_PATTERN`, subjects by
+:func:`~peep.core.wire.check_subject_id`, counts by configured limits), and an
+error message quotes at most 64 characters of what it received.
+
+Streaming RPCs run on threads of their own within per-caller and global
+limits and end when idle (:mod:`peep.server.transport.limits`), so open
+streams cannot starve unary calls. ``StreamEvents`` shows a device only the
+events of its registered site (``grpc.device_events``); an admin sees all.
 
 ``IngestStream`` commits every ``grpc.stream_batch`` templates in one
 transaction and acknowledges each message id in the summary (ACCEPTED,
@@ -18,6 +30,7 @@ arrives: a client that loses the stream resends, and ingest is idempotent.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
@@ -28,10 +41,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from peep.core.exceptions import BundleError
+from peep.core.wire import ID_PATTERN, check_subject_id
 from peep.server import startup
 from peep.server.bundles.catalog import bundle_files_message, files_from_message
 from peep.server.config import ServerConfig
-from peep.server.ingest.auth import AuthInterceptor, current_identity
+from peep.server.ingest.auth import HEALTH_PREFIXES, REFLECTION_PREFIXES, AuthInterceptor, current_identity
 from peep.server.ingest.ingestor import REJECTED, PermissionRefused, Sender
 from peep.server.ingest.validation import Rejection
 from peep.server.recognition.fitting import PRESETS, TrainingError
@@ -39,12 +53,28 @@ from peep.server.recognition.recogniser import ModelMismatch, ModelUnavailable
 from peep.server.recognition.trainer import TrainingBusy
 from peep.server.services import Services
 from peep.server.storage import template_keys
+from peep.server.transport.limits import StreamLimiter, quote, server_options
 from peep.v1 import qbbs_pb2, recognition_pb2, recognition_pb2_grpc, template_pb2
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "peep.v1.RecognitionService"
 F = TypeVar("F", bound=Callable[..., Any])
+#: Longest status message sent (a safety net: messages quote at most 64 characters of input anyway).
+MAX_DETAILS = 1_000
+#: Files a published bundle may have, and their names.
+MAX_BUNDLE_FILES = 16
+_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_ID_EXPECTATION = "1-128 characters [A-Za-z0-9_.:@-] starting with a letter or digit"
+
+
+class NotFound(Exception):
+    """What the request names does not exist (a claimed subject, a bundle): ``NOT_FOUND``."""
+
+
+def _details(exc: BaseException) -> str:
+    text = str(exc)
+    return text if len(text) <= MAX_DETAILS else text[:MAX_DETAILS] + "... (cut)"
 
 
 def _guard(fn: F) -> F:
@@ -55,13 +85,15 @@ def _guard(fn: F) -> F:
         try:
             return fn(self, request, context)
         except PermissionRefused as exc:
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, _details(exc))
         except (ModelUnavailable, ModelMismatch) as exc:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, _details(exc))
         except TrainingBusy as exc:
-            context.abort(grpc.StatusCode.ABORTED, str(exc))
+            context.abort(grpc.StatusCode.ABORTED, _details(exc))
+        except NotFound as exc:
+            context.abort(grpc.StatusCode.NOT_FOUND, _details(exc))
         except (Rejection, BundleError, TrainingError, ValueError) as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, _details(exc))
         except Exception as exc:
             if isinstance(exc, grpc.RpcError) or type(exc).__name__ == "_AbortError" or context.code() is not None:
                 raise
@@ -169,10 +201,19 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
     def Verify(
         self, request: recognition_pb2.VerifyRequest, context: grpc.ServicerContext
     ) -> recognition_pb2.VerifyResponse:
-        claimed = request.claimed_subject or request.template.subject
-        if not claimed:
+        # The claim is bounded before anything else is done with the request.
+        if request.claimed_subject:
+            claimed = check_subject_id(request.claimed_subject, "claimed_subject")
+        elif request.template.subject:
+            claimed = check_subject_id(request.template.subject, "template.subject")
+        else:
             raise ValueError("claimed_subject: expected the subject being claimed, received none")
         valid = self._valid(request.template, context)
+        m = self.s.recogniser.require_model()
+        if claimed not in m.class_index or self.s.recogniser.is_masked(claimed, m):
+            raise NotFound(
+                f"claimed_subject: expected a subject enrolled in the serving model {m.version}, received {claimed!r}"
+            )
         v = self.s.recogniser.verify(valid.values, claimed)
         if self.s.events.active:
             self.s.ingestor._event(
@@ -194,6 +235,12 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
     ) -> recognition_pb2.EnrolSubjectResponse:
         from peep.core.wire import check_subject_id
 
+        n_items = len(request.templates) + len(request.message_ids)
+        if n_items > self.cfg.max_stream_messages:
+            raise ValueError(
+                f"templates, message_ids: expected at most {self.cfg.max_stream_messages} together "
+                f"(grpc.max_stream_messages), received {n_items}"
+            )
         subject = check_subject_id(request.subject, "subject")  # WireError -> INVALID_ARGUMENT (_guard)
         for i, t in enumerate(request.templates):
             if t.purpose != template_pb2.PURPOSE_ENROLL or t.subject != subject:
@@ -217,7 +264,7 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
     ) -> recognition_pb2.TrainResponse:
         preset = request.preset or None
         if preset is not None and preset not in PRESETS:
-            raise ValueError(f"preset: expected one of {sorted(PRESETS)}, received {preset!r}")
+            raise ValueError(f"preset: expected one of {sorted(PRESETS)}, received {quote(preset)}")
         if request.background:
             started = self.s.trainer.start_background(preset)
             if not started:
@@ -260,7 +307,8 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
     def EraseSubject(
         self, request: recognition_pb2.EraseSubjectRequest, context: grpc.ServicerContext
     ) -> recognition_pb2.EraseSubjectResponse:
-        r = self.s.erase_subject(request.subject, retrain=request.retrain)
+        subject = check_subject_id(request.subject, "subject")
+        r = self.s.erase_subject(subject, retrain=request.retrain)
         return recognition_pb2.EraseSubjectResponse(
             templates_deleted=r.templates_deleted,
             soft_traits_deleted=r.soft_traits_deleted,
@@ -273,6 +321,11 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
     def GetBundle(
         self, request: recognition_pb2.GetBundleRequest, context: grpc.ServicerContext
     ) -> recognition_pb2.BundleFiles:
+        if request.bundle_id and not ID_PATTERN.match(request.bundle_id):
+            raise ValueError(
+                f"bundle_id: expected '' (the current bundle) or a bundle id of {_ID_EXPECTATION}, "
+                f"received {quote(request.bundle_id)}"
+            )
         b = self.s.bundles.get(request.bundle_id) if request.bundle_id else self.s.bundles.current()
         if b is None:
             context.abort(
@@ -288,6 +341,18 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
     def PublishBundle(
         self, request: recognition_pb2.BundleFiles, context: grpc.ServicerContext
     ) -> recognition_pb2.PublishBundleResponse:
+        if request.bundle_id and not ID_PATTERN.match(request.bundle_id):
+            raise ValueError(
+                f"bundle_id: expected '' or a bundle id of {_ID_EXPECTATION}, received {quote(request.bundle_id)}"
+            )
+        if len(request.files) > MAX_BUNDLE_FILES:
+            raise ValueError(f"files: expected at most {MAX_BUNDLE_FILES} files, received {len(request.files)}")
+        for i, f in enumerate(request.files):
+            if not _FILE_NAME.match(f.name):
+                raise ValueError(
+                    f"files[{i}].name: expected a file name of 1-128 characters [A-Za-z0-9_.-] starting with a letter "
+                    f"or digit, received {quote(f.name)}"
+                )
         b = self.s.bundles.publish(files_from_message(request))
         if request.bundle_id and request.bundle_id != b.bundle_id:
             log.warning("published bundle id differs from the request's", extra={"bundle_id": b.bundle_id})
@@ -295,11 +360,47 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
 
     # ------------------------------------------------------------ events
 
+    @_guard
     def StreamEvents(
         self, request: recognition_pb2.StreamEventsRequest, context: grpc.ServicerContext
     ) -> Iterator[recognition_pb2.RecognitionEvent]:
-        sub = self.s.events.subscribe(request.site)
+        site, device_id = self._event_scope(request.site)  # checked here, before the stream starts
+        sub = self.s.events.subscribe(site, device_id=device_id)
         context.add_callback(sub.close)
+        return self._events(sub, context)
+
+    def _event_scope(self, site: str) -> tuple[str, str]:
+        """``(site, device_id)`` filter of the events the caller may see (``""`` = any).
+
+        An admin sees every site (or the one asked for). A device sees what
+        ``grpc.device_events`` allows: its registered site's events (``site``;
+        a device registered without a site sees its own), only its own
+        (``device``), or nothing (``none``: PERMISSION_DENIED). Asking for
+        another site than its own is PERMISSION_DENIED.
+        """
+        if site and not ID_PATTERN.match(site):
+            raise ValueError(f"site: expected '' or a site id of {_ID_EXPECTATION}, received {quote(site)}")
+        ident = current_identity()
+        if ident is not None and ident.is_admin:
+            return site, ""
+        if ident is None or self.cfg.device_events == "none":
+            who = "no credentials" if ident is None else f"device {ident.name!r}"
+            raise PermissionRefused(
+                "events_not_permitted",
+                f"StreamEvents: expected an admin credential (grpc.device_events = "
+                f"{self.cfg.device_events!r}), received {who}",
+            )
+        if site and ident.site is not None and site != ident.site:
+            raise PermissionRefused(
+                "wrong_site",
+                f"site: expected '' or {ident.site!r} (the site device {ident.name!r} is registered to), "
+                f"received {site!r}",
+            )
+        if self.cfg.device_events == "site" and ident.site is not None:
+            return ident.site, ""
+        return site, ident.name
+
+    def _events(self, sub: Any, context: grpc.ServicerContext) -> Iterator[recognition_pb2.RecognitionEvent]:
         try:
             while context.is_active() and not sub.closed and not self._stopping():
                 ev = sub.get(timeout=0.25)
@@ -329,29 +430,33 @@ def create_server(
 
     Registers RecognitionService, health checking (``grpc.health.v1``; the
     overall status and ``peep.v1.RecognitionService`` SERVING) and, when
-    enabled, reflection. ``extra_servicers`` are callables that add more
-    services (the QBBS module passes one registering ``QbbsService``); they
-    run behind the same authentication interceptor. The health servicer is
-    ``server.peep_health`` (call ``enter_graceful_shutdown()`` on it at stop).
+    ``grpc.reflection`` is not ``off``, reflection. ``extra_servicers`` are
+    callables that add more services (the QBBS module passes one registering
+    ``QbbsService``); they run behind the same interceptors. The health
+    servicer is ``server.peep_health`` (call ``enter_graceful_shutdown()`` on
+    it at stop), the stream limiter ``server.peep_streams``.
     """
     g = config.grpc
+    limiter = StreamLimiter.from_config(services.devices, g, services.metrics)
+    public = HEALTH_PREFIXES + (REFLECTION_PREFIXES if g.reflection == "open" else ())
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=g.max_workers, thread_name_prefix="peep-grpc"),
-        interceptors=[AuthInterceptor(services.devices)],
+        # Outermost first: streams go to the limiter's own threads and budgets, then authentication.
+        interceptors=[limiter, AuthInterceptor(services.devices, public_prefixes=public)],
         maximum_concurrent_rpcs=g.max_concurrent_streams,
-        options=[
-            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-            ("grpc.so_reuseport", 0),
-        ],
+        options=server_options(g),
     )
     recognition_pb2_grpc.add_RecognitionServiceServicer_to_server(  # type: ignore[no-untyped-call]
         RecognitionServicer(services, stopping=stopping), server
     )
-    health_servicer = health.HealthServicer(experimental_non_blocking=True)
+    # A blocking Watch runs on the stream threads within the stream limits. The non-blocking one
+    # deadlocks enter_graceful_shutdown() when a watcher closes during its broadcast (the server's
+    # event thread waits for the servicer's lock, which the broadcast holds while waiting for it).
+    health_servicer = health.HealthServicer(experimental_non_blocking=False)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for add in extra_servicers:
         add(server)
-    if g.reflection:
+    if g.reflection != "off":
         names = [
             SERVICE_NAME,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
@@ -367,4 +472,5 @@ def create_server(
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
     server.peep_health = health_servicer
+    server.peep_streams = limiter
     return server, port
