@@ -404,6 +404,20 @@ class BundleConfig(_Model):
         le=1000.0,
         description="values may exceed the mechanism's domain by this many noise standard deviations",
     )
+    trusted_descriptor_models: list[str] = Field(
+        default_factory=lambda: sorted(DLIB_RESNET_MODEL_SHA256.values()),
+        max_length=64,
+        description="SHA-256 (hex) of the descriptor model files a descriptor bundle (dlib-resnet) may name; "
+        "default: face_recognition_models 0.3.0's ResNet and 5-point landmark models",
+    )
+
+    @field_validator("trusted_descriptor_models", mode="after")
+    @classmethod
+    def check_model_hashes(cls, v: list[str]) -> list[str]:
+        for h in v:
+            if not re.fullmatch(r"[0-9a-f]{64}", h):
+                raise ValueError(f"expected SHA-256 hex digests (64 lower-case hex characters), received {h[:80]!r}")
+        return v
 
     @field_validator("public_key", "dir", mode="after")
     @classmethod
@@ -455,20 +469,6 @@ class AuthConfig(_Model):
             "loopback address (127.0.0.0/8, ::1, localhost)"
         ),
     )
-    trusted_descriptor_models: list[str] = Field(
-        default_factory=lambda: sorted(DLIB_RESNET_MODEL_SHA256.values()),
-        max_length=64,
-        description="SHA-256 (hex) of the descriptor model files a descriptor bundle (dlib-resnet) may name; "
-        "default: face_recognition_models 0.3.0's ResNet and 5-point landmark models",
-    )
-
-    @field_validator("trusted_descriptor_models", mode="after")
-    @classmethod
-    def check_model_hashes(cls, v: list[str]) -> list[str]:
-        for h in v:
-            if not re.fullmatch(r"[0-9a-f]{64}", h):
-                raise ValueError(f"expected SHA-256 hex digests (64 lower-case hex characters), received {h[:80]!r}")
-        return v
 
     @field_validator("admin_token", mode="before")
     @classmethod
