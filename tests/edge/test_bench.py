@@ -11,6 +11,13 @@ def test_quick_bench_reports_fps_stages_and_memory(data_home):
     r = run(quick=True)
     assert r["frames"] == r["video"]["frames"] == 150
     assert r["fps_640x480"] > 0 and r["rss_mb"] > r["rss_breakdown_mb"]["interpreter"]
+    # Where the memory goes (issue 12, item 13): per phase, per library, and nothing an MQTT-only agent does not need.
+    assert list(r["rss_breakdown_mb"]) == [
+        "interpreter", "imports", "bundle_loaded", "pipeline_ready", "video_open", "first_frame", "end"
+    ]  # fmt: skip
+    assert {"numpy", "opencv", "onnxruntime", "cryptography", "pydantic", "paho_mqtt_ssl"} <= set(r["rss_imports_mb"])
+    assert sum(r["rss_imports_mb"].values()) <= r["rss_breakdown_mb"]["imports"]
+    assert r["not_needed_loaded"] == [] and r["dlib_resnet"]["not_needed_loaded"] == []
     assert set(r["stage_ms"]) == {"decode", "detect", "track", "project", "perturb", "spool", "publish"}
     assert all(v > 0 for v in r["stage_ms"].values())
     # Every released template went through the real SQLite spool to the publisher.

