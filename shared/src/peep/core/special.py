@@ -35,6 +35,7 @@ Examples
 
 from __future__ import annotations
 
+import bisect
 import math
 from functools import lru_cache
 from typing import Final, overload
@@ -217,9 +218,16 @@ def _betaincinv_scalar(a: float, b: float, y: float) -> float:
     if y > 0.5:
         return 1.0 - _betaincinv_scalar(b, a, 1.0 - y)  # 1 − y is exact here
     log_y = math.log(y)
-    log_x = _start(a, b, y, log_y)
-    if log_x < _LOG_MIN_NORMAL:
-        return math.exp(log_x)  # I_x = x^a/(a·B)·(1 + O(x)): exact to double precision down there
+    log_x = _table_start(_table(a, b), log_y)
+    if log_x is None:
+        log_x = _start(a, b, y, log_y)
+        if log_x < _LOG_MIN_NORMAL:
+            return math.exp(log_x)  # I_x = x^a/(a·B)·(1 + O(x)): exact to double precision down there
+    return _solve(a, b, log_y, log_x)
+
+
+def _solve(a: float, b: float, log_y: float, log_x: float) -> float:
+    """``I_x(a, b) = e^log_y`` (at most 1/2) by Halley's method in ``log x`` from ``log_x``, bracketed."""
     x = min(math.exp(log_x), 0.5 if a == b else 1.0 - 2.0**-53)
     lo, hi = 0.0, 1.0
     accept = _ACCEPT_STEP / math.sqrt(1.0 + a + b)
@@ -239,6 +247,63 @@ def _betaincinv_scalar(a: float, b: float, y: float) -> float:
         # Inside the bracket, Halley's step; else bisect the bracket (in log x).
         x = nxt if lo < nxt < hi else (math.sqrt(lo) * math.sqrt(hi) if lo > 0.0 else 0.5 * hi)
     return x
+
+
+# A mechanism inverts I_x(a, b) for one (a, b) on every release. The first call with an (a, b) tabulates
+# log I at evenly spaced log x (with its slope), from I = 1e-12 to 1/2; from there on, cubic Hermite
+# interpolation in the table starts Halley's method so close (1e-7 to 1e-9) that one evaluation of I and one
+# step finish: half the work of the general start. The table only chooses where the method starts, and it is
+# built on the first call, so a result depends on (a, b, y) alone, never on what was asked before (seeded
+# releases repeat bit for bit).
+_TABLE_NODES: Final = 96
+_TABLE_Y_MIN: Final = 1e-12
+_tables: dict[tuple[float, float], tuple[list[float], list[float], list[float]]] = {}
+
+
+def _table(a: float, b: float) -> tuple[list[float], list[float], list[float]]:
+    key = (a, b)
+    table = _tables.get(key)
+    if table is None:
+        table = _build_table(a, b)  # deterministic: a rebuilt table is the same table
+        if len(_tables) >= 64:
+            _tables.clear()
+        _tables[key] = table
+    return table
+
+
+def _build_table(a: float, b: float) -> tuple[list[float], list[float], list[float]]:
+    """``(log I, log x, d log x / d log I)`` at ``_TABLE_NODES`` values of ``log x`` from ``I = 1e-12`` to 1/2."""
+    ends = [_solve(a, b, math.log(y), _start(a, b, y, math.log(y))) for y in (_TABLE_Y_MIN, 0.5)]
+    lo, hi = math.log(ends[0]), math.log(ends[1])
+    log_is, log_xs, inverse_slopes = [], [], []
+    for k in range(_TABLE_NODES):
+        log_x = lo + (hi - lo) * k / (_TABLE_NODES - 1)
+        x = math.exp(log_x)
+        log_i, log_terms = _log_betainc_terms(a, b, x)
+        log_is.append(log_i)
+        log_xs.append(log_x)
+        inverse_slopes.append(math.exp(log_i + math.log1p(-x) - log_terms))
+    return log_is, log_xs, inverse_slopes
+
+
+def _table_start(table: tuple[list[float], list[float], list[float]], log_y: float) -> float | None:
+    """``log x`` for ``log I = log_y`` by cubic Hermite interpolation in the table (``None`` outside it)."""
+    log_is, log_xs, inverse_slopes = table
+    if not log_is[0] <= log_y <= log_is[-1]:
+        return None
+    k = min(bisect.bisect_right(log_is, log_y) - 1, len(log_is) - 2)
+    h = log_is[k + 1] - log_is[k]
+    if not h > 0.0:
+        return None
+    t = (log_y - log_is[k]) / h
+    t2 = t * t
+    t3 = t2 * t
+    return (
+        (2.0 * t3 - 3.0 * t2 + 1.0) * log_xs[k]
+        + (t3 - 2.0 * t2 + t) * h * inverse_slopes[k]
+        + (3.0 * t2 - 2.0 * t3) * log_xs[k + 1]
+        + (t3 - t2) * h * inverse_slopes[k + 1]
+    )
 
 
 def _halley_step(a: float, b: float, x: float, f: float, log_slope: float) -> float:
@@ -517,6 +582,8 @@ def ndtri(p: float | FloatArray) -> float | FloatArray:
 
 
 def _map(fn: object, values: FloatArray) -> FloatArray:
+    if values.size == 1:  # one release at a time: the common case on a device
+        return np.full(values.shape, fn(float(values.flat[0])))  # type: ignore[operator]
     flat = np.asarray(values, dtype=np.float64).ravel()
     out = np.fromiter((fn(float(v)) for v in flat), dtype=np.float64, count=flat.size)  # type: ignore[operator]
     return out.reshape(np.shape(values))
