@@ -20,7 +20,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory, data_home: str) -> tuple[
         [
             "demo", "--data-home", data_home, "--out", str(out), "--subjects", "3", "--enrol-images", "8",
             "--probe-images", "2", "--strangers", "4", "--cameras", "2", "--qbbs-epsilon", "20",
-            "--public-max-faces", "9",
+            "--public-max-faces", "5",
         ]
     )  # fmt: skip
     assert rc == 0
@@ -36,11 +36,11 @@ def test_demo_summary_is_complete_and_consistent(demo_run):
     assert ident["enrolled_templates"] >= 4 and ident["stranger_templates"] >= 2
     for v in (ident["accuracy"], ident["unknown_rejection_rate"], ver["face"]["gar"], ver["face"]["far"]):
         assert 0.0 <= v <= 1.0
-    # Both epsilons are reported; the default is privunit at ε = 32 per template (a coordinate is
-    # post-processing of the vector, so the same ε), on a Fisherface bundle.
-    assert p["mechanism"] == "privunit" and p["epsilon_vector"] == pytest.approx(32.0, rel=1e-6)
+    # Both epsilons are reported; the default is privunit at ε = 16 per template (a coordinate is
+    # post-processing of the vector, so the same ε), on a dlib-resnet bundle (K = 16).
+    assert p["mechanism"] == "privunit" and p["epsilon_vector"] == pytest.approx(16.0, rel=1e-4)
     assert p["epsilon_coordinate"] == pytest.approx(p["epsilon_vector"])
-    assert s["bundle"]["projection"] == "fisherfaces"
+    assert s["bundle"]["projection"] == "dlib-resnet" and s["bundle"]["n_components"] == 16
     # Each device's ledger holds exactly one release's cost per template it sent (template + soft traits).
     per_release = p["epsilon_vector"] + p["soft_traits_epsilon_per_release"]
     for dev in edge["devices"].values():

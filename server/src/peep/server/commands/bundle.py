@@ -36,7 +36,7 @@ def add_dataset_options(p: argparse.ArgumentParser, *, min_faces: int) -> None:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("bundle", help="build and verify signed eigenface bundles")
+    p = sub.add_parser("bundle", help="build and verify signed projection bundles")
     bsub = p.add_subparsers(dest="bundle_command", metavar="ACTION", required=True)
     b = bsub.add_parser("build", help="fit a projection on a dataset and write a signed bundle")
     add_dataset_options(b, min_faces=5)

@@ -170,7 +170,7 @@ def write_report(
 <style>{_CSS}</style>
 </head><body>
 <h1>PEEP demo report</h1>
-<p>The whole system on one machine: a signed eigenface bundle from background faces, a recognition
+<p>The whole system on one machine: a signed bundle (its projection fitted on public background faces), a recognition
 server (gRPC over TLS{", MQTT" if summary["mqtt"] else ""}, SQLite), edge agents releasing perturbed
 templates from videos composed of LFW photos, enrolment, training, identification of enrolled and
 never-enrolled people, and verification fused with soft traits. No pixels left any edge agent; every
