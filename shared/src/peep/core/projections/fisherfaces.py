@@ -312,7 +312,14 @@ class FisherfaceProjection(Projection):
         s_b = classes.between_scatter()[:p, :p]
         s_w, s_b = (s_w + s_w.T) / 2.0, (s_b + s_b.T) / 2.0
         s_w_reg = (1.0 - alpha) * s_w + (alpha * float(np.trace(s_w)) / p) * np.eye(p)
+        # Checked here rather than left to eigh's Cholesky: whether a numerically singular matrix
+        # fails there depends on the LAPACK build's rounding, and near-singular directions would
+        # get near-infinite LDA scalings.
+        w = np.linalg.eigvalsh(s_w_reg)
+        singular = not w[0] > w[-1] * p * 64.0 * np.finfo(np.float64).eps
         try:
+            if singular:
+                raise np.linalg.LinAlgError(f"smallest eigenvalue {w[0]:.3g}, largest {w[-1]:.3g}")
             evals, evecs = scipy.linalg.eigh(s_b, s_w_reg, subset_by_index=[p - k, p - 1])
         except np.linalg.LinAlgError as exc:
             raise ValueError(
