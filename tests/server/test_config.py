@@ -165,6 +165,23 @@ def test_insecure_grpc_is_allowed_on_loopback(listen):
     assert cfg.grpc.tls is None
 
 
+@pytest.mark.parametrize(("listen", "refused"), [("0.0.0.0:50051", True), ("127.0.0.1:50051", False)])
+def test_open_reflection_is_for_loopback_only(listen, refused):
+    data = {
+        "grpc": {"listen": listen, "reflection": "open", "tls": {"cert": "/c.pem", "key": "/k.pem"}},
+        "bundle": {"public_key": "/k.pub"},
+    }
+    if not refused:
+        assert parse_config(data).grpc.reflection == "open"
+        return
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    (problem,) = info.value.errors
+    assert problem.key == "grpc.reflection/grpc.listen" and listen in problem.message
+    data["grpc"]["reflection"] = "authenticated"
+    assert parse_config(data).grpc.reflection == "authenticated"
+
+
 def test_validate_config_refuses_insecure_grpc_on_every_interface(tmp_path, capsys, keypair):
     path = write(tmp_path, MINIMAL.replace("127.0.0.1:0", "0.0.0.0:50051").replace("keys/site.pub", str(keypair[3])))
     assert main(["serve", "--config", str(path), "--validate-config"]) == 2

@@ -760,6 +760,12 @@ class ServerConfig(_Model):
                 "for a listener without TLS (auth.allow_insecure = true), or grpc.tls.cert/key, "
                 f"received grpc.listen = {self.grpc.listen!r}"
             )
+        if self.grpc.reflection == "open" and not is_loopback_listen(self.grpc.listen):
+            # Open reflection lists every method to anyone who connects: development on one machine only.
+            raise ValueError(
+                'grpc.reflection/grpc.listen: expected "off" or "authenticated" on a listener that is not '
+                f'loopback ("open" is for development on 127.0.0.1), received grpc.listen = {self.grpc.listen!r}'
+            )
         return self
 
 
