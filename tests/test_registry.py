@@ -44,9 +44,7 @@ def test_the_registry_holds_every_kind_of_the_proto_enum_and_nothing_else():
     enum_names = {v.name for v in template_pb2.MechanismKind.DESCRIPTOR.values if v.number != 0}
     assert {cls.wire_name for cls in mechanism_classes().values()} == enum_names
     assert len(KINDS) == len(enum_names) == len(set(KINDS))
-    assert wire.MECHANISM_KINDS == {
-        k: template_pb2.MechanismKind.Value(mechanism_class(k).wire_name) for k in KINDS
-    }
+    assert wire.MECHANISM_KINDS == {k: template_pb2.MechanismKind.Value(mechanism_class(k).wire_name) for k in KINDS}
     assert MECHANISM_KINDS == KINDS
 
 

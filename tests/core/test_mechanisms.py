@@ -54,24 +54,16 @@ def _build(kind: str, epsilon: float = 2.0, **kw: object) -> TemplateMechanism:
 
 SCALAR_FACTORIES = {
     "laplace": lambda **kw: LaplaceMechanism(**{"epsilon": 1.0, "sensitivity": 1.0, **kw}),
-    "gaussian": lambda **kw: GaussianMechanism(
-        **{"epsilon": 1.0, "delta": 1e-5, "sensitivity": 1.0, **kw}
-    ),
+    "gaussian": lambda **kw: GaussianMechanism(**{"epsilon": 1.0, "delta": 1e-5, "sensitivity": 1.0, **kw}),
 }
 TEMPLATE_FACTORIES = {
     "peep": lambda **kw: PeepMechanism(**{"epsilon": 1.0, "n_components": NC, **kw}),
-    "peep-raw": lambda **kw: PeepRawMechanism(
-        **{"epsilon": 1.0, "lower": LOWER, "upper": UPPER, **kw}
-    ),
-    "laplace-vector": lambda **kw: LaplaceVectorMechanism(
-        **{"epsilon": 1.0, "n_components": NC, **kw}
-    ),
+    "peep-raw": lambda **kw: PeepRawMechanism(**{"epsilon": 1.0, "lower": LOWER, "upper": UPPER, **kw}),
+    "laplace-vector": lambda **kw: LaplaceVectorMechanism(**{"epsilon": 1.0, "n_components": NC, **kw}),
     "gaussian-l2": lambda **kw: GaussianL2Mechanism(
         **{"epsilon": 1.0, "delta": 1e-5, "radius": 2.0, "n_components": NC, **kw}
     ),
-    "laplace-l1": lambda **kw: LaplaceL1Mechanism(
-        **{"epsilon": 1.0, "radius": 2.0, "n_components": NC, **kw}
-    ),
+    "laplace-l1": lambda **kw: LaplaceL1Mechanism(**{"epsilon": 1.0, "radius": 2.0, "n_components": NC, **kw}),
 }
 ALL_FACTORIES = {**SCALAR_FACTORIES, **TEMPLATE_FACTORIES}
 WITH_DELTA = ("gaussian", "gaussian-l2")
@@ -242,9 +234,7 @@ def test_laplace_l1_guarantee():
 
 
 def test_guarantee_is_frozen_and_keyword_only():
-    g = PrivacyGuarantee(
-        epsilon_coordinate=1.0, epsilon_vector=2.0, n_components=2, description="x"
-    )
+    g = PrivacyGuarantee(epsilon_coordinate=1.0, epsilon_vector=2.0, n_components=2, description="x")
     with pytest.raises(AttributeError):
         g.epsilon_vector = 3.0  # type: ignore[misc]
     with pytest.raises(TypeError):
@@ -415,9 +405,7 @@ def test_analytic_sigma_large_epsilon(epsilon):
     assert log_delta(sigma) <= math.log(delta) + 1e-9
     assert log_delta(sigma * (1 - 1e-6)) > math.log(delta)
     assert float(log_ndtr(-1.0)) < 0  # scipy.special available for the check above
-    assert analytic_gaussian_sigma(epsilon, delta, 1.0) < analytic_gaussian_sigma(
-        epsilon / 2, delta, 1.0
-    )
+    assert analytic_gaussian_sigma(epsilon, delta, 1.0) < analytic_gaussian_sigma(epsilon / 2, delta, 1.0)
 
 
 def test_analytic_sigma_is_linear_in_sensitivity():
@@ -427,9 +415,7 @@ def test_analytic_sigma_is_linear_in_sensitivity():
 
 
 def test_classic_sigma_only_below_one():
-    assert classic_gaussian_sigma(0.5, 1e-5, 1.0) == pytest.approx(
-        math.sqrt(2 * math.log(1.25 / 1e-5)) / 0.5
-    )
+    assert classic_gaussian_sigma(0.5, 1e-5, 1.0) == pytest.approx(math.sqrt(2 * math.log(1.25 / 1e-5)) / 0.5)
     with pytest.raises(ValueError, match="epsilon"):
         classic_gaussian_sigma(1.0, 1e-5, 1.0)
     with pytest.raises(ValueError, match="delta"):

@@ -168,6 +168,7 @@ def test_soft_traits_are_released_with_ldp_and_charged_to_the_track(agent_for, o
 def test_randomized_response_and_age_noise_have_the_stated_distributions():
     eps = 1.0
     n = 20_000
+
     class Male:
         def predict_face(self, face):
             return {"age": {"value": 30}, "gender": {"value": "male"}}

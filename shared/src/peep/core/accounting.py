@@ -266,8 +266,7 @@ class JsonlLedger(InMemoryLedger):
                     )
                 except (ValueError, KeyError, TypeError) as exc:
                     raise ValueError(
-                        f"{path}: line {lineno}: expected a JSON spend record, received "
-                        f"{line[:80]!r} ({exc})"
+                        f"{path}: line {lineno}: expected a JSON spend record, received {line[:80]!r} ({exc})"
                     ) from exc
                 spends.append(spend)
         return spends
@@ -367,10 +366,7 @@ class PrivacyAccountant:
         if ledger is None:
             ledger = InMemoryLedger()
         elif not isinstance(ledger, SpendLedger):
-            raise TypeError(
-                f"ledger: expected a SpendLedger (append/totals/entries), received "
-                f"{type(ledger).__name__}"
-            )
+            raise TypeError(f"ledger: expected a SpendLedger (append/totals/entries), received {type(ledger).__name__}")
         self.ledger: SpendLedger = ledger
         self._budgets: dict[str, tuple[float, float]] = {}
         for key, pair in (budgets or {}).items():
@@ -378,9 +374,7 @@ class PrivacyAccountant:
             try:
                 eps, delta = pair
             except (TypeError, ValueError) as exc:
-                raise TypeError(
-                    f"budgets[{key!r}]: expected an (epsilon, delta) pair, received {pair!r}"
-                ) from exc
+                raise TypeError(f"budgets[{key!r}]: expected an (epsilon, delta) pair, received {pair!r}") from exc
             self._budgets[key] = (
                 _check_budget(eps, f"budgets[{key!r}] epsilon"),
                 check_real(delta, f"budgets[{key!r}] delta", low=0.0, high=1.0),

@@ -187,8 +187,7 @@ def _power_of_two_step(scale: float) -> float:
     if k < -1022:
         # A subnormal step would make x/γ overflow and lose exactness.
         raise ValueError(
-            f"scale: expected >= {math.ldexp(1.0, -1022 + GRID_BITS)} for the secure grid, "
-            f"received {scale}"
+            f"scale: expected >= {math.ldexp(1.0, -1022 + GRID_BITS)} for the secure grid, received {scale}"
         )
     return math.ldexp(1.0, k)
 
@@ -312,9 +311,7 @@ class SecureSampler:
 
     def __init__(self, *, random_bytes: Callable[[int], bytes] = os.urandom) -> None:
         if not callable(random_bytes):
-            raise TypeError(
-                f"random_bytes: expected a callable int -> bytes, received {random_bytes!r}"
-            )
+            raise TypeError(f"random_bytes: expected a callable int -> bytes, received {random_bytes!r}")
         self._random_bytes = random_bytes
 
     def __repr__(self) -> str:
@@ -327,9 +324,7 @@ class SecureSampler:
         """``n`` uniformly random 64-bit words (little-endian, one source call)."""
         buf = self._random_bytes(8 * n)
         if len(buf) != 8 * n:
-            raise RuntimeError(
-                f"random_bytes: expected {8 * n} bytes, received {len(buf)}; broken random source"
-            )
+            raise RuntimeError(f"random_bytes: expected {8 * n} bytes, received {len(buf)}; broken random source")
         return np.frombuffer(buf, dtype="<u8", count=n)
 
     def exponential(self, size: int) -> FloatArray:
@@ -368,9 +363,7 @@ class SecureSampler:
             self._slow_path(w, e, words[size:])
         return e
 
-    def _slow_path(
-        self, w: NDArray[np.uint64], e: FloatArray, reserve: NDArray[np.uint64]
-    ) -> None:
+    def _slow_path(self, w: NDArray[np.uint64], e: FloatArray, reserve: NDArray[np.uint64]) -> None:
         """Recompute ``e[i]`` for the words ``w[i] < 2**53`` (see :meth:`exponential`)."""
         pool = [int(v) for v in reserve]
         pool.reverse()
@@ -389,8 +382,7 @@ class SecureSampler:
                 zero_words += 1
                 if zero_words > _MAX_ZERO_WORDS:
                     raise RuntimeError(
-                        f"random_bytes: {zero_words} consecutive zero 64-bit words; "
-                        "the random source is broken"
+                        f"random_bytes: {zero_words} consecutive zero 64-bit words; the random source is broken"
                     )
                 word = next_word()
             zeros += 64 - word.bit_length()
