@@ -34,7 +34,8 @@ def test_direct_reconstruction_with_all_components_recovers_faces(lfw100, seeded
     basis = fit_basis(X, 59)  # full rank for 60 faces: the basis spans them
     dom = Domain("peep-raw", basis.bounds)
     mech = mechanism_for_bounds(basis.bounds, kind="peep-raw", epsilon=NO_NOISE, random_state=seeded)
-    faces = reconstruct_direct(mech.release(dom.forward(basis.transform(X))), dom, basis)
+    faces, inputs = reconstruct_direct(mech.release(dom.forward(basis.transform(X))), dom, basis)
+    assert inputs is faces or np.array_equal(inputs, faces)  # a pixel projection takes the faces themselves
     ssim = ssim_batch(faces.reshape(lfw100.images[:60].shape), lfw100.images[:60])
     assert ssim.min() > 0.999
 
@@ -55,8 +56,11 @@ def test_no_noise_reconstruction_reaches_the_pca_ceiling(small_ctx, small_cfg, k
     Ztr, Zte = dom.forward(ctx.C_train), dom.forward(ctx.C_test)
     R = mech.release(Zte)
     m, v = shrinkage_prior(Ztr)
-    for faces in (reconstruct_direct(R, dom, ctx.basis), reconstruct_shrinkage(R, dom, ctx.basis, m, v, mech.variance)):
-        s = reconstruction_scores(faces, ctx.test_images, ctx.basis, ctx.clean_mlp, ctx.y_test)
+    for faces, inputs in (
+        reconstruct_direct(R, dom, ctx.basis),
+        reconstruct_shrinkage(R, dom, ctx.basis, m, v, mech.variance),
+    ):
+        s = reconstruction_scores(faces, ctx.test_images, ctx.basis, ctx.clean_mlp, ctx.y_test, inputs)
         # Only the public bounds' clipping separates a release from the clean coefficients.
         assert s["ssim"] == pytest.approx(base["pca_ceiling"]["ssim"], abs=0.03)
         assert s["reid"] == pytest.approx(base["pca_ceiling"]["reid"], abs=0.06)
@@ -72,14 +76,14 @@ def test_huge_noise_shrinkage_falls_back_to_the_mean_face(small_ctx, seeded) -> 
     R = mech.release(dom.forward(ctx.C_test))
     m, v = shrinkage_prior(dom.forward(ctx.C_train))
     shrink = reconstruction_scores(
-        reconstruct_shrinkage(R, dom, ctx.basis, m, v, mech.variance),
+        reconstruct_shrinkage(R, dom, ctx.basis, m, v, mech.variance)[0],
         ctx.test_images,
         ctx.basis,
         ctx.clean_mlp,
         ctx.y_test,
     )
     direct = reconstruction_scores(
-        reconstruct_direct(R, dom, ctx.basis), ctx.test_images, ctx.basis, ctx.clean_mlp, ctx.y_test
+        reconstruct_direct(R, dom, ctx.basis)[0], ctx.test_images, ctx.basis, ctx.clean_mlp, ctx.y_test
     )
     assert shrink["ssim"] == pytest.approx(base["mean_face"]["ssim"], abs=0.02)
     assert shrink["reid"] == pytest.approx(base["mean_face"]["reid"], abs=0.06)
