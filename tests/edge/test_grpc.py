@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
 import time
 from concurrent import futures
@@ -15,7 +17,7 @@ from peep.edge.config import GrpcConfig, load_config
 from peep.edge.pipeline import make_releaser
 from peep.edge.spool import Spool
 from peep.edge.transport.grpc import GrpcForwarder
-from peep.v1 import recognition_pb2, recognition_pb2_grpc
+from peep.v1 import recognition_pb2, recognition_pb2_grpc, template_pb2
 
 TOKEN = "device-token-cam-1"
 
@@ -23,7 +25,15 @@ TOKEN = "device-token-cam-1"
 class FakeRecognition(recognition_pb2_grpc.RecognitionServiceServicer):
     """Idempotent ingest by message id, bearer-token auth, injectable failures."""
 
-    def __init__(self, *, reject: set[str] = frozenset(), fail_first: int = 0, delay_first: float = 0.0):
+    def __init__(
+        self,
+        *,
+        reject: set[str] = frozenset(),
+        fail_first: int = 0,
+        delay_first: float = 0.0,
+        refuse_enrolment: bool = False,
+    ):
+        self.refuse_enrolment = refuse_enrolment
         self.lock = threading.Lock()
         self.stored: list[str] = []
         self.received = 0
@@ -46,7 +56,15 @@ class FakeRecognition(recognition_pb2_grpc.RecognitionServiceServicer):
         for msg in request_iterator:
             with self.lock:
                 self.received += 1
-                if msg.message_id in self.reject:
+                if self.refuse_enrolment and msg.purpose == template_pb2.PURPOSE_ENROLL:
+                    acks.append(
+                        recognition_pb2.IngestAck(
+                            message_id=msg.message_id,
+                            status=recognition_pb2.INGEST_STATUS_REJECTED,
+                            reason="enrolment_not_permitted",
+                        )
+                    )
+                elif msg.message_id in self.reject:
                     acks.append(
                         recognition_pb2.IngestAck(
                             message_id=msg.message_id,
@@ -242,3 +260,33 @@ def test_agent_over_grpc_only(make_config, crowd_video, pki, h):
     ledger.close()
     assert len(ids) >= 10
     assert servicer.stored == ids
+
+
+def test_enrolment_refused_by_the_server_is_an_error_not_a_delivery(make_config, people, pki, tmp_path, capsys):
+    """A camera that is not an enrolment desk: the server refuses each ENROLL template (dead letter);
+    the spool empties as on delivery, but peep-edge enroll must say so and exit 1."""
+    from peep.edge.cli import main
+
+    servicer = FakeRecognition(refuse_enrolment=True)
+    server, port = serve(servicer, pki)
+    src = tmp_path / "src"
+    src.mkdir()
+    for p in people[sorted(people)[4]][:4]:
+        shutil.copy(p, src / p.name)
+    path = make_config(
+        privacy={"epsilon": 4.0, "track_budget": 1e6, "enroll_budget": 1e6},
+        mqtt={"enabled": False},
+        grpc={"enabled": True, "target": f"localhost:{port}", "ca_file": str(pki["ca"]),
+              "token_env": "PEEP_TEST_TOKEN", "retry_min_s": 0.1},
+    )  # fmt: skip
+    try:
+        os.environ["PEEP_TEST_TOKEN"] = TOKEN
+        argv = ["enroll", "--config", str(path), "--subject", "alice", "--source", str(src), "--count", "3"]
+        rc = main([*argv, "--timeout", "10"])
+    finally:
+        os.environ.pop("PEEP_TEST_TOKEN", None)
+        server.stop(0)
+    out = capsys.readouterr()
+    assert rc == 1 and "delivered" not in out.out and "accepted" not in out.out
+    assert "3 of 3 enrolment templates were refused by the server (enrolment_not_permitted)" in out.err
+    assert servicer.stored == [] and servicer.received == 3

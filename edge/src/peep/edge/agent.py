@@ -123,6 +123,8 @@ class Agent:
         self.accountant: PrivacyAccountant | None = None
         self.soft: SoftTraitReleaser | None = None
         self.encoder: DescriptorEncoder | None = None
+        # The spool's dead letters when it was closed (what receivers refused, oldest first).
+        self.dead_letters: list[dict[str, Any]] = []
         self._bundle_updates: queue.SimpleQueue[bytes] = queue.SimpleQueue()
         self._prepared = False
         self._lifetime = [0.0, 0.0]
@@ -551,8 +553,9 @@ class Agent:
         key = f"subject:{subject}"
         budget = p.enroll_budget if p.enroll_budget is not None else math.inf
         self.open(budgets={key: (budget, _delta_budget(budget, cost, p.delta))})
-        assert self.pipeline is not None and self.accountant is not None
+        assert self.pipeline is not None and self.accountant is not None and self.spool is not None
         accountant = self.accountant
+        dead_before = len(self.spool.dead())
         session = EnrollSession(self.pipeline, accountant, subject=subject, device_key=self.device_key)
         frames = open_source(
             source,
@@ -602,6 +605,15 @@ class Agent:
         )
         if problem:
             raise EdgeError(problem)
+        refused = self.dead_letters[dead_before:]
+        if refused:
+            # Over gRPC the server answers per template: a refusal (e.g. a camera that is not an
+            # enrolment desk) is dead-lettered, which empties the spool as a delivery would.
+            reasons = sorted({str(r["reason"])[:200] for r in refused})
+            raise EdgeError(
+                f"{len(refused)} of {session.released} enrolment templates were refused by the server "
+                f"({'; '.join(reasons)}); nothing of them was enrolled"
+            )
         if not delivered:
             raise EdgeError(
                 f"{session.released} enrolment templates released but not all acknowledged "
@@ -630,6 +642,7 @@ class Agent:
         if self.spool is not None:
             remaining = self.spool.depth()
             delivered = remaining == 0
+            self.dead_letters = self.spool.dead()
             self.spool.close()
         if self.ledger is not None:
             self.ledger.close()

@@ -109,7 +109,12 @@ def _enroll(args: argparse.Namespace) -> int:
     agent = Agent(cfg)
     signal.signal(signal.SIGTERM, lambda *_: agent.request_stop())
     rc = agent.enroll(subject=args.subject, source=args.source, count=args.count, timeout_s=args.timeout)
-    print(f"enrolled {args.subject!r}: {args.count} templates delivered")
+    via = (
+        "accepted by the server"
+        if cfg.grpc.enabled
+        else "acknowledged by the broker (the server's verdict is in its log)"
+    )
+    print(f"enrolled {args.subject!r}: {args.count} templates {via}")
     return rc
 
 
