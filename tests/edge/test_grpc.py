@@ -290,3 +290,31 @@ def test_enrolment_refused_by_the_server_is_an_error_not_a_delivery(make_config,
     assert rc == 1 and "delivered" not in out.out and "accepted" not in out.out
     assert "3 of 3 enrolment templates were refused by the server (enrolment_not_permitted)" in out.err
     assert servicer.stored == [] and servicer.received == 3
+
+
+def test_one_enrolment_budget_per_subject_however_the_id_is_typed(make_config, people, pki, tmp_path, capsys):
+    """'Zoë' typed composed (U+00EB) and decomposed (e + U+0308) is one subject: one budget."""
+    from peep.edge.cli import main
+
+    servicer = FakeRecognition()
+    server, port = serve(servicer, pki)
+    src = tmp_path / "src"
+    src.mkdir()
+    for p in people[sorted(people)[4]][:4]:
+        shutil.copy(p, src / p.name)
+    path = make_config(
+        privacy={"epsilon": 4.0, "track_budget": 1e6, "enroll_budget": 600.0},  # two releases of 256 per vector
+        mqtt={"enabled": False},
+        grpc={"enabled": True, "target": f"localhost:{port}", "ca_file": str(pki["ca"]),
+              "token_env": "PEEP_TEST_TOKEN", "retry_min_s": 0.1},
+    )  # fmt: skip
+    try:
+        os.environ["PEEP_TEST_TOKEN"] = TOKEN
+        argv = ["enroll", "--config", str(path), "--source", str(src), "--timeout", "10"]
+        assert main([*argv, "--subject", "Zoe\u0308", "--count", "2"]) == 0, capsys.readouterr().err
+        assert main([*argv, "--subject", "Zo\u00eb", "--count", "1"]) == 1
+    finally:
+        os.environ.pop("PEEP_TEST_TOKEN", None)
+        server.stop(0)
+    assert "privacy.enroll_budget: budget exceeded for key 'subject:Zo\u00eb'" in capsys.readouterr().err
+    assert len(servicer.stored) == 2

@@ -541,7 +541,8 @@ class Agent:
     def enroll(self, *, subject: str, source: int | str, count: int, timeout_s: float = 30.0) -> int:
         """Release ``count`` ENROLL templates of ``subject`` from ``source``; wait for delivery."""
         try:
-            check_subject_id(subject, "--subject")
+            # NFC: the form the server stores, and one enrolment budget per person however the id is typed.
+            subject = check_subject_id(subject, "--subject")
         except WireError as exc:
             raise ConfigError(str(exc)) from None
         if count < 1:
