@@ -42,7 +42,10 @@ def test_minimal_config_parses_with_documented_defaults(tmp_path):
 @pytest.mark.parametrize(
     ("section", "values", "path", "fragment"),
     [
-        ("privacy", {"epsilon": 0}, "privacy.epsilon", "greater than 0"),
+        ("privacy", {"epsilon": 0}, "privacy.epsilon", "greater than or equal to 0.001"),
+        # below the server's MIN_EPSILON every template would be refused at ingest
+        ("privacy", {"epsilon": 1e-4}, "privacy.epsilon", "greater than or equal to 0.001"),
+        ("soft", {"age_epsilon": 1e-5}, "soft.age_epsilon", "greater than or equal to 0.001"),
         ("privacy", {"epsilon": "high"}, "privacy.epsilon", "'high'"),
         ("privacy", {"mechanism": "gauss"}, "privacy.mechanism", "'laplace-l1'"),
         ("privacy", {"delta": 1e-5}, "privacy.delta", "expected 0 for the pure-ε mechanism 'peep'"),

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from peep.core import configfile, topics
 from peep.core.mechanisms import mechanism_class, mechanism_kind_literal
 from peep.core.topics import ID_PATTERN
+from peep.core.wire import MIN_EPSILON
 from peep.edge.errors import ConfigError
 from pydantic import (
     AfterValidator,
@@ -98,8 +99,11 @@ class PrivacyConfig(_Section):
     """Mechanism and release policy. Only this file sets them (never the bundle or the server)."""
 
     mechanism: MechanismKind = Field(default="peep", description="the local-DP mechanism kind (see README)")
+    # Below MIN_EPSILON the server refuses the templates (and soft traits) at ingest: refuse it here.
     epsilon: float = Field(
-        gt=0.0, le=1e6, description="the mechanism's ε (per coordinate for the per-coordinate kinds peep/peep-raw)"
+        ge=MIN_EPSILON,
+        le=1e6,
+        description="the mechanism's ε (per coordinate for the per-coordinate kinds peep/peep-raw)",
     )
     delta: float = Field(default=0.0, ge=0.0, lt=1.0, description="δ, only for kinds that take one (gaussian-l2)")
     track_budget: float = Field(gt=0.0, description="per-vector ε a single track may spend in total")
@@ -146,8 +150,12 @@ class SoftConfig(_Section):
     """On-device age and gender under local DP (needs ``peep-edge[soft]``)."""
 
     enabled: bool = False
-    age_epsilon: float = Field(default=1.0, gt=0.0, le=100.0, description="ε of the bounded Laplace age release")
-    gender_epsilon: float = Field(default=1.0, gt=0.0, le=100.0, description="ε of randomized response on gender")
+    age_epsilon: float = Field(
+        default=1.0, ge=MIN_EPSILON, le=100.0, description="ε of the bounded Laplace age release"
+    )
+    gender_epsilon: float = Field(
+        default=1.0, ge=MIN_EPSILON, le=100.0, description="ε of randomized response on gender"
+    )
     age_max: float = Field(default=100.0, gt=0.0, le=150.0, description="ages are clipped to [0, age_max]")
 
 
