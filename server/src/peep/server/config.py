@@ -599,7 +599,10 @@ class TrainingConfig(_Model):
         default=DEFAULT_PRESET,
         description=f"recogniser preset: one of {', '.join(PRESETS)} (peep.server.recognition.fitting.PRESETS)",
     )
-    model_dir: Path = Field(default=Path("models"), description="versioned model registry")
+    model_dir: Path = Field(
+        default=Path("models"),
+        description="versioned model registry (SQLite only: on PostgreSQL the versions are in the database)",
+    )
     mechanism_kind: MechanismKind | None = Field(
         default=None, description="train on this kind only (default: the most common domain)"
     )
@@ -703,6 +706,20 @@ class LoggingConfig(_Model):
     level: Literal["debug", "info", "warning", "error"] = "info"
 
 
+class ClusterConfig(_Model):
+    """Several replicas on one PostgreSQL (``storage.backend = "postgres"``; ignored on SQLite). docs/OPERATIONS.md"""
+
+    check_interval_s: float = Field(
+        default=2.0,
+        ge=0.1,
+        le=60.0,
+        description=(
+            "the fallback check for changes other replicas made (a promoted model, an erasure), in case a "
+            "PostgreSQL NOTIFY was missed while the replica's listening connection was down"
+        ),
+    )
+
+
 class ServerConfig(_Model):
     """The whole ``server.toml``."""
 
@@ -716,6 +733,7 @@ class ServerConfig(_Model):
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     qbbs: dict[str, Any] | None = Field(
         default=None, description="the soft-biometric query module's section (validated by peep.server.qbbs.config)"
     )
@@ -743,7 +761,18 @@ class ServerConfig(_Model):
         # are resolved against the config file like explicit ones.
         if isinstance(data, dict):
             data = dict(data)
-            for name in ("grpc", "storage", "auth", "mqtt", "training", "ingest", "retention", "metrics", "logging"):
+            for name in (
+                "grpc",
+                "storage",
+                "auth",
+                "mqtt",
+                "training",
+                "ingest",
+                "retention",
+                "metrics",
+                "logging",
+                "cluster",
+            ):
                 data.setdefault(name, {})
         return data
 

@@ -25,6 +25,7 @@ Hooks for the QBBS module
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -40,9 +41,11 @@ from peep.server.ingest.validation import TemplateValidator
 from peep.server.metrics import ServerMetrics
 from peep.server.recognition.fitting import Progress, TrainingError
 from peep.server.recognition.recogniser import Recogniser
-from peep.server.recognition.registry import ModelRegistry
+from peep.server.recognition.registry import AnyRegistry, DatabaseModelRegistry, ModelRegistry
 from peep.server.recognition.trainer import Trainer, TrainingBusy, TrainResult
+from peep.server.recognition.watch import ChangeWatcher
 from peep.server.storage import Store, open_store
+from peep.server.storage.base import ERASURES_CHANNEL, MODELS_CHANNEL
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +96,23 @@ class Services:
             max_clock_skew_s=config.ingest.max_clock_skew_s,
             max_age_s=config.ingest.max_age_s,
         )
-        self.registry = ModelRegistry(config.training.model_dir)
-        self.recogniser = Recogniser(self.registry, threads=config.training.threads, erasures=self.store.erasures)
+        #: Replicas on one PostgreSQL share the model registry in the database and learn of each other's
+        #: promotions and erasures through LISTEN/NOTIFY (issue 15); a single node on SQLite keeps the
+        #: directory registry and checks it (and the erasure list) on the recognition path.
+        self.clustered = self.store.dialect == "postgres" and hasattr(self.store, "connect")
+        self.registry: AnyRegistry
+        if self.clustered:
+            self.registry = DatabaseModelRegistry(self.store)
+            self.recogniser = Recogniser(
+                self.registry,
+                threads=config.training.threads,
+                erasures=self.store.erasures,
+                check_interval=math.inf,  # the watcher below reloads, off the recognition path
+                erasure_interval=math.inf,
+            )
+        else:
+            self.registry = ModelRegistry(config.training.model_dir)
+            self.recogniser = Recogniser(self.registry, threads=config.training.threads, erasures=self.store.erasures)
         self.recogniser.add_listener(lambda m: self.metrics.set_model_version(m.version))
         self.metrics.set_model_version(self.recogniser.model.version if self.recogniser.model else None)
         self.devices = DeviceRegistry(
@@ -124,6 +142,25 @@ class Services:
         self._erasure_hooks: list[ErasureHook] = []
         self._close_hooks: list[Callable[[], None]] = []
         self._erase_lock = threading.Lock()
+        self.watcher: ChangeWatcher | None = None
+        if self.clustered:
+            self.watcher = ChangeWatcher(
+                self.store.connect,  # type: ignore[attr-defined]
+                {MODELS_CHANNEL: self._model_notified, ERASURES_CHANNEL: self._erasure_notified},
+                on_check=self._check_changes,
+                interval=config.cluster.check_interval_s,
+                name="peep-models",
+            ).start()
+
+    def _model_notified(self, _payload: str) -> None:
+        self.recogniser.reload()
+
+    def _erasure_notified(self, _payload: str) -> None:
+        self.recogniser.refresh_erasures()
+
+    def _check_changes(self) -> None:
+        self.recogniser.refresh_erasures()
+        self.recogniser.reload()
 
     def _promoted(self) -> None:
         self.recogniser.reload()
@@ -207,6 +244,8 @@ class Services:
 
     def close(self) -> None:
         self.trainer.cancel(timeout=5.0)
+        if self.watcher is not None:
+            self.watcher.stop()
         self.events.close()
         for fn in self._close_hooks:
             try:

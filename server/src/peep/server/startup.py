@@ -168,7 +168,8 @@ def check(
             step()
         except ConfigError as exc:
             problems.extend(exc.errors)
-    writes = [("training.model_dir", config.training.model_dir)]
+    # On PostgreSQL the model registry is in the database (issue 15): model_dir is not used.
+    writes = [("training.model_dir", config.training.model_dir)] if config.storage.backend == "sqlite" else []
     if config.storage.backend == "sqlite":
         # SQLite in WAL mode writes next to the database file too.
         writes.append(("storage.path", config.storage.path.parent))

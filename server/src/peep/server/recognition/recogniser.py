@@ -1,8 +1,10 @@
 """Identify and verify with the serving model (onnxruntime).
 
 :class:`Recogniser` serves whatever version the model registry's ``CURRENT``
-names and notices promotions by other processes (``peep train``, another
-replica) within ``check_interval`` seconds. Inference is batched: one
+names and notices promotions by other processes (``peep train``) within
+``check_interval`` seconds; replicas on PostgreSQL are told instead (the
+server's :class:`~peep.server.recognition.watch.ChangeWatcher` calls
+:meth:`Recogniser.reload`), and a new version replaces the old one atomically. Inference is batched: one
 onnxruntime call for any number of templates.
 
 Accessors for the QBBS module (fusion of face and soft-trait scores):
@@ -31,7 +33,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from peep.core.mechanisms import mechanism_class
 from peep.server.recognition.fitting import onnx_session
-from peep.server.recognition.registry import ModelRegistry, RegistryError
+from peep.server.recognition.registry import AnyRegistry, RegistryError
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +129,7 @@ class Recogniser:
 
     Parameters
     ----------
-    registry : ModelRegistry
+    registry : ModelRegistry or DatabaseModelRegistry
     threads : int
         onnxruntime intra-op threads.
     erasures : callable returning {subject: erased_at}, optional
@@ -141,7 +143,7 @@ class Recogniser:
 
     def __init__(
         self,
-        registry: ModelRegistry,
+        registry: AnyRegistry,
         *,
         threads: int = 1,
         erasures: Callable[[], Mapping[str, float]] | None = None,
@@ -158,7 +160,7 @@ class Recogniser:
         self._lock = threading.Lock()
         self._model: LoadedModel | None = None
         self._mask: NDArray[np.bool_] | None = None
-        self._stamp: tuple[int, int] | None = None
+        self._stamp: tuple[int, int] | tuple[int, float] | None = None
         self._checked = -np.inf
         self._listeners: list[Callable[[LoadedModel], None]] = []
         self.reload()

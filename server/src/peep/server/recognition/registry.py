@@ -15,11 +15,21 @@ renamed into ``versions/`` (atomic on one file system) and only then named in
 fsynced). A crash, ``kill -9`` or power cut at any point leaves ``CURRENT``
 naming the previous complete version, so the previous model keeps serving;
 stale staging directories are removed the next time a registry is opened.
+
+:class:`DatabaseModelRegistry` keeps the same versions in the database
+(``model_versions``, ``model_current``; storage migration 3) for replicas on
+one PostgreSQL: a promotion is one transaction (the version's ONNX model,
+scores, metadata and thresholds, the pointer to it, the pruning of old
+versions and a ``NOTIFY peep_models``), and every replica's
+:class:`~peep.server.recognition.watch.ChangeWatcher` swaps to it. Both
+registries answer the same calls (``current``, ``get``, ``versions``,
+``pointer_stamp``, ``publish``, ``purge_subject``, ``training_lease``).
 """
 
 from __future__ import annotations
 
 import fcntl
+import io
 import json
 import os
 import re
@@ -28,7 +38,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +78,33 @@ class ModelVersion:
             return {}
         with np.load(p) as data:
             return {k: np.asarray(data[k], dtype=np.float64) for k in data.files}
+
+
+@dataclass(frozen=True)
+class StoredModelVersion:
+    """A complete version read from the database (same reading calls as :class:`ModelVersion`)."""
+
+    name: str
+    meta: dict[str, Any]
+    onnx: bytes = field(repr=False)
+    scores_npz: bytes | None = field(repr=False, default=None)
+
+    def onnx_bytes(self) -> bytes:
+        return self.onnx
+
+    def scores(self) -> dict[str, NDArray[np.float64]]:
+        if not self.scores_npz:
+            return {}
+        with np.load(io.BytesIO(self.scores_npz)) as data:
+            return {k: np.asarray(data[k], dtype=np.float64) for k in data.files}
+
+
+def _npz(scores: Mapping[str, NDArray[Any]] | None) -> bytes | None:
+    if not scores:
+        return None
+    buf = io.BytesIO()
+    np.savez(buf, **{k: np.asarray(v) for k, v in scores.items()})  # type: ignore[arg-type]
+    return buf.getvalue()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -207,6 +244,35 @@ class ModelRegistry:
             self._prune(keep)
         return self.get(name)
 
+    def publish(
+        self,
+        *,
+        onnx_model: bytes,
+        meta: Mapping[str, Any],
+        scores: Mapping[str, NDArray[Any]] | None = None,
+        keep: int = 5,
+    ) -> ModelVersion:
+        """Write a version and make it current (:meth:`staging` + :meth:`promote`)."""
+        with self.staging() as staging:
+            return self.promote(staging, onnx_model=onnx_model, meta=meta, scores=scores, keep=keep)
+
+    @contextmanager
+    def training_lease(self) -> Iterator[bool]:
+        """Yields whether this process may train now (no other process sharing the directory is)."""
+        fd = os.open(self.root / ".train.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
     def _set_current(self, name: str) -> None:
         tmp = self.root / f".{CURRENT}.{os.getpid()}.tmp"
         _write_file(tmp, (name + "\n").encode())
@@ -236,3 +302,91 @@ class ModelRegistry:
                     shutil.rmtree(self.root / VERSIONS / name, ignore_errors=True)
                     removed.append(name)
         return removed
+
+
+class DatabaseModelRegistry:
+    """Versions of the recogniser in the database, shared by every replica (see module docstring).
+
+    Parameters
+    ----------
+    store : SqlStore
+        The server's store (PostgreSQL for replicas; SQLite works the same on one node).
+    """
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def current_name(self) -> str | None:
+        row = self.store.get_model()
+        return None if row is None else str(row[0])
+
+    def pointer_stamp(self) -> tuple[int, float] | None:
+        """(version number, promotion time) of the serving version: one small query."""
+        stamp: tuple[int, float] | None = self.store.current_model_stamp()
+        return stamp
+
+    def _version(self, row: tuple[str, str, bytes, bytes | None, str]) -> StoredModelVersion:
+        import hashlib
+
+        name, meta, onnx, scores, sha = row
+        if hashlib.sha256(onnx).hexdigest() != sha:
+            raise RegistryError(f"model_versions {name}: the stored ONNX model does not match its sha256")
+        try:
+            parsed = json.loads(meta)
+        except ValueError as exc:
+            raise RegistryError(f"model_versions {name}: unreadable metadata ({exc})") from exc
+        return StoredModelVersion(name=name, meta=parsed, onnx=onnx, scores_npz=scores)
+
+    def get(self, name: str) -> StoredModelVersion:
+        if not _VERSION_RE.match(name):
+            raise RegistryError(f"model_versions: expected a version name like v000001, received {name!r}")
+        row = self.store.get_model(name)
+        if row is None:
+            raise RegistryError(f"model_versions: no version {name}")
+        return self._version(row)
+
+    def current(self) -> StoredModelVersion | None:
+        row = self.store.get_model()
+        return None if row is None else self._version(row)
+
+    def versions(self) -> list[str]:
+        return [name for name, _ in self.store.model_names()]
+
+    def publish(
+        self,
+        *,
+        onnx_model: bytes,
+        meta: Mapping[str, Any],
+        scores: Mapping[str, NDArray[Any]] | None = None,
+        keep: int = 5,
+    ) -> StoredModelVersion:
+        """Store a version and make it current in one transaction (the replicas are notified on commit)."""
+        name = self.store.promote_model(meta=meta, onnx=onnx_model, scores=_npz(scores), keep=keep)
+        return self.get(name)
+
+    @contextmanager
+    def training_lease(self) -> Iterator[bool]:
+        """Yields whether this replica may train now (PostgreSQL: an advisory lock no other replica holds)."""
+        lock = getattr(self.store, "training_lock", None)
+        if lock is None:
+            yield True
+            return
+        with lock() as held:
+            yield bool(held)
+
+    def purge_subject(self, subject: str) -> list[str]:
+        """Delete every non-current version whose classes include ``subject`` (erasure)."""
+        doomed = []
+        for name, meta in self.store.model_names():
+            try:
+                classes = json.loads(meta).get("classes", [])
+            except ValueError:
+                continue
+            if subject in classes:
+                doomed.append(name)
+        removed: list[str] = self.store.delete_models(doomed)
+        return removed
+
+
+#: Either registry: the server picks the database one on PostgreSQL, the directory on SQLite.
+AnyRegistry = ModelRegistry | DatabaseModelRegistry

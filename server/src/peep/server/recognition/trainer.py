@@ -3,9 +3,10 @@
 :class:`Trainer` selects the current bundle's labelled enrolment templates,
 fits a recogniser (:func:`peep.server.recognition.fitting.fit_recogniser`), exports it
 to ONNX, checks ONNX against scikit-learn, and promotes it atomically in the
-:class:`~peep.server.recognition.registry.ModelRegistry`. One training at a time per
-process; the Train RPC may run it in the background while the previous model
-keeps serving.
+model registry (a directory, or the database for replicas). One training at a time
+per process, and one across the processes sharing the registry (the registry's
+training lease: an advisory lock on PostgreSQL, a file lock on a directory); the
+Train RPC may run it in the background while the previous model keeps serving.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,14 +33,20 @@ from peep.server.recognition.fitting import (
     fit_recogniser,
     model_meta,
 )
-from peep.server.recognition.registry import ModelRegistry
+from peep.server.recognition.registry import AnyRegistry
 from peep.server.storage import Store
 
 log = logging.getLogger(__name__)
 
 
 class TrainingBusy(RuntimeError):
-    """A training run is already in progress in this process."""
+    """A training run is already in progress in this process, or on another replica."""
+
+
+_BUSY_ELSEWHERE = (
+    "a training run is already in progress on another replica (or `peep train`); its model is served "
+    "everywhere when it is promoted"
+)
 
 
 @dataclass
@@ -68,7 +76,7 @@ class Trainer:
         self,
         store: Store,
         bundles: BundleCatalog,
-        registry: ModelRegistry,
+        registry: AnyRegistry,
         config: TrainingConfig,
         *,
         on_run: Callable[[str, float], None] | None = None,
@@ -112,13 +120,26 @@ class Trainer:
         if not self._busy.acquire(blocking=False):
             raise TrainingBusy("a training run is already in progress; poll GetModelStatus")
         try:
-            return self._train_locked(preset, progress)
+            with self.registry.training_lease() as held:
+                if not held:
+                    raise TrainingBusy(_BUSY_ELSEWHERE)
+                return self._train_locked(preset, progress)
         finally:
             self._busy.release()
 
     def start_background(self, preset: str | None = None) -> bool:
         """Start training in a thread; False when one is already running."""
         if not self._busy.acquire(blocking=False):
+            return False
+        lease = ExitStack()
+        try:
+            held = lease.enter_context(self.registry.training_lease())
+        except BaseException:
+            self._busy.release()
+            raise
+        if not held:
+            lease.close()
+            self._busy.release()
             return False
 
         def run() -> None:
@@ -127,6 +148,7 @@ class Trainer:
             except Exception as exc:  # reported through status/logs; serving continues
                 log.error("background training failed", extra={"error": str(exc)})
             finally:
+                lease.close()
                 self._busy.release()
 
         self._thread = threading.Thread(target=run, name="peep-train", daemon=True)
@@ -188,14 +210,12 @@ class Trainer:
             meta = model_meta(
                 fitted, bundle_id=bundle.bundle_id, kinds=kinds, n_components=bundle.n_components, n_templates=len(data)
             )
-            with self.registry.staging() as staging:
-                version = self.registry.promote(
-                    staging,
-                    onnx_model=onnx_model,
-                    meta=meta,
-                    scores={"genuine": fitted.genuine_scores, "impostor": fitted.impostor_scores},
-                    keep=self.config.keep_versions,
-                )
+            version = self.registry.publish(
+                onnx_model=onnx_model,
+                meta=meta,
+                scores={"genuine": fitted.genuine_scores, "impostor": fitted.impostor_scores},
+                keep=self.config.keep_versions,
+            )
             self.progress = 1.0
             outcome = "promoted"
             result = TrainResult(

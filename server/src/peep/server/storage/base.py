@@ -22,6 +22,10 @@ from peep.server.storage import COLUMNS, EnrolmentSet, StoreError, TemplateRecor
 from peep.server.storage.dialect import Dialect
 from peep.server.storage.migrations import MIGRATIONS, SCHEMA_TABLE
 
+#: LISTEN/NOTIFY channels (PostgreSQL): a promotion (payload: the version) and an erasure (no payload).
+MODELS_CHANNEL = "peep_models"
+ERASURES_CHANNEL = "peep_erasures"
+
 
 class Cursor(Protocol):
     """What the stores use of a DB-API cursor (sqlite3's and psycopg's)."""
@@ -70,6 +74,14 @@ class SqlStore(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    def _notify(self, conn: Connection, channel: str, payload: str) -> None:
+        """Tell the other processes on this database, when ``conn``'s transaction commits (PostgreSQL)."""
+        return None  # SQLite: one node, nobody to tell
+
+    def _lock_models(self, conn: Connection) -> None:
+        """Keep other processes from promoting until ``conn``'s transaction ends (SQLite: BEGIN IMMEDIATE does)."""
+        return None
 
     # ------------------------------------------------------------ schema
 
@@ -208,12 +220,109 @@ class SqlStore(ABC):
 
     def record_erasure(self, subject: str, at: float) -> None:
         p = self._sql.param
-        with self._session() as conn:
+        with self._transaction() as conn:
             conn.execute(
                 f"INSERT INTO erasures (subject, erased_at) VALUES ({p}, {p}) "
                 "ON CONFLICT (subject) DO UPDATE SET erased_at = excluded.erased_at",
                 (subject, at),
             )
+            # The other replicas re-read the erasure list when this commits (the payload names no one).
+            self._notify(conn, ERASURES_CHANNEL, "")
+
+    # ------------------------------------------------------------ model registry (issue 15)
+
+    def promote_model(
+        self,
+        *,
+        meta: Mapping[str, Any],
+        onnx: bytes,
+        scores: bytes | None,
+        keep: int,
+        now: float | None = None,
+    ) -> str:
+        """Store a model version and make it the serving one, in one transaction; returns its name.
+
+        The version number is the highest stored plus one (numbers are never reused while a
+        version is kept); ``meta`` gets ``version`` and ``created_at``; versions beyond the newest
+        ``keep`` are deleted in the same transaction; the other replicas are notified on commit.
+        """
+        import hashlib
+        import json
+
+        p = self._sql.param
+        at = time.time() if now is None else now
+        with self._transaction() as conn:
+            self._lock_models(conn)
+            row = conn.execute("SELECT COALESCE(MAX(version), 0) FROM model_versions").fetchone()
+            number = int(row[0]) + 1
+            name = f"v{number:06d}"
+            full = dict(meta)
+            full["version"] = name
+            full.setdefault("created_at", at)
+            conn.execute(
+                "INSERT INTO model_versions (version, name, created_at, bundle_id, unknown_threshold, "
+                "verify_threshold, target_far, meta, onnx, onnx_sha256, scores) "
+                f"VALUES ({', '.join([p] * 11)})",
+                (
+                    number,
+                    name,
+                    float(full["created_at"]),
+                    str(full.get("bundle_id", "")),
+                    float(full.get("unknown_threshold", 0.0)),
+                    float(full.get("verify_threshold", 0.0)),
+                    float(full.get("target_far", 0.0)),
+                    json.dumps(full, sort_keys=True),
+                    onnx,
+                    hashlib.sha256(onnx).hexdigest(),
+                    scores,
+                ),
+            )
+            conn.execute(
+                f"INSERT INTO model_current (slot, version, promoted_at) VALUES (1, {p}, {p}) "
+                "ON CONFLICT (slot) DO UPDATE SET version = excluded.version, promoted_at = excluded.promoted_at",
+                (number, at),
+            )
+            conn.execute(f"DELETE FROM model_versions WHERE version <= {p} AND version != {p}", (number - keep, number))
+            self._notify(conn, MODELS_CHANNEL, name)
+        return name
+
+    def current_model_stamp(self) -> tuple[int, float] | None:
+        """(version number, promoted_at) of the serving version: a cheap change detector."""
+        with self._session() as conn:
+            row = conn.execute("SELECT version, promoted_at FROM model_current WHERE slot = 1").fetchone()
+        return None if row is None else (int(row[0]), float(row[1]))
+
+    def get_model(self, name: str | None = None) -> tuple[str, str, bytes, bytes | None, str] | None:
+        """(name, meta JSON, ONNX, scores npz, ONNX sha256) of version ``name``, or of the serving one."""
+        q = "SELECT v.name, v.meta, v.onnx, v.scores, v.onnx_sha256 FROM model_versions v "
+        with self._session() as conn:
+            if name is None:
+                row = conn.execute(q + "JOIN model_current c ON c.version = v.version WHERE c.slot = 1").fetchone()
+            else:
+                row = conn.execute(q + f"WHERE v.name = {self._sql.param}", (name,)).fetchone()
+        if row is None:
+            return None
+        return str(row[0]), str(row[1]), bytes(row[2]), None if row[3] is None else bytes(row[3]), str(row[4])
+
+    def model_names(self) -> list[tuple[str, str]]:
+        """(name, meta JSON) of every stored version, oldest first."""
+        with self._session() as conn:
+            return [(str(n), str(m)) for n, m in conn.execute("SELECT name, meta FROM model_versions ORDER BY version")]
+
+    def delete_models(self, names: Sequence[str], *, unless_current: bool = True) -> list[str]:
+        """Delete the versions ``names`` (never the serving one); returns those deleted."""
+        if not names:
+            return []
+        of_names, params = self._sql.any_of("name", list(names))
+        q = f"DELETE FROM model_versions WHERE {of_names}"
+        if unless_current:
+            q += " AND version NOT IN (SELECT version FROM model_current)"
+        with self._transaction() as conn:
+            self._lock_models(conn)
+            deleted = [str(r[0]) for r in conn.execute(q + " RETURNING name", params)]
+            if deleted:
+                self._notify(conn, MODELS_CHANNEL, "")
+        return sorted(deleted)
 
     def erasures(self) -> Mapping[str, float]:
         with self._session() as conn:

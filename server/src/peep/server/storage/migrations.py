@@ -71,13 +71,40 @@ _PER_DEVICE_KEY = [
 ]
 
 
+# Migration 3: the model registry in the database (issue 15), so that replicas on one PostgreSQL share
+# it: each version's ONNX model, validation scores and metadata (with the thresholds it serves with as
+# columns) in one row, and the serving version in a one-row table. A promotion inserts the version and
+# points model_current at it in one transaction. SQLite has the same tables (one query set), but a
+# single node on SQLite keeps its registry in training.model_dir.
+_MODELS = [
+    """
+CREATE TABLE model_versions (
+    version             INTEGER PRIMARY KEY,
+    name                TEXT NOT NULL UNIQUE,
+    created_at          {real} NOT NULL,
+    bundle_id           TEXT NOT NULL,
+    unknown_threshold   {real} NOT NULL,
+    verify_threshold    {real} NOT NULL,
+    target_far          {real} NOT NULL,
+    meta                TEXT NOT NULL,
+    onnx                {blob} NOT NULL,
+    onnx_sha256         TEXT NOT NULL,
+    scores              {blob}
+)
+""",
+    "CREATE TABLE model_current (slot INTEGER PRIMARY KEY CHECK (slot = 1), version INTEGER NOT NULL, "
+    "promoted_at {real} NOT NULL)",
+]
+
+
 def _render(dialect: Dialect, statements: list[str]) -> list[str]:
     return [s.format(real=dialect.real, blob=dialect.blob) for s in statements]
 
 
 #: dialect -> list of migrations; migration i (1-based) is a list of statements.
 MIGRATIONS: dict[str, list[list[str]]] = {
-    d.name: [_render(d, [_TEMPLATES, *_COMMON]), _render(d, _PER_DEVICE_KEY)] for d in (SQLITE, POSTGRES)
+    d.name: [_render(d, [_TEMPLATES, *_COMMON]), _render(d, _PER_DEVICE_KEY), _render(d, _MODELS)]
+    for d in (SQLITE, POSTGRES)
 }
 
 SCHEMA_TABLE = "peep_schema"

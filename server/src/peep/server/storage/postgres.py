@@ -22,6 +22,8 @@ from peep.server.storage.base import Connection, SqlStore
 from peep.server.storage.dialect import POSTGRES
 
 _LOCK_ID = 0x5EE9_0001  # advisory lock key for migrations
+_MODELS_LOCK_ID = 0x5EE9_0002  # transaction lock: one promotion or version deletion at a time
+TRAINING_LOCK_ID = 0x5EE9_0003  # session lock: one training run at a time across the replicas
 _ARRAY_TYPES = {str: "text", float: "float8", int: "int4", bytes: "bytea"}  # element type of a column's array
 _INSERT = (
     f"INSERT INTO templates ({', '.join(COLUMNS)}) "
@@ -104,6 +106,35 @@ class PostgresStore(SqlStore):
 
     def _lock_schema(self, conn: Connection) -> None:
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_ID,))
+
+    def _lock_models(self, conn: Connection) -> None:
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MODELS_LOCK_ID,))
+
+    def _notify(self, conn: Connection, channel: str, payload: str) -> None:
+        conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+
+    def connect(self) -> psycopg.Connection:
+        """A new autocommit connection outside the pool (a listener's, a lock holder's); the caller closes it."""
+        return self._connect()
+
+    @contextmanager
+    def training_lock(self) -> Iterator[bool]:
+        """Try to become the one replica training: yields False at once when another holds the lock.
+
+        A session-level advisory lock on a connection of its own: it is released when the block
+        ends, and by PostgreSQL when the process dies (a SIGKILLed trainer blocks no one).
+        """
+        conn = self._connect()
+        try:
+            row = conn.execute("SELECT pg_try_advisory_lock(%s)", (TRAINING_LOCK_ID,)).fetchone()
+            held = bool(row and row[0])
+            try:
+                yield held
+            finally:
+                if held and not conn.broken:
+                    conn.execute("SELECT pg_advisory_unlock(%s)", (TRAINING_LOCK_ID,))
+        finally:
+            conn.close()
 
     def close(self) -> None:
         self._closed = True

@@ -1,0 +1,178 @@
+"""Several replicas as one backend on the real PostgreSQL (issue 15).
+
+The model registry in the database (promotion in one transaction, NOTIFY to every
+replica, one training at a time across replicas), the QBBS odometer under a row lock,
+and recognition events across replicas. Replicas are in-process ``ServerApp``\\ s on one
+private PostgreSQL schema, each with its own gRPC port, like separate ``peep serve``\\ s.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+from peep.server.recognition.registry import DatabaseModelRegistry, RegistryError
+from peep.server.storage.postgres import PostgresStore
+from peep.server.storage.sqlite import SqliteStore
+from peep.v1 import recognition_pb2
+from peep_server_testlib import ADMIN, DEVICE, base_config, start_server, tls_section
+
+
+def _meta(classes: list[str], **extra: Any) -> dict[str, Any]:
+    return {
+        "classes": classes,
+        "bundle_id": "eb-1",
+        "unknown_threshold": 0.3,
+        "verify_threshold": 0.6,
+        "target_far": 0.01,
+        **extra,
+    }
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_database_registry_versions_prune_purge(kind, tmp_path, request):
+    store = SqliteStore(tmp_path / "r.db") if kind == "sqlite" else PostgresStore(request.getfixturevalue("pg_dsn"))
+    try:
+        reg = DatabaseModelRegistry(store)
+        assert reg.current() is None and reg.pointer_stamp() is None and reg.versions() == []
+        scores = {"genuine": np.array([0.9, 0.8]), "impostor": np.array([0.1])}
+        v1 = reg.publish(onnx_model=b"onnx-1", meta=_meta(["s1", "s2"]), scores=scores, keep=2)
+        assert v1.name == "v000001" and v1.onnx_bytes() == b"onnx-1" and v1.meta["version"] == "v000001"
+        np.testing.assert_array_equal(reg.current().scores()["genuine"], [0.9, 0.8])
+        stamp = reg.pointer_stamp()
+        reg.publish(onnx_model=b"onnx-2", meta=_meta(["s2", "s3"]), keep=2)
+        assert reg.pointer_stamp() != stamp and reg.current().scores() == {}
+        reg.publish(onnx_model=b"onnx-3", meta=_meta(["s1", "s3"]), keep=2)
+        assert reg.versions() == ["v000002", "v000003"]  # keep=2 pruned v000001 in the promoting transaction
+        assert reg.current_name() == "v000003" and reg.get("v000002").onnx_bytes() == b"onnx-2"
+        assert reg.purge_subject("s2") == ["v000002"] and reg.purge_subject("s1") == []  # never the current one
+        assert reg.versions() == ["v000003"]
+        with pytest.raises(RegistryError, match="no version v000002"):
+            reg.get("v000002")
+        with pytest.raises(RegistryError, match="expected a version name"):
+            reg.get("../x")
+        # a new version after pruning never reuses a number
+        assert reg.publish(onnx_model=b"onnx-4", meta=_meta(["s1"]), keep=2).name == "v000004"
+    finally:
+        store.close()
+
+
+def test_one_training_at_a_time_across_replicas(pg_dsn):
+    a, b = PostgresStore(pg_dsn), PostgresStore(pg_dsn)
+    try:
+        ra, rb = DatabaseModelRegistry(a), DatabaseModelRegistry(b)
+        with ra.training_lease() as held_a:
+            assert held_a
+            with rb.training_lease() as held_b:
+                assert not held_b  # another replica trains: refused at once, not queued
+        with rb.training_lease() as held_b:
+            assert held_b  # released with the block
+    finally:
+        a.close()
+        b.close()
+
+
+# --------------------------------------------------------------------------- three replicas
+
+
+def _replica_config(tmp, keypair, bundle_dir, pki, pg_dsn, name):
+    d = tmp / name
+    d.mkdir()
+    return base_config(
+        d,
+        keypair[3],
+        bundle_dir,
+        grpc={"tls": tls_section(pki)},
+        storage={"backend": "postgres", "dsn": pg_dsn, "pool_size": 4},
+        cluster={"check_interval_s": 2.0},
+    )
+
+
+@pytest.fixture
+def replicas(tmp_path, pki, keypair, bundle_dir, pg_dsn):
+    started: list[Any] = []
+
+    def start(name: str) -> Any:
+        srv = start_server(_replica_config(tmp_path, keypair, bundle_dir, pki, pg_dsn, name), pki, tmp_path)
+        assert srv.services.watcher is not None and srv.services.watcher.wait_listening(10)
+        started.append(srv)
+        return srv
+
+    yield start
+    for srv in started:
+        srv.app.stop(0)
+
+
+def _versions(stub: Any, probe: Any) -> str:
+    return str(
+        stub.Identify(
+            recognition_pb2.IdentifyRequest(template=probe, top_k=1), metadata=DEVICE, timeout=5
+        ).model_version
+    )
+
+
+def _wait(pred: Any, timeout: float) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if pred():
+            return time.monotonic() - t0
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout} s")
+
+
+def test_promotion_and_erasure_reach_every_replica(replicas, templates):
+    a, b, c = replicas("a"), replicas("b"), replicas("c")
+    stubs = [a.stub(), b.stub(), c.stub()]
+    probe = templates.message(int(templates.test[0]))
+    summary = stubs[0].IngestStream(iter(templates.enrolment_messages()), metadata=DEVICE, timeout=60)
+    assert summary.rejected == 0
+    assert b.services.recogniser.model is None
+    resp = stubs[0].Train(recognition_pb2.TrainRequest(), metadata=ADMIN, timeout=300)
+    assert resp.model_version == "v000001"
+    # B and C swap to the promoted version on the NOTIFY, well within 5 s
+    elapsed = _wait(lambda: all(_versions(s, probe) == "v000001" for s in stubs), 5.0)
+    assert elapsed < 5.0
+    # a replica started later serves it from the database
+    d = replicas("d")
+    assert _versions(d.stub(), probe) == "v000001"
+    # training through B while A trains: one replica at a time
+    with a.services.registry.training_lease() as held:
+        assert held
+        assert b.services.trainer.start_background() is False
+    # erase through C: A, B and D stop naming the subject within 5 s, and the templates are gone
+    victim = str(templates.subjects[templates.test[0]])
+    probes = [templates.message(int(i)) for i in templates.test if templates.subjects[i] == victim][:5]
+    req = [recognition_pb2.IdentifyRequest(template=p, top_k=10) for p in probes]
+
+    def named(stub: Any) -> bool:
+        for r in req:
+            out = stub.Identify(r, metadata=DEVICE, timeout=5)
+            if out.subject == victim or any(x.subject == victim and x.probability > 0 for x in out.candidates):
+                return True
+        return False
+
+    assert named(stubs[0])
+    others = [stubs[0], stubs[1], d.stub()]
+    done: dict[str, Any] = {}
+    t0 = time.monotonic()
+    eraser = threading.Thread(
+        target=lambda: done.setdefault(
+            "r",
+            stubs[2].EraseSubject(
+                recognition_pb2.EraseSubjectRequest(subject=victim, retrain=True), metadata=ADMIN, timeout=300
+            ),
+        )
+    )
+    eraser.start()
+    _wait(lambda: not any(named(s) for s in others), 5.0)
+    masked_s = time.monotonic() - t0
+    assert a.services.store.count_templates(subject=victim) == 0
+    eraser.join(300)
+    assert done["r"].model_version == "v000002"
+    _wait(lambda: all(_versions(s, probe) == "v000002" for s in [*stubs, d.stub()]), 5.0)
+    assert "v000001" not in a.services.registry.versions()  # the version that knew the subject is gone
+    assert not any(named(s) for s in [*stubs, d.stub()])
+    print(f"promotion to serving {elapsed:.2f} s, erasure masked everywhere {masked_s:.2f} s")
