@@ -30,8 +30,8 @@ want=$(cat pyproject.toml shared/pyproject.toml edge/pyproject.toml server/pypro
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
-echo "bootstrap: installing peep-core, peep-edge[soft,dlib], peep-server[demo,dlib] and dev tools into $venv" >&2
+echo "bootstrap: installing peep-core, peep-edge[soft,dlib], peep-server[demo,dlib,sgap] and dev tools into $venv" >&2
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade "pip>=25.1"
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-  -e ./shared -e "./edge[soft,dlib]" -e "./server[demo,dlib]" --group dev
+  -e ./shared -e "./edge[soft,dlib]" -e "./server[demo,dlib,sgap]" --group dev
 echo "$want" > "$stamp"

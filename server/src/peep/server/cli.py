@@ -17,7 +17,20 @@ from collections.abc import Sequence
 from peep.server.errors import UsageError
 
 #: Sub-command modules under peep.server.commands, in help order.
-COMMANDS = ("keys", "bundle", "serve", "mqtt", "train", "erase", "retention", "audit", "qbbs", "bench", "demo")
+COMMANDS = (
+    "keys",
+    "bundle",
+    "serve",
+    "mqtt",
+    "train",
+    "erase",
+    "retention",
+    "audit",
+    "qbbs",
+    "bench",
+    "demo",
+    "sgap",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

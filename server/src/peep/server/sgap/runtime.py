@@ -1,0 +1,174 @@
+"""Running a trained SGAP generator: its ONNX graph on onnxruntime, no torch.
+
+The file ``sgap.onnx`` written by ``peep sgap train`` is self-describing: its
+metadata property ``peep.sgap`` holds λ, the face geometry and the training
+population, so ``--model FILE.onnx`` is all a caller passes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+#: ONNX metadata key holding the generator's description (JSON).
+METADATA_KEY = "peep.sgap"
+INPUT_NAME = "faces"
+OUTPUT_NAME = "privatized"
+FACE_SHAPE = (62, 47)
+
+
+class SgapModelError(ValueError):
+    """An SGAP model file is missing, unreadable or not an SGAP generator (names the path)."""
+
+
+def ssim_per_face(a: NDArray[np.floating[Any]], b: NDArray[np.floating[Any]]) -> NDArray[np.float64]:
+    """SSIM of each pair of faces: the audit's :func:`~peep.server.audit.metrics.ssim_batch` (scikit-image's default).
+
+    Parameters
+    ----------
+    a, b : ndarray of shape (n, height, width), values in [0, 1]
+
+    Returns
+    -------
+    ndarray of shape (n,)
+    """
+    from peep.server.audit.metrics import ssim_batch
+
+    return ssim_batch(a, b, data_range=1.0)
+
+
+@dataclass
+class SgapPrivatizer:
+    """A trained SGAP generator, run with onnxruntime.
+
+    Parameters
+    ----------
+    path : path
+        The ``.onnx`` file.
+    enforce_ssim : bool
+        Guarantee SSIM(original, privatized) >= 1 − λ on every face, not only on
+        the faces training saw: a face whose generator output falls below the
+        floor is replaced by the point on the segment from the original to the
+        output that reaches it (bisection on the blend, 20 steps).
+    threads : int
+        onnxruntime intra-op threads (1: the per-core figure the issue asks for).
+    """
+
+    path: Path
+    enforce_ssim: bool = True
+    threads: int = 1
+    metadata: dict[str, Any] = field(init=False)
+    sha256: str = field(init=False)
+    #: Faces the last :meth:`privatize` call pulled back to the SSIM floor.
+    n_projected_: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        import onnxruntime as ort
+
+        self.path = Path(self.path)
+        try:
+            data = self.path.read_bytes()
+        except OSError as exc:
+            raise SgapModelError(f"--model {self.path}: cannot read it ({exc.strerror})") from exc
+        self.sha256 = hashlib.sha256(data).hexdigest()
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = self.threads
+        opts.inter_op_num_threads = 1
+        try:
+            self._session = ort.InferenceSession(data, sess_options=opts, providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise SgapModelError(f"--model {self.path}: not an ONNX model onnxruntime can load ({exc})") from exc
+        meta = self._session.get_modelmeta().custom_metadata_map
+        if METADATA_KEY not in meta:
+            raise SgapModelError(f"--model {self.path}: no '{METADATA_KEY}' metadata; not an SGAP generator")
+        self.metadata = json.loads(meta[METADATA_KEY])
+        names = [i.name for i in self._session.get_inputs()]
+        if names != [INPUT_NAME]:
+            raise SgapModelError(f"--model {self.path}: expected one input '{INPUT_NAME}', found {names}")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], **kwargs: Any) -> SgapPrivatizer:
+        return cls(path=Path(path), **kwargs)
+
+    @property
+    def lam(self) -> float:
+        return float(self.metadata["lambda"])
+
+    @property
+    def ssim_floor(self) -> float:
+        return 1.0 - self.lam
+
+    def generate(self, faces: NDArray[np.floating[Any]]) -> NDArray[np.float32]:
+        """The generator's raw output, without the SSIM guarantee.
+
+        Parameters
+        ----------
+        faces : ndarray of shape (n, 62, 47), values in [0, 1]
+
+        Returns
+        -------
+        ndarray of shape (n, 62, 47), float32 in [0, 1]
+        """
+        x = self._check(faces)
+        if len(x) == 0:
+            return x.copy()
+        (out,) = self._session.run([OUTPUT_NAME], {INPUT_NAME: x[:, None]})
+        return np.asarray(out, dtype=np.float32)[:, 0]
+
+    def privatize(self, faces: NDArray[np.floating[Any]]) -> NDArray[np.float32]:
+        """Privatized faces: the generator's output, pulled back to SSIM >= 1 − λ where needed.
+
+        Parameters
+        ----------
+        faces : ndarray of shape (n, 62, 47), values in [0, 1]
+
+        Returns
+        -------
+        ndarray of shape (n, 62, 47), float32 in [0, 1]
+        """
+        x = self._check(faces)
+        out = self.generate(x)
+        self.n_projected_ = 0
+        if not self.enforce_ssim or len(x) == 0:
+            return out
+        s = ssim_per_face(x, out)
+        # A small margin over the floor: SSIM computed in float64 on float32 images may differ in the 6th digit.
+        floor = self.ssim_floor + 1e-4
+        for i in np.flatnonzero(s < floor):
+            out[i] = _pull_back(x[i], out[i], floor)
+            self.n_projected_ += 1
+        return out
+
+    def _check(self, faces: NDArray[np.floating[Any]]) -> NDArray[np.float32]:
+        x = np.asarray(faces, dtype=np.float32)
+        if x.ndim == 2:
+            x = x[None]
+        if x.ndim != 3 or x.shape[1:] != FACE_SHAPE:
+            raise ValueError(f"faces: expected shape (n, {FACE_SHAPE[0]}, {FACE_SHAPE[1]}), received {x.shape}")
+        if x.size and (not np.isfinite(x).all() or x.min() < 0.0 or x.max() > 1.0):
+            raise ValueError("faces: expected finite values in [0, 1]")
+        return np.ascontiguousarray(x)
+
+
+def _pull_back(x: NDArray[np.float32], y: NDArray[np.float32], floor: float) -> NDArray[np.float32]:
+    """The blend x + t(y − x) with the largest t in [0, 1] (to 2⁻²⁰) whose SSIM to x is >= floor."""
+    lo, hi = 0.0, 1.0  # SSIM(x, x) = 1 >= floor at t = 0
+    for _ in range(20):
+        mid = (lo + hi) / 2
+        z = (x + mid * (y - x)).astype(np.float32)
+        if ssim_per_face(x[None], z[None])[0] >= floor:
+            lo = mid
+        else:
+            hi = mid
+    return (x + lo * (y - x)).astype(np.float32)
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
