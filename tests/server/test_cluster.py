@@ -176,3 +176,64 @@ def test_promotion_and_erasure_reach_every_replica(replicas, templates):
     assert "v000001" not in a.services.registry.versions()  # the version that knew the subject is gone
     assert not any(named(s) for s in [*stubs, d.stub()])
     print(f"promotion to serving {elapsed:.2f} s, erasure masked everywhere {masked_s:.2f} s")
+
+
+# --------------------------------------------------------------------------- QBBS odometer across replicas
+
+PEOPLE = {
+    "erin": {"age": 63.0, "gender": 0.0, "height": 162.0, "weight": 70.0},
+    "bob": {"age": 52.0, "gender": 1.0, "height": 181.5, "weight": 92.0},
+    "carol": {"age": 27.0, "gender": 0.0, "height": 159.0, "weight": 55.5},
+}
+
+
+def test_concurrent_fused_verifications_over_three_replicas_never_overspend(pg_dsn):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from peep.server.qbbs import OdometerExhaustedError, QbbsConfig, QbbsModule, StaticFaceScores
+
+    migrated = PostgresStore(pg_dsn, pool_size=1)  # the server's migrations create the odometer's tables
+    cfg = QbbsConfig.model_validate(
+        {
+            "epsilon": 1.0,
+            "epsilon_cap": 200.0,  # 4 traits x 1.0 per verification: 50 verifications
+            "threshold": 0.0,
+            "weights": {"face": 0.6, "age": 0.1, "gender": 0.1, "height": 0.1, "weight": 0.1},
+        }
+    )
+    faces = StaticFaceScores({"erin": -0.1}, genuine=[-0.1, -0.3, -0.2], impostor=[-5.0, -6.0, -4.0])
+    modules = [QbbsModule(cfg, face_scores=faces, connect=migrated.connect) for _ in range(3)]
+    try:
+        for name, traits in PEOPLE.items():
+            modules[0].enrol(name, traits)
+        assert modules[2].n_subjects() == 3 and modules[1].enrolled_traits("erin") == sorted(PEOPLE["erin"])
+        observed = {"age": 60.0, "gender": 0.0, "height": 163.0, "weight": 72.0}
+
+        def verify(i: int) -> Any:
+            try:
+                return modules[i % 3].verify(claimed_subject="erin", face_score=-0.1, observed=observed)
+            except OdometerExhaustedError:
+                return None
+
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(max_workers=24) as pool:
+            results = list(pool.map(verify, range(200)))
+        seconds = time.monotonic() - t0
+        released = [r for r in results if r is not None]
+        assert len(released) == 50, len(released)
+        assert all(r.epsilon_spent == 4.0 for r in released)
+        for m in modules:
+            reading = m.odometer("erin")
+            assert (reading.epsilon_spent, reading.releases) == (200.0, 50)
+        log = modules[1].audit_log("erin")
+        assert len(log) == 50 and sum(e["epsilon"] for e in log) == 200.0
+        assert {e["op"] for e in log} == {"verify"}
+        assert modules[0].odometer("bob").epsilon_spent == 0.0
+        # erasure through one replica removes the soft traits all read; the spend history stays
+        assert modules[2].erase("erin") == 4
+        assert modules[0].enrolled_traits("erin") == [] and modules[0].odometer("erin").epsilon_spent == 200.0
+        print(f"200 verifications over 3 replicas: {len(released)} released in {seconds:.2f} s")
+    finally:
+        for m in modules:
+            m.close()
+        migrated.close()

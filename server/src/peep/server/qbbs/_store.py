@@ -7,8 +7,12 @@ to compute the permissible SUM queries and never returns stored values.
 
 Persistence is SQLite (stdlib ``sqlite3``) in WAL mode; the database file is
 created with mode 0600 -- the code-level boundary does not stop someone with
-file access, so deployments keep it owned by the service user. A PostgreSQL
-variant would implement the same five methods.
+file access, so deployments keep it owned by the service user.
+
+:class:`_PostgresSoftTraitStore` implements the same methods on PostgreSQL for
+replicas sharing one database (issue 15): the same two tables, created here
+(only this module may name them) under an advisory lock so that replicas
+starting together create them once.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -142,3 +148,102 @@ class _SoftTraitStore:
     def n_subjects(self) -> int:
         with self._lock:
             return int(self._db.execute(f"SELECT COUNT(DISTINCT subject) FROM {TRAIT_TABLE}").fetchone()[0])
+
+
+_PG_SCHEMA = [
+    f"CREATE TABLE IF NOT EXISTS {TRAIT_TABLE} (subject TEXT NOT NULL, trait TEXT NOT NULL, "
+    "value DOUBLE PRECISION NOT NULL, enrolled_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (subject, trait))",
+    f"CREATE INDEX IF NOT EXISTS {TRAIT_TABLE}_trait ON {TRAIT_TABLE} (trait, subject)",
+    f"CREATE TABLE IF NOT EXISTS {META_TABLE} (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+]
+_PG_SCHEMA_LOCK = 0x5EE9_0004
+
+
+class _PostgresSoftTraitStore:
+    """The soft-trait table on PostgreSQL (same methods as :class:`_SoftTraitStore`); thread-safe.
+
+    Parameters
+    ----------
+    connect : callable returning a psycopg connection (autocommit)
+        The store keeps one and reconnects when it breaks.
+    """
+
+    def __init__(self, connect: Callable[[], Any]) -> None:
+        self.path = None
+        self._connect = connect
+        self._lock = threading.Lock()
+        self._conn: Any = None
+        with self._tx() as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_PG_SCHEMA_LOCK,))
+            for stmt in _PG_SCHEMA:
+                conn.execute(stmt)
+
+    @contextmanager
+    def _db(self) -> Iterator[Any]:
+        with self._lock:
+            if self._conn is None or self._conn.closed or self._conn.broken:
+                self._conn = self._connect()
+            yield self._conn
+
+    @contextmanager
+    def _tx(self) -> Iterator[Any]:
+        with self._db() as conn, conn.transaction():
+            yield conn
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def bind_structure(self, fingerprint: str, description: str) -> None:
+        with self._tx() as conn:
+            conn.execute(f"LOCK TABLE {META_TABLE} IN EXCLUSIVE MODE")
+            row = conn.execute(f"SELECT value FROM {META_TABLE} WHERE key = 'structure'").fetchone()
+            n = conn.execute(f"SELECT COUNT(*) FROM {TRAIT_TABLE}").fetchone()[0]
+            if row is not None and row[0] != fingerprint and n > 0:
+                desc = conn.execute(f"SELECT value FROM {META_TABLE} WHERE key = 'structure_text'").fetchone()
+                raise QueryStructureChangedError(
+                    f"query structure: expected the one fixed when subjects were first enrolled in the database "
+                    f"({desc[0] if desc else row[0]}), received {description}; the permissible queries cannot "
+                    "change after enrolment (erase all subjects or use a new database)"
+                )
+            for key, value in (("structure", fingerprint), ("structure_text", description)):
+                conn.execute(
+                    f"INSERT INTO {META_TABLE} (key, value) VALUES (%s, %s) "
+                    "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    (key, value),
+                )
+
+    def upsert(self, subject: str, values: Mapping[str, float]) -> None:
+        now = time.time()
+        with self._tx() as conn:
+            for trait, v in values.items():
+                conn.execute(
+                    f"INSERT INTO {TRAIT_TABLE} (subject, trait, value, enrolled_at) VALUES (%s, %s, %s, %s) "
+                    "ON CONFLICT (subject, trait) DO UPDATE SET value = excluded.value, "
+                    "enrolled_at = excluded.enrolled_at",
+                    (subject, trait, float(v), now),
+                )
+
+    def delete(self, subject: str) -> int:
+        with self._db() as conn:
+            return int(conn.execute(f"DELETE FROM {TRAIT_TABLE} WHERE subject = %s", (subject,)).rowcount)
+
+    def column(self, trait: str) -> tuple[list[str], NDArray[np.float64]]:
+        with self._db() as conn:
+            rows = conn.execute(
+                f'SELECT subject, value FROM {TRAIT_TABLE} WHERE trait = %s ORDER BY subject COLLATE "C"', (trait,)
+            ).fetchall()
+        return [r[0] for r in rows], np.array([r[1] for r in rows], dtype=np.float64)
+
+    def traits_of(self, subject: str) -> list[str]:
+        with self._db() as conn:
+            rows = conn.execute(
+                f'SELECT trait FROM {TRAIT_TABLE} WHERE subject = %s ORDER BY trait COLLATE "C"', (subject,)
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    def n_subjects(self) -> int:
+        with self._db() as conn:
+            return int(conn.execute(f"SELECT COUNT(DISTINCT subject) FROM {TRAIT_TABLE}").fetchone()[0])

@@ -57,17 +57,15 @@ What the plugin wires
 
 Replicas
 --------
-The server has no database-backed spend ledger: the odometer is a JSONL file
-replayed at start-up and counted in memory, so it is exact for **one
-process**. Several processes sharing ``ledger_path`` (replicas, or
-``peep qbbs query`` against a running server) each enforce the cap only on
-the spends they saw since they started. Host QBBS on one replica (other
-replicas omit ``[qbbs]``, and clients send QbbsService calls to that one).
-Erasure then has to reach that replica too: an ``EraseSubject`` handled by a
-replica without ``[qbbs]`` deletes templates only, so send erasures to the
-QBBS replica or run ``peep erase`` on its host (another process erasing is
-safe: it writes no spends, and the SQLite soft-trait store is shared through
-WAL). A database-backed store and ledger would lift both limits.
+With ``storage.backend = "postgres"`` the module keeps its soft traits and its
+odometer in that database (``store_path`` and ``ledger_path`` are not used and
+need not be set): every replica may host ``[qbbs]``, and the cap holds across
+them, because a spend locks the subject's odometer row, checks the cap, computes
+the release and records the spend in one transaction
+(:class:`~peep.server.qbbs.odometer.DatabaseOdometer`). An erasure handled by any
+replica deletes the soft traits every replica reads. With SQLite (one node) the
+store is the SQLite file and the odometer the JSONL ledger, exact for one
+process.
 """
 
 from __future__ import annotations
@@ -185,6 +183,8 @@ def server_config(services: Services) -> Any:
     if section is None:
         return None
     cfg = load_config(None, **section)  # already validated (and paths resolved) with server.toml
+    if services.config.storage.backend == "postgres":
+        return cfg  # soft traits and odometer live in the database
     missing = [
         (
             f"qbbs.{key}",
@@ -214,12 +214,13 @@ def server_plugin(services: Services) -> QbbsRegistrar | None:
     if cfg is None:
         log.info("QBBS not hosted: server.toml has no [qbbs] table")
         return None
-    if services.config.storage.backend == "postgres":
+    connect = getattr(services.store, "connect", None) if services.config.storage.backend == "postgres" else None
+    if connect is not None and (cfg.store_path is not None or cfg.ledger_path is not None):
         log.warning(
-            "QBBS keeps its soft traits and odometer in local files (qbbs.store_path, qbbs.ledger_path): "
-            "host it on one replica only, the odometer's cap holds per process"
+            "QBBS keeps its soft traits and odometer in PostgreSQL (storage.dsn); qbbs.store_path and "
+            "qbbs.ledger_path are not used"
         )
-    module = QbbsModule(cfg, face_scores=HostedFaceScores(ServingFaceScores(services.recogniser)))
+    module = QbbsModule(cfg, face_scores=HostedFaceScores(ServingFaceScores(services.recogniser)), connect=connect)
     services.add_close_hook(module.close)
     services.add_erasure_hook(module.erase)
 

@@ -43,7 +43,7 @@ from peep.core.exceptions import WireError
 from peep.core.mechanisms import LaplaceMechanism
 from peep.core.sampling import check_random_state
 from peep.core.wire import check_subject_id
-from peep.server.qbbs._store import _SoftTraitStore
+from peep.server.qbbs._store import _PostgresSoftTraitStore, _SoftTraitStore
 from peep.server.qbbs.calibration import Calibration, ObservationNoise, TraitTerm, calibrate
 from peep.server.qbbs.config import FACE, QbbsConfig, TraitSpec, load_config
 from peep.server.qbbs.errors import (
@@ -56,7 +56,7 @@ from peep.server.qbbs.errors import (
 )
 from peep.server.qbbs.face import FaceScoreProvider
 from peep.server.qbbs.matcher import ParzenScoreModel, check_weights, fused_score, gaussian_log_likelihood
-from peep.server.qbbs.odometer import OdometerReading, PrivacyOdometer
+from peep.server.qbbs.odometer import DatabaseOdometer, OdometerReading, PrivacyOdometer
 from peep.server.qbbs.queries import QueryPlan, SumQuery, sensitivity, structure_fingerprint
 
 __all__ = ["QbbsModule", "QueryResult", "TraitScore", "VerifyResult"]
@@ -155,6 +155,9 @@ class QbbsModule:
     ledger : SpendLedger, optional
         Overrides ``config.ledger_path`` (e.g. the server's database ledger).
     clock : callable
+    connect : callable returning a psycopg connection, optional
+        Keep the soft traits and the odometer in PostgreSQL instead of ``store_path`` and
+        ``ledger_path`` (replicas sharing one database: one cap per subject across them).
     """
 
     def __init__(
@@ -165,22 +168,29 @@ class QbbsModule:
         face_scores: FaceScoreProvider | None = None,
         ledger: SpendLedger | None = None,
         clock: Callable[[], float] = time.time,
+        connect: Callable[[], Any] | None = None,
     ) -> None:
         if not isinstance(config, QbbsConfig):
             raise TypeError(f"config: expected a QbbsConfig, received {type(config).__name__}")
         self.config = config
         self._sampler = check_random_state(random_state)
         self.plan = QueryPlan.from_config(config)
-        self._soft_trait_store = _SoftTraitStore(config.store_path)
+        self._soft_trait_store: _SoftTraitStore | _PostgresSoftTraitStore
+        self.odometer_: PrivacyOdometer | DatabaseOdometer
+        if connect is not None:
+            self._soft_trait_store = _PostgresSoftTraitStore(connect)
+            self.odometer_ = DatabaseOdometer(cap=config.epsilon_cap, connect=connect, clock=clock)
+        else:
+            self._soft_trait_store = _SoftTraitStore(config.store_path)
+            self.odometer_ = PrivacyOdometer(
+                cap=config.epsilon_cap,
+                ledger_path=None if ledger is not None else config.ledger_path,
+                ledger=ledger,
+                clock=clock,
+            )
         fingerprint, description = structure_fingerprint(config)
         self._soft_trait_store.bind_structure(fingerprint, description)
         self.structure = description
-        self.odometer_ = PrivacyOdometer(
-            cap=config.epsilon_cap,
-            ledger_path=None if ledger is not None else config.ledger_path,
-            ledger=ledger,
-            clock=clock,
-        )
         self._lock = threading.RLock()
         self._mechanisms: dict[tuple[str, float], LaplaceMechanism] = {}
         self._face = face_scores
@@ -293,29 +303,30 @@ class QbbsModule:
                     raise UnknownSubjectError(f"subject: {subject!r} has no enrolled {t!r}") from None
                 columns[t] = (subjects, values, i)
             cost = len(traits) * self.config.epsilon_per_value
-            self.odometer_.check(subject, cost)
             out: dict[str, _Noisy] = {}
-            for t in traits:
-                subjects, values, i = columns[t]
-                exact = self.plan.exact_responses(t, subject, subjects, values)
-                delta_f = sensitivity(self.config.traits[t], values, self.config.sensitivity)
-                mech = self._mechanism(t, delta_f)
-                noisy = np.asarray(mech.randomise(exact), dtype=np.float64)
-                y_noisy = self.plan.synthesise(noisy)
-                out[t] = _Noisy(
-                    value=y_noisy,
-                    phi=y_noisy - float(values[i]),
-                    variance=self.plan.net_noise_variance(mech.variance),
-                    sensitivity=delta_f,
-                )
-            self.odometer_.spend(
+            # The spend and the release are one step: checked (under the subject's row lock on
+            # PostgreSQL), computed, recorded; a refusal or an error records and releases nothing.
+            with self.odometer_.charge(
                 subject,
                 cost,
                 operation=operation,
                 traits=list(traits),
                 responses=len(traits) * self.plan.m,
                 requester=requester,
-            )
+            ):
+                for t in traits:
+                    subjects, values, i = columns[t]
+                    exact = self.plan.exact_responses(t, subject, subjects, values)
+                    delta_f = sensitivity(self.config.traits[t], values, self.config.sensitivity)
+                    mech = self._mechanism(t, delta_f)
+                    noisy = np.asarray(mech.randomise(exact), dtype=np.float64)
+                    y_noisy = self.plan.synthesise(noisy)
+                    out[t] = _Noisy(
+                        value=y_noisy,
+                        phi=y_noisy - float(values[i]),
+                        variance=self.plan.net_noise_variance(mech.variance),
+                        sensitivity=delta_f,
+                    )
             return out
 
     def query(self, subject: str, trait: str, *, requester: str = "") -> QueryResult:

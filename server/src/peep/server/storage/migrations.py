@@ -97,13 +97,38 @@ CREATE TABLE model_versions (
 ]
 
 
+# Migration 4: the QBBS privacy odometer in the database (issue 15, item 2), so that replicas enforce one
+# cap per subject: the running total per subject (the row a spend locks) and every spend (the audit log;
+# kept when the subject is erased). The soft traits themselves stay in the QBBS package's own tables
+# (only peep.server.qbbs._store may name them, tests/qbbs/test_store_boundary.py).
+_ODOMETER = {
+    "sqlite": "INTEGER PRIMARY KEY",  # the rowid: increasing
+    "postgres": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+}
+
+
+def _odometer(dialect: Dialect) -> list[str]:
+    return [
+        "CREATE TABLE qbbs_odometer (subject TEXT PRIMARY KEY, epsilon_spent {real} NOT NULL, "
+        "releases INTEGER NOT NULL)",
+        f"CREATE TABLE qbbs_spends (id {_ODOMETER[dialect.name]}, subject TEXT NOT NULL, epsilon {{real}} NOT NULL, "
+        "spent_at {real} NOT NULL, note TEXT NOT NULL)",
+        "CREATE INDEX qbbs_spends_subject ON qbbs_spends (subject, id)",
+    ]
+
+
 def _render(dialect: Dialect, statements: list[str]) -> list[str]:
     return [s.format(real=dialect.real, blob=dialect.blob) for s in statements]
 
 
 #: dialect -> list of migrations; migration i (1-based) is a list of statements.
 MIGRATIONS: dict[str, list[list[str]]] = {
-    d.name: [_render(d, [_TEMPLATES, *_COMMON]), _render(d, _PER_DEVICE_KEY), _render(d, _MODELS)]
+    d.name: [
+        _render(d, [_TEMPLATES, *_COMMON]),
+        _render(d, _PER_DEVICE_KEY),
+        _render(d, _MODELS),
+        _render(d, _odometer(d)),
+    ]
     for d in (SQLITE, POSTGRES)
 }
 
