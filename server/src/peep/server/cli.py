@@ -27,6 +27,7 @@ COMMANDS = (
     "retention",
     "audit",
     "qbbs",
+    "anonymize",
     "bench",
     "demo",
     "sgap",

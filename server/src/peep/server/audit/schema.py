@@ -242,11 +242,16 @@ class AuditSchemaError(ValueError):
 
 def validate_audit(document: Any) -> None:
     """Raise :class:`AuditSchemaError` naming the first offending path, if ``document`` is invalid."""
+    validate_document(document, AUDIT_SCHEMA, "audit.json", AuditSchemaError)
+
+
+def validate_document(document: Any, schema: dict[str, Any], name: str, error: type[ValueError]) -> None:
+    """Raise ``error`` naming ``name`` and the first offending path, if ``document`` does not match ``schema``."""
     import jsonschema  # type: ignore[import-untyped]
 
-    validator = jsonschema.Draft202012Validator(AUDIT_SCHEMA)
+    validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(document), key=lambda e: list(e.absolute_path))
     if errors:
         e = errors[0]
         where = "/".join(str(p) for p in e.absolute_path) or "(root)"
-        raise AuditSchemaError(f"audit.json: {where}: {e.message}")
+        raise error(f"{name}: {where}: {e.message}")
