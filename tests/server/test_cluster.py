@@ -18,7 +18,7 @@ from peep.server.recognition.registry import DatabaseModelRegistry, RegistryErro
 from peep.server.storage.postgres import PostgresStore
 from peep.server.storage.sqlite import SqliteStore
 from peep.v1 import recognition_pb2
-from peep_server_testlib import ADMIN, DEVICE, base_config, start_server, tls_section
+from peep_server_testlib import ADMIN, DEVICE, SITE, base_config, start_server, tls_section
 
 
 def _meta(classes: list[str], **extra: Any) -> dict[str, Any]:
@@ -123,6 +123,42 @@ def _wait(pred: Any, timeout: float) -> float:
     raise AssertionError(f"not within {timeout} s")
 
 
+def _events_reach_every_replica(stubs: list[Any], templates: Any) -> None:
+    """A StreamEvents subscriber on B gets the recognitions made on A and C, in order; another site's gets none."""
+    got: list[Any] = []
+    other: list[Any] = []
+    on_b = stubs[1].StreamEvents(recognition_pb2.StreamEventsRequest(site=SITE), metadata=DEVICE, timeout=30)
+    elsewhere = stubs[1].StreamEvents(recognition_pb2.StreamEventsRequest(site="annex"), metadata=ADMIN, timeout=30)
+
+    def read(stream: Any, into: list[Any], n: int) -> None:
+        try:
+            for ev in stream:
+                if ev.track_id:  # not the probes identified just before
+                    into.append(ev)
+                if len(into) >= n:
+                    break
+        except Exception:
+            pass  # cancelled
+
+    readers = [
+        threading.Thread(target=read, args=(on_b, got, 8), daemon=True),
+        threading.Thread(target=read, args=(elsewhere, other, 1), daemon=True),
+    ]
+    for t in readers:
+        t.start()
+    time.sleep(0.5)  # both streams subscribed
+    rows = templates.test[200:208]
+    msgs = [templates.message(int(i), track_id=f"t{k}") for k, i in enumerate(rows)]
+    stubs[0].IngestStream(iter(msgs[:4]), metadata=DEVICE, timeout=10)  # recognised on A
+    stubs[2].IngestStream(iter(msgs[4:]), metadata=DEVICE, timeout=10)  # then on C
+    readers[0].join(10)
+    on_b.cancel()
+    elsewhere.cancel()
+    assert [e.message_id for e in got] == [m.message_id for m in msgs]  # all, in order
+    assert all(e.site == SITE and e.model_version == "v000001" for e in got)
+    assert other == []  # site isolation holds across replicas
+
+
 def test_promotion_and_erasure_reach_every_replica(replicas, templates):
     a, b, c = replicas("a"), replicas("b"), replicas("c")
     stubs = [a.stub(), b.stub(), c.stub()]
@@ -135,6 +171,7 @@ def test_promotion_and_erasure_reach_every_replica(replicas, templates):
     # B and C swap to the promoted version on the NOTIFY, well within 5 s
     elapsed = _wait(lambda: all(_versions(s, probe) == "v000001" for s in stubs), 5.0)
     assert elapsed < 5.0
+    _events_reach_every_replica(stubs, templates)
     # a replica started later serves it from the database
     d = replicas("d")
     assert _versions(d.stub(), probe) == "v000001"

@@ -718,6 +718,13 @@ class ClusterConfig(_Model):
             "PostgreSQL NOTIFY was missed while the replica's listening connection was down"
         ),
     )
+    events: bool = Field(
+        default=True,
+        description=(
+            "recognition events of every replica reach the StreamEvents subscribers of every replica "
+            "(PostgreSQL NOTIFY peep_events); false: a subscriber sees only its own replica's"
+        ),
+    )
 
 
 class ServerConfig(_Model):

@@ -35,7 +35,7 @@ from peep.server import startup
 from peep.server.bundles.catalog import BundleCatalog
 from peep.server.config import ResolvedSecrets, ServerConfig, resolve_secrets
 from peep.server.ingest.auth import DeviceRegistry
-from peep.server.ingest.events import EventBus
+from peep.server.ingest.events import ClusterRelay, EventBus
 from peep.server.ingest.ingestor import Ingestor
 from peep.server.ingest.validation import TemplateValidator
 from peep.server.metrics import ServerMetrics
@@ -122,6 +122,9 @@ class Services:
             admin_common_names=config.auth.admin_common_names,
         )
         self.events = EventBus()
+        self.relay: ClusterRelay | None = None
+        if self.clustered and config.cluster.events:
+            self.relay = ClusterRelay(self.events, self.store.connect).start()  # type: ignore[attr-defined]
         self.ingestor = Ingestor(
             self.store,
             self.validator,
@@ -246,6 +249,8 @@ class Services:
         self.trainer.cancel(timeout=5.0)
         if self.watcher is not None:
             self.watcher.stop()
+        if self.relay is not None:
+            self.relay.stop()
         self.events.close()
         for fn in self._close_hooks:
             try:

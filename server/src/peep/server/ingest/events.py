@@ -3,10 +3,21 @@
 Publishing never blocks the recognition path: each subscriber has a bounded
 queue and a slow subscriber loses its oldest events (counted in
 ``Subscription.dropped``) rather than slowing ingest.
+
+Replicas on one PostgreSQL relay their events to each other
+(:class:`ClusterRelay`, ``cluster.events``): a replica sends the events it
+publishes, in publishing order, as ``NOTIFY peep_events`` (several per
+notification), and offers the other replicas' events to its own subscribers,
+with the same site and device filters. PostgreSQL delivers notifications in
+commit order, so a subscriber on any replica sees each replica's events, and so
+each device's, in the order they were published. Sinks (the MQTT events topic)
+get only the replica's own events: the replica that made a recognition
+publishes it there once.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import queue
@@ -106,6 +117,7 @@ class EventBus:
         self._lock = threading.Lock()
         self._queue_size = queue_size
         self.closed = False
+        self.relay: ClusterRelay | None = None
 
     def add_sink(self, fn: Callable[[recognition_pb2.RecognitionEvent], None]) -> None:
         self._sinks.append(fn)
@@ -129,7 +141,7 @@ class EventBus:
     @property
     def active(self) -> bool:
         """Whether anyone would receive an event (skip building events otherwise)."""
-        return bool(self._subs or self._sinks)
+        return bool(self._subs or self._sinks or self.relay is not None)
 
     def publish(self, ev: recognition_pb2.RecognitionEvent) -> None:
         with self._lock:
@@ -141,6 +153,15 @@ class EventBus:
                 fn(ev)
             except Exception:
                 log.exception("event sink failed")
+        if self.relay is not None:
+            self.relay.send(ev)
+
+    def deliver_remote(self, ev: recognition_pb2.RecognitionEvent) -> None:
+        """Offer another replica's event to this replica's subscribers (not to the sinks)."""
+        with self._lock:
+            subs = list(self._subs)
+        for s in subs:
+            s.offer(ev)
 
     def close(self) -> None:
         """Wake every subscriber (shutdown)."""
@@ -149,3 +170,118 @@ class EventBus:
             subs = list(self._subs)
         for s in subs:
             s.close()
+
+
+EVENTS_CHANNEL = "peep_events"
+_PAYLOAD_MAX = 7000  # PostgreSQL refuses a NOTIFY payload of 8000 bytes or more
+
+
+class ClusterRelay:
+    """Relay events between replicas through PostgreSQL ``NOTIFY peep_events`` (see module docstring).
+
+    Parameters
+    ----------
+    bus : EventBus
+        Attached to it: its events are sent, the other replicas' delivered to its subscribers.
+    connect : callable returning a psycopg connection (autocommit)
+    queue_size : int
+        Events waiting to be sent; beyond it the oldest are dropped (``dropped``), never ingest slowed.
+    """
+
+    def __init__(self, bus: EventBus, connect: Callable[[], Any], *, queue_size: int = 10_000) -> None:
+        from peep.server.recognition.watch import ChangeWatcher
+
+        self.origin = uuid.uuid4().hex[:16]
+        self.bus = bus
+        self._connect = connect
+        self._out: queue.Queue[recognition_pb2.RecognitionEvent] = queue.Queue(queue_size)
+        self._stop = threading.Event()
+        self.sent = 0
+        self.received = 0
+        self.dropped = 0
+        self.watcher = ChangeWatcher(connect, {EVENTS_CHANNEL: self._received}, interval=60.0, name="peep-events-in")
+        self._sender = threading.Thread(target=self._send_loop, name="peep-events-out", daemon=True)
+        bus.relay = self
+
+    def start(self) -> ClusterRelay:
+        self.watcher.start()
+        self._sender.start()
+        return self
+
+    def send(self, ev: recognition_pb2.RecognitionEvent) -> None:
+        while True:
+            try:
+                self._out.put_nowait(ev)
+                return
+            except queue.Full:
+                try:
+                    self._out.get_nowait()
+                    self.dropped += 1
+                except queue.Empty:
+                    pass
+
+    def _payloads(self, events: list[recognition_pb2.RecognitionEvent]) -> list[str]:
+        out: list[str] = []
+        lines: list[str] = []
+        size = len(self.origin)
+        for ev in events:
+            line = base64.b64encode(ev.SerializeToString()).decode()
+            if lines and size + len(line) + 1 > _PAYLOAD_MAX:
+                out.append("\n".join([self.origin, *lines]))
+                lines, size = [], len(self.origin)
+            lines.append(line)
+            size += len(line) + 1
+        if lines:
+            out.append("\n".join([self.origin, *lines]))
+        return out
+
+    def _send_loop(self) -> None:
+        conn: Any = None
+        while not self._stop.is_set() or not self._out.empty():
+            try:
+                first = self._out.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            batch = [first]
+            while len(batch) < 1000:
+                try:
+                    batch.append(self._out.get_nowait())
+                except queue.Empty:
+                    break
+            for attempt in range(3):
+                try:
+                    if conn is None or conn.closed or conn.broken:
+                        conn = self._connect()
+                    with conn.transaction():  # one commit: the batch's notifications stay in order
+                        for payload in self._payloads(batch):
+                            conn.execute("SELECT pg_notify(%s, %s)", (EVENTS_CHANNEL, payload))
+                    self.sent += len(batch)
+                    break
+                except Exception as exc:
+                    conn = None
+                    if attempt == 2 or self._stop.is_set():
+                        self.dropped += len(batch)
+                        log.warning("events not relayed to the other replicas", extra={"error": str(exc)})
+                        break
+                    self._stop.wait(0.5)
+        if conn is not None:
+            conn.close()
+
+    def _received(self, payload: str) -> None:
+        origin, _, rest = payload.partition("\n")
+        if origin == self.origin or not rest:
+            return  # this replica's own: its subscribers had them when they were published
+        for line in rest.split("\n"):
+            try:
+                ev = recognition_pb2.RecognitionEvent.FromString(base64.b64decode(line))
+            except Exception:
+                log.warning("unreadable event from another replica dropped")
+                continue
+            self.received += 1
+            self.bus.deliver_remote(ev)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._sender.is_alive():
+            self._sender.join(timeout)
+        self.watcher.stop(timeout)
