@@ -58,6 +58,7 @@ class Registry(Generic[T]):
         self._classes: dict[str, T] = {}
         self._lock = threading.RLock()
         self._discovered = False
+        self._ordered: dict[str, T] | None = None  # classes() once sorted; dropped by register()
 
     def register(self, cls: T) -> T:
         """Class decorator: add ``cls``; ``TypeError``/``ValueError`` naming what is wrong."""
@@ -77,6 +78,7 @@ class Registry(Generic[T]):
                             f"{cls.__name__}.{attr}: {getattr(cls, attr)!r} is already registered by {other.__name__}"
                         )
             self._classes[cls.kind] = cls  # type: ignore[attr-defined]
+            self._ordered = None
         return cls
 
     def _discover(self) -> None:
@@ -98,9 +100,11 @@ class Registry(Generic[T]):
         """
         self._discover()
         with self._lock:
-            items = list(self._classes.items())
-        items.sort(key=lambda kv: kv[1].__module__)  # stable: keeps each module's definition order
-        return dict(items)
+            if self._ordered is None:
+                items = list(self._classes.items())
+                items.sort(key=lambda kv: kv[1].__module__)  # stable: keeps each module's definition order
+                self._ordered = dict(items)
+            return dict(self._ordered)
 
     def kinds(self) -> tuple[str, ...]:
         """Every registered kind."""
@@ -110,6 +114,10 @@ class Registry(Generic[T]):
         """The class of ``kind``; ``TypeError`` for a non-str, ``ValueError`` listing the kinds otherwise."""
         if not isinstance(kind, str):
             raise TypeError(f"kind: expected a str, received {kind!r} ({type(kind).__name__})")
+        self._discover()
+        found = self._classes.get(kind)  # the ingest hot path: no copy, no sort
+        if found is not None:
+            return found
         classes = self.classes()
         try:
             return classes[kind]

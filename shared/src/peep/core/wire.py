@@ -243,7 +243,8 @@ def make_template(
 
 def template_values(msg: template_pb2.PerturbedTemplate) -> NDArray[np.float32]:
     """The coefficients as a float32 array of shape (n_components,)."""
-    return np.fromiter(msg.values, dtype=np.float32, count=len(msg.values))
+    # np.array reads the repeated field through the sequence protocol: half the time of np.fromiter.
+    return np.array(msg.values, dtype=np.float32)
 
 
 def stack_values(msgs: Iterable[template_pb2.PerturbedTemplate]) -> NDArray[np.float32]:
@@ -335,8 +336,10 @@ def check_subject_id(value: Any, field: str = "subject") -> str:
     return text
 
 
-def validate_template(msg: template_pb2.PerturbedTemplate, *, n_components: int | None = None) -> None:
+def validate_template(msg: template_pb2.PerturbedTemplate, *, n_components: int | None = None) -> NDArray[np.float32]:
     """Check the rules every receiver relies on; raise :class:`WireError` naming the field.
+
+    Returns the coefficients (:func:`template_values`), which the check has read anyway.
 
     Every string and number is bounded here (messages never echo more than 64
     characters of a received string):
@@ -383,7 +386,8 @@ def validate_template(msg: template_pb2.PerturbedTemplate, *, n_components: int 
         raise WireError("mechanism: expected the mechanism description, received none")
     info = msg.mechanism
     kind = mechanism_kind_name(info.kind)
-    top = min(mechanism_class(kind).max_epsilon, MAX_EPSILON)
+    mech_cls = mechanism_class(kind)
+    top = min(mech_cls.max_epsilon, MAX_EPSILON)
     if not (MIN_EPSILON <= info.epsilon <= top):  # False for NaN too
         raise WireError(
             f"mechanism.epsilon: expected {MIN_EPSILON:g} <= epsilon <= {top:g} for {kind}, received {info.epsilon:g}"
@@ -394,7 +398,7 @@ def validate_template(msg: template_pb2.PerturbedTemplate, *, n_components: int 
             raise WireError(f"mechanism.{name}: expected a finite number > 0, received {v}")
     if not (math.isfinite(info.delta) and 0.0 <= info.delta < 1.0):
         raise WireError(f"mechanism.delta: expected 0 <= delta < 1, received {info.delta}")
-    if mechanism_class(kind).takes_delta and info.delta <= 0.0:
+    if mech_cls.takes_delta and info.delta <= 0.0:
         raise WireError(f"mechanism.delta: expected delta > 0 for {kind}, received {info.delta}")
     if not (math.isfinite(info.noise_std) and info.noise_std >= 0):
         raise WireError(f"mechanism.noise_std: expected a finite number >= 0, received {info.noise_std}")
@@ -408,6 +412,7 @@ def validate_template(msg: template_pb2.PerturbedTemplate, *, n_components: int 
         idx = int(np.argmax(~np.isfinite(vals)))
         raise WireError(f"values: expected finite numbers, received {vals[idx]} at index {idx}")
     check_soft_traits(msg.soft_traits)
+    return vals
 
 
 def check_capture_time(msg: template_pb2.PerturbedTemplate) -> float:

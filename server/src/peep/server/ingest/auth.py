@@ -262,6 +262,9 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         self.registry = registry
         self.admin_methods = frozenset(admin_methods)
         self.public_prefixes = tuple(public_prefixes)
+        # The wrapped handler of each method, built on its first call: a handler depends only on
+        # the method (and on the registered one it wraps, which does not change while serving).
+        self._wrapped: dict[str, tuple[Any, Any]] = {}
 
     def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
         handler = continuation(handler_call_details)
@@ -271,6 +274,14 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         if method.startswith(self.public_prefixes):
             _current.set(None)
             return handler
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap_handler(method, handler)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap_handler(self, method: str, handler: Any) -> Any:
         needs_admin = method in self.admin_methods
         registry = self.registry
 

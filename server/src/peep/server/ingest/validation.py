@@ -179,7 +179,7 @@ class TemplateValidator:
                 f"soft_traits: expected at most {MAX_SOFT_TRAITS} traits, received {len(msg.soft_traits)}",
             )
         try:
-            wire.validate_template(msg)
+            values = wire.validate_template(msg)
         except WireError as exc:
             raise Rejection(reason_for(exc), str(exc)) from None
         self._check_capture_time(msg)
@@ -212,7 +212,6 @@ class TemplateValidator:
                     f"mechanism.{name}: expected {expected:.6g} for {kind} at epsilon={m.epsilon:g} with bundle "
                     f"{bundle.bundle_id}, received {stated:.6g}",
                 )
-        values = wire.template_values(msg)
         bad = (values < domain.lower) | (values > domain.upper)
         if bad.any():
             j = int(np.argmax(bad))
