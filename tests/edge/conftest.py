@@ -15,6 +15,7 @@ import socket
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -209,11 +210,60 @@ def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
+def _retained(host: str, port: int, topic_filter: str) -> set[str]:
+    """Topics under ``topic_filter`` holding a retained message (clean session: nothing is left by asking)."""
+    import paho.mqtt.client as mqtt
+
+    found: set[str] = set()
+    subscribed = threading.Event()
+    last = [time.monotonic()]
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"edgetest-list-{uuid.uuid4().hex[:8]}",
+                    protocol=mqtt.MQTTv5)  # fmt: skip
+
+    def on_message(cl: Any, u: Any, msg: Any) -> None:
+        if msg.retain and msg.payload:
+            found.add(msg.topic)
+        last[0] = time.monotonic()
+
+    c.on_message = on_message
+    c.on_subscribe = lambda *a: subscribed.set()
+    c.connect(host, port)
+    c.loop_start()
+    try:
+        c.subscribe(topic_filter, qos=0)
+        assert subscribed.wait(10), "no SUBACK"
+        while time.monotonic() - last[0] < 0.5:
+            time.sleep(0.05)
+    finally:
+        c.disconnect()
+        c.loop_stop()
+    return found
+
+
 @pytest.fixture(scope="session")
-def system_broker() -> tuple[str, int]:
+def system_broker() -> Iterator[tuple[str, int]]:
+    """The shared broker; the agents' retained statuses (``offline`` on a clean stop) under
+    ``peep/v1/edgetest`` that appeared during the session are cleared at its end."""
     if not port_open("127.0.0.1", 1883):
         pytest.skip("no Mosquitto listening on 127.0.0.1:1883 (the CI service); start it to run this test")
-    return ("127.0.0.1", 1883)
+    host, port = "127.0.0.1", 1883
+    before = _retained(host, port, "peep/v1/edgetest/#")
+    yield (host, port)
+    new = sorted(_retained(host, port, "peep/v1/edgetest/#") - before)
+    import paho.mqtt.client as mqtt
+
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"edgetest-clear-{uuid.uuid4().hex[:8]}",
+                    protocol=mqtt.MQTTv5)  # fmt: skip
+    c.connect(host, port)
+    c.loop_start()
+    try:
+        for info in [c.publish(t, b"", qos=1, retain=True) for t in new]:
+            info.wait_for_publish(10)
+    finally:
+        c.disconnect()
+        c.loop_stop()
+    left = _retained(host, port, "peep/v1/edgetest/#") & set(new)
+    assert not left, f"retained statuses left on the broker: {sorted(left)}"
 
 
 class Mosquitto:

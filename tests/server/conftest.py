@@ -24,15 +24,32 @@ from peep.core.release import TemplateReleaser
 from peep_server_testlib import (
     ADMIN,
     DEVICE,
+    MQTT_PREFIX,
     PG_BASE,
     Pki,
     RunningServer,
     Templates,
     base_config,
     make_pki,
+    mqtt_available,
     start_server,
     tls_section,
 )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _broker_left_clean() -> Iterator[None]:
+    """Leave nothing retained on the shared broker: the servers of this session announced their bundle
+    (and devices their statuses) retained under the session's own root, MQTT_PREFIX; clear them at the
+    end and check that nothing is left there (a failure here names what stayed)."""
+    yield
+    if mqtt_available() is not None:
+        return
+    from peep.server.transport.retained import clear_retained, retained_topics
+
+    clear_retained(list(retained_topics(f"{MQTT_PREFIX}/#")))
+    left = retained_topics(f"{MQTT_PREFIX}/#")
+    assert not left, f"retained messages left on the broker under {MQTT_PREFIX}: {sorted(left)}"
 
 
 @pytest.fixture(scope="session")

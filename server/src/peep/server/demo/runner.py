@@ -174,6 +174,8 @@ class Demo:
         finally:
             if self.app is not None:
                 self.app.stop(1.0)
+            if self.use_mqtt:
+                self._clear_broker(bundle)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
         from peep.server.demo.report import write_report
 
@@ -324,6 +326,25 @@ class Demo:
         self.recognition = recognition_pb2_grpc.RecognitionServiceStub(self.channel)  # type: ignore[no-untyped-call]
         self.qbbs = qbbs_pb2_grpc.QbbsServiceStub(self.channel)  # type: ignore[no-untyped-call]
         self.admin_md = [("authorization", f"Bearer {self.admin_token}")]
+
+    def _clear_broker(self, bundle: EigenfaceBundle) -> None:
+        """Clear what the run left retained: its devices' statuses (its own site) and its bundle announcement.
+
+        The bundle topic is shared by everything under ``peep/v1`` on this broker: it is cleared only
+        while it still holds this run's bundle.
+        """
+        from peep.core.topics import TopicScheme
+        from peep.server.transport.retained import clear_retained, retained_topics
+
+        topics = TopicScheme()
+        try:
+            left = list(retained_topics(f"{topics.root}/{self.site}/#"))
+            held = retained_topics(topics.bundle).get(topics.bundle)
+            if held is not None and recognition_pb2.BundleFiles.FromString(held).bundle_id == bundle.bundle_id:
+                left.append(topics.bundle)
+            clear_retained(left)
+        except Exception as exc:  # the demo's result does not depend on it
+            log.warning("demo: could not clear its retained messages on the broker", extra={"error": str(exc)})
 
     def _on_event(self, ev: Any) -> None:
         # Identification events from ingest; Verify calls publish their own events
