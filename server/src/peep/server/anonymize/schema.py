@@ -31,7 +31,9 @@ _reduced = {
     "properties": {
         s: {
             "type": "object",
-            "additionalProperties": _obj({"mean": _frac, "std": {"type": "number", "minimum": 0}, "chance": _frac}),
+            "additionalProperties": _obj(
+                {"mean": _frac, "std": {"type": "number", "minimum": 0}, "chance": _frac, "chance_majority": _frac}
+            ),
             "description": "candidate-set size -> best parrot accuracy over the draws",
         }
         for s in STRATEGIES
