@@ -235,3 +235,33 @@ def test_a_secret_with_a_character_its_use_cannot_carry_is_refused_naming_the_ke
     for key, fragment in problems.items():
         assert fragment in got[key]
     assert "Zq7" not in str(info.value), "the secret itself is never printed"
+
+
+def test_replica_id_names_the_mqtt_session_unless_client_id_is_set():
+    base = {"grpc": {"listen": "127.0.0.1:0"}, "bundle": {"public_key": "/k.pub"}, "auth": {"allow_insecure": True}}
+    cfg = parse_config({**base, "cluster": {"replica_id": "b"}})
+    assert cfg.cluster.replica_id == "b" and cfg.mqtt.client_id == "peep-server-b"
+    cfg = parse_config({**base, "cluster": {"replica_id": "b"}, "mqtt": {"client_id": "legacy-1"}})
+    assert cfg.mqtt.client_id == "legacy-1"
+    assert parse_config(base).mqtt.client_id is None  # the host name, as before
+    with pytest.raises(ConfigError) as info:
+        parse_config({**base, "cluster": {"replica_id": "a/b"}})
+    assert "cluster.replica_id: expected a replica id" in str(info.value) and "received 'a/b'" in str(info.value)
+
+
+def test_cluster_replica_configs_in_deploy_differ_only_by_the_replica_id():
+    import difflib
+
+    cluster = Path(__file__).resolve().parents[2] / "deploy" / "cluster"
+    files = sorted(cluster.glob("replica-*.toml"))
+    assert len(files) == 3
+    texts = [f.read_text().splitlines() for f in files]
+    for other in texts[1:]:
+        changed = [ln for ln in difflib.unified_diff(texts[0], other, lineterm="", n=0) if ln[:1] in "+-"]
+        changed = [ln for ln in changed if not ln.startswith(("+++", "---"))]
+        assert len(changed) == 2 and all(ln[1:].startswith("replica_id = ") for ln in changed), changed
+    cfgs = [load_config(f) for f in files]
+    assert all(c.storage.backend == "postgres" and c.mqtt.enabled and c.grpc.tls is not None for c in cfgs)
+    ids = [c.mqtt.client_id for c in cfgs]
+    assert ids == ["peep-server-a", "peep-server-b", "peep-server-c"]
+    assert len({c.mqtt.share_group for c in cfgs}) == 1

@@ -129,6 +129,8 @@ class ServerApp:
                 "bundle_id": bundle_id or getattr(s.bundles.current(), "bundle_id", None),
                 "model_version": m.version if m else None,
                 "store": s.store.dialect,
+                "replica": self.config.cluster.replica_id,
+                "mqtt_client_id": self.mqtt.client_id if self.mqtt is not None else None,
             },
         )
 

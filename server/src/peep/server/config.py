@@ -525,8 +525,8 @@ class MqttConfig(_Model):
         description=(
             "this replica's MQTT client id, stable across restarts: the broker keeps the replica's persistent "
             "session (its share of the queued templates) under it. Every replica needs its own; connection i > 0 "
-            "uses <client_id>-<i>. Default peep-server-<host name> (set it where host names are not stable, e.g. "
-            "containers)"
+            "uses <client_id>-<i>. Default peep-server-<cluster.replica_id>, or peep-server-<host name> without "
+            "one (set one of them where host names are not stable, e.g. containers)"
         ),
     )
     session_expiry_s: int = Field(
@@ -706,8 +706,27 @@ class LoggingConfig(_Model):
     level: Literal["debug", "info", "warning", "error"] = "info"
 
 
+_REPLICA_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+def _check_replica_id(v: str) -> str:
+    if not _REPLICA_ID.match(v):
+        raise ValueError("expected a replica id: 1-63 of [A-Za-z0-9_.-], starting with a letter or digit")
+    return v
+
+
 class ClusterConfig(_Model):
     """Several replicas on one PostgreSQL (``storage.backend = "postgres"``; ignored on SQLite). docs/OPERATIONS.md"""
+
+    replica_id: Annotated[str, AfterValidator(_check_replica_id)] | None = Field(
+        default=None,
+        description=(
+            "this replica's stable name, the only key in which the server.toml of two replicas differ "
+            "(deploy/cluster): it names the replica's persistent MQTT sessions (mqtt.client_id defaults to "
+            "peep-server-<replica_id>) and its log lines. Keep it across restarts and upgrades; a new replica gets "
+            "a new one. Unset: the host name"
+        ),
+    )
 
     check_interval_s: float = Field(
         default=2.0,
@@ -782,6 +801,14 @@ class ServerConfig(_Model):
             ):
                 data.setdefault(name, {})
         return data
+
+    @model_validator(mode="after")
+    def _replica_names_mqtt_session(self) -> ServerConfig:
+        # The replica id names the persistent MQTT sessions unless mqtt.client_id says otherwise.
+        if self.cluster.replica_id is not None and self.mqtt.client_id is None:
+            mqtt = self.mqtt.model_copy(update={"client_id": f"peep-server-{self.cluster.replica_id}"})
+            object.__setattr__(self, "mqtt", mqtt)
+        return self
 
     @model_validator(mode="after")
     def _tls_or_explicitly_insecure(self) -> ServerConfig:
