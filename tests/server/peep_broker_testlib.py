@@ -51,7 +51,7 @@ def _port_open(port: int) -> bool:
 class ShippedBroker:
     """mosquitto -c <the shipped mosquitto.conf, paths and ports swapped>; killable and restartable."""
 
-    def __init__(self, workdir: Path, ca: Path, cert: Path, key: Path) -> None:
+    def __init__(self, workdir: Path, ca: Path, cert: Path, key: Path, devices: dict[str, str] | None = None) -> None:
         for tool in (MOSQUITTO, MOSQUITTO_PASSWD):
             if not os.path.exists(tool):
                 pytest.skip(f"{tool} not installed (Debian package mosquitto)")
@@ -62,7 +62,8 @@ class ShippedBroker:
         for name, src in (("ca.pem", ca), ("server.pem", cert), ("server.key", key)):
             shutil.copyfile(src, etc / name)
         shutil.copyfile(DEPLOY / "acl", etc / "acl")
-        devices = [f"{d}={pw}" for d, pw in DEVICE_PASSWORDS.items()]
+        # devices: more device accounts (id -> password) besides cam-1 and cam-2
+        devices = [f"{d}={pw}" for d, pw in {**DEVICE_PASSWORDS, **(devices or {})}.items()]
         for passwd, users in (("passwd", devices), ("passwd-server", [f"peep-server={SERVER_PASSWORD}"])):
             subprocess.run(
                 ["bash", str(DEPLOY / "make-passwd.sh"), str(etc / passwd), str(self.creds), *users],

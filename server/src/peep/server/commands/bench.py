@@ -1,10 +1,11 @@
-"""``peep bench --out FILE.json [--quick]``: one JSON with sections core, edge, server.
+"""``peep bench --out FILE.json [--quick] [--sections ...]``: one JSON with sections core, edge, server (and cluster).
 
 Each section is measured in this run (baselines included), so numbers are
 comparable within the file even on a shared, noisy machine. A section whose
 package is not installed or whose run fails is recorded with its error
 instead of aborting the others. The edge section needs peep-edge (extra
-``peep-server[demo]``).
+``peep-server[demo]``). The cluster section (``peep.server.bench.cluster``) runs
+only when named in ``--sections``: it needs PostgreSQL and an MQTT broker.
 """
 
 from __future__ import annotations
@@ -20,18 +21,33 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-SECTIONS = {"core": "peep.server.bench.core", "edge": "peep.edge.bench", "server": "peep.server.bench.server"}
+SECTIONS = {
+    "core": "peep.server.bench.core",
+    "edge": "peep.edge.bench",
+    "server": "peep.server.bench.server",
+    "cluster": "peep.server.bench.cluster",
+}
+#: Run without --sections: the cluster section needs PostgreSQL and a broker, so it is asked for by name.
+DEFAULT_SECTIONS = ("core", "edge", "server")
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("bench", help="benchmarks: core, edge and server sections as one JSON")
+    p = sub.add_parser("bench", help="benchmarks: core, edge, server (and cluster) sections as one JSON")
     p.add_argument("--out", required=True, help="JSON file to write")
     p.add_argument("--quick", action="store_true", help="fewer iterations (CI smoke run)")
-    p.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset of core,edge,server")
+    p.add_argument(
+        "--sections",
+        default=",".join(DEFAULT_SECTIONS),
+        help=(
+            "comma-separated subset of core,edge,server,cluster (default core,edge,server; cluster starts three "
+            "peep serve replicas and needs PostgreSQL, PEEP_BENCH_PG_DSN, and an MQTT broker, PEEP_BENCH_MQTT)"
+        ),
+    )
     p.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
+    from peep.server.bench.cluster import ClusterUnavailableError
     from peep.server.errors import UsageError
     from peep.server.extras import require_edge
 
@@ -58,7 +74,7 @@ def handle(args: argparse.Namespace) -> int:
                 require_edge("the edge section of peep bench")
             module = importlib.import_module(SECTIONS[name])
             section = module.run(quick=args.quick)
-        except UsageError as exc:  # a missing extra: recorded like any failing section
+        except (UsageError, ClusterUnavailableError) as exc:  # a missing extra or service: recorded like any failure
             section = {"error": str(exc)}
             failed = True
         except ModuleNotFoundError as exc:

@@ -1,0 +1,604 @@
+"""The ``cluster`` section of ``peep bench``: several ``peep serve`` replicas as one backend (issue 15).
+
+Real ``peep serve`` subprocesses (3) on one PostgreSQL schema and one MQTT
+broker, device *processes* sending templates over MQTT (QoS 1, the replicas'
+shared subscription) and over gRPC (``IngestStream``, each call to the next
+replica, as a per-call load balancer does). Measured in one run:
+
+``ingest_per_s_1`` / ``ingest_per_s_n``
+    Templates per second stored by one replica, then by ``replicas`` replicas
+    (the same devices and load, a fresh set of templates), from the first
+    template sent to the last one committed (counted in the database).
+``sent`` / ``stored`` / ``duplicates``
+    Templates sent (both phases), rows in ``templates`` afterwards, and sends the
+    replicas answered as already stored (gRPC acks ``DUPLICATE``; a resend
+    after a failure). ``stored == sent`` with each (device, message id) once.
+``promotion_to_serving_s``
+    ``Train`` through replica A until every replica's ``Identify`` answers name
+    the new version (``train_s``: until ``Train`` returned; ``after_train_s``:
+    the rest, PostgreSQL ``NOTIFY`` and the swap).
+
+Needs PostgreSQL (``PEEP_BENCH_PG_DSN``, default
+``host=127.0.0.1 port=5432 dbname=postgres user=postgres``; a private schema,
+dropped afterwards) and an MQTT v5 broker allowing anonymous clients
+(``PEEP_BENCH_MQTT``, default ``127.0.0.1:1883``); without either it fails
+saying which. Nothing stays on the broker: the replicas use session expiry 0,
+a topic root of the run's own, and the retained bundle announcement is
+cleared at the end.
+
+The same harness (:class:`Replica`, :func:`run_devices`, :func:`stored_keys`,
+:func:`serving_version`) drives the acceptance test,
+``tests/server/test_cluster_processes.py``, there with the shipped Mosquitto
+configuration, persistent sessions and a replica SIGKILLed mid-stream.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PEEP = shutil.which("peep", path=str(Path(sys.executable).parent)) or "peep"
+DEFAULT_DSN = "host=127.0.0.1 port=5432 dbname=postgres user=postgres connect_timeout=3"
+DEFAULT_BROKER = "127.0.0.1:1883"
+
+
+class ClusterUnavailableError(RuntimeError):
+    """PostgreSQL or the broker the cluster section needs is not reachable (the message names which)."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def to_toml(cfg: dict[str, Any]) -> str:
+    """A server.toml from a dict of sections (scalars, lists, sub-tables, arrays of tables)."""
+
+    def scalar(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, int | float):
+            return repr(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(scalar(x) for x in v) + "]"
+        return json.dumps(str(v))
+
+    lines: list[str] = []
+
+    def table(name: str, data: dict[str, Any]) -> None:
+        lines.append(f"[{name}]")
+        for k, v in data.items():
+            if v is not None and not isinstance(v, dict) and not (isinstance(v, list) and v and isinstance(v[0], dict)):
+                lines.append(f"{k} = {scalar(v)}")
+        for k, v in data.items():
+            if isinstance(v, dict):
+                table(f"{name}.{k}", v)
+            elif isinstance(v, list) and v and isinstance(v[0], dict):
+                for item in v:
+                    lines.append(f"[[{name}.{k}]]")
+                    lines.extend(f"{ik} = {scalar(iv)}" for ik, iv in item.items() if iv is not None)
+
+    for section, data in cfg.items():
+        table(section, data)
+    return "\n".join(lines) + "\n"
+
+
+def write_frames(path: Path, payloads: Sequence[bytes]) -> None:
+    with open(path, "wb") as fh:
+        for p in payloads:
+            fh.write(struct.pack("<I", len(p)))
+            fh.write(p)
+
+
+def read_frames(path: str | Path) -> list[bytes]:
+    data = Path(path).read_bytes()
+    out, i = [], 0
+    while i < len(data):
+        (n,) = struct.unpack_from("<I", data, i)
+        out.append(data[i + 4 : i + 4 + n])
+        i += 4 + n
+    return out
+
+
+def wait_for(pred: Callable[[], bool], timeout: float, step: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(step)
+    return bool(pred())
+
+
+# --------------------------------------------------------------------------- replicas
+
+
+class Replica:
+    """``peep serve --config <conf>`` as a subprocess (JSON logs on stderr, collected)."""
+
+    def __init__(self, name: str, conf: Path, grpc_port: int, env: dict[str, str], *, mqtt: bool) -> None:
+        self.name, self.conf, self.grpc_port, self.env, self.mqtt = name, conf, grpc_port, env, mqtt
+        self.proc: subprocess.Popen[str] | None = None
+        self.events: list[dict[str, Any]] = []
+        self.lines: list[str] = []
+        self._reader: threading.Thread | None = None
+
+    def start(self, timeout: float = 120.0) -> Replica:
+        return self.launch().wait_ready(timeout)
+
+    def launch(self) -> Replica:
+        """Start the process without waiting (several replicas start side by side)."""
+        self.events = []
+        self.proc = subprocess.Popen(
+            [PEEP, "serve", "--config", str(self.conf)], stderr=subprocess.PIPE, env=self.env, text=True
+        )
+        self._reader = threading.Thread(target=self._read, args=(self.proc,), daemon=True)
+        self._reader.start()
+        return self
+
+    def wait_ready(self, timeout: float = 120.0) -> Replica:
+        """Until it logged ``server started`` (and ``mqtt subscribed`` with MQTT); RuntimeError with its log if not."""
+        proc = self.proc
+        assert proc is not None
+        ready = ("server started", "mqtt subscribed") if self.mqtt else ("server started",)
+        if not wait_for(lambda: all(self.seen(e) for e in ready) or proc.poll() is not None, timeout, 0.1):
+            raise RuntimeError(f"replica {self.name} did not start in {timeout} s: {self.tail()}")
+        if proc.poll() is not None:
+            raise RuntimeError(f"replica {self.name} exited with {proc.returncode}: {self.tail()}")
+        return self
+
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            self.lines.append(line)
+            if line.startswith("{"):
+                try:
+                    self.events.append(json.loads(line))
+                except ValueError:
+                    pass
+
+    def seen(self, event: str) -> bool:
+        return any(e.get("event") == event for e in list(self.events))
+
+    def tail(self, n: int = 30) -> str:
+        return "".join(self.lines[-n:])
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int | None:
+        """Send ``sig`` and wait; SIGKILL after ``timeout``. Returns the exit code (None if not running)."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        rc = self.proc.returncode
+        if self._reader is not None:
+            self._reader.join(10)
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+        self.proc = None
+        return rc
+
+
+# --------------------------------------------------------------------------- devices
+
+
+@dataclass
+class DeviceSpec:
+    """One device process: ``kind`` "mqtt" (publish to ``topic``) or "grpc" (IngestStream to ``ports`` in turn)."""
+
+    device_id: str
+    kind: str
+    frames: str
+    topic: str = ""
+    host: str = "127.0.0.1"
+    port: int = 1883
+    username: str | None = None
+    password: str | None = None
+    ca: str | None = None
+    ports: list[int] = field(default_factory=list)
+    token: str = ""
+    chunk: int = 500
+
+
+def _device_main(spec: DeviceSpec, published: Any, index: int, processed: Any, window: int, results: Any) -> None:
+    try:
+        out = _mqtt_device(spec, published, index, processed, window) if spec.kind == "mqtt" else _grpc_device(spec)
+    except Exception as exc:  # reported to the parent, which fails with it
+        out = {"error": f"{type(exc).__name__}: {exc}"}
+    out["device_id"] = spec.device_id
+    out["kind"] = spec.kind
+    results.put(out)
+
+
+def _mqtt_device(spec: DeviceSpec, published: Any, index: int, processed: Any, window: int) -> dict[str, Any]:
+    """Publish QoS 1, at most ``window`` templates outstanding over all devices (sent, not yet stored)."""
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    payloads = read_frames(spec.frames)
+    # MQTT v5 defaults: clean start, session expiry 0; nothing stays on the broker.
+    c = mqtt.Client(
+        CallbackAPIVersion.VERSION2, client_id=f"{spec.device_id}-{uuid.uuid4().hex[:6]}", protocol=mqtt.MQTTv5
+    )
+    if spec.username:
+        c.username_pw_set(spec.username, spec.password)
+    if spec.ca:
+        c.tls_set(ca_certs=spec.ca)
+    c.max_inflight_messages_set(20)
+    c.max_queued_messages_set(0)
+    c.connect(spec.host if not spec.ca else "localhost", spec.port)
+    c.loop_start()
+    start = time.time()
+    infos = []
+    for k, p in enumerate(payloads):
+        while sum(published) - processed.value >= window:
+            time.sleep(0.001)
+        infos.append(c.publish(spec.topic, p, qos=1))
+        published[index] = k + 1
+    for info in infos:
+        info.wait_for_publish(300)
+    acked = sum(1 for i in infos if i.rc == 0 and i.is_published())
+    c.disconnect()
+    c.loop_stop()
+    return {"start": start, "end": time.time(), "sent": len(payloads), "acknowledged": acked}
+
+
+def _grpc_device(spec: DeviceSpec) -> dict[str, Any]:
+    """IngestStream in chunks, each to the next replica; a failed call is resent to the next one."""
+    import grpc
+    from peep.v1 import recognition_pb2_grpc, template_pb2
+
+    msgs = [template_pb2.PerturbedTemplate.FromString(p) for p in read_frames(spec.frames)]
+    creds = grpc.ssl_channel_credentials(root_certificates=Path(spec.ca).read_bytes()) if spec.ca else None
+    stubs = []
+    for port in spec.ports:
+        target = f"localhost:{port}"
+        ch = grpc.secure_channel(target, creds) if creds else grpc.insecure_channel(target)
+        stubs.append(recognition_pb2_grpc.RecognitionServiceStub(ch))  # type: ignore[no-untyped-call]
+    md = [("authorization", f"Bearer {spec.token}")]
+    accepted = duplicates = rejected = retries = 0
+    turn = 0
+    start = time.time()
+    for lo in range(0, len(msgs), spec.chunk):
+        chunk = msgs[lo : lo + spec.chunk]
+        deadline = time.monotonic() + 300
+        while True:
+            stub = stubs[turn % len(stubs)]
+            turn += 1
+            try:
+                summary = stub.IngestStream(iter(chunk), metadata=md, timeout=60, wait_for_ready=False)
+            except grpc.RpcError:
+                retries += 1  # the replica died or is restarting: the same chunk to the next one
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+                continue
+            accepted += summary.accepted
+            duplicates += summary.duplicates
+            rejected += summary.rejected
+            break
+    return {
+        "start": start,
+        "end": time.time(),
+        "sent": len(msgs),
+        "accepted": accepted,
+        "duplicates": duplicates,
+        "rejected": rejected,
+        "retries": retries,
+    }
+
+
+def run_devices(
+    specs: Sequence[DeviceSpec],
+    stored: Callable[[], int],
+    *,
+    window: int = 2_000,
+    during: Callable[[], None] | None = None,
+    timeout: float = 600.0,
+) -> list[dict[str, Any]]:
+    """Run one process per device until all have sent (and had acknowledged) their templates.
+
+    ``stored`` returns how many templates the backend has stored: the MQTT
+    devices keep at most ``window`` outstanding. ``during`` runs in this
+    process while the devices send (e.g. kill and restart a replica).
+    """
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    published = ctx.RawArray("q", len(specs))
+    processed = ctx.RawValue("q", 0)
+    results = ctx.Queue()
+    base = stored()
+    done = threading.Event()
+
+    def feed() -> None:
+        while not done.is_set():
+            try:
+                processed.value = stored() - base
+            except Exception:
+                pass
+            time.sleep(0.05)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    procs = [
+        ctx.Process(target=_device_main, args=(s, published, i, processed, window, results), daemon=True)
+        for i, s in enumerate(specs)
+    ]
+    env_before = dict(os.environ)
+    os.environ.update({"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        os.environ.clear()
+        os.environ.update(env_before)
+    try:
+        if during is not None:
+            during()
+        reports = [results.get(timeout=timeout) for _ in procs]
+    finally:
+        done.set()
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    errors = [r for r in reports if "error" in r]
+    if errors:
+        raise RuntimeError(f"device processes failed: {errors}")
+    return reports
+
+
+# --------------------------------------------------------------------------- the database and the replicas' answers
+
+
+def stored_keys(dsn: str) -> list[tuple[str, str]]:
+    """(device_id, message_id) of every stored template (one row each; the key makes a duplicate impossible)."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return [(str(d), str(m)) for d, m in conn.execute("SELECT device_id, message_id FROM templates")]
+
+
+def count_stored(dsn: str) -> int:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        try:
+            row = conn.execute("SELECT COUNT(*) FROM templates").fetchone()
+        except psycopg.errors.UndefinedTable:
+            return 0
+        return int(row[0]) if row else 0
+
+
+def grpc_stub(port: int, ca: str | None) -> Any:
+    import grpc
+    from peep.v1 import recognition_pb2_grpc
+
+    target = f"localhost:{port}"
+    if ca:
+        ch = grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=Path(ca).read_bytes()))
+    else:
+        ch = grpc.insecure_channel(target)
+    return recognition_pb2_grpc.RecognitionServiceStub(ch)  # type: ignore[no-untyped-call]
+
+
+def serving_version(stub: Any, probe: Any, token: str) -> str:
+    """The model version a replica's Identify answer names ("" without a model)."""
+    from peep.v1 import recognition_pb2
+
+    req = recognition_pb2.IdentifyRequest(template=probe, top_k=1)
+    try:
+        return str(stub.Identify(req, metadata=[("authorization", f"Bearer {token}")], timeout=5).model_version)
+    except Exception:
+        return ""
+
+
+# --------------------------------------------------------------------------- the bench section
+
+
+_DEVICES = [f"cam-{i:02d}" for i in range(1, 11)]
+_ADMIN = "bench-admin-" + uuid.uuid4().hex[:8]
+
+
+def _token(device: str) -> str:
+    return f"bench-token-{device}"
+
+
+def _preflight(dsn: str, broker: str) -> tuple[str, int]:
+    import psycopg
+
+    try:
+        psycopg.connect(dsn, autocommit=True).close()
+    except Exception as exc:
+        raise ClusterUnavailableError(
+            f"the cluster section needs PostgreSQL: cannot connect with {dsn!r} ({str(exc).strip()}); "
+            "set PEEP_BENCH_PG_DSN to a database where this user may create a schema"
+        ) from None
+    host, _, port = broker.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=2.0):
+            pass
+    except (OSError, ValueError) as exc:
+        raise ClusterUnavailableError(
+            f"the cluster section needs an MQTT v5 broker: cannot connect to {broker} ({exc}); "
+            "set PEEP_BENCH_MQTT=HOST:PORT (anonymous access)"
+        ) from None
+    return host, int(port)
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    import psycopg
+    from peep.server.bench.server import _synthetic_bundle, _templates
+    from peep.server.config import token_sha256
+    from peep.server.pki import make_local_pki
+    from peep.server.transport.retained import clear_retained
+    from peep.v1 import template_pb2
+
+    dsn0 = os.environ.get("PEEP_BENCH_PG_DSN", DEFAULT_DSN)
+    host, port = _preflight(dsn0, os.environ.get("PEEP_BENCH_MQTT", DEFAULT_BROKER))
+    n_replicas = 3
+    per_phase = 3_000 if quick else 10_000
+    schema = f"peep_bench_{uuid.uuid4().hex[:10]}"
+    prefix = f"peepbench-{uuid.uuid4().hex[:8]}/v1"
+    group = f"bench{uuid.uuid4().hex[:6]}"
+    admin = psycopg.connect(dsn0, autocommit=True)
+    admin.execute(f"CREATE SCHEMA {schema}")
+    dsn = f"{dsn0} options='-c search_path={schema}'"
+    replicas: list[Replica] = []
+    with tempfile.TemporaryDirectory(prefix="peep-bench-cluster-") as tmp_s:
+        tmp = Path(tmp_s)
+        try:
+            bundle, pub = _synthetic_bundle(tmp)
+            tls = make_local_pki(tmp / "pki")
+            devices = _DEVICES
+            desk = "desk-1"
+            cfg_base: dict[str, Any] = {
+                "storage": {"backend": "postgres", "dsn": dsn, "pool_size": 4},
+                "bundle": {"public_key": str(pub), "dir": str(tmp / "bundle")},
+                "auth": {
+                    "admin_token_sha256": token_sha256(_ADMIN),
+                    "devices": [
+                        *({"id": d, "site": "bench", "token_sha256": token_sha256(_token(d))} for d in devices),
+                        {
+                            "id": desk,
+                            "site": "bench",
+                            "token_sha256": token_sha256(_token(desk)),
+                            "enrolment_desk": True,
+                        },
+                    ],
+                },
+                "mqtt": {
+                    "enabled": True,
+                    "host": host,
+                    "port": port,
+                    "username": None,
+                    "topic_prefix": prefix,
+                    "share_group": group,
+                    "session_expiry_s": 0,  # the shared broker: no session outlives the run
+                },
+                "training": {"preset": "lda", "model_dir": str(tmp / "models")},
+                "metrics": {"enabled": False},
+                "logging": {"format": "json", "level": "info"},
+            }
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+            for k in range(n_replicas):
+                name = "abcdefgh"[k]
+                gport = free_port()
+                cfg = json.loads(json.dumps(cfg_base))
+                cfg["cluster"] = {"replica_id": f"bench-{name}-{uuid.uuid4().hex[:4]}"}
+                cfg["grpc"] = {
+                    "listen": f"127.0.0.1:{gport}",
+                    "grace_s": 2.0,
+                    "tls": {"cert": str(tls.server_cert), "key": str(tls.server_key)},
+                }
+                conf = tmp / f"replica-{name}.toml"
+                conf.write_text(to_toml(cfg))
+                replicas.append(Replica(name, conf, gport, env, mqtt=True))
+
+            def specs(phase: str, n: int, ports: list[int]) -> list[DeviceSpec]:
+                out = []
+                for i, d in enumerate(devices):
+                    msgs = _templates(bundle, n // len(devices), devices=[d])
+                    frames = tmp / f"{phase}-{d}.bin"
+                    write_frames(frames, msgs)
+                    if i % 2 == 0:
+                        topic = f"{prefix}/bench/{d}/templates"
+                        out.append(DeviceSpec(d, "mqtt", str(frames), topic=topic, host=host, port=port))
+                    else:
+                        out.append(
+                            DeviceSpec(d, "grpc", str(frames), ports=ports, token=_token(d), ca=str(tls.ca_cert))
+                        )
+                return out
+
+            def phase(name: str, n: int, up: list[Replica]) -> dict[str, Any]:
+                before = count_stored(dsn)
+                reports = run_devices(specs(name, n, [r.grpc_port for r in up]), lambda: count_stored(dsn))
+                sent = sum(r["sent"] for r in reports)
+                t0 = min(r["start"] for r in reports)
+                if not wait_for(lambda: count_stored(dsn) - before >= sent, 120, 0.02):
+                    raise RuntimeError(f"{name}: {count_stored(dsn) - before} of {sent} stored after 120 s")
+                seconds = time.time() - t0
+                return {
+                    "sent": sent,
+                    "seconds": round(seconds, 3),
+                    "rate": round(sent / seconds, 1),
+                    "duplicates": sum(r.get("duplicates", 0) for r in reports),
+                }
+
+            replicas[0].start()
+            one = phase("one", per_phase, replicas[:1])
+            for r in replicas[1:]:
+                r.launch()
+            for r in replicas[1:]:
+                r.wait_ready()
+            many = phase("many", per_phase, replicas)
+            keys = stored_keys(dsn)
+            # promotion: enrol through the desk, Train through A, until every replica serves it
+            enrol = [
+                template_pb2.PerturbedTemplate.FromString(p)
+                for p in _templates(bundle, 600, devices=[desk], purpose="enroll", n_subjects=20)
+            ]
+            stubs = [grpc_stub(r.grpc_port, str(tls.ca_cert)) for r in replicas]
+            stubs[1].IngestStream(iter(enrol), metadata=[("authorization", f"Bearer {_token(desk)}")], timeout=120)
+            probe = template_pb2.PerturbedTemplate.FromString(_templates(bundle, 1, devices=[devices[0]])[0])
+            from peep.v1 import recognition_pb2
+
+            t0 = time.monotonic()
+            resp = stubs[0].Train(
+                recognition_pb2.TrainRequest(), metadata=[("authorization", f"Bearer {_ADMIN}")], timeout=600
+            )
+            train_s = time.monotonic() - t0
+            version = resp.model_version
+            if not wait_for(lambda: all(serving_version(s, probe, _token(devices[0])) == version for s in stubs), 30):
+                raise RuntimeError(f"not every replica served {version} within 30 s of Train returning")
+            promotion_s = time.monotonic() - t0
+            return {
+                "replicas": n_replicas,
+                "ingest_per_s_1": one["rate"],
+                "ingest_per_s_n": many["rate"],
+                "sent": one["sent"] + many["sent"],
+                "stored": len(keys),
+                "distinct_stored": len(set(keys)),
+                "duplicates": one["duplicates"] + many["duplicates"],
+                "promotion_to_serving_s": round(promotion_s, 3),
+                "context": {
+                    "phases": {"one": one, "many": many},
+                    "devices": {"mqtt": len(devices[0::2]), "grpc": len(devices[1::2])},
+                    "train_s": round(train_s, 3),
+                    "after_train_s": round(promotion_s - train_s, 3),
+                    "model_version": version,
+                    "storage": "postgres (one schema, pool_size 4 per replica)",
+                    "schema": schema,
+                    "broker": f"{host}:{port} (session expiry 0, topic root {prefix})",
+                    "cpus": os.cpu_count(),
+                    "note": "replicas, devices, PostgreSQL and the broker share this machine's CPUs",
+                },
+            }
+        finally:
+            for r in replicas:
+                r.stop(signal.SIGTERM, 30)
+            clear_retained([f"{prefix}/bundle"], host, port)
+            admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+            admin.close()

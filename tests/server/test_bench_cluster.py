@@ -1,0 +1,48 @@
+"""``peep bench --sections cluster``: three replicas, every number measured, nothing left on the broker."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from peep.server.cli import main
+from peep_server_testlib import PG_BASE, mqtt_available
+
+
+def test_cluster_section_names_the_missing_service(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "b.json"
+    monkeypatch.setenv("PEEP_BENCH_PG_DSN", "host=127.0.0.1 port=1 dbname=x user=x connect_timeout=1")
+    assert main(["bench", "--sections", "cluster", "--out", str(out)]) == 1
+    err = json.loads(out.read_text())["cluster"]["error"]
+    assert "needs PostgreSQL" in err and "PEEP_BENCH_PG_DSN" in err
+    monkeypatch.delenv("PEEP_BENCH_PG_DSN")
+    monkeypatch.setenv("PEEP_BENCH_MQTT", "127.0.0.1:1")
+    assert main(["bench", "--sections", "cluster", "--out", str(out)]) == 1
+    err = json.loads(out.read_text())["cluster"]["error"]
+    assert "needs an MQTT v5 broker" in err and "PEEP_BENCH_MQTT" in err and "127.0.0.1:1" in err
+
+
+def test_default_sections_leave_the_cluster_out():
+    from peep.server.commands.bench import DEFAULT_SECTIONS, SECTIONS
+
+    assert "cluster" in SECTIONS and "cluster" not in DEFAULT_SECTIONS
+
+
+@pytest.mark.slow
+def test_quick_cluster_section(pg_admin, monkeypatch):
+    if mqtt_available() is not None:
+        pytest.skip(mqtt_available())
+    monkeypatch.setenv("PEEP_BENCH_PG_DSN", PG_BASE)  # the database pg_admin looks in
+    from peep.server.bench.cluster import run
+    from peep.server.transport.retained import retained_topics
+
+    out = run(quick=True)
+    assert out["replicas"] == 3
+    assert out["sent"] == out["stored"] == out["distinct_stored"] == 6000 and out["duplicates"] == 0
+    assert out["ingest_per_s_1"] > 0 and out["ingest_per_s_n"] > 0
+    assert 0 < out["context"]["train_s"] <= out["promotion_to_serving_s"]
+    assert out["context"]["after_train_s"] < 5.0
+    root = out["context"]["broker"].split("topic root ")[1].rstrip(")")
+    assert retained_topics(f"{root}/#") == {}  # the bundle announcement cleared; sessions had expiry 0
+    schema = out["context"]["schema"]
+    assert pg_admin.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchall() == []
