@@ -96,8 +96,6 @@ log = logging.getLogger(__name__)
 #: MQTT v5 DISCONNECT reason "Session taken over": another client connected with our client id.
 _SESSION_TAKEN_OVER = 0x8E
 _STATUSES = (b"online", b"offline")
-#: Longest wait for more templates once a batch has begun (see ``_write_loop``).
-BATCH_LINGER_S = 0.002
 
 
 def default_client_id(hostname: str | None = None) -> str:
@@ -566,27 +564,9 @@ class MqttBridge:
                 continue
             self._idle.clear()
             items = [first]
-            # Gather a batch: what is queued, then for at most BATCH_LINGER_S what keeps arriving.
-            # Without the wait, a writer that empties the queue faster than the network threads
-            # fill it commits a handful of templates per transaction, and the commit of each
-            # transaction then costs more than the templates in it (issue 18, back to back on 2
-            # loaded cores: 3 and 6 templates per transaction, 2,613 and 3,071/s, without the wait;
-            # 28 and 33, 3,012 and 3,318/s with 2 ms). A template waits at most that much longer
-            # for its acknowledgement, which still follows the commit.
-            deadline = None
             while len(items) < batch_max:
                 try:
                     items.append(self._queue.get_nowait())
-                    continue
-                except queue.Empty:
-                    pass
-                if deadline is None:
-                    deadline = time.monotonic() + BATCH_LINGER_S
-                left = deadline - time.monotonic()
-                if left <= 0 or self._closing.is_set():
-                    break
-                try:
-                    items.append(self._queue.get(timeout=left))
                 except queue.Empty:
                     break
             delay = 0.2
