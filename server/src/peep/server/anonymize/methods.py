@@ -1,7 +1,7 @@
 """Anonymisers: one interface, every method (UPBA and the face-anonymisation baselines).
 
 The contract (scikit-learn's, with the project's rule that declared
-parameters are validated at construction, CONVENTIONS 4-5):
+parameters are validated at construction, docs/CONVENTIONS.md items 4-5):
 
 - keyword-only ``__init__`` whose parameters are the method's; a wrong type
   raises ``TypeError`` and a value out of range ``ValueError``, each naming
