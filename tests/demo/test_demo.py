@@ -95,3 +95,16 @@ def test_usage_errors_name_the_option(capsys):
     assert "--subjects" in capsys.readouterr().err
     assert main(["demo", "--mechanism", "gaussian-l2"]) == 2
     assert "--delta" in capsys.readouterr().err
+
+
+def test_demo_leaves_nothing_retained_on_the_broker(demo_run):
+    """Its devices' statuses (its own site) and its bundle announcement are cleared when it ends (issue 18)."""
+    _, s = demo_run
+    if not s["mqtt"]:
+        pytest.skip("the demo ran without a broker (none on 127.0.0.1:1883)")
+    from peep.server.transport.retained import retained_topics
+    from peep.v1 import recognition_pb2
+
+    assert retained_topics(f"peep/v1/{s['site']}/#") == {}
+    held = retained_topics("peep/v1/bundle").get("peep/v1/bundle")
+    assert held is None or recognition_pb2.BundleFiles.FromString(held).bundle_id != s["bundle"]["bundle_id"]

@@ -698,6 +698,7 @@ class Demo:
             "verification": {k: v for k, v in verify.items() if k != "rows"},
             "edge": cam,
             "mqtt": self.use_mqtt,
+            "site": self.site,
             "steps_s": self.timer.steps,
             "wall_s": round(wall_s, 1),
         }
