@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 from peep.core import features
 from peep.server.anonymize import maths
-from peep.server.anonymize.methods import UPBA, AnonymiserError, DPPixel, KSamePixel, make_anonymiser
+from peep.server.anonymize.methods import (
+    UPBA,
+    AnonymiserError,
+    DPPixel,
+    KSamePixel,
+    make_anonymiser,
+    upba_basis,
+)
 
 
 @pytest.mark.parametrize(
@@ -105,6 +112,21 @@ def test_upba_refuses_g_larger_than_the_dataset_and_revalidates_set_params(rng: 
         imgs, attr
     )
     assert px.features.shape == (12, 30)
+
+
+def test_a_shared_upba_basis_gives_the_same_release_and_refuses_other_parameters(rng: np.random.Generator) -> None:
+    imgs, attr, extra = rng.random((12, 6, 5)), np.array([0, 1] * 6), {"age": np.array([0, 1, 2] * 4)}
+    seed = int(np.random.default_rng(3).integers(2**31 - 1))  # what UPBA(random_state=3) seeds its forests with
+    basis = upba_basis(imgs, attr, extra, n_components=5, n_estimators=5, seed=seed)
+    for g, w in ((4, 2.0), (6, 10.0)):  # the sweep: one basis, several (g, w)
+        own = UPBA(g=g, t=0.5, w=w, r_p=0.4, n_components=5, n_estimators=5, random_state=3)
+        shared = UPBA(g=g, t=0.5, w=w, r_p=0.4, n_components=5, n_estimators=5, random_state=3)
+        a = own.fit_transform(imgs, attr, extra)
+        b = shared.fit_transform(imgs, attr, extra, basis=basis)
+        np.testing.assert_array_equal(a.images, b.images)
+        np.testing.assert_array_equal(a.features, b.features)
+    with pytest.raises(AnonymiserError, match=r"^basis: expected one fitted with"):
+        UPBA(g=4, t=0.5, n_components=6, n_estimators=5).fit(imgs, attr, extra, basis=basis)
 
 
 def test_baselines_share_the_interface(rng: np.random.Generator) -> None:

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from peep.server.anonymize.methods import Anonymised, Anonymiser, make_anonymiser
+from peep.server.anonymize.methods import UPBA, Anonymised, Anonymiser, UpbaBasis, make_anonymiser, upba_basis
 from peep.server.audit.attacks import (
     Adversary,
     CandidateSet,
@@ -371,9 +371,35 @@ def job_env() -> Iterator[None]:
         yield
 
 
-def anonymise_dataset(anonymiser: Anonymiser, data: EvalData) -> Anonymised:
-    """What the owner shares: the whole dataset anonymised at once (fitted on it)."""
+def anonymise_dataset(anonymiser: Anonymiser, data: EvalData, basis: UpbaBasis | None = None) -> Anonymised:
+    """What the owner shares: the whole dataset anonymised at once (fitted on it).
+
+    ``basis``: UPBA's representation and importances, fitted once by
+    :func:`shared_basis` for every UPBA run on these records.
+    """
+    if basis is not None and isinstance(anonymiser, UPBA):
+        return anonymiser.fit_transform(data.images, data.attribute, data.additional, basis=basis)
     return anonymiser.fit_transform(data.images, data.attribute, data.additional)
+
+
+def shared_basis(data: EvalData, params: Any, settings: EvalSettings, n_jobs: int = 1) -> UpbaBasis:
+    """UPBA's basis for ``params`` on the whole dataset (forests seeded by ``settings.seed``), for every UPBA run.
+
+    The basis depends only on the records, their attributes, the
+    representation, ``n_components`` and ``n_estimators`` — not on (t, g, w,
+    r_p) — so the method and every sweep point share one fit.
+    """
+    a = make_anonymiser("upba", params)
+    return upba_basis(
+        data.images,
+        data.attribute,
+        data.additional,
+        representation=str(a.get_params()["representation"]),
+        n_components=int(a.get_params()["n_components"]),
+        n_estimators=int(a.get_params()["n_estimators"]),
+        seed=settings.seed,
+        n_jobs=n_jobs,
+    )
 
 
 def _chance(data: EvalData) -> dict[str, float]:
@@ -407,13 +433,14 @@ def evaluate_method(
     profiles: dict[str, Any],
     settings: EvalSettings,
     key: int,
+    basis: UpbaBasis | None = None,
 ) -> tuple[dict[str, Any], float]:
-    """Both protocols for one method; returns the result and its CPU seconds."""
+    """Both protocols for one method; returns the result and its CPU seconds (``basis``: UPBA's, shared)."""
     t0 = time.process_time()
     with job_env():
         anonymiser = make_anonymiser(name, params, random_state=settings.seed + key)
         start = time.perf_counter()
-        released = anonymise_dataset(anonymiser, data)
+        released = anonymise_dataset(anonymiser, data, basis)
         seconds = time.perf_counter() - start
         A = released.images
         tr, te = data.train, data.test
@@ -447,13 +474,18 @@ def evaluate_method(
 
 
 def sweep_point(
-    params: dict[str, Any], data: EvalData, owner: Owner, settings: EvalSettings, key: int
+    params: dict[str, Any],
+    data: EvalData,
+    owner: Owner,
+    settings: EvalSettings,
+    key: int,
+    basis: UpbaBasis | None = None,
 ) -> tuple[dict[str, Any], float]:
     """UPBA at one (t, g, w, r_p): source protocol, parrot (quick recognisers), attribute utility."""
     t0 = time.process_time()
     with job_env():
         anonymiser = make_anonymiser("upba", params, random_state=settings.seed + key)
-        A = anonymise_dataset(anonymiser, data).images
+        A = anonymise_dataset(anonymiser, data, basis).images
         tr, te = data.train, data.test
         src = source_protocol(owner, data, A[te])
         eig, models = train_regime(A[tr], data.identity[tr], data.n_identities, settings.sweep_recognisers, settings)
@@ -469,6 +501,26 @@ def sweep_point(
             "ssim_mean": float(ssim_batch(A, data.images).mean()),
         }
     return out, time.process_time() - t0
+
+
+def sweep_point_of(result: dict[str, Any], settings: EvalSettings) -> dict[str, Any]:
+    """The sweep point at a UPBA method result's parameters (:func:`evaluate_method`), taken from it.
+
+    :func:`sweep_point` on the method's release (its seed) would measure the
+    same: the same owner's models, and the sweep recognisers are trained alike
+    among the method's.
+    """
+    parrot = {k: result["parrot_accuracy"][k] for k in settings.sweep_recognisers}
+    att = result["attribute_accuracy"]
+    return {
+        "parameters": result["parameters"],
+        "identity_accuracy_source": result["identity_mixture"]["accuracy"],
+        "identity_mixture": result["identity_mixture"]["mixture"],
+        "parrot_accuracy": parrot | {"max": max(parrot.values())},
+        "attribute_original_model_on_anonymised": att["original_model_on_anonymised"],
+        "attribute_trained_on_anonymised": att["trained_on_anonymised"],
+        "ssim_mean": result["ssim_mean"],
+    }
 
 
 def default_sweep(base: dict[str, Any]) -> list[dict[str, Any]]:

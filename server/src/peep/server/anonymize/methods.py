@@ -238,15 +238,18 @@ class UPBA(Anonymiser):
         _rng(self.random_state)
 
     def _features(self, flat: FloatArray) -> FloatArray:
-        if self.representation == "pixels":
-            return flat
-        out: FloatArray = self.eigenfaces_.transform(flat)
-        return out
+        return _represent(self.eigenfaces_, flat)
 
-    def fit(self, images: Any, attribute: Any = None, additional: Mapping[str, Any] | None = None) -> Self:
-        from peep.core.eigenfaces import EigenfaceModel
-        from sklearn.ensemble import RandomForestClassifier
-
+    def fit(
+        self,
+        images: Any,
+        attribute: Any = None,
+        additional: Mapping[str, Any] | None = None,
+        *,
+        basis: UpbaBasis | None = None,
+    ) -> Self:
+        """See :meth:`Anonymiser.fit`; ``basis`` (from :func:`upba_basis` on the same records and attributes)
+        replaces fitting the representation and the forests, so a sweep fits them once."""
         imgs = _images(images)
         n = imgs.shape[0]
         if attribute is None:
@@ -260,21 +263,24 @@ class UPBA(Anonymiser):
             raise AnonymiserError(f"g: expected at most the number of records in the dataset ({n}), received {self.g}")
         super().fit(imgs)
         self._rng_ = _rng(self.random_state)
-        flat = imgs.reshape(n, -1)
-        if self.representation == "eigenfaces":
-            self.eigenfaces_ = EigenfaceModel(n_components=min(int(self.n_components), n - 1)).fit(flat)
-        feats = self._features(flat)
-        seed = int(self._rng_.integers(2**31 - 1))
-        targets = [("attribute", attr)] + [
-            (f"additional[{k}]", _labels(v, n, f"additional[{k}]")) for k, v in (additional or {}).items()
-        ]
-        self.importances_ = []
-        for _, y in targets:
-            forest = RandomForestClassifier(n_estimators=int(self.n_estimators), random_state=seed, n_jobs=1)
-            self.importances_.append(np.asarray(forest.fit(feats, y).feature_importances_, dtype=np.float64))
-        ratios = [float(self.r_p)] + [float(self.r_q)] * (len(targets) - 1)
+        seed = int(self._rng_.integers(2**31 - 1))  # drawn either way, so the random sets do not depend on basis
+        if basis is None:
+            basis = upba_basis(
+                imgs,
+                attr,
+                additional,
+                representation=str(self.representation),
+                n_components=int(self.n_components),
+                n_estimators=int(self.n_estimators),
+                seed=seed,
+            )
+        else:
+            basis.check(self, n, 1 + len(additional or {}))
+        self.eigenfaces_ = basis.eigenfaces
+        self.importances_ = list(basis.importances)
+        ratios = [float(self.r_p)] + [float(self.r_q)] * (len(self.importances_) - 1)
         self.mask_ = maths.retention_mask(self.importances_, ratios)
-        self.pool_ = feats
+        self.pool_ = basis.features
         self.pool_attribute_ = attr
         return self
 
@@ -282,9 +288,14 @@ class UPBA(Anonymiser):
         return self._anonymise(images, attribute, None)
 
     def fit_transform(
-        self, images: Any, attribute: Any = None, additional: Mapping[str, Any] | None = None
+        self,
+        images: Any,
+        attribute: Any = None,
+        additional: Mapping[str, Any] | None = None,
+        *,
+        basis: UpbaBasis | None = None,
     ) -> Anonymised:
-        self.fit(images, attribute, additional)
+        self.fit(images, attribute, additional, basis=basis)
         return self._anonymise(images, attribute, np.arange(self.n_records_fit_, dtype=np.int64))
 
     def _anonymise(self, images: Any, attribute: Any, self_index: IntArray | None) -> Anonymised:
@@ -293,8 +304,8 @@ class UPBA(Anonymiser):
         if attribute is None:
             raise AnonymiserError("attribute: expected the attribute of interest of every record, received none")
         attr = _labels(attribute, imgs.shape[0], "attribute")
-        flat = imgs.reshape(imgs.shape[0], -1)
-        feats = self._features(flat)
+        # the fitted records' features are the pool (fit_transform): not projected again
+        feats = self.pool_ if self_index is not None else self._features(imgs.reshape(imgs.shape[0], -1))
         members = maths.upba_random_sets(
             self.pool_attribute_, attr, g=int(self.g), t=float(self.t), rng=self._rng_, self_index=self_index
         )
@@ -310,6 +321,100 @@ class UPBA(Anonymiser):
             f"attribute value) at weight 1/{self.w:g}, and keeps {self.r_p:g} of its features ({self.r_q:g} per "
             "additional attribute) at weight (w-1)/w"
         )
+
+
+def _represent(eigenfaces: Any, flat: FloatArray) -> FloatArray:
+    """Records in UPBA's representation: eigenface coefficients, or the pixels when ``eigenfaces`` is None."""
+    if eigenfaces is None:
+        return flat
+    out: FloatArray = eigenfaces.transform(flat)
+    return out
+
+
+@dataclass(frozen=True)
+class UpbaBasis:
+    """What UPBA learns from a dataset before drawing any random set: the same for every (t, g, w, r_p).
+
+    Attributes
+    ----------
+    representation : str
+    n_components, n_estimators : int
+        As the UPBA parameters it was fitted with.
+    eigenfaces : EigenfaceModel or None
+        Fitted on the records (None for pixels).
+    features : ndarray of shape (n_records, n_features)
+        The records in the representation (UPBA's pool).
+    importances : tuple of ndarray of shape (n_features,)
+        Random-forest importances of the attribute of interest, then of each additional attribute.
+    """
+
+    representation: str
+    n_components: int
+    n_estimators: int
+    eigenfaces: Any
+    features: FloatArray
+    importances: tuple[FloatArray, ...]
+
+    def check(self, upba: UPBA, n_records: int, n_targets: int) -> None:
+        """Refuse a basis fitted with other parameters, records or attributes than ``upba`` is given."""
+        n_fitted = self.features.shape[0]
+        ours = (self.representation, self.n_components, self.n_estimators, n_fitted, len(self.importances))
+        theirs = (upba.representation, int(upba.n_components), int(upba.n_estimators), n_records, n_targets)
+        if ours != theirs:
+            raise AnonymiserError(
+                "basis: expected one fitted with (representation, n_components, n_estimators, records, attributes) "
+                f"= {theirs}, received {ours}"
+            )
+
+
+def upba_basis(
+    images: Any,
+    attribute: Any,
+    additional: Mapping[str, Any] | None = None,
+    *,
+    representation: str = "eigenfaces",
+    n_components: int = 128,
+    n_estimators: int = 100,
+    seed: int = 0,
+    n_jobs: int = 1,
+) -> UpbaBasis:
+    """UPBA's representation and feature importances (Algorithm 1's random forests) of a dataset.
+
+    Parameters
+    ----------
+    images : array-like of shape (n_records, height, width)
+    attribute : array-like of shape (n_records,), int
+    additional : mapping of str to array-like of shape (n_records,), optional
+    representation, n_components, n_estimators
+        As :class:`UPBA`'s parameters.
+    seed : int
+        Seeds the forests.
+    n_jobs : int
+        Threads of the forests (the importances do not depend on it).
+    """
+    from peep.core.eigenfaces import EigenfaceModel
+    from sklearn.ensemble import RandomForestClassifier
+
+    imgs = _images(images)
+    n = imgs.shape[0]
+    flat = imgs.reshape(n, -1)
+    eigenfaces = None
+    if _check_choice(representation, "representation", UPBA.REPRESENTATIONS) == "eigenfaces":
+        eigenfaces = EigenfaceModel(n_components=min(int(n_components), n - 1)).fit(flat)
+    feats = _represent(eigenfaces, flat)
+    targets = [_labels(attribute, n, "attribute")] + [
+        _labels(v, n, f"additional[{k}]") for k, v in (additional or {}).items()
+    ]
+    importances = tuple(
+        np.asarray(
+            RandomForestClassifier(n_estimators=int(n_estimators), random_state=seed, n_jobs=n_jobs)
+            .fit(feats, y)
+            .feature_importances_,
+            dtype=np.float64,
+        )
+        for y in targets
+    )
+    return UpbaBasis(str(representation), int(n_components), int(n_estimators), eigenfaces, feats, importances)
 
 
 class GaussianBlur(Anonymiser):

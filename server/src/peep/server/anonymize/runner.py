@@ -38,8 +38,10 @@ from peep.server.anonymize.evaluation import (
     evaluate_method,
     fit_owner,
     identity_profiles,
+    shared_basis,
     split,
     sweep_point,
+    sweep_point_of,
 )
 from peep.server.anonymize.methods import AnonymiserError, make_anonymiser, method_class, method_parameters
 
@@ -200,13 +202,19 @@ def check_parameters(opts: AnonymizeOptions, n_records: int | None) -> None:
             )
 
 
+def _params_of(method: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = make_anonymiser(method, dict(params)).describe()["parameters"]
+    return out
+
+
 def run_evaluation(opts: AnonymizeOptions) -> dict[str, Any]:
     """Both protocols for every method (and UPBA's sweep); writes anonymize.json, plots and report.html."""
     from peep.server.anonymize.report import write_outputs
     from peep.server.audit.config import AuditConfig
-    from peep.server.audit.runner import run_jobs
+    from peep.server.audit.runner import n_workers, run_jobs
 
     wall, cpu0 = time.perf_counter(), time.process_time()
+    cfg = AuditConfig(jobs=opts.jobs, progress=opts.progress)
     s = opts.settings
     check_parameters(opts, None)
     lab = load_labelled(opts)
@@ -227,8 +235,14 @@ def run_evaluation(opts: AnonymizeOptions) -> dict[str, Any]:
         owner = fit_owner(data, s)
         profiles = identity_profiles(data, owner.eig)
         bar.update(1, 1)
+    basis = None
+    if "upba" in opts.methods:  # one representation and one set of forests for UPBA and every sweep point
+        with _bar(opts, "fitting UPBA's representation and random forests (once for every UPBA run)") as bar:
+            bar.update(0, 1)
+            basis = shared_basis(data, dict(opts.params.get("upba", {})), s, n_jobs=n_workers(cfg))
+            bar.update(1, 1)
     jobs: list[tuple[Callable[..., Any], tuple[Any, ...]]] = [
-        (evaluate_method, (m, dict(opts.params.get(m, {})), data, owner, profiles, s, i))
+        (evaluate_method, (m, dict(opts.params.get(m, {})), data, owner, profiles, s, i, basis))
         for i, m in enumerate(opts.methods)
     ]
     sweep_params: list[dict[str, Any]] = []
@@ -237,9 +251,14 @@ def run_evaluation(opts: AnonymizeOptions) -> dict[str, Any]:
         base.update({k: v for k, v in opts.params.get("upba", {}).items() if k in ("t", "g", "r_p", "w")})
         extra = {k: v for k, v in opts.params.get("upba", {}).items() if k not in base}
         sweep_params = [{**extra, **p} for p in default_sweep(base) if int(p["g"]) <= lab.images.shape[0]]
-        jobs += [(sweep_point, (p, data, owner, s, 100 + i)) for i, p in enumerate(sweep_params)]
-    results, cpu = run_jobs(AuditConfig(jobs=opts.jobs, progress=opts.progress), jobs, "evaluating methods")
+    # the sweep point with the method's own parameters is the method's run: taken from it, not run again
+    same = _params_of("upba", opts.params.get("upba", {}))
+    sweep_jobs = {i: p for i, p in enumerate(sweep_params) if _params_of("upba", p) != same}
+    jobs += [(sweep_point, (p, data, owner, s, 100 + i, basis)) for i, p in sweep_jobs.items()]
+    results, cpu = run_jobs(cfg, jobs, "evaluating methods")
     methods = {m: r for m, r in zip(opts.methods, results[: len(opts.methods)], strict=True)}
+    done = iter(results[len(opts.methods) :])
+    points = [next(done) if i in sweep_jobs else sweep_point_of(methods["upba"], s) for i in range(len(sweep_params))]
     grids = {m: r.pop("_grid") for m, r in methods.items()}
     doc: dict[str, Any] = {
         "schema_version": 1,
@@ -278,7 +297,7 @@ def run_evaluation(opts: AnonymizeOptions) -> dict[str, Any]:
         "sweep": {
             "method": "upba",
             "recognisers": list(s.sweep_recognisers),
-            "points": results[len(opts.methods) :],
+            "points": points,
         }
         if sweep_params
         else None,
