@@ -27,6 +27,7 @@ def test_every_cli_contract_command_is_documented():
         "peep keys generate", "peep bundle build", "peep bundle verify", "peep serve", "peep mqtt retire", "peep train",
         "peep audit",
         "peep qbbs evaluate", "peep bench", "peep demo", "peep-edge run", "peep-edge enroll", "peep-edge bundle verify",
+        "peep anonymize run", "peep anonymize evaluate", "peep sgap train",
     ):  # fmt: skip
         assert cmd in readme, cmd
 
