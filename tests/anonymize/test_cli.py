@@ -80,6 +80,23 @@ def test_refusals_name_the_parameter(
     assert re.search(match, capsys.readouterr().err)
 
 
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        ([], r"model: expected the path of an SGAP generator"),
+        (["--model", "missing.onnx"], r"model: expected an existing sgap.onnx file, received 'missing.onnx'"),
+    ],
+)
+def test_method_sgap_needs_its_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], match: str
+) -> None:
+    assert main(["anonymize", "run", "--method", "sgap", "--dataset", "lfw", *extra, "--out", str(tmp_path)]) == 2
+    assert re.search(match, capsys.readouterr().err)
+    argv = ["anonymize", "run", "--method", "blur", "--dataset", "lfw", "--model", "m.onnx", "--out", str(tmp_path)]
+    assert main(argv) == 2
+    assert "--model: the SGAP generator is for method sgap" in capsys.readouterr().err
+
+
 def test_refuses_an_attribute_that_cannot_be_labelled(folder: Path, tmp_path: Path) -> None:
     from peep.server.anonymize.attributes import AttributeLabelError
     from peep.server.anonymize.runner import AnonymizeOptions, load_labelled

@@ -4,6 +4,7 @@ export against torch, the SSIM constraint, the CLI, and the runtime without torc
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -258,3 +259,50 @@ def test_training_without_torch_names_the_extra(tmp_path):
     )
     assert r.returncode == 2, r.stderr
     assert "pip install 'peep-server[sgap]'" in r.stderr and not (tmp_path / "o").exists()
+
+
+# Closer to an install without torch than WITHOUT_TORCH: `import torch` fails and sys.modules holds no 'torch'
+# (libraries that probe sys.modules.get('torch'), as scikit-learn's array-API helpers do, see nothing).
+NO_TORCH_INSTALLED = (
+    "import sys\n"
+    "class NoTorch:\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name.split('.')[0] == 'torch':\n"
+    "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+    "sys.meta_path.insert(0, NoTorch())\n"
+)
+
+
+def test_anonymize_run_and_evaluate_method_sgap_without_torch(trained, data_home, tmp_path):
+    """The anonymiser interface's sgap method: `peep anonymize run --method sgap --model FILE.onnx` and
+    `evaluate --methods sgap` (both protocols) where importing torch fails."""
+    folder = tmp_path / "faces"
+    for person in ("Laura_Bush", "Colin_Powell", "Jennifer_Capriati", "Tony_Blair"):  # two labelled female, two male
+        (folder / person).mkdir(parents=True)
+        for f in sorted((Path(data_home) / "lfw_home" / "lfw_funneled" / person).glob("*.jpg"))[:10]:
+            (folder / person / f.name).write_bytes(f.read_bytes())
+    model = trained[2] / "sgap.onnx"
+    common = f"'--dataset', {str(folder)!r}, '--min-faces', '10', '--model', {str(model)!r}"
+    code = (
+        "import os; os.environ['PEEP_PROGRESS'] = '0'\n"
+        "from peep.server.cli import main\n"
+        f"assert main(['anonymize', 'run', '--method', 'sgap', {common}, '--out', 'run']) == 0\n"
+        f"assert main(['anonymize', 'evaluate', '--methods', 'sgap', {common}, '--components', '8', '--draws', '1',"
+        " '--jobs', '1', '--out', 'eval']) == 0\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] == 'torch']\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", NO_TORCH_INSTALLED + code],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+        env={**os.environ, "PEEP_CACHE_DIR": str(tmp_path / "cache")},
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["method"] == "sgap" and manifest["model"]["lambda"] == LAMBDA and manifest["n_records"] == 40
+    assert "Laura" not in (tmp_path / "run" / "manifest.json").read_text()
+    r_sgap = json.loads((tmp_path / "eval" / "anonymize.json").read_text())["methods"]["sgap"]
+    assert r_sgap["ssim_mean"] >= 1 - LAMBDA - 1e-3
+    assert {"identity_mixture", "naive_accuracy", "parrot_accuracy", "percent_parrot", "reduced_sets"} <= set(r_sgap)

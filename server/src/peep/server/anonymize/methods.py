@@ -24,6 +24,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Self
 
 import numpy as np
@@ -558,8 +559,81 @@ class DPPixel(Anonymiser):
         )
 
 
+class SGAP(Anonymiser):
+    """SGAP (Oleszkiewicz et al.), a learned privatizer: a generator trained by ``peep sgap train``, run from ONNX.
+
+    Fitting learns nothing (the generator was trained beforehand, on LFW's
+    background people only); transforming runs the generator with onnxruntime
+    (:class:`peep.server.sgap.runtime.SgapPrivatizer`, no torch) and, with
+    ``enforce_ssim``, pulls any face below SSIM 1 − λ back to it.
+
+    Parameters
+    ----------
+    model : str
+        Path of the generator's ``sgap.onnx``; required.
+    enforce_ssim : bool, default True
+        Guarantee SSIM(original, privatized) >= 1 − λ on every face.
+    """
+
+    name = "sgap"
+    summary = "SGAP: a generator trained against a Siamese identity discriminator (peep sgap train), run from ONNX"
+
+    def __init__(self, *, model: str = "", enforce_ssim: bool = True) -> None:
+        self.model = model
+        self.enforce_ssim = enforce_ssim
+        super().__init__()
+
+    def _validate(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise AnonymiserError(
+                f"model: expected the path of an SGAP generator (sgap.onnx from 'peep sgap train'; --model FILE or "
+                f"--param sgap.model=FILE), received {self.model!r}"
+            )
+        if not Path(self.model).is_file():
+            raise AnonymiserError(f"model: expected an existing sgap.onnx file, received {self.model!r} (no such file)")
+        if not isinstance(self.enforce_ssim, bool):
+            raise TypeError(f"enforce_ssim: expected a bool, received {type(self.enforce_ssim).__name__}")
+
+    def fit(self, images: Any, attribute: Any = None, additional: Mapping[str, Any] | None = None) -> Self:
+        from peep.server.sgap.runtime import FACE_SHAPE, SgapModelError, SgapPrivatizer
+
+        super().fit(images)
+        if self.image_shape_ != FACE_SHAPE:
+            raise AnonymiserError(
+                f"images: expected faces of {FACE_SHAPE[0]}x{FACE_SHAPE[1]} pixels (the generator's), "
+                f"received {self.image_shape_[0]}x{self.image_shape_[1]}"
+            )
+        try:
+            self.privatizer_ = SgapPrivatizer.load(self.model, enforce_ssim=bool(self.enforce_ssim), threads=1)
+        except SgapModelError as exc:
+            raise AnonymiserError(f"model: {exc}") from exc
+        return self
+
+    def _transform_images(self, images: FloatArray) -> FloatArray:
+        out = self.privatizer_.privatize(images.astype(np.float32))
+        self.n_projected_ = int(self.privatizer_.n_projected_)
+        return out.astype(np.float64)
+
+    def guarantee(self) -> str:
+        lam = getattr(getattr(self, "privatizer_", None), "lam", None)
+        floor = f"SSIM(original, privatized) >= {1.0 - lam:g} per face" if lam is not None else "an SSIM floor"
+        return (
+            f"no formal guarantee: a learned generator trained to fool a Siamese identity discriminator under "
+            f"{floor}{' (enforced)' if self.enforce_ssim else ''}; its privacy is what the evaluation measures"
+        )
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        p = getattr(self, "privatizer_", None)
+        if p is not None:
+            out["model"] = {"sha256": p.sha256, "lambda": p.lam, "training": p.metadata.get("population")}
+            if hasattr(self, "n_projected_"):
+                out["model"]["faces_pulled_back_to_ssim_floor"] = self.n_projected_
+        return out
+
+
 #: Every method, by its command-line name.
-METHODS: dict[str, type[Anonymiser]] = {c.name: c for c in (UPBA, GaussianBlur, Pixelate, KSamePixel, DPPixel)}
+METHODS: dict[str, type[Anonymiser]] = {c.name: c for c in (UPBA, GaussianBlur, Pixelate, KSamePixel, DPPixel, SGAP)}
 
 
 def method_parameters(name: str) -> dict[str, Any]:

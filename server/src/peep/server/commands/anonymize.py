@@ -32,6 +32,12 @@ def _common(p: argparse.ArgumentParser) -> None:
         metavar="[METHOD.]NAME=VALUE",
         help="a method parameter, e.g. upba.g=32 upba.t=0.6 blur.sigma=3 dp-pixel.epsilon=10 (repeatable)",
     )
+    p.add_argument(
+        "--model",
+        default=None,
+        metavar="FILE.onnx",
+        help="the SGAP generator (sgap.onnx from 'peep sgap train') for method sgap; same as --param sgap.model=FILE",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
     p.add_argument("--out", required=True, help="output directory")
 
@@ -83,6 +89,10 @@ def _options(args: argparse.Namespace, methods: tuple[str, ...], **extra: Any) -
         params = parse_params(args.param, methods)
     except AnonymiserError as exc:
         raise UsageError(str(exc)) from exc
+    if args.model is not None:
+        if "sgap" not in methods:
+            raise UsageError(f"--model: the SGAP generator is for method sgap, which is not among {','.join(methods)}")
+        params.setdefault("sgap", {})["model"] = args.model
     return AnonymizeOptions(
         dataset=args.dataset,
         out=Path(args.out),
