@@ -222,6 +222,20 @@ def test_cli_trains_and_refuses_bad_options(tmp_path, data_home, capsys):
     assert json.loads((out / "sweep.json").read_text())["population"]["max_faces"] == 9
 
 
+def test_anonymize_train_sgap_is_the_same_command(tmp_path, data_home, capsys):
+    """The issue names it peep anonymize train-sgap: same options, same checks, same output."""
+    from peep.server.cli import main
+
+    rc = main(["anonymize", "train-sgap", "--lambda", "0.1", "--max-faces", "25", "--out", str(tmp_path / "bad")])
+    assert rc == 2 and "--max-faces: expected <= 19" in capsys.readouterr().err
+    out = tmp_path / "one"
+    args = ["anonymize", "train-sgap", "--lambda", "0.2", "--epochs", "1", "--batch-size", "8", "--max-faces", "9"]
+    args += ["--max-subjects", "6", "--max-per-subject", "5", "--data-home", data_home, "--out", str(out)]
+    assert main([*args, "--threads", "1", "--json", "--no-progress"]) == 0, capsys.readouterr().err
+    assert (out / "sgap.onnx").is_file()
+    assert json.loads((out / "sgap.json").read_text())["lambda"] == 0.2
+
+
 # As an install without the `sgap` extra sees it: importing torch fails as if it were absent.
 WITHOUT_TORCH = "import sys; sys.modules['torch'] = None\n"
 

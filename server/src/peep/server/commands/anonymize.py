@@ -77,6 +77,15 @@ def register(sub: Any) -> None:
     e.add_argument("--seed", type=int, default=0, help="seed of the split, recognisers and methods (default 0)")
     e.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per CPU)")
     e.set_defaults(handler=evaluate)
+    from peep.server.commands.sgap import add_train_arguments
+
+    t = q.add_parser(
+        "train-sgap",
+        help="train SGAP generators for --method sgap (the same command as peep sgap train)",
+        description="The same as peep sgap train: SGAP generators trained on LFW's background people only, "
+        "exported to ONNX for peep anonymize run/evaluate --method sgap --model OUT/sgap.onnx.",
+    )
+    add_train_arguments(t)
 
 
 def _options(args: argparse.Namespace, methods: tuple[str, ...], **extra: Any) -> Any:

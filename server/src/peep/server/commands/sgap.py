@@ -29,9 +29,6 @@ def _lambdas(text: str) -> tuple[float, ...]:
 
 
 def register(sub: Any) -> None:
-    from peep.server.sgap.config import SgapConfig
-
-    d = SgapConfig(lam=0.1)
     p = sub.add_parser("sgap", help="SGAP, the learned face privatizer: train generators (issue 14)")
     ssub = p.add_subparsers(dest="sgap_command", metavar="SUBCOMMAND", required=True)
     t = ssub.add_parser(
@@ -42,6 +39,14 @@ def register(sub: Any) -> None:
         "population, achieved SSIM, held-out discriminator accuracy, ONNX check), training.png and samples.png. "
         "With several λ, one folder OUT/lambda-L per value plus OUT/sweep.json and OUT/sweep.png.",
     )
+    add_train_arguments(t)
+
+
+def add_train_arguments(t: Any) -> None:
+    """The options of ``peep sgap train`` (also ``peep anonymize train-sgap``), handler included."""
+    from peep.server.sgap.config import SgapConfig
+
+    d = SgapConfig(lam=0.1)
     t.add_argument("--lambda", dest="lambdas", type=_lambdas, required=True, metavar="L[,L...]",
                    help="distortion constraint(s): SSIM(original, privatized) >= 1 - L, each in (0, 1)")  # fmt: skip
     t.add_argument("--out", required=True, type=Path, help="output folder")
