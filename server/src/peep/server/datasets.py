@@ -245,6 +245,49 @@ def normalise_files(
     return out[ok], ok
 
 
+def _cached_per_person(
+    per_person: Sequence[Sequence[Path]],
+    *,
+    entry: Callable[[Sequence[Path]], Path | None],
+    field: str,
+    compute: Callable[[Sequence[Path], Callable[[int, int], None]], tuple[NDArray[Any], NDArray[np.bool_]]],
+    empty_shape: tuple[int, ...],
+    progress: Callable[[int, int], None] | None,
+) -> tuple[NDArray[np.float32], NDArray[np.bool_]]:
+    """``compute(files, report)`` for every person's files, each result cached in ``entry(files)`` (an .npz
+    holding ``field`` and ``ok``; None: no cache), concatenated in order; progress over all files."""
+    total = sum(len(imgs) for imgs in per_person)
+    done = 0
+    values: list[NDArray[np.float32]] = []
+    oks: list[NDArray[np.bool_]] = []
+    for imgs in per_person:
+        cached = entry(imgs)
+        if cached is not None and cached.is_file():
+            with np.load(cached) as z:
+                v, o = z[field], z["ok"]
+        else:
+            start = done
+
+            def report(i: int, _n: int, start: int = start) -> None:
+                if progress is not None:
+                    progress(start + i, total)
+
+            v, o = compute(imgs, report)
+            if cached is not None:
+                tmp = cached.with_suffix(".tmp.npz")
+                arrays: dict[str, Any] = {field: v, "ok": o}
+                np.savez(tmp, **arrays)
+                os.replace(tmp, cached)
+        done += len(imgs)
+        if progress is not None:
+            progress(done, total)
+        values.append(np.asarray(v, dtype=np.float32))
+        oks.append(np.asarray(o, dtype=bool))
+    if not values:
+        return np.zeros((0, *empty_shape), dtype=np.float32), np.zeros(0, dtype=bool)
+    return np.concatenate(values), np.concatenate(oks)
+
+
 def _normalise_cached(
     per_person: Sequence[Sequence[Path]],
     geometry: FaceGeometry,
@@ -261,35 +304,18 @@ def _normalise_cached(
     5-9-image background, the people with >= 100 images, everyone -- reuses
     the detections of every other selection that shared a person.
     """
-    total = sum(len(imgs) for imgs in per_person)
-    done = 0
-    faces: list[NDArray[np.float32]] = []
-    oks: list[NDArray[np.bool_]] = []
-    for imgs in per_person:
-        cached = cache / f"person-{_cache_key(imgs, geometry, detector, normalisation)}.npz" if cache else None
-        if cached is not None and cached.is_file():
-            with np.load(cached) as z:
-                f, o = z["faces"], z["ok"]
-        else:
-            start = done
-
-            def report(i: int, _n: int, start: int = start) -> None:
-                if progress is not None:
-                    progress(start + i, total)
-
-            f, o = normalise_files(imgs, geometry=geometry, detector=detector, fixed_box=fixed, progress=report)
-            if cached is not None:
-                tmp = cached.with_suffix(".tmp.npz")
-                np.savez(tmp, faces=f, ok=o)
-                os.replace(tmp, cached)
-        done += len(imgs)
-        if progress is not None:
-            progress(done, total)
-        faces.append(np.asarray(f, dtype=np.float32))
-        oks.append(np.asarray(o, dtype=bool))
-    if not faces:
-        return np.zeros((0, geometry.height, geometry.width), dtype=np.float32), np.zeros(0, dtype=bool)
-    return np.concatenate(faces), np.concatenate(oks)
+    return _cached_per_person(
+        per_person,
+        entry=lambda imgs: (
+            cache / f"person-{_cache_key(imgs, geometry, detector, normalisation)}.npz" if cache else None
+        ),
+        field="faces",
+        compute=lambda imgs, report: normalise_files(
+            imgs, geometry=geometry, detector=detector, fixed_box=fixed, progress=report
+        ),
+        empty_shape=(geometry.height, geometry.width),
+        progress=progress,
+    )
 
 
 def describe_files(
@@ -339,36 +365,23 @@ def _describe_cached(
 ) -> tuple[NDArray[np.float32], NDArray[np.bool_]]:
     """Descriptors of every person's files, cached per person and per network (its file hashes)."""
     network = json.dumps(encoder.identity, sort_keys=True)
-    total = sum(len(imgs) for imgs in per_person)
-    done = 0
-    found: list[NDArray[np.float32]] = []
-    oks: list[NDArray[np.bool_]] = []
-    for imgs in per_person:
+
+    def entry(imgs: Sequence[Path]) -> Path | None:
+        if cache is None:
+            return None
         key = hashlib.sha256((_cache_key(imgs, geometry, detector, normalisation) + network).encode()).hexdigest()
-        cached = cache / f"descriptors-{key[:32]}.npz" if cache else None
-        if cached is not None and cached.is_file():
-            with np.load(cached) as z:
-                d, o = z["descriptors"], z["ok"]
-        else:
-            start = done
+        return cache / f"descriptors-{key[:32]}.npz"
 
-            def report(i: int, _n: int, start: int = start) -> None:
-                if progress is not None:
-                    progress(start + i, total)
-
-            d, o = describe_files(imgs, encoder=encoder, detector=detector, fixed_box=fixed, progress=report)
-            if cached is not None:
-                tmp = cached.with_suffix(".tmp.npz")
-                np.savez(tmp, descriptors=d, ok=o)
-                os.replace(tmp, cached)
-        done += len(imgs)
-        if progress is not None:
-            progress(done, total)
-        found.append(np.asarray(d, dtype=np.float32))
-        oks.append(np.asarray(o, dtype=bool))
-    if not found:
-        return np.zeros((0, int(encoder.dimension)), dtype=np.float32), np.zeros(0, dtype=bool)
-    return np.concatenate(found), np.concatenate(oks)
+    return _cached_per_person(
+        per_person,
+        entry=entry,
+        field="descriptors",
+        compute=lambda imgs, report: describe_files(
+            imgs, encoder=encoder, detector=detector, fixed_box=fixed, progress=report
+        ),
+        empty_shape=(int(encoder.dimension),),
+        progress=progress,
+    )
 
 
 def load_dataset(
