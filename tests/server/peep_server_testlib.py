@@ -7,7 +7,6 @@ puts this directory on sys.path so `import peep_server_testlib` works.
 from __future__ import annotations
 
 import hashlib
-import json
 import socket
 import sys
 import uuid
@@ -19,6 +18,7 @@ import grpc
 import numpy as np
 from peep.core import wire
 from peep.core.release import TemplateReleaser
+from peep.server.bench.cluster import to_toml as to_toml  # one server.toml writer for tests and the cluster bench
 from peep.server.pki import LocalCA
 
 ADMIN_TOKEN = "admin-" + uuid.uuid4().hex
@@ -213,38 +213,3 @@ def start_server(
     app.start(mqtt_wait=mqtt_wait)
     tls = config.grpc.tls is not None
     return RunningServer(app, app.port, pki, tmp, tls=tls, mtls=tls and config.grpc.tls.client_ca is not None)  # type: ignore[union-attr]
-
-
-def to_toml(cfg: dict[str, Any]) -> str:
-    """Serialise a config dict (sections of scalars, lists, sub-tables, arrays of tables) as TOML."""
-
-    def scalar(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, int | float):
-            return repr(v)
-        if isinstance(v, list):
-            return "[" + ", ".join(scalar(x) for x in v) + "]"
-        return json.dumps(str(v))
-
-    lines: list[str] = []
-
-    def table(name: str, data: dict[str, Any]) -> None:
-        plain = {
-            k: v
-            for k, v in data.items()
-            if v is not None and not isinstance(v, dict) and not (isinstance(v, list) and v and isinstance(v[0], dict))
-        }
-        lines.append(f"[{name}]")
-        lines.extend(f"{k} = {scalar(v)}" for k, v in plain.items())
-        for k, v in data.items():
-            if isinstance(v, dict):
-                table(f"{name}.{k}", v)
-            elif isinstance(v, list) and v and isinstance(v[0], dict):
-                for item in v:
-                    lines.append(f"[[{name}.{k}]]")
-                    lines.extend(f"{ik} = {scalar(iv)}" for ik, iv in item.items() if iv is not None)
-
-    for section, data in cfg.items():
-        table(section, data)
-    return "\n".join(lines) + "\n"
