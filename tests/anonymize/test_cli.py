@@ -84,7 +84,7 @@ def test_refusals_name_the_parameter(
     ("extra", "match"),
     [
         ([], r"model: expected the path of an SGAP generator"),
-        (["--model", "missing.onnx"], r"model: expected an existing sgap.onnx file, received 'missing.onnx'"),
+        (["--model", "missing.onnx"], r"--model missing.onnx: expected an existing sgap.onnx file \(no such file\)"),
     ],
 )
 def test_method_sgap_needs_its_model(

@@ -49,10 +49,24 @@ def small(lfw_background):
 def trained(small, tmp_path_factory):
     images, labels = small
     out = tmp_path_factory.mktemp("sgap")
-    cfg = SgapConfig(lam=LAMBDA, epochs=2, batch_size=16, seed=3)
+    cfg = SgapConfig(lam=LAMBDA, epochs=2, pretrain_epochs=2, batch_size=16, seed=3)
     result = train_sgap(images, labels, cfg, checkpoint_dir=out)
     report = write_model(result, images, labels, out, {"dataset": "lfw", "min_faces": 5, "max_faces": 9})
     return result, report, out
+
+
+@pytest.fixture(scope="module")
+def sweep(trained, small, tmp_path_factory):
+    """A λ sweep's folder as 'peep sgap train --lambda 0.2,0.3' lays it out: lambda-L/sgap.onnx each."""
+    import shutil
+
+    images, labels = small
+    out = tmp_path_factory.mktemp("sweep")
+    shutil.copytree(trained[2], out / f"lambda-{LAMBDA:g}")
+    cfg = SgapConfig(lam=0.3, epochs=1, pretrain_epochs=1, batch_size=16, seed=4)
+    result = train_sgap(images, labels, cfg)
+    write_model(result, images, labels, out / "lambda-0.3", {"dataset": "lfw", "min_faces": 5, "max_faces": 9})
+    return out
 
 
 @pytest.mark.parametrize(
@@ -69,6 +83,7 @@ def trained(small, tmp_path_factory):
         ({"lam": 0.1, "lr_generator": 0}, ValueError, r"lr_generator: .* received 0"),
         ({"lam": 0.05, "slack": 0.05}, ValueError, r"slack: expected < lambda \(0.05\), received 0.05"),
         ({"lam": 0.1, "seed": -1}, ValueError, r"seed: expected an int >= 0, received -1"),
+        ({"lam": 0.1, "pretrain_epochs": -1}, ValueError, r"pretrain_epochs: expected an int in \[0, 1000\], received -1"),
     ],
 )
 def test_config_refuses_bad_parameters_naming_them(kwargs, exc, match):
@@ -121,7 +136,7 @@ def test_pairs_are_half_same_half_different(rng):
 
 def test_training_writes_model_metadata_and_curves(trained, small):
     result, _, out = trained
-    for name in ("sgap.onnx", "sgap.json", "training.png", "samples.png", "checkpoint.pt"):
+    for name in ("sgap.onnx", "discriminator.onnx", "sgap.json", "training.png", "samples.png", "checkpoint.pt"):
         assert (out / name).stat().st_size > 0, name
     meta = json.loads((out / "sgap.json").read_text())
     assert meta["lambda"] == LAMBDA and meta["ssim_floor"] == pytest.approx(1 - LAMBDA)
@@ -130,6 +145,9 @@ def test_training_writes_model_metadata_and_curves(trained, small):
         meta["history"][0]
     )
     assert 0.0 <= meta["achieved"]["held_out"]["val_d_accuracy_privatized"] <= 1.0
+    # The discriminator learnt verification on real pairs before the game, and its export matches torch.
+    assert [r["pretrain_epoch"] for r in meta["pretrain_history"]] == [1.0, 2.0]
+    assert meta["discriminator_onnx"]["max_abs_difference_vs_torch"] <= 1e-4
     # The held-out people are whole identities the generator and discriminator never trained on.
     assert not set(small[1][result.train_mask]) & set(small[1][result.val_mask])
 
@@ -182,6 +200,34 @@ def test_resume_continues_to_the_same_generator(small, tmp_path):
         train_sgap(
             images, labels, SgapConfig(lam=0.3, epochs=2, batch_size=16, seed=5), checkpoint_dir=tmp_path, resume=True
         )
+
+
+def test_own_discriminator_protocol_on_unchanged_faces_is_its_real_pair_accuracy(trained, small, monkeypatch):
+    """The paper's figure through the anonymiser interface: with the 'privatized' faces equal to the
+    originals, accuracy on privatized pairs equals accuracy on real pairs and the fooling rate equals
+    the discriminator's own false 'different' rate; with the generator's faces it is computed on them."""
+    from peep.server.anonymize.methods import make_anonymiser
+
+    images, labels = small
+    sgap = make_anonymiser("sgap", {"model": str(trained[2] / "sgap.onnx")}).fit(images)
+    anchors = np.arange(0, images.shape[0], 2)
+    same = sgap.own_protocol(images, images, labels, anchors, 0)
+    assert same is not None and same["n_pairs"] == anchors.size
+    assert same["accuracy_privatized"] == same["accuracy_real"]
+    assert same["fooling_rate"] == same["false_different_real"]
+    released = sgap.transform(images).images
+    got = sgap.own_protocol(images, released, labels, anchors, 0)
+    assert got is not None and 0.0 <= got["fooling_rate"] <= 1.0
+    # The privatized face is the anchor, the partner stays original: a judge that calls faces "different" when
+    # their mean brightness differs says so for every same-person pair whose anchor was inverted.
+    from peep.server.sgap.runtime import SgapDiscriminator
+
+    monkeypatch.setattr(
+        SgapDiscriminator, "p_different", lambda self, a, b: (np.abs(a.mean((1, 2)) - b.mean((1, 2))) > 0.2) * 1.0
+    )
+    bright = np.clip(images + 0.5, 0.0, 1.0)
+    judged = sgap.own_protocol(images, bright, labels, anchors, 0)
+    assert judged is not None and judged["fooling_rate"] == 1.0 and judged["false_different_real"] == 0.0
 
 
 def test_bad_model_file_is_named(tmp_path):
@@ -287,9 +333,10 @@ NO_TORCH_INSTALLED = (
 )
 
 
-def test_anonymize_run_and_evaluate_method_sgap_without_torch(trained, data_home, tmp_path):
+def test_anonymize_run_and_evaluate_method_sgap_without_torch(trained, sweep, data_home, tmp_path):
     """The anonymiser interface's sgap method: `peep anonymize run --method sgap --model FILE.onnx` and
-    `evaluate --methods sgap` (both protocols) where importing torch fails."""
+    `evaluate --methods sgap,blur --model SWEEP_DIR` (both protocols, one row per λ, the paper's own
+    discriminator, the λ sweep plot) where importing torch fails."""
     folder = tmp_path / "faces"
     for person in ("Laura_Bush", "Colin_Powell", "Jennifer_Capriati", "Tony_Blair"):  # two labelled female, two male
         (folder / person).mkdir(parents=True)
@@ -301,7 +348,8 @@ def test_anonymize_run_and_evaluate_method_sgap_without_torch(trained, data_home
         "import os; os.environ['PEEP_PROGRESS'] = '0'\n"
         "from peep.server.cli import main\n"
         f"assert main(['anonymize', 'run', '--method', 'sgap', {common}, '--out', 'run']) == 0\n"
-        f"assert main(['anonymize', 'evaluate', '--methods', 'sgap', {common}, '--components', '8', '--draws', '1',"
+        f"assert main(['anonymize', 'evaluate', '--methods', 'sgap,blur', '--dataset', {str(folder)!r},"
+        f" '--min-faces', '10', '--model', {str(sweep)!r}, '--components', '8', '--draws', '1',"
         " '--jobs', '1', '--out', 'eval']) == 0\n"
         "assert not [m for m in sys.modules if m.split('.')[0] == 'torch']\n"
     )
@@ -317,6 +365,35 @@ def test_anonymize_run_and_evaluate_method_sgap_without_torch(trained, data_home
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["method"] == "sgap" and manifest["model"]["lambda"] == LAMBDA and manifest["n_records"] == 40
     assert "Laura" not in (tmp_path / "run" / "manifest.json").read_text()
-    r_sgap = json.loads((tmp_path / "eval" / "anonymize.json").read_text())["methods"]["sgap"]
-    assert r_sgap["ssim_mean"] >= 1 - LAMBDA - 1e-3
-    assert {"identity_mixture", "naive_accuracy", "parrot_accuracy", "percent_parrot", "reduced_sets"} <= set(r_sgap)
+    doc = json.loads((tmp_path / "eval" / "anonymize.json").read_text())
+    assert list(doc["methods"]) == [f"sgap λ={LAMBDA:g}", "sgap λ=0.3", "blur"]
+    for lam in (LAMBDA, 0.3):
+        r_sgap = doc["methods"][f"sgap λ={lam:g}"]
+        assert r_sgap["model"]["lambda"] == lam and r_sgap["ssim_mean"] >= 1 - lam - 1e-3
+        assert {"identity_mixture", "naive_accuracy", "parrot_accuracy", "percent_parrot", "reduced_sets"} <= set(
+            r_sgap
+        )
+        own = r_sgap["own_protocol"]  # the discriminator beside each generator, on the 4 people's test faces
+        assert own["n_pairs"] >= 4 and 0.0 <= own["fooling_rate"] <= 1.0
+    assert "own_protocol" not in doc["methods"]["blur"]
+    points = doc["sgap_sweep"]["points"]
+    assert [p["lambda"] for p in points] == [LAMBDA, 0.3]
+    assert points[1]["parrot_accuracy_max"] == doc["methods"]["sgap λ=0.3"]["parrot_accuracy"]["max"]
+    assert doc["plots"]["sgap_sweep"] == "sgap_sweep.png" and (tmp_path / "eval" / "sgap_sweep.png").is_file()
+    assert "paper's own discriminator" in " ".join(doc["findings"])
+    assert "SGAP over its distortion constraint" in (tmp_path / "eval" / "report.html").read_text()
+
+
+def test_model_options_name_what_is_wrong(trained, sweep, tmp_path, capsys):
+    from peep.server.cli import main
+
+    base = ["anonymize", "run", "--method", "sgap", "--dataset", "lfw", "--out", str(tmp_path / "o")]
+    assert main([*base, "--model", str(sweep)]) == 2
+    assert "run writes one dataset, so expected one generator; received 2" in capsys.readouterr().err
+    assert main([*base, "--model", str(tmp_path)]) == 2
+    assert "the folder has neither" in capsys.readouterr().err
+    two = ["--model", str(trained[2] / "sgap.onnx"), "--model", str(sweep / f"lambda-{LAMBDA:g}")]
+    ev = ["anonymize", "evaluate", "--methods", "sgap", "--dataset", "lfw", "--out", str(tmp_path / "e")]
+    assert main([*ev, *two]) == 2
+    assert "expected generators of distinct λ" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists() and not (tmp_path / "e").exists()

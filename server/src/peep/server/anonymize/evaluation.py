@@ -469,6 +469,9 @@ def evaluate_method(
         out["reduced_sets"] = reduced_sets(advs, y_te, profiles, settings, key)
         out["chance"] = _chance(data)
         out["ssim_mean"] = float(ssim_batch(A, data.images).mean())
+        own = anonymiser.own_protocol(data.images, A, data.identity, te, settings.seed + key)
+        if own is not None:
+            out["own_protocol"] = own
         out["_grid"] = A[data.grid]
     return out, time.process_time() - t0
 

@@ -35,6 +35,7 @@ from peep.server.anonymize import maths
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
+AnyFloats = NDArray[np.floating[Any]]
 
 
 class AnonymiserError(ValueError):
@@ -155,6 +156,26 @@ class Anonymiser(ParamsMixin):
         """Name, parameters and guarantee, JSON-able."""
         params = {k: v for k, v in self.get_params(deep=False).items() if k != "random_state"}
         return {"method": self.name, "parameters": params, "guarantee": self.guarantee()}
+
+    def own_protocol(
+        self, original: AnyFloats, anonymised: AnyFloats, identity: IntArray, anchors: IntArray, seed: int
+    ) -> dict[str, Any] | None:
+        """The privacy figure of the method's own paper, where it has one beyond the shared protocols.
+
+        Parameters
+        ----------
+        original, anonymised : ndarray of shape (n_records, height, width)
+        identity : ndarray of shape (n_records,)
+        anchors : ndarray of shape (n_anchors,)
+            Records the figure is measured on (the evaluation's test faces).
+        seed : int
+
+        Returns
+        -------
+        dict or None
+            JSON-able numbers (fractions in [0, 1]); None: the method has no own figure.
+        """
+        return None
 
 
 class UPBA(Anonymiser):
@@ -621,6 +642,44 @@ class SGAP(Anonymiser):
             f"no formal guarantee: a learned generator trained to fool a Siamese identity discriminator under "
             f"{floor}{' (enforced)' if self.enforce_ssim else ''}; its privacy is what the evaluation measures"
         )
+
+    def own_protocol(
+        self, original: AnyFloats, anonymised: AnyFloats, identity: IntArray, anchors: IntArray, seed: int
+    ) -> dict[str, Any] | None:
+        """The paper's protocol: its own Siamese discriminator on pairs of the evaluated people.
+
+        Each anchor (a test face) is paired with another photo of the same
+        person or, for half of them, with someone else's photo (originals). The
+        discriminator saved with the generator (``discriminator.onnx``; trained
+        only on background people) judges (original anchor, partner) — how well
+        it verifies faces at all — and (privatized anchor, partner); the
+        paper's figure is the fooling rate, the share of same-person pairs it
+        calls "different" once the anchor is privatized. None when the model
+        has no discriminator beside it.
+        """
+        from peep.server.sgap.pairs import sample_pairs
+        from peep.server.sgap.runtime import SgapDiscriminator
+
+        d = SgapDiscriminator.beside(self.model)
+        if d is None:
+            return None
+        totals = np.bincount(identity)
+        usable = anchors[totals[identity[anchors]] >= 2]  # a same-person partner must exist
+        if usable.size == 0 or np.count_nonzero(totals) < 2:
+            return None
+        pairs = sample_pairs(usable, identity, np.random.default_rng(seed), pool=np.arange(identity.size))
+        truth = pairs.different >= 0.5
+        real = d.p_different(original[pairs.a], original[pairs.b]) >= 0.5
+        priv = d.p_different(anonymised[pairs.a], original[pairs.b]) >= 0.5
+        return {
+            "protocol": "the paper's own Siamese discriminator (trained with the generator on background people "
+            "only) on (anchor, partner) pairs of the evaluated test faces, half the same person",
+            "n_pairs": int(truth.size),
+            "accuracy_real": float((real == truth).mean()),
+            "accuracy_privatized": float((priv == truth).mean()),
+            "fooling_rate": float(priv[~truth].mean()) if (~truth).any() else 0.0,
+            "false_different_real": float(real[~truth].mean()) if (~truth).any() else 0.0,
+        }
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()

@@ -78,6 +78,46 @@ METHOD_SCHEMA: dict[str, Any] = _obj(
             }
         ),
         "ssim_mean": {"type": "number", "minimum": -1, "maximum": 1},
+        "own_protocol": _obj(
+            {
+                "protocol": {"type": "string"},
+                "n_pairs": {"type": "integer", "minimum": 1},
+                "accuracy_real": _frac,
+                "accuracy_privatized": _frac,
+                "fooling_rate": _frac,
+                "false_different_real": _frac,
+            }
+        ),
+    },
+    required=[
+        "method",
+        "parameters",
+        "guarantee",
+        "representation",
+        "anonymise_seconds",
+        "attribute_accuracy",
+        "identity_mixture",
+        "naive_accuracy",
+        "parrot_accuracy",
+        "percent_parrot",
+        "reduced_sets",
+        "chance",
+        "ssim_mean",
+    ],
+)
+_frac_or_null: dict[str, Any] = {"type": ["number", "null"], "minimum": 0, "maximum": 1}
+_sgap_point = _obj(
+    {
+        "row": {"type": "string"},
+        "lambda": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+        "ssim_mean": {"type": "number", "minimum": -1, "maximum": 1},
+        "fooling_rate": _frac_or_null,
+        "discriminator_accuracy_real": _frac_or_null,
+        "owner_identity_accuracy": _frac,
+        "naive_accuracy_max": _frac,
+        "parrot_accuracy_max": _frac,
+        "attribute_original_model_on_anonymised": _attr,
+        "attribute_trained_on_anonymised": _attr,
     }
 )
 
@@ -133,6 +173,12 @@ ANONYMIZE_SCHEMA: dict[str, Any] = {
                 "oneOf": [
                     {"type": "null"},
                     _obj({"method": {"const": "upba"}, "points": {"type": "array", "items": _sweep_point}}),
+                ]
+            },
+            "sgap_sweep": {
+                "oneOf": [
+                    {"type": "null"},
+                    _obj({"method": {"const": "sgap"}, "points": {"type": "array", "items": _sgap_point}}),
                 ]
             },
             "findings": {"type": "array", "items": {"type": "string"}},

@@ -34,9 +34,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--model",
-        default=None,
-        metavar="FILE.onnx",
-        help="the SGAP generator (sgap.onnx from 'peep sgap train') for method sgap; same as --param sgap.model=FILE",
+        action="append",
+        default=[],
+        metavar="FILE.onnx|DIR",
+        help="the SGAP generator for method sgap: sgap.onnx from 'peep sgap train', or its output folder; "
+        "evaluate takes several (repeat --model, or a λ sweep's folder): one row per λ",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
     p.add_argument("--out", required=True, help="output directory")
@@ -88,7 +90,7 @@ def register(sub: Any) -> None:
     add_train_arguments(t)
 
 
-def _options(args: argparse.Namespace, methods: tuple[str, ...], **extra: Any) -> Any:
+def _options(args: argparse.Namespace, methods: tuple[str, ...], *, one_model: bool = False, **extra: Any) -> Any:
     from peep.server.anonymize.methods import AnonymiserError
     from peep.server.anonymize.runner import AnonymizeOptions, parse_params
 
@@ -98,10 +100,22 @@ def _options(args: argparse.Namespace, methods: tuple[str, ...], **extra: Any) -
         params = parse_params(args.param, methods)
     except AnonymiserError as exc:
         raise UsageError(str(exc)) from exc
-    if args.model is not None:
+    models: tuple[str, ...] = ()
+    if args.model:
+        from peep.server.anonymize.runner import sgap_models
+
         if "sgap" not in methods:
             raise UsageError(f"--model: the SGAP generator is for method sgap, which is not among {','.join(methods)}")
-        params.setdefault("sgap", {})["model"] = args.model
+        try:
+            models = tuple(str(p) for p in sgap_models(args.model))
+        except AnonymiserError as exc:
+            raise UsageError(str(exc)) from exc
+        if len(models) > 1 and one_model:
+            raise UsageError(
+                f"--model: run writes one dataset, so expected one generator; received {len(models)} "
+                f"({', '.join(models)}); pass one lambda-L/sgap.onnx"
+            )
+        params.setdefault("sgap", {})["model"] = models[0]
     return AnonymizeOptions(
         dataset=args.dataset,
         out=Path(args.out),
@@ -113,6 +127,7 @@ def _options(args: argparse.Namespace, methods: tuple[str, ...], **extra: Any) -
         params=params,
         progress=not args.no_progress,
         command=["peep", *sys.argv[1:]],
+        sgap_models=models,
         **extra,
     )
 
@@ -128,7 +143,7 @@ def _refusals() -> tuple[type[Exception], ...]:
 def run(args: argparse.Namespace) -> int:
     from peep.server.anonymize.runner import run_anonymize
 
-    opts = _options(args, (args.method,), seed=args.seed)
+    opts = _options(args, (args.method,), one_model=True, seed=args.seed)
     try:
         manifest = run_anonymize(opts, args.method)
     except _refusals() as exc:

@@ -59,6 +59,8 @@ def add_train_arguments(t: Any) -> None:
     t.add_argument("--max-subjects", type=int, default=None, help="use only the first N people (quick runs)")
     t.add_argument("--max-per-subject", type=int, default=None, help="use at most N images per person")
     t.add_argument("--epochs", type=int, default=d.epochs, help=f"passes over the faces (default {d.epochs})")
+    t.add_argument("--pretrain-epochs", type=int, default=d.pretrain_epochs,
+                   help=f"discriminator epochs on real pairs first (default {d.pretrain_epochs})")  # fmt: skip
     t.add_argument("--batch-size", type=int, default=d.batch_size, help=f"pairs per step (default {d.batch_size})")
     t.add_argument("--lr", type=float, default=d.lr_generator, help=f"Adam learning rate (default {d.lr_generator})")
     t.add_argument("--penalty", type=float, default=d.penalty, help=f"SSIM penalty weight (default {d.penalty:g})")
@@ -77,6 +79,7 @@ def _config(args: argparse.Namespace, lam: float) -> Any:
     option = {
         "lambda": "--lambda",
         "epochs": "--epochs",
+        "pretrain_epochs": "--pretrain-epochs",
         "batch_size": "--batch-size",
         "lr_generator": "--lr",
         "lr_discriminator": "--lr",
@@ -88,6 +91,7 @@ def _config(args: argparse.Namespace, lam: float) -> Any:
         return SgapConfig(
             lam=lam,
             epochs=args.epochs,
+            pretrain_epochs=args.pretrain_epochs,
             batch_size=args.batch_size,
             lr_generator=args.lr,
             lr_discriminator=args.lr,

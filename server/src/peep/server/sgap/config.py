@@ -56,6 +56,12 @@ class SgapConfig:
         inference) still clear it.
     discriminator_steps : int
         Discriminator updates per generator update.
+    pretrain_epochs : int
+        Epochs the discriminator first learns face verification on real pairs
+        (each face mirrored at random), before the generator plays against
+        it. Without them the game starts against a discriminator at chance,
+        and "fooled" means little: the paper's fooling rate is only a privacy
+        figure against a discriminator that can tell people apart.
     width : int
         The generator's first encoder width (see :class:`~peep.server.sgap.model.Generator`).
     val_fraction : float in (0, 0.5]
@@ -76,6 +82,7 @@ class SgapConfig:
     penalty: float = 100.0
     slack: float = 0.01
     discriminator_steps: int = 1
+    pretrain_epochs: int = 5
     width: int = 16
     val_fraction: float = 0.15
     seed: int = 0
@@ -93,6 +100,7 @@ class SgapConfig:
         if self.slack >= self.lam:
             raise ValueError(f"slack: expected < lambda ({self.lam}), received {self.slack}")
         _check_int("discriminator_steps", self.discriminator_steps, 1, 20)
+        _check_int("pretrain_epochs", self.pretrain_epochs, 0, 1000)
         _check_int("width", self.width, 2, 256)
         _check_float("val_fraction", self.val_fraction, 0.0, 0.5, open_low=True, open_high=False)
         _check_int("seed", self.seed, 0)

@@ -22,6 +22,11 @@ METADATA_KEY = "peep.sgap"
 INPUT_NAME = "faces"
 OUTPUT_NAME = "privatized"
 FACE_SHAPE = (62, 47)
+#: The Siamese discriminator written next to the generator (the paper's own privacy protocol).
+DISCRIMINATOR_FILE = "discriminator.onnx"
+DISCRIMINATOR_METADATA_KEY = "peep.sgap.discriminator"
+DISCRIMINATOR_INPUTS = ("left", "right")
+DISCRIMINATOR_OUTPUT = "p_different"
 
 
 class SgapModelError(ValueError):
@@ -155,6 +160,77 @@ class SgapPrivatizer:
         if x.size and (not np.isfinite(x).all() or x.min() < 0.0 or x.max() > 1.0):
             raise ValueError("faces: expected finite values in [0, 1]")
         return np.ascontiguousarray(x)
+
+
+@dataclass
+class SgapDiscriminator:
+    """The Siamese discriminator trained with a generator, run with onnxruntime.
+
+    Parameters
+    ----------
+    path : path
+        Its ``discriminator.onnx`` (written by ``peep sgap train`` next to ``sgap.onnx``).
+    """
+
+    path: Path
+    threads: int = 1
+    metadata: dict[str, Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        import onnxruntime as ort
+
+        self.path = Path(self.path)
+        try:
+            data = self.path.read_bytes()
+        except OSError as exc:
+            raise SgapModelError(f"{self.path}: cannot read it ({exc.strerror})") from exc
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = self.threads
+        opts.inter_op_num_threads = 1
+        try:
+            self._session = ort.InferenceSession(data, sess_options=opts, providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise SgapModelError(f"{self.path}: not an ONNX model onnxruntime can load ({exc})") from exc
+        meta = self._session.get_modelmeta().custom_metadata_map
+        if DISCRIMINATOR_METADATA_KEY not in meta:
+            raise SgapModelError(f"{self.path}: no '{DISCRIMINATOR_METADATA_KEY}' metadata; not an SGAP discriminator")
+        self.metadata = json.loads(meta[DISCRIMINATOR_METADATA_KEY])
+
+    @classmethod
+    def beside(cls, generator: str | os.PathLike[str]) -> SgapDiscriminator | None:
+        """The discriminator stored next to a generator file, or None if there is none."""
+        path = Path(generator).parent / DISCRIMINATOR_FILE
+        return cls(path=path) if path.is_file() else None
+
+    def p_different(
+        self, left: NDArray[np.floating[Any]], right: NDArray[np.floating[Any]], batch: int = 256
+    ) -> NDArray[np.float64]:
+        """P(left[i] and right[i] show different people).
+
+        Parameters
+        ----------
+        left, right : ndarray of shape (n, 62, 47), values in [0, 1]
+
+        Returns
+        -------
+        ndarray of shape (n,)
+        """
+        a = np.asarray(left, dtype=np.float32)
+        b = np.asarray(right, dtype=np.float32)
+        if a.shape != b.shape or a.ndim != 3 or a.shape[1:] != FACE_SHAPE:
+            raise ValueError(
+                f"left, right: expected two arrays of shape (n, {FACE_SHAPE[0]}, {FACE_SHAPE[1]}), "
+                f"received {a.shape} and {b.shape}"
+            )
+        out = []
+        for i in range(0, a.shape[0], batch):
+            feed = {
+                DISCRIMINATOR_INPUTS[0]: np.ascontiguousarray(a[i : i + batch, None]),
+                DISCRIMINATOR_INPUTS[1]: np.ascontiguousarray(b[i : i + batch, None]),
+            }
+            (p,) = self._session.run([DISCRIMINATOR_OUTPUT], feed)
+            out.append(np.asarray(p, dtype=np.float64).reshape(-1))
+        return np.concatenate(out) if out else np.zeros(0)
 
 
 def _pull_back(x: NDArray[np.float32], y: NDArray[np.float32], floor: float) -> NDArray[np.float32]:

@@ -10,6 +10,9 @@ command imports it only when it trains. What it writes (``write_model``):
     λ, the training population, the configuration, the achieved SSIM, the
     held-out discriminator accuracy, the export check, timings and the
     per-epoch history.
+``discriminator.onnx``
+    The Siamese discriminator (eval mode), inputs ``left`` and ``right`` →
+    ``p_different``, for the paper's protocol in ``peep anonymize evaluate``.
 ``training.png``, ``samples.png``
     The training curves and original/privatized pairs of held-out faces.
 ``checkpoint.pt``
@@ -32,72 +35,21 @@ import torch
 from numpy.typing import NDArray
 from peep.server.sgap.config import SgapConfig
 from peep.server.sgap.model import FACE_SHAPE, Generator, SiameseDiscriminator, discriminator_loss, ssim
-from peep.server.sgap.runtime import INPUT_NAME, METADATA_KEY, OUTPUT_NAME, SgapPrivatizer, ssim_per_face
+from peep.server.sgap.pairs import Pairs, sample_pairs, split_identities
+from peep.server.sgap.runtime import (
+    DISCRIMINATOR_FILE,
+    DISCRIMINATOR_INPUTS,
+    DISCRIMINATOR_METADATA_KEY,
+    DISCRIMINATOR_OUTPUT,
+    INPUT_NAME,
+    METADATA_KEY,
+    OUTPUT_NAME,
+    SgapPrivatizer,
+    ssim_per_face,
+)
 
 CHECKPOINT = "checkpoint.pt"
 OPSET = 17
-
-
-@dataclass
-class Pairs:
-    """Face pairs by index: ``a[i]`` and ``b[i]``, ``different[i]`` = 1.0 if they are different people."""
-
-    a: NDArray[np.int64]
-    b: NDArray[np.int64]
-    different: NDArray[np.float32]
-
-
-def split_identities(
-    labels: NDArray[np.int64], val_fraction: float, rng: np.random.Generator
-) -> tuple[NDArray[np.bool_], NDArray[np.bool_]]:
-    """Masks (train, held-out) over images splitting whole identities, at least 2 on each side."""
-    people = np.unique(labels)
-    if people.size < 4:
-        raise ValueError(f"faces: expected at least 4 people (2 to train, 2 held out), received {people.size}")
-    n_val = min(max(2, round(val_fraction * people.size)), people.size - 2)
-    held = rng.choice(people, size=n_val, replace=False)
-    val = np.isin(labels, held)
-    return ~val, val
-
-
-def sample_pairs(
-    anchors: NDArray[np.int64],
-    labels: NDArray[np.int64],
-    rng: np.random.Generator,
-    pool: NDArray[np.int64] | None = None,
-) -> Pairs:
-    """One pair per anchor: half with another photo of the same person, half with a different person.
-
-    Parameters
-    ----------
-    anchors : ndarray of shape (n,)
-        Indices into ``labels``.
-    labels : ndarray of shape (n_images,)
-    pool : ndarray, optional
-        Indices partners are drawn from (default: the anchors); every anchor's
-        person must have another image in it.
-    """
-    pool = np.unique(anchors if pool is None else pool)
-    by_person: dict[int, NDArray[np.int64]] = {}
-    pool_labels = labels[pool]
-    for p in np.unique(pool_labels):
-        by_person[int(p)] = pool[pool_labels == p]
-    n = anchors.size
-    different = np.zeros(n, dtype=np.float32)
-    different[rng.permutation(n)[: n // 2]] = 1.0
-    partners = np.empty(n, dtype=np.int64)
-    for i, (a, diff) in enumerate(zip(anchors, different, strict=True)):
-        mine = int(labels[a])
-        if diff:
-            while True:
-                j = int(pool[rng.integers(pool.size)])
-                if labels[j] != mine:
-                    break
-        else:
-            others = by_person[mine][by_person[mine] != a]
-            j = int(others[rng.integers(others.size)])
-        partners[i] = j
-    return Pairs(a=anchors.astype(np.int64), b=partners, different=different)
 
 
 @dataclass
@@ -113,11 +65,18 @@ class SgapTrainingResult:
     val_pairs: Pairs
     seconds: float
     epochs_resumed: int = 0
+    pretrain_history: list[dict[str, float]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _tensor(images: NDArray[np.float32], idx: NDArray[np.int64]) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(images[idx][:, None]))
+
+
+def _mirror(x: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+    """Each face mirrored left-right with probability 1/2: a mirrored face is the same person."""
+    flip = torch.from_numpy(rng.random(x.shape[0]) < 0.5)
+    return torch.where(flip[:, None, None, None], torch.flip(x, dims=[3]), x)
 
 
 @torch.no_grad()
@@ -176,7 +135,9 @@ def train_sgap(
 ) -> SgapTrainingResult:
     """Train an SGAP generator and its Siamese discriminator.
 
-    Each epoch pairs every training face (the anchor) with another face, half
+    First the discriminator alone learns face verification on real pairs
+    for ``config.pretrain_epochs`` epochs (faces mirrored at random). Then
+    each epoch pairs every training face (the anchor) with another face, half
     of the same person and half of someone else. The discriminator learns to
     tell from ``(privatized anchor, partner)`` whether they are different
     people (cross-entropy); the generator learns to make it call the
@@ -222,6 +183,7 @@ def train_sgap(
     opt_g = torch.optim.Adam(g.parameters(), lr=config.lr_generator, betas=betas)
     opt_d = torch.optim.Adam(d.parameters(), lr=config.lr_discriminator, betas=betas)
     history: list[dict[str, float]] = []
+    pretrain_history: list[dict[str, float]] = []
     start_epoch = 0
     ckpt = checkpoint_dir / CHECKPOINT if checkpoint_dir is not None else None
     fingerprint = _data_fingerprint(images, labels)
@@ -239,19 +201,51 @@ def train_sgap(
         opt_g.load_state_dict(state["opt_generator"])
         opt_d.load_state_dict(state["opt_discriminator"])
         history = state["history"]
+        pretrain_history = state.get("pretrain_history", [])
         start_epoch = int(state["epoch"])
         rng.bit_generator.state = state["numpy_rng"]
         torch.set_rng_state(state["torch_rng"])
 
     bs = config.batch_size
     steps = max(1, train_idx.size // bs)
-    total = config.epochs * steps
+    pre = config.pretrain_epochs
+    total = (pre + config.epochs) * steps
     floor = config.ssim_floor
     target = floor + config.slack
     started = time.perf_counter()
-    done = start_epoch * steps
+    # A resumed run finished its pretraining before its first checkpoint.
+    done = (pre + start_epoch) * steps if resume else 0
     if progress is not None:
         progress(done, total)
+    if not resume:
+        for epoch in range(pre):
+            t0 = time.perf_counter()
+            d.train()
+            order = rng.permutation(train_idx)[: steps * bs]
+            pairs = sample_pairs(order, labels, rng, pool=train_idx)
+            loss_sum = 0.0
+            for s in range(steps):
+                sl = slice(s * bs, (s + 1) * bs)
+                xa = _mirror(_tensor(images, pairs.a[sl]), rng)
+                xb = _mirror(_tensor(images, pairs.b[sl]), rng)
+                opt_d.zero_grad()
+                loss_d = discriminator_loss(d.logit_different(xa, xb), torch.from_numpy(pairs.different[sl]))
+                loss_d.backward()  # type: ignore[no-untyped-call]
+                opt_d.step()
+                loss_sum += loss_d.item()
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+            a, b = images[val_pairs.a], images[val_pairs.b]
+            acc = discriminator_accuracy(d, a, b, val_pairs.different)["accuracy"]
+            row = {"pretrain_epoch": float(epoch + 1), "d_loss": loss_sum / steps, "val_d_accuracy_real": acc,
+                   "seconds": time.perf_counter() - t0}  # fmt: skip
+            pretrain_history.append(row)
+            if log is not None:
+                log(
+                    f"discriminator pretraining {epoch + 1}/{pre}: d_loss {row['d_loss']:.3f}, held-out accuracy "
+                    f"on real pairs {acc:.3f}, {row['seconds']:.1f}s"
+                )
     for epoch in range(start_epoch, config.epochs):
         t0 = time.perf_counter()
         g.train()
@@ -314,6 +308,7 @@ def train_sgap(
                     "opt_generator": opt_g.state_dict(),
                     "opt_discriminator": opt_d.state_dict(),
                     "history": history,
+                    "pretrain_history": pretrain_history,
                     "numpy_rng": rng.bit_generator.state,
                     "torch_rng": torch.get_rng_state(),
                 },
@@ -332,6 +327,7 @@ def train_sgap(
         val_pairs=val_pairs,
         seconds=time.perf_counter() - started,
         epochs_resumed=start_epoch,
+        pretrain_history=pretrain_history,
     )
 
 
@@ -378,6 +374,52 @@ def export_onnx(generator: Generator, path: Path, metadata: dict[str, Any]) -> N
     onnx.checker.check_model(model)
     onnx.save(model, str(tmp))
     tmp.replace(path)
+
+
+def export_discriminator(d: SiameseDiscriminator, path: Path, metadata: dict[str, Any]) -> float:
+    """Write the Siamese discriminator (eval mode) as ONNX: ``left``, ``right`` (n, 1, 62, 47) → ``p_different`` (n,).
+
+    ``peep anonymize evaluate`` runs it for the paper's own protocol (how often
+    it calls a privatized face and another photo of the same person
+    "different") on the evaluated people, whom it never saw. Returns the
+    largest absolute difference between torch's and onnxruntime's
+    probabilities on random faces (checked like the generator's export).
+    """
+    import onnx
+    import onnxruntime as ort
+
+    d.eval()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    dummy = torch.zeros((1, 1, *FACE_SHAPE))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        torch.onnx.export(
+            d,
+            (dummy, dummy),
+            str(tmp),
+            dynamo=False,
+            opset_version=OPSET,
+            input_names=list(DISCRIMINATOR_INPUTS),
+            output_names=[DISCRIMINATOR_OUTPUT],
+            dynamic_axes={**{n: {0: "n"} for n in DISCRIMINATOR_INPUTS}, DISCRIMINATOR_OUTPUT: {0: "n"}},
+        )
+    model = onnx.load(str(tmp))
+    entry = model.metadata_props.add()
+    entry.key = DISCRIMINATOR_METADATA_KEY
+    entry.value = json.dumps(metadata, sort_keys=True)
+    model.producer_name = "peep sgap train"
+    onnx.checker.check_model(model)
+    onnx.save(model, str(tmp))
+    tmp.replace(path)
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.rand((8, 1, *FACE_SHAPE), generator=gen), torch.rand((8, 1, *FACE_SHAPE), generator=gen)
+    with torch.no_grad():
+        ref = d(a, b).numpy()
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (got,) = sess.run([DISCRIMINATOR_OUTPUT], {DISCRIMINATOR_INPUTS[0]: a.numpy(), DISCRIMINATOR_INPUTS[1]: b.numpy()})
+    return float(np.abs(ref - np.asarray(got)).max())
 
 
 def export_difference(generator: Generator, path: Path, faces: NDArray[np.float32]) -> float:
@@ -466,6 +508,10 @@ def write_model(
     timing = onnx_ms_per_face(onnx_path, images[result.val_mask])
     priv = SgapPrivatizer.load(onnx_path)
     priv.privatize(images[result.val_mask])
+    d_path = out_dir / DISCRIMINATOR_FILE
+    d_diff = export_discriminator(
+        result.discriminator, d_path, {"lambda": float(cfg.lam), "population": population, "torch": torch.__version__}
+    )
     report: dict[str, Any] = {
         **embedded,
         "onnx": {
@@ -477,11 +523,17 @@ def write_model(
             "n_faces_checked": len(check_faces),
             **timing,
         },
+        "discriminator_onnx": {
+            "file": d_path.name,
+            "bytes": d_path.stat().st_size,
+            "max_abs_difference_vs_torch": d_diff,
+        },
         "achieved": numbers,
         "ssim_guard_pulled_back_held_out": int(priv.n_projected_),
         "training_seconds": result.seconds,
         "epochs_resumed_from": result.epochs_resumed,
         "history": result.history,
+        "pretrain_history": result.pretrain_history,
     }
     (out_dir / "sgap.json").write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     plot_history(result.history, cfg.ssim_floor, out_dir / "training.png", title=f"SGAP λ={cfg.lam:g}")
