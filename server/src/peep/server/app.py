@@ -89,6 +89,9 @@ class ServerApp:
         self.metrics_server: Any = None
         self.metrics_port = 0
         self._retention: threading.Thread | None = None
+        #: The operator console (``[console]``), when configured: ``.url``, ``.port``.
+        self.console: Any = None
+        self.registrars: list[Registrar] = []
 
     @property
     def stopping(self) -> bool:
@@ -102,6 +105,7 @@ class ServerApp:
             reg = plugin(s)
             if reg is not None:
                 registrars.append(reg)
+        self.registrars = registrars
         self.server, self.port = create_server(
             self.config, s, extra_servicers=registrars, stopping=self._stopping.is_set
         )
@@ -115,6 +119,11 @@ class ServerApp:
         if self.config.metrics.enabled:
             host, _, port = self.config.metrics.listen.rpartition(":")
             self.metrics_server, self.metrics_port = s.metrics.serve(host.strip("[]"), int(port))
+        if self.config.console is not None:
+            from peep.server.console import start_console
+
+            qbbs = next((getattr(r, "module", None) for r in registrars if hasattr(r, "module")), None)
+            self.console = start_console(s, qbbs=qbbs, device_status=self._device_status())
         if self.config.retention.days is not None:
             self._retention = threading.Thread(target=self._retention_loop, name="peep-retention", daemon=True)
             self._retention.start()
@@ -131,8 +140,14 @@ class ServerApp:
                 "store": s.store.dialect,
                 "replica": self.config.cluster.replica_id,
                 "mqtt_client_id": self.mqtt.client_id if self.mqtt is not None else None,
+                "console": self.console.url if self.console is not None else None,
             },
         )
+
+    def _device_status(self) -> Any:
+        """``() -> {device: (status, since)}`` from the MQTT bridge's retained statuses, or None without MQTT."""
+        statuses = getattr(self.mqtt, "device_statuses", None)
+        return statuses if callable(statuses) else None
 
     def _retention_loop(self) -> None:
         days = self.config.retention.days
@@ -157,6 +172,8 @@ class ServerApp:
         try:
             if self.server is not None:
                 self.server.peep_health.enter_graceful_shutdown()
+            if self.console is not None:
+                self.console.stop()
             if self.mqtt is not None:
                 self.mqtt.stop(drain_timeout=max(1.0, g))
             if self.server is not None:

@@ -31,6 +31,7 @@ COMMANDS = (
     "bench",
     "demo",
     "sgap",
+    "console",
 )
 
 

@@ -746,6 +746,54 @@ class ClusterConfig(_Model):
     )
 
 
+class ConsoleConfig(_Model):
+    """The operator console (``peep.server.console``): a web page served by ``peep serve`` over HTTPS with the
+    gRPC listener's certificate (``grpc.tls``). Off unless the section is present. Accounts, sessions, alerts and
+    the console's audit log are in the server's database; ``peep console add-user`` creates accounts. docs/OPERATIONS.md
+    """
+
+    listen: str = Field(
+        default="127.0.0.1:8443",
+        description="HOST:PORT of the console's HTTPS listener (0 = pick a free port); a reverse proxy may front it",
+    )
+    session_lifetime_s: float = Field(
+        default=8 * 3600.0,
+        ge=300.0,
+        le=7 * 86_400.0,
+        description="a login lasts at most this long (a shift), whatever the activity",
+    )
+    session_idle_s: float = Field(
+        default=1800.0, ge=60.0, le=86_400.0, description="a session unused for this long ends (at most the lifetime)"
+    )
+    login_attempts: int = Field(
+        default=5,
+        ge=1,
+        le=100,
+        description=(
+            "failed logins allowed per account name and per client address within login_window_s; more are "
+            "refused (HTTP 429) until the window has passed, even with the right password"
+        ),
+    )
+    login_window_s: float = Field(default=900.0, ge=10.0, le=86_400.0, description="the window of login_attempts")
+    recent_events: int = Field(
+        default=500, ge=10, le=100_000, description="recognitions the Live page keeps in memory (newest first)"
+    )
+    audit_dir: Path | None = Field(
+        default=None,
+        description="a `peep audit --out` directory whose audit.json the Privacy page summarises (none: not shown)",
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def check_listen(cls, v: str) -> str:
+        return _check_listen(v)
+
+    @field_validator("audit_dir", mode="after")
+    @classmethod
+    def check_paths(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        return _resolve_path(v, info)
+
+
 class ServerConfig(_Model):
     """The whole ``server.toml``."""
 
@@ -760,6 +808,9 @@ class ServerConfig(_Model):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    console: ConsoleConfig | None = Field(
+        default=None, description="the operator console (HTTPS web page); absent = off"
+    )
     qbbs: dict[str, Any] | None = Field(
         default=None, description="the soft-biometric query module's section (validated by peep.server.qbbs.config)"
     )
@@ -822,6 +873,12 @@ class ServerConfig(_Model):
                 "grpc.listen/auth.allow_insecure: expected a loopback address (127.0.0.0/8, ::1 or localhost) "
                 "for a listener without TLS (auth.allow_insecure = true), or grpc.tls.cert/key, "
                 f"received grpc.listen = {self.grpc.listen!r}"
+            )
+        if self.console is not None and self.grpc.tls is None:
+            # Passwords and session cookies (Secure) need HTTPS: the console never serves plain HTTP.
+            raise ValueError(
+                "console/grpc.tls: expected grpc.tls.cert/key (the console serves HTTPS only, with the server's "
+                "certificate), received a [console] section and no grpc.tls"
             )
         if self.grpc.reflection == "open" and not is_loopback_listen(self.grpc.listen):
             # Open reflection lists every method to anyone who connects: development on one machine only.

@@ -117,6 +117,27 @@ def _odometer(dialect: Dialect) -> list[str]:
     ]
 
 
+# Migration 5: the operator console (issue 17, peep.server.console): its accounts (scrypt hashes, never
+# passwords), server-side sessions (the SHA-256 of the cookie's id, never the id), unknown-face alerts and
+# who acknowledged them, and the console's audit log (who did what, when; kept when a subject is erased:
+# it names the subject only as the target of the erasure). In the database so that replicas share them.
+def _console(dialect: Dialect) -> list[str]:
+    return [
+        "CREATE TABLE console_users (name TEXT PRIMARY KEY, role TEXT NOT NULL, password_hash TEXT NOT NULL, "
+        "must_change INTEGER NOT NULL, disabled INTEGER NOT NULL, created_at {real} NOT NULL)",
+        "CREATE TABLE console_sessions (id_sha256 TEXT PRIMARY KEY, name TEXT NOT NULL, csrf TEXT NOT NULL, "
+        "created_at {real} NOT NULL, expires_at {real} NOT NULL, last_seen {real} NOT NULL)",
+        "CREATE INDEX console_sessions_name ON console_sessions (name)",
+        "CREATE TABLE console_alerts (event_id TEXT PRIMARY KEY, at {real} NOT NULL, site TEXT NOT NULL, "
+        "device_id TEXT NOT NULL, probability {real} NOT NULL, model_version TEXT NOT NULL, "
+        "acknowledged_by TEXT, acknowledged_at {real})",
+        "CREATE INDEX console_alerts_at ON console_alerts (at)",
+        f"CREATE TABLE console_audit (id {_ODOMETER[dialect.name]}, at {{real}} NOT NULL, actor TEXT NOT NULL, "
+        "action TEXT NOT NULL, target TEXT NOT NULL, outcome TEXT NOT NULL, address TEXT NOT NULL)",
+        "CREATE INDEX console_audit_at ON console_audit (at)",
+    ]
+
+
 def _render(dialect: Dialect, statements: list[str]) -> list[str]:
     return [s.format(real=dialect.real, blob=dialect.blob) for s in statements]
 
@@ -128,6 +149,7 @@ MIGRATIONS: dict[str, list[list[str]]] = {
         _render(d, _PER_DEVICE_KEY),
         _render(d, _MODELS),
         _render(d, _odometer(d)),
+        _render(d, _console(d)),
     ]
     for d in (SQLITE, POSTGRES)
 }

@@ -144,6 +144,8 @@ class MqttBridge:
         self.topics = TopicScheme(config.device_mount_point + config.topic_prefix)
         self.templates_filter = self.topics.shared_templates_filter(config.share_group)
         self.status_filter = f"{self.topics.root}/+/+/status"
+        self._statuses: dict[str, tuple[str, float]] = {}
+        self._status_lock = threading.Lock()
         self.deadletter_topic = self.topics.deadletter
         self.bundle_topic = self.topics.bundle
         self.client_id = config.client_id or default_client_id()
@@ -525,8 +527,31 @@ class MqttBridge:
 
     # ------------------------------------------------------------ retained messages
 
+    def device_statuses(self) -> dict[str, tuple[str, float]]:
+        """``{device_id: (status, when it was received)}`` of the statuses seen (the console's Devices page).
+
+        Only while ``mqtt.clear_retained`` is on (that subscription brings them); a status this bridge
+        cleared is not listed.
+        """
+        with self._status_lock:
+            return dict(self._statuses)
+
+    def _record_status(self, msg: mqtt.MQTTMessage) -> None:
+        try:
+            where = self.topics.parse(msg.topic, leaf="status")
+        except TopicError:
+            return
+        with self._status_lock:
+            if msg.payload in _STATUSES:
+                self._statuses[where.device_id] = (msg.payload.decode(), time.time())
+            elif not msg.payload:
+                self._statuses.pop(where.device_id, None)
+            if len(self._statuses) > 100_000:  # bounded whatever the broker sends
+                self._statuses.pop(next(iter(self._statuses)))
+
     def _check_status(self, msg: mqtt.MQTTMessage) -> None:
         """Clear a retained status that is not a registered device's ``online``/``offline`` at its site."""
+        self._record_status(msg)
         if not msg.retain or not msg.payload:
             return
         reason = None
@@ -546,6 +571,9 @@ class MqttBridge:
                     if site is not None and site != where.site:
                         reason = "wrong_site"
         if reason is not None:
+            if reason != "bad_topic":
+                with self._status_lock:
+                    self._statuses.pop(where.device_id, None)
             self._clear_retained(msg.topic, reason, len(msg.payload))
 
     def _clear_retained(self, topic: str, reason: str, size: int) -> None:

@@ -1,0 +1,222 @@
+"""Console accounts: roles and what each may do, password hashing, one-time passwords, login throttling.
+
+Pure Python on the standard library (no web framework here), so the rules are testable on their own.
+
+Passwords are hashed with scrypt (RFC 7914, :func:`hashlib.scrypt`), a memory-hard KDF: ``N = 2**15``,
+``r = 8``, ``p = 1`` (128·r·N = 32 MiB and about 0.1 s per hash on one core), a 16-byte random salt and
+a 32-byte key, stored as ``scrypt$15$8$1$<salt>$<key>`` (base64) so stronger parameters can be adopted
+later without breaking stored hashes. A login for an unknown account still computes one hash, so the
+answer's timing does not tell which accounts exist.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import re
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Final, Literal
+
+Role = Literal["admin", "operator", "enrol"]
+ROLES: Final[tuple[Role, ...]] = ("admin", "operator", "enrol")
+
+#: What each role may do. ``view``: the Live, Devices, People, Models and Privacy pages;
+#: ``acknowledge``: unknown-face alerts; ``enrol``: the enrolment desk; ``erase``, ``train``: what they say
+#: (the gRPC API's admin methods); ``manage``: the console's own audit log.
+PERMISSIONS: Final[dict[Role, frozenset[str]]] = {
+    "admin": frozenset({"view", "acknowledge", "enrol", "erase", "train", "manage"}),
+    "operator": frozenset({"view", "acknowledge"}),
+    "enrol": frozenset({"enrol"}),
+}
+
+SCRYPT_LOG2_N: Final = 15
+SCRYPT_R: Final = 8
+SCRYPT_P: Final = 1
+_SALT_BYTES: Final = 16
+_KEY_BYTES: Final = 32
+#: Longest password accepted (a longer one is refused before hashing: scrypt's cost must not be the client's to set).
+MAX_PASSWORD: Final = 256
+MIN_PASSWORD: Final = 12
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+NAME_EXPECTATION: Final = "1-64 characters [A-Za-z0-9_.@-] starting with a letter or digit"
+
+
+class AccountError(ValueError):
+    """An account name, role or password that is not acceptable; the message names the field."""
+
+
+def check_name(name: object, field: str = "name") -> str:
+    """``name`` if it is a usable account name, else :class:`AccountError` naming ``field``.
+
+    >>> check_name("alice")
+    'alice'
+    >>> check_name("<b>")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    peep.server.console.accounts.AccountError: name: expected 1-64 characters ..., received '<b>'
+    """
+    if not isinstance(name, str) or not _NAME.match(name):
+        shown = name[:64] if isinstance(name, str) else type(name).__name__
+        raise AccountError(f"{field}: expected {NAME_EXPECTATION}, received {shown!r}")
+    return name
+
+
+def check_role(role: object) -> Role:
+    """``role`` if it is one of :data:`ROLES`, else :class:`AccountError`."""
+    if role not in ROLES:
+        shown = role[:64] if isinstance(role, str) else type(role).__name__
+        raise AccountError(f"role: expected one of {', '.join(ROLES)}, received {shown!r}")
+    return role
+
+
+def check_new_password(password: str, *, name: str = "") -> str:
+    """A new password: :data:`MIN_PASSWORD`-:data:`MAX_PASSWORD` characters, not the account name."""
+    if not MIN_PASSWORD <= len(password) <= MAX_PASSWORD:
+        raise AccountError(
+            f"password: expected {MIN_PASSWORD}-{MAX_PASSWORD} characters, received {len(password)} characters"
+        )
+    if name and password.lower() == name.lower():
+        raise AccountError("password: expected something other than the account name")
+    return password
+
+
+def allowed(role: str, action: str) -> bool:
+    """Whether ``role`` may do ``action`` (:data:`PERMISSIONS`); an unknown role may do nothing."""
+    return action in PERMISSIONS.get(role, frozenset())  # type: ignore[call-overload]
+
+
+def hash_password(password: str, *, salt: bytes | None = None) -> str:
+    """The stored form of ``password`` (see the module docstring for the parameters)."""
+    if len(password) > MAX_PASSWORD:
+        raise AccountError(f"password: expected at most {MAX_PASSWORD} characters, received {len(password)}")
+    salt = secrets.token_bytes(_SALT_BYTES) if salt is None else salt
+    key = _scrypt(password, salt, SCRYPT_LOG2_N, SCRYPT_R, SCRYPT_P)
+    b64 = base64.b64encode
+    return f"scrypt${SCRYPT_LOG2_N}${SCRYPT_R}${SCRYPT_P}${b64(salt).decode()}${b64(key).decode()}"
+
+
+def _scrypt(password: str, salt: bytes, log2_n: int, r: int, p: int) -> bytes:
+    n = 1 << log2_n
+    return hashlib.scrypt(
+        password.encode("utf-8"), salt=salt, n=n, r=r, p=p, dklen=_KEY_BYTES, maxmem=2 * 128 * r * n * p + (1 << 20)
+    )
+
+
+_DUMMY_HASH: str | None = None
+
+
+def verify_password(password: str, stored: str | None) -> bool:
+    """Whether ``password`` matches ``stored`` (constant-time compare; None: compute a hash anyway, answer False)."""
+    global _DUMMY_HASH
+    if len(password) > MAX_PASSWORD:
+        return False
+    if stored is None:
+        if _DUMMY_HASH is None:
+            _DUMMY_HASH = hash_password(secrets.token_urlsafe(16))
+        stored, expected = _DUMMY_HASH, False
+    else:
+        expected = True
+    try:
+        kind, log2_n, r, p, salt, key = stored.split("$")
+        if kind != "scrypt" or not (10 <= int(log2_n) <= 22) or not (1 <= int(r) <= 32) or not (1 <= int(p) <= 16):
+            return False
+        got = _scrypt(password, base64.b64decode(salt), int(log2_n), int(r), int(p))
+    except (ValueError, TypeError):
+        return False
+    return hmac.compare_digest(got, base64.b64decode(key)) and expected
+
+
+def one_time_password() -> str:
+    """A random password to hand over once (about 120 bits; the account must change it at first login)."""
+    return secrets.token_urlsafe(15)
+
+
+def new_token() -> str:
+    """A random session id or CSRF token (256 bits, URL-safe)."""
+    return secrets.token_urlsafe(32)
+
+
+def token_digest(token: str) -> str:
+    """What the database keeps of a session id: its SHA-256 (a read of the table does not yield sessions)."""
+    return hashlib.sha256(token.encode("ascii", "replace")).hexdigest()
+
+
+class Throttled(Exception):
+    """Too many failed logins; ``retry_after`` seconds until the oldest one leaves the window."""
+
+    def __init__(self, key: str, retry_after: float) -> None:
+        self.key = key
+        self.retry_after = retry_after
+        super().__init__(f"too many failed logins for this {key}; try again in {int(retry_after) + 1} s")
+
+
+class LoginThrottle:
+    """Failed logins per account name and per client address in a sliding window.
+
+    Parameters
+    ----------
+    attempts : int
+        Failures allowed per key within ``window_s``; the next attempt is refused, right password or not.
+    window_s : float
+    clock : callable, optional
+        Monotonic seconds (injected for tests).
+    max_keys : int
+        Keys tracked at most (the oldest are forgotten first), so a flood of names cannot exhaust memory.
+    """
+
+    def __init__(
+        self,
+        *,
+        attempts: int,
+        window_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        max_keys: int = 100_000,
+    ) -> None:
+        if attempts < 1:
+            raise ValueError(f"attempts: expected at least 1, received {attempts}")
+        if not window_s > 0:
+            raise ValueError(f"window_s: expected a number > 0, received {window_s}")
+        self.attempts = attempts
+        self.window_s = window_s
+        self._clock = clock
+        self._max_keys = max_keys
+        self._failures: dict[tuple[str, str], deque[float]] = {}
+        self._lock = threading.Lock()
+
+    def _recent(self, key: tuple[str, str], now: float) -> deque[float]:
+        q = self._failures.get(key)
+        if q is None:
+            return deque()
+        while q and q[0] <= now - self.window_s:
+            q.popleft()
+        if not q:
+            del self._failures[key]
+        return q
+
+    def check(self, name: str, address: str) -> None:
+        """Raise :class:`Throttled` if ``name`` or ``address`` has used up its failures."""
+        now = self._clock()
+        with self._lock:
+            for kind, value in (("account", name), ("address", address)):
+                q = self._recent((kind, value), now)
+                if len(q) >= self.attempts:
+                    raise Throttled(kind, q[0] + self.window_s - now)
+
+    def failed(self, name: str, address: str) -> None:
+        now = self._clock()
+        with self._lock:
+            for key in (("account", name), ("address", address)):
+                self._recent(key, now)
+                if key not in self._failures and len(self._failures) >= self._max_keys:
+                    self._failures.pop(next(iter(self._failures)))
+                self._failures.setdefault(key, deque()).append(now)
+
+    def succeeded(self, name: str) -> None:
+        """A successful login clears the account's failures (not the address's)."""
+        with self._lock:
+            self._failures.pop(("account", name), None)

@@ -1,0 +1,334 @@
+"""The console's tables in the server's database (migration 5): accounts, sessions, alerts, audit log.
+
+Written once for SQLite and PostgreSQL on the store's own primitives (``_session``, ``_transaction`` and
+its :class:`~peep.server.storage.dialect.Dialect`), like the rest of :mod:`peep.server.storage`, so
+replicas on one PostgreSQL share accounts, sessions and acknowledgements. The read-only summaries the
+pages show (devices, subjects, ε spent) are here too: they are plain aggregates over ``templates``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from peep.server.storage.base import SqlStore
+
+
+@dataclass(frozen=True)
+class Account:
+    name: str
+    role: str
+    password_hash: str
+    must_change: bool
+    disabled: bool
+    created_at: float
+
+
+@dataclass(frozen=True)
+class Session:
+    name: str
+    role: str
+    csrf: str
+    expires_at: float
+    must_change: bool
+
+
+@dataclass(frozen=True)
+class Alert:
+    event_id: str
+    at: float
+    site: str
+    device_id: str
+    probability: float
+    model_version: str
+    acknowledged_by: str | None
+    acknowledged_at: float | None
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    at: float
+    actor: str
+    action: str
+    target: str
+    outcome: str
+    address: str
+
+
+@dataclass(frozen=True)
+class DeviceSummary:
+    device_id: str
+    site: str
+    releases: int
+    epsilon_vector_total: float
+    epsilon_vector_max_track: float
+    last_release: float
+    bundle_id: str
+    mechanism_kind: str
+    epsilon_coordinate: float
+    epsilon_vector: float
+
+
+class ConsoleStore:
+    """The console's reads and writes on a :class:`~peep.server.storage.base.SqlStore`.
+
+    Parameters
+    ----------
+    store : SqlStore
+        The server's store (already migrated: it opens with every migration applied).
+    clock : callable, optional
+        Wall-clock seconds (injected for tests).
+    """
+
+    def __init__(self, store: Any, *, clock: Any = time.time) -> None:
+        if not isinstance(store, SqlStore):
+            raise TypeError(f"store: expected a SQL store (SQLite or PostgreSQL), received {type(store).__name__}")
+        self.store = store
+        self._p = store._sql.param
+        # The hour of a time: SQLite's CAST truncates (times are positive), PostgreSQL's rounds, so it floors.
+        self._hour = "CAST(received_at / 3600 AS INTEGER)" if store.dialect == "sqlite" else "FLOOR(received_at / 3600)"
+        self._clock = clock
+
+    # ------------------------------------------------------------ accounts
+
+    def add_account(self, name: str, role: str, password_hash: str, *, must_change: bool = True) -> None:
+        """Create an account, or raise ValueError naming it if it exists."""
+        p = self._p
+        with self.store._transaction() as conn:
+            if conn.execute(f"SELECT 1 FROM console_users WHERE name = {p}", (name,)).fetchone():
+                raise ValueError(f"name: expected a new account name, received {name!r} (it exists)")
+            conn.execute(
+                "INSERT INTO console_users (name, role, password_hash, must_change, disabled, created_at) "
+                f"VALUES ({p}, {p}, {p}, {p}, 0, {p})",
+                (name, role, password_hash, int(must_change), self._clock()),
+            )
+
+    def reset_password(self, name: str, password_hash: str, *, must_change: bool) -> bool:
+        """Replace an account's password hash and end its sessions; False if there is no such account."""
+        p = self._p
+        with self.store._transaction() as conn:
+            n = conn.execute(
+                f"UPDATE console_users SET password_hash = {p}, must_change = {p} WHERE name = {p}",
+                (password_hash, int(must_change), name),
+            ).rowcount
+            conn.execute(f"DELETE FROM console_sessions WHERE name = {p}", (name,))
+        return bool(n)
+
+    def account(self, name: str) -> Account | None:
+        q = (
+            "SELECT name, role, password_hash, must_change, disabled, created_at FROM console_users "
+            f"WHERE name = {self._p}"
+        )
+        with self.store._session() as conn:
+            row = conn.execute(q, (name,)).fetchone()
+        if row is None:
+            return None
+        return Account(str(row[0]), str(row[1]), str(row[2]), bool(row[3]), bool(row[4]), float(row[5]))
+
+    def accounts(self) -> list[Account]:
+        q = "SELECT name, role, password_hash, must_change, disabled, created_at FROM console_users ORDER BY name"
+        with self.store._session() as conn:
+            rows = conn.execute(q).fetchall()
+        return [Account(str(r[0]), str(r[1]), "", bool(r[3]), bool(r[4]), float(r[5])) for r in rows]
+
+    # ------------------------------------------------------------ sessions
+
+    def create_session(self, id_sha256: str, name: str, csrf: str, *, lifetime_s: float) -> None:
+        p = self._p
+        now = self._clock()
+        with self.store._transaction() as conn:
+            conn.execute(f"DELETE FROM console_sessions WHERE expires_at < {p}", (now,))
+            conn.execute(
+                "INSERT INTO console_sessions (id_sha256, name, csrf, created_at, expires_at, last_seen) "
+                f"VALUES ({p}, {p}, {p}, {p}, {p}, {p})",
+                (id_sha256, name, csrf, now, now + lifetime_s, now),
+            )
+
+    def session(self, id_sha256: str, *, idle_s: float) -> Session | None:
+        """The live session with this id digest (touching it), or None if absent, expired, idle or disabled."""
+        p = self._p
+        now = self._clock()
+        q = (
+            "SELECT s.name, u.role, s.csrf, s.expires_at, s.last_seen, u.must_change, u.disabled "
+            f"FROM console_sessions s JOIN console_users u ON u.name = s.name WHERE s.id_sha256 = {p}"
+        )
+        with self.store._session() as conn:
+            row = conn.execute(q, (id_sha256,)).fetchone()
+            if row is None:
+                return None
+            if float(row[3]) <= now or float(row[4]) + idle_s <= now or bool(row[6]):
+                conn.execute(f"DELETE FROM console_sessions WHERE id_sha256 = {p}", (id_sha256,))
+                return None
+            if now - float(row[4]) > 5.0:  # one write per few seconds, not one per request
+                conn.execute(f"UPDATE console_sessions SET last_seen = {p} WHERE id_sha256 = {p}", (now, id_sha256))
+        return Session(str(row[0]), str(row[1]), str(row[2]), float(row[3]), bool(row[5]))
+
+    def end_session(self, id_sha256: str) -> None:
+        with self.store._session() as conn:
+            conn.execute(f"DELETE FROM console_sessions WHERE id_sha256 = {self._p}", (id_sha256,))
+
+    # ------------------------------------------------------------ alerts
+
+    def add_alert(self, event_id: str, at: float, site: str, device_id: str, probability: float, version: str) -> None:
+        p = self._p
+        with self.store._session() as conn:
+            conn.execute(
+                "INSERT INTO console_alerts (event_id, at, site, device_id, probability, model_version) "
+                f"VALUES ({p}, {p}, {p}, {p}, {p}, {p}) ON CONFLICT (event_id) DO NOTHING",
+                (event_id, at, site, device_id, probability, version),
+            )
+
+    def alerts(self, *, open_only: bool = True, site: str = "", device_id: str = "", limit: int = 100) -> list[Alert]:
+        p = self._p
+        where, params = [], []
+        if open_only:
+            where.append("acknowledged_at IS NULL")
+        if site:
+            where.append(f"site = {p}")
+            params.append(site)
+        if device_id:
+            where.append(f"device_id = {p}")
+            params.append(device_id)
+        q = (
+            "SELECT event_id, at, site, device_id, probability, model_version, acknowledged_by, acknowledged_at "
+            "FROM console_alerts" + (" WHERE " + " AND ".join(where) if where else "") + f" ORDER BY at DESC LIMIT {p}"
+        )
+        with self.store._session() as conn:
+            rows = conn.execute(q, [*params, limit]).fetchall()
+        return [
+            Alert(
+                str(r[0]),
+                float(r[1]),
+                str(r[2]),
+                str(r[3]),
+                float(r[4]),
+                str(r[5]),
+                None if r[6] is None else str(r[6]),
+                None if r[7] is None else float(r[7]),
+            )
+            for r in rows
+        ]
+
+    def acknowledge(self, event_id: str, name: str) -> bool:
+        """Mark an open alert acknowledged by ``name``; False if there is no such open alert."""
+        p = self._p
+        with self.store._session() as conn:
+            n = conn.execute(
+                f"UPDATE console_alerts SET acknowledged_by = {p}, acknowledged_at = {p} "
+                f"WHERE event_id = {p} AND acknowledged_at IS NULL",
+                (name, self._clock(), event_id),
+            ).rowcount
+        return bool(n)
+
+    # ------------------------------------------------------------ audit log
+
+    def audit(self, actor: str, action: str, target: str, outcome: str, address: str) -> None:
+        """Record one action (who, what, on what, how it ended, from where, when)."""
+        p = self._p
+        with self.store._session() as conn:
+            conn.execute(
+                "INSERT INTO console_audit (at, actor, action, target, outcome, address) "
+                f"VALUES ({p}, {p}, {p}, {p}, {p}, {p})",
+                (self._clock(), actor[:64], action[:64], target[:300], outcome[:300], address[:64]),
+            )
+
+    def audit_log(self, *, limit: int = 200, actor: str = "") -> list[AuditEntry]:
+        p = self._p
+        q = "SELECT at, actor, action, target, outcome, address FROM console_audit"
+        params: list[object] = []
+        if actor:
+            q += f" WHERE actor = {p}"
+            params.append(actor)
+        q += f" ORDER BY id DESC LIMIT {p}"
+        with self.store._session() as conn:
+            rows = conn.execute(q, [*params, limit]).fetchall()
+        return [AuditEntry(float(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), str(r[5])) for r in rows]
+
+    # ------------------------------------------------------------ summaries of templates
+
+    def devices(self) -> list[DeviceSummary]:
+        """Per device: releases, ε per vector spent in total and on its most-released track, the latest release."""
+        q = (
+            "SELECT device_id, COUNT(*), SUM(epsilon_vector), MAX(received_at) FROM templates GROUP BY device_id "
+            "ORDER BY device_id"
+        )
+        q_track = (
+            "SELECT device_id, MAX(total) FROM (SELECT device_id, track_id, SUM(epsilon_vector) AS total "
+            "FROM templates GROUP BY device_id, track_id) t GROUP BY device_id"
+        )
+        q_last = (
+            "SELECT t.device_id, t.site, t.bundle_id, t.mechanism_kind, t.epsilon_coordinate, t.epsilon_vector "
+            "FROM templates t JOIN (SELECT device_id, MAX(received_at) AS last FROM templates GROUP BY device_id) m "
+            "ON m.device_id = t.device_id AND m.last = t.received_at"
+        )
+        with self.store._session() as conn:
+            rows = conn.execute(q).fetchall()
+            per_track = {str(d): float(v or 0.0) for d, v in conn.execute(q_track)}
+            last = {str(r[0]): r for r in conn.execute(q_last)}
+        out = []
+        for d, n, eps, at in rows:
+            ln = last.get(str(d), (d, "", "", "", 0.0, 0.0))
+            out.append(
+                DeviceSummary(
+                    str(d),
+                    str(ln[1]),
+                    int(n),
+                    float(eps or 0.0),
+                    per_track.get(str(d), 0.0),
+                    float(at),
+                    str(ln[2]),
+                    str(ln[3]),
+                    float(ln[4]),
+                    float(ln[5]),
+                )
+            )
+        return out
+
+    def subjects(self, *, limit: int = 1000) -> list[tuple[str, int, float]]:
+        """(subject, enrolment templates, latest received) per enrolled subject, by name."""
+        q = (
+            "SELECT subject, COUNT(*), MAX(received_at) FROM templates WHERE subject IS NOT NULL "
+            f"AND purpose = 'enroll' GROUP BY subject ORDER BY subject LIMIT {self._p}"
+        )
+        with self.store._session() as conn:
+            return [(str(s), int(n), float(t)) for s, n, t in conn.execute(q, (limit,))]
+
+    def open_tracks(self, *, limit: int = 50) -> list[tuple[str, str, str, int, float]]:
+        """(device, site, track, templates, latest) of recent tracks with templates not enrolled to anyone."""
+        q = (
+            "SELECT device_id, site, track_id, COUNT(*), MAX(received_at) FROM templates WHERE subject IS NULL "
+            f"GROUP BY device_id, site, track_id ORDER BY MAX(received_at) DESC LIMIT {self._p}"
+        )
+        with self.store._session() as conn:
+            return [(str(d), str(s), str(t), int(n), float(at)) for d, s, t, n, at in conn.execute(q, (limit,))]
+
+    def track_keys(self, device_id: str, track_id: str, *, limit: int) -> list[tuple[str, str]]:
+        """(device_id, message_id) of a track's templates not enrolled to anyone (at most ``limit``)."""
+        p = self._p
+        q = (
+            f"SELECT device_id, message_id FROM templates WHERE device_id = {p} AND track_id = {p} "
+            f"AND subject IS NULL ORDER BY received_at LIMIT {p}"
+        )
+        with self.store._session() as conn:
+            return [(str(d), str(m)) for d, m in conn.execute(q, (device_id, track_id, limit))]
+
+    def hourly(self, since: float, *, purposes: Sequence[str] = ("identify", "verify")) -> list[tuple[int, int]]:
+        """(hour index since the epoch, templates received) for recognitions since ``since``."""
+        of, params = self.store._sql.any_of("purpose", list(purposes))
+        q = (
+            f"SELECT {self._hour} AS h, COUNT(*) FROM templates WHERE received_at >= "
+            f"{self._p} AND {of} GROUP BY {self._hour} ORDER BY h"
+        )
+        with self.store._session() as conn:
+            return [(int(h), int(n)) for h, n in conn.execute(q, [since, *params])]
+
+    def epsilon_by_device_hour(self, since: float) -> list[tuple[str, int, float]]:
+        """(device, hour index, ε per vector spent in that hour) since ``since``."""
+        q = (
+            f"SELECT device_id, {self._hour} AS h, SUM(epsilon_vector) FROM templates "
+            f"WHERE received_at >= {self._p} GROUP BY device_id, {self._hour} ORDER BY h"
+        )
+        with self.store._session() as conn:
+            return [(str(d), int(h), float(e)) for d, h, e in conn.execute(q, (since,))]

@@ -1,0 +1,772 @@
+"""The console's web application (Starlette): routes, the rules every request passes, the pages.
+
+Every request passes, in this order (:meth:`ConsoleApp._handle`):
+
+1. **Session**: the ``__Host-peep_session`` cookie (``Secure; HttpOnly; SameSite=Strict; Path=/``) holds a
+   random 256-bit id; the database keeps only its SHA-256, the account, the session's CSRF token and its
+   expiry (``console.session_lifetime_s``, ``console.session_idle_s``). Without a valid session a page
+   answers 303 to ``/login`` and anything else (events, JSON, every POST) 401.
+2. **Role**: each route names the permission it needs (:data:`~peep.server.console.accounts.PERMISSIONS`);
+   a role without it gets 403, and the refusal is audited. An account with a one-time password can only
+   change it.
+3. **CSRF**: every POST carries the session's token in the ``csrf`` form field (the login form a token
+   bound to a short-lived cookie), compared in constant time; a request whose ``Origin`` is not the
+   console's own is refused too. Forms are bounded (size, fields, no files) before they are parsed.
+4. **Audit**: every state change and every refusal is written to ``console_audit`` (who, what, on what,
+   outcome, address, when).
+
+Every response carries a strict Content-Security-Policy (``default-src 'none'``; scripts, styles and
+connections from the console itself only, so no inline script runs), ``X-Frame-Options: DENY``,
+``Referrer-Policy: no-referrer``, ``Cache-Control: no-store`` and HSTS. Templates autoescape and print
+every value through :func:`~peep.server.console.text.shown`.
+
+Actions go through :class:`~peep.server.services.Services`, as the gRPC API's do: erasure is
+``Services.erase_subject`` (templates, soft traits, retraining, purging old versions, masking meanwhile),
+training ``Trainer.start_background`` (the one-run-at-a-time lease), enrolment ``Store.relabel`` of a
+track's templates (as ``EnrolSubject`` relabels message ids), with the same validation of subject ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
+from peep.core.exceptions import WireError
+from peep.core.wire import ID_PATTERN, check_subject_id
+from peep.server.console import accounts, plots
+from peep.server.console.accounts import LoginThrottle, Throttled
+from peep.server.console.feed import LiveFeed
+from peep.server.console.store import ConsoleStore, Session
+from peep.server.console.text import shown
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).resolve().parent
+SESSION_COOKIE = "__Host-peep_session"
+LOGIN_COOKIE = "__Host-peep_login"
+#: Largest request body accepted (forms only: the console takes no uploads).
+MAX_BODY = 16 * 1024
+MAX_FIELDS = 16
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+SECURITY_HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cache-control", b"no-store"),
+    (b"strict-transport-security", b"max-age=31536000"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+    (b"permissions-policy", b"camera=(), microphone=(), geolocation=()"),
+]
+
+
+class SecurityHeaders:
+    """ASGI middleware adding :data:`SECURITY_HEADERS` to every response (static files and errors too)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                names = {k.lower() for k, _ in message.get("headers", [])}
+                message.setdefault("headers", [])
+                message["headers"] = list(message["headers"]) + [h for h in SECURITY_HEADERS if h[0] not in names]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+class Refused(Exception):
+    """A request refused with ``status`` and a message (shown escaped)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+@dataclass
+class Ctx:
+    """One request as a handler sees it."""
+
+    request: Request
+    session: Session | None
+    form: dict[str, str] = field(default_factory=dict)
+    address: str = ""
+    session_id: str = ""
+
+    @property
+    def actor(self) -> str:
+        return self.session.name if self.session else "-"
+
+
+Handler = Callable[[Ctx], Response]
+
+
+def _time(t: float | None) -> str:
+    if t is None or not math.isfinite(t) or t <= 0:
+        return "–"
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _finalize(value: Any) -> Any:
+    # Every printed value goes through shown() (bidi and controls made visible), then the autoescaper.
+    if value is None:
+        return ""
+    if isinstance(value, Markup):
+        return value
+    if isinstance(value, str):
+        return shown(value)
+    return value
+
+
+def template_environment() -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(HERE / "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        finalize=_finalize,
+        auto_reload=False,
+    )
+    env.filters["time"] = _time
+    env.filters["eps"] = lambda v: "–" if v is None else f"{float(v):.4g}"
+    env.filters["pct"] = lambda v: "–" if v is None else f"{100 * float(v):.1f} %"
+    return env
+
+
+class ConsoleApp:
+    """The console: a Starlette application on the server's :class:`~peep.server.services.Services`.
+
+    Parameters
+    ----------
+    services : Services
+    store : ConsoleStore, optional
+        Built on ``services.store`` when omitted.
+    feed : LiveFeed, optional
+        Built (and started) on ``services.events`` when omitted.
+    qbbs : QbbsModule, optional
+        The hosted QBBS module, for the odometer on the Privacy page.
+    device_status : callable, optional
+        ``() -> {device_id: (status, since)}`` from the retained MQTT statuses.
+    """
+
+    def __init__(
+        self,
+        services: Any,
+        *,
+        store: ConsoleStore | None = None,
+        feed: LiveFeed | None = None,
+        qbbs: Any = None,
+        device_status: Callable[[], dict[str, tuple[str, float]]] | None = None,
+    ) -> None:
+        cfg = services.config.console
+        if cfg is None:
+            raise ValueError("console: expected a [console] section in server.toml, received none")
+        self.cfg = cfg
+        self.services = services
+        self.store = store or ConsoleStore(services.store)
+        self.feed = feed or LiveFeed(services.events, self.store, size=cfg.recent_events).start()
+        self.qbbs = qbbs
+        self.device_status = device_status
+        self.throttle = LoginThrottle(attempts=cfg.login_attempts, window_s=cfg.login_window_s)
+        self.env = template_environment()
+        self.stopping = False
+        r = self._route
+        routes = [
+            Route("/", r(self.home, None), methods=["GET"]),
+            Route("/login", r(self.login_page, None, public=True), methods=["GET"]),
+            Route("/login", r(self.login, None, public=True), methods=["POST"]),
+            Route("/logout", r(self.logout, None, allow_must_change=True), methods=["POST"]),
+            Route("/password", r(self.password_page, None, allow_must_change=True), methods=["GET"]),
+            Route("/password", r(self.password, None, allow_must_change=True), methods=["POST"]),
+            Route("/live", r(self.live, "view"), methods=["GET"]),
+            Route("/live/events", self._events, methods=["GET"]),
+            Route("/alerts/ack", r(self.acknowledge, "acknowledge"), methods=["POST"]),
+            Route("/devices", r(self.devices, "view"), methods=["GET"]),
+            Route("/people", r(self.people, "view"), methods=["GET"]),
+            Route("/people/erase", r(self.erase, "erase"), methods=["POST"]),
+            Route("/models", r(self.models, "view"), methods=["GET"]),
+            Route("/models/status", r(self.model_status, "view", api=True), methods=["GET"]),
+            Route("/models/train", r(self.train, "train"), methods=["POST"]),
+            Route("/privacy", r(self.privacy, "view"), methods=["GET"]),
+            Route("/audit", r(self.audit_page, "manage"), methods=["GET"]),
+            Route("/enrol", r(self.enrol_page, "enrol"), methods=["GET"]),
+            Route("/enrol", r(self.enrol, "enrol"), methods=["POST"]),
+            Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
+        ]
+        self.app: ASGIApp = SecurityHeaders(Starlette(routes=routes))
+
+    def close(self) -> None:
+        self.stopping = True
+        self.feed.stop()
+
+    # ------------------------------------------------------------ the rules every request passes
+
+    def _route(
+        self,
+        handler: Handler,
+        action: str | None,
+        *,
+        public: bool = False,
+        api: bool = False,
+        allow_must_change: bool = False,
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                return await self._handle(request, handler, action, public, api, allow_must_change)
+            except Refused as exc:
+                if exc.status in (401, 429) or request.method != "GET" or api:
+                    headers = {"retry-after": "60"} if exc.status == 429 else None
+                    if request.method == "POST" and exc.status not in (401, 429) and not api:
+                        return self._page(None, "message.html", {"title": "Refused", "message": str(exc)}, exc.status)
+                    return PlainTextResponse(shown(str(exc)), status_code=exc.status, headers=headers)
+                return self._page(None, "message.html", {"title": "Refused", "message": str(exc)}, exc.status)
+
+        return endpoint
+
+    async def _session(self, request: Request) -> tuple[Session | None, str]:
+        sid = request.cookies.get(SESSION_COOKIE, "")
+        if not sid or len(sid) > 128:
+            return None, ""
+        s = await run_in_threadpool(
+            self.store.session,
+            accounts.token_digest(sid),
+            idle_s=min(self.cfg.session_idle_s, self.cfg.session_lifetime_s),
+        )
+        return s, sid
+
+    async def _handle(
+        self, request: Request, handler: Handler, action: str | None, public: bool, api: bool, allow_must_change: bool
+    ) -> Response:
+        address = request.client.host if request.client else "-"
+        session, sid = await self._session(request)
+        if not public and session is None:
+            if request.method == "GET" and not api:
+                return RedirectResponse("/login", status_code=303)
+            raise Refused(401, "a console session is required: log in at /login")
+        if session is not None and session.must_change and not allow_must_change and not public:
+            if request.method == "GET" and not api:
+                return RedirectResponse("/password", status_code=303)
+            raise Refused(403, "change the one-time password at /password first")
+        ctx = Ctx(request, session, address=address, session_id=sid)
+        if action is not None and session is not None and not accounts.allowed(session.role, action):
+            await run_in_threadpool(
+                self.store.audit, session.name, f"denied:{action}", request.url.path, f"role {session.role}", address
+            )
+            raise Refused(403, f"the role {session.role!r} may not {action} (it needs a role with {action!r})")
+        if request.method == "POST":
+            ctx.form = await self._form(request)
+            self._check_origin(request)
+            expected = session.csrf if session is not None and not public else request.cookies.get(LOGIN_COOKIE, "")
+            got = ctx.form.get("csrf", "")
+            if not expected or not hmac.compare_digest(got.encode(), expected.encode()):
+                await run_in_threadpool(
+                    self.store.audit, ctx.actor, "denied:csrf", request.url.path, "bad token", address
+                )
+                raise Refused(403, "csrf: expected the form's token of this session, received a missing or wrong one")
+        return await run_in_threadpool(handler, ctx)
+
+    @staticmethod
+    async def _form(request: Request) -> dict[str, str]:
+        length = request.headers.get("content-length")
+        if (length is None or length == "0") and "transfer-encoding" not in request.headers:
+            return {}  # an empty form (then refused for its missing CSRF token)
+        if length is None or not length.isdigit() or int(length) > MAX_BODY:
+            raise Refused(413, f"request: expected a form of at most {MAX_BODY} bytes with a Content-Length")
+        ctype = request.headers.get("content-type", "").split(";")[0].strip()
+        if ctype != "application/x-www-form-urlencoded":
+            raise Refused(415, f"content-type: expected application/x-www-form-urlencoded, received {ctype[:64]!r}")
+        async with request.form(max_files=0, max_fields=MAX_FIELDS) as form:
+            out: dict[str, str] = {}
+            for k, v in form.multi_items():
+                if not isinstance(v, str) or k in out:
+                    raise Refused(400, f"{k[:32]}: expected one text value")
+                out[k] = v
+        return out
+
+    @staticmethod
+    def _check_origin(request: Request) -> None:
+        origin = request.headers.get("origin")
+        if origin is None:
+            return  # SameSite=Strict and the CSRF token carry the check
+        own = f"{request.url.scheme}://{request.url.netloc}"
+        if origin != own:
+            raise Refused(403, f"origin: expected {own}, received {origin[:100]!r}")
+
+    def _audit(self, ctx: Ctx, action: str, target: str, outcome: str) -> None:
+        self.store.audit(ctx.actor, action, target, outcome, ctx.address)
+
+    # ------------------------------------------------------------ rendering
+
+    def _page(self, ctx: Ctx | None, name: str, values: dict[str, Any], status: int = 200) -> HTMLResponse:
+        session = ctx.session if ctx else None
+        perms = accounts.PERMISSIONS.get(session.role, frozenset()) if session else frozenset()  # type: ignore[call-overload]
+        html = self.env.get_template(name).render(
+            session=session,
+            perms=perms,
+            csrf=session.csrf if session else "",
+            path=ctx.request.url.path if ctx else "",
+            **values,
+        )
+        return HTMLResponse(html, status_code=status)
+
+    def _message(self, ctx: Ctx, title: str, message: str, status: int = 200, **more: Any) -> HTMLResponse:
+        return self._page(ctx, "message.html", {"title": title, "message": message, **more}, status)
+
+    # ------------------------------------------------------------ login, logout, password
+
+    def home(self, ctx: Ctx) -> Response:
+        assert ctx.session is not None
+        target = "/live" if accounts.allowed(ctx.session.role, "view") else "/enrol"
+        return RedirectResponse(target, status_code=303)
+
+    def login_page(self, ctx: Ctx, *, error: str = "", status: int = 200) -> Response:
+        token = accounts.new_token()
+        resp = self._page(None, "login.html", {"login_csrf": token, "error": error}, status)
+        resp.set_cookie(LOGIN_COOKIE, token, max_age=600, path="/", secure=True, httponly=True, samesite="strict")
+        return resp
+
+    def login(self, ctx: Ctx) -> Response:
+        name = ctx.form.get("name", "")[:64]
+        password = ctx.form.get("password", "")
+        try:
+            self.throttle.check(name, ctx.address)
+        except Throttled as exc:
+            self.store.audit(name or "-", "login", "", "throttled", ctx.address)
+            return self.login_page(ctx, error=str(exc), status=429)
+        account = self.store.account(name) if accounts._NAME.match(name) else None
+        ok = accounts.verify_password(password, account.password_hash if account else None)
+        if not ok or account is None or account.disabled:
+            self.throttle.failed(name, ctx.address)
+            self.store.audit(name or "-", "login", "", "failed", ctx.address)
+            return self.login_page(ctx, error="wrong account name or password", status=401)
+        self.throttle.succeeded(name)
+        sid, csrf = accounts.new_token(), accounts.new_token()
+        self.store.create_session(accounts.token_digest(sid), name, csrf, lifetime_s=self.cfg.session_lifetime_s)
+        self.store.audit(name, "login", "", "ok", ctx.address)
+        resp = RedirectResponse("/password" if account.must_change else "/", status_code=303)
+        resp.set_cookie(
+            SESSION_COOKIE, sid, max_age=int(self.cfg.session_lifetime_s), path="/", secure=True, httponly=True,
+            samesite="strict",
+        )  # fmt: skip
+        resp.delete_cookie(LOGIN_COOKIE, path="/", secure=True, httponly=True, samesite="strict")
+        return resp
+
+    def logout(self, ctx: Ctx) -> Response:
+        self.store.end_session(accounts.token_digest(ctx.session_id))
+        self._audit(ctx, "logout", "", "ok")
+        resp = RedirectResponse("/login", status_code=303)
+        resp.delete_cookie(SESSION_COOKIE, path="/", secure=True, httponly=True, samesite="strict")
+        return resp
+
+    def password_page(self, ctx: Ctx, *, error: str = "", status: int = 200) -> Response:
+        return self._page(ctx, "password.html", {"error": error}, status)
+
+    def password(self, ctx: Ctx) -> Response:
+        assert ctx.session is not None
+        name = ctx.session.name
+        account = self.store.account(name)
+        if account is None or not accounts.verify_password(ctx.form.get("current", ""), account.password_hash):
+            self._audit(ctx, "password", name, "wrong current password")
+            return self.password_page(ctx, error="current: the password given is not this account's", status=400)
+        new, again = ctx.form.get("new", ""), ctx.form.get("again", "")
+        try:
+            if new != again:
+                raise accounts.AccountError("again: expected the new password twice, received two different ones")
+            accounts.check_new_password(new, name=name)
+            if accounts.verify_password(new, account.password_hash):
+                raise accounts.AccountError("new: expected a password other than the current one")
+        except accounts.AccountError as exc:
+            return self.password_page(ctx, error=str(exc), status=400)
+        self.store.reset_password(name, accounts.hash_password(new), must_change=False)  # ends every session
+        self._audit(ctx, "password", name, "changed")
+        resp = RedirectResponse("/login", status_code=303)
+        resp.delete_cookie(SESSION_COOKIE, path="/", secure=True, httponly=True, samesite="strict")
+        return resp
+
+    # ------------------------------------------------------------ Live
+
+    @staticmethod
+    def _filter(ctx: Ctx, key: str) -> str:
+        value = ctx.request.query_params.get(key, "")
+        if value and not ID_PATTERN.match(value):
+            raise Refused(
+                400, f"{key}: expected '' or an id of 1-128 characters [A-Za-z0-9_.:@-], received {value[:64]!r}"
+            )
+        return value
+
+    def live(self, ctx: Ctx) -> Response:
+        site, device = self._filter(ctx, "site"), self._filter(ctx, "device")
+        sites, devices = self.feed.sites_and_devices()
+        configured = {d.id: d.site for d in self.services.config.auth.devices}
+        sites = sorted(set(sites) | {s for s in configured.values() if s})
+        devices = sorted(set(devices) | set(configured))
+        since = time.time() - 24 * 3600
+        hourly = dict(self.store.hourly(since))
+        now_h = int(time.time() // 3600)
+        hours = list(range(now_h - 23, now_h + 1))
+        plot = plots.bars(
+            "Recognitions per hour (last 24 h, UTC)",
+            [f"{h % 24:02d}" for h in hours],
+            [float(hourly.get(h, 0)) for h in hours],
+            y_label="recognitions",
+        )
+        return self._page(
+            ctx,
+            "live.html",
+            {
+                "events": self.feed.recent(site=site, device_id=device, limit=100),
+                "last_seq": self.feed.last_seq,
+                "alerts": self.store.alerts(site=site, device_id=device, limit=100),
+                "site": site,
+                "device": device,
+                "sites": sites,
+                "devices": devices,
+                "plot": Markup(plot),
+            },
+        )
+
+    async def _events(self, request: Request) -> Response:
+        """Server-sent events: each new recognition (filtered by ``site``/``device``) as one JSON message."""
+        session, _sid = await self._session(request)
+        if session is None:
+            return PlainTextResponse("a console session is required: log in at /login", status_code=401)
+        if session.must_change or not accounts.allowed(session.role, "view"):
+            return PlainTextResponse(f"the role {session.role!r} may not view", status_code=403)
+        site = request.query_params.get("site", "")
+        device = request.query_params.get("device", "")
+        for key, value in (("site", site), ("device", device)):
+            if value and not ID_PATTERN.match(value):
+                return PlainTextResponse(
+                    f"{key}: expected '' or an id, received {shown(value[:64])!r}", status_code=400
+                )
+        after = request.query_params.get("after", "")
+        seq = int(after) if after.isdigit() and len(after) < 19 else self.feed.last_seq
+
+        async def stream() -> Any:
+            nonlocal seq
+            last_beat = last_check = time.monotonic()
+            yield "retry: 2000\n\n"
+            while not self.stopping:
+                if await request.is_disconnected():
+                    return
+                top = self.feed.last_seq
+                for e in self.feed.since(seq, site=site, device_id=device):
+                    data = {k: (shown(v) if isinstance(v, str) else v) for k, v in e.as_json().items()}
+                    data["time_text"] = _time(e.time)
+                    yield f"id: {e.seq}\ndata: {json.dumps(data)}\n\n"
+                seq = top
+                now = time.monotonic()
+                if now - last_beat > 15:
+                    last_beat = now
+                    yield ": keep-alive\n\n"
+                if now - last_check > 30:  # a session ended elsewhere (logout, expiry) ends the stream
+                    last_check = now
+                    s, _ = await self._session(request)
+                    if s is None:
+                        return
+                await asyncio.sleep(0.2)
+
+        return StreamingResponse(stream(), media_type="text/event-stream", headers={"x-accel-buffering": "no"})
+
+    def acknowledge(self, ctx: Ctx) -> Response:
+        assert ctx.session is not None
+        event_id = ctx.form.get("event_id", "")
+        if not (1 <= len(event_id) <= 64) or not event_id.isalnum():
+            raise Refused(400, f"event_id: expected an alert's event id (hex), received {event_id[:64]!r}")
+        ok = self.store.acknowledge(event_id, ctx.session.name)
+        self._audit(ctx, "acknowledge", event_id, "ok" if ok else "no such open alert")
+        back = ctx.form.get("back", "/live")
+        return RedirectResponse(back if back.startswith("/live") and len(back) < 300 else "/live", status_code=303)
+
+    # ------------------------------------------------------------ Devices
+
+    def devices(self, ctx: Ctx) -> Response:
+        summaries = {d.device_id: d for d in self.store.devices()}
+        configured = {d.id: d for d in self.services.config.auth.devices}
+        status = self.device_status() if self.device_status else {}
+        rows = []
+        for dev in sorted(set(summaries) | set(configured) | set(status)):
+            s = summaries.get(dev)
+            c = configured.get(dev)
+            st = status.get(dev)
+            rows.append(
+                {
+                    "id": dev,
+                    "site": (s.site if s else "") or (c.site if c and c.site else ""),
+                    "registered": c is not None,
+                    "enrolment_desk": bool(c and c.enrolment_desk),
+                    "status": st[0] if st else ("unknown" if self.device_status else "not watched"),
+                    "status_since": st[1] if st else None,
+                    "s": s,
+                }
+            )
+        since = time.time() - 7 * 86400
+        per = self.store.epsilon_by_device_hour(since)
+        hours = sorted({h for _, h, _ in per})
+        series: dict[str, list[float]] = {}
+        for dev in sorted({d for d, _, _ in per}):
+            by_h = {h: e for d, h, e in per if d == dev}
+            total, vals = 0.0, []
+            for h in hours:
+                total += by_h.get(h, 0.0)
+                vals.append(total)
+            series[dev] = vals
+        plot = plots.lines(
+            "ε per vector spent per device (cumulative, last 7 days)",
+            [datetime.fromtimestamp(h * 3600, UTC).strftime("%d %Hh") for h in hours],
+            series,
+            y_label="Σ ε per vector",
+        )
+        return self._page(ctx, "devices.html", {"rows": rows, "plot": Markup(plot), "watched": self.device_status})
+
+    # ------------------------------------------------------------ People
+
+    def people(self, ctx: Ctx, *, result: Any = None, error: str = "", status: int = 200) -> Response:
+        subjects = self.store.subjects()
+        prefix = self.services.config.training.background_prefix
+        m = self.services.recogniser.model
+        return self._page(
+            ctx,
+            "people.html",
+            {
+                "subjects": [(s, n, t) for s, n, t in subjects if not s.startswith(prefix)],
+                "n_background": sum(1 for s, _, _ in subjects if s.startswith(prefix)),
+                "model": m,
+                "retention": self.services.config.retention,
+                "result": result,
+                "error": error,
+            },
+            status,
+        )
+
+    def erase(self, ctx: Ctx) -> Response:
+        raw, confirm = ctx.form.get("subject", ""), ctx.form.get("confirm", "")
+        try:
+            subject = check_subject_id(raw, "subject")
+        except WireError as exc:
+            self._audit(ctx, "erase", raw[:128], "refused: invalid subject")
+            return self.people(ctx, error=str(exc), status=400)
+        if confirm != subject:
+            self._audit(ctx, "erase", subject, "refused: not confirmed")
+            return self.people(
+                ctx, error="confirm: expected the subject id typed again to confirm the erasure", status=400
+            )
+        result = self.services.erase_subject(subject, retrain=True)
+        self._audit(
+            ctx, "erase", subject,
+            f"templates {result.templates_deleted}, soft traits {result.soft_traits_deleted}, "
+            f"model {result.model_version}, purged {','.join(result.versions_purged) or '-'}",
+        )  # fmt: skip
+        return self.people(ctx, result=result)
+
+    # ------------------------------------------------------------ Models
+
+    def _versions(self) -> list[dict[str, Any]]:
+        reg = self.services.registry
+        current = reg.current_name()
+        out = []
+        for name in reg.versions():
+            try:
+                meta = reg.get(name).meta
+            except Exception:  # a version deleted meanwhile (pruned, purged by an erasure)
+                continue
+            metrics = meta.get("metrics", {}) or {}
+            out.append(
+                {
+                    "name": name,
+                    "current": name == current,
+                    "trained_at": float(meta.get("trained_at", meta.get("created_at", 0.0)) or 0.0),
+                    "accuracy": metrics.get("validation_accuracy"),
+                    "unknown_threshold": meta.get("unknown_threshold"),
+                    "verify_threshold": meta.get("verify_threshold"),
+                    "target_far": meta.get("target_far"),
+                    "n_subjects": meta.get("n_subjects"),
+                    "n_templates": meta.get("n_templates"),
+                    "kinds": ", ".join(meta.get("mechanism_kinds", [])),
+                    "bundle_id": meta.get("bundle_id", ""),
+                }
+            )
+        return out
+
+    def models(self, ctx: Ctx, *, message: str = "", status: int = 200) -> Response:
+        from peep.server.recognition.fitting import PRESETS
+
+        versions = self._versions()
+        plot = plots.bars(
+            "Validation accuracy per model version",
+            [v["name"] for v in versions],
+            [float(v["accuracy"] or 0.0) for v in versions],
+            y_label="accuracy",
+            y_max=1.0,
+        )
+        t = self.services.trainer
+        return self._page(
+            ctx,
+            "models.html",
+            {
+                "versions": versions,
+                "plot": Markup(plot),
+                "training": t.training,
+                "progress": t.progress,
+                "last_error": t.last_error,
+                "presets": list(PRESETS),
+                "default_preset": self.services.config.training.preset,
+                "message": message,
+            },
+            status,
+        )
+
+    def model_status(self, ctx: Ctx) -> Response:
+        t = self.services.trainer
+        m = self.services.recogniser.model
+        return JSONResponse(
+            {
+                "training": t.training,
+                "progress": round(float(t.progress), 4),
+                "last_error": shown(t.last_error) if t.last_error else None,
+                "model_version": m.version if m else None,
+            }
+        )
+
+    def train(self, ctx: Ctx) -> Response:
+        from peep.server.recognition.fitting import PRESETS
+
+        preset = ctx.form.get("preset", "") or None
+        if preset is not None and preset not in PRESETS:
+            self._audit(ctx, "train", preset[:64], "refused: unknown preset")
+            return self.models(
+                ctx, message=f"preset: expected one of {sorted(PRESETS)}, received {preset[:64]!r}", status=400
+            )
+        started = self.services.trainer.start_background(preset)
+        self._audit(ctx, "train", preset or self.services.config.training.preset, "started" if started else "busy")
+        msg = "training started" if started else "a training run is already in progress"
+        return self.models(ctx, message=msg, status=202 if started else 409)
+
+    # ------------------------------------------------------------ Privacy
+
+    def privacy(self, ctx: Ctx) -> Response:
+        from peep.core.mechanisms import mechanism_class
+
+        mechanisms: dict[tuple[str, float, float], list[str]] = {}
+        for d in self.store.devices():
+            mechanisms.setdefault((d.mechanism_kind, d.epsilon_coordinate, d.epsilon_vector), []).append(d.device_id)
+        rows = []
+        for (kind, e_c, e_v), devs in sorted(mechanisms.items()):
+            try:
+                summary = str(getattr(mechanism_class(kind), "summary", ""))
+            except (KeyError, ValueError):
+                summary = ""
+            rows.append({"kind": kind, "eps_coord": e_c, "eps_vector": e_v, "devices": devs, "summary": summary})
+        audit = self._audit_summary()
+        odometer = []
+        if self.qbbs is not None:
+            prefix = self.services.config.training.background_prefix
+            for s, _, _ in self.store.subjects(limit=200):
+                if s.startswith(prefix):
+                    continue
+                try:
+                    odometer.append(self.qbbs.odometer(s))
+                except Exception:  # a subject with no soft traits
+                    continue
+        bundle = self.services.bundles.current()
+        return self._page(
+            ctx,
+            "privacy.html",
+            {
+                "mechanisms": rows,
+                "audit": audit,
+                "odometer": odometer,
+                "qbbs": self.qbbs is not None,
+                "bundle_id": bundle.bundle_id if bundle else "",
+                "bundle_mechanism": getattr(bundle, "mechanism_defaults", None) if bundle else None,
+            },
+        )
+
+    def _audit_summary(self) -> dict[str, Any] | None:
+        d = self.cfg.audit_dir
+        if d is None:
+            return None
+        path = d / "audit.json"
+        try:
+            if path.stat().st_size > 20_000_000:
+                return {"path": str(path), "error": "audit.json is larger than 20 MB; not read"}
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            return {"path": str(path), "error": f"not readable ({type(exc).__name__})"}
+        results = data.get("results", []) if isinstance(data, dict) else []
+        rows = []
+        for r in results[:50]:
+            if isinstance(r, dict):
+                rows.append({k: r.get(k) for k in ("mechanism", "epsilon", "epsilon_vector", "accuracy")})
+        return {"path": str(path), "rows": rows, "config": data.get("config", {}) if isinstance(data, dict) else {}}
+
+    def audit_page(self, ctx: Ctx) -> Response:
+        actor = self._filter(ctx, "actor") if ctx.request.query_params.get("actor") else ""
+        return self._page(
+            ctx,
+            "audit.html",
+            {"entries": self.store.audit_log(limit=500, actor=actor), "accounts": self.store.accounts()},
+        )
+
+    # ------------------------------------------------------------ Enrolment desk
+
+    def enrol_page(self, ctx: Ctx, *, result: str = "", error: str = "", status: int = 200) -> Response:
+        return self._page(
+            ctx, "enrol.html", {"tracks": self.store.open_tracks(), "result": result, "error": error}, status
+        )
+
+    def enrol(self, ctx: Ctx) -> Response:
+        device, track, raw = ctx.form.get("device", ""), ctx.form.get("track", ""), ctx.form.get("subject", "")
+        try:
+            if not ID_PATTERN.match(device):
+                raise ValueError(
+                    f"device: expected a device id of 1-128 characters [A-Za-z0-9_.:@-], received {device[:64]!r}"
+                )
+            if not (1 <= len(track) <= 128) or not track.isprintable():
+                raise ValueError(f"track: expected a track id of 1-128 printable characters, received {track[:64]!r}")
+            subject = check_subject_id(raw, "subject")
+        except ValueError as exc:
+            self._audit(ctx, "enrol", raw[:128], f"refused: {str(exc)[:200]}")
+            return self.enrol_page(ctx, error=str(exc), status=400)
+        limit = self.services.config.grpc.max_stream_messages
+        keys = self.store.track_keys(device, track, limit=limit)
+        if not keys:
+            self._audit(ctx, "enrol", subject, f"refused: no open templates of {device}/{track[:64]}")
+            return self.enrol_page(
+                ctx, error=f"track: no templates of device {device} track {track} left to enrol", status=404
+            )
+        n = self.services.store.relabel(keys, subject)
+        self._audit(ctx, "enrol", subject, f"{n} templates of {device}/{track[:64]}")
+        return self.enrol_page(ctx, result=f"{n} templates of {device} / {track} enrolled as {subject}")

@@ -1,0 +1,176 @@
+"""The console over real HTTPS (httpx against the running server): sessions, roles, CSRF, headers, throttling."""
+
+from __future__ import annotations
+
+import pytest
+from console_fixtures import PASSWORDS, login_token
+
+PAGES = ["/", "/live", "/devices", "/people", "/models", "/privacy", "/audit", "/enrol", "/password"]
+ENDPOINTS = ["/live/events", "/models/status"]
+#: Every state-changing route, with a form that would be valid apart from the CSRF token.
+POSTS = {
+    "/logout": {},
+    "/password": {"current": "x", "new": "y" * 12, "again": "y" * 12},
+    "/alerts/ack": {"event_id": "abc"},
+    "/people/erase": {"subject": "alice", "confirm": "alice"},
+    "/models/train": {},
+    "/enrol": {"device": "cam-1", "track": "t", "subject": "alice"},
+}
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_a_page_without_a_session_redirects_to_login(console, path):
+    with console.client() as c:
+        r = c.get(path)
+    assert r.status_code == 303 and r.headers["location"] == "/login"
+
+
+@pytest.mark.parametrize("path", ENDPOINTS)
+def test_an_endpoint_without_a_session_answers_401(console, path):
+    with console.client() as c:
+        r = c.get(path)
+    assert r.status_code == 401
+
+
+@pytest.mark.parametrize("path", sorted(POSTS))
+def test_a_post_without_a_session_answers_401(console, path):
+    with console.client() as c:
+        r = c.post(path, data={**POSTS[path], "csrf": "x"})
+    assert r.status_code == 401
+
+
+@pytest.mark.parametrize("path", sorted(POSTS))
+@pytest.mark.parametrize("token", [None, "", "forged-token"])
+def test_every_state_change_requires_the_sessions_csrf_token(console, path, token):
+    with console.login("root") as c:
+        form = dict(POSTS[path])
+        if token is not None:
+            form["csrf"] = token
+        r = c.post(path, data=form)
+        assert r.status_code == 403, (path, r.status_code, r.text[:200])
+        assert "csrf" in r.text
+        # the session is still there: the refusal changed nothing
+        assert c.get("/live").status_code == 200
+
+
+def test_login_requires_its_form_token(console):
+    with console.client() as c:
+        r = c.post("/login", data={"name": "root", "password": PASSWORDS["root"], "csrf": "guess"})
+        assert r.status_code == 403
+        token = login_token(c)
+        r = c.post("/login", data={"name": "root", "password": PASSWORDS["root"], "csrf": token})
+        assert r.status_code == 303
+
+
+def test_a_foreign_origin_is_refused_even_with_the_token(console):
+    with console.login("root") as c:
+        r = c.post("/models/train", data={"csrf": c.csrf}, headers={"origin": "https://evil.example"})
+    assert r.status_code == 403 and "origin" in r.text
+
+
+def test_session_cookie_is_secure_httponly_samesite_strict(console):
+    with console.client() as c:
+        token = login_token(c)
+        r = c.post("/login", data={"name": "olga", "password": PASSWORDS["olga"], "csrf": token})
+    cookie = r.headers["set-cookie"]
+    assert cookie.startswith("__Host-peep_session=")
+    low = cookie.lower()
+    assert "secure" in low and "httponly" in low and "samesite=strict" in low and "path=/" in low
+
+
+def test_every_response_carries_a_strict_csp(console):
+    with console.client() as c:
+        for path in ("/login", "/static/console.js", "/live"):
+            r = c.get(path)
+            csp = r.headers["content-security-policy"]
+            assert "default-src 'none'" in csp and "script-src 'self'" in csp and "unsafe-inline" not in csp
+            assert r.headers["x-frame-options"] == "DENY" and r.headers["x-content-type-options"] == "nosniff"
+        assert "<script>" not in c.get("/login").text.replace('<script src="/static/console.js" defer></script>', "")
+
+
+@pytest.mark.parametrize(
+    ("path", "form"), [("/people/erase", {"subject": "alice", "confirm": "alice"}), ("/models/train", {})]
+)
+def test_an_operator_cannot_erase_or_train(console, path, form):
+    with console.login("olga") as c:
+        r = c.post(path, data={**form, "csrf": c.csrf})
+        assert r.status_code == 403
+        assert "may not" in r.text
+        people = c.get("/people").text
+    assert "alice" in people  # not erased
+    assert not console.server.services.trainer.training
+    with console.login("root") as admin:
+        log = admin.get("/audit").text
+    assert "denied:" in log and "olga" in log
+
+
+def test_an_operator_sees_no_erase_or_train_controls(console):
+    with console.login("olga") as c:
+        assert 'action="/people/erase"' not in c.get("/people").text
+        assert 'action="/models/train"' not in c.get("/models").text
+        assert c.get("/audit").status_code == 403
+
+
+def test_the_enrolment_desk_can_only_enrol(console):
+    with console.login("desk") as c:
+        for path in ("/live", "/devices", "/people", "/models", "/privacy", "/audit"):
+            assert c.get(path).status_code == 403, path
+        assert c.get("/live/events").status_code == 403
+        assert c.get("/enrol").status_code == 200
+
+
+def test_enrolment_desk_enrols_a_track(console):
+    from peep_server_testlib import DEVICE
+
+    stub = console.server.stub()
+    msgs = [console.faces.message(2, purpose="identify", track_id="desk-track-1") for _ in range(3)]
+    for m in msgs:
+        stub.Ingest(m, metadata=DEVICE, timeout=10)
+    with console.login("desk") as c:
+        assert "desk-track-1" in c.get("/enrol").text
+        r = c.post("/enrol", data={"device": "cam-1", "track": "desk-track-1", "subject": "carol", "csrf": c.csrf})
+        assert r.status_code == 200 and "3 templates" in r.text
+        r = c.post("/enrol", data={"device": "cam-1", "track": "desk-track-1", "subject": "bad/id", "csrf": c.csrf})
+        assert r.status_code == 400 and "subject: expected" in r.text
+
+
+def test_login_is_throttled_after_failures_even_with_the_right_password(console):
+    with console.client() as c:
+        for _ in range(5):
+            r = c.post("/login", data={"name": "desk", "password": "wrong", "csrf": login_token(c)})
+            assert r.status_code == 401
+        r = c.post("/login", data={"name": "desk", "password": PASSWORDS["desk"], "csrf": login_token(c)})
+        assert r.status_code == 429 and "too many failed logins" in r.text
+    console.server.app.console.console.throttle.succeeded("desk")  # other tests log in as desk
+    console.server.app.console.console.throttle._failures.clear()
+
+
+def test_forms_are_bounded(console):
+    with console.login("root") as c:
+        r = c.post(
+            "/models/train",
+            content=b"csrf=" + b"x" * 20_000,
+            headers={"content-type": "application/x-www-form-urlencoded"},
+        )
+        assert r.status_code == 413
+
+
+def test_a_one_time_password_must_be_changed_first(console):
+    from peep.server.commands.console import create_account
+    from peep.server.console.store import ConsoleStore
+
+    otp = create_account(ConsoleStore(console.server.services.store), "newbie", "operator")
+    with console.client() as c:
+        r = c.post("/login", data={"name": "newbie", "password": otp, "csrf": login_token(c)})
+        assert r.status_code == 303 and r.headers["location"] == "/password"
+        assert c.get("/live").headers["location"] == "/password"
+        token = login_token(c) and __import__("console_fixtures").csrf_of("/password", c)
+        r = c.post("/password", data={"current": otp, "new": "short", "again": "short", "csrf": token})
+        assert r.status_code == 400 and "12-256" in r.text
+        new = "a-much-better-password"
+        r = c.post("/password", data={"current": otp, "new": new, "again": new, "csrf": token})
+        assert r.status_code == 303
+        assert c.get("/live").status_code == 303  # sessions ended: log in again
+        r = c.post("/login", data={"name": "newbie", "password": new, "csrf": login_token(c)})
+        assert r.status_code == 303 and r.headers["location"] == "/"
+        assert c.get("/live").status_code == 200
