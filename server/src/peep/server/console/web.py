@@ -17,8 +17,9 @@ Every request passes, in this order (:meth:`ConsoleApp._handle`):
 
 Every response carries a strict Content-Security-Policy (``default-src 'none'``; scripts, styles and
 connections from the console itself only, so no inline script runs), ``X-Frame-Options: DENY``,
-``Referrer-Policy: no-referrer``, ``Cache-Control: no-store`` and HSTS. Templates autoescape and print
-every value through :func:`~peep.server.console.text.shown`.
+``Referrer-Policy: same-origin`` (``no-referrer`` would make browsers send ``Origin: null`` with forms),
+``Cache-Control: no-store`` and HSTS. Templates autoescape and print every value through
+:func:`~peep.server.console.text.shown`.
 
 Actions go through :class:`~peep.server.services.Services`, as the gRPC API's do: erasure is
 ``Services.erase_subject`` (templates, soft traits, retraining, purging old versions, masking meanwhile),
@@ -80,7 +81,7 @@ SECURITY_HEADERS = [
     (b"content-security-policy", CSP.encode()),
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
+    (b"referrer-policy", b"same-origin"),
     (b"cache-control", b"no-store"),
     (b"strict-transport-security", b"max-age=31536000"),
     (b"cross-origin-opener-policy", b"same-origin"),

@@ -1,0 +1,110 @@
+"""Accounts without a server: password hashing, roles, names, throttling, how untrusted text is shown."""
+
+from __future__ import annotations
+
+import pytest
+from peep.server.console import accounts
+from peep.server.console.accounts import AccountError, LoginThrottle, Throttled
+from peep.server.console.text import shown
+
+
+def test_scrypt_hash_states_its_parameters_and_verifies():
+    h = accounts.hash_password("correct horse battery")
+    kind, log2_n, r, p, _salt, _key = h.split("$")
+    assert (kind, int(log2_n), int(r), int(p)) == ("scrypt", 15, 8, 1)
+    assert accounts.verify_password("correct horse battery", h)
+    assert not accounts.verify_password("correct horse batterY", h)
+    assert accounts.hash_password("correct horse battery") != h  # a fresh salt each time
+
+
+@pytest.mark.parametrize("stored", [None, "", "md5$x", "scrypt$30$8$1$AA==$AA==", "scrypt$15$8$1$!!$!!"])
+def test_unknown_or_malformed_hashes_never_verify(stored):
+    assert not accounts.verify_password("anything", stored)
+
+
+def test_overlong_passwords_are_refused_before_hashing():
+    with pytest.raises(AccountError, match=r"^password: expected at most 256 characters, received 257$"):
+        accounts.hash_password("x" * 257)
+    assert not accounts.verify_password("x" * 257, accounts.hash_password("x" * 12))
+
+
+@pytest.mark.parametrize(
+    ("role", "action", "ok"),
+    [
+        ("admin", "erase", True), ("admin", "train", True), ("admin", "view", True), ("admin", "manage", True),
+        ("operator", "view", True), ("operator", "acknowledge", True), ("operator", "erase", False),
+        ("operator", "train", False), ("operator", "enrol", False), ("operator", "manage", False),
+        ("enrol", "enrol", True), ("enrol", "view", False), ("enrol", "acknowledge", False), ("enrol", "erase", False),
+        ("nobody", "view", False),
+    ],
+)  # fmt: skip
+def test_roles(role, action, ok):
+    assert accounts.allowed(role, action) is ok
+
+
+@pytest.mark.parametrize("name", ["", "a" * 65, "<script>", "bob\u202e", "-x", "a b"])
+def test_bad_account_names_are_refused_naming_the_field(name):
+    with pytest.raises(AccountError, match=r"^--name: expected 1-64 characters"):
+        accounts.check_name(name, "--name")
+
+
+def test_new_passwords_are_bounded_and_not_the_name():
+    with pytest.raises(AccountError, match=r"12-256 characters, received 5"):
+        accounts.check_new_password("short")
+    with pytest.raises(AccountError, match="other than the account name"):
+        accounts.check_new_password("AliceAliceAlice", name="alicealicealice")
+
+
+def test_one_time_passwords_are_long_and_fresh():
+    a, b = accounts.one_time_password(), accounts.one_time_password()
+    assert a != b and len(a) >= 20
+
+
+def test_throttle_counts_per_account_and_per_address_in_a_window():
+    now = [0.0]
+    t = LoginThrottle(attempts=3, window_s=60.0, clock=lambda: now[0])
+    for _ in range(3):
+        t.check("alice", "10.0.0.1")
+        t.failed("alice", "10.0.0.1")
+    with pytest.raises(Throttled, match="account"):
+        t.check("alice", "10.0.0.9")  # the account, from anywhere
+    with pytest.raises(Throttled, match="address"):
+        t.check("bob", "10.0.0.1")  # the address, for any account
+    t.check("bob", "10.0.0.2")
+    now[0] = 61.0
+    t.check("alice", "10.0.0.1")  # the window has passed
+
+
+def test_throttle_success_clears_the_account_only():
+    t = LoginThrottle(attempts=1, window_s=60.0, clock=lambda: 0.0)
+    t.failed("alice", "10.0.0.1")
+    t.succeeded("alice")
+    t.check("alice", "10.0.0.2")
+    with pytest.raises(Throttled):
+        t.check("alice", "10.0.0.1")
+
+
+def test_throttle_remembers_a_bounded_number_of_keys():
+    t = LoginThrottle(attempts=1, window_s=60.0, clock=lambda: 0.0, max_keys=10)
+    for i in range(100):
+        t.failed(f"user{i}", "10.0.0.1")
+    assert len(t._failures) <= 10
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("bob\u202eevil", "bob⟨U+202E⟩evil"),
+        ("a\u2066b\u2069", "a⟨U+2066⟩b⟨U+2069⟩"),
+        ("zero\u200bwidth", "zero⟨U+200B⟩width"),
+        ("line\nbreak", "line⟨U+000A⟩break"),
+        ("<script>", "<script>"),
+        ("Zoë", "Zoë"),
+    ],
+)
+def test_hidden_characters_are_shown_as_code_points(text, expected):
+    assert shown(text) == expected
+
+
+def test_shown_text_is_bounded():
+    assert shown("x" * 1000) == "x" * 300 + "…"
