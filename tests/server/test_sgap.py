@@ -83,7 +83,11 @@ def sweep(trained, small, tmp_path_factory):
         ({"lam": 0.1, "lr_generator": 0}, ValueError, r"lr_generator: .* received 0"),
         ({"lam": 0.05, "slack": 0.05}, ValueError, r"slack: expected < lambda \(0.05\), received 0.05"),
         ({"lam": 0.1, "seed": -1}, ValueError, r"seed: expected an int >= 0, received -1"),
-        ({"lam": 0.1, "pretrain_epochs": -1}, ValueError, r"pretrain_epochs: expected an int in \[0, 1000\], received -1"),
+        (
+            {"lam": 0.1, "pretrain_epochs": -1},
+            ValueError,
+            r"pretrain_epochs: expected an int in \[0, 1000\], received -1",
+        ),
     ],
 )
 def test_config_refuses_bad_parameters_naming_them(kwargs, exc, match):
