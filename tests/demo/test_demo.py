@@ -108,3 +108,51 @@ def test_demo_leaves_nothing_retained_on_the_broker(demo_run):
     assert retained_topics(f"peep/v1/{s['site']}/#") == {}
     held = retained_topics("peep/v1/bundle").get("peep/v1/bundle")
     assert held is None or recognition_pb2.BundleFiles.FromString(held).bundle_id != s["bundle"]["bundle_id"]
+
+
+def test_demo_console_stays_up_on_the_demos_data(tmp_path: Path, data_home: str):
+    """`peep demo --console`: after the run the server and its console keep serving the demo's data; the
+    one-time admin password logs in (and must be changed first); Live shows the demo's recognitions,
+    Devices its cameras; close() stops both."""
+    pytest.importorskip("starlette", reason="the console extra (peep-server[console]) is not installed")
+    import re
+    import ssl
+
+    import httpx
+    from peep.server.demo import Demo, DemoOptions
+
+    opts = DemoOptions(
+        out=tmp_path / "run", data_home=data_home, subjects=3, enrol_images=8, probe_images=2, strangers=4,
+        cameras=2, qbbs_epsilon=20.0, public_max_faces=5, mqtt="off", console=True,
+    )  # fmt: skip
+    demo = Demo(opts, say=lambda _m: None)
+    try:
+        summary = demo.run()
+        c = summary["console"]
+        assert demo.console_password and c["account"] == "admin" and c["url"].startswith("https://localhost:")
+        named = sorted({ev.subject for ev in demo.events.values() if not ev.unknown})
+        assert named, "the demo's cameras named nobody"
+        ctx = ssl.create_default_context(cafile=c["ca_cert"])
+        with httpx.Client(base_url=c["url"], verify=ctx, timeout=30) as web:
+
+            def csrf(path: str) -> str:
+                m = re.search(r'name="csrf" value="([^"]*)"', web.get(path).text)
+                assert m, path
+                return m.group(1)
+
+            r = web.post("/login", data={"name": "admin", "password": demo.console_password, "csrf": csrf("/login")})
+            assert r.status_code == 303 and r.headers["location"] == "/password"
+            new = "a-Newcomer's-own-passphrase-42"
+            form = {"current": demo.console_password, "new": new, "again": new, "csrf": csrf("/password")}
+            assert web.post("/password", data=form).status_code == 303
+            r = web.post("/login", data={"name": "admin", "password": new, "csrf": csrf("/login")})
+            assert r.status_code == 303 and r.headers["location"] == "/"
+            live = web.get("/live").text
+            assert any(s in live for s in named), named
+            devices = web.get("/devices").text
+            assert "cam-1" in devices and "cam-2" in devices
+        url = c["url"]
+    finally:
+        demo.close()
+    with pytest.raises(httpx.ConnectError), httpx.Client(verify=ctx, timeout=5) as late:
+        late.get(url)

@@ -58,6 +58,9 @@ def register(sub: Any) -> None:
     p.add_argument("--mqtt", choices=["auto", "on", "off"], default="auto",
                    help="one camera over MQTT when a broker answers on 127.0.0.1:1883 (default auto)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="who is enrolled and who walks past (never the noise)")
+    p.add_argument("--console", action="store_true",
+                   help="leave the server and its operator console running on the demo's data; prints the URL and "
+                   "a one-time admin password (needs peep-server[console]); Ctrl-C stops it")  # fmt: skip
     p.set_defaults(handler=handle)
 
 
@@ -65,7 +68,7 @@ def handle(args: argparse.Namespace) -> int:
     from peep.server.extras import require_edge
 
     require_edge("peep demo")
-    from peep.server.demo import DemoOptions, run_demo, summary_lines
+    from peep.server.demo import Demo, DemoOptions, summary_lines
 
     for name in ("subjects", "enrol_images", "probe_images", "cameras", "components"):
         if getattr(args, name) < 1:
@@ -105,16 +108,47 @@ def handle(args: argparse.Namespace) -> int:
         qbbs_epsilon=args.qbbs_epsilon,
         mqtt=args.mqtt,
         seed=args.seed,
+        console=args.console,
     )
+    if args.console:
+        from peep.server.console import require_console
+
+        require_console()  # before minutes of work: the extra is installed
+    demo = Demo(opts, say=lambda m: print(m, flush=True))
     try:
-        summary = run_demo(opts, say=lambda m: print(m, flush=True))
+        summary = demo.run()
     except (ValueError, FileNotFoundError) as exc:
         raise UsageError(str(exc)) from exc
-    for line in summary_lines(summary):
-        print(line)
-    print(f"\nreport: {out / 'report.html'}  summary: {out / 'summary.json'}")
-    failed = summary["edge"]["errors"] or summary["edge"]["events_missing"]
-    if failed:
-        print(f"peep demo: problems: {failed}", file=sys.stderr)
-        return 1
-    return 0
+    try:
+        for line in summary_lines(summary):
+            print(line)
+        print(f"\nreport: {out / 'report.html'}  summary: {out / 'summary.json'}")
+        failed = summary["edge"]["errors"] or summary["edge"]["events_missing"]
+        if failed:
+            print(f"peep demo: problems: {failed}", file=sys.stderr)
+            return 1
+        if args.console and demo.console_password:
+            c = summary["console"]
+            print(
+                f"\nconsole: {c['url']}  (certificate of the demo's local CA: {c['ca_cert']})\n"
+                f"  account {c['account']}, one-time password (shown once; choose your own at first login):\n"
+                f"  {demo.console_password}\n"
+                "  the server and console keep running on the demo's data; Ctrl-C stops them",
+                flush=True,
+            )
+            _wait_for_stop()
+        return 0
+    finally:
+        demo.close()
+
+
+def _wait_for_stop() -> None:
+    """Block until SIGINT or SIGTERM."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(1.0):
+        pass

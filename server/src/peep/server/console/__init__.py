@@ -27,13 +27,8 @@ from __future__ import annotations
 from typing import Any
 
 
-def start_console(services: Any, *, qbbs: Any = None, device_status: Any = None) -> Any:
-    """Build and start the console for ``services`` (``services.config.console`` must be set).
-
-    Returns the running :class:`~peep.server.console.server.ConsoleServer` (``.url``, ``.port``, ``.stop()``).
-    Raises :class:`~peep.server.errors.UsageError` (exit 2) naming the extra when the web packages are not
-    installed.
-    """
+def require_console() -> None:
+    """Raise :class:`~peep.server.errors.UsageError` (exit 2) naming the extra when the web packages are missing."""
     try:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
@@ -44,6 +39,16 @@ def start_console(services: Any, *, qbbs: Any = None, device_status: Any = None)
             f"console: the operator console needs the extra peep-server[console] ({exc.name} is not installed): "
             "pip install 'peep-server[console]'"
         ) from None
+
+
+def start_console(services: Any, *, qbbs: Any = None, device_status: Any = None) -> Any:
+    """Build and start the console for ``services`` (``services.config.console`` must be set).
+
+    Returns the running :class:`~peep.server.console.server.ConsoleServer` (``.url``, ``.port``, ``.stop()``).
+    Raises :class:`~peep.server.errors.UsageError` (exit 2) naming the extra when the web packages are not
+    installed.
+    """
+    require_console()
     from peep.server.console.server import ConsoleServer
     from peep.server.console.web import ConsoleApp
 

@@ -95,6 +95,8 @@ class DemoOptions:
     # Longer than the tracker's max_age_s (1 s at 15 fps): the next person starts a new track.
     gap_frames: int = 20
     background_templates: int = 1500
+    # Leave the server and its operator console running on the demo's data (peep demo --console).
+    console: bool = False
 
 
 @dataclass
@@ -138,6 +140,8 @@ class Demo:
         self._events_lock = threading.Lock()
         self._events_cv = threading.Condition(self._events_lock)
         self.app: Any = None
+        #: The console admin's one-time password (``--console``), printed once and never stored in clear.
+        self.console_password: str | None = None
 
     # ------------------------------------------------------------------ steps
 
@@ -171,9 +175,11 @@ class Demo:
                 "verifying claims: face alone and fused with soft traits", lambda: self._verify(scenario), say
             )
             summary = self._summary(scenario, bundle, train, cam, verify, time.perf_counter() - t_start)
+            if o.console:
+                summary["console"] = step("opening the operator console", self._open_console, say)
         finally:
-            if self.app is not None:
-                self.app.stop(1.0)
+            if not (o.console and self.console_password):  # the console keeps the server until close()
+                self.close()
             if self.use_mqtt:
                 self._clear_broker(bundle)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
@@ -181,6 +187,21 @@ class Demo:
 
         write_report(summary, self.releases, self.events, self.out)
         return summary
+
+    def _open_console(self) -> dict[str, Any]:
+        """An admin account with a one-time password on the demo's server; the console stays up until close()."""
+        from peep.server.commands.console import create_account
+        from peep.server.console.store import ConsoleStore
+
+        console = self.app.console
+        self.console_password = create_account(ConsoleStore(self.app.services.store), "admin", "admin")
+        return {"url": console.url, "account": "admin", "ca_cert": str(self.pki.ca_cert)}
+
+    def close(self) -> None:
+        """Stop the demo's server (and its console); idempotent."""
+        if self.app is not None:
+            self.app.stop(1.0)
+            self.app = None
 
     def _scenario(self) -> Scenario:
         import cv2
@@ -310,6 +331,8 @@ class Demo:
             },
             "metrics": {"enabled": False},
             "logging": {"format": "text", "level": "warning"},
+            # Started with the server, so the Live page holds the demo's recognitions.
+            **({"console": {"listen": "127.0.0.1:0"}} if self.opts.console else {}),
             "qbbs": {
                 "store_path": str(srv / "soft_traits.db"),
                 "ledger_path": str(srv / "qbbs_spend.jsonl"),
