@@ -346,6 +346,35 @@ def test_events_stream_to_subscribers(trained_server, templates):
     assert got[2].purpose == template_pb2.PURPOSE_VERIFY and got[2].claimed_subject == verify.subject
 
 
+def test_a_verify_call_on_an_identify_template_is_published_as_a_verification(trained_server, templates):
+    """The Verify RPC's event is a verification (claim, decision) even when the template was released to
+    identify: published with the template's purpose it read as an identification naming nobody."""
+    stub = trained_server.stub()
+    events = stub.StreamEvents(recognition_pb2.StreamEventsRequest(site=SITE), metadata=DEVICE, timeout=20)
+    got: list = []
+    done = threading.Event()
+
+    def reader():
+        for ev in events:
+            got.append(ev)
+            break
+        done.set()
+
+    threading.Thread(target=reader, daemon=True).start()
+    deadline = time.monotonic() + 5
+    while trained_server.services.events.n_subscribers == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    i = int(templates.test[104])
+    msg = templates.message(i)  # purpose identify
+    claim = str(templates.subjects[i])
+    r = stub.Verify(recognition_pb2.VerifyRequest(template=msg, claimed_subject=claim), metadata=DEVICE, timeout=5)
+    assert done.wait(10), got
+    events.cancel()
+    (ev,) = got
+    assert ev.message_id == msg.message_id and ev.purpose == template_pb2.PURPOSE_VERIFY
+    assert ev.claimed_subject == claim and ev.accepted == r.accepted and not ev.subject and not ev.unknown
+
+
 # --------------------------------------------------------------------------- shutdown
 
 

@@ -250,14 +250,15 @@ class Ingestor:
                     model_version=m.version,
                 )
 
-    def _event(self, v: ValidTemplate, **fields: object) -> None:
+    def _event(self, v: ValidTemplate, *, purpose: int | None = None, **fields: object) -> None:
+        """Publish the recognition of ``v``; ``purpose``: what was done, when not the template's own purpose."""
         msg = v.message
         ev = new_event(
             site=msg.site,
             device_id=msg.device_id,
             message_id=msg.message_id,
             track_id=msg.track_id,
-            purpose=msg.purpose,
+            purpose=msg.purpose if purpose is None else purpose,
             **fields,
         )
         self.events.publish(ev)

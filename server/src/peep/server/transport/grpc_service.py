@@ -216,8 +216,15 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
             )
         v = self.s.recogniser.verify(valid.values, claimed)
         if self.s.events.active:
+            # A verification, whatever purpose the template was released for (a camera's identify
+            # template may be checked against a claim): subscribers read the claim and the decision.
             self.s.ingestor._event(
-                valid, claimed_subject=claimed, accepted=v.accepted, probability=v.score, model_version=v.model_version
+                valid,
+                purpose=template_pb2.PURPOSE_VERIFY,
+                claimed_subject=claimed,
+                accepted=v.accepted,
+                probability=v.score,
+                model_version=v.model_version,
             )
         return recognition_pb2.VerifyResponse(
             accepted=v.accepted,
