@@ -123,7 +123,7 @@ def test_an_unknown_face_raises_an_alert_that_is_acknowledged(browser, console):
     event_id = row.get_attribute("data-event")
     assert "cam-1" in row.text and "v0000" in row.text  # device, model version; probability is a number
     float(row.find_elements(By.TAG_NAME, "td")[3].text)
-    _screenshot(browser, "console-live.png")
+    _screenshot(browser, "console-test-live.png")
     row.find_element(By.CSS_SELECTOR, "button.ack").click()
     assert _wait(lambda: browser.current_url.endswith("/live"))
     assert not browser.find_elements(By.CSS_SELECTOR, f'#alerts tr[data-event="{event_id}"]')
@@ -141,7 +141,7 @@ def test_devices_page_shows_releases_and_epsilon(browser, console):
     table = browser.find_element(By.ID, "devices").text
     assert "cam-1" in table and "peep-raw" in table and "lobby" in table
     assert browser.find_elements(By.CSS_SELECTOR, "svg.plot")
-    _screenshot(browser, "console-devices.png")
+    _screenshot(browser, "console-test-devices.png")
 
 
 def test_markup_in_a_subject_id_renders_inert_and_bidi_shows_as_code_points(browser, console):

@@ -151,8 +151,46 @@ def test_demo_console_stays_up_on_the_demos_data(tmp_path: Path, data_home: str)
             assert any(s in live for s in named), named
             devices = web.get("/devices").text
             assert "cam-1" in devices and "cam-2" in devices
+        _screenshots(c["url"], new, tmp_path)
         url = c["url"]
     finally:
         demo.close()
     with pytest.raises(httpx.ConnectError), httpx.Client(verify=ctx, timeout=5) as late:
         late.get(url)
+
+
+def _screenshots(url: str, password: str, tmp_path: Path) -> None:
+    """The README's screenshots of Live and Devices, from the demo's data, when $PEEP_CONSOLE_SCREENSHOTS names a
+    folder and Debian's chromium is installed (scripts/bootstrap.sh installs it)."""
+    import os
+    import time
+
+    out = os.environ.get("PEEP_CONSOLE_SCREENSHOTS")
+    if not out or not Path("/usr/bin/chromium").exists():
+        return
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for arg in (
+        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--disable-dev-shm-usage", "--window-size=1280,900", f"--user-data-dir={tmp_path / 'chromium'}",
+    ):  # fmt: skip
+        options.add_argument(arg)
+    options.accept_insecure_certs = True  # the demo's local CA is not in Chromium's store; still TLS
+    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    try:
+        driver.get(url + "login")
+        driver.find_element(By.ID, "name").send_keys("admin")
+        driver.find_element(By.ID, "password").send_keys(password)
+        driver.find_element(By.ID, "login").click()
+        Path(out).mkdir(parents=True, exist_ok=True)
+        for page in ("live", "devices"):
+            driver.get(url + page)
+            time.sleep(1.0)  # the Live page fills from its event stream
+            driver.save_screenshot(str(Path(out) / f"console-{page}.png"))
+    finally:
+        driver.quit()
