@@ -14,6 +14,7 @@ POSTS = {
     "/alerts/ack": {"event_id": "abc"},
     "/people/erase": {"subject": "alice", "confirm": "alice"},
     "/models/train": {},
+    "/models/current": {"version": "v000001"},
     "/enrol": {"device": "cam-1", "track": "t", "subject": "alice"},
 }
 
@@ -89,7 +90,12 @@ def test_every_response_carries_a_strict_csp(console):
 
 
 @pytest.mark.parametrize(
-    ("path", "form"), [("/people/erase", {"subject": "alice", "confirm": "alice"}), ("/models/train", {})]
+    ("path", "form"),
+    [
+        ("/people/erase", {"subject": "alice", "confirm": "alice"}),
+        ("/models/train", {}),
+        ("/models/current", {"version": "v000001"}),
+    ],
 )
 def test_an_operator_cannot_erase_or_train(console, path, form):
     with console.login("olga") as c:
@@ -174,3 +180,43 @@ def test_a_one_time_password_must_be_changed_first(console):
         r = c.post("/login", data={"name": "newbie", "password": new, "csrf": login_token(c)})
         assert r.status_code == 303 and r.headers["location"] == "/"
         assert c.get("/live").status_code == 200
+
+
+def test_an_admin_rolls_back_to_a_kept_version_and_forward_again(console, monkeypatch):
+    """Models: 'Serve' on an older version makes it the one identify uses; the refusal of a version that
+    is not kept names it; the roll-back is in the audit log."""
+    services = console.server.services
+    services.train()  # a second version, so there is one to roll back to
+    newest = services.recogniser.model.version
+    older = sorted(services.registry.versions())[-2]
+    try:
+        with console.login("root") as c:
+            page = c.get("/models").text
+            assert f'data-version="{older}"' in page and f'data-version="{newest}"' not in page  # serving: no button
+            r = c.post("/models/current", data={"version": older, "csrf": c.csrf})
+            assert r.status_code == 200 and f"{older} is serving" in r.text
+            assert services.recogniser.model.version == older
+            stub = console.server.stub()
+            from peep.v1 import recognition_pb2
+            from peep_server_testlib import DEVICE
+
+            resp = stub.Identify(recognition_pb2.IdentifyRequest(template=console.faces.message(0)), metadata=DEVICE,
+                                 timeout=10)  # fmt: skip
+            assert resp.model_version == older
+            r = c.post("/models/current", data={"version": "v999999", "csrf": c.csrf})
+            assert r.status_code == 409 and "no version &#39;v999999&#39; is kept" in r.text
+            assert services.recogniser.model.version == older
+            log = c.get("/audit").text
+            assert "make-current" in log and older in log
+            # A version that knows a subject erased after it was trained is never served again.
+            c.post("/models/current", data={"version": newest, "csrf": c.csrf})
+            known = services.registry.get(older).meta["classes"]
+            erased = {next(k for k in known if k): float(__import__("time").time()) + 1e6}
+            monkeypatch.setattr(services.store, "erasures", lambda: erased)
+            r = c.post("/models/current", data={"version": older, "csrf": c.csrf})
+            assert r.status_code == 409 and "subjects were erased" in r.text
+            assert services.recogniser.model.version == newest
+    finally:
+        monkeypatch.undo()
+        services.make_current(newest)
+    assert services.recogniser.model.version == newest

@@ -60,6 +60,38 @@ def test_database_registry_versions_prune_purge(kind, tmp_path, request):
         store.close()
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "postgres", "directory"])
+def test_registries_roll_back_to_a_kept_version_and_forward(kind, tmp_path, request):
+    from peep.server.recognition.registry import ModelRegistry
+
+    store = None
+    if kind == "directory":
+        reg: Any = ModelRegistry(tmp_path / "models")
+    else:
+        store = SqliteStore(tmp_path / "r.db") if kind == "sqlite" else PostgresStore(request.getfixturevalue("pg_dsn"))
+        reg = DatabaseModelRegistry(store)
+    try:
+        reg.publish(onnx_model=b"onnx-1", meta=_meta(["s1"]), keep=3)
+        reg.publish(onnx_model=b"onnx-2", meta=_meta(["s1", "s2"]), keep=3)
+        stamp = reg.pointer_stamp()
+        assert reg.make_current("v000001").name == "v000001"
+        assert reg.current_name() == "v000001" and reg.current().onnx_bytes() == b"onnx-1"
+        assert reg.pointer_stamp() != stamp  # replicas and the recogniser see the change
+        assert reg.versions() == ["v000001", "v000002"]  # nothing deleted by a roll-back
+        reg.make_current("v000002")
+        assert reg.current().onnx_bytes() == b"onnx-2"
+        with pytest.raises(RegistryError):
+            reg.make_current("v000007")
+        assert reg.current_name() == "v000002"
+        # a publish after a roll-back takes the next number and serves
+        reg.make_current("v000001")
+        assert reg.publish(onnx_model=b"onnx-3", meta=_meta(["s1"]), keep=3).name == "v000003"
+        assert reg.current_name() == "v000003"
+    finally:
+        if store is not None:
+            store.close()
+
+
 def test_one_training_at_a_time_across_replicas(pg_dsn):
     a, b = PostgresStore(pg_dsn), PostgresStore(pg_dsn)
     try:

@@ -186,6 +186,41 @@ class Services:
     def train(self, preset: str | None = None, *, progress: Progress | None = None) -> TrainResult:
         return self.trainer.train(preset, progress=progress)
 
+    def make_current(self, name: str) -> str:
+        """Serve the kept model version ``name`` (roll back to an older one, or forward again).
+
+        Refused with :class:`ValueError` naming why: no such version kept, a
+        training run in progress (it would promote over the choice), or a
+        version that knows a subject erased after it was trained -- erasure
+        deletes such versions, and one is never served again if any survived.
+        Returns the serving version's name.
+        """
+        from peep.server.recognition.registry import RegistryError
+
+        if not isinstance(name, str) or len(name) > 32:
+            raise ValueError("version: expected a version name like v000001")
+        if self.trainer.training:
+            raise ValueError("version: a training run is in progress; it will promote its own version when done")
+        kept = self.registry.versions()
+        if name not in kept:
+            raise ValueError(f"version: no version {name[:32]!r} is kept (kept: {', '.join(kept) or 'none'})")
+        try:
+            version = self.registry.get(name)
+        except RegistryError as exc:
+            raise ValueError(f"version: {name} cannot be served ({exc})") from None
+        trained = float(version.meta.get("trained_at", version.meta.get("created_at", 0.0)))
+        erased = self.store.erasures()
+        knows = sorted(c for c in version.meta.get("classes", []) if c in erased and erased[c] >= trained)
+        if knows:
+            raise ValueError(
+                f"version: {name} was trained before {len(knows)} of its subjects were erased; it is never served again"
+            )
+        with self._erase_lock:  # not while an erasure decides which versions to purge
+            self.registry.make_current(name)
+        self.recogniser.reload()
+        log.info("model version made current", extra={"version": name})
+        return name
+
     # ------------------------------------------------------------ erasure
 
     def add_erasure_hook(self, fn: ErasureHook) -> None:

@@ -220,6 +220,7 @@ class ConsoleApp:
             Route("/models", r(self.models, "view"), methods=["GET"]),
             Route("/models/status", r(self.model_status, "view", api=True), methods=["GET"]),
             Route("/models/train", r(self.train, "train"), methods=["POST"]),
+            Route("/models/current", r(self.make_current, "train"), methods=["POST"]),
             Route("/privacy", r(self.privacy, "view"), methods=["GET"]),
             Route("/audit", r(self.audit_page, "manage"), methods=["GET"]),
             Route("/enrol", r(self.enrol_page, "enrol"), methods=["GET"]),
@@ -674,6 +675,17 @@ class ConsoleApp:
         self._audit(ctx, "train", preset or self.services.config.training.preset, "started" if started else "busy")
         msg = "training started" if started else "a training run is already in progress"
         return self.models(ctx, message=msg, status=202 if started else 409)
+
+    def make_current(self, ctx: Ctx) -> Response:
+        """Serve a kept version again: roll back to an older one (or forward to a newer one)."""
+        name = ctx.form.get("version", "")[:32]
+        try:
+            served = self.services.make_current(name)
+        except ValueError as exc:
+            self._audit(ctx, "make-current", name, f"refused: {exc}"[:200])
+            return self.models(ctx, message=str(exc), status=409)
+        self._audit(ctx, "make-current", served, "serving")
+        return self.models(ctx, message=f"{served} is serving")
 
     # ------------------------------------------------------------ Privacy
 

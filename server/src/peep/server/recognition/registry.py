@@ -273,6 +273,13 @@ class ModelRegistry:
         finally:
             os.close(fd)
 
+    def make_current(self, name: str) -> ModelVersion:
+        """Serve the kept version ``name`` again (roll back or forward); :class:`RegistryError` if it is not kept."""
+        with self._locked():
+            version = self.get(name)  # complete, or RegistryError naming what is missing
+            self._set_current(name)
+        return version
+
     def _set_current(self, name: str) -> None:
         tmp = self.root / f".{CURRENT}.{os.getpid()}.tmp"
         _write_file(tmp, (name + "\n").encode())
@@ -351,6 +358,15 @@ class DatabaseModelRegistry:
 
     def versions(self) -> list[str]:
         return [name for name, _ in self.store.model_names()]
+
+    def make_current(self, name: str) -> StoredModelVersion:
+        """Serve the stored version ``name`` again (roll back or forward); :class:`RegistryError` if not stored."""
+        version = self.get(name)  # the ONNX checks out against its hash before it is served
+        try:
+            self.store.set_current_model(name)
+        except KeyError:
+            raise RegistryError(f"model_versions: no version {name}") from None
+        return version
 
     def publish(
         self,

@@ -286,6 +286,28 @@ class SqlStore(ABC):
             self._notify(conn, MODELS_CHANNEL, name)
         return name
 
+    def set_current_model(self, name: str, *, now: float | None = None) -> None:
+        """Make the stored version ``name`` the serving one (a roll-back or roll-forward); replicas are notified.
+
+        Raises
+        ------
+        KeyError
+            No stored version ``name``.
+        """
+        p = self._sql.param
+        at = time.time() if now is None else now
+        with self._transaction() as conn:
+            self._lock_models(conn)
+            row = conn.execute(f"SELECT version FROM model_versions WHERE name = {p}", (name,)).fetchone()
+            if row is None:
+                raise KeyError(name)
+            conn.execute(
+                f"INSERT INTO model_current (slot, version, promoted_at) VALUES (1, {p}, {p}) "
+                "ON CONFLICT (slot) DO UPDATE SET version = excluded.version, promoted_at = excluded.promoted_at",
+                (int(row[0]), at),
+            )
+            self._notify(conn, MODELS_CHANNEL, name)
+
     def current_model_stamp(self) -> tuple[int, float] | None:
         """(version number, promoted_at) of the serving version: a cheap change detector."""
         with self._session() as conn:
