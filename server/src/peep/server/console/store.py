@@ -96,14 +96,16 @@ class ConsoleStore:
     def add_account(self, name: str, role: str, password_hash: str, *, must_change: bool = True) -> None:
         """Create an account, or raise ValueError naming it if it exists."""
         p = self._p
-        with self.store._transaction() as conn:
-            if conn.execute(f"SELECT 1 FROM console_users WHERE name = {p}", (name,)).fetchone():
-                raise ValueError(f"name: expected a new account name, received {name!r} (it exists)")
-            conn.execute(
+        # One statement, not a check then an insert: on PostgreSQL another replica's insert of the same name
+        # between the two passed the check and failed the insert with the driver's unique violation.
+        with self.store._session() as conn:
+            n = conn.execute(
                 "INSERT INTO console_users (name, role, password_hash, must_change, disabled, created_at) "
-                f"VALUES ({p}, {p}, {p}, {p}, 0, {p})",
+                f"VALUES ({p}, {p}, {p}, {p}, 0, {p}) ON CONFLICT (name) DO NOTHING",
                 (name, role, password_hash, int(must_change), self._clock()),
-            )
+            ).rowcount
+        if n != 1:
+            raise ValueError(f"name: expected a new account name, received {name!r} (it exists)")
 
     def reset_password(self, name: str, password_hash: str, *, must_change: bool) -> bool:
         """Replace an account's password hash and end its sessions; False if there is no such account."""

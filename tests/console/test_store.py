@@ -1,0 +1,496 @@
+"""ConsoleStore on SQLite and PostgreSQL: accounts, sessions, alerts, the audit log and the template summaries.
+
+Every method runs on both stores (the console's tables are shared by replicas on one PostgreSQL), with an
+injected clock so that session expiry and the times written are exact.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import psycopg
+import pytest
+from peep.server.console.store import Account, ConsoleStore
+from peep.server.storage import TemplateRecord
+from peep.server.storage.postgres import PostgresStore
+from peep.server.storage.sqlite import SqliteStore
+from peep_server_testlib import PG_BASE
+
+HOUR = 3600.0
+T0 = 1_700_000_000.0  # the clock's start (not a whole hour)
+H0 = int(T0 // HOUR)
+
+
+class Clock:
+    """Wall-clock seconds that move only when told."""
+
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def pg_admin() -> Iterator[Any]:
+    try:
+        conn = psycopg.connect(PG_BASE, autocommit=True)
+    except psycopg.OperationalError as exc:
+        pytest.skip(f"PostgreSQL not reachable on 127.0.0.1:5432 ({exc})")
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def pg_dsn(pg_admin: Any) -> Iterator[str]:
+    """DSN of a fresh private schema (dropped afterwards)."""
+    schema = f"peep_test_{uuid.uuid4().hex[:10]}"
+    pg_admin.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield f"{PG_BASE} options='-c search_path={schema}'"
+    finally:
+        pg_admin.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def sql(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
+    if request.param == "sqlite":
+        s: Any = SqliteStore(tmp_path / "db" / "peep.db")
+    else:
+        s = PostgresStore(request.getfixturevalue("pg_dsn"), pool_size=3)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def cs(sql: Any, clock: Clock) -> ConsoleStore:
+    return ConsoleStore(sql, clock=clock)
+
+
+def record(
+    i: int,
+    *,
+    received_at: float,
+    device: str = "cam-1",
+    site: str = "lobby",
+    track: str = "t1",
+    purpose: str = "identify",
+    subject: str | None = None,
+    eps_vector: float = 32.0,
+    kind: str = "peep-raw",
+    bundle: str = "eb-1",
+    eps_coordinate: float = 8.0,
+) -> TemplateRecord:
+    return TemplateRecord(
+        message_id=f"m{i:05d}", device_id=device, site=site, bundle_id=bundle, mechanism_kind=kind, epsilon=8.0,
+        delta=0.0, epsilon_coordinate=eps_coordinate, epsilon_vector=eps_vector, noise_std=0.17, purpose=purpose,
+        subject=subject, track_id=track, capture_time=received_at - 0.5, received_at=received_at, n_components=4,
+        values=(np.arange(4, dtype=np.float32) + i).tobytes(),
+    )  # fmt: skip
+
+
+def test_refuses_what_is_not_a_sql_store():
+    with pytest.raises(TypeError, match="^store: expected a SQL store .*received dict$"):
+        ConsoleStore({})
+
+
+# ---------------------------------------------------------------- accounts
+
+
+def test_accounts_are_added_read_and_listed_by_name_without_hashes(cs: ConsoleStore, clock: Clock):
+    cs.add_account("olga", "operator", "scrypt$olga")
+    clock.now += 10
+    cs.add_account("alice", "admin", "scrypt$alice", must_change=False)
+    assert cs.account("olga") == Account("olga", "operator", "scrypt$olga", True, False, T0)
+    assert cs.account("alice") == Account("alice", "admin", "scrypt$alice", False, False, T0 + 10)
+    assert cs.account("nobody") is None
+    # The list never carries the hashes.
+    assert cs.accounts() == [
+        Account("alice", "admin", "", False, False, T0 + 10),
+        Account("olga", "operator", "", True, False, T0),
+    ]
+    a = cs.account("olga")
+    assert a is not None and type(a.must_change) is bool and type(a.disabled) is bool
+
+
+def test_a_duplicate_name_is_refused_naming_it_and_changes_nothing(cs: ConsoleStore):
+    cs.add_account("olga", "operator", "h1", must_change=False)
+    with pytest.raises(ValueError, match=r"^name: expected a new account name, received 'olga' \(it exists\)$"):
+        cs.add_account("olga", "admin", "h2")
+    assert cs.account("olga") == Account("olga", "operator", "h1", False, False, T0)
+    assert [a.name for a in cs.accounts()] == ["olga"]
+
+
+def _blocked_on_a_lock(sql: Any, admin: Any) -> bool:
+    if sql.dialect != "postgres":
+        return True
+    q = (
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO console_users%'"
+    )
+    return int(admin.execute(q).fetchone()[0]) > 0
+
+
+def test_a_name_added_concurrently_by_another_replica_is_refused_with_the_same_error(
+    cs: ConsoleStore, sql: Any, request: pytest.FixtureRequest
+):
+    # Another replica (another connection) inserts the name and has not committed yet: this one's check
+    # finds nothing, and its insert waits on the other's key. When the other commits, the name exists:
+    # the same ValueError as for a name that existed before, never the driver's unique violation.
+    if sql.dialect == "sqlite":
+        other: Any = sqlite3.connect(sql.path, isolation_level=None, timeout=30.0)
+        other.execute("BEGIN IMMEDIATE")
+        admin = None
+    else:
+        other = psycopg.connect(sql.dsn)  # a transaction until commit
+        admin = request.getfixturevalue("pg_admin")
+    try:
+        other.execute(
+            "INSERT INTO console_users (name, role, password_hash, must_change, disabled, created_at) "
+            f"VALUES ({sql._sql.param}, 'admin', 'theirs', 0, 0, 1.0)",
+            ("olga",),
+        )
+        outcome: list[BaseException | None] = []
+
+        def add() -> None:
+            try:
+                cs.add_account("olga", "operator", "ours")
+                outcome.append(None)
+            except BaseException as exc:  # reported by the assertion below
+                outcome.append(exc)
+
+        t = threading.Thread(target=add)
+        t.start()
+        deadline = time.monotonic() + 10
+        time.sleep(0.3)
+        while not _blocked_on_a_lock(sql, admin) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _blocked_on_a_lock(sql, admin), "add_account never waited on the other replica's insert"
+        other.execute("COMMIT") if sql.dialect == "sqlite" else other.commit()
+        t.join(30)
+    finally:
+        other.close()
+    assert len(outcome) == 1 and isinstance(outcome[0], ValueError), outcome
+    assert str(outcome[0]) == "name: expected a new account name, received 'olga' (it exists)"
+    assert cs.account("olga") == Account("olga", "admin", "theirs", False, False, 1.0)
+
+
+def test_reset_password_replaces_the_hash_sets_must_change_and_ends_sessions(cs: ConsoleStore):
+    cs.add_account("olga", "operator", "old", must_change=False)
+    cs.add_account("root", "admin", "r", must_change=False)
+    cs.create_session("s-olga-1", "olga", "c1", lifetime_s=3600)
+    cs.create_session("s-olga-2", "olga", "c2", lifetime_s=3600)
+    cs.create_session("s-root", "root", "c3", lifetime_s=3600)
+
+    assert cs.reset_password("olga", "new", must_change=True) is True
+    a = cs.account("olga")
+    assert a is not None and (a.password_hash, a.must_change) == ("new", True)
+    assert cs.session("s-olga-1", idle_s=600) is None
+    assert cs.session("s-olga-2", idle_s=600) is None
+    assert cs.session("s-root", idle_s=600) is not None  # another account's session stays
+
+    assert cs.reset_password("olga", "newer", must_change=False) is True
+    a = cs.account("olga")
+    assert a is not None and (a.password_hash, a.must_change) == ("newer", False)
+    assert cs.reset_password("nobody", "x", must_change=True) is False
+    assert cs.account("nobody") is None
+
+
+# ---------------------------------------------------------------- sessions
+
+
+def test_a_session_names_its_account_role_csrf_and_must_change(cs: ConsoleStore, clock: Clock):
+    cs.add_account("olga", "operator", "h")
+    cs.create_session("sid", "olga", "csrf-1", lifetime_s=8 * HOUR)
+    s = cs.session("sid", idle_s=600)
+    assert s is not None
+    assert (s.name, s.role, s.csrf, s.expires_at, s.must_change) == ("olga", "operator", "csrf-1", T0 + 8 * HOUR, True)
+    cs.reset_password("olga", "h2", must_change=False)  # ends it
+    assert cs.session("sid", idle_s=600) is None
+    cs.create_session("sid2", "olga", "csrf-2", lifetime_s=HOUR)
+    s = cs.session("sid2", idle_s=600)
+    assert s is not None and s.must_change is False
+    assert cs.session("unknown", idle_s=600) is None
+
+
+def test_a_session_expires_when_idle_and_use_keeps_it_alive(cs: ConsoleStore, clock: Clock):
+    cs.add_account("olga", "operator", "h")
+    cs.create_session("sid", "olga", "c", lifetime_s=10 * HOUR)
+    for _ in range(5):  # used every 500 s: never idle 600 s
+        clock.now += 500
+        assert cs.session("sid", idle_s=600) is not None
+    clock.now += 599.0
+    assert cs.session("sid", idle_s=600) is not None
+    clock.now += 600.0  # exactly idle_s since the last use
+    assert cs.session("sid", idle_s=600) is None
+    clock.now -= 600.0  # gone for good: expiry deleted it
+    assert cs.session("sid", idle_s=600) is None
+
+
+def test_use_within_a_few_seconds_does_not_move_the_idle_deadline(cs: ConsoleStore, clock: Clock):
+    # last_seen is written at most every 5 s: a use 4 s after the last write does not extend the session.
+    cs.add_account("olga", "operator", "h")
+    cs.create_session("sid", "olga", "c", lifetime_s=10 * HOUR)
+    clock.now += 4.0
+    assert cs.session("sid", idle_s=100) is not None
+    clock.now = T0 + 100.0
+    assert cs.session("sid", idle_s=100) is None
+
+
+def test_a_session_expires_at_its_lifetime_however_busy(cs: ConsoleStore, clock: Clock):
+    cs.add_account("olga", "operator", "h")
+    cs.create_session("sid", "olga", "c", lifetime_s=1000)
+    for _ in range(9):
+        clock.now += 100
+        assert cs.session("sid", idle_s=600) is not None
+    clock.now = T0 + 999.5
+    assert cs.session("sid", idle_s=600) is not None
+    clock.now = T0 + 1000.0
+    assert cs.session("sid", idle_s=600) is None
+
+
+def test_creating_a_session_sweeps_expired_ones(cs: ConsoleStore, sql: Any, clock: Clock):
+    cs.add_account("olga", "operator", "h")
+    cs.create_session("old", "olga", "c", lifetime_s=100)
+    clock.now += 101
+    cs.create_session("new", "olga", "c", lifetime_s=100)
+    with sql._session() as conn:
+        ids = sorted(r[0] for r in conn.execute("SELECT id_sha256 FROM console_sessions").fetchall())
+    assert ids == ["new"]
+
+
+def test_a_disabled_account_has_no_session(cs: ConsoleStore, sql: Any):
+    cs.add_account("olga", "operator", "h")
+    cs.create_session("sid", "olga", "c", lifetime_s=HOUR)
+    with sql._session() as conn:
+        conn.execute(f"UPDATE console_users SET disabled = 1 WHERE name = {sql._sql.param}", ("olga",))
+    assert cs.session("sid", idle_s=600) is None
+    a = cs.account("olga")
+    assert a is not None and a.disabled is True
+
+
+def test_end_session_ends_that_session_only(cs: ConsoleStore):
+    cs.add_account("olga", "operator", "h")
+    cs.create_session("a", "olga", "c", lifetime_s=HOUR)
+    cs.create_session("b", "olga", "c", lifetime_s=HOUR)
+    cs.end_session("a")
+    cs.end_session("a")  # again: nothing to do
+    cs.end_session("unknown")
+    assert cs.session("a", idle_s=600) is None
+    assert cs.session("b", idle_s=600) is not None
+
+
+# ---------------------------------------------------------------- alerts
+
+
+def _alerts(cs: ConsoleStore) -> None:
+    cs.add_alert("e1", T0 + 1, "lobby", "cam-1", 0.91, "v000001")
+    cs.add_alert("e3", T0 + 3, "yard", "cam-2", 0.93, "v000001")
+    cs.add_alert("e2", T0 + 2, "lobby", "cam-2", 0.92, "v000002")
+    cs.add_alert("e4", T0 + 4, "lobby", "cam-1", 0.94, "v000002")
+
+
+def test_alerts_newest_first_with_filters_and_limit(cs: ConsoleStore):
+    _alerts(cs)
+    assert [a.event_id for a in cs.alerts()] == ["e4", "e3", "e2", "e1"]
+    a = cs.alerts()[0]
+    assert (a.at, a.site, a.device_id, a.probability, a.model_version) == (T0 + 4, "lobby", "cam-1", 0.94, "v000002")
+    assert (a.acknowledged_by, a.acknowledged_at) == (None, None)
+    assert [a.event_id for a in cs.alerts(site="lobby")] == ["e4", "e2", "e1"]
+    assert [a.event_id for a in cs.alerts(device_id="cam-2")] == ["e3", "e2"]
+    assert [a.event_id for a in cs.alerts(site="lobby", device_id="cam-2")] == ["e2"]
+    assert [a.event_id for a in cs.alerts(site="nowhere")] == []
+    assert [a.event_id for a in cs.alerts(limit=2)] == ["e4", "e3"]
+    assert [a.event_id for a in cs.alerts(site="lobby", limit=1)] == ["e4"]
+
+
+def test_an_alert_is_acknowledged_once_and_leaves_the_open_list(cs: ConsoleStore, clock: Clock):
+    _alerts(cs)
+    clock.now = T0 + 50
+    assert cs.acknowledge("e3", "olga") is True
+    clock.now = T0 + 60
+    assert cs.acknowledge("e3", "root") is False  # only once: the first acknowledgement stays
+    assert cs.acknowledge("nope", "olga") is False
+    assert [a.event_id for a in cs.alerts()] == ["e4", "e2", "e1"]
+    assert [a.event_id for a in cs.alerts(device_id="cam-2")] == ["e2"]
+    every = cs.alerts(open_only=False)
+    assert [a.event_id for a in every] == ["e4", "e3", "e2", "e1"]
+    e3 = every[1]
+    assert (e3.acknowledged_by, e3.acknowledged_at) == ("olga", T0 + 50)
+    assert [a.event_id for a in cs.alerts(open_only=False, site="yard")] == ["e3"]
+    assert [a.event_id for a in cs.alerts(open_only=False, limit=3)] == ["e4", "e3", "e2"]
+
+
+def test_an_alert_published_again_is_kept_once_and_stays_acknowledged(cs: ConsoleStore):
+    cs.add_alert("e1", T0, "lobby", "cam-1", 0.9, "v1")
+    assert cs.acknowledge("e1", "olga")
+    cs.add_alert("e1", T0 + 9, "yard", "cam-9", 0.1, "v9")  # a redelivery: ignored
+    [a] = cs.alerts(open_only=False)
+    assert (a.at, a.site, a.device_id, a.acknowledged_by) == (T0, "lobby", "cam-1", "olga")
+    assert cs.alerts() == []
+
+
+# ---------------------------------------------------------------- audit log
+
+
+def test_the_audit_log_is_newest_first_per_actor_and_limited(cs: ConsoleStore, clock: Clock):
+    cs.audit("root", "login", "", "ok", "10.0.0.1")
+    clock.now += 1
+    cs.audit("olga", "acknowledge", "e1", "ok", "10.0.0.2")
+    clock.now += 1
+    cs.audit("root", "erase", "alice", "3 templates", "10.0.0.1")
+    clock.now -= 5  # a clock that stepped back: the log is still in the order the actions were recorded
+    cs.audit("root", "logout", "", "ok", "10.0.0.1")
+
+    log = cs.audit_log()
+    assert [(e.actor, e.action) for e in log] == [
+        ("root", "logout"), ("root", "erase"), ("olga", "acknowledge"), ("root", "login"),
+    ]  # fmt: skip
+    e = log[1]
+    assert (e.at, e.target, e.outcome, e.address) == (T0 + 2, "alice", "3 templates", "10.0.0.1")
+    assert log[0].at == T0 - 3
+    assert [e.action for e in cs.audit_log(actor="root")] == ["logout", "erase", "login"]
+    assert [e.action for e in cs.audit_log(actor="root", limit=2)] == ["logout", "erase"]
+    assert [e.action for e in cs.audit_log(limit=1)] == ["logout"]
+    assert cs.audit_log(actor="nobody") == []
+
+
+def test_audit_fields_are_bounded(cs: ConsoleStore):
+    cs.audit("a" * 100, "b" * 100, "c" * 400, "d" * 400, "e" * 100)
+    [e] = cs.audit_log()
+    assert (len(e.actor), len(e.action), len(e.target), len(e.outcome), len(e.address)) == (64, 64, 300, 300, 64)
+
+
+# ---------------------------------------------------------------- summaries of templates
+
+
+def test_empty_summaries(cs: ConsoleStore):
+    assert cs.devices() == []
+    assert cs.subjects() == []
+    assert cs.open_tracks() == []
+    assert cs.track_keys("cam-1", "t1", limit=10) == []
+    assert cs.hourly(0.0) == []
+    assert cs.epsilon_by_device_hour(0.0) == []
+
+
+def test_devices_sum_epsilon_per_device_and_per_track_and_describe_the_latest_release(cs: ConsoleStore, sql: Any):
+    sql.insert_templates(
+        [
+            record(1, received_at=T0 + 1, device="cam-1", track="a", eps_vector=2.0),
+            record(2, received_at=T0 + 2, device="cam-1", track="a", eps_vector=3.0),
+            record(3, received_at=T0 + 3, device="cam-1", track="b", eps_vector=4.0),
+            record(
+                4, received_at=T0 + 4, device="cam-1", track="c", eps_vector=0.5, site="hall", bundle="eb-2",
+                kind="peep-lap", eps_coordinate=0.25,
+            ),
+            record(5, received_at=T0 + 10, device="cam-2", site="yard", track="x", eps_vector=7.0),
+        ]
+    )  # fmt: skip
+    d1, d2 = cs.devices()
+    assert d1.device_id == "cam-1" and d1.releases == 4
+    assert d1.epsilon_vector_total == pytest.approx(9.5)
+    assert d1.epsilon_vector_max_track == pytest.approx(5.0)  # track a: 2 + 3
+    assert d1.last_release == T0 + 4
+    assert (d1.site, d1.bundle_id, d1.mechanism_kind) == ("hall", "eb-2", "peep-lap")
+    assert (d1.epsilon_coordinate, d1.epsilon_vector) == (0.25, 0.5)
+    assert (d2.device_id, d2.site, d2.releases, d2.last_release) == ("cam-2", "yard", 1, T0 + 10)
+    assert (d2.epsilon_vector_total, d2.epsilon_vector_max_track) == (7.0, 7.0)
+
+
+def test_subjects_count_enrolment_templates_by_name(cs: ConsoleStore, sql: Any):
+    sql.insert_templates(
+        [
+            record(1, received_at=T0 + 1, purpose="enroll", subject="bob"),
+            record(2, received_at=T0 + 5, purpose="enroll", subject="bob"),
+            record(3, received_at=T0 + 3, purpose="enroll", subject="alice"),
+            record(4, received_at=T0 + 9, purpose="identify", subject="carol"),  # not an enrolment
+            record(5, received_at=T0 + 9, purpose="enroll", subject=None),  # enrolled to nobody yet
+        ]
+    )
+    assert cs.subjects() == [("alice", 1, T0 + 3), ("bob", 2, T0 + 5)]
+    assert cs.subjects(limit=1) == [("alice", 1, T0 + 3)]
+
+
+def test_open_tracks_are_the_unlabelled_ones_newest_first(cs: ConsoleStore, sql: Any):
+    sql.insert_templates(
+        [
+            record(1, received_at=T0 + 1, device="cam-1", track="a"),
+            record(2, received_at=T0 + 7, device="cam-1", track="a"),
+            record(3, received_at=T0 + 5, device="cam-2", site="yard", track="a"),
+            record(4, received_at=T0 + 9, device="cam-1", track="b", subject="bob", purpose="enroll"),
+            record(5, received_at=T0 + 3, device="cam-1", track="c"),
+        ]
+    )
+    assert cs.open_tracks() == [
+        ("cam-1", "lobby", "a", 2, T0 + 7),
+        ("cam-2", "yard", "a", 1, T0 + 5),
+        ("cam-1", "lobby", "c", 1, T0 + 3),
+    ]
+    assert cs.open_tracks(limit=2) == cs.open_tracks()[:2]
+
+
+def test_track_keys_are_a_tracks_unlabelled_templates_oldest_first(cs: ConsoleStore, sql: Any):
+    sql.insert_templates(
+        [
+            record(1, received_at=T0 + 3, device="cam-1", track="a"),
+            record(2, received_at=T0 + 1, device="cam-1", track="a"),
+            record(3, received_at=T0 + 2, device="cam-1", track="a", subject="bob", purpose="enroll"),
+            record(4, received_at=T0 + 2, device="cam-2", track="a"),  # another device's track "a"
+            record(5, received_at=T0 + 4, device="cam-1", track="a"),
+            record(6, received_at=T0 + 0, device="cam-1", track="b"),
+        ]
+    )
+    assert cs.track_keys("cam-1", "a", limit=10) == [("cam-1", "m00002"), ("cam-1", "m00001"), ("cam-1", "m00005")]
+    assert cs.track_keys("cam-1", "a", limit=2) == [("cam-1", "m00002"), ("cam-1", "m00001")]
+    assert cs.track_keys("cam-2", "a", limit=10) == [("cam-2", "m00004")]
+    assert cs.track_keys("cam-3", "a", limit=10) == []
+
+
+def _hours(sql: Any) -> None:
+    base = H0 * HOUR  # the start of an hour
+    sql.insert_templates(
+        [
+            record(1, received_at=base - 0.25, eps_vector=1.0),  # the last instant of hour H0-1
+            record(2, received_at=base, eps_vector=2.0),  # the first of H0
+            record(3, received_at=base + 1799.5, purpose="verify", eps_vector=4.0),  # mid-hour: never rounded up
+            record(4, received_at=base + 3599.75, device="cam-2", eps_vector=8.0),  # still H0
+            record(5, received_at=base + 3600.0, device="cam-2", eps_vector=16.0),  # H0+1
+            record(6, received_at=base + 2 * 3600 + 10, purpose="enroll", subject="bob", eps_vector=32.0),  # H0+2
+            record(7, received_at=base - 7200.0, eps_vector=64.0),  # before `since` below
+        ]
+    )
+
+
+def test_hourly_counts_recognitions_per_hour_floored(cs: ConsoleStore, sql: Any):
+    _hours(sql)
+    since = H0 * HOUR - 3600.0
+    assert cs.hourly(since) == [(H0 - 1, 1), (H0, 3), (H0 + 1, 1)]
+    assert cs.hourly(since, purposes=["identify"]) == [(H0 - 1, 1), (H0, 2), (H0 + 1, 1)]
+    assert cs.hourly(since, purposes=["enroll"]) == [(H0 + 2, 1)]
+    assert cs.hourly(H0 * HOUR) == [(H0, 3), (H0 + 1, 1)]
+    assert all(type(h) is int and type(n) is int for h, n in cs.hourly(0.0))
+
+
+def test_epsilon_per_device_and_hour(cs: ConsoleStore, sql: Any):
+    _hours(sql)
+    got = cs.epsilon_by_device_hour(H0 * HOUR - 3600.0)
+    assert [h for _, h, _ in got] == sorted(h for _, h, _ in got)  # by hour
+    assert sorted(got) == [
+        ("cam-1", H0 - 1, 1.0),
+        ("cam-1", H0, 6.0),
+        ("cam-1", H0 + 2, 32.0),
+        ("cam-2", H0, 8.0),
+        ("cam-2", H0 + 1, 16.0),
+    ]
+    assert sorted(cs.epsilon_by_device_hour(H0 * HOUR + 3600.0)) == [("cam-1", H0 + 2, 32.0), ("cam-2", H0 + 1, 16.0)]
