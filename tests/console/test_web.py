@@ -220,3 +220,26 @@ def test_an_admin_rolls_back_to_a_kept_version_and_forward_again(console, monkey
         monkeypatch.undo()
         services.make_current(newest)
     assert services.recogniser.model.version == newest
+
+
+def test_devices_shows_what_a_device_reports_escaped(console, monkeypatch):
+    """Devices: suppressed releases and the budgets of a device's own configuration, from its report; a
+    device without one shows a dash."""
+    import re
+
+    from peep.core.reports import parse_device_report
+
+    report = parse_device_report(
+        b'{"v":1,"at":1795694855.0,"bundle_id":"eb-1","mechanism":"privunit","epsilon_vector":16.0,'
+        b'"epsilon_coordinate":16.0,"epsilon_vector_per_release":18.0,"track_budget_vector":36.0,'
+        b'"device_budget_vector":null,"releases":120,"epsilon_vector_spent":2160.0,'
+        b'"suppressed":{"rate":40,"budget":3}}'
+    )
+    app = console.server.app.console.console
+    monkeypatch.setattr(app, "device_reports", lambda: {"cam-1": (report, 1795694856.0)})
+    with console.login("olga") as c:
+        page = c.get("/devices").text
+    row = re.search(r"<tr>\s*<td>cam-1</td>.*?</tr>", page, re.S)
+    assert row, page[:2000]
+    assert "43 (budget 3, rate 40)" in row.group(0) and "of 163 ready" in row.group(0)
+    assert "36" in row.group(0) and "none" in row.group(0) and "18" in row.group(0)

@@ -43,6 +43,7 @@ def test_mosquitto_acl_binds_devices_to_their_own_prefix():
         [
             ("write", f"{root}/+/%u/templates"),
             ("write", f"{root}/+/%u/status"),
+            ("write", f"{root}/+/%u/report"),
             ("read", f"{root}/+/%u/events"),
             ("read", f"{root}/bundle"),
         ]

@@ -162,3 +162,44 @@ def test_what_a_device_retains_is_cleared_and_never_reaches_other_devices_or_the
         "peep_ingest_rejected_total", {"transport": "mqtt", "reason": "wrong_site"}
     )
     assert rejected == 1
+
+
+def _report(**over) -> bytes:
+    from peep.core.reports import DeviceReport
+
+    fields = dict(at=1795694855.0, bundle_id="eb-1", mechanism="privunit", epsilon_vector=16.0,
+                  epsilon_coordinate=16.0, epsilon_vector_per_release=18.0, track_budget_vector=36.0,
+                  device_budget_vector=None, releases=120, epsilon_vector_spent=2160.0,
+                  suppressed={"rate": 40, "budget": 3})  # fmt: skip
+    fields.update(over)
+    return DeviceReport(**fields).to_json()
+
+
+def test_a_devices_report_reaches_the_server_and_a_forged_or_bad_one_does_not(broker, server):
+    """The retained report (suppressed releases, budgets) a device publishes through the shipped broker: its own
+    is kept; another device's topic is refused by the ACL; a malformed one and one under another site are cleared."""
+    cam1, cam2 = device(broker, "cam-1"), device(broker, "cam-2")
+    try:
+        ok = cam1.c.publish(f"peep/v1/{SITE}/cam-1/report", _report(), qos=1, retain=True)
+        forged = cam1.c.publish(f"peep/v1/{SITE}/cam-2/report", _report(releases=1), qos=1, retain=True)
+        assert wait_for(lambda: ok.mid in cam1.acks and forged.mid in cam1.acks, 10)
+        assert cam1.acks[ok.mid] < 0x80 and cam1.acks[forged.mid] == 0x87  # "Not authorized"
+        reports = server.app.mqtt.device_reports
+        assert wait_for(lambda: "cam-1" in reports(), 10)
+        rep, _ = reports()["cam-1"]
+        assert rep.releases == 120 and rep.n_suppressed == 43 and rep.track_budget_vector == 36.0
+        before = server.app.mqtt.retained_cleared
+        bad = b'{"v": 1, "releases": -5, "script": "<b>"}'
+        cam2.c.publish(f"peep/v1/{SITE}/cam-2/report", bad, qos=1, retain=True).wait_for_publish(10)
+        cam2.c.publish("peep/v1/elsewhere/cam-2/report", _report(), qos=1, retain=True).wait_for_publish(10)
+        assert wait_for(lambda: server.app.mqtt.retained_cleared >= before + 2, 15)
+        assert "cam-2" not in reports()
+        assert wait_for(
+            lambda: (
+                status_check(broker, "devices/peep/v1/+/+/report", "-F", "%t")
+                == [f"devices/peep/v1/{SITE}/cam-1/report"]
+            )
+        )
+    finally:
+        cam1.close()
+        cam2.close()

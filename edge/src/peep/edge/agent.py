@@ -44,6 +44,7 @@ from peep.core.accounting import PrivacyAccountant, ReleaseCost, Spend
 from peep.core.bundle import EigenfaceBundle, load_public_key, write_bundle_files
 from peep.core.exceptions import BudgetError, BundleError, WireError
 from peep.core.release import TemplateReleaser
+from peep.core.reports import MAX_REASONS, DeviceReport, ReportError
 from peep.core.wire import check_subject_id
 from peep.edge import startup
 from peep.edge.capture import Frame, FrameSource, open_source
@@ -128,6 +129,7 @@ class Agent:
         self._bundle_updates: queue.SimpleQueue[bytes] = queue.SimpleQueue()
         self._prepared = False
         self._lifetime = [0.0, 0.0]
+        self._reporting = False
 
     # ------------------------------------------------------------------ start-up
 
@@ -269,6 +271,35 @@ class Agent:
         startup.check_state_dir(cfg.device.state_dir)
         self.detector = build_detector(cfg.detector)
         self._prepared = True
+
+    def report(self) -> DeviceReport:
+        """What this device tells the server about itself (:mod:`peep.core.reports`): counts and ε, no face."""
+        cost, p = self.cost, self.cfg.privacy
+        vec, _, n = self.ledger.lifetime() if self.ledger is not None else (0.0, 0.0, 0)
+        suppressed = dict(self.pipeline.policy.suppressed) if self.pipeline is not None else {}
+        return DeviceReport(
+            at=round(time.time(), 3),
+            bundle_id=self.releaser.bundle_id,
+            mechanism=p.mechanism,
+            epsilon_vector=float(cost.epsilon_vector),
+            epsilon_coordinate=float(cost.epsilon_coordinate),
+            epsilon_vector_per_release=float(cost.total_vector),
+            track_budget_vector=p.track_budget,
+            device_budget_vector=p.device_budget,
+            releases=int(n),
+            epsilon_vector_spent=float(vec),
+            suppressed={str(k): int(v) for k, v in sorted(suppressed.items())[:MAX_REASONS]},
+        )
+
+    def publish_report(self) -> bool:
+        """Publish :meth:`report` on the device's report topic; False when not connected (the next one follows)."""
+        if self.mqtt_link is None:
+            return False
+        try:
+            return bool(self.mqtt_link.publish_report(self.report().to_json()))
+        except (ReportError, RuntimeError, ValueError) as exc:
+            log_event(_log, logging.WARNING, "report_not_published", error=str(exc)[:200])
+            return False
 
     def describe(self) -> dict[str, Any]:
         """What the agent will do (logged at start, printed by ``--validate-config``)."""
@@ -522,8 +553,13 @@ class Agent:
                 on_reconnect=lambda: self.metrics.reconnects.labels(link="capture").inc(),
             )
         log_event(_log, logging.INFO, "capture_opened", source=source.description, live=source.live)
+        self._reporting = self.mqtt_link is not None and cfg.mqtt.report_interval_s > 0
+        next_report = time.monotonic()
         try:
             while not self.stop_event.is_set():
+                if self._reporting and time.monotonic() >= next_report:
+                    next_report = time.monotonic() + cfg.mqtt.report_interval_s
+                    self.publish_report()
                 t0 = time.perf_counter()
                 frame = source.read()
                 if frame is None:
@@ -637,6 +673,8 @@ class Agent:
         for f in self.forwarders:
             f.join(drain + 10.0)
         if self.mqtt_link is not None:
+            if self._reporting:
+                self.publish_report()  # the final counts, retained for the server's Devices view
             self.mqtt_link.stop()
             self.mqtt_link = None
         remaining = 0

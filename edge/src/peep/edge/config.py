@@ -266,6 +266,15 @@ class MqttConfig(_Section):
     reconnect_max_s: int = Field(default=60, ge=1, le=3600)
     max_inflight: int = Field(default=20, ge=1, le=1000)
     connect_timeout_s: float = Field(default=10.0, gt=0.0, le=300.0)
+    report_interval_s: float = Field(
+        default=60.0,
+        ge=0.0,
+        le=86_400.0,
+        description=(
+            "seconds between the device's retained report (releases, suppressed releases, per-vector ε budgets; "
+            "no face, track or subject) on <root>/<site>/<device>/report; 0 = none"
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -123,7 +123,10 @@ class ServerApp:
             from peep.server.console import start_console
 
             qbbs = next((getattr(r, "module", None) for r in registrars if hasattr(r, "module")), None)
-            self.console = start_console(s, qbbs=qbbs, device_status=self._device_status())
+            reports = getattr(self.mqtt, "device_reports", None)
+            self.console = start_console(
+                s, qbbs=qbbs, device_status=self._device_status(), device_reports=reports if callable(reports) else None
+            )
         if self.config.retention.days is not None:
             self._retention = threading.Thread(target=self._retention_loop, name="peep-retention", daemon=True)
             self._retention.start()

@@ -129,6 +129,10 @@ class TopicScheme:
         """A device's retained ``online``/``offline`` state (its last will)."""
         return self.device(site, device_id, "status")
 
+    def report(self, site: str, device_id: str) -> str:
+        """A device's retained report: releases, suppressions, budgets (:mod:`peep.core.reports`)."""
+        return self.device(site, device_id, "report")
+
     def events(self, site: str, device_id: str) -> str:
         """Where the server publishes recognition events for one device."""
         return self.device(site, device_id, "events")

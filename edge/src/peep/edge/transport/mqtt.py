@@ -100,6 +100,7 @@ class MqttLink:
         self.topics = TopicScheme(cfg.topic_prefix)
         self.templates_topic = self.topics.templates(site, device_id)
         self.status_topic = self.topics.status(site, device_id)
+        self.report_topic = self.topics.report(site, device_id)
         self.events_topic = self.topics.events(site, device_id)
         self.bundle_topic = self.topics.bundle
         self._on_bundle = on_bundle
@@ -266,6 +267,13 @@ class MqttLink:
     def _notify(self) -> None:
         for callback in self.ack_listeners:
             callback()
+
+    def publish_report(self, payload: bytes) -> bool:
+        """Publish the device's report, retained (QoS 1: the latest survives a server restart); False if offline."""
+        if not self.connected.is_set():
+            return False
+        info = self.client.publish(self.report_topic, payload, qos=1, retain=True)
+        return info.rc == mqtt.MQTT_ERR_SUCCESS
 
     def publish_template(self, payload: bytes) -> int:
         """Hand one encoded template to paho (QoS 1); returns its message id (mid)."""

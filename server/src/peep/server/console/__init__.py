@@ -41,7 +41,7 @@ def require_console() -> None:
         ) from None
 
 
-def start_console(services: Any, *, qbbs: Any = None, device_status: Any = None) -> Any:
+def start_console(services: Any, *, qbbs: Any = None, device_status: Any = None, device_reports: Any = None) -> Any:
     """Build and start the console for ``services`` (``services.config.console`` must be set).
 
     Returns the running :class:`~peep.server.console.server.ConsoleServer` (``.url``, ``.port``, ``.stop()``).
@@ -52,7 +52,7 @@ def start_console(services: Any, *, qbbs: Any = None, device_status: Any = None)
     from peep.server.console.server import ConsoleServer
     from peep.server.console.web import ConsoleApp
 
-    app = ConsoleApp(services, qbbs=qbbs, device_status=device_status)
+    app = ConsoleApp(services, qbbs=qbbs, device_status=device_status, device_reports=device_reports)
     try:
         return ConsoleServer(app).start()
     except BaseException:

@@ -180,6 +180,9 @@ class ConsoleApp:
         The hosted QBBS module, for the odometer on the Privacy page.
     device_status : callable, optional
         ``() -> {device_id: (status, since)}`` from the retained MQTT statuses.
+    device_reports : callable, optional
+        ``() -> {device_id: (DeviceReport, received_at)}``: the devices' own reports over MQTT
+        (suppressed releases, the budgets in their configuration).
     """
 
     def __init__(
@@ -190,6 +193,7 @@ class ConsoleApp:
         feed: LiveFeed | None = None,
         qbbs: Any = None,
         device_status: Callable[[], dict[str, tuple[str, float]]] | None = None,
+        device_reports: Callable[[], dict[str, tuple[Any, float]]] | None = None,
     ) -> None:
         cfg = services.config.console
         if cfg is None:
@@ -200,6 +204,7 @@ class ConsoleApp:
         self.feed = feed or LiveFeed(services.events, self.store, size=cfg.recent_events).start()
         self.qbbs = qbbs
         self.device_status = device_status
+        self.device_reports = device_reports
         self.throttle = LoginThrottle(attempts=cfg.login_attempts, window_s=cfg.login_window_s)
         self.env = template_environment()
         self.stopping = False
@@ -518,11 +523,13 @@ class ConsoleApp:
         summaries = {d.device_id: d for d in self.store.devices()}
         configured = {d.id: d for d in self.services.config.auth.devices}
         status = self.device_status() if self.device_status else {}
+        reports = self.device_reports() if self.device_reports else {}
         rows = []
         for dev in sorted(set(summaries) | set(configured) | set(status)):
             s = summaries.get(dev)
             c = configured.get(dev)
             st = status.get(dev)
+            rep = reports.get(dev)
             rows.append(
                 {
                     "id": dev,
@@ -532,6 +539,8 @@ class ConsoleApp:
                     "status": st[0] if st else ("unknown" if self.device_status else "not watched"),
                     "status_since": st[1] if st else None,
                     "s": s,
+                    "report": rep[0] if rep else None,
+                    "report_at": rep[1] if rep else None,
                 }
             )
         since = time.time() - 7 * 86400
@@ -551,7 +560,11 @@ class ConsoleApp:
             series,
             y_label="Σ ε per vector",
         )
-        return self._page(ctx, "devices.html", {"rows": rows, "plot": Markup(plot), "watched": self.device_status})
+        return self._page(
+            ctx,
+            "devices.html",
+            {"rows": rows, "plot": Markup(plot), "watched": self.device_status, "reported": self.device_reports},
+        )
 
     # ------------------------------------------------------------ People
 

@@ -82,6 +82,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 from peep.core.bundle import EigenfaceBundle
 from peep.core.exceptions import TopicError
+from peep.core.reports import DeviceReport, ReportError, parse_device_report
 from peep.core.topics import TopicScheme
 from peep.server.bundles.catalog import bundle_files_message
 from peep.server.config import MqttConfig
@@ -144,7 +145,9 @@ class MqttBridge:
         self.topics = TopicScheme(config.device_mount_point + config.topic_prefix)
         self.templates_filter = self.topics.shared_templates_filter(config.share_group)
         self.status_filter = f"{self.topics.root}/+/+/status"
+        self.report_filter = f"{self.topics.root}/+/+/report"
         self._statuses: dict[str, tuple[str, float]] = {}
+        self._reports: dict[str, tuple[DeviceReport, float]] = {}
         self._status_lock = threading.Lock()
         self.deadletter_topic = self.topics.deadletter
         self.bundle_topic = self.topics.bundle
@@ -375,7 +378,7 @@ class MqttBridge:
             check()
             time.sleep(0.05)
         check()
-        c.unsubscribe([self.templates_filter, self.status_filter])
+        c.unsubscribe([self.templates_filter, self.status_filter, self.report_filter])
         deadline = time.monotonic() + timeout_s
         last, seen = time.monotonic(), -1
         while time.monotonic() < deadline:
@@ -449,6 +452,9 @@ class MqttBridge:
             # QoS 0: status messages are never queued for this session while the server is away;
             # the retained ones arrive again with every subscription.
             subs.append((self.status_filter, SubscribeOptions(qos=0, retainAsPublished=True)))
+        if index == 0:
+            # Devices' reports (suppressed releases, budgets): the retained latest arrives on subscribing.
+            subs.append((self.report_filter, SubscribeOptions(qos=0, retainAsPublished=True)))
         client.subscribe(subs)
         extra = {
             "client_id": self.connection_client_id(index),
@@ -502,6 +508,8 @@ class MqttBridge:
         if not msg.topic.endswith("/templates"):
             if msg.topic.endswith("/status"):
                 self._check_status(msg)
+            elif msg.topic.endswith("/report"):
+                self._record_report(msg)
             return
         self._take(client, int(userdata), msg)
 
@@ -548,6 +556,40 @@ class MqttBridge:
                 self._statuses.pop(where.device_id, None)
             if len(self._statuses) > 100_000:  # bounded whatever the broker sends
                 self._statuses.pop(next(iter(self._statuses)))
+
+    def device_reports(self) -> dict[str, tuple[DeviceReport, float]]:
+        """``{device_id: (report, when it was received)}``: each registered device's latest report."""
+        with self._status_lock:
+            return dict(self._reports)
+
+    def _record_report(self, msg: mqtt.MQTTMessage) -> None:
+        """Keep a registered device's report from its registered site; clear a retained one that is not."""
+        if not msg.payload:
+            return  # a cleared report
+        reason = None
+        try:
+            where = self.topics.parse(msg.topic, leaf="report")
+        except TopicError:
+            return
+        devices = self.s.devices
+        report = None
+        if len(devices) and not devices.is_registered(where.device_id):
+            reason = "unknown_device"
+        elif len(devices) and devices.site_of(where.device_id) not in (None, where.site):
+            reason = "wrong_site"
+        else:
+            try:
+                report = parse_device_report(bytes(msg.payload))
+            except ReportError as exc:
+                reason = "bad_payload"
+                log.warning("mqtt device report refused", extra={"device": where.device_id, "error": str(exc)})
+        if report is not None:
+            with self._status_lock:
+                self._reports[where.device_id] = (report, time.time())
+                if len(self._reports) > 100_000:  # bounded whatever the broker sends
+                    self._reports.pop(next(iter(self._reports)))
+        elif msg.retain and self.config.clear_retained:
+            self._clear_retained(msg.topic, reason or "bad_payload", len(msg.payload))
 
     def _check_status(self, msg: mqtt.MQTTMessage) -> None:
         """Clear a retained status that is not a registered device's ``online``/``offline`` at its site."""
