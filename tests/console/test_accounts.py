@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from peep.server.console import accounts
-from peep.server.console.accounts import AccountError, LoginThrottle, Throttled
+from peep.server.console.accounts import AccountError
 from peep.server.console.text import shown
 
 
@@ -58,37 +58,6 @@ def test_new_passwords_are_bounded_and_not_the_name():
 def test_one_time_passwords_are_long_and_fresh():
     a, b = accounts.one_time_password(), accounts.one_time_password()
     assert a != b and len(a) >= 20
-
-
-def test_throttle_counts_per_account_and_per_address_in_a_window():
-    now = [0.0]
-    t = LoginThrottle(attempts=3, window_s=60.0, clock=lambda: now[0])
-    for _ in range(3):
-        t.check("alice", "10.0.0.1")
-        t.failed("alice", "10.0.0.1")
-    with pytest.raises(Throttled, match="account"):
-        t.check("alice", "10.0.0.9")  # the account, from anywhere
-    with pytest.raises(Throttled, match="address"):
-        t.check("bob", "10.0.0.1")  # the address, for any account
-    t.check("bob", "10.0.0.2")
-    now[0] = 61.0
-    t.check("alice", "10.0.0.1")  # the window has passed
-
-
-def test_throttle_success_clears_the_account_only():
-    t = LoginThrottle(attempts=1, window_s=60.0, clock=lambda: 0.0)
-    t.failed("alice", "10.0.0.1")
-    t.succeeded("alice")
-    t.check("alice", "10.0.0.2")
-    with pytest.raises(Throttled):
-        t.check("alice", "10.0.0.1")
-
-
-def test_throttle_remembers_a_bounded_number_of_keys():
-    t = LoginThrottle(attempts=1, window_s=60.0, clock=lambda: 0.0, max_keys=10)
-    for i in range(100):
-        t.failed(f"user{i}", "10.0.0.1")
-    assert len(t._failures) <= 10
 
 
 @pytest.mark.parametrize(

@@ -494,3 +494,93 @@ def test_epsilon_per_device_and_hour(cs: ConsoleStore, sql: Any):
         ("cam-2", H0 + 1, 16.0),
     ]
     assert sorted(cs.epsilon_by_device_hour(H0 * HOUR + 3600.0)) == [("cam-1", H0 + 2, 32.0), ("cam-2", H0 + 1, 16.0)]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_pair(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[tuple[Any, Any]]:
+    """Two ConsoleStores on one database, as two replicas have."""
+    from peep.server.console.store import ConsoleStore
+
+    if request.param == "sqlite":
+        one: Any = SqliteStore(tmp_path / "db" / "peep.db")
+        two: Any = SqliteStore(tmp_path / "db" / "peep.db")
+    else:
+        dsn = request.getfixturevalue("pg_dsn")
+        one, two = PostgresStore(dsn, pool_size=2), PostgresStore(dsn, pool_size=2)
+    yield ConsoleStore(one), ConsoleStore(two)
+    one.close()
+    two.close()
+
+
+def test_failed_logins_are_counted_in_the_database_for_every_replica(store_pair):
+    """Two consoles on one database (two replicas): failures made on one throttle the other; success clears the
+    account's failures, not the address's; the window and the row bound hold."""
+    from peep.server.console.accounts import Throttled
+    from peep.server.console.store import SharedLoginThrottle
+
+    a, b = store_pair
+    now = [1000.0]
+    ta = SharedLoginThrottle(a, attempts=2, window_s=60.0, clock=lambda: now[0])
+    tb = SharedLoginThrottle(b, attempts=2, window_s=60.0, clock=lambda: now[0])
+    ta.failed("root", "10.0.0.1")
+    tb.check("root", "10.0.0.9")  # one failure: still allowed
+    tb.failed("root", "10.0.0.2")
+    with pytest.raises(Throttled):
+        ta.check("root", "10.0.0.3")  # the account's two failures, one on each replica
+    ta.check("someone", "10.0.0.1")  # the address 10.0.0.1 has one failure: allowed
+    now[0] += 61.0
+    tb.check("root", "10.0.0.3")  # the window passed
+    ta.failed("x", "10.0.0.5")
+    ta.failed("y", "10.0.0.5")
+    with pytest.raises(Throttled):
+        tb.check("z", "10.0.0.5")  # the address's failures, whatever the names
+    tb.succeeded("x")
+    with pytest.raises(Throttled):
+        ta.check("z", "10.0.0.5")  # success clears the account, not the address
+    tc = SharedLoginThrottle(a, attempts=2, window_s=60.0, clock=lambda: now[0], max_rows=6)
+    for i in range(10):
+        tc.failed(f"name{i}", "10.0.0.7")
+    assert len(a.login_failures("address", "10.0.0.7", 0.0)) <= 6
+
+
+def _throttle(sql: Any, now: list[float], **kw: Any) -> Any:
+    from peep.server.console.store import ConsoleStore, SharedLoginThrottle
+
+    return SharedLoginThrottle(ConsoleStore(sql), clock=lambda: now[0], **kw)
+
+
+def test_throttle_counts_per_account_and_per_address_in_a_window(sql):
+    from peep.server.console.accounts import Throttled
+
+    now = [0.0]
+    t = _throttle(sql, now, attempts=3, window_s=60.0)
+    for _ in range(3):
+        t.check("alice", "10.0.0.1")
+        t.failed("alice", "10.0.0.1")
+    with pytest.raises(Throttled, match="account"):
+        t.check("alice", "10.0.0.9")  # the account, from anywhere
+    with pytest.raises(Throttled, match="address"):
+        t.check("bob", "10.0.0.1")  # the address, for any account
+    t.check("bob", "10.0.0.2")
+    now[0] = 61.0
+    t.check("alice", "10.0.0.1")  # the window has passed
+
+
+def test_throttle_success_clears_the_account_only(sql):
+    from peep.server.console.accounts import Throttled
+
+    t = _throttle(sql, [0.0], attempts=1, window_s=60.0)
+    t.failed("alice", "10.0.0.1")
+    t.succeeded("alice")
+    t.check("alice", "10.0.0.2")
+    with pytest.raises(Throttled):
+        t.check("alice", "10.0.0.1")
+
+
+def test_throttle_keeps_a_bounded_number_of_failures(sql):
+    t = _throttle(sql, [0.0], attempts=1, window_s=60.0, max_rows=10)
+    for i in range(100):
+        t.failed(f"user{i}", "10.0.0.1")
+    with sql._session() as conn:
+        (n,) = conn.execute("SELECT COUNT(*) FROM console_login_failures").fetchone()
+    assert n <= 10

@@ -16,10 +16,6 @@ import hashlib
 import hmac
 import re
 import secrets
-import threading
-import time
-from collections import deque
-from collections.abc import Callable
 from typing import Final, Literal
 
 Role = Literal["admin", "operator", "enrol"]
@@ -153,70 +149,3 @@ class Throttled(Exception):
         self.key = key
         self.retry_after = retry_after
         super().__init__(f"too many failed logins for this {key}; try again in {int(retry_after) + 1} s")
-
-
-class LoginThrottle:
-    """Failed logins per account name and per client address in a sliding window.
-
-    Parameters
-    ----------
-    attempts : int
-        Failures allowed per key within ``window_s``; the next attempt is refused, right password or not.
-    window_s : float
-    clock : callable, optional
-        Monotonic seconds (injected for tests).
-    max_keys : int
-        Keys tracked at most (the oldest are forgotten first), so a flood of names cannot exhaust memory.
-    """
-
-    def __init__(
-        self,
-        *,
-        attempts: int,
-        window_s: float,
-        clock: Callable[[], float] = time.monotonic,
-        max_keys: int = 100_000,
-    ) -> None:
-        if attempts < 1:
-            raise ValueError(f"attempts: expected at least 1, received {attempts}")
-        if not window_s > 0:
-            raise ValueError(f"window_s: expected a number > 0, received {window_s}")
-        self.attempts = attempts
-        self.window_s = window_s
-        self._clock = clock
-        self._max_keys = max_keys
-        self._failures: dict[tuple[str, str], deque[float]] = {}
-        self._lock = threading.Lock()
-
-    def _recent(self, key: tuple[str, str], now: float) -> deque[float]:
-        q = self._failures.get(key)
-        if q is None:
-            return deque()
-        while q and q[0] <= now - self.window_s:
-            q.popleft()
-        if not q:
-            del self._failures[key]
-        return q
-
-    def check(self, name: str, address: str) -> None:
-        """Raise :class:`Throttled` if ``name`` or ``address`` has used up its failures."""
-        now = self._clock()
-        with self._lock:
-            for kind, value in (("account", name), ("address", address)):
-                q = self._recent((kind, value), now)
-                if len(q) >= self.attempts:
-                    raise Throttled(kind, q[0] + self.window_s - now)
-
-    def failed(self, name: str, address: str) -> None:
-        now = self._clock()
-        with self._lock:
-            for key in (("account", name), ("address", address)):
-                self._recent(key, now)
-                if key not in self._failures and len(self._failures) >= self._max_keys:
-                    self._failures.pop(next(iter(self._failures)))
-                self._failures.setdefault(key, deque()).append(now)
-
-    def succeeded(self, name: str) -> None:
-        """A successful login clears the account's failures (not the address's)."""
-        with self._lock:
-            self._failures.pop(("account", name), None)

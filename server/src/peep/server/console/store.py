@@ -9,7 +9,7 @@ pages show (devices, subjects, ε spent) are here too: they are plain aggregates
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -224,6 +224,44 @@ class ConsoleStore:
             ).rowcount
         return bool(n)
 
+    # ------------------------------------------------------------ failed logins (the throttle)
+
+    def login_failures(self, kind: str, value: str, since: float) -> list[float]:
+        """Times of the failed logins of one key (``kind`` ``account`` or ``address``) after ``since``, oldest first."""
+        p = self._p
+        q = f"SELECT at FROM console_login_failures WHERE kind = {p} AND value = {p} AND at > {p} ORDER BY at"
+        with self.store._session() as conn:
+            return [float(r[0]) for r in conn.execute(q, (kind, value[:64], since))]
+
+    def add_login_failure(
+        self, keys: Sequence[tuple[str, str]], at: float, *, older_than: float, max_rows: int
+    ) -> None:
+        """Record one failure under each key; forget failures before ``older_than`` and beyond ``max_rows``."""
+        p = self._p
+        with self.store._transaction() as conn:
+            conn.execute(f"DELETE FROM console_login_failures WHERE at <= {p}", (older_than,))
+            for kind, value in keys:
+                conn.execute(
+                    f"INSERT INTO console_login_failures (kind, value, at) VALUES ({p}, {p}, {p})",
+                    (kind, value[:64], at),
+                )
+            (n,) = conn.execute("SELECT COUNT(*) FROM console_login_failures").fetchone()
+            if int(n) > max_rows:  # a flood of names: the oldest failures go first
+                conn.execute(
+                    "DELETE FROM console_login_failures WHERE at <= (SELECT at FROM console_login_failures "
+                    f"ORDER BY at LIMIT 1 OFFSET {p})",
+                    (int(n) - max_rows,),
+                )
+
+    def clear_login_failures(self, kind: str, value: str | None = None) -> None:
+        """Forget the failures of one key (``value`` None: of every key of ``kind``)."""
+        p = self._p
+        with self.store._session() as conn:
+            if value is None:
+                conn.execute(f"DELETE FROM console_login_failures WHERE kind = {p}", (kind,))
+            else:
+                conn.execute(f"DELETE FROM console_login_failures WHERE kind = {p} AND value = {p}", (kind, value[:64]))
+
     # ------------------------------------------------------------ audit log
 
     def audit(self, actor: str, action: str, target: str, outcome: str, address: str) -> None:
@@ -334,3 +372,67 @@ class ConsoleStore:
         )
         with self.store._session() as conn:
             return [(str(d), int(h), float(e)) for d, h, e in conn.execute(q, (since,))]
+
+
+class SharedLoginThrottle:
+    """Login throttling on failures kept in the database.
+
+    Failed logins per account name and per client address within ``window_s``; the next attempt of a key
+    that has used up ``attempts`` is refused (:class:`~peep.server.console.accounts.Throttled`), right
+    password or not. Kept in the server's database, so every replica sharing it counts the same failures
+    (an in-memory count would give an attacker ``attempts`` per replica behind a load balancer).
+
+    Parameters
+    ----------
+    store : ConsoleStore
+    attempts : int
+    window_s : float
+    max_rows : int
+        Failures kept at most (the oldest are forgotten first): a flood of names cannot grow the table.
+    clock : callable, optional
+        Wall-clock seconds (shared by replicas; injected for tests).
+    """
+
+    def __init__(
+        self,
+        store: ConsoleStore,
+        *,
+        attempts: int,
+        window_s: float,
+        max_rows: int = 100_000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if attempts < 1:
+            raise ValueError(f"attempts: expected at least 1, received {attempts}")
+        if not window_s > 0:
+            raise ValueError(f"window_s: expected a number > 0, received {window_s}")
+        self.store = store
+        self.attempts = attempts
+        self.window_s = window_s
+        self.max_rows = max_rows
+        self._clock = clock
+
+    def check(self, name: str, address: str) -> None:
+        """Raise :class:`~peep.server.console.accounts.Throttled` if ``name`` or ``address`` used up its failures."""
+        from peep.server.console.accounts import Throttled
+
+        now = self._clock()
+        for kind, value in (("account", name), ("address", address)):
+            times = self.store.login_failures(kind, value, now - self.window_s)
+            if len(times) >= self.attempts:
+                raise Throttled(kind, times[-self.attempts] + self.window_s - now)
+
+    def failed(self, name: str, address: str) -> None:
+        now = self._clock()
+        self.store.add_login_failure(
+            [("account", name), ("address", address)], now, older_than=now - self.window_s, max_rows=self.max_rows
+        )
+
+    def succeeded(self, name: str) -> None:
+        """A successful login clears the account's failures (not the address's)."""
+        self.store.clear_login_failures("account", name)
+
+    def clear(self) -> None:
+        """Forget every failure (tests; an administrator after a false alarm)."""
+        self.store.clear_login_failures("account")
+        self.store.clear_login_failures("address")

@@ -46,9 +46,9 @@ from markupsafe import Markup
 from peep.core.exceptions import WireError
 from peep.core.wire import ID_PATTERN, check_subject_id
 from peep.server.console import accounts, plots
-from peep.server.console.accounts import LoginThrottle, Throttled
+from peep.server.console.accounts import Throttled
 from peep.server.console.feed import LiveFeed
-from peep.server.console.store import ConsoleStore, Session
+from peep.server.console.store import ConsoleStore, Session, SharedLoginThrottle
 from peep.server.console.text import shown
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -205,7 +205,8 @@ class ConsoleApp:
         self.qbbs = qbbs
         self.device_status = device_status
         self.device_reports = device_reports
-        self.throttle = LoginThrottle(attempts=cfg.login_attempts, window_s=cfg.login_window_s)
+        # In the database: replicas behind one load balancer count the same failures.
+        self.throttle = SharedLoginThrottle(self.store, attempts=cfg.login_attempts, window_s=cfg.login_window_s)
         self.env = template_environment()
         self.stopping = False
         r = self._route

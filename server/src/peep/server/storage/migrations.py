@@ -138,6 +138,16 @@ def _console(dialect: Dialect) -> list[str]:
     ]
 
 
+# Migration 6: the console's failed logins, per account name and per client address, in the database so
+# that every replica behind one load balancer counts the same failures (one row per failure and key; rows
+# older than the throttle's window are deleted as new ones arrive).
+_LOGIN_FAILURES = [
+    "CREATE TABLE console_login_failures (kind TEXT NOT NULL, value TEXT NOT NULL, at {real} NOT NULL)",
+    "CREATE INDEX console_login_failures_key ON console_login_failures (kind, value, at)",
+    "CREATE INDEX console_login_failures_at ON console_login_failures (at)",
+]
+
+
 def _render(dialect: Dialect, statements: list[str]) -> list[str]:
     return [s.format(real=dialect.real, blob=dialect.blob) for s in statements]
 
@@ -150,6 +160,7 @@ MIGRATIONS: dict[str, list[list[str]]] = {
         _render(d, _MODELS),
         _render(d, _odometer(d)),
         _render(d, _console(d)),
+        _render(d, _LOGIN_FAILURES),
     ]
     for d in (SQLITE, POSTGRES)
 }
