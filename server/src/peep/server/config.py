@@ -649,6 +649,16 @@ class TrainingConfig(_Model):
     blas_threads: int = Field(
         default=1, ge=1, le=64, description="BLAS threads while training (more only on an idle many-core box)"
     )
+    track_fusion_s: float = Field(
+        default=30.0,
+        ge=0.0,
+        le=3600.0,
+        description=(
+            "identify a track's release together with the same track's previous release, if it came within this "
+            "many seconds (product rule, its own calibrated unknown threshold; post-processing, no further ε); "
+            "0 = decide on each release alone. Per replica: releases of one track taken by two replicas are not fused"
+        ),
+    )
 
     @field_validator("model_dir", mode="after")
     @classmethod

@@ -40,6 +40,7 @@ from peep.server.ingest.ingestor import Ingestor
 from peep.server.ingest.validation import TemplateValidator
 from peep.server.metrics import ServerMetrics
 from peep.server.recognition.fitting import Progress, TrainingError
+from peep.server.recognition.fusion import TrackFusion
 from peep.server.recognition.recogniser import Recogniser
 from peep.server.recognition.registry import AnyRegistry, DatabaseModelRegistry, ModelRegistry
 from peep.server.recognition.trainer import Trainer, TrainingBusy, TrainResult
@@ -133,6 +134,7 @@ class Services:
             self.metrics,
             self.devices,
             require_registered_device=config.mqtt.require_registered_device,
+            fusion=TrackFusion(ttl_s=config.training.track_fusion_s) if config.training.track_fusion_s > 0 else None,
         )
         self.trainer = Trainer(
             self.store,

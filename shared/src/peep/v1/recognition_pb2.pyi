@@ -215,7 +215,7 @@ class StreamEventsRequest(_message.Message):
     def __init__(self, site: _Optional[str] = ...) -> None: ...
 
 class RecognitionEvent(_message.Message):
-    __slots__ = ("event_id", "time", "site", "device_id", "message_id", "track_id", "purpose", "subject", "unknown", "probability", "claimed_subject", "accepted", "model_version")
+    __slots__ = ("event_id", "time", "site", "device_id", "message_id", "track_id", "purpose", "subject", "unknown", "probability", "claimed_subject", "accepted", "model_version", "releases_fused")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
     SITE_FIELD_NUMBER: _ClassVar[int]
@@ -229,6 +229,7 @@ class RecognitionEvent(_message.Message):
     CLAIMED_SUBJECT_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RELEASES_FUSED_FIELD_NUMBER: _ClassVar[int]
     event_id: str
     time: _timestamp_pb2.Timestamp
     site: str
@@ -242,4 +243,5 @@ class RecognitionEvent(_message.Message):
     claimed_subject: str
     accepted: bool
     model_version: str
-    def __init__(self, event_id: _Optional[str] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., site: _Optional[str] = ..., device_id: _Optional[str] = ..., message_id: _Optional[str] = ..., track_id: _Optional[str] = ..., purpose: _Optional[_Union[_template_pb2.Purpose, str]] = ..., subject: _Optional[str] = ..., unknown: _Optional[bool] = ..., probability: _Optional[float] = ..., claimed_subject: _Optional[str] = ..., accepted: _Optional[bool] = ..., model_version: _Optional[str] = ...) -> None: ...
+    releases_fused: int
+    def __init__(self, event_id: _Optional[str] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., site: _Optional[str] = ..., device_id: _Optional[str] = ..., message_id: _Optional[str] = ..., track_id: _Optional[str] = ..., purpose: _Optional[_Union[_template_pb2.Purpose, str]] = ..., subject: _Optional[str] = ..., unknown: _Optional[bool] = ..., probability: _Optional[float] = ..., claimed_subject: _Optional[str] = ..., accepted: _Optional[bool] = ..., model_version: _Optional[str] = ..., releases_fused: _Optional[int] = ...) -> None: ...

@@ -57,7 +57,9 @@ def event_to_json(ev: recognition_pb2.RecognitionEvent) -> dict[str, Any]:
     if ev.purpose == template_pb2.PURPOSE_VERIFY:
         out.update(claimed_subject=ev.claimed_subject, accepted=ev.accepted, probability=ev.probability)
     else:
-        out.update(subject=ev.subject, unknown=ev.unknown, probability=ev.probability)
+        out.update(
+            subject=ev.subject, unknown=ev.unknown, probability=ev.probability, releases_fused=ev.releases_fused or 1
+        )
     return out
 
 

@@ -19,6 +19,7 @@ from peep.server.ingest.auth import DeviceRegistry, Identity, Undecodable
 from peep.server.ingest.events import EventBus, new_event
 from peep.server.ingest.validation import Rejection, TemplateValidator, ValidTemplate
 from peep.server.metrics import ServerMetrics
+from peep.server.recognition.fusion import TrackFusion
 from peep.server.recognition.recogniser import ModelMismatch, ModelUnavailable, Recogniser
 from peep.server.storage import Store, TemplateRecord
 from peep.v1 import recognition_pb2, template_pb2
@@ -90,6 +91,7 @@ class Ingestor:
         *,
         require_registered_device: bool = True,
         clock: Callable[[], float] = time.time,
+        fusion: TrackFusion | None = None,
     ) -> None:
         self.store = store
         self.validator = validator
@@ -99,6 +101,8 @@ class Ingestor:
         self.devices = devices
         self.require_registered_device = require_registered_device
         self.clock = clock
+        #: A track's releases decided together (recognition/fusion.py); None: each release alone.
+        self.fusion = fusion
 
     # ------------------------------------------------------------ checks
 
@@ -229,7 +233,16 @@ class Ingestor:
         ident = [i for i, v in enumerate(ok) if v.purpose == "identify"]
         ver = [i for i, v in enumerate(ok) if v.purpose == "verify"]
         if ident:
-            results = self.recogniser.identify_batch(X[ident], top_k=1, model=model)
+            if self.fusion is not None:
+                keys = [
+                    (ok[i].message.site, ok[i].message.device_id, ok[i].message.track_id)
+                    if ok[i].message.track_id
+                    else None
+                    for i in ident
+                ]
+                results = self.recogniser.identify_tracks(X[ident], keys, self.fusion, model=model)
+            else:
+                results = self.recogniser.identify_batch(X[ident], top_k=1, model=model)
             for i, r in zip(ident, results, strict=True):
                 self._event(
                     ok[i],
@@ -237,6 +250,7 @@ class Ingestor:
                     unknown=r.unknown,
                     probability=r.probability,
                     model_version=r.model_version,
+                    releases_fused=r.releases_fused,
                 )
         if ver:
             m, scores = self.recogniser.verify_scores(X[ver], [ok[i].message.subject for i in ver], model=model)

@@ -151,6 +151,7 @@ from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
+from peep.server.recognition.fusion import fused_background_scores
 
 log = logging.getLogger(__name__)
 
@@ -602,6 +603,10 @@ class FittedRecogniser:
     n_epochs: int
     val_probabilities: NDArray[np.float64] = field(repr=False)
     val_values: NDArray[np.float32] = field(repr=False)
+    #: Class frequencies of the served model (track fusion's product rule).
+    class_priors: NDArray[np.float64] | None = field(default=None, repr=False)
+    #: Unknown threshold of a decision fused from two releases of a track (None: never fuse).
+    unknown_threshold_fused: float | None = None
 
     @property
     def known_indices(self) -> NDArray[np.intp]:
@@ -894,6 +899,10 @@ def split_groups(
     return np.flatnonzero(~is_val).astype(np.intp), np.flatnonzero(is_val).astype(np.intp)
 
 
+#: Fused background pairs needed to calibrate the fused unknown threshold (fewer: the model never fuses).
+MIN_FUSED_PAIRS = 20
+
+
 def fit_recogniser(
     X: NDArray[np.float32],
     subjects: Sequence[str],
@@ -1054,6 +1063,21 @@ def fit_recogniser(
         }
     enrolled_rejected = float(np.mean(genuine_best < unknown_threshold)) if genuine_best.size else 0.0
     unknown["enrolled_rejected_rate"] = enrolled_rejected
+    # Track fusion (recognition/fusion.py): the class frequencies of the served model, and the threshold of a
+    # decision fused from two releases, calibrated on pairs of held-out background people's templates.
+    priors = np.bincount(y[tr], minlength=len(class_names)).astype(np.float64)
+    priors = np.maximum(priors, 0.5) / priors.sum()
+    unknown_threshold_fused: float | None = None
+    if bg_best.size:
+        pairing = np.random.default_rng(random_state + 1)  # its own stream: the fit's draws stay as they were
+        fused_bg = fused_background_scores(P[~gen_rows], subj[va][~gen_rows], known, priors, pairing)
+        if fused_bg.size >= MIN_FUSED_PAIRS:
+            unknown_threshold_fused = _threshold_accept(fused_bg, fpir)
+            unknown["fused_pairs"] = int(fused_bg.size)
+            unknown["fused_accepted_rate"] = float(np.mean(fused_bg >= unknown_threshold_fused))
+        else:
+            unknown["fused_pairs"] = int(fused_bg.size)
+            unknown["fused"] = f"off: fewer than {MIN_FUSED_PAIRS} pairs of background templates of one person"
     far_k = int(np.sum(impostor > verify_threshold))
     metrics: dict[str, Any] = {
         "validation_accuracy": known_accuracy(P, yv, background_index),
@@ -1095,6 +1119,8 @@ def fit_recogniser(
         n_epochs=epochs,
         val_probabilities=np.asarray(pipeline.predict_proba(X[va]), dtype=np.float64),
         val_values=X[va],
+        class_priors=priors,
+        unknown_threshold_fused=unknown_threshold_fused,
     )
 
 
@@ -1259,6 +1285,8 @@ def model_meta(
         "classes": fitted.class_names,
         "background_index": fitted.background_index,
         "unknown_threshold": fitted.unknown_threshold,
+        "unknown_threshold_fused": fitted.unknown_threshold_fused,
+        "class_priors": None if fitted.class_priors is None else [float(v) for v in fitted.class_priors],
         "verify_threshold": fitted.verify_threshold,
         "target_far": fitted.target_far,
         "unknown_reject_rate": fitted.unknown_reject_rate,

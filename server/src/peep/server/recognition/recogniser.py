@@ -25,7 +25,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from peep.core.mechanisms import mechanism_class
 from peep.server.recognition.fitting import onnx_session
+from peep.server.recognition.fusion import TrackFusion, fuse_posteriors
 from peep.server.recognition.registry import AnyRegistry, RegistryError
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,8 @@ class Identification:
     unknown: bool
     probability: float
     model_version: str
+    #: Releases of the track this decision was fused from (1: the template alone).
+    releases_fused: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +95,9 @@ class LoadedModel:
     trained_at: float
     genuine: NDArray[np.float64] = field(repr=False)
     impostor: NDArray[np.float64] = field(repr=False)
+    #: Track fusion (recognition/fusion.py): class frequencies and the fused unknown threshold (None: never fuse).
+    priors: NDArray[np.float64] | None = field(default=None, repr=False)
+    unknown_threshold_fused: float | None = None
 
     @property
     def n_subjects(self) -> int:
@@ -121,7 +127,19 @@ def _load(version: Any, threads: int) -> LoadedModel:
         trained_at=float(meta.get("trained_at", 0.0)),
         genuine=scores.get("genuine", np.zeros(0)),
         impostor=scores.get("impostor", np.zeros(0)),
+        priors=_priors(meta.get("class_priors"), len(classes)),
+        unknown_threshold_fused=(
+            float(meta["unknown_threshold_fused"]) if meta.get("unknown_threshold_fused") is not None else None
+        ),
     )
+
+
+def _priors(values: Any, n_classes: int) -> NDArray[np.float64] | None:
+    """The model's class frequencies if its metadata holds a usable set (else None: no fusion)."""
+    if not isinstance(values, list) or len(values) != n_classes:
+        return None
+    p = np.asarray(values, dtype=np.float64)
+    return p if np.all(np.isfinite(p)) and np.all(p > 0) else None
 
 
 class Recogniser:
@@ -316,6 +334,45 @@ class Recogniser:
                     unknown=bool(unknown),
                     probability=best,
                     model_version=m.version,
+                )
+            )
+        return out
+
+    def identify_tracks(
+        self,
+        values: ArrayLike,
+        tracks: Sequence[tuple[str, str, str] | None],
+        fusion: TrackFusion,
+        *,
+        model: LoadedModel | None = None,
+    ) -> list[Identification]:
+        """Identify each row, fusing it with its track's previous release where the model allows.
+
+        ``tracks[i]`` is the (site, device, track) of row ``i`` (None: no track, never fused). A model
+        without ``unknown_threshold_fused`` (or class frequencies) decides on each row alone.
+        """
+        m, P = self.probabilities(values, model)
+        fuse = m.unknown_threshold_fused is not None and m.priors is not None
+        out = []
+        for i, key in enumerate(tracks):
+            p, n, threshold = P[i].astype(np.float64), 1, m.unknown_threshold
+            if fuse and key is not None:
+                rows = fusion.add(key, m.version, p)
+                if rows.shape[0] > 1:
+                    assert m.priors is not None and m.unknown_threshold_fused is not None
+                    p, n, threshold = fuse_posteriors(rows, m.priors), rows.shape[0], m.unknown_threshold_fused
+            pk = p[m.known]
+            j = int(np.argmax(pk))
+            best = float(pk[j])
+            unknown = best < threshold
+            out.append(
+                Identification(
+                    candidates=[(m.classes[m.known[j]], best)],
+                    subject="" if unknown else m.classes[m.known[j]],
+                    unknown=bool(unknown),
+                    probability=best,
+                    model_version=m.version,
+                    releases_fused=n,
                 )
             )
         return out

@@ -193,7 +193,12 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
         self.s.metrics.identify_latency.observe(time.perf_counter() - t0)
         if self.s.events.active:
             self.s.ingestor._event(
-                valid, subject=r.subject, unknown=r.unknown, probability=r.probability, model_version=r.model_version
+                valid,
+                subject=r.subject,
+                unknown=r.unknown,
+                probability=r.probability,
+                model_version=r.model_version,
+                releases_fused=1,  # the Identify call decides on this template alone
             )
         return resp
 

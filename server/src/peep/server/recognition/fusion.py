@@ -1,0 +1,164 @@
+"""Track fusion: one decision from the releases of one track.
+
+A device may release a track more than once (its per-track budget allows
+it: the demo's 36 per-vector ε is two releases of 18). Each release is an
+independent noisy view of the same face, so the server can decide on the
+track from all of them -- post-processing of what was already released,
+which spends no further ε. With class posteriors ``P(c | x_i)`` of a model
+trained with class frequencies ``π_c``, and the releases independent given
+the person (the mechanism draws fresh noise for each),
+
+    P(c | x_1 … x_n) ∝ Π_i P(c | x_i) / π_c^(n−1)            (the product rule)
+
+A fused posterior is sharper than a single one, so it gets its own
+unknown threshold, calibrated like the single one on held-out background
+people, with pairs of their templates fused (:func:`fused_background_scores`;
+``unknown_threshold_fused`` in the model's metadata). A model without it
+(trained before fusion existed, or with too few background pairs) never
+fuses.
+
+:class:`TrackFusion` keeps, per (site, device, track), the posteriors of
+the track's last releases under one model version; bounded in tracks and
+releases, forgotten after ``ttl_s`` without a release.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+#: Releases fused at most per decision (a track's budget rarely allows more; calibration is for pairs).
+MAX_FUSED = 2
+_FLOOR = 1e-300
+
+
+def fuse_posteriors(P: NDArray[np.floating[Any]], priors: NDArray[np.floating[Any]]) -> NDArray[np.float64]:
+    """The product rule: one posterior from the posteriors of independent releases of one face.
+
+    Parameters
+    ----------
+    P : ndarray of shape (n_releases, n_classes)
+        Each release's class posteriors (rows sum to 1; zeros allowed, e.g. an erased subject).
+    priors : ndarray of shape (n_classes,)
+        The class frequencies the model was trained with (all > 0).
+
+    Returns
+    -------
+    ndarray of shape (n_classes,)
+        ``∝ Π_i P[i] / priors^(n−1)``, normalised; a single row comes back unchanged.
+    """
+    P = np.atleast_2d(np.asarray(P, dtype=np.float64))
+    pri = np.asarray(priors, dtype=np.float64)
+    if P.ndim != 2 or pri.shape != (P.shape[1],):
+        raise ValueError(f"P, priors: expected shapes (n, k) and (k,), received {P.shape} and {pri.shape}")
+    if not np.all(pri > 0):
+        raise ValueError("priors: expected every class frequency > 0")
+    if P.shape[0] == 1:
+        single: NDArray[np.float64] = P[0].copy()
+        return single
+    s = np.log(np.maximum(P, _FLOOR)).sum(axis=0) - (P.shape[0] - 1) * np.log(pri)
+    s[np.all(P <= 0.0, axis=0)] = -np.inf  # a class zeroed in every release stays zero (erasure)
+    s -= s[np.isfinite(s)].max() if np.isfinite(s).any() else 0.0
+    out: NDArray[np.float64] = np.exp(s)
+    total = float(out.sum())
+    return out / total if total > 0 else out
+
+
+def fused_background_scores(
+    P: NDArray[np.floating[Any]],
+    groups: Sequence[str] | NDArray[Any],
+    known: NDArray[np.intp],
+    priors: NDArray[np.floating[Any]],
+    rng: np.random.Generator,
+) -> NDArray[np.float64]:
+    """Best enrolled probability of fused pairs of held-out background templates of the same person.
+
+    What a stranger's two-release track scores: each background person's
+    templates are shuffled and taken two at a time (disjoint pairs).
+
+    Parameters
+    ----------
+    P : ndarray of shape (n_templates, n_classes)
+        Out-of-sample posteriors of background templates.
+    groups : sequence of str, length n_templates
+        The background person of each template.
+    known : ndarray
+        Indices of the enrolled classes.
+
+    Returns
+    -------
+    ndarray of shape (n_pairs,)
+    """
+    g = np.asarray(list(groups), dtype=object)
+    out: list[float] = []
+    for person in sorted(set(g.tolist())):
+        rows = rng.permutation(np.flatnonzero(g == person))
+        for a, b in zip(rows[0::2], rows[1::2], strict=False):
+            fused = fuse_posteriors(P[[a, b]], priors)
+            out.append(float(fused[known].max()))
+    return np.asarray(out, dtype=np.float64)
+
+
+@dataclass
+class _Track:
+    version: str
+    rows: list[NDArray[np.float64]] = field(default_factory=list)
+    seen: float = 0.0
+
+
+class TrackFusion:
+    """The recent releases of each track, for fused decisions (thread-safe, bounded).
+
+    Parameters
+    ----------
+    ttl_s : float
+        A track with no release for this long is forgotten (its next release starts afresh).
+    max_tracks : int
+        Tracks kept at most; the least recently seen go first.
+    clock : callable, optional
+        Monotonic seconds (injected for tests).
+    """
+
+    def __init__(
+        self, *, ttl_s: float = 30.0, max_tracks: int = 10_000, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s: expected a number > 0, received {ttl_s}")
+        if max_tracks < 1:
+            raise ValueError(f"max_tracks: expected >= 1, received {max_tracks}")
+        self.ttl_s = ttl_s
+        self.max_tracks = max_tracks
+        self._clock = clock
+        self._tracks: OrderedDict[tuple[str, str, str], _Track] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._tracks)
+
+    def add(self, key: tuple[str, str, str], version: str, posterior: NDArray[np.floating[Any]]) -> NDArray[np.float64]:
+        """Record one release's posterior; returns the posteriors to fuse, shape (n ≤ MAX_FUSED, n_classes).
+
+        The first release of a track (or the first under a new model version) returns its own row only.
+        """
+        now = self._clock()
+        row = np.asarray(posterior, dtype=np.float64)
+        with self._lock:
+            while self._tracks:
+                oldest_key, oldest = next(iter(self._tracks.items()))
+                if now - oldest.seen <= self.ttl_s and len(self._tracks) < self.max_tracks:
+                    break
+                del self._tracks[oldest_key]
+            t = self._tracks.pop(key, None)
+            if t is None or t.version != version or now - t.seen > self.ttl_s or t.rows[-1].shape != row.shape:
+                t = _Track(version=version)
+            t.rows = [*t.rows, row][-MAX_FUSED:]
+            t.seen = now
+            self._tracks[key] = t  # most recently seen last
+            return np.vstack(t.rows)
