@@ -36,6 +36,10 @@ def test_demo_summary_is_complete_and_consistent(demo_run):
     assert ident["enrolled_templates"] >= 4 and ident["stranger_templates"] >= 2
     for v in (ident["accuracy"], ident["unknown_rejection_rate"], ver["face"]["gar"], ver["face"]["far"]):
         assert 0.0 <= v <= 1.0
+    # Every enrolled capture is also claimed as each of the other (subjects - 1) enrolled people.
+    assert ver["face_every_impostor"]["claims"] == ident["enrolled_templates"] * (s["data"]["subjects"] - 1)
+    assert 0.0 <= ver["face_every_impostor"]["far"] <= 1.0
+    assert ident["fused_decisions"] >= 0
     # Both epsilons are reported; the default is privunit at ε = 16 per template (a coordinate is
     # post-processing of the vector, so the same ε), on a dlib-resnet bundle (K = 16).
     assert p["mechanism"] == "privunit" and p["epsilon_vector"] == pytest.approx(16.0, rel=1e-4)

@@ -148,6 +148,11 @@ def write_report(
         ),
         ("Verification, face alone: GAR / FAR", f"{_pct(ver['face']['gar'])} / {_pct(ver['face']['far'])}"),
         (
+            "Verification, face alone, every capture claimed as every other subject: FAR",
+            f"{_pct(ver.get('face_every_impostor', {}).get('far'))} of "
+            f"{ver.get('face_every_impostor', {}).get('claims', 0)} claims",
+        ),
+        (
             "Verification, fused with soft traits: GAR / FAR",
             f"{_pct(ver['fused']['gar'])} / {_pct(ver['fused']['far'])}",
         ),
