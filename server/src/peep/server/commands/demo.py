@@ -30,7 +30,8 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--probe-images", type=int, default=6, help="held-out photos per subject the cameras see (default 6)"
     )
-    p.add_argument("--strangers", type=int, default=30, help="never-enrolled people the cameras see (default 30)")
+    p.add_argument("--strangers", type=int, default=DemoDefaults.strangers,
+                   help=f"never-enrolled people the cameras see (default {DemoDefaults.strangers})")  # fmt: skip
     p.add_argument("--cameras", type=int, default=3, help="edge agents watching videos (default 3)")
     d = DemoDefaults
     p.add_argument("--mechanism", default=d.mechanism, choices=mechanism_kinds(),

@@ -65,7 +65,9 @@ class DemoOptions:
     subjects: int = 10
     enrol_images: int = 20
     probe_images: int = 6
-    strangers: int = 30
+    # 60 never-enrolled people: one stranger is 1.7 points of rejection (30 made it 3.3, and runs of
+    # the same seed varied by ±5 points from the secure noise alone).
+    strangers: int = 60
     cameras: int = 3
     # The audit's frontier at a per-template ε of 16 or less (README): privunit on dlib's
     # ResNet descriptor reduced to K = 16 by a whitened PCA of the public background's
@@ -80,9 +82,9 @@ class DemoOptions:
     # Strangers named at most 10 % of the time on the public background: ~93 % rejected at
     # ε = 16 for ~91 % of enrolled captures identified (0.2 gave 72 % / 95 %).
     identify_far: float = 0.1
-    # Verification is calibrated on the enrolment desk's photos but tested on camera captures,
-    # which score impostors a little higher: 0.5 % on the desk keeps captures near 1 %.
-    verify_far: float = 0.005
+    # Verification calibrated for 1 % FAR on held-out enrolment templates; measured on the captures with
+    # every capture claimed as every other subject (~520 impostor claims): 0.6 / 1.0 / 0.0 % (seeds 0-2).
+    verify_far: float = 0.01
     # The bundle's public faces: LFW people with at most this many images (None: everyone who is
     # neither enrolled nor a stranger). Smaller is quicker to normalise the first time.
     public_max_faces: int | None = None
