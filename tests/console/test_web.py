@@ -242,3 +242,29 @@ def test_devices_shows_what_a_device_reports_escaped(console, monkeypatch):
     assert row, page[:2000]
     assert "43 (budget 3, rate 40)" in row.group(0) and "of 163 ready" in row.group(0)
     assert "36" in row.group(0) and "none" in row.group(0) and "18" in row.group(0)
+
+
+def test_a_session_may_hold_only_a_few_live_streams(console):
+    """Each Live event stream polls the feed: one account cannot pile them up (429), and a closed one frees
+    its place."""
+    import time
+    from contextlib import ExitStack
+
+    from peep.server.console.web import MAX_STREAMS_PER_SESSION
+
+    def status_of_a_new_stream(c) -> int:
+        with c.stream("GET", "/live/events") as r:
+            return int(r.status_code)
+
+    with console.login("olga") as c, ExitStack() as open_streams:
+        streams = [open_streams.enter_context(c.stream("GET", "/live/events")) for _ in range(MAX_STREAMS_PER_SESSION)]
+        assert all(r.status_code == 200 for r in streams)
+        chunks = streams[0].iter_raw()  # kept: a dropped iterator closes its response, and so the stream
+        assert next(chunks).startswith(b"retry:")
+        r = c.get("/live/events")
+        assert r.status_code == 429 and "at most" in r.text
+        streams[0].close()
+        deadline = time.monotonic() + 10
+        while (code := status_of_a_new_stream(c)) == 429 and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert code == 200

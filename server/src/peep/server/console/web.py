@@ -34,6 +34,7 @@ import hmac
 import json
 import logging
 import math
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -73,6 +74,9 @@ LOGIN_COOKIE = "__Host-peep_login"
 #: Largest request body accepted (forms only: the console takes no uploads).
 MAX_BODY = 16 * 1024
 MAX_FIELDS = 16
+#: Live event streams open at once, per session and in all.
+MAX_STREAMS_PER_SESSION = 4
+MAX_STREAMS = 256
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
@@ -206,6 +210,9 @@ class ConsoleApp:
         self.device_status = device_status
         self.device_reports = device_reports
         # In the database: replicas behind one load balancer count the same failures.
+        # Open Live event streams per session (each polls the feed): bounded, so one account cannot pile them up.
+        self._streams: dict[str, int] = {}
+        self._streams_lock = threading.Lock()
         self.throttle = SharedLoginThrottle(self.store, attempts=cfg.login_attempts, window_s=cfg.login_window_s)
         self.env = template_environment()
         self.stopping = False
@@ -467,7 +474,7 @@ class ConsoleApp:
 
     async def _events(self, request: Request) -> Response:
         """Server-sent events: each new recognition (filtered by ``site``/``device``) as one JSON message."""
-        session, _sid = await self._session(request)
+        session, sid = await self._session(request)
         if session is None:
             return PlainTextResponse("a console session is required: log in at /login", status_code=401)
         if session.must_change or not accounts.allowed(session.role, "view"):
@@ -481,8 +488,31 @@ class ConsoleApp:
                 )
         after = request.query_params.get("after", "")
         seq = int(after) if after.isdigit() and len(after) < 19 else self.feed.last_seq
+        key = accounts.token_digest(sid)
+        with self._streams_lock:
+            mine = self._streams.get(key, 0)
+            if mine >= MAX_STREAMS_PER_SESSION or sum(self._streams.values()) >= MAX_STREAMS:
+                return PlainTextResponse(
+                    f"event streams: at most {MAX_STREAMS_PER_SESSION} per session and {MAX_STREAMS} in all are open; "
+                    "close a Live tab",
+                    status_code=429,
+                    headers={"retry-after": "10"},
+                )
+            self._streams[key] = mine + 1
 
         async def stream() -> Any:
+            try:
+                async for chunk in _stream():
+                    yield chunk
+            finally:
+                with self._streams_lock:
+                    left = self._streams.get(key, 1) - 1
+                    if left > 0:
+                        self._streams[key] = left
+                    else:
+                        self._streams.pop(key, None)
+
+        async def _stream() -> Any:
             nonlocal seq
             last_beat = last_check = time.monotonic()
             yield "retry: 2000\n\n"
