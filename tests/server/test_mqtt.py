@@ -298,3 +298,29 @@ def test_a_failing_database_is_retried_without_losing_templates(tmp_path, pki, k
     finally:
         pub.disconnect()
         srv.app.stop(0)
+
+
+def test_a_take_blocked_on_a_full_queue_gives_up_at_the_stop():
+    """Back-pressure blocks paho's thread while the writer's queue is full, but never past a stop: once the writer
+    has stopped nothing empties the queue, and a put blocked for ever hung loop_stop() and the process on
+    SIGTERM with a backlog. The message is then not queued (not acknowledged: redelivered on resume)."""
+    import queue
+    from types import SimpleNamespace
+
+    from peep.server.transport.mqtt import MqttBridge
+
+    bridge = MqttBridge.__new__(MqttBridge)  # only what _take reads: no broker, no services
+    bridge._closing, bridge._stop = threading.Event(), threading.Event()
+    bridge._queue = queue.Queue(1)
+    bridge._queue.put("the writer's backlog")
+    bridge._gen = [1]
+    msg = SimpleNamespace(topic="peep/v1/lobby/cam-1/templates", payload=b"t", mid=7, qos=1, retain=False)
+    result: list[bool] = []
+    taker = threading.Thread(target=lambda: result.append(bridge._take(None, 0, msg)), daemon=True)
+    taker.start()
+    taker.join(0.5)
+    assert taker.is_alive(), "back-pressure: the put waits while the writer runs"
+    bridge._stop.set()
+    taker.join(2.0)
+    assert not taker.is_alive() and result == [False]
+    assert bridge._queue.qsize() == 1

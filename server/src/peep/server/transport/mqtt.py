@@ -526,12 +526,18 @@ class MqttBridge:
             if msg.qos:
                 client.ack(msg.mid, msg.qos)
             return False
-        # Blocking put = back-pressure: the broker holds further messages
-        # (receive maximum) until the writer catches up.
-        self._queue.put(
-            _Item(msg.topic, bytes(msg.payload), msg.mid, msg.qos, index, self._gen[index], bool(msg.retain))
-        )
-        return True
+        # Blocking put = back-pressure: the broker holds further messages (receive maximum) until the
+        # writer catches up. Never past a stop, though: once the writer has stopped nothing empties the
+        # queue, and a put blocked for ever would hang paho's loop_stop() and so the process (seen once
+        # under load, SIGTERM with a backlog). Not queued = not acknowledged: redelivered on resume.
+        item = _Item(msg.topic, bytes(msg.payload), msg.mid, msg.qos, index, self._gen[index], bool(msg.retain))
+        while True:
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                if self._stop.is_set():
+                    return False
 
     # ------------------------------------------------------------ retained messages
 
