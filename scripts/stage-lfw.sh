@@ -6,7 +6,8 @@
 # Usage: eval "$(bash scripts/stage-lfw.sh [TARGET [SOURCE]])"  -> exports SCIKIT_LEARN_DATA
 #   TARGET  data home to create (default .data/scikit_learn_data in the repository)
 #   SOURCE  folder holding lfw_home/lfw_funneled/; default: $PEEP_DATASETS, then
-#           ../shared/datasets next to the repository
+#           ../shared/datasets next to the repository, then next to the local checkout
+#           it was cloned from (a clone in a temporary folder)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 target="${1:-$root/.data/scikit_learn_data}"
@@ -16,6 +17,9 @@ else
   candidates=()
   [ -z "${PEEP_DATASETS:-}" ] || candidates+=("$PEEP_DATASETS")
   candidates+=("$(cd "$root/.." && pwd)/shared/datasets")
+  # A clone made elsewhere (a temporary folder) of a local checkout: next to the checkout it came from.
+  origin=$(git -C "$root" remote get-url origin 2>/dev/null || true)
+  if [ -n "$origin" ] && [ -d "$origin" ]; then candidates+=("$(cd "$origin/.." && pwd)/shared/datasets"); fi
 fi
 src=""
 for c in "${candidates[@]}"; do
