@@ -3,12 +3,9 @@ ingest path deciding a track's second release from both."""
 
 from __future__ import annotations
 
-import threading
-import time
-
 import numpy as np
 import pytest
-from peep.server.recognition.fusion import MAX_FUSED, TrackFusion, fuse_posteriors, fused_background_scores
+from peep.server.recognition.fusion import TrackFusion, fuse_pairs, fuse_posteriors, fused_background_scores
 
 
 def test_one_release_is_its_own_posterior_and_two_follow_the_product_rule():
@@ -38,23 +35,32 @@ def test_background_pairs_are_of_one_person_and_disjoint():
     assert scores.shape == (2,)  # a's pair and b's pair; c alone has none
 
 
-def test_a_track_remembers_its_last_releases_per_model_version_and_forgets_them():
+def test_a_track_remembers_its_last_release_per_model_version_and_forgets_it():
     now = [0.0]
     f = TrackFusion(ttl_s=10.0, max_tracks=2, clock=lambda: now[0])
     key = ("lobby", "cam-1", "t1")
     p1, p2, p3 = np.array([0.5, 0.5]), np.array([0.9, 0.1]), np.array([0.2, 0.8])
-    assert f.add(key, "v1", p1).shape == (1, 2)
-    assert f.add(key, "v1", p2).shape == (2, 2)
-    rows = f.add(key, "v1", p3)
-    assert rows.shape == (MAX_FUSED, 2) and np.array_equal(rows[-1], p3) and np.array_equal(rows[0], p2)
-    assert f.add(key, "v2", p1).shape == (1, 2)  # a new model: the old posteriors are not comparable
+    assert f.add(key, "v1", p1) is None
+    np.testing.assert_array_equal(f.add(key, "v1", p2), p1)
+    np.testing.assert_array_equal(f.add(key, "v1", p3), p2)  # always the last one before
+    assert f.add(key, "v2", p1) is None  # a new model: the old posteriors are not comparable
     now[0] = 11.0
-    assert f.add(key, "v2", p2).shape == (1, 2)  # the track went quiet for longer than ttl_s
+    assert f.add(key, "v2", p2) is None  # the track went quiet for longer than ttl_s
     f.add(("lobby", "cam-1", "t2"), "v2", p1)
     f.add(("lobby", "cam-2", "t1"), "v2", p1)  # another device's track of the same name is another track
     assert len(f) <= 2  # bounded: the least recently seen went first
     with pytest.raises(ValueError, match="ttl_s"):
         TrackFusion(ttl_s=0)
+
+
+def test_pairs_fused_at_once_are_each_pair_fused_alone(rng):
+    priors = np.array([0.1, 0.2, 0.3, 0.4])
+    A, B = rng.dirichlet(np.ones(4), size=5), rng.dirichlet(np.ones(4), size=5)
+    A[2, 1] = B[2, 1] = 0.0  # an erased class in one pair
+    together = fuse_pairs(A, B, priors)
+    for i in range(5):
+        np.testing.assert_allclose(together[i], fuse_posteriors(np.vstack([A[i], B[i]]), priors))
+    assert together[2, 1] == 0.0
 
 
 def test_fitting_calibrates_a_fused_threshold_on_background_people(rng):
@@ -93,36 +99,28 @@ def test_fitting_calibrates_a_fused_threshold_on_background_people(rng):
 def test_the_second_release_of_a_track_is_decided_from_both(trained_server, templates):
     """Ingest: two identify templates of one track; the first event is the template alone, the second is fused
     (releases_fused = 2) under the model's fused threshold; another track starts afresh."""
-    from peep.v1 import recognition_pb2
-    from peep_server_testlib import DEVICE, SITE
+    from peep_server_testlib import DEVICE, EventCollector
 
     model = trained_server.services.recogniser.model
     assert model.unknown_threshold_fused is not None and model.priors is not None
     stub = trained_server.stub()
-    events = stub.StreamEvents(recognition_pb2.StreamEventsRequest(site=SITE), metadata=DEVICE, timeout=20)
-    got: list = []
-    done = threading.Event()
-
-    def reader():
-        for ev in events:
-            got.append(ev)
-            if len(got) >= 3:
-                break
-        done.set()
-
-    threading.Thread(target=reader, daemon=True).start()
-    deadline = time.monotonic() + 5
-    while trained_server.services.events.n_subscribers == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
     i, j = (int(v) for v in templates.test[110:112])
     msgs = [
         templates.message(i, track_id="fuse-1"),
         templates.message(j, track_id="fuse-1"),
         templates.message(j, track_id="fuse-2"),
     ]
-    for m in msgs:
-        stub.Ingest(m, metadata=DEVICE, timeout=5)
-    assert done.wait(10), got
-    events.cancel()
+    with EventCollector(trained_server, 3) as events:
+        for m in msgs:
+            stub.Ingest(m, metadata=DEVICE, timeout=5)
+        got = events.wait()
     assert [e.releases_fused for e in got] == [1, 2, 1]
     assert [e.track_id for e in got] == ["fuse-1", "fuse-1", "fuse-2"]
+
+
+def test_a_remembered_release_is_a_copy_the_caller_may_overwrite():
+    f = TrackFusion()
+    P = np.array([[0.9, 0.1], [0.2, 0.8]])
+    f.add(("s", "d", "t"), "v1", P[0])
+    P[0] = [0.5, 0.5]  # the recogniser writes the fused posterior over its row
+    np.testing.assert_array_equal(f.add(("s", "d", "t"), "v1", P[1]), [0.9, 0.1])

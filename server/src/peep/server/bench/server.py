@@ -26,6 +26,9 @@ section reports the median of the repeats under the plain key and, under
     One template per ``Identify`` call over a real TLS socket, sequential.
 ``identify_batch_per_s``
     In-process :meth:`Recogniser.identify_batch` on batches of 1,024.
+``identify_tracks_batch_per_s``
+    The ingest path's :meth:`Recogniser.identify_tracks` on the same batches, each track released twice
+    (track fusion: half the decisions fused), to compare with ``identify_batch_per_s`` of the same run.
 ``train_s_10k``
     ``Trainer.train`` (store read, fit, ONNX export and check, promotion) on
     10,000 templates x 128 dimensions, default preset (measured once).
@@ -459,6 +462,25 @@ def _train_and_identify(
             for i in range(0, len(batch), 1024):
                 s.recogniser.identify_batch(batch[i : i + 1024], top_k=5)
             batch_rates.append(len(batch) / (time.perf_counter() - t0))
+        # Track fusion on the ingest path: the same batches, every track released twice (half the decisions
+        # fused). This model has no background class to calibrate a fused threshold on; its single one and
+        # uniform class frequencies stand in, which costs the same.
+        from dataclasses import replace
+
+        from peep.server.recognition.fusion import TrackFusion
+
+        m = s.recogniser.require_model()
+        uniform = np.full(len(m.classes), 1.0 / len(m.classes))
+        fusing = replace(m, priors=uniform, unknown_threshold_fused=m.unknown_threshold)
+        keys = [("bench", "dev-0", f"t{i // 2}") for i in range(1024)]
+        track_rates = []
+        for _ in range(repeats):
+            fusion = TrackFusion()
+            t0 = time.perf_counter()
+            for i in range(0, len(batch), 1024):
+                part = batch[i : i + 1024]
+                s.recogniser.identify_tracks(part, keys[: len(part)], fusion, model=fusing)
+            track_rates.append(len(batch) / (time.perf_counter() - t0))
 
         probe_msgs = [
             wire.make_template(P[i % len(P)], device_id="dev-0", site="bench", bundle_id=bundle.bundle_id,
@@ -482,6 +504,7 @@ def _train_and_identify(
             "train_epochs": result.metrics.get("epochs"),
             "train_validation_accuracy": result.validation_accuracy,
             "batch_rates": batch_rates,
+            "track_rates": track_rates,
             "runs": runs,
             "stages": stages,
             "identify_response": recognition_pb2.IdentifyResponse.DESCRIPTOR.full_name,
@@ -580,11 +603,13 @@ def run(quick: bool = False) -> dict[str, Any]:
     p50 = summary([r["p50_ms"] for r in ti["runs"]], higher_is_better=False)
     p99 = summary([r["p99_ms"] for r in ti["runs"]], higher_is_better=False)
     batch = summary(ti["batch_rates"], higher_is_better=True)
+    tracks = summary(ti["track_rates"], higher_is_better=True)
     out["ingest_per_s_grpc"] = g["median"]
     out["ingest_per_s_mqtt"] = m["median"] if m else None
     out["identify_p50_ms"] = p50["median"]
     out["identify_p99_ms"] = p99["median"]
     out["identify_batch_per_s"] = batch["median"]
+    out["identify_tracks_batch_per_s"] = tracks["median"]
     out["train_s_10k"] = ti["train_s_10k"]
     out["repeats"] = {
         "ingest_per_s_grpc": g,
@@ -592,6 +617,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         "identify_p50_ms": p50,
         "identify_p99_ms": p99,
         "identify_batch_per_s": batch,
+        "identify_tracks_batch_per_s": tracks,
     }
 
     def per_template_us(runs: list[dict[str, Any]], key: str) -> float:

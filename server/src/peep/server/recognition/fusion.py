@@ -17,9 +17,10 @@ people, with pairs of their templates fused (:func:`fused_background_scores`;
 (trained before fusion existed, or with too few background pairs) never
 fuses.
 
-:class:`TrackFusion` keeps, per (site, device, track), the posteriors of
-the track's last releases under one model version; bounded in tracks and
-releases, forgotten after ``ttl_s`` without a release.
+:class:`TrackFusion` keeps, per (site, device, track), the posterior of the
+track's last release under one model version, so a decision uses the
+track's last two releases (the calibration is for pairs); bounded in
+tracks, forgotten after ``ttl_s`` without a release.
 """
 
 from __future__ import annotations
@@ -28,14 +29,12 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-#: Releases fused at most per decision (a track's budget rarely allows more; calibration is for pairs).
-MAX_FUSED = 2
 _FLOOR = 1e-300
 
 
@@ -54,21 +53,53 @@ def fuse_posteriors(P: NDArray[np.floating[Any]], priors: NDArray[np.floating[An
     ndarray of shape (n_classes,)
         ``∝ Π_i P[i] / priors^(n−1)``, normalised; a single row comes back unchanged.
     """
-    P = np.atleast_2d(np.asarray(P, dtype=np.float64))
+    rows: NDArray[np.float64] = np.atleast_2d(np.asarray(P, dtype=np.float64))
+    if rows.ndim != 2:
+        raise ValueError(f"P: expected shape (n, k), received {rows.shape}")
+    if rows.shape[0] == 1:
+        _check_priors(priors, rows.shape[1])
+        out: NDArray[np.float64] = rows[0].copy()
+    else:
+        out = _product(rows[None], priors)[0]
+    return out
+
+
+def fuse_pairs(
+    A: NDArray[np.floating[Any]], B: NDArray[np.floating[Any]], priors: NDArray[np.floating[Any]]
+) -> NDArray[np.float64]:
+    """:func:`fuse_posteriors` of each pair ``(A[i], B[i])`` at once (the ingest path's batches).
+
+    Parameters
+    ----------
+    A, B : ndarray of shape (n, n_classes)
+    priors : ndarray of shape (n_classes,)
+
+    Returns
+    -------
+    ndarray of shape (n, n_classes)
+    """
+    return _product(np.stack([np.asarray(A, np.float64), np.asarray(B, np.float64)], axis=1), priors)
+
+
+def _check_priors(priors: NDArray[np.floating[Any]], k: int) -> NDArray[np.float64]:
     pri = np.asarray(priors, dtype=np.float64)
-    if P.ndim != 2 or pri.shape != (P.shape[1],):
-        raise ValueError(f"P, priors: expected shapes (n, k) and (k,), received {P.shape} and {pri.shape}")
+    if pri.shape != (k,):
+        raise ValueError(f"P, priors: expected shapes (n, {k}) and ({k},), received priors {pri.shape}")
     if not np.all(pri > 0):
         raise ValueError("priors: expected every class frequency > 0")
-    if P.shape[0] == 1:
-        single: NDArray[np.float64] = P[0].copy()
-        return single
-    s = np.log(np.maximum(P, _FLOOR)).sum(axis=0) - (P.shape[0] - 1) * np.log(pri)
-    s[np.all(P <= 0.0, axis=0)] = -np.inf  # a class zeroed in every release stays zero (erasure)
-    s -= s[np.isfinite(s)].max() if np.isfinite(s).any() else 0.0
-    out: NDArray[np.float64] = np.exp(s)
-    total = float(out.sum())
-    return out / total if total > 0 else out
+    return pri
+
+
+def _product(P: NDArray[np.float64], priors: NDArray[np.floating[Any]]) -> NDArray[np.float64]:
+    """The product rule on P of shape (n_decisions, n_releases, n_classes), normalised per decision."""
+    pri = _check_priors(priors, P.shape[2])
+    s = np.log(np.maximum(P, _FLOOR)).sum(axis=1) - (P.shape[1] - 1) * np.log(pri)
+    s[np.all(P <= 0.0, axis=1)] = -np.inf  # a class zeroed in every release stays zero (erasure)
+    top = s.max(axis=1, keepdims=True)
+    out: NDArray[np.float64] = np.exp(s - np.where(np.isfinite(top), top, 0.0))
+    total = out.sum(axis=1, keepdims=True)
+    np.divide(out, total, out=out, where=total > 0)
+    return out
 
 
 def fused_background_scores(
@@ -97,20 +128,24 @@ def fused_background_scores(
     ndarray of shape (n_pairs,)
     """
     g = np.asarray(list(groups), dtype=object)
-    out: list[float] = []
+    a_rows: list[int] = []
+    b_rows: list[int] = []
     for person in sorted(set(g.tolist())):
         rows = rng.permutation(np.flatnonzero(g == person))
-        for a, b in zip(rows[0::2], rows[1::2], strict=False):
-            fused = fuse_posteriors(P[[a, b]], priors)
-            out.append(float(fused[known].max()))
-    return np.asarray(out, dtype=np.float64)
+        a_rows += rows[0::2][: rows.size // 2].tolist()
+        b_rows += rows[1::2][: rows.size // 2].tolist()
+    if not a_rows:
+        return np.zeros(0, dtype=np.float64)
+    P = np.asarray(P, dtype=np.float64)
+    fused = fuse_pairs(P[a_rows], P[b_rows], priors)
+    return np.asarray(fused[:, known].max(axis=1), dtype=np.float64)
 
 
 @dataclass
 class _Track:
     version: str
-    rows: list[NDArray[np.float64]] = field(default_factory=list)
-    seen: float = 0.0
+    row: NDArray[np.float64]
+    seen: float
 
 
 class TrackFusion:
@@ -142,13 +177,15 @@ class TrackFusion:
     def __len__(self) -> int:
         return len(self._tracks)
 
-    def add(self, key: tuple[str, str, str], version: str, posterior: NDArray[np.floating[Any]]) -> NDArray[np.float64]:
-        """Record one release's posterior; returns the posteriors to fuse, shape (n ≤ MAX_FUSED, n_classes).
+    def add(
+        self, key: tuple[str, str, str], version: str, posterior: NDArray[np.floating[Any]]
+    ) -> NDArray[np.float64] | None:
+        """Record one release's posterior; returns the track's previous release's posterior, to fuse with.
 
-        The first release of a track (or the first under a new model version) returns its own row only.
+        None for a track's first release (or its first under a new model version, or after ``ttl_s``).
         """
         now = self._clock()
-        row = np.asarray(posterior, dtype=np.float64)
+        row = np.array(posterior, dtype=np.float64)  # a copy: the caller may overwrite its array
         with self._lock:
             while self._tracks:
                 oldest_key, oldest = next(iter(self._tracks.items()))
@@ -156,9 +193,8 @@ class TrackFusion:
                     break
                 del self._tracks[oldest_key]
             t = self._tracks.pop(key, None)
-            if t is None or t.version != version or now - t.seen > self.ttl_s or t.rows[-1].shape != row.shape:
-                t = _Track(version=version)
-            t.rows = [*t.rows, row][-MAX_FUSED:]
-            t.seen = now
-            self._tracks[key] = t  # most recently seen last
-            return np.vstack(t.rows)
+            previous = None
+            if t is not None and t.version == version and now - t.seen <= self.ttl_s and t.row.shape == row.shape:
+                previous = t.row
+            self._tracks[key] = _Track(version=version, row=row, seen=now)  # most recently seen last
+            return previous

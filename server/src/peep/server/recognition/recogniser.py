@@ -33,7 +33,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from peep.core.mechanisms import mechanism_class
 from peep.server.recognition.fitting import onnx_session
-from peep.server.recognition.fusion import TrackFusion, fuse_posteriors
+from peep.server.recognition.fusion import TrackFusion, fuse_pairs
 from peep.server.recognition.registry import AnyRegistry, RegistryError
 
 log = logging.getLogger(__name__)
@@ -352,27 +352,35 @@ class Recogniser:
         without ``unknown_threshold_fused`` (or class frequencies) decides on each row alone.
         """
         m, P = self.probabilities(values, model)
-        fuse = m.unknown_threshold_fused is not None and m.priors is not None
+        P = np.asarray(P, dtype=np.float64)
+        n = P.shape[0]
+        threshold = np.full(n, m.unknown_threshold)
+        fused = np.ones(n, dtype=np.int64)
+        if m.unknown_threshold_fused is not None and m.priors is not None:
+            later, previous = [], []
+            for i, key in enumerate(tracks):
+                prev = fusion.add(key, m.version, P[i]) if key is not None else None
+                if prev is not None:
+                    later.append(i)
+                    previous.append(prev)
+            if later:  # a track's later releases: decided from both, in one batch
+                P[later] = fuse_pairs(np.vstack(previous), P[later], m.priors)
+                threshold[later], fused[later] = m.unknown_threshold_fused, 2
+        Pk = P[:, m.known]
+        best_j = np.argmax(Pk, axis=1)
+        best = Pk[np.arange(n), best_j]
+        unknown = best < threshold
         out = []
-        for i, key in enumerate(tracks):
-            p, n, threshold = P[i].astype(np.float64), 1, m.unknown_threshold
-            if fuse and key is not None:
-                rows = fusion.add(key, m.version, p)
-                if rows.shape[0] > 1:
-                    assert m.priors is not None and m.unknown_threshold_fused is not None
-                    p, n, threshold = fuse_posteriors(rows, m.priors), rows.shape[0], m.unknown_threshold_fused
-            pk = p[m.known]
-            j = int(np.argmax(pk))
-            best = float(pk[j])
-            unknown = best < threshold
+        for i in range(n):
+            name = m.classes[m.known[best_j[i]]]
             out.append(
                 Identification(
-                    candidates=[(m.classes[m.known[j]], best)],
-                    subject="" if unknown else m.classes[m.known[j]],
-                    unknown=bool(unknown),
-                    probability=best,
+                    candidates=[(name, float(best[i]))],
+                    subject="" if unknown[i] else name,
+                    unknown=bool(unknown[i]),
+                    probability=float(best[i]),
                     model_version=m.version,
-                    releases_fused=n,
+                    releases_fused=int(fused[i]),
                 )
             )
         return out
