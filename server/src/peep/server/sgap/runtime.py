@@ -75,25 +75,10 @@ class SgapPrivatizer:
     n_projected_: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
-        import onnxruntime as ort
-
         self.path = Path(self.path)
-        try:
-            data = self.path.read_bytes()
-        except OSError as exc:
-            raise SgapModelError(f"--model {self.path}: cannot read it ({exc.strerror})") from exc
-        self.sha256 = hashlib.sha256(data).hexdigest()
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = self.threads
-        opts.inter_op_num_threads = 1
-        try:
-            self._session = ort.InferenceSession(data, sess_options=opts, providers=["CPUExecutionProvider"])
-        except Exception as exc:
-            raise SgapModelError(f"--model {self.path}: not an ONNX model onnxruntime can load ({exc})") from exc
-        meta = self._session.get_modelmeta().custom_metadata_map
-        if METADATA_KEY not in meta:
-            raise SgapModelError(f"--model {self.path}: no '{METADATA_KEY}' metadata; not an SGAP generator")
-        self.metadata = json.loads(meta[METADATA_KEY])
+        self._session, self.metadata, self.sha256 = _open_model(
+            self.path, self.threads, METADATA_KEY, "SGAP generator", f"--model {self.path}"
+        )
         names = [i.name for i in self._session.get_inputs()]
         if names != [INPUT_NAME]:
             raise SgapModelError(f"--model {self.path}: expected one input '{INPUT_NAME}', found {names}")
@@ -177,24 +162,10 @@ class SgapDiscriminator:
     metadata: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
-        import onnxruntime as ort
-
         self.path = Path(self.path)
-        try:
-            data = self.path.read_bytes()
-        except OSError as exc:
-            raise SgapModelError(f"{self.path}: cannot read it ({exc.strerror})") from exc
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = self.threads
-        opts.inter_op_num_threads = 1
-        try:
-            self._session = ort.InferenceSession(data, sess_options=opts, providers=["CPUExecutionProvider"])
-        except Exception as exc:
-            raise SgapModelError(f"{self.path}: not an ONNX model onnxruntime can load ({exc})") from exc
-        meta = self._session.get_modelmeta().custom_metadata_map
-        if DISCRIMINATOR_METADATA_KEY not in meta:
-            raise SgapModelError(f"{self.path}: no '{DISCRIMINATOR_METADATA_KEY}' metadata; not an SGAP discriminator")
-        self.metadata = json.loads(meta[DISCRIMINATOR_METADATA_KEY])
+        self._session, self.metadata, _ = _open_model(
+            self.path, self.threads, DISCRIMINATOR_METADATA_KEY, "SGAP discriminator", str(self.path)
+        )
 
     @classmethod
     def beside(cls, generator: str | os.PathLike[str]) -> SgapDiscriminator | None:
@@ -231,6 +202,27 @@ class SgapDiscriminator:
             (p,) = self._session.run([DISCRIMINATOR_OUTPUT], feed)
             out.append(np.asarray(p, dtype=np.float64).reshape(-1))
         return np.concatenate(out) if out else np.zeros(0)
+
+
+def _open_model(path: Path, threads: int, key: str, what: str, name: str) -> tuple[Any, dict[str, Any], str]:
+    """(onnxruntime session, the ``key`` metadata, file SHA-256) of an SGAP ONNX file; errors start with ``name``."""
+    import onnxruntime as ort
+
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SgapModelError(f"{name}: cannot read it ({exc.strerror})") from exc
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    try:
+        session = ort.InferenceSession(data, sess_options=opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise SgapModelError(f"{name}: not an ONNX model onnxruntime can load ({exc})") from exc
+    meta = session.get_modelmeta().custom_metadata_map
+    if key not in meta:
+        raise SgapModelError(f"{name}: no '{key}' metadata; not an {what}")
+    return session, json.loads(meta[key]), hashlib.sha256(data).hexdigest()
 
 
 def _pull_back(x: NDArray[np.float32], y: NDArray[np.float32], floor: float) -> NDArray[np.float32]:

@@ -340,35 +340,48 @@ def _data_fingerprint(images: NDArray[np.float32], labels: NDArray[np.int64]) ->
 
 
 def export_onnx(generator: Generator, path: Path, metadata: dict[str, Any]) -> None:
-    """Write the generator (eval mode) as ONNX with a dynamic batch axis and ``peep.sgap`` metadata.
+    """Write the generator (eval mode) as ONNX with a dynamic batch axis and ``peep.sgap`` metadata."""
+    _export(generator, 1, path, [INPUT_NAME], OUTPUT_NAME, METADATA_KEY, metadata)
+
+
+def _export(
+    module: torch.nn.Module,
+    n_inputs: int,
+    path: Path,
+    input_names: list[str],
+    output_name: str,
+    key: str,
+    metadata: dict[str, Any],
+) -> None:
+    """``module`` (eval mode) as ONNX at ``path``: face inputs, a dynamic batch axis, ``key`` metadata.
 
     The TorchScript exporter (``dynamo=False``): it needs nothing beyond torch
     and onnx, where torch's newer exporter also needs onnxscript. PyTorch
-    deprecates it, but the pinned torch==2.13.0 has it, and the export is
-    checked against torch's output (:func:`export_difference`).
+    deprecates it, but the pinned torch==2.13.0 has it, and every export is
+    checked against torch's output. Written to a temporary file and renamed.
     """
     import onnx
 
-    generator.eval()
+    module.eval()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    dummy = torch.zeros((1, 1, *FACE_SHAPE))
+    dummy = tuple(torch.zeros((1, 1, *FACE_SHAPE)) for _ in range(n_inputs))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", UserWarning)
         torch.onnx.export(
-            generator,
-            (dummy,),
+            module,
+            dummy,
             str(tmp),
             dynamo=False,
             opset_version=OPSET,
-            input_names=[INPUT_NAME],
-            output_names=[OUTPUT_NAME],
-            dynamic_axes={INPUT_NAME: {0: "n"}, OUTPUT_NAME: {0: "n"}},
+            input_names=input_names,
+            output_names=[output_name],
+            dynamic_axes={**{n: {0: "n"} for n in input_names}, output_name: {0: "n"}},
         )
     model = onnx.load(str(tmp))
     entry = model.metadata_props.add()
-    entry.key = METADATA_KEY
+    entry.key = key
     entry.value = json.dumps(metadata, sort_keys=True)
     model.producer_name = "peep sgap train"
     onnx.checker.check_model(model)
@@ -385,34 +398,9 @@ def export_discriminator(d: SiameseDiscriminator, path: Path, metadata: dict[str
     largest absolute difference between torch's and onnxruntime's
     probabilities on random faces (checked like the generator's export).
     """
-    import onnx
     import onnxruntime as ort
 
-    d.eval()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    dummy = torch.zeros((1, 1, *FACE_SHAPE))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", UserWarning)
-        torch.onnx.export(
-            d,
-            (dummy, dummy),
-            str(tmp),
-            dynamo=False,
-            opset_version=OPSET,
-            input_names=list(DISCRIMINATOR_INPUTS),
-            output_names=[DISCRIMINATOR_OUTPUT],
-            dynamic_axes={**{n: {0: "n"} for n in DISCRIMINATOR_INPUTS}, DISCRIMINATOR_OUTPUT: {0: "n"}},
-        )
-    model = onnx.load(str(tmp))
-    entry = model.metadata_props.add()
-    entry.key = DISCRIMINATOR_METADATA_KEY
-    entry.value = json.dumps(metadata, sort_keys=True)
-    model.producer_name = "peep sgap train"
-    onnx.checker.check_model(model)
-    onnx.save(model, str(tmp))
-    tmp.replace(path)
+    _export(d, 2, path, list(DISCRIMINATOR_INPUTS), DISCRIMINATOR_OUTPUT, DISCRIMINATOR_METADATA_KEY, metadata)
     gen = torch.Generator().manual_seed(0)
     a, b = torch.rand((8, 1, *FACE_SHAPE), generator=gen), torch.rand((8, 1, *FACE_SHAPE), generator=gen)
     with torch.no_grad():
