@@ -9,7 +9,6 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +19,6 @@ from peep.server.console.store import Account, ConsoleStore
 from peep.server.storage import TemplateRecord
 from peep.server.storage.postgres import PostgresStore
 from peep.server.storage.sqlite import SqliteStore
-from peep_server_testlib import PG_BASE
 
 HOUR = 3600.0
 T0 = 1_700_000_000.0  # the clock's start (not a whole hour)
@@ -35,27 +33,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture(scope="module")
-def pg_admin() -> Iterator[Any]:
-    try:
-        conn = psycopg.connect(PG_BASE, autocommit=True)
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"PostgreSQL not reachable on 127.0.0.1:5432 ({exc})")
-    yield conn
-    conn.close()
-
-
-@pytest.fixture
-def pg_dsn(pg_admin: Any) -> Iterator[str]:
-    """DSN of a fresh private schema (dropped afterwards)."""
-    schema = f"peep_test_{uuid.uuid4().hex[:10]}"
-    pg_admin.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield f"{PG_BASE} options='-c search_path={schema}'"
-    finally:
-        pg_admin.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

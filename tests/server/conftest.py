@@ -9,7 +9,6 @@ keeps other test runs on the same broker out), PostgreSQL is 127.0.0.1:5432
 from __future__ import annotations
 
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,13 +24,14 @@ from peep_server_testlib import (
     ADMIN,
     DEVICE,
     MQTT_PREFIX,
-    PG_BASE,
     Pki,
     RunningServer,
     Templates,
     base_config,
     make_pki,
     mqtt_available,
+    pg_admin,  # noqa: F401 (fixture)
+    pg_dsn,  # noqa: F401 (fixture)
     start_server,
     tls_section,
 )
@@ -78,30 +78,6 @@ def templates(bundle, lfw100, lfw_background) -> Templates:
     bg_people = people[: people.size // 2]
     in_bg = np.isin(lfw_background.labels, bg_people)
     return Templates(r, bundle.bundle_id, X, subjects, np.sort(train), np.sort(test), Xb[in_bg], Xb[~in_bg])
-
-
-@pytest.fixture(scope="session")
-def pg_admin() -> Iterator[Any]:
-    """A connection to the `test` database; skipped only when PostgreSQL is unreachable."""
-    import psycopg
-
-    try:
-        conn = psycopg.connect(PG_BASE, autocommit=True)
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"PostgreSQL not reachable on 127.0.0.1:5432 ({exc})")
-    yield conn
-    conn.close()
-
-
-@pytest.fixture
-def pg_dsn(pg_admin: Any) -> Iterator[str]:
-    """DSN of a fresh private schema (dropped afterwards)."""
-    schema = f"peep_test_{uuid.uuid4().hex[:10]}"
-    pg_admin.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield f"{PG_BASE} options='-c search_path={schema}'"
-    finally:
-        pg_admin.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 @pytest.fixture

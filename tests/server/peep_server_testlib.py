@@ -10,12 +10,14 @@ import hashlib
 import socket
 import sys
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 import numpy as np
+import pytest
 from peep.core import wire
 from peep.core.release import TemplateReleaser
 from peep.server.bench.cluster import to_toml as to_toml  # one server.toml writer for tests and the cluster bench
@@ -213,3 +215,74 @@ def start_server(
     app.start(mqtt_wait=mqtt_wait)
     tls = config.grpc.tls is not None
     return RunningServer(app, app.port, pki, tmp, tls=tls, mtls=tls and config.grpc.tls.client_ca is not None)  # type: ignore[union-attr]
+
+
+# PostgreSQL for the tests of every package that stores (imported by tests/server's and tests/console's conftest).
+@pytest.fixture(scope="session")
+def pg_admin() -> Iterator[Any]:
+    """A connection to the `test` database; skipped only when PostgreSQL is unreachable."""
+    import psycopg
+
+    try:
+        conn = psycopg.connect(PG_BASE, autocommit=True)
+    except psycopg.OperationalError as exc:
+        pytest.skip(f"PostgreSQL not reachable on 127.0.0.1:5432 ({exc})")
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def pg_dsn(pg_admin: Any) -> Iterator[str]:
+    """DSN of a fresh private schema (dropped afterwards)."""
+    schema = f"peep_test_{uuid.uuid4().hex[:10]}"
+    pg_admin.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield f"{PG_BASE} options='-c search_path={schema}'"
+    finally:
+        pg_admin.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+class EventCollector:
+    """The first ``n`` recognition events of ``site`` from a running server's StreamEvents, read on a thread.
+
+    ``with EventCollector(server, n) as events:`` returns once the server has the subscriber; send what
+    raises the events, then ``events.wait()`` returns them (or fails the test after ``timeout`` s).
+    """
+
+    def __init__(self, server: RunningServer, n: int, *, site: str = SITE, timeout: float = 10.0) -> None:
+        import threading
+
+        self.server, self.n, self.timeout = server, n, timeout
+        self.got: list[Any] = []
+        self._done = threading.Event()
+        from peep.v1 import recognition_pb2
+
+        self._call = server.stub().StreamEvents(
+            recognition_pb2.StreamEventsRequest(site=site), metadata=DEVICE, timeout=20
+        )
+        self._thread = threading.Thread(target=self._read, daemon=True)
+
+    def _read(self) -> None:
+        try:
+            for ev in self._call:
+                self.got.append(ev)
+                if len(self.got) >= self.n:
+                    break
+        finally:
+            self._done.set()
+
+    def __enter__(self) -> EventCollector:
+        import time
+
+        self._thread.start()
+        deadline = time.monotonic() + 5
+        while self.server.services.events.n_subscribers == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self
+
+    def wait(self) -> list[Any]:
+        assert self._done.wait(self.timeout), self.got
+        return self.got
+
+    def __exit__(self, *exc: object) -> None:
+        self._call.cancel()

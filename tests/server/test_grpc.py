@@ -18,6 +18,7 @@ from peep_server_testlib import (
     DEVICE,
     DEVICE_TOKENS,
     SITE,
+    EventCollector,
     auth,
     base_config,
     start_server,
@@ -317,30 +318,14 @@ def test_model_status(trained_server):
 
 def test_events_stream_to_subscribers(trained_server, templates):
     stub = trained_server.stub()
-    events = stub.StreamEvents(recognition_pb2.StreamEventsRequest(site=SITE), metadata=DEVICE, timeout=20)
-    got: list = []
-    done = threading.Event()
-
-    def reader():
-        for ev in events:
-            got.append(ev)
-            if len(got) >= 3:
-                break
-        done.set()
-
-    t = threading.Thread(target=reader, daemon=True)
-    t.start()
-    deadline = time.monotonic() + 5
-    while trained_server.services.events.n_subscribers == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    msgs = [templates.message(int(i), track_id=f"track-{k}") for k, i in enumerate(templates.test[100:102])]
-    stub.IngestStream(iter(msgs), metadata=DEVICE, timeout=10)  # ingested identify templates raise events
-    verify = templates.message(
-        int(templates.test[103]), purpose="verify", subject=str(templates.subjects[templates.test[103]])
-    )
-    stub.Ingest(verify, metadata=DEVICE, timeout=5)
-    assert done.wait(10), got
-    events.cancel()
+    with EventCollector(trained_server, 3) as events:
+        msgs = [templates.message(int(i), track_id=f"track-{k}") for k, i in enumerate(templates.test[100:102])]
+        stub.IngestStream(iter(msgs), metadata=DEVICE, timeout=10)  # ingested identify templates raise events
+        verify = templates.message(
+            int(templates.test[103]), purpose="verify", subject=str(templates.subjects[templates.test[103]])
+        )
+        stub.Ingest(verify, metadata=DEVICE, timeout=5)
+        got = events.wait()
     assert [e.message_id for e in got] == [m.message_id for m in msgs] + [verify.message_id]
     assert got[0].track_id == "track-0" and got[0].purpose == template_pb2.PURPOSE_IDENTIFY and got[0].model_version
     assert got[2].purpose == template_pb2.PURPOSE_VERIFY and got[2].claimed_subject == verify.subject
@@ -350,26 +335,12 @@ def test_a_verify_call_on_an_identify_template_is_published_as_a_verification(tr
     """The Verify RPC's event is a verification (claim, decision) even when the template was released to
     identify: published with the template's purpose it read as an identification naming nobody."""
     stub = trained_server.stub()
-    events = stub.StreamEvents(recognition_pb2.StreamEventsRequest(site=SITE), metadata=DEVICE, timeout=20)
-    got: list = []
-    done = threading.Event()
-
-    def reader():
-        for ev in events:
-            got.append(ev)
-            break
-        done.set()
-
-    threading.Thread(target=reader, daemon=True).start()
-    deadline = time.monotonic() + 5
-    while trained_server.services.events.n_subscribers == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
     i = int(templates.test[104])
     msg = templates.message(i)  # purpose identify
     claim = str(templates.subjects[i])
-    r = stub.Verify(recognition_pb2.VerifyRequest(template=msg, claimed_subject=claim), metadata=DEVICE, timeout=5)
-    assert done.wait(10), got
-    events.cancel()
+    with EventCollector(trained_server, 1) as events:
+        r = stub.Verify(recognition_pb2.VerifyRequest(template=msg, claimed_subject=claim), metadata=DEVICE, timeout=5)
+        got = events.wait()
     (ev,) = got
     assert ev.message_id == msg.message_id and ev.purpose == template_pb2.PURPOSE_VERIFY
     assert ev.claimed_subject == claim and ev.accepted == r.accepted and not ev.subject and not ev.unknown
