@@ -557,9 +557,10 @@ class Agent:
         next_report = time.monotonic()
         try:
             while not self.stop_event.is_set():
-                if self._reporting and time.monotonic() >= next_report:
+                # The next report an interval after the last one published; until the link is up, every frame
+                # tries again, so the first report follows the connection instead of a whole interval later.
+                if self._reporting and time.monotonic() >= next_report and self.publish_report():
                     next_report = time.monotonic() + cfg.mqtt.report_interval_s
-                    self.publish_report()
                 t0 = time.perf_counter()
                 frame = source.read()
                 if frame is None:
