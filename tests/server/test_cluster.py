@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 from peep.server.recognition.registry import DatabaseModelRegistry, RegistryError
@@ -139,11 +140,14 @@ def replicas(tmp_path, pki, keypair, bundle_dir, pg_dsn):
 
 
 def _versions(stub: Any, probe: Any) -> str:
-    return str(
-        stub.Identify(
-            recognition_pb2.IdentifyRequest(template=probe, top_k=1), metadata=DEVICE, timeout=5
-        ).model_version
-    )
+    """The serving version's name ("" while the replica has none: its NOTIFY may still be on the way)."""
+    try:
+        resp = stub.Identify(recognition_pb2.IdentifyRequest(template=probe, top_k=1), metadata=DEVICE, timeout=5)
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+            return ""
+        raise
+    return str(resp.model_version)
 
 
 def _wait(pred: Any, timeout: float) -> float:
