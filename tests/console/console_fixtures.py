@@ -20,7 +20,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
 
 from peep_server_testlib import (
     ADMIN,
-    DEVICE,
     Pki,
     RunningServer,
     base_config,
@@ -136,7 +135,7 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
             k = len(SUBJECTS) + j
             msgs += [faces.message(k, purpose="enroll", subject=f"background:{j}") for _ in range(12)]
         stub = srv.stub()
-        assert stub.IngestStream(iter(msgs), metadata=DEVICE, timeout=60).rejected == 0
+        assert stub.IngestStream(iter(msgs), metadata=ADMIN, timeout=60).rejected == 0
         assert stub.Train(recognition_pb2.TrainRequest(), metadata=ADMIN, timeout=300).model_version == "v000001"
         store = ConsoleStore(srv.services.store)
         for name, pw in PASSWORDS.items():

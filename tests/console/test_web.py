@@ -140,6 +140,25 @@ def test_enrolment_desk_enrols_a_track(console):
         assert r.status_code == 400 and "subject: expected" in r.text
 
 
+def test_only_the_admin_enrols_a_track_into_the_background(console):
+    from peep_server_testlib import DEVICE
+
+    stub = console.server.stub()
+    for m in [console.faces.message(3, purpose="identify", track_id="desk-track-bg") for _ in range(2)]:
+        stub.Ingest(m, metadata=DEVICE, timeout=10)
+    form = {"device": "cam-1", "track": "desk-track-bg", "subject": "background:zed"}
+    with console.login("desk") as c:
+        r = c.post("/enrol", data={**form, "csrf": c.csrf})
+        assert r.status_code == 403 and "only an admin enrols them" in r.text
+    store = console.server.services.store
+    assert store.count_templates(subject="background:zed") == 0
+    with console.login("root") as c:
+        assert "refused: background subject needs the admin role" in c.get("/audit").text
+        r = c.post("/enrol", data={**form, "csrf": c.csrf})
+        assert r.status_code == 200 and "2 templates" in r.text
+    assert store.count_templates(subject="background:zed") == 2
+
+
 def test_login_is_throttled_after_failures_even_with_the_right_password(console):
     with console.client() as c:
         for _ in range(5):

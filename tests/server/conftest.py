@@ -22,7 +22,6 @@ from peep.core import features
 from peep.core.release import TemplateReleaser
 from peep_server_testlib import (
     ADMIN,
-    DEVICE,
     MQTT_PREFIX,
     Pki,
     RunningServer,
@@ -77,7 +76,10 @@ def templates(bundle, lfw100, lfw_background) -> Templates:
     rng.shuffle(people)
     bg_people = people[: people.size // 2]
     in_bg = np.isin(lfw_background.labels, bg_people)
-    return Templates(r, bundle.bundle_id, X, subjects, np.sort(train), np.sort(test), Xb[in_bg], Xb[~in_bg])
+    return Templates(
+        r, bundle.bundle_id, X, subjects, np.sort(train), np.sort(test), Xb[in_bg], Xb[~in_bg],
+        background_people=lfw_background.labels[in_bg],
+    )  # fmt: skip
 
 
 @pytest.fixture
@@ -97,7 +99,7 @@ def trained_server(
     cfg = base_config(tmp, keypair[3], bundle_dir, grpc={"tls": tls_section(pki)})
     srv = start_server(cfg, pki, tmp)
     stub = srv.stub()
-    summary = stub.IngestStream(iter(templates.enrolment_messages()), metadata=DEVICE, timeout=60)
+    summary = stub.IngestStream(iter(templates.enrolment_messages()), metadata=ADMIN, timeout=60)
     assert summary.rejected == 0, summary.acks[0].reason if summary.acks else ""
     resp = stub.Train(recognition_pb2.TrainRequest(), metadata=ADMIN, timeout=300)
     assert resp.model_version == "v000001"

@@ -141,6 +141,7 @@ class Templates:
     test: np.ndarray
     background: np.ndarray  # background templates used as enrolment background (half the people)
     strangers: np.ndarray  # never-enrolled people's templates (the other half)
+    background_people: np.ndarray | None = None  # the person behind each background row
 
     def message(self, i: int | None = None, *, values: Any = None, purpose: str = "identify", subject: str = "",
                 device_id: str = "cam-1", site: str = SITE, **kw: Any) -> Any:  # fmt: skip
@@ -152,8 +153,10 @@ class Templates:
 
     def enrolment_messages(self) -> list[Any]:
         msgs = [self.message(int(i), purpose="enroll", subject=str(self.subjects[i])) for i in self.train]
-        for j, row in enumerate(self.background):
-            msgs.append(self.message(values=row, purpose="enroll", subject=f"background:{j % 40}"))
+        # One subject per background person, so validation holds out whole people (the prefix's meaning).
+        people = self.background_people if self.background_people is not None else np.arange(len(self.background))
+        for row, person in zip(self.background, people, strict=True):
+            msgs.append(self.message(values=row, purpose="enroll", subject=f"background:{person}"))
         return msgs
 
 

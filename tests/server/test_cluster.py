@@ -199,7 +199,7 @@ def test_promotion_and_erasure_reach_every_replica(replicas, templates):
     a, b, c = replicas("a"), replicas("b"), replicas("c")
     stubs = [a.stub(), b.stub(), c.stub()]
     probe = templates.message(int(templates.test[0]))
-    summary = stubs[0].IngestStream(iter(templates.enrolment_messages()), metadata=DEVICE, timeout=60)
+    summary = stubs[0].IngestStream(iter(templates.enrolment_messages()), metadata=ADMIN, timeout=60)
     assert summary.rejected == 0
     assert b.services.recogniser.model is None
     resp = stubs[0].Train(recognition_pb2.TrainRequest(), metadata=ADMIN, timeout=300)

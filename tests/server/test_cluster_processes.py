@@ -159,7 +159,7 @@ def test_three_replicas_store_every_template_once_and_agree_on_models_and_erasur
     sa, sb, sc = (grpc_stub(r.grpc_port, str(pki.client_ca)) for r in cluster)
     token = DEVICE_TOKENS["cam-1"]
     probe = templates.message(int(templates.test[0]))
-    summary = sa.IngestStream(iter(templates.enrolment_messages()), metadata=DEVICE, timeout=120)
+    summary = sa.IngestStream(iter(templates.enrolment_messages()), metadata=ADMIN, timeout=120)
     assert summary.rejected == 0
     t_train = time.monotonic()
     resp = sa.Train(recognition_pb2.TrainRequest(), metadata=ADMIN, timeout=600)

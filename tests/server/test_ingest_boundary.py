@@ -177,6 +177,28 @@ def test_ordinary_cameras_cannot_enrol_over_grpc(fresh, templates):
     assert store.count_templates(purpose="enroll") == 2 and store.count_templates(subject="mallory") == 0
 
 
+def test_only_the_admin_enrols_background_subjects(fresh, templates):
+    # The background teaches "unknown": a desk adding to it could make the model call an enrolled person unknown.
+    stub = fresh.stub()
+    sneaky = templates.message(0, purpose="enroll", subject="background:alice")
+    code, details = _code(stub.Ingest, sneaky, metadata=DEVICE, timeout=5)
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    assert details == (
+        "subject: expected a person's id from device 'cam-1' (subjects starting 'background:' form the 'unknown' "
+        "class; only an admin enrols them), received 'background:alice'"
+    )
+    streamed = [templates.message(i, purpose="enroll", subject=f"background:{i}") for i in range(1, 3)]
+    summary = stub.IngestStream(iter([*streamed, templates.message(3, purpose="enroll", subject="alice")]),
+                                metadata=DEVICE, timeout=10)  # fmt: skip
+    assert (summary.accepted, summary.rejected) == (1, 2)
+    assert _rejected(fresh, "background_not_permitted") == 3
+    assert fresh.services.store.count_templates(subject="background:alice") == 0
+    # the desk's own enrolment of a person is unaffected; the admin may add to the background
+    admin = templates.message(4, purpose="enroll", subject="background:7")
+    assert stub.Ingest(admin, metadata=ADMIN, timeout=5).status == ACCEPTED
+    assert fresh.services.store.count_templates(subject="background:7") == 1
+
+
 def test_subject_ids_with_control_or_bidi_characters_are_refused_and_others_normalised(fresh, templates):
     stub = fresh.stub()
     cases = [("alice\u202egpj.exe", 0x202E), ("bob\u2066x\u2069", 0x2066), ("carol\u200f", 0x200F),
@@ -335,9 +357,10 @@ def test_mqtt_refuses_the_same_and_dead_letters_the_reason(
             (topic("cam-1"), _with_time(templates, 6, BAD_TIMES[3][1])),
             (topic("cam-1"), _with_trait(templates, 7, kind=wire.SOFT_TRAITS["age"], value=1e300, epsilon=1.0,
                                          mechanism="bounded-laplace")),
+            (topic("cam-1"), templates.message(10, purpose="enroll", subject="background:eve")),  # desk, background
         ]  # fmt: skip
         codes = ["enrolment_not_permitted", "capture_time_future", "capture_time_too_old", "invalid_capture_time",
-                 "invalid_soft_traits"]  # fmt: skip
+                 "invalid_soft_traits", "background_not_permitted"]  # fmt: skip
         if not require_registered:
             # an unregistered device's identify templates are taken; its enrolments never
             bad.append((topic("cam-9"), templates.message(8, device_id="cam-9", purpose="enroll", subject="eve")))

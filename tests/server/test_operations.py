@@ -36,7 +36,7 @@ def enrolled(tmp_path, pki, keypair, bundle_dir, templates):
     cfg = base_config(tmp_path, keypair[3], bundle_dir, grpc={"tls": tls_section(pki)})
     srv = start_server(cfg, pki, tmp_path)
     stub = srv.stub()
-    stub.IngestStream(iter(templates.enrolment_messages()), metadata=DEVICE, timeout=60)
+    stub.IngestStream(iter(templates.enrolment_messages()), metadata=ADMIN, timeout=60)
     stub.Train(recognition_pb2.TrainRequest(), metadata=ADMIN, timeout=300)
     srv.cfg = cfg  # type: ignore[attr-defined]
     yield srv

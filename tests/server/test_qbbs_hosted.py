@@ -106,7 +106,7 @@ def _start(tmp_path: Any, pki: Any, keypair: Any, bundle_dir: Any, templates: An
     subjects = sorted({str(s) for s in templates.subjects})
     h = Hosted(srv, made[0], cfg, subjects)
     if train:
-        summary = h.rec.IngestStream(iter(templates.enrolment_messages()), metadata=DEVICE, timeout=60)
+        summary = h.rec.IngestStream(iter(templates.enrolment_messages()), metadata=ADMIN, timeout=60)
         assert summary.rejected == 0
         assert h.rec.Train(recognition_pb2.TrainRequest(), metadata=ADMIN, timeout=300).model_version == "v000001"
     return h

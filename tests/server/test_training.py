@@ -192,7 +192,7 @@ def test_kill_during_training_keeps_the_previous_model_serving(tmp_path, pki, ke
     srv = start_server(cfg, pki, tmp_path)
     try:
         stub = srv.stub()
-        stub.IngestStream(iter(templates.enrolment_messages()), metadata=DEVICE, timeout=60)
+        stub.IngestStream(iter(templates.enrolment_messages()), metadata=ADMIN, timeout=60)
         assert stub.Train(recognition_pb2.TrainRequest(), metadata=ADMIN, timeout=300).model_version == "v000001"
         probe = recognition_pb2.IdentifyRequest(template=templates.message(int(templates.test[0])))
         before = stub.Identify(probe, metadata=DEVICE, timeout=5)
@@ -245,7 +245,7 @@ def test_the_server_trains_and_serves_a_noise_aware_preset(tmp_path, pki, keypai
     srv = start_server(cfg, pki, tmp_path)
     try:
         stub = srv.stub()
-        stub.IngestStream(iter(templates.enrolment_messages()), metadata=DEVICE, timeout=60)
+        stub.IngestStream(iter(templates.enrolment_messages()), metadata=ADMIN, timeout=60)
         request = recognition_pb2.TrainRequest(preset=preset if where == "rpc" else "")
         resp = stub.Train(request, metadata=ADMIN, timeout=300)
         assert resp.model_version == "v000001" and resp.validation_accuracy > 0.7

@@ -434,8 +434,8 @@ class DeviceConfig(_Model):
     enrolment_desk: bool = Field(
         default=False,
         description=(
-            "an enrolment desk: may send ENROLL templates (enrol subjects by name) over gRPC and MQTT; "
-            "ordinary cameras (false) may only identify and verify"
+            "an enrolment desk: may send ENROLL templates (enrol subjects by name) over gRPC and MQTT, except "
+            "for background subjects (admin only); ordinary cameras (false) may only identify and verify"
         ),
     )
 

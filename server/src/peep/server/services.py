@@ -135,6 +135,7 @@ class Services:
             self.devices,
             require_registered_device=config.mqtt.require_registered_device,
             fusion=TrackFusion(ttl_s=config.training.track_fusion_s) if config.training.track_fusion_s > 0 else None,
+            background_prefix=config.training.background_prefix,
         )
         self.trainer = Trainer(
             self.store,

@@ -817,6 +817,16 @@ class ConsoleApp:
         except ValueError as exc:
             self._audit(ctx, "enrol", raw[:128], f"refused: {str(exc)[:200]}")
             return self.enrol_page(ctx, error=str(exc), status=400)
+        prefix = self.services.config.training.background_prefix
+        if prefix and subject.startswith(prefix) and (ctx.session is None or ctx.session.role != "admin"):
+            # The ingestor's rule for devices: the class that teaches "unknown" is the administrator's.
+            self._audit(ctx, "enrol", subject, "refused: background subject needs the admin role")
+            return self.enrol_page(
+                ctx,
+                error=f"subject: expected a person's id (subjects starting {prefix!r} form the 'unknown' class; "
+                "only an admin enrols them)",
+                status=403,
+            )
         limit = self.services.config.grpc.max_stream_messages
         keys = self.store.track_keys(device, track, limit=limit)
         if not keys:

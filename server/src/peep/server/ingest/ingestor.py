@@ -35,6 +35,16 @@ class PermissionRefused(Rejection):
     """The sender may not send this template (wrong device or site, or an enrolment without the right)."""
 
 
+def _background_refused(device_id: str, prefix: str, subject: str) -> PermissionRefused:
+    # Background subjects are the class that teaches "unknown": a desk that could add to it could teach
+    # the model to call an enrolled person unknown (or a stranger known by starving the class).
+    return PermissionRefused(
+        "background_not_permitted",
+        f"subject: expected a person's id from device {device_id[:64]!r} (subjects starting {prefix!r} form the "
+        f"'unknown' class; only an admin enrols them), received {subject[:64]!r}",
+    )
+
+
 def _enrolment_refused(device_id: str) -> PermissionRefused:
     return PermissionRefused(
         "enrolment_not_permitted",
@@ -78,6 +88,11 @@ class Ingestor:
         MQTT: refuse devices missing from the registry (when it lists any).
     clock : callable
         Unix time (injected for tests).
+    fusion : TrackFusion or None
+        A track's releases decided together; None: each release alone.
+    background_prefix : str
+        Subjects with this prefix form the "unknown" class: only an admin
+        may enrol templates under them (``training.background_prefix``).
     """
 
     def __init__(
@@ -92,6 +107,7 @@ class Ingestor:
         require_registered_device: bool = True,
         clock: Callable[[], float] = time.time,
         fusion: TrackFusion | None = None,
+        background_prefix: str = "background:",
     ) -> None:
         self.store = store
         self.validator = validator
@@ -103,6 +119,7 @@ class Ingestor:
         self.clock = clock
         #: A track's releases decided together (recognition/fusion.py); None: each release alone.
         self.fusion = fusion
+        self.background_prefix = background_prefix
 
     # ------------------------------------------------------------ checks
 
@@ -112,7 +129,8 @@ class Ingestor:
         A device sends only its own templates (device id, registered site); an
         ENROLL template needs the enrolment right: an admin, or a registered
         device with ``enrolment_desk = true`` (over MQTT the topic's device must
-        be such a device, whatever ``require_registered_device`` says).
+        be such a device, whatever ``require_registered_device`` says); an
+        ENROLL template for a background subject needs an admin.
         """
         ident = sender.identity
         enrol = msg.purpose == template_pb2.PURPOSE_ENROLL
@@ -132,6 +150,8 @@ class Ingestor:
                 )
             if enrol and not ident.may_enrol:
                 raise _enrolment_refused(ident.name)
+            if enrol and self._is_background(msg.subject):
+                raise _background_refused(ident.name, self.background_prefix, msg.subject)
             return
         if sender.topic_device is not None:
             if msg.device_id != sender.topic_device or msg.site != sender.topic_site:
@@ -154,8 +174,13 @@ class Ingestor:
                     )
             if enrol and not self.devices.is_enrolment_desk(msg.device_id):
                 raise _enrolment_refused(msg.device_id)
+            if enrol and self._is_background(msg.subject):
+                raise _background_refused(msg.device_id, self.background_prefix, msg.subject)
             return
         raise PermissionRefused("unauthenticated", "sender: expected an authenticated device")
+
+    def _is_background(self, subject: str) -> bool:
+        return bool(self.background_prefix) and subject.startswith(self.background_prefix)
 
     def check(self, msg: template_pb2.PerturbedTemplate, sender: Sender) -> ValidTemplate:
         """Validate then authorise (validation first: its message names the malformed field)."""
