@@ -198,3 +198,20 @@ def _screenshots(url: str, password: str, tmp_path: Path) -> None:
             driver.save_screenshot(str(Path(out) / f"console-{page}.png"))
     finally:
         driver.quit()
+
+
+def test_synthetic_traits_stay_inside_the_declared_ranges(tmp_path: Path):
+    # seed 11's log-normal weights reach below the adult range (33.7 kg), which the server refuses to enrol:
+    # the demo stopped there. The demo now clips to the range and counts what it clipped.
+    import numpy as np
+    from peep.server.demo.runner import Demo, DemoOptions
+    from peep.server.qbbs.config import DEFAULT_TRAITS
+    from peep.server.qbbs.traitdata import synthetic_anthropometry
+
+    _, weight = synthetic_anthropometry(np.array([0.0, 1.0] * 5), seed=11)
+    assert weight.min() < DEFAULT_TRAITS["weight"].lower
+    demo = Demo(DemoOptions(out=tmp_path))
+    assert demo._in_range("weight", float(weight.min())) == DEFAULT_TRAITS["weight"].lower
+    assert demo._in_range("height", 250.0) == DEFAULT_TRAITS["height"].upper
+    assert demo._in_range("weight", 70.5) == 70.5
+    assert demo.clipped_traits == {"weight": 1, "height": 1}
