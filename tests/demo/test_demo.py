@@ -155,6 +155,10 @@ def test_demo_console_stays_up_on_the_demos_data(tmp_path: Path, data_home: str)
             assert any(s in live for s in named), named
             devices = web.get("/devices").text
             assert "cam-1" in devices and "cam-2" in devices
+            # Without MQTT each camera's report (suppressed releases, budgets) came over gRPC (ReportDevice).
+            for cam in ("cam-1", "cam-2"):
+                row = re.search(rf"<tr>\s*<td>{cam}</td>.*?</tr>", devices, re.S)
+                assert row and "ready; reported" in row.group(0), devices[:3000]
         _screenshots(c["url"], new, tmp_path)
         url = c["url"]
     finally:

@@ -41,6 +41,14 @@ class FakeRecognition(recognition_pb2_grpc.RecognitionServiceServicer):
         self.reject = set(reject)
         self.fail_first = fail_first
         self.delay_first = delay_first
+        self.reports: list[recognition_pb2.DeviceReportRequest] = []
+
+    def ReportDevice(self, request, context):
+        if dict(context.invocation_metadata()).get("authorization") != f"Bearer {TOKEN}":
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "authorization: expected a valid bearer token")
+        with self.lock:
+            self.reports.append(request)
+        return recognition_pb2.DeviceReportAck(received_at=time.time())
 
     def IngestStream(self, request_iterator, context):
         if dict(context.invocation_metadata()).get("authorization") != f"Bearer {TOKEN}":
@@ -260,6 +268,54 @@ def test_agent_over_grpc_only(make_config, crowd_video, pki, h):
     ledger.close()
     assert len(ids) >= 10
     assert servicer.stored == ids
+    # Without MQTT the device's report travels over gRPC: one when the forwarder starts, the final one at stop.
+    from peep.core.reports import parse_device_report
+
+    assert len(servicer.reports) >= 2
+    last = servicer.reports[-1]
+    assert (last.device_id, last.site) == (config.device.id, config.device.site)
+    final = parse_device_report(last.report)
+    assert final.releases == len(ids) and final.bundle_id == agent.releaser.bundle_id
+    assert final.epsilon_coordinate == 4.0 and final.epsilon_vector_spent == len(ids) * final.epsilon_vector_per_release
+
+
+class _OldServer(recognition_pb2_grpc.RecognitionServiceServicer):
+    """A server from before ReportDevice: ingest works, the report RPC is UNIMPLEMENTED."""
+
+    def __init__(self) -> None:
+        self.stored: list[str] = []
+
+    def IngestStream(self, request_iterator, context):
+        acks = []
+        for msg in request_iterator:
+            self.stored.append(msg.message_id)
+            acks.append(recognition_pb2.IngestAck(message_id=msg.message_id,
+                                                  status=recognition_pb2.INGEST_STATUS_ACCEPTED))  # fmt: skip
+        return recognition_pb2.IngestSummary(acks=acks)
+
+
+def test_reports_stop_quietly_against_a_server_without_the_rpc(tmp_path, pki, templates):
+    servicer = _OldServer()
+    server, port = serve(servicer, pki)
+    items = templates(5)
+    spool = spool_with(tmp_path, items)
+    calls = []
+
+    def report() -> bytes:
+        calls.append(1)
+        return b"{}"
+
+    fwd = GrpcForwarder(cfg(pki, port, report_interval_s=0.01), spool, token=TOKEN, report=report,
+                        device_id="cam-1", site="lab")  # fmt: skip
+    try:
+        fwd.start()
+        assert wait_until(lambda: len(servicer.stored) == 5)
+        time.sleep(0.3)
+        assert fwd.stop(5.0)
+    finally:
+        server.stop(0)
+        spool.close()
+    assert calls == [1] and fwd.reports_sent == 0  # asked once, then never again (no final report either)
 
 
 def test_enrolment_refused_by_the_server_is_an_error_not_a_delivery(make_config, people, pki, tmp_path, capsys):

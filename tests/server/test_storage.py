@@ -221,6 +221,14 @@ def test_bundles_and_erasures(store):
     assert store.erasures() == {"alice": 11.0}
 
 
+def test_a_device_keeps_only_its_latest_report(store):
+    assert store.device_reports() == {}
+    store.put_device_report("cam-1", "site-a", b'{"v":1}', 5.0)
+    store.put_device_report("cam-2", "site-a", b"two", 6.0)
+    store.put_device_report("cam-1", "site-b", b"newer", 7.0)
+    assert store.device_reports() == {"cam-1": ("site-b", b"newer", 7.0), "cam-2": ("site-a", b"two", 6.0)}
+
+
 def test_sqlite_uses_wal(tmp_path):
     s = SqliteStore(tmp_path / "peep.db")
     s.close()
@@ -320,7 +328,7 @@ def test_migration_from_schema_1_keeps_every_row_and_keys_by_device(kind, tmp_pa
     target, rows = _schema_v1(kind, tmp_path, lambda: request.getfixturevalue("pg_dsn"))
     store = SqliteStore(target) if kind == "sqlite" else PostgresStore(target, pool_size=2)
     try:
-        assert store.schema_version() == latest(kind) == 6
+        assert store.schema_version() == latest(kind) == 7
         assert store.count_templates() == 6
         assert [store.get_template(r.message_id, device_id="cam-1") for r in rows] == rows
         assert store.enrolment_set("eb-1", ["peep-raw"]).message_ids == ["m00000", "m00001", "m00002"]
@@ -340,6 +348,6 @@ def test_migration_from_schema_1_keeps_every_row_and_keys_by_device(kind, tmp_pa
         store.close()
     reopened = SqliteStore(target) if kind == "sqlite" else PostgresStore(target, pool_size=1)
     try:
-        assert reopened.schema_version() == 6 and reopened.count_templates() == 7
+        assert reopened.schema_version() == 7 and reopened.count_templates() == 7
     finally:
         reopened.close()

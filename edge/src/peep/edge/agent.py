@@ -417,7 +417,17 @@ class Agent:
         if cfg.grpc.enabled:
             from peep.edge.transport.grpc import GrpcForwarder
 
-            gfwd = GrpcForwarder(cfg.grpc, self.spool, token=self.grpc_token, metrics=self.metrics)
+            # Without MQTT, the device's report travels over gRPC (with MQTT it is the retained message).
+            reports = not enroll and not cfg.mqtt.enabled and cfg.grpc.report_interval_s > 0
+            gfwd = GrpcForwarder(
+                cfg.grpc,
+                self.spool,
+                token=self.grpc_token,
+                metrics=self.metrics,
+                report=(lambda: self.report().to_json()) if reports else None,
+                device_id=cfg.device.id,
+                site=cfg.device.site,
+            )
             gfwd.start()
             self.forwarders.append(gfwd)
 

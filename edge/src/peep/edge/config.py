@@ -304,6 +304,16 @@ class GrpcConfig(_Section):
     batch_size: int = Field(default=64, ge=1, le=10_000)
     retry_min_s: float = Field(default=0.5, gt=0.0, le=600.0)
     retry_max_s: float = Field(default=60.0, gt=0.0, le=3600.0)
+    report_interval_s: float = Field(
+        default=60.0,
+        ge=0.0,
+        le=86_400.0,
+        description=(
+            "without [mqtt]: seconds between the device's report sent with ReportDevice (releases, suppressed "
+            "releases, per-vector ε budgets; no face, track or subject), and one at shutdown; 0 = none "
+            "(with [mqtt] enabled the report is the retained MQTT message instead)"
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -123,9 +123,8 @@ class ServerApp:
             from peep.server.console import start_console
 
             qbbs = next((getattr(r, "module", None) for r in registrars if hasattr(r, "module")), None)
-            reports = getattr(self.mqtt, "device_reports", None)
             self.console = start_console(
-                s, qbbs=qbbs, device_status=self._device_status(), device_reports=reports if callable(reports) else None
+                s, qbbs=qbbs, device_status=self._device_status(), device_reports=self._device_reports
             )
         if self.config.retention.days is not None:
             self._retention = threading.Thread(target=self._retention_loop, name="peep-retention", daemon=True)
@@ -151,6 +150,16 @@ class ServerApp:
         """``() -> {device: (status, since)}`` from the MQTT bridge's retained statuses, or None without MQTT."""
         statuses = getattr(self.mqtt, "device_statuses", None)
         return statuses if callable(statuses) else None
+
+    def _device_reports(self) -> dict[str, tuple[Any, float]]:
+        """Each device's latest report, retained on MQTT or sent over gRPC, whichever arrived last."""
+        out = self.services.device_reports.latest()
+        mqtt_reports = getattr(self.mqtt, "device_reports", None)
+        if callable(mqtt_reports):
+            for device, (report, at) in mqtt_reports().items():
+                if device not in out or at >= out[device][1]:
+                    out[device] = (report, at)
+        return out
 
     def _retention_loop(self) -> None:
         days = self.config.retention.days

@@ -37,6 +37,7 @@ from peep.server.config import ResolvedSecrets, ServerConfig, resolve_secrets
 from peep.server.ingest.auth import DeviceRegistry
 from peep.server.ingest.events import ClusterRelay, EventBus
 from peep.server.ingest.ingestor import Ingestor
+from peep.server.ingest.reports import DeviceReportBook
 from peep.server.ingest.validation import TemplateValidator
 from peep.server.metrics import ServerMetrics
 from peep.server.recognition.fitting import Progress, TrainingError
@@ -137,6 +138,8 @@ class Services:
             fusion=TrackFusion(ttl_s=config.training.track_fusion_s) if config.training.track_fusion_s > 0 else None,
             background_prefix=config.training.background_prefix,
         )
+        #: Devices' reports sent over gRPC (the MQTT bridge keeps the retained ones).
+        self.device_reports = DeviceReportBook(self.store)
         self.trainer = Trainer(
             self.store,
             self.bundles,

@@ -245,3 +245,19 @@ class RecognitionEvent(_message.Message):
     model_version: str
     releases_fused: int
     def __init__(self, event_id: _Optional[str] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., site: _Optional[str] = ..., device_id: _Optional[str] = ..., message_id: _Optional[str] = ..., track_id: _Optional[str] = ..., purpose: _Optional[_Union[_template_pb2.Purpose, str]] = ..., subject: _Optional[str] = ..., unknown: _Optional[bool] = ..., probability: _Optional[float] = ..., claimed_subject: _Optional[str] = ..., accepted: _Optional[bool] = ..., model_version: _Optional[str] = ..., releases_fused: _Optional[int] = ...) -> None: ...
+
+class DeviceReportRequest(_message.Message):
+    __slots__ = ("device_id", "site", "report")
+    DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
+    SITE_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    device_id: str
+    site: str
+    report: bytes
+    def __init__(self, device_id: _Optional[str] = ..., site: _Optional[str] = ..., report: _Optional[bytes] = ...) -> None: ...
+
+class DeviceReportAck(_message.Message):
+    __slots__ = ("received_at",)
+    RECEIVED_AT_FIELD_NUMBER: _ClassVar[int]
+    received_at: float
+    def __init__(self, received_at: _Optional[float] = ...) -> None: ...

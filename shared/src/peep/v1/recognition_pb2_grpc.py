@@ -90,6 +90,11 @@ class RecognitionServiceStub:
                 request_serializer=peep_dot_v1_dot_recognition__pb2.StreamEventsRequest.SerializeToString,
                 response_deserializer=peep_dot_v1_dot_recognition__pb2.RecognitionEvent.FromString,
                 _registered_method=True)
+        self.ReportDevice = channel.unary_unary(
+                '/peep.v1.RecognitionService/ReportDevice',
+                request_serializer=peep_dot_v1_dot_recognition__pb2.DeviceReportRequest.SerializeToString,
+                response_deserializer=peep_dot_v1_dot_recognition__pb2.DeviceReportAck.FromString,
+                _registered_method=True)
 
 
 class RecognitionServiceServicer:
@@ -168,6 +173,14 @@ class RecognitionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportDevice(self, request, context):
+        """Device: its report (peep.core.reports JSON: counts and per-vector ε, no
+        face), the gRPC twin of the retained MQTT report for devices without MQTT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RecognitionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -225,6 +238,11 @@ def add_RecognitionServiceServicer_to_server(servicer, server):
                     servicer.StreamEvents,
                     request_deserializer=peep_dot_v1_dot_recognition__pb2.StreamEventsRequest.FromString,
                     response_serializer=peep_dot_v1_dot_recognition__pb2.RecognitionEvent.SerializeToString,
+            ),
+            'ReportDevice': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportDevice,
+                    request_deserializer=peep_dot_v1_dot_recognition__pb2.DeviceReportRequest.FromString,
+                    response_serializer=peep_dot_v1_dot_recognition__pb2.DeviceReportAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -524,6 +542,33 @@ class RecognitionService:
             '/peep.v1.RecognitionService/StreamEvents',
             peep_dot_v1_dot_recognition__pb2.StreamEventsRequest.SerializeToString,
             peep_dot_v1_dot_recognition__pb2.RecognitionEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportDevice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/peep.v1.RecognitionService/ReportDevice',
+            peep_dot_v1_dot_recognition__pb2.DeviceReportRequest.SerializeToString,
+            peep_dot_v1_dot_recognition__pb2.DeviceReportAck.FromString,
             options,
             channel_credentials,
             insecure,

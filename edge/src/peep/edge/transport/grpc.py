@@ -9,6 +9,11 @@ template cannot succeed). Failed calls are retried with exponential backoff
 (``retry_min_s`` doubling to ``retry_max_s``); authentication failures are
 logged as errors and retried at the maximum delay.
 
+With a ``report`` callable (a device without MQTT), the same thread sends the
+device's report (:mod:`peep.core.reports`) with ``ReportDevice`` every
+``report_interval_s`` (sooner again after a failure) and once more as it
+stops, so a slow server never stalls the frame loop.
+
 The token travels in metadata ``authorization: Bearer <token>``; it is only
 sent over TLS unless ``grpc.tls = false`` was chosen explicitly (logged as a
 warning).
@@ -73,6 +78,10 @@ class GrpcForwarder(Forwarder):
         Bearer token (resolved secret).
     channel_factory : callable() -> grpc.Channel, optional
         Injected for tests; defaults to :func:`make_channel`.
+    report : callable() -> bytes, optional
+        The device's current report payload; None: no reports over gRPC.
+    device_id, site : str
+        Who the report describes (the server checks them against the credential).
     """
 
     dest = "grpc"
@@ -85,9 +94,16 @@ class GrpcForwarder(Forwarder):
         token: str | None = None,
         metrics: EdgeMetrics | None = None,
         channel_factory: Callable[[], grpc.Channel] | None = None,
+        report: Callable[[], bytes] | None = None,
+        device_id: str = "",
+        site: str = "",
     ) -> None:
         super().__init__(spool, metrics=metrics)
         self.cfg = cfg
+        self._report = report if cfg.report_interval_s > 0 else None
+        self._device = (device_id, site)
+        self._next_report = 0.0  # monotonic: the first report as soon as the thread runs
+        self.reports_sent = 0
         self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
         self._channel = (channel_factory or (lambda: make_channel(cfg)))()
         self._stub = recognition_pb2_grpc.RecognitionServiceStub(self._channel)  # type: ignore[no-untyped-call]
@@ -174,13 +190,59 @@ class GrpcForwarder(Forwarder):
             return False
         return len(items) == self.cfg.batch_size
 
+    def send_report(self) -> bool:
+        """Send the device's report now; False (logged) when the call fails."""
+        if self._report is None:
+            return False
+        try:
+            payload = self._report()
+        except Exception as exc:  # the agent's state is closing, or the report does not fit its bounds
+            log_event(_log, logging.WARNING, "grpc_report_failed", detail=f"{type(exc).__name__}: {str(exc)[:200]}")
+            return False
+        try:
+            self._stub.ReportDevice(
+                recognition_pb2.DeviceReportRequest(device_id=self._device[0], site=self._device[1], report=payload),
+                timeout=min(self.cfg.deadline_s, 10.0),
+                metadata=self._metadata,
+            )
+        except grpc.RpcError as exc:
+            code = exc.code() if hasattr(exc, "code") else None
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                # A server older than ReportDevice: templates still flow; stop asking.
+                self._report = None
+                log_event(_log, logging.WARNING, "grpc_report_unsupported", target=self.cfg.target)
+                return False
+            log_event(
+                _log,
+                logging.WARNING,
+                "grpc_report_failed",
+                target=self.cfg.target,
+                code=getattr(code, "name", str(code)),
+                detail=(exc.details() if hasattr(exc, "details") else "")[:200],
+            )
+            return False
+        self.reports_sent += 1
+        return True
+
+    def _maybe_report(self) -> None:
+        if self._report is None or time.monotonic() < self._next_report:
+            return
+        ok = self.send_report()
+        # After a failure, again within 10 s (or the interval, if shorter) rather than a whole interval later.
+        self._next_report = time.monotonic() + (
+            self.cfg.report_interval_s if ok else min(self.cfg.report_interval_s, 10.0)
+        )
+
     def run(self) -> None:
         try:
             self.update_depth()
             while True:
                 idle = self.spool.depth(self.dest) == 0
                 if self.should_exit(idle=idle):
+                    if self._report is not None and not self._halt.is_set():
+                        self.send_report()  # the final counts
                     return
+                self._maybe_report()
                 if not self._send():
                     self.sleep(0.25 if not self.stopping else 0.05)
         except Exception:

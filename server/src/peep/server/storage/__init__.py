@@ -228,6 +228,14 @@ class Store(Protocol):
         """A stored bundle's payload; the most recently published when ``bundle_id`` is None."""
         ...
 
+    def put_device_report(self, device_id: str, site: str, report: bytes, received_at: float) -> None:
+        """Keep ``report`` (a validated :mod:`peep.core.reports` payload) as the device's latest."""
+        ...
+
+    def device_reports(self) -> dict[str, tuple[str, bytes, float]]:
+        """``{device_id: (site, report payload, received_at)}``: each device's latest report over gRPC."""
+        ...
+
     def record_erasure(self, subject: str, at: float) -> None: ...
 
     def erasures(self) -> Mapping[str, float]:

@@ -218,6 +218,21 @@ class SqlStore(ABC):
                 row = conn.execute(q, (bundle_id,)).fetchone()
         return None if row is None else bytes(row[0])
 
+    def put_device_report(self, device_id: str, site: str, report: bytes, received_at: float) -> None:
+        p = self._sql.param
+        with self._session() as conn:
+            conn.execute(
+                f"INSERT INTO device_reports (device_id, site, report, received_at) VALUES ({p}, {p}, {p}, {p}) "
+                "ON CONFLICT (device_id) DO UPDATE SET site = excluded.site, report = excluded.report, "
+                "received_at = excluded.received_at",
+                (device_id, site, report, received_at),
+            )
+
+    def device_reports(self) -> dict[str, tuple[str, bytes, float]]:
+        with self._session() as conn:
+            rows = conn.execute("SELECT device_id, site, report, received_at FROM device_reports").fetchall()
+        return {str(r[0]): (str(r[1]), bytes(r[2]), float(r[3])) for r in rows}
+
     def record_erasure(self, subject: str, at: float) -> None:
         p = self._sql.param
         with self._transaction() as conn:

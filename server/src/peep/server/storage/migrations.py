@@ -148,6 +148,14 @@ _LOGIN_FAILURES = [
 ]
 
 
+# Migration 7: each device's latest report sent over gRPC (peep.core.reports; the MQTT twin is a retained
+# message), one row per device, so that every replica's console shows it. Counts and ε only: no face.
+_DEVICE_REPORTS = [
+    "CREATE TABLE device_reports (device_id TEXT PRIMARY KEY, site TEXT NOT NULL, report {blob} NOT NULL, "
+    "received_at {real} NOT NULL)",
+]
+
+
 def _render(dialect: Dialect, statements: list[str]) -> list[str]:
     return [s.format(real=dialect.real, blob=dialect.blob) for s in statements]
 
@@ -161,6 +169,7 @@ MIGRATIONS: dict[str, list[list[str]]] = {
         _render(d, _odometer(d)),
         _render(d, _console(d)),
         _render(d, _LOGIN_FAILURES),
+        _render(d, _DEVICE_REPORTS),
     ]
     for d in (SQLITE, POSTGRES)
 }

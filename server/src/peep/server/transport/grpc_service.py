@@ -47,6 +47,7 @@ from peep.server.bundles.catalog import bundle_files_message, files_from_message
 from peep.server.config import ServerConfig
 from peep.server.ingest.auth import HEALTH_PREFIXES, REFLECTION_PREFIXES, AuthInterceptor, current_identity
 from peep.server.ingest.ingestor import REJECTED, PermissionRefused, Sender
+from peep.server.ingest.reports import ReportTooFrequent
 from peep.server.ingest.validation import Rejection
 from peep.server.recognition.fitting import PRESETS, TrainingError
 from peep.server.recognition.recogniser import ModelMismatch, ModelUnavailable
@@ -90,6 +91,8 @@ def _guard(fn: F) -> F:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, _details(exc))
         except TrainingBusy as exc:
             context.abort(grpc.StatusCode.ABORTED, _details(exc))
+        except ReportTooFrequent as exc:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, _details(exc))
         except NotFound as exc:
             context.abort(grpc.StatusCode.NOT_FOUND, _details(exc))
         except (Rejection, BundleError, TrainingError, ValueError) as exc:
@@ -238,6 +241,13 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
             target_far=v.target_far,
             model_version=v.model_version,
         )
+
+    @_guard
+    def ReportDevice(
+        self, request: recognition_pb2.DeviceReportRequest, context: grpc.ServicerContext
+    ) -> recognition_pb2.DeviceReportAck:
+        at = self.s.device_reports.accept(current_identity(), request.device_id, request.site, request.report)
+        return recognition_pb2.DeviceReportAck(received_at=at)
 
     # ------------------------------------------------------------ admin
 
