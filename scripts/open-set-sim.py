@@ -52,7 +52,23 @@ def run(
     enrolled = rng.choice(frequent, 10, replace=False)
     strangers, background = rare[:30], rare[30:]
     public = ~np.isin(L, np.concatenate([enrolled, strangers]))
-    if projection == "lda":
+    if projection in ("lda-raw", "pca-raw"):
+        # Not whitened: LDA scaled to unit within-class variance (discriminative directions spread more), or
+        # PCA keeping the descriptor's own variances.
+        pub_labels = L[public]
+        if projection == "lda-raw":
+            keep = np.isin(pub_labels, np.flatnonzero(np.bincount(pub_labels) >= 2))
+            est = LinearDiscriminantAnalysis(n_components=k, solver="eigen", shrinkage="auto")
+            est.fit(D[public][keep], pub_labels[keep])
+        else:
+            from sklearn.decomposition import PCA
+
+            est = PCA(n_components=k).fit(D[public])
+        mu = est.transform(D[public]).mean(axis=0)
+
+        def transform(X):
+            return est.transform(X) - mu
+    elif projection == "lda":
         # A discriminative public projection: LDA of the public people's descriptors (whole identities).
         pub_labels = L[public]
         keep = np.isin(pub_labels, np.flatnonzero(np.bincount(pub_labels) >= 2))
@@ -132,7 +148,7 @@ def main() -> None:
     ap.add_argument("--components", type=int, default=16, help="K (default 16)")
     ap.add_argument("--clusters", type=int, default=1, help="background classes: 1 or k-means clusters (default 1)")
     ap.add_argument("--score", choices=("posterior", "mahalanobis"), default="posterior")
-    ap.add_argument("--projection", choices=("pca", "lda"), default="pca", help="public projection (default pca)")
+    ap.add_argument("--projection", choices=("pca", "lda", "lda-raw", "pca-raw"), default="pca", help="public projection (default pca)")
     ap.add_argument("--releases", type=int, choices=(1, 2), default=1,
                     help="releases per capture: 2 = track fusion as the server does it (default 1)")  # fmt: skip
     ap.add_argument("--far", default="0.05,0.07,0.1", help="identification FARs (default 0.05,0.07,0.1)")
