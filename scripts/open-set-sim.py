@@ -148,7 +148,8 @@ def main() -> None:
     ap.add_argument("--components", type=int, default=16, help="K (default 16)")
     ap.add_argument("--clusters", type=int, default=1, help="background classes: 1 or k-means clusters (default 1)")
     ap.add_argument("--score", choices=("posterior", "mahalanobis"), default="posterior")
-    ap.add_argument("--projection", choices=("pca", "lda", "lda-raw", "pca-raw"), default="pca", help="public projection (default pca)")
+    ap.add_argument("--projection", choices=("pca", "lda", "lda-raw", "pca-raw"), default="pca",
+                    help="public projection (default pca)")  # fmt: skip
     ap.add_argument("--releases", type=int, choices=(1, 2), default=1,
                     help="releases per capture: 2 = track fusion as the server does it (default 1)")  # fmt: skip
     ap.add_argument("--far", default="0.05,0.07,0.1", help="identification FARs (default 0.05,0.07,0.1)")
