@@ -792,11 +792,34 @@ class ConsoleConfig(_Model):
         default=None,
         description="a `peep audit --out` directory whose audit.json the Privacy page summarises (none: not shown)",
     )
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description=(
+            "addresses or CIDR networks of the reverse proxies in front of the console whose X-Forwarded-For and "
+            "X-Forwarded-Proto it believes, so the per-address login throttle and the audit log see the client "
+            "rather than the proxy; empty: the headers are ignored"
+        ),
+    )
 
     @field_validator("listen")
     @classmethod
     def check_listen(cls, v: str) -> str:
         return _check_listen(v)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def check_trusted_proxies(cls, v: list[str]) -> list[str]:
+        for i, item in enumerate(v):
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                # "*" would let any client name its own address and walk around the per-address throttle.
+                raise ValueError(
+                    f"trusted_proxies[{i}]: expected an IP address or CIDR network such as 10.0.0.5 or 10.0.0.0/24, "
+                    f"received {item[:64]!r}"
+                ) from None
+        return v
 
     @field_validator("audit_dir", mode="after")
     @classmethod

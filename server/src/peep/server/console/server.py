@@ -70,7 +70,9 @@ class ConsoleServer:
             access_log=False,
             server_header=False,
             date_header=True,
-            proxy_headers=False,
+            # X-Forwarded-* only from the configured proxies (uvicorn takes the nearest untrusted address).
+            proxy_headers=bool(cfg.console.trusted_proxies),
+            forwarded_allow_ips=list(cfg.console.trusted_proxies) or None,
             timeout_graceful_shutdown=2,
             limit_concurrency=200,
             h11_max_incomplete_event_size=16 * 1024,
