@@ -195,6 +195,22 @@ def _events_reach_every_replica(stubs: list[Any], templates: Any) -> None:
     assert other == []  # site isolation holds across replicas
 
 
+def _a_track_is_fused_across_replicas(a: Any, c: Any, templates: Any) -> None:
+    """A track's first release taken by A, its second by C (as a shared MQTT subscription may deal them): C finds
+    the first in the database and decides from both, as one replica would from its memory."""
+    from peep_server_testlib import EventCollector
+
+    i, j = (int(v) for v in templates.test[120:122])
+    first = templates.message(i, track_id="across-1")
+    time.sleep(0.01)  # a later capture
+    second = templates.message(j, track_id="across-1")
+    with EventCollector(c, 2) as events:
+        assert a.stub().Ingest(first, metadata=DEVICE, timeout=5).status == recognition_pb2.INGEST_STATUS_ACCEPTED
+        assert c.stub().Ingest(second, metadata=DEVICE, timeout=5).status == recognition_pb2.INGEST_STATUS_ACCEPTED
+        got = {e.message_id: e.releases_fused for e in events.wait()}
+    assert got == {first.message_id: 1, second.message_id: 2}
+
+
 def test_promotion_and_erasure_reach_every_replica(replicas, templates):
     a, b, c = replicas("a"), replicas("b"), replicas("c")
     stubs = [a.stub(), b.stub(), c.stub()]
@@ -208,6 +224,7 @@ def test_promotion_and_erasure_reach_every_replica(replicas, templates):
     elapsed = _wait(lambda: all(_versions(s, probe) == "v000001" for s in stubs), 5.0)
     assert elapsed < 5.0
     _events_reach_every_replica(stubs, templates)
+    _a_track_is_fused_across_replicas(a, c, templates)
     # a replica started later serves it from the database
     d = replicas("d")
     assert _versions(d.stub(), probe) == "v000001"

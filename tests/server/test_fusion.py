@@ -124,3 +124,31 @@ def test_a_remembered_release_is_a_copy_the_caller_may_overwrite():
     f.add(("s", "d", "t"), "v1", P[0])
     P[0] = [0.5, 0.5]  # the recogniser writes the fused posterior over its row
     np.testing.assert_array_equal(f.add(("s", "d", "t"), "v1", P[1]), [0.9, 0.1])
+
+
+def test_a_forgotten_track_is_recalled_from_the_store(trained_server, templates):
+    """What a replica does when another took the track's first release: its memory is empty, the stored
+    template is found and fused; a release captured *before* the stored one is not fused with it."""
+    from peep_server_testlib import DEVICE, EventCollector
+
+    ingestor = trained_server.services.ingestor
+    assert ingestor.recall_tracks is False  # SQLite: one process, its memory is complete
+    ingestor.recall_tracks = True
+    try:
+        stub = trained_server.stub()
+        i, j = (int(v) for v in templates.test[130:132])
+        first = templates.message(i, track_id="recall-1")
+        second = templates.message(j, track_id="recall-1")
+        second.capture_time.FromNanoseconds(first.capture_time.ToNanoseconds() + 10_000_000)
+        earlier = templates.message(j, track_id="recall-2")
+        later = templates.message(i, track_id="recall-2")
+        earlier.capture_time.FromNanoseconds(later.capture_time.ToNanoseconds() - 10_000_000)
+        with EventCollector(trained_server, 4) as events:
+            for a, b in ((first, second), (later, earlier)):
+                stub.Ingest(a, metadata=DEVICE, timeout=5)
+                ingestor.fusion._tracks.clear()  # as if the next release reached another replica
+                stub.Ingest(b, metadata=DEVICE, timeout=5)
+            got = {e.message_id: e.releases_fused for e in events.wait()}
+    finally:
+        ingestor.recall_tracks = False
+    assert got == {first.message_id: 1, second.message_id: 2, later.message_id: 1, earlier.message_id: 1}

@@ -229,6 +229,25 @@ def test_a_device_keeps_only_its_latest_report(store):
     assert store.device_reports() == {"cam-1": ("site-b", b"newer", 7.0), "cam-2": ("site-a", b"two", 6.0)}
 
 
+def test_track_releases_are_found_by_device_and_track_since_a_time(store):
+    from dataclasses import replace
+
+    rows = [
+        replace(record(0, purpose="identify", received_at=100.0), track_id="a"),
+        replace(record(1, purpose="identify", received_at=200.0), track_id="a"),
+        replace(record(2, purpose="identify", received_at=200.0, device="cam-2"), track_id="a"),  # other device
+        replace(record(3, purpose="identify", received_at=200.0), track_id="b"),
+        replace(record(4, purpose="verify", received_at=200.0), track_id="a"),  # not an identification
+    ]
+    store.insert_templates(rows)
+    got = store.track_releases([("cam-1", "a"), ("cam-1", "a")], since=150.0)
+    assert [(r[0], r[1], r[2]) for r in got] == [("cam-1", "a", "m00001")]
+    assert got[0][3:7] == ("lobby", "eb-1", 999.5, 4) and np.frombuffer(got[0][7], np.float32)[0] == 1.0
+    both = store.track_releases([("cam-1", "a"), ("cam-2", "a")], since=0.0)
+    assert sorted(r[2] for r in both) == ["m00000", "m00001", "m00002"]
+    assert store.track_releases([], since=0.0) == []
+
+
 def test_sqlite_uses_wal(tmp_path):
     s = SqliteStore(tmp_path / "peep.db")
     s.close()
@@ -328,7 +347,7 @@ def test_migration_from_schema_1_keeps_every_row_and_keys_by_device(kind, tmp_pa
     target, rows = _schema_v1(kind, tmp_path, lambda: request.getfixturevalue("pg_dsn"))
     store = SqliteStore(target) if kind == "sqlite" else PostgresStore(target, pool_size=2)
     try:
-        assert store.schema_version() == latest(kind) == 7
+        assert store.schema_version() == latest(kind) == 8
         assert store.count_templates() == 6
         assert [store.get_template(r.message_id, device_id="cam-1") for r in rows] == rows
         assert store.enrolment_set("eb-1", ["peep-raw"]).message_ids == ["m00000", "m00001", "m00002"]
@@ -348,6 +367,6 @@ def test_migration_from_schema_1_keeps_every_row_and_keys_by_device(kind, tmp_pa
         store.close()
     reopened = SqliteStore(target) if kind == "sqlite" else PostgresStore(target, pool_size=1)
     try:
-        assert reopened.schema_version() == 7 and reopened.count_templates() == 7
+        assert reopened.schema_version() == 8 and reopened.count_templates() == 7
     finally:
         reopened.close()

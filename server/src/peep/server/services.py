@@ -137,6 +137,7 @@ class Services:
             require_registered_device=config.mqtt.require_registered_device,
             fusion=TrackFusion(ttl_s=config.training.track_fusion_s) if config.training.track_fusion_s > 0 else None,
             background_prefix=config.training.background_prefix,
+            recall_tracks=self.clustered,
         )
         #: Devices' reports sent over gRPC (the MQTT bridge keeps the retained ones).
         self.device_reports = DeviceReportBook(self.store)

@@ -93,6 +93,10 @@ class Ingestor:
     background_prefix : str
         Subjects with this prefix form the "unknown" class: only an admin
         may enrol templates under them (``training.background_prefix``).
+    recall_tracks : bool
+        Look a track's earlier release up in the store when this process
+        does not remember one (replicas share the database but not their
+        memory: another replica may have taken it). Clustered servers only.
     """
 
     def __init__(
@@ -108,6 +112,7 @@ class Ingestor:
         clock: Callable[[], float] = time.time,
         fusion: TrackFusion | None = None,
         background_prefix: str = "background:",
+        recall_tracks: bool = False,
     ) -> None:
         self.store = store
         self.validator = validator
@@ -120,6 +125,7 @@ class Ingestor:
         #: A track's releases decided together (recognition/fusion.py); None: each release alone.
         self.fusion = fusion
         self.background_prefix = background_prefix
+        self.recall_tracks = recall_tracks
 
     # ------------------------------------------------------------ checks
 
@@ -265,7 +271,10 @@ class Ingestor:
                     else None
                     for i in ident
                 ]
-                results = self.recogniser.identify_tracks(X[ident], keys, self.fusion, model=model)
+                recall = None
+                if self.recall_tracks:
+                    recall = self._recaller([ok[i].message for i in ident], model.n_components)
+                results = self.recogniser.identify_tracks(X[ident], keys, self.fusion, model=model, recall=recall)
             else:
                 results = self.recogniser.identify_batch(X[ident], top_k=1, model=model)
             for i, r in zip(ident, results, strict=True):
@@ -288,6 +297,40 @@ class Ingestor:
                     probability=float(s),
                     model_version=m.version,
                 )
+
+    def _recaller(
+        self, msgs: list[template_pb2.PerturbedTemplate], n_components: int
+    ) -> Callable[[list[int]], dict[int, np.ndarray]]:
+        """``recall(rows)``: for each row, the values of its track's latest earlier release in the store."""
+
+        def recall(rows: list[int]) -> dict[int, np.ndarray]:
+            assert self.fusion is not None
+            asked = [msgs[i] for i in rows]
+            batch = {(m.device_id, m.message_id) for m in msgs}
+            try:
+                found = self.store.track_releases(
+                    [(m.device_id, m.track_id) for m in asked], since=self.clock() - self.fusion.ttl_s
+                )
+            except Exception as exc:  # the database: decide on each release alone rather than fail it
+                log.warning("track recall failed; deciding alone", extra={"error": str(exc)[:200]})
+                return {}
+            by_track: dict[tuple[str, str], list[tuple[str, str, str, str, str, float, int, bytes]]] = {}
+            for r in found:
+                by_track.setdefault((r[0], r[1]), []).append(r)
+            out: dict[int, np.ndarray] = {}
+            for i, m in zip(rows, asked, strict=True):
+                at = m.capture_time.seconds + m.capture_time.nanos * 1e-9
+                earlier = [
+                    r
+                    for r in by_track.get((m.device_id, m.track_id), [])
+                    if (r[0], r[2]) not in batch and r[3] == m.site and r[4] == m.bundle_id
+                    and r[6] == n_components and r[5] < at
+                ]  # fmt: skip
+                if earlier:
+                    out[i] = np.frombuffer(max(earlier, key=lambda r: r[5])[7], dtype=np.float32)
+            return out
+
+        return recall
 
     def _event(self, v: ValidTemplate, *, purpose: int | None = None, **fields: object) -> None:
         """Publish the recognition of ``v``; ``purpose``: what was done, when not the template's own purpose."""

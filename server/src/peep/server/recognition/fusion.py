@@ -20,7 +20,10 @@ fuses.
 :class:`TrackFusion` keeps, per (site, device, track), the posterior of the
 track's last release under one model version, so a decision uses the
 track's last two releases (the calibration is for pairs); bounded in
-tracks, forgotten after ``ttl_s`` without a release.
+tracks, forgotten after ``ttl_s`` without a release. Replicas do not
+share this memory: on PostgreSQL the ingestor recalls a track's earlier
+release from the stored templates when its own memory has none
+(:meth:`Recogniser.identify_tracks`' ``recall``).
 """
 
 from __future__ import annotations

@@ -345,11 +345,14 @@ class Recogniser:
         fusion: TrackFusion,
         *,
         model: LoadedModel | None = None,
+        recall: Callable[[list[int]], dict[int, NDArray[np.float32]]] | None = None,
     ) -> list[Identification]:
         """Identify each row, fusing it with its track's previous release where the model allows.
 
         ``tracks[i]`` is the (site, device, track) of row ``i`` (None: no track, never fused). A model
         without ``unknown_threshold_fused`` (or class frequencies) decides on each row alone.
+        ``recall(rows)``, for rows whose track this process does not remember, returns
+        ``{row: values of the track's previous release}`` where one is stored (another replica took it).
         """
         m, P = self.probabilities(values, model)
         P = np.asarray(P, dtype=np.float64)
@@ -358,11 +361,21 @@ class Recogniser:
         fused = np.ones(n, dtype=np.int64)
         if m.unknown_threshold_fused is not None and m.priors is not None:
             later, previous = [], []
+            forgotten = []
             for i, key in enumerate(tracks):
                 prev = fusion.add(key, m.version, P[i]) if key is not None else None
                 if prev is not None:
                     later.append(i)
                     previous.append(prev)
+                elif key is not None:
+                    forgotten.append(i)
+            if forgotten and recall is not None:
+                stored = recall(forgotten)
+                rows = [i for i in forgotten if i in stored]
+                if rows:  # posteriors of the stored releases under this model, in one batch
+                    _, Pp = self.probabilities(np.stack([stored[i] for i in rows]), m)
+                    later.extend(rows)
+                    previous.extend(np.asarray(Pp, dtype=np.float64))
             if later:  # a track's later releases: decided from both, in one batch
                 P[later] = fuse_pairs(np.vstack(previous), P[later], m.priors)
                 threshold[later], fused[later] = m.unknown_threshold_fused, 2

@@ -228,6 +228,16 @@ class Store(Protocol):
         """A stored bundle's payload; the most recently published when ``bundle_id`` is None."""
         ...
 
+    def track_releases(
+        self, tracks: Sequence[tuple[str, str]], *, since: float
+    ) -> list[tuple[str, str, str, str, str, float, int, bytes]]:
+        """IDENTIFY templates of the ``(device_id, track_id)`` pairs received at or after ``since``.
+
+        Rows ``(device_id, track_id, message_id, site, bundle_id, capture_time, n_components, vals)``,
+        in no particular order.
+        """
+        ...
+
     def put_device_report(self, device_id: str, site: str, report: bytes, received_at: float) -> None:
         """Keep ``report`` (a validated :mod:`peep.core.reports` payload) as the device's latest."""
         ...

@@ -218,6 +218,23 @@ class SqlStore(ABC):
                 row = conn.execute(q, (bundle_id,)).fetchone()
         return None if row is None else bytes(row[0])
 
+    def track_releases(
+        self, tracks: Sequence[tuple[str, str]], *, since: float
+    ) -> list[tuple[str, str, str, str, str, float, int, bytes]]:
+        rows: list[tuple[str, str, str, str, str, float, int, bytes]] = []
+        p = self._sql.param
+        with self._session() as conn:
+            for chunk in self._sql.chunks(list(dict.fromkeys(tracks))):
+                pairs, params = self._sql.any_pair_of(("device_id", "track_id"), chunk)
+                q = (
+                    "SELECT device_id, track_id, message_id, site, bundle_id, capture_time, n_components, vals "
+                    f"FROM templates WHERE {pairs} AND purpose = 'identify' AND received_at >= {p}"
+                )
+                for r in conn.execute(q, [*params, since]):
+                    rows.append((str(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), float(r[5]), int(r[6]),
+                                 bytes(r[7])))  # fmt: skip
+        return rows
+
     def put_device_report(self, device_id: str, site: str, report: bytes, received_at: float) -> None:
         p = self._sql.param
         with self._session() as conn:

@@ -156,6 +156,11 @@ _DEVICE_REPORTS = [
 ]
 
 
+# Migration 8: a track's recent releases by (device, track), so that a replica deciding a track's later
+# release can fuse it with an earlier one another replica took (recognition/fusion.py, clustered only).
+_TRACK_INDEX = ["CREATE INDEX templates_track ON templates (device_id, track_id)"]
+
+
 def _render(dialect: Dialect, statements: list[str]) -> list[str]:
     return [s.format(real=dialect.real, blob=dialect.blob) for s in statements]
 
@@ -170,6 +175,7 @@ MIGRATIONS: dict[str, list[list[str]]] = {
         _render(d, _console(d)),
         _render(d, _LOGIN_FAILURES),
         _render(d, _DEVICE_REPORTS),
+        _render(d, _TRACK_INDEX),
     ]
     for d in (SQLITE, POSTGRES)
 }
