@@ -70,7 +70,9 @@ def test_reports_come_only_from_the_device_they_describe(fresh):
         (dict(device_id="cam/1", site=SITE), DEVICE, grpc.StatusCode.INVALID_ARGUMENT,
          "device_id: expected a device id of 1-128 characters"),
         (dict(device_id="cam-1", site="x" * 5000), DEVICE, grpc.StatusCode.INVALID_ARGUMENT,
-         "site: expected a site id of 1-128 characters"),
+         "site: expected 1-128 characters [A-Za-z0-9_.:@-], received 5000 characters"),
+        (dict(device_id="", site="x" * 5000), DEVICE, grpc.StatusCode.INVALID_ARGUMENT,
+         "site: expected 1-128 characters"),  # the oversized field is the one named
     ]  # fmt: skip
     for fields, md, code, text in cases:
         got, details = _code(stub.ReportDevice, recognition_pb2.DeviceReportRequest(report=_report(), **fields),

@@ -70,6 +70,10 @@ class DeviceReportBook:
         ReportTooFrequent
             Sooner than ``min_interval_s`` after this device's last report.
         """
+        # Every id's length before any id's form, so an oversized field is the one named.
+        for name, value in (("device_id", device_id), ("site", site)):
+            if len(value) > 128:
+                raise ValueError(f"{name}: expected {_ID}, received {len(value)} characters")
         if not ID_PATTERN.match(device_id):
             raise ValueError(f"device_id: expected a device id of {_ID}, received {_quote(device_id)}")
         if not ID_PATTERN.match(site):
