@@ -56,6 +56,7 @@ class ShippedBroker:
             if not os.path.exists(tool):
                 pytest.skip(f"{tool} not installed (Debian package mosquitto)")
         self.workdir = workdir
+        self._started = False
         etc = workdir / "etc"
         etc.mkdir(parents=True)
         self.creds = workdir / "creds"
@@ -70,30 +71,47 @@ class ShippedBroker:
                 check=True,
                 capture_output=True,
             )
-        self.dev_port, self.srv_port = free_port(), free_port()
-        conf = (DEPLOY / "mosquitto.conf").read_text().replace("/etc/mosquitto/peep/", f"{etc}/")
-        conf, n_dev = re.subn(r"^listener 8883$", f"listener {self.dev_port} 127.0.0.1", conf, flags=re.M)
-        conf, n_srv = re.subn(r"^listener 8884$", f"listener {self.srv_port} 127.0.0.1", conf, flags=re.M)
-        assert n_dev == n_srv == 1, "deploy/mosquitto/mosquitto.conf: expected listeners 8883 and 8884"
-        head = [f"persistence_location {workdir}/", f"log_dest file {workdir}/mosquitto.log", "log_type all"]
-        if os.geteuid() == 0:
-            head.append("user root")  # as root mosquitto would drop to `mosquitto`, which cannot read tmp dirs
+        self._shipped = (DEPLOY / "mosquitto.conf").read_text().replace("/etc/mosquitto/peep/", f"{etc}/")
         self.conf = workdir / "mosquitto.conf"
-        self.conf.write_text("\n".join(head) + "\n" + conf)
+        self._listen_on(free_port(), free_port())
         self.ca = etc / "ca.pem"
         self.proc: subprocess.Popen[bytes] | None = None
 
+    def _listen_on(self, dev_port: int, srv_port: int) -> None:
+        self.dev_port, self.srv_port = dev_port, srv_port
+        conf, n_dev = re.subn(r"^listener 8883$", f"listener {dev_port} 127.0.0.1", self._shipped, flags=re.M)
+        conf, n_srv = re.subn(r"^listener 8884$", f"listener {srv_port} 127.0.0.1", conf, flags=re.M)
+        assert n_dev == n_srv == 1, "deploy/mosquitto/mosquitto.conf: expected listeners 8883 and 8884"
+        w = self.workdir
+        head = [f"persistence_location {w}/", f"log_dest file {w}/mosquitto.log", "log_type all"]
+        if os.geteuid() == 0:
+            head.append("user root")  # as root mosquitto would drop to `mosquitto`, which cannot read tmp dirs
+        self.conf.write_text("\n".join(head) + "\n" + conf)
+
     def start(self) -> ShippedBroker:
-        with open(self.workdir / "stderr.txt", "ab") as err:
-            self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.conf)], stdout=subprocess.DEVNULL, stderr=err)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"mosquitto exited: {(self.workdir / 'stderr.txt').read_text()} {self.log()}")
-            if _port_open(self.dev_port) and _port_open(self.srv_port):
-                return self
-            time.sleep(0.05)
-        raise RuntimeError("mosquitto did not start")
+        # A free port is only free when asked: another process may take it before mosquitto binds it (seen
+        # once in CI). Before the first successful start, such a collision picks new ports; after it, a
+        # restart must keep the ports the clients know, and a collision is an error.
+        for attempt in range(3):
+            err_at = (self.workdir / "stderr.txt").stat().st_size if (self.workdir / "stderr.txt").exists() else 0
+            with open(self.workdir / "stderr.txt", "ab") as err:
+                self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.conf)], stdout=subprocess.DEVNULL, stderr=err)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    text = (self.workdir / "stderr.txt").read_text()
+                    said = text[err_at:] + self.log()  # mosquitto reports the bind in its log or on stderr
+                    if "Address already in use" in said and not self._started and attempt < 2:
+                        self._listen_on(free_port(), free_port())
+                        break
+                    raise RuntimeError(f"mosquitto exited: {text} {self.log()}")
+                if _port_open(self.dev_port) and _port_open(self.srv_port):
+                    self._started = True
+                    return self
+                time.sleep(0.05)
+            else:
+                raise RuntimeError("mosquitto did not start")
+        raise RuntimeError("mosquitto did not start: its ports were taken three times")
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc is not None and self.proc.poll() is None:
