@@ -114,3 +114,11 @@ def _single_threaded_blas() -> Iterator[None]:
 
     with threadpool_limits(limits=1, user_api="blas"):
         yield
+
+
+@pytest.fixture
+def fresh(tmp_path: Path, pki: Pki, keypair: Any, bundle_dir: Path) -> Iterator[RunningServer]:
+    """An untrained TLS server (token auth, SQLite) with the bundle published."""
+    srv = start_server(base_config(tmp_path, keypair[3], bundle_dir, grpc={"tls": tls_section(pki)}), pki, tmp_path)
+    yield srv
+    srv.app.stop(0)

@@ -163,6 +163,13 @@ class Templates:
 # --------------------------------------------------------------------------- services
 
 
+def rpc_error(call: Any, *args: Any, **kw: Any) -> tuple[grpc.StatusCode, str]:
+    """The status code and details of a call that must fail."""
+    with pytest.raises(grpc.RpcError) as e:
+        call(*args, **kw)
+    return e.value.code(), e.value.details()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -12,7 +12,8 @@ from peep.server.ingest.auth import Identity
 from peep.server.ingest.ingestor import PermissionRefused
 from peep.server.ingest.reports import DeviceReportBook, ReportTooFrequent
 from peep.v1 import recognition_pb2
-from peep_server_testlib import ADMIN, DEVICE, DEVICE_TOKENS, SITE, auth, base_config, start_server, tls_section
+from peep_server_testlib import ADMIN, DEVICE, DEVICE_TOKENS, SITE, auth
+from peep_server_testlib import rpc_error as _code
 
 CAM2 = auth(DEVICE_TOKENS["cam-2"])
 
@@ -24,19 +25,6 @@ def _report(releases: int = 120, **kw) -> bytes:
                   suppressed={"rate": 40, "budget": 3})  # fmt: skip
     fields.update(kw)
     return DeviceReport(**fields).to_json()  # type: ignore[arg-type]
-
-
-@pytest.fixture
-def fresh(tmp_path, pki, keypair, bundle_dir):
-    srv = start_server(base_config(tmp_path, keypair[3], bundle_dir, grpc={"tls": tls_section(pki)}), pki, tmp_path)
-    yield srv
-    srv.app.stop(0)
-
-
-def _code(call, *args, **kw):
-    with pytest.raises(grpc.RpcError) as e:
-        call(*args, **kw)
-    return e.value.code(), e.value.details()
 
 
 def test_a_device_reports_over_grpc_and_the_server_keeps_its_latest(fresh):

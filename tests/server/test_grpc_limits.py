@@ -34,15 +34,12 @@ from peep_server_testlib import (
     start_server,
     tls_section,
 )
+from peep_server_testlib import (
+    rpc_error as _code,
+)
 
 CAM2 = auth(DEVICE_TOKENS["cam-2"])
 MB = 1024 * 1024
-
-
-def _code(call: Any, *args: Any, **kw: Any) -> tuple[grpc.StatusCode, str]:
-    with pytest.raises(grpc.RpcError) as e:
-        call(*args, **kw)
-    return e.value.code(), e.value.details()
 
 
 def _serve(tmp_path, pki, keypair, bundle_dir, trained_server=None, *, grpc_opts=None, auth_opts=None):

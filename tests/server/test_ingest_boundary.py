@@ -31,24 +31,14 @@ from peep_server_testlib import (
     start_server,
     tls_section,
 )
+from peep_server_testlib import (
+    rpc_error as _code,
+)
 
 CAM2 = auth(DEVICE_TOKENS["cam-2"])  # an ordinary camera; cam-1 (DEVICE) is the fixtures' enrolment desk
 ACCEPTED = recognition_pb2.INGEST_STATUS_ACCEPTED
 DUPLICATE = recognition_pb2.INGEST_STATUS_DUPLICATE
 REJECTED = recognition_pb2.INGEST_STATUS_REJECTED
-
-
-@pytest.fixture
-def fresh(tmp_path, pki, keypair, bundle_dir):
-    srv = start_server(base_config(tmp_path, keypair[3], bundle_dir, grpc={"tls": tls_section(pki)}), pki, tmp_path)
-    yield srv
-    srv.app.stop(0)
-
-
-def _code(call, *args, **kw):
-    with pytest.raises(grpc.RpcError) as e:
-        call(*args, **kw)
-    return e.value.code(), e.value.details()
 
 
 def _rejected(srv, reason: str, transport: str = "grpc") -> float:

@@ -29,6 +29,9 @@ from peep_server_testlib import (
     tls_section,
     to_toml,
 )
+from peep_server_testlib import (
+    rpc_error as _code,
+)
 
 CAM2 = auth(DEVICE_TOKENS["cam-2"])
 EPSILON = 5.0  # per SUM response; one trait value costs the subject 5 (m = 2)
@@ -54,12 +57,6 @@ def _qbbs_section(tmp: Any) -> dict[str, Any]:
 
 def _synthetic_traits(k: int) -> dict[str, float]:
     return {"age": 30.0 + 9 * k, "gender": float(k % 2), "height": 160.0 + 6 * k, "weight": 58.0 + 8 * k}
-
-
-def _code(call: Any, *args: Any, **kw: Any) -> tuple[grpc.StatusCode, str]:
-    with pytest.raises(grpc.RpcError) as e:
-        call(*args, **kw)
-    return e.value.code(), e.value.details()
 
 
 class Hosted:
