@@ -71,6 +71,14 @@ class DeviceSummary:
     epsilon_vector: float
 
 
+_ACCOUNTS = "SELECT name, role, password_hash, must_change, disabled, created_at FROM console_users"
+
+
+def _account(row: Any, *, with_hash: bool = True) -> Account:
+    return Account(str(row[0]), str(row[1]), str(row[2]) if with_hash else "", bool(row[3]), bool(row[4]),
+                   float(row[5]))  # fmt: skip
+
+
 class ConsoleStore:
     """The console's reads and writes on a :class:`~peep.server.storage.base.SqlStore`.
 
@@ -119,21 +127,15 @@ class ConsoleStore:
         return bool(n)
 
     def account(self, name: str) -> Account | None:
-        q = (
-            "SELECT name, role, password_hash, must_change, disabled, created_at FROM console_users "
-            f"WHERE name = {self._p}"
-        )
         with self.store._session() as conn:
-            row = conn.execute(q, (name,)).fetchone()
-        if row is None:
-            return None
-        return Account(str(row[0]), str(row[1]), str(row[2]), bool(row[3]), bool(row[4]), float(row[5]))
+            row = conn.execute(f"{_ACCOUNTS} WHERE name = {self._p}", (name,)).fetchone()
+        return None if row is None else _account(row)
 
     def accounts(self) -> list[Account]:
-        q = "SELECT name, role, password_hash, must_change, disabled, created_at FROM console_users ORDER BY name"
+        """Every account, by name, without password hashes (listing needs none)."""
         with self.store._session() as conn:
-            rows = conn.execute(q).fetchall()
-        return [Account(str(r[0]), str(r[1]), "", bool(r[3]), bool(r[4]), float(r[5])) for r in rows]
+            rows = conn.execute(f"{_ACCOUNTS} ORDER BY name").fetchall()
+        return [_account(r, with_hash=False) for r in rows]
 
     # ------------------------------------------------------------ sessions
 
