@@ -3,7 +3,7 @@
 The issue's acceptance: log in; a template ingested over gRPC appears on Live within 2 s; an unknown face
 raises an alert that can be acknowledged; erasing a subject removes it from People and identify stops
 naming it; a subject id that is markup renders inert and bidi characters show as code points. The
-screenshots of Live and Devices are written to ``$PEEP_CONSOLE_SCREENSHOTS`` (the README's come from there).
+screenshots of Live and Devices are written to ``$PEEP_CONSOLE_SCREENSHOTS``.
 """
 
 from __future__ import annotations

@@ -168,8 +168,8 @@ def test_demo_console_stays_up_on_the_demos_data(tmp_path: Path, data_home: str)
 
 
 def _screenshots(url: str, password: str, tmp_path: Path) -> None:
-    """The README's screenshots of Live and Devices, from the demo's data, when $PEEP_CONSOLE_SCREENSHOTS names a
-    folder and Debian's chromium is installed (scripts/bootstrap.sh installs it)."""
+    """Screenshots of Live and Devices from the demo's data (generated, not kept: README), when
+    $PEEP_CONSOLE_SCREENSHOTS names a folder and Debian's chromium is installed (scripts/bootstrap.sh installs it)."""
     import os
     import time
 
