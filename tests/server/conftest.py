@@ -122,3 +122,13 @@ def fresh(tmp_path: Path, pki: Pki, keypair: Any, bundle_dir: Path) -> Iterator[
     srv = start_server(base_config(tmp_path, keypair[3], bundle_dir, grpc={"tls": tls_section(pki)}), pki, tmp_path)
     yield srv
     srv.app.stop(0)
+
+
+@pytest.fixture
+def keeping_all(tmp_path: Path, pki: Pki, keypair: Any, bundle_dir: Path) -> Iterator[RunningServer]:
+    """As ``fresh``, with ``recognition.keep = "all"``: identify/verify templates are written after their decision
+    (what relabelling a camera's templates as someone's enrolment needs)."""
+    cfg = base_config(tmp_path, keypair[3], bundle_dir, grpc={"tls": tls_section(pki)}, recognition={"keep": "all"})
+    srv = start_server(cfg, pki, tmp_path)
+    yield srv
+    srv.app.stop(0)

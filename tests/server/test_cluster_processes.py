@@ -25,11 +25,13 @@ import time
 import uuid
 from typing import Any
 
+import psycopg
 import pytest
 from peep.server.bench.cluster import (
     DeviceSpec,
     Replica,
     count_stored,
+    decided_keys,
     free_port,
     grpc_stub,
     run_devices,
@@ -97,12 +99,27 @@ def cluster(tmp_path, pki, keypair, bundle_dir, pg_dsn, broker):
             r.stop(signal.SIGKILL, 10)
 
 
-def test_three_replicas_store_every_template_once_and_agree_on_models_and_erasures(
+def test_three_replicas_decide_every_template_once_and_agree_on_models_and_erasures(
     cluster, broker, pg_dsn, templates, tmp_path, pki
 ):
     b = cluster[1]
     started = {r.name: next(e for e in r.events if e.get("event") == "server started") for r in cluster}
     assert [started[n]["mqtt_client_id"] for n in "abc"] == ["peep-server-a", "peep-server-b", "peep-server-c"]
+
+    # ------------------------------------------------ train through A: B and C serve it within 5 s
+    sa, sb, sc = (grpc_stub(r.grpc_port, str(pki.client_ca)) for r in cluster)
+    token = DEVICE_TOKENS["cam-1"]
+    probe = templates.message(int(templates.test[0]))
+    summary = sa.IngestStream(iter(templates.enrolment_messages()), metadata=ADMIN, timeout=120)
+    assert summary.rejected == 0
+    t_train = time.monotonic()
+    resp = sa.Train(recognition_pb2.TrainRequest(), metadata=ADMIN, timeout=600)
+    train_s = time.monotonic() - t_train
+    version = resp.model_version
+    t_ret = time.monotonic()
+    assert wait_for(lambda: all(serving_version(s, probe, token) == version for s in (sa, sb, sc)), 5.0, 0.01)
+    promotion_s = time.monotonic() - t_ret
+    taken_before = count_stored(pg_dsn)  # the enrolment templates
 
     # ------------------------------------------------ N templates, 10 devices, B SIGKILLed and restarted
     n_each = N_TEMPLATES // len(CAMERAS)
@@ -127,47 +144,42 @@ def test_three_replicas_store_every_template_once_and_agree_on_models_and_erasur
             specs.append(DeviceSpec(dev, "grpc", str(frames), ports=ports, token=TOKENS[dev], ca=str(pki.client_ca)))
     at_kill: dict[str, Any] = {}
 
+    def taken() -> int:
+        return count_stored(pg_dsn) - taken_before
+
     def kill_and_restart_b() -> None:
-        assert wait_for(lambda: count_stored(pg_dsn) >= N_TEMPLATES // 3, 120), "no progress before the kill"
-        at_kill["stored"] = count_stored(pg_dsn)
+        assert wait_for(lambda: taken() >= N_TEMPLATES // 3, 120), "no progress before the kill"
+        at_kill["stored"] = taken()
         b.stop(signal.SIGKILL)
         time.sleep(1.0)
         b.start()  # the same replica id: it resumes its persistent sessions
-        at_kill["back"] = count_stored(pg_dsn)
+        at_kill["back"] = taken()
 
     t0 = time.monotonic()
-    reports = run_devices(specs, lambda: count_stored(pg_dsn), during=kill_and_restart_b)
-    assert wait_for(lambda: count_stored(pg_dsn) >= N_TEMPLATES, 120), f"{count_stored(pg_dsn)} of {N_TEMPLATES}"
+    reports = run_devices(specs, taken, during=kill_and_restart_b)
+    assert wait_for(lambda: taken() >= N_TEMPLATES, 120), f"{taken()} of {N_TEMPLATES}"
     time.sleep(1.0)  # anything late would show now
     ingest_s = time.monotonic() - t0
-    keys = stored_keys(pg_dsn)
+    keys = [k for k in stored_keys(pg_dsn) if k in expected]
+    decided = [k for k in decided_keys(pg_dsn) if k in expected]
     mqtt_acked = sum(r["acknowledged"] for r in reports if r["kind"] == "mqtt")
     grpc_reports = [r for r in reports if r["kind"] == "grpc"]
     duplicates = sum(r["duplicates"] for r in grpc_reports)
     retries = sum(r["retries"] for r in grpc_reports)
     print(
-        f"\n{N_TEMPLATES} templates from {len(CAMERAS)} device processes in {ingest_s:.1f} s; stored at the kill "
-        f"{at_kill['stored']}; stored {len(keys)} ({len(set(keys))} distinct); MQTT acknowledged {mqtt_acked}; "
-        f"gRPC calls resent {retries}, answered duplicate {duplicates}"
+        f"\n{N_TEMPLATES} templates from {len(CAMERAS)} device processes in {ingest_s:.1f} s; taken at the kill "
+        f"{at_kill['stored']}; taken {len(keys)} ({len(set(keys))} distinct), decided {len(decided)} "
+        f"({len(set(decided))} distinct); MQTT acknowledged {mqtt_acked}; gRPC calls resent {retries}, answered "
+        f"duplicate {duplicates}"
     )
     assert at_kill["stored"] < N_TEMPLATES, "the kill was not mid-stream"
     assert mqtt_acked == N_TEMPLATES // 2
     assert sum(r["rejected"] for r in grpc_reports) == 0
-    assert len(keys) == len(set(keys)) == N_TEMPLATES and set(keys) == expected  # every template exactly once
-
-    # ------------------------------------------------ train through A: B and C serve it within 5 s
-    sa, sb, sc = (grpc_stub(r.grpc_port, str(pki.client_ca)) for r in cluster)
-    token = DEVICE_TOKENS["cam-1"]
-    probe = templates.message(int(templates.test[0]))
-    summary = sa.IngestStream(iter(templates.enrolment_messages()), metadata=ADMIN, timeout=120)
-    assert summary.rejected == 0
-    t_train = time.monotonic()
-    resp = sa.Train(recognition_pb2.TrainRequest(), metadata=ADMIN, timeout=600)
-    train_s = time.monotonic() - t_train
-    version = resp.model_version
-    t_ret = time.monotonic()
-    assert wait_for(lambda: all(serving_version(s, probe, token) == version for s in (sa, sb, sc)), 5.0, 0.01)
-    promotion_s = time.monotonic() - t_ret
+    assert len(keys) == len(set(keys)) == N_TEMPLATES and set(keys) == expected  # every template taken once
+    assert len(decided) == len(set(decided)) == N_TEMPLATES and set(decided) == expected  # and decided once
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # and none of them kept (recognition.keep = none)
+        kept = conn.execute("SELECT COUNT(*) FROM templates WHERE purpose != 'enroll'").fetchone()[0]
+    assert kept == 0
 
     # ------------------------------------------------ erase through C: none of the three names the subject within 5 s
     victim = str(templates.subjects[templates.test[0]])

@@ -43,7 +43,7 @@ def test_unauthenticated_and_unknown_tokens_are_refused(fresh, templates):
     assert code == grpc.StatusCode.UNAUTHENTICATED
     code, details = _code(stub.Ingest, msg, metadata=[("authorization", "Basic abc")], timeout=5)
     assert code == grpc.StatusCode.UNAUTHENTICATED and "expected 'Bearer <token>'" in details
-    assert fresh.services.store.count_templates() == 0
+    assert fresh.services.store.count_received() == 0
 
 
 def test_a_device_may_only_ingest_its_own_templates(fresh, templates):
@@ -55,7 +55,7 @@ def test_a_device_may_only_ingest_its_own_templates(fresh, templates):
     assert code == grpc.StatusCode.PERMISSION_DENIED and "registered site" in details
     ack = stub.Ingest(templates.message(0), metadata=DEVICE, timeout=5)
     assert ack.status == recognition_pb2.INGEST_STATUS_ACCEPTED
-    assert fresh.services.store.count_templates() == 1
+    assert fresh.services.store.count_received() == 1
     assert (
         fresh.services.metrics.value("peep_ingest_rejected_total", {"transport": "grpc", "reason": "wrong_device"}) == 1
     )
@@ -126,7 +126,7 @@ def test_mtls_certificate_common_name_is_the_device(tmp_path, pki, keypair, bund
                 srv.stub(**kw).GetModelStatus, recognition_pb2.ModelStatusRequest(), metadata=DEVICE, timeout=3
             )
             assert code == grpc.StatusCode.UNAVAILABLE
-        assert srv.services.store.count_templates() == 1
+        assert srv.services.store.count_received() == 1
     finally:
         srv.app.stop(0)
 
@@ -143,7 +143,7 @@ def test_unary_ingest_is_idempotent_and_invalid_input_names_the_field(fresh, tem
     del bad.values[5:]
     code, details = _code(stub.Ingest, bad, metadata=DEVICE, timeout=5)
     assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("values: expected 128 coefficients")
-    assert fresh.services.store.count_templates() == 1
+    assert fresh.services.store.count_received() == 1
 
 
 def test_stream_ingest_acks_every_message(fresh, templates):
@@ -162,7 +162,7 @@ def test_stream_ingest_acks_every_message(fresh, templates):
     assert "the authenticated device" in by_id[other.message_id].reason
     again = stub.IngestStream(iter(good), metadata=DEVICE, timeout=30)
     assert (again.accepted, again.duplicates) == (0, 30)
-    assert fresh.services.store.count_templates() == 30
+    assert fresh.services.store.count_received() == 30
 
 
 def test_stream_length_is_bounded(tmp_path, pki, keypair, bundle_dir, templates):
@@ -175,13 +175,13 @@ def test_stream_length_is_bounded(tmp_path, pki, keypair, bundle_dir, templates)
             srv.stub().IngestStream, iter([templates.message(i) for i in range(25)]), metadata=DEVICE, timeout=10
         )
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "20 accepted so far" in details
-        assert srv.services.store.count_templates() == 20  # what arrived before the limit is kept
+        assert srv.services.store.count_received() == 20  # what arrived before the limit is kept
     finally:
         srv.app.stop(0)
 
 
-def test_enrol_subject_inline_and_by_message_id(fresh, templates):
-    stub = fresh.stub()
+def test_enrol_subject_inline_and_by_message_id_of_kept_templates(keeping_all, templates):
+    stub = keeping_all.stub()
     ids = [stub.Ingest(templates.message(i), metadata=DEVICE, timeout=5).message_id for i in range(3)]
     inline = [templates.message(i, purpose="enroll", subject="carol") for i in range(3, 5)]
     resp = stub.EnrolSubject(
@@ -190,7 +190,24 @@ def test_enrol_subject_inline_and_by_message_id(fresh, templates):
         timeout=5,
     )
     assert resp.templates == 5
-    assert fresh.services.store.count_templates(subject="carol", purpose="enroll") == 5
+    assert keeping_all.services.store.count_templates(subject="carol", purpose="enroll") == 5
+
+
+def test_enrol_subject_by_message_id_names_forgotten_templates(fresh, templates):
+    """recognition.keep = none: an identify template is decided and forgotten, so it cannot be enrolled later."""
+    stub = fresh.stub()
+    ids = [stub.Ingest(templates.message(i), metadata=DEVICE, timeout=5).message_id for i in range(2)]
+    code, details = _code(
+        stub.EnrolSubject, recognition_pb2.EnrolSubjectRequest(subject="carol", message_ids=ids), metadata=ADMIN,
+        timeout=5,
+    )  # fmt: skip
+    assert code == grpc.StatusCode.NOT_FOUND
+    assert "none is stored" in details and "recognition.keep" in details and "ENROLL templates" in details
+    assert fresh.services.store.count_templates(subject="carol") == 0
+
+
+def test_enrol_subject_refuses_templates_of_another_subject(fresh, templates):
+    stub = fresh.stub()
     wrong = templates.message(5, purpose="enroll", subject="dave")
     code, details = _code(
         stub.EnrolSubject,

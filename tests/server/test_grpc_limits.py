@@ -575,7 +575,7 @@ def test_every_string_field_of_every_rpc_is_bounded_where_it_enters(
                 "EraseSubject.subject", "EnrolSubject.message_ids", "PublishBundle.bundle_id",
                 "Ingest.message_id"} <= set(tried)  # fmt: skip
         assert not srv.services.trainer.training and srv.services.recogniser.model.version == "v000001"
-        assert srv.services.store.count_templates() == 0
+        assert srv.services.store.count_received() == 0
         h = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
         assert h.status == health_pb2.HealthCheckResponse.SERVING
     finally:

@@ -111,7 +111,7 @@ def test_templates_over_mqtt_are_stored_once_and_bad_ones_dead_lettered(tmp_path
         publish_all(pub, payloads + payloads[:10])  # ten redeliveries
         store = srv.services.store
         assert wait_for(lambda: srv.app.mqtt.processed >= 60)
-        assert store.count_templates() == 50
+        assert store.count_received() == 50
 
         nan = templates.message(60)
         nan.values[0] = float("nan")
@@ -139,7 +139,7 @@ def test_templates_over_mqtt_are_stored_once_and_bad_ones_dead_lettered(tmp_path
         assert sizes["malformed"] == len(bad[0][1])
         raw = b"".join(m.payload for m in got)
         assert bad[3][1][-40:] not in raw  # the payload itself is never republished
-        assert store.count_templates() == 50
+        assert store.count_received() == 50
         m = srv.services.metrics
         assert m.value("peep_ingest_rejected_total", {"transport": "mqtt", "reason": "topic_mismatch"}) == 1
         assert m.value("peep_ingest_templates_total", {"transport": "mqtt", "status": "accepted"}) == 50
@@ -219,7 +219,7 @@ def test_edge_and_server_agree_on_a_non_default_topic_root(tmp_path, pki, keypai
         assert link.templates_topic == topic()
         msg = templates.message(0)
         link.publish_template(msg.SerializeToString())
-        assert wait_for(lambda: srv.services.store.count_templates() == 1)
+        assert wait_for(lambda: srv.services.store.count_received() == 1)
         assert srv.app.mqtt.deadletters == 0
         assert wait_for(lambda: bool(bundles)), "the retained bundle announcement reached the device"
         assert recognition_pb2.BundleFiles.FromString(bundles[-1]).bundle_id == bundle.bundle_id
@@ -246,7 +246,7 @@ def test_replicas_split_the_load_through_the_shared_subscription(tmp_path, pki, 
         publish_all(pub, [(topic(), m.SerializeToString()) for m in msgs])
         assert wait_for(lambda: a.app.mqtt.processed + b.app.mqtt.processed >= 300)
         assert a.app.mqtt.processed > 0 and b.app.mqtt.processed > 0  # both replicas took a share
-        assert a.services.store.count_templates() == 300  # one PostgreSQL, every template once
+        assert a.services.store.count_received() == 300  # one PostgreSQL, every template once
     finally:
         pub.disconnect()
         b.app.stop(0)
@@ -265,7 +265,7 @@ def test_stop_stores_and_acks_everything_already_received(tmp_path, pki, keypair
 
     s = SqliteStore(tmp_path / "peep.db")
     try:
-        assert s.count_templates() == srv.app.mqtt.processed > 0
+        assert s.count_received() == srv.app.mqtt.processed > 0
     finally:
         s.close()
     assert os.path.exists(tmp_path / "peep.db")
@@ -282,11 +282,11 @@ def test_a_failing_database_is_retried_without_losing_templates(tmp_path, pki, k
         def __getattr__(self, name):
             return getattr(real, name)
 
-        def insert_templates(self, records):
+        def commit_ingest(self, batch):
             if failures["left"]:
                 failures["left"] -= 1
                 raise StoreError("database unavailable (test)")
-            return real.insert_templates(records)
+            return real.commit_ingest(batch)
 
     srv.services.ingestor.store = Flaky()
     pub = publisher()
@@ -294,7 +294,7 @@ def test_a_failing_database_is_retried_without_losing_templates(tmp_path, pki, k
         msgs = [templates.message(i) for i in range(10)]
         publish_all(pub, [(topic(), m.SerializeToString()) for m in msgs])
         assert wait_for(lambda: srv.app.mqtt.processed >= 10)
-        assert failures["left"] == 0 and real.count_templates() == 10
+        assert failures["left"] == 0 and real.count_received() == 10
     finally:
         pub.disconnect()
         srv.app.stop(0)

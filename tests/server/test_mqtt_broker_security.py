@@ -78,8 +78,8 @@ def test_a_device_joining_the_shared_subscription_takes_no_template(broker, serv
         ]
         for info in infos:
             info.wait_for_publish(10)
-        assert wait_for(lambda: server.services.store.count_templates() >= n, 20)
-        assert server.services.store.count_templates() == n
+        assert wait_for(lambda: server.services.store.count_received() >= n, 20)
+        assert server.services.store.count_received() == n
         assert [t for t, _, _ in intruder.messages if not t.endswith("/bundle")] == []  # a device reads the bundle
     finally:
         intruder.close()
@@ -144,7 +144,7 @@ def test_what_a_device_retains_is_cleared_and_never_reaches_other_devices_or_the
         for topic, payload in parked:
             cam1.c.publish(topic, payload, qos=1, retain=True).wait_for_publish(10)
         assert wait_for(lambda: server.app.mqtt.retained_cleared >= 4, 15), server.app.mqtt.retained_cleared
-        assert wait_for(lambda: server.services.store.count_templates() == 1, 10)
+        assert wait_for(lambda: server.services.store.count_received() == 1, 10)
         # Other devices read nothing of it (their ACL: own events and the bundle only).
         assert [t for t, _, _ in cam2.messages if not t.endswith("/bundle")] == []
         # The status check of deploy/README.md sees the devices that are online, nothing parked.

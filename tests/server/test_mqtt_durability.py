@@ -5,15 +5,19 @@ persistence, queue limits, TLS, the devices' listener with its mount point, the
 server's listener). The server runs as a subprocess (`peep serve --config`) with
 a fixed client id, as a replica does in production. A device publishes QoS 1
 templates and counts the broker's PUBACKs (after which a device deletes them
-from its spool); the test then counts the rows in the server's SQLite store.
-The store de-duplicates by message id, so "rows == templates acknowledged"
-means every acknowledged template was stored exactly once.
+from its spool); the test then counts the rows in the server's SQLite store:
+the ingest ledger (one row per message id taken: its key makes a second one
+impossible) and, where the server has a model, the decisions. Identify
+templates themselves are decided and forgotten, so "ledger rows == decisions ==
+templates acknowledged, each message id once" means every acknowledged
+template was taken and decided exactly once.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -92,10 +96,13 @@ class ServerProcess:
 
 
 @pytest.fixture
-def server_factory(tmp_path, keypair, bundle_dir, broker):
+def server_factory(tmp_path, keypair, bundle_dir, broker, request):
     made: list[ServerProcess] = []
 
-    def make(**mqtt: Any) -> ServerProcess:
+    def make(*, trained: bool = False, **mqtt: Any) -> ServerProcess:
+        if trained and not (tmp_path / "peep.db").exists():
+            # The session's trained server's database and model registry: this replica decides what it takes.
+            copy_trained(request.getfixturevalue("trained_server"), tmp_path)
         cfg = base_config(
             tmp_path,
             keypair[3],
@@ -116,14 +123,39 @@ def server_factory(tmp_path, keypair, bundle_dir, broker):
         p.kill_if_running()
 
 
-def stored(db: Path) -> int:
+def copy_trained(trained: Any, dest: Path) -> None:
+    """``trained``'s SQLite database (a consistent copy, taken while it runs) and model directory into ``dest``."""
+    cfg = trained.services.config
+    src = sqlite3.connect(str(cfg.storage.path))
+    dst = sqlite3.connect(str(dest / "peep.db"))
+    try:
+        src.backup(dst)
+    finally:
+        src.close()
+        dst.close()
+    shutil.copytree(cfg.training.model_dir, dest / "models")
+
+
+def stored(db: Path, tag: str = "") -> int:
+    """Templates taken (ledger rows), of message ids starting ``tag-`` when given."""
     if not db.exists():
         return 0
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as conn:
         try:
-            return int(conn.execute("SELECT COUNT(*) FROM templates").fetchone()[0])
+            return int(conn.execute("SELECT COUNT(*) FROM ingest_ledger WHERE message_id LIKE ?", (f"{tag}%",))
+                       .fetchone()[0])  # fmt: skip
         except sqlite3.OperationalError:  # schema not created yet
             return 0
+
+
+def decided(db: Path, tag: str) -> tuple[int, int, int]:
+    """(decisions, distinct message ids decided, identify templates kept) of message ids starting ``tag-``."""
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10) as conn:
+        n, distinct = conn.execute(
+            "SELECT COUNT(*), COUNT(DISTINCT message_id) FROM recognition_events WHERE message_id LIKE ?", (f"{tag}-%",)
+        ).fetchone()
+        (kept,) = conn.execute("SELECT COUNT(*) FROM templates WHERE message_id LIKE ?", (f"{tag}-%",)).fetchone()
+    return int(n), int(distinct), int(kept)
 
 
 class Device:
@@ -160,34 +192,41 @@ def payloads(templates: Any, n: int, tag: str) -> list[bytes]:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
-def test_server_stopped_mid_stream_loses_no_acknowledged_template(server_factory, broker, templates, tmp_path, sig):
+def test_server_stopped_mid_stream_decides_every_acknowledged_template_once(
+    server_factory, broker, templates, tmp_path, sig
+):
     n = 2000
-    srv = server_factory().start()
+    tag = sig.name
+    srv = server_factory(trained=True).start()
     dev = Device(broker)
     try:
-        sender = threading.Thread(target=dev.publish, args=(payloads(templates, n, sig.name),), kwargs={"rate": 400})
+        sender = threading.Thread(target=dev.publish, args=(payloads(templates, n, tag),), kwargs={"rate": 400})
         sender.start()
         db = tmp_path / "peep.db"
-        assert wait_for(lambda: stored(db) >= 300, 30), "".join(srv.lines[-20:]) + broker.log()[-3000:]
+        assert wait_for(lambda: stored(db, tag) >= 300, 30), "".join(srv.lines[-20:]) + broker.log()[-3000:]
         srv.stop(sig)  # mid-stream: the device keeps publishing
-        at_stop = stored(db)
+        at_stop = stored(db, tag)
         srv.start()  # the same replica comes back (systemd Restart=, an upgrade)
         sender.join(60)
         assert wait_for(lambda: dev.acknowledged() == n, 30), f"broker acknowledged {dev.acknowledged()} of {n}"
-        wait_for(lambda: stored(db) >= n, 60)
+        wait_for(lambda: stored(db, tag) >= n, 60)
         assert srv.stop(signal.SIGTERM) == 0
-        rows = stored(db)
-        print(f"\n{sig.name}: sent {n}, acknowledged {dev.acknowledged()}, stored at the stop {at_stop}, stored {rows}")
+        rows = stored(db, tag)
+        decisions, distinct, kept = decided(db, tag)
+        print(f"\n{sig.name}: sent {n}, acknowledged {dev.acknowledged()}, taken at the stop {at_stop}, taken {rows}, "
+              f"decisions {decisions} ({distinct} message ids), templates kept {kept}")  # fmt: skip
         assert at_stop < n, "the stop was not mid-stream"
-        assert rows == n, f"{sig.name}: {n} acknowledged by the broker, {rows} stored"
+        assert rows == n, f"{sig.name}: {n} acknowledged by the broker, {rows} taken"
+        assert decisions == distinct == n, f"{sig.name}: {n} taken, {decisions} decisions of {distinct} ids"
+        assert kept == 0  # decided, then forgotten
     finally:
         dev.client.close()
 
 
-def test_templates_published_while_the_server_is_down_are_stored_when_it_returns(
+def test_templates_published_while_the_server_is_down_are_decided_when_it_returns(
     server_factory, broker, templates, tmp_path
 ):
-    srv = server_factory().start()  # the replica's first start creates its session on the broker
+    srv = server_factory(trained=True).start()  # the replica's first start creates its session on the broker
     assert srv.stop(signal.SIGTERM) == 0
     dev = Device(broker)
     try:
@@ -199,11 +238,13 @@ def test_templates_published_while_the_server_is_down_are_stored_when_it_returns
         broker.start()
         srv.start()
         db = tmp_path / "peep.db"
-        wait_for(lambda: stored(db) >= n, 60)
+        wait_for(lambda: stored(db, "down") >= n, 60)
         assert srv.stop(signal.SIGTERM) == 0
-        rows = stored(db)
-        print(f"\ndown for the burst: sent {n}, acknowledged {dev.acknowledged()}, stored {rows}")
-        assert rows == n
+        rows = stored(db, "down")
+        decisions, distinct, kept = decided(db, "down")
+        print(f"\ndown for the burst: sent {n}, acknowledged {dev.acknowledged()}, taken {rows}, decisions "
+              f"{decisions} ({distinct} message ids), templates kept {kept}")  # fmt: skip
+        assert rows == n and decisions == distinct == n and kept == 0
     finally:
         dev.client.close()
 

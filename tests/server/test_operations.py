@@ -15,6 +15,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from peep.core.logs import JsonFormatter, log_event
 from peep.server.cli import main
+from peep.server.storage import TemplateRecord
 from peep.server.storage.sqlite import SqliteStore
 from peep.v1 import recognition_pb2
 from peep_server_testlib import (
@@ -91,14 +92,17 @@ def test_erase_and_retention_from_the_command_line(enrolled, templates, capsys):
     conf = srv.tmp / "server.toml"
     conf.write_text(to_toml(srv.cfg))
     store = srv.services.store
-    # templates received 40 days ago (recognition) and today
+    # identify templates received 40 days ago (kept by an earlier version), and the enrolments of today
     old = [templates.message(int(i)) for i in templates.test[:5]]
-    srv.services.ingestor.clock = lambda: time.time() - 40 * 86400
-    srv.services.ingestor.ingest(old, "grpc", _admin_sender(), recognise=False)
-    srv.services.ingestor.clock = time.time
+    store.insert_templates(
+        [TemplateRecord.from_message(m, templates.X[int(i)], received_at=time.time() - 40 * 86400)
+         for m, i in zip(old, templates.test[:5], strict=True)]
+    )  # fmt: skip
     n_enrol = store.count_templates(purpose="enroll")
     assert main(["retention", "--config", str(conf), "--days", "30"]) == 0
-    assert "deleted 5 templates" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "deleted 5 templates older than 30 days" in out
+    assert "enrolment templates" in out and "until erased" in out  # and what is kept, per category
     assert all(store.get_template(m.message_id) is None for m in old)
     assert store.count_templates(purpose="enroll") == n_enrol
     assert main(["retention", "--config", str(conf), "--days", "0"]) == 2

@@ -12,7 +12,15 @@ from typing import Any
 import numpy as np
 import psycopg
 import pytest
-from peep.server.storage import COLUMNS, StoreError, TemplateRecord
+from peep.server.storage import (
+    COLUMNS,
+    DecisionRecord,
+    IngestBatch,
+    LedgerEntry,
+    StoreError,
+    TemplateRecord,
+    TrackRelease,
+)
 from peep.server.storage.migrations import latest
 from peep.server.storage.postgres import PostgresStore
 from peep.server.storage.sqlite import SqliteStore
@@ -185,7 +193,7 @@ def test_relabel_turns_stored_templates_into_enrolments(store):
     assert list(es.subjects) == ["carol", "carol"]
 
 
-def test_delete_subject_removes_labels_and_claims_only(store):
+def test_delete_subject_removes_labels_claims_and_recognitions_only(store):
     store.insert_templates(
         [
             record(1, subject="a"),
@@ -229,23 +237,146 @@ def test_a_device_keeps_only_its_latest_report(store):
     assert store.device_reports() == {"cam-1": ("site-b", b"newer", 7.0), "cam-2": ("site-a", b"two", 6.0)}
 
 
-def test_track_releases_are_found_by_device_and_track_since_a_time(store):
+def track_release(i: int, *, track: str = "a", device: str = "cam-1", expires_at: float = 200.0) -> TrackRelease:
+    return TrackRelease(
+        device_id=device, track_id=track, message_id=f"m{i:05d}", site="lobby", bundle_id="eb-1", capture_time=99.0 + i,
+        expires_at=expires_at, n_components=4, values=(np.arange(4, dtype="<f4") + i).tobytes(),
+    )  # fmt: skip
+
+
+def test_track_memory_is_found_by_device_and_track_until_it_expires(store):
+    rows = [
+        track_release(0, expires_at=150.0),  # expired by the look-up at 160
+        track_release(1),
+        track_release(2, device="cam-2"),  # another device
+        track_release(3, track="b"),
+    ]
+    assert (
+        store.commit_ingest(IngestBatch([entry(r.message_id, device=r.device_id) for r in rows], tracks=rows))
+        == [True] * 4
+    )
+    got = store.track_memory([("cam-1", "a"), ("cam-1", "a")], now=160.0)
+    assert got == [rows[1]] and got[0].as_array()[0] == 1.0
+    both = store.track_memory([("cam-1", "a"), ("cam-2", "a")], now=0.0)
+    assert sorted(r.message_id for r in both) == ["m00000", "m00001", "m00002"]
+    assert store.track_memory([], now=0.0) == []
+    # the sweep deletes what expired, and nothing else
+    assert store.expire_track_memory(160.0) == 1
+    assert store.kept_counts("background:").track_memory == 3
+    assert store.expire_track_memory(200.0) == 3
+    assert store.kept_counts("background:").track_memory == 0
+
+
+def entry(message_id: str, *, device: str = "cam-1", purpose: str = "identify", received_at: float = 100.0,
+          traits: float = 0.0) -> LedgerEntry:  # fmt: skip
+    return LedgerEntry(
+        device_id=device, message_id=message_id, site="lobby", received_at=received_at, purpose=purpose, track_id="t1",
+        bundle_id="eb-1", mechanism_kind="privunit", epsilon_coordinate=16.0, epsilon_vector=16.0,
+        epsilon_traits=traits,
+    )  # fmt: skip
+
+
+def decision(message_id: str, *, device: str = "cam-1", at: float = 100.0, subject: str = "",
+             claimed: str = "") -> DecisionRecord:  # fmt: skip
+    return DecisionRecord(
+        event_id=f"e-{device}-{message_id}", at=at, site="lobby", device_id=device, message_id=message_id,
+        track_id="t1", purpose="verify" if claimed else "identify", subject=subject, claimed_subject=claimed,
+        unknown=not (subject or claimed), accepted=bool(subject) if claimed else None, probability=0.25,
+        model_version="v000001", releases_fused=1,
+    )  # fmt: skip
+
+
+def test_a_batch_writes_its_rows_only_for_message_ids_the_ledger_did_not_hold(store):
+    first = IngestBatch(
+        [entry("m00001"), entry("m00002"), entry("m00001")],  # repeated in the batch: a duplicate
+        templates=[record(2, purpose="identify")],
+        decisions=[decision("m00001"), decision("m00002", subject="carol")],
+    )
+    assert store.commit_ingest(first) == [True, True, False]
+    assert store.seen([("cam-1", "m00001"), ("cam-2", "m00001"), ("cam-1", "m00009")]) == {("cam-1", "m00001")}
+    # a redelivery: nothing of it is written again, even with other content
+    again = IngestBatch([entry("m00002"), entry("m00003")], templates=[record(2, purpose="identify")],
+                        decisions=[decision("m00002"), decision("m00003")])  # fmt: skip
+    assert store.commit_ingest(again) == [False, True]
+    kept = [(i, d.message_id, d.subject) for i, d in store.decisions()]
+    assert [k[1:] for k in kept] == [("m00001", ""), ("m00002", "carol"), ("m00003", "")]
+    assert [i for i, _, _ in kept] == sorted(i for i, _, _ in kept)  # increasing ids
+    assert [d.message_id for _, d in store.decisions(since_id=kept[0][0])] == ["m00002", "m00003"]
+    assert store.count_templates() == 1
+    assert store.commit_ingest(IngestBatch([])) == []
+
+
+def test_concurrent_batches_of_one_message_id_commit_it_once(store):
+    batch = IngestBatch([entry(f"m{i:05d}") for i in range(100)], decisions=[decision(f"m{i:05d}") for i in range(100)])
+    results: list[list[bool]] = []
+    threads = [threading.Thread(target=lambda: results.append(store.commit_ingest(batch))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(sum(r) for r in results) == 100
+    assert store.kept_counts("background:").decisions == 100
+
+
+def test_kept_counts_name_each_category(store):
     from dataclasses import replace
 
-    rows = [
-        replace(record(0, purpose="identify", received_at=100.0), track_id="a"),
-        replace(record(1, purpose="identify", received_at=200.0), track_id="a"),
-        replace(record(2, purpose="identify", received_at=200.0, device="cam-2"), track_id="a"),  # other device
-        replace(record(3, purpose="identify", received_at=200.0), track_id="b"),
-        replace(record(4, purpose="verify", received_at=200.0), track_id="a"),  # not an identification
-    ]
-    store.insert_templates(rows)
-    got = store.track_releases([("cam-1", "a"), ("cam-1", "a")], since=150.0)
-    assert [(r[0], r[1], r[2]) for r in got] == [("cam-1", "a", "m00001")]
-    assert got[0][3:7] == ("lobby", "eb-1", 999.5, 4) and np.frombuffer(got[0][7], np.float32)[0] == 1.0
-    both = store.track_releases([("cam-1", "a"), ("cam-2", "a")], since=0.0)
-    assert sorted(r[2] for r in both) == ["m00000", "m00001", "m00002"]
-    assert store.track_releases([], since=0.0) == []
+    store.insert_templates(
+        [record(1, subject="a"), record(2, subject="background:7"), record(3, subject="background:8"),
+         replace(record(4, purpose="identify"), decided_subject="a"), record(5, purpose="identify"),
+         record(6, purpose="verify", subject="a")]
+    )  # fmt: skip
+    store.commit_ingest(
+        IngestBatch([entry("x1"), entry("x2")], decisions=[decision("x1"), decision("x2", subject="a")])
+    )
+    k = store.kept_counts("background:")
+    assert (k.enrolment, k.background, k.recognised, k.unknown) == (1, 2, 1, 2)
+    assert (k.decisions, k.unknown_decisions, k.ledger, k.track_memory) == (2, 1, 2, 0)
+    assert store.kept_counts("").background == 0
+
+
+def test_recognition_templates_are_deleted_by_category_and_age(store):
+    from dataclasses import replace
+
+    store.insert_templates(
+        [record(1, subject="a"), replace(record(2, purpose="identify", received_at=100.0), decided_subject="a"),
+         record(3, purpose="identify", received_at=100.0), record(4, purpose="verify", subject="b", received_at=500.0),
+         replace(record(5, purpose="verify", subject="b", received_at=500.0), decided_subject="b")]
+    )  # fmt: skip
+    assert store.delete_recognition_templates(unknown_only=True, before=200.0) == {"recognised": 0, "unknown": 1}
+    assert store.delete_recognition_templates(before=200.0) == {"recognised": 1, "unknown": 0}
+    assert store.delete_recognition_templates() == {"recognised": 1, "unknown": 1}
+    assert store.count_templates() == 1 and store.get_template("m00001") is not None  # the enrolment stays
+
+
+def test_erasure_deletes_what_was_recognised_as_the_subject_and_its_decisions(store):
+    from dataclasses import replace
+
+    store.insert_templates([record(1, subject="a"), replace(record(2, purpose="identify"), decided_subject="a"),
+                            replace(record(3, purpose="identify"), decided_subject="b")])  # fmt: skip
+    store.add_decisions([decision("m1", subject="a"), decision("m2", claimed="a"), decision("m3", subject="b"),
+                         decision("m4")])  # fmt: skip
+    assert store.delete_subject("a") == 2
+    assert store.delete_subject_decisions("a") == 2
+    assert [d.message_id for _, d in store.decisions()] == ["m3", "m4"]
+
+
+def test_ledger_decisions_and_alerts_expire_by_their_own_clocks(store):
+    store.commit_ingest(IngestBatch([entry("old", received_at=100.0), entry("new", received_at=300.0)],
+                                    decisions=[decision("old", at=100.0), decision("new", at=300.0)]))  # fmt: skip
+    with store._session() as conn:
+        p = store._sql.param
+        for eid, at in (("a-old", 100.0), ("a-new", 300.0)):
+            conn.execute(
+                f"INSERT INTO console_alerts (event_id, at, site, device_id, probability, model_version) "
+                f"VALUES ({p}, {p}, 'lobby', 'cam-1', 0.1, 'v1')",
+                (eid, at),
+            )
+    assert store.delete_ledger_before(200.0) == 1
+    assert store.seen([("cam-1", "old"), ("cam-1", "new")]) == {("cam-1", "new")}
+    assert store.delete_decisions_before(200.0) == 1
+    assert [d.message_id for _, d in store.decisions()] == ["new"]
+    assert store.delete_alerts_before(200.0) == 1
 
 
 def test_sqlite_uses_wal(tmp_path):
@@ -336,8 +467,12 @@ def _schema_v1(store_kind: str, tmp_path, pg_dsn_factory) -> tuple[Any, Any]:
         conn.execute(stmt)
     conn.execute(f"INSERT INTO peep_schema (version, applied_at) VALUES ({p}, {p})", (1, 0.0))
     rows = [record(i, subject="a" if i < 3 else None, purpose="enroll" if i < 3 else "identify") for i in range(6)]
+    v1_columns = COLUMNS[: COLUMNS.index("decided_subject")]  # the columns of schema 1
     for r in rows:
-        conn.execute(f"INSERT INTO templates ({', '.join(COLUMNS)}) VALUES ({', '.join([p] * len(COLUMNS))})", r.row())
+        conn.execute(
+            f"INSERT INTO templates ({', '.join(v1_columns)}) VALUES ({', '.join([p] * len(v1_columns))})",
+            r.row()[: len(v1_columns)],
+        )
     conn.close()
     return target, rows
 
@@ -347,9 +482,15 @@ def test_migration_from_schema_1_keeps_every_row_and_keys_by_device(kind, tmp_pa
     target, rows = _schema_v1(kind, tmp_path, lambda: request.getfixturevalue("pg_dsn"))
     store = SqliteStore(target) if kind == "sqlite" else PostgresStore(target, pool_size=2)
     try:
-        assert store.schema_version() == latest(kind) == 8
+        assert store.schema_version() == latest(kind) == 9
         assert store.count_templates() == 6
         assert [store.get_template(r.message_id, device_id="cam-1") for r in rows] == rows
+        # every stored template is in the ledger (a redelivery of one stays a duplicate once templates are
+        # forgotten), with the ε of its soft traits (record(i) carries an ε 1 age release for odd i)
+        assert store.seen([("cam-1", r.message_id) for r in rows]) == {("cam-1", r.message_id) for r in rows}
+        with direct(store) as conn:
+            traits = dict(conn.execute("SELECT message_id, epsilon_traits FROM ingest_ledger").fetchall())
+        assert traits == {r.message_id: (1.0 if i % 2 else 0.0) for i, r in enumerate(rows)}
         assert store.enrolment_set("eb-1", ["peep-raw"]).message_ids == ["m00000", "m00001", "m00002"]
         # the old rows still de-duplicate their own device's resends; another device's id is new now
         again = store.insert_templates([rows[4], record(4, purpose="identify", device="cam-2")])
@@ -362,11 +503,20 @@ def test_migration_from_schema_1_keeps_every_row_and_keys_by_device(kind, tmp_pa
                 names = {
                     r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()")
                 }
-        assert {"templates_enrolment", "templates_subject", "templates_received", "templates_message"} <= names
+        assert {
+            "templates_enrolment",
+            "templates_subject",
+            "templates_received",
+            "templates_message",
+            "templates_decided",
+            "ingest_ledger_received",
+            "track_memory_expires",
+        } <= names
+        assert "templates_track" not in names  # fusion's recall reads track_memory now
     finally:
         store.close()
     reopened = SqliteStore(target) if kind == "sqlite" else PostgresStore(target, pool_size=1)
     try:
-        assert reopened.schema_version() == 8 and reopened.count_templates() == 7
+        assert reopened.schema_version() == 9 and reopened.count_templates() == 7
     finally:
         reopened.close()

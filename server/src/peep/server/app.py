@@ -34,6 +34,9 @@ from peep.server.transport.grpc_service import create_server
 
 log = logging.getLogger(__name__)
 
+#: Track fusion's expired releases are forgotten at most this long after their window ends.
+SWEEP_INTERVAL_S = 1.0
+
 Registrar = Callable[[grpc.Server], None]
 Plugin = Callable[[Services], Registrar | None]
 
@@ -89,6 +92,7 @@ class ServerApp:
         self.metrics_server: Any = None
         self.metrics_port = 0
         self._retention: threading.Thread | None = None
+        self._sweeper: threading.Thread | None = None
         #: The operator console (``[console]``), when configured: ``.url``, ``.port``.
         self.console: Any = None
         self.registrars: list[Registrar] = []
@@ -126,9 +130,19 @@ class ServerApp:
             self.console = start_console(
                 s, qbbs=qbbs, device_status=self._device_status(), device_reports=self._device_reports
             )
-        if self.config.retention.days is not None:
-            self._retention = threading.Thread(target=self._retention_loop, name="peep-retention", daemon=True)
-            self._retention.start()
+        # What is kept has a stated end: the retention loop enforces it from the start (a first pass now, so an
+        # upgrade forgets what the setting no longer allows), and fusion's memory is swept within its window.
+        self._retention = threading.Thread(target=self._retention_loop, name="peep-retention", daemon=True)
+        self._retention.start()
+        if s.ingestor.fusion is not None:
+            self._sweeper = threading.Thread(target=self._sweep_loop, name="peep-fusion-sweep", daemon=True)
+            self._sweeper.start()
+        if self.config.recognition.keep == "all":
+            log.warning(
+                "recognition.keep = all: the templates of people who never enrolled are written to the database "
+                "(kept recognition.keep_days); set keep = none or recognised to keep nothing of them",
+                extra={"keep": "all", "keep_days": self.config.recognition.keep_days},
+            )
         m = s.recogniser.model
         log.info(
             "server started",
@@ -162,15 +176,21 @@ class ServerApp:
         return out
 
     def _retention_loop(self) -> None:
-        days = self.config.retention.days
-        assert days is not None
         while True:
             try:
-                self.services.apply_retention(days)
+                self.services.enforce_retention()
             except Exception:
                 log.exception("retention failed")
             if self._stopping.wait(self.config.retention.interval_s):
                 return
+
+    def _sweep_loop(self) -> None:
+        interval = min(SWEEP_INTERVAL_S, self.config.training.track_fusion_s)
+        while not self._stopping.wait(interval):
+            try:
+                self.services.sweep_fusion_memory()
+            except Exception as exc:  # the database (replicas): the next sweep tries again
+                log.warning("fusion memory sweep failed", extra={"error": str(exc)[:200]})
 
     def stop(self, grace: float | None = None) -> None:
         """Graceful shutdown (see module docstring); idempotent."""

@@ -688,17 +688,86 @@ class IngestConfig(_Model):
         le=10 * 365 * 86_400.0,
         description=(
             "a template's capture_time may be at most this far behind the server clock (default 30 days): how "
-            "long a device's spool may hold templates through an outage before they are refused"
+            "long a device's spool may hold templates through an outage before they are refused. It also bounds "
+            "the de-duplication ledger: a message id is remembered max_age_s + max_clock_skew_s after receipt"
+        ),
+    )
+
+    @property
+    def ledger_window_s(self) -> float:
+        """How long a received message id must be remembered to answer any redelivery DUPLICATE.
+
+        A template captured at ``c`` and first received at ``r`` has ``c <= r + max_clock_skew_s``;
+        a redelivery at ``t`` is accepted only while ``t - c <= max_age_s``, so any redelivery that
+        is not refused as too old arrives before ``r + max_age_s + max_clock_skew_s``.
+        """
+        return self.max_age_s + self.max_clock_skew_s
+
+
+class RetentionConfig(_Model):
+    days: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "also delete templates received more than N days ago (kept identify/verify templates have their own "
+            "bound, recognition.keep_days; with include_enrolment, enrolment templates too); none: no such limit"
+        ),
+    )
+    include_enrolment: bool = Field(
+        default=False, description="also expire enrolment templates (they are training data)"
+    )
+    interval_s: float = Field(
+        default=3600.0,
+        ge=1.0,
+        le=86_400.0,
+        description=(
+            "how often the running server deletes what is past its retention (kept templates, decisions, alerts, "
+            "the de-duplication ledger); track fusion's memory is swept separately, within its own window"
         ),
     )
 
 
-class RetentionConfig(_Model):
-    days: float | None = Field(default=None, gt=0, description="delete templates received more than N days ago")
-    include_enrolment: bool = Field(
-        default=False, description="also expire enrolment templates (they are training data)"
+class RecognitionConfig(_Model):
+    """What the server keeps of the templates it decides (data minimisation). docs/OPERATIONS.md
+
+    An identify or verify template is decided in memory and, by default, never written to durable storage:
+    only the decision (the recognition event) and a ledger entry of ids and times that de-duplicates
+    redelivered templates are kept. Enrolment templates (consented) and the administrator's background
+    population are kept until erased.
+    """
+
+    keep: Literal["none", "recognised", "all"] = Field(
+        default="none",
+        description=(
+            "identify/verify templates written to the database after their decision: none (default: decided, then "
+            "forgotten), recognised (only those of people recognised as an enrolled subject, e.g. for drift "
+            "monitoring; kept keep_days), all (strangers' too, kept keep_days: a linkable record of people who never "
+            "enrolled; logged as a warning at start and shown on the console's Privacy page)"
+        ),
     )
-    interval_s: float = Field(default=3600.0, ge=1.0, description="how often the running server applies retention")
+    keep_days: float = Field(
+        default=30.0,
+        gt=0.0,
+        le=3650.0,
+        description="kept identify/verify templates (keep = recognised or all) are deleted this long after receipt",
+    )
+    events_days: float = Field(
+        default=30.0,
+        gt=0.0,
+        le=3650.0,
+        description=(
+            "decisions (the recognition events kept in the database) and the console's unknown-face alerts are "
+            "deleted this many days after they were made"
+        ),
+    )
+
+    @property
+    def keep_days_s(self) -> float:
+        return self.keep_days * 86_400.0
+
+    @property
+    def events_days_s(self) -> float:
+        return self.events_days * 86_400.0
 
 
 class MetricsConfig(_Model):
@@ -838,6 +907,7 @@ class ServerConfig(_Model):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     ingest: IngestConfig = Field(default_factory=IngestConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    recognition: RecognitionConfig = Field(default_factory=RecognitionConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
@@ -879,6 +949,7 @@ class ServerConfig(_Model):
                 "training",
                 "ingest",
                 "retention",
+                "recognition",
                 "metrics",
                 "logging",
                 "cluster",

@@ -61,6 +61,8 @@ class ErasureResult:
     soft_traits_deleted: int
     model_version: str
     versions_purged: list[str] = field(default_factory=list)
+    #: Kept decisions that named the subject (identified as, or claimed).
+    decisions_deleted: int = 0
 
 
 class Services:
@@ -138,6 +140,7 @@ class Services:
             fusion=TrackFusion(ttl_s=config.training.track_fusion_s) if config.training.track_fusion_s > 0 else None,
             background_prefix=config.training.background_prefix,
             recall_tracks=self.clustered,
+            keep=config.recognition.keep,
         )
         #: Devices' reports sent over gRPC (the MQTT bridge keeps the retained ones).
         self.device_reports = DeviceReportBook(self.store)
@@ -256,11 +259,14 @@ class Services:
             self.store.record_erasure(subject, time.time())
             self.recogniser.refresh_erasures()
             n_templates = self.store.delete_subject(subject)
+            n_decisions = self.store.delete_subject_decisions(subject)
             n_traits = 0
             for hook in self._erasure_hooks:
                 n_traits += int(hook(subject))
             self.metrics.erasures.inc()
-            log.info("subject erased", extra={"templates": n_templates, "soft_traits": n_traits})
+            log.info(
+                "subject erased", extra={"templates": n_templates, "soft_traits": n_traits, "decisions": n_decisions}
+            )
             version = self.recogniser.model.version if self.recogniser.model else ""
             purged: list[str] = []
             if retrain and self.recogniser.model is not None:
@@ -272,7 +278,7 @@ class Services:
                         "retraining after erasure failed; the erased subject stays masked", extra={"error": str(exc)}
                     )
                 purged = self.registry.purge_subject(subject)
-            return ErasureResult(subject, n_templates, n_traits, version, purged)
+            return ErasureResult(subject, n_templates, n_traits, version, purged, n_decisions)
 
     # ------------------------------------------------------------ retention
 
@@ -285,6 +291,57 @@ class Services:
         n = self.store.delete_received_before(cutoff, include_enrolment=incl)
         self.metrics.retention_deleted.inc(n)
         log.info("retention applied", extra={"days": days, "deleted": n, "include_enrolment": incl})
+        return n
+
+    def enforce_retention(self, *, now: float | None = None) -> dict[str, int]:
+        """Delete everything past its stated retention (``[recognition]``, ``[retention]``, the ledger's window).
+
+        Identify/verify templates that ``recognition.keep`` does not allow
+        (all of them with ``none``, unknown ones with ``recognised``: left by an
+        earlier version or setting) and kept ones older than
+        ``recognition.keep_days``; with ``retention.days``, templates older than
+        that; decisions and console alerts older than
+        ``recognition.events_days``; ledger entries older than
+        ``ingest.max_age_s + ingest.max_clock_skew_s``; expired track memory.
+        Returns the rows deleted per kind.
+        """
+        at = time.time() if now is None else now
+        rc = self.config.recognition
+        if rc.keep == "none":
+            gone = self.store.delete_recognition_templates()
+        else:
+            gone = self.store.delete_recognition_templates(before=at - rc.keep_days_s)
+            if rc.keep == "recognised":
+                more = self.store.delete_recognition_templates(unknown_only=True)
+                gone = {k: gone[k] + more[k] for k in gone}
+        out = {"recognised_templates": gone["recognised"], "unknown_templates": gone["unknown"]}
+        if self.config.retention.days is not None:
+            cutoff = at - self.config.retention.days * 86400.0
+            out["templates"] = self.store.delete_received_before(
+                cutoff, include_enrolment=self.config.retention.include_enrolment
+            )
+        out["decisions"] = self.store.delete_decisions_before(at - rc.events_days_s)
+        out["alerts"] = self.store.delete_alerts_before(at - rc.events_days_s)
+        out["ledger"] = self.store.delete_ledger_before(at - self.config.ingest.ledger_window_s)
+        out["track_memory"] = self.store.expire_track_memory(at)
+        templates = out["recognised_templates"] + out["unknown_templates"] + out.get("templates", 0)
+        self.metrics.retention_deleted.inc(templates)
+        if any(out.values()):
+            log.info("retention applied", extra={"deleted": out, "keep": rc.keep})
+        return out
+
+    def purge_recognition(self) -> dict[str, int]:
+        """Delete every stored identify/verify template, whatever ``recognition.keep`` says; returns counts."""
+        gone = self.store.delete_recognition_templates()
+        self.metrics.retention_deleted.inc(gone["recognised"] + gone["unknown"])
+        log.info("identify/verify templates purged", extra={"deleted": gone})
+        return gone
+
+    def sweep_fusion_memory(self, *, now: float | None = None) -> int:
+        """Forget track fusion's expired releases, in this process and (replicas) in ``track_memory``."""
+        n = self.ingestor.fusion.expire() if self.ingestor.fusion is not None else 0
+        if self.ingestor.recall_tracks:  # the replicas, which write track_memory
+            n += self.store.expire_track_memory(time.time() if now is None else now)
         return n
 
     def close(self) -> None:

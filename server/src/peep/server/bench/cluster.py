@@ -10,9 +10,10 @@ replica, as a per-call load balancer does). Measured in one run:
     (the same devices and load, a fresh set of templates), from the first
     template sent to the last one committed (counted in the database).
 ``sent`` / ``stored`` / ``duplicates``
-    Templates sent (both phases), rows in ``templates`` afterwards, and sends the
-    replicas answered as already stored (gRPC acks ``DUPLICATE``; a resend
-    after a failure). ``stored == sent`` with each (device, message id) once.
+    Templates sent (both phases), rows in the ingest ledger afterwards (every
+    template taken; identify templates themselves are decided and forgotten),
+    and sends the replicas answered as already taken (gRPC acks ``DUPLICATE``; a
+    resend after a failure). ``stored == sent`` with each (device, message id) once.
 ``promotion_to_serving_s``
     ``Train`` through replica A until every replica's ``Identify`` answers name
     the new version (``train_s``: until ``Train`` returned; ``after_train_s``:
@@ -374,19 +375,30 @@ def run_devices(
 
 
 def stored_keys(dsn: str) -> list[tuple[str, str]]:
-    """(device_id, message_id) of every stored template (one row each; the key makes a duplicate impossible)."""
+    """(device_id, message_id) of every template taken: the ingest ledger's rows (its key makes a duplicate
+    impossible; identify/verify templates themselves are decided and forgotten)."""
     import psycopg
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return [(str(d), str(m)) for d, m in conn.execute("SELECT device_id, message_id FROM templates")]
+        return [(str(d), str(m)) for d, m in conn.execute("SELECT device_id, message_id FROM ingest_ledger")]
+
+
+def decided_keys(dsn: str) -> list[tuple[str, str]]:
+    """(device_id, message_id) of every kept decision of an ingested template, one row per decision."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        q = "SELECT device_id, message_id FROM recognition_events WHERE message_id != ''"
+        return [(str(d), str(m)) for d, m in conn.execute(q)]
 
 
 def count_stored(dsn: str) -> int:
+    """Templates taken (rows of the ingest ledger); 0 before the schema exists."""
     import psycopg
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         try:
-            row = conn.execute("SELECT COUNT(*) FROM templates").fetchone()
+            row = conn.execute("SELECT COUNT(*) FROM ingest_ledger").fetchone()
         except psycopg.errors.UndefinedTable:
             return 0
         return int(row[0]) if row else 0

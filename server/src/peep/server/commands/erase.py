@@ -35,7 +35,8 @@ def erase(args: argparse.Namespace) -> int:
         s.close()
     say(
         f"subject {r.subject!r} erased: {r.templates_deleted} templates, {r.soft_traits_deleted} soft traits "
-        f"({hooks} soft-trait store(s)); serving model {r.model_version or '(none)'}"
+        f"({hooks} soft-trait store(s)), {r.decisions_deleted} kept decisions; "
+        f"serving model {r.model_version or '(none)'}"
         + (f"; purged old versions {', '.join(r.versions_purged)}" if r.versions_purged else "")
     )
     return 0

@@ -1,9 +1,20 @@
-"""Ingest: validate, authorise, store (idempotently), recognise, publish events.
+"""Ingest: validate, authorise, de-duplicate, decide, keep only what is stated, publish events.
 
 Shared by the gRPC handlers and the MQTT consumer. Work is batched: a batch
 of templates costs one database transaction and one onnxruntime call for the
 identify/verify templates in it, which is what lets a 2-core box take
 thousands of templates per second.
+
+Decide, then forget: an identify or verify template is decided in memory and
+is not written to durable storage unless ``recognition.keep`` asks for it
+(``recognised``: people recognised as an enrolled subject; ``all``). What one
+batch's transaction writes is the ledger entry of every new message id (ids,
+times and the release's ε, no template: it answers a redelivery DUPLICATE
+long after the template is gone), the enrolment templates, the decisions, the
+kept templates and, on replicas, a track's release for fusion by another
+replica (``track_memory``, expiring with the fusion window). Events are
+published after the commit, and callers acknowledge after this returns: an
+acknowledged template has its decision committed exactly once.
 """
 
 from __future__ import annotations
@@ -21,10 +32,20 @@ from peep.server.ingest.validation import Rejection, TemplateValidator, ValidTem
 from peep.server.metrics import ServerMetrics
 from peep.server.recognition.fusion import TrackFusion
 from peep.server.recognition.recogniser import ModelMismatch, ModelUnavailable, Recogniser
-from peep.server.storage import Store, TemplateRecord
+from peep.server.storage import (
+    DecisionRecord,
+    IngestBatch,
+    LedgerEntry,
+    Store,
+    TemplateRecord,
+    TrackRelease,
+)
 from peep.v1 import recognition_pb2, template_pb2
 
 log = logging.getLogger(__name__)
+
+#: ``recognition.keep``: which identify/verify templates are written to the database after their decision.
+KEEP_CHOICES = ("none", "recognised", "all")
 
 ACCEPTED = recognition_pb2.INGEST_STATUS_ACCEPTED
 DUPLICATE = recognition_pb2.INGEST_STATUS_DUPLICATE
@@ -64,6 +85,16 @@ class Outcome:
         return recognition_pb2.IngestAck(message_id=self.message_id, status=self.status, reason=self.reason)  # type: ignore[arg-type]
 
 
+@dataclass(slots=True)
+class _Decided:
+    """One new identify/verify template of a batch and what became of it."""
+
+    index: int  # in the batch
+    valid: ValidTemplate
+    event: recognition_pb2.RecognitionEvent | None = None  # None: not decided (no model, another bundle)
+    recognised_as: str | None = None  # the enrolled subject named (identify) or accepted (verify)
+
+
 @dataclass(frozen=True, slots=True)
 class Sender:
     """Who delivered a template: an authenticated gRPC identity or an MQTT topic."""
@@ -94,9 +125,13 @@ class Ingestor:
         Subjects with this prefix form the "unknown" class: only an admin
         may enrol templates under them (``training.background_prefix``).
     recall_tracks : bool
-        Look a track's earlier release up in the store when this process
-        does not remember one (replicas share the database but not their
-        memory: another replica may have taken it). Clustered servers only.
+        Replicas share the database but not their memory: remember each
+        identify release of a track in the store's ``track_memory`` (for the
+        fusion window only) and look a track's earlier release up there when
+        this process does not remember one. Clustered servers only.
+    keep : {"none", "recognised", "all"}
+        Identify/verify templates written to ``templates`` after their decision
+        (``recognition.keep``).
     """
 
     def __init__(
@@ -113,7 +148,10 @@ class Ingestor:
         fusion: TrackFusion | None = None,
         background_prefix: str = "background:",
         recall_tracks: bool = False,
+        keep: str = "none",
     ) -> None:
+        if keep not in KEEP_CHOICES:
+            raise ValueError(f"keep: expected one of {', '.join(KEEP_CHOICES)}, received {keep!r}")
         self.store = store
         self.validator = validator
         self.recogniser = recogniser
@@ -126,6 +164,7 @@ class Ingestor:
         self.fusion = fusion
         self.background_prefix = background_prefix
         self.recall_tracks = recall_tracks
+        self.keep = keep
 
     # ------------------------------------------------------------ checks
 
@@ -233,53 +272,117 @@ class Ingestor:
         return [o for o in outcomes if o is not None]
 
     def store_valid(self, valid: Sequence[ValidTemplate], *, recognise: bool = True) -> list[bool]:
-        """Insert validated templates (one transaction); recognise the new identify/verify ones."""
+        """Take validated templates in one transaction; True per template taken now, False per duplicate.
+
+        A template whose ``(device_id, message_id)`` the ledger holds (or that
+        the batch repeats) is a duplicate: it is neither decided nor written
+        again. The new identify/verify ones are decided in memory before the
+        commit (``recognise``), their decisions committed with the ledger
+        entries and published after it.
+        """
         if not valid:
             return []
         now = self.clock()
-        records = [TemplateRecord.from_message(v.message, v.values, received_at=now) for v in valid]
-        stored = self.store.insert_templates(records)
-        if recognise:
-            todo = [v for v, new in zip(valid, stored, strict=True) if new and v.purpose in ("identify", "verify")]
-            if todo:
-                self.recognise(todo)
-        return stored
+        ledger = [LedgerEntry.from_message(v.message, received_at=now) for v in valid]
+        known = self.store.seen([e.key for e in ledger])
+        fresh: list[int] = []
+        taken: set[tuple[str, str]] = set()
+        for i, e in enumerate(ledger):
+            if e.key not in known and e.key not in taken:
+                taken.add(e.key)
+                fresh.append(i)
+        templates = [
+            TemplateRecord.from_message(valid[i].message, valid[i].values, received_at=now)
+            for i in fresh
+            if valid[i].purpose == "enroll"
+        ]
+        decided = [_Decided(i, valid[i]) for i in fresh if valid[i].purpose in ("identify", "verify")]
+        if recognise and decided:
+            self._decide(decided)
+        decisions = [DecisionRecord.from_event(d.event) for d in decided if d.event is not None]
+        kept = [
+            TemplateRecord.from_message(
+                d.valid.message, d.valid.values, received_at=now, decided_subject=d.recognised_as
+            )
+            for d in decided
+            if self._keeps(d)
+        ]
+        tracks = self._track_rows(decided, now) if recognise else []
+        new = self.store.commit_ingest(IngestBatch(ledger, [*templates, *kept], decisions, tracks))
+        for d in decided:
+            if d.event is not None and new[d.index]:
+                self._publish(d.event, d.valid.purpose)
+        return new
+
+    def _keeps(self, d: _Decided) -> bool:
+        if self.keep == "all":
+            return True
+        return self.keep == "recognised" and d.recognised_as is not None
+
+    def _track_rows(self, decided: Sequence[_Decided], now: float) -> list[TrackRelease]:
+        """Identify releases of tracks, for another replica to fuse with (replicas only; expiring with the window)."""
+        if self.fusion is None or not self.recall_tracks:
+            return []
+        rows = []
+        for d in decided:
+            m = d.valid.message
+            if d.valid.purpose != "identify" or not m.track_id:
+                continue
+            rows.append(
+                TrackRelease(
+                    device_id=m.device_id,
+                    track_id=m.track_id,
+                    message_id=m.message_id,
+                    site=m.site,
+                    bundle_id=m.bundle_id,
+                    capture_time=m.capture_time.seconds + m.capture_time.nanos * 1e-9,
+                    expires_at=now + self.fusion.ttl_s,
+                    n_components=int(d.valid.values.shape[0]),
+                    values=np.ascontiguousarray(d.valid.values, dtype="<f4").tobytes(),
+                )
+            )
+        return rows
 
     def recognise(self, valid: Sequence[ValidTemplate]) -> None:
-        """Identify/verify ingested templates in one batch and publish events."""
+        """Identify/verify templates in one batch and publish the events (nothing is written)."""
+        decided = [_Decided(i, v) for i, v in enumerate(valid)]
+        self._decide(decided)
+        for d in decided:
+            if d.event is not None:
+                self._publish(d.event, d.valid.purpose)
+
+    def _decide(self, decided: Sequence[_Decided]) -> None:
+        """Fill in each template's decision (its event and whom it recognised); undecided without a model."""
         try:
             model = self.recogniser.require_model()
         except ModelUnavailable:
             return
-        ok = []
-        for v in valid:
+        ok: list[_Decided] = []
+        for d in decided:
             try:
-                self.recogniser.check_compatible(v.message.bundle_id, v.kind)
+                self.recogniser.check_compatible(d.valid.message.bundle_id, d.valid.kind)
             except ModelMismatch:
                 continue
-            ok.append(v)
+            ok.append(d)
         if not ok:
             return
-        X = np.stack([v.values for v in ok])
-        ident = [i for i, v in enumerate(ok) if v.purpose == "identify"]
-        ver = [i for i, v in enumerate(ok) if v.purpose == "verify"]
+        X = np.stack([d.valid.values for d in ok])
+        ident = [i for i, d in enumerate(ok) if d.valid.purpose == "identify"]
+        ver = [i for i, d in enumerate(ok) if d.valid.purpose == "verify"]
         if ident:
+            msgs = [ok[i].valid.message for i in ident]
             if self.fusion is not None:
-                keys = [
-                    (ok[i].message.site, ok[i].message.device_id, ok[i].message.track_id)
-                    if ok[i].message.track_id
-                    else None
-                    for i in ident
-                ]
-                recall = None
-                if self.recall_tracks:
-                    recall = self._recaller([ok[i].message for i in ident], model.n_components)
-                results = self.recogniser.identify_tracks(X[ident], keys, self.fusion, model=model, recall=recall)
+                keys = [(m.site, m.device_id, m.track_id) if m.track_id else None for m in msgs]
+                recall = self._recaller(msgs, model.n_components) if self.recall_tracks else None
+                results = self.recogniser.identify_tracks(
+                    X[ident], keys, self.fusion, model=model, recall=recall, releases=[m.message_id for m in msgs]
+                )
             else:
                 results = self.recogniser.identify_batch(X[ident], top_k=1, model=model)
             for i, r in zip(ident, results, strict=True):
-                self._event(
-                    ok[i],
+                ok[i].recognised_as = None if r.unknown else r.subject
+                ok[i].event = self.decision_event(
+                    ok[i].valid,
                     subject=r.subject,
                     unknown=r.unknown,
                     probability=r.probability,
@@ -287,55 +390,60 @@ class Ingestor:
                     releases_fused=r.releases_fused,
                 )
         if ver:
-            m, scores = self.recogniser.verify_scores(X[ver], [ok[i].message.subject for i in ver], model=model)
-            for i, s in zip(ver, scores, strict=True):
-                msg = ok[i].message
-                self._event(
-                    ok[i],
+            m, scores = self.recogniser.verify_scores(X[ver], [ok[i].valid.message.subject for i in ver], model=model)
+            for i, score in zip(ver, scores, strict=True):
+                msg = ok[i].valid.message
+                accepted = bool(score > m.verify_threshold)
+                ok[i].recognised_as = msg.subject if accepted else None
+                ok[i].event = self.decision_event(
+                    ok[i].valid,
                     claimed_subject=msg.subject,
-                    accepted=bool(s > m.verify_threshold),
-                    probability=float(s),
+                    accepted=accepted,
+                    probability=float(score),
                     model_version=m.version,
                 )
 
     def _recaller(
         self, msgs: list[template_pb2.PerturbedTemplate], n_components: int
     ) -> Callable[[list[int]], dict[int, np.ndarray]]:
-        """``recall(rows)``: for each row, the values of its track's latest earlier release in the store."""
+        """``recall(rows)``: for each row, the values of its track's latest earlier release in ``track_memory``."""
 
         def recall(rows: list[int]) -> dict[int, np.ndarray]:
-            assert self.fusion is not None
             asked = [msgs[i] for i in rows]
             batch = {(m.device_id, m.message_id) for m in msgs}
             try:
-                found = self.store.track_releases(
-                    [(m.device_id, m.track_id) for m in asked], since=self.clock() - self.fusion.ttl_s
-                )
+                found = self.store.track_memory([(m.device_id, m.track_id) for m in asked], now=self.clock())
             except Exception as exc:  # the database: decide on each release alone rather than fail it
                 log.warning("track recall failed; deciding alone", extra={"error": str(exc)[:200]})
                 return {}
-            by_track: dict[tuple[str, str], list[tuple[str, str, str, str, str, float, int, bytes]]] = {}
+            by_track: dict[tuple[str, str], list[TrackRelease]] = {}
             for r in found:
-                by_track.setdefault((r[0], r[1]), []).append(r)
+                by_track.setdefault((r.device_id, r.track_id), []).append(r)
             out: dict[int, np.ndarray] = {}
             for i, m in zip(rows, asked, strict=True):
                 at = m.capture_time.seconds + m.capture_time.nanos * 1e-9
                 earlier = [
                     r
                     for r in by_track.get((m.device_id, m.track_id), [])
-                    if (r[0], r[2]) not in batch and r[3] == m.site and r[4] == m.bundle_id
-                    and r[6] == n_components and r[5] < at
+                    if r.key not in batch and r.site == m.site and r.bundle_id == m.bundle_id
+                    and r.n_components == n_components and r.capture_time < at
                 ]  # fmt: skip
                 if earlier:
-                    out[i] = np.frombuffer(max(earlier, key=lambda r: r[5])[7], dtype=np.float32)
+                    out[i] = max(earlier, key=lambda r: r.capture_time).as_array()
             return out
 
         return recall
 
-    def _event(self, v: ValidTemplate, *, purpose: int | None = None, **fields: object) -> None:
-        """Publish the recognition of ``v``; ``purpose``: what was done, when not the template's own purpose."""
+    def decision_event(
+        self, v: ValidTemplate, *, purpose: int | None = None, **fields: object
+    ) -> recognition_pb2.RecognitionEvent:
+        """The event of a decision on ``v``; ``purpose``: what was done, when not the template's own purpose.
+
+        It carries ids, the decision, its probability and the model version: never a template value or a
+        soft trait, and for an unknown identification no subject.
+        """
         msg = v.message
-        ev = new_event(
+        return new_event(
             site=msg.site,
             device_id=msg.device_id,
             message_id=msg.message_id,
@@ -343,5 +451,16 @@ class Ingestor:
             purpose=msg.purpose if purpose is None else purpose,
             **fields,
         )
+
+    def _publish(self, ev: recognition_pb2.RecognitionEvent, purpose: str) -> None:
         self.events.publish(ev)
-        self.metrics.events.labels(v.purpose).inc()
+        self.metrics.events.labels(purpose).inc()
+
+    def record_decision(self, v: ValidTemplate, *, purpose: int | None = None, **fields: object) -> None:
+        """Keep and publish a decision made outside ingest (the Identify and Verify calls; ``v`` is not kept)."""
+        ev = self.decision_event(v, purpose=purpose, **fields)
+        try:
+            self.store.add_decisions([DecisionRecord.from_event(ev)])
+        except Exception as exc:  # the caller has its answer; a decision not kept must not fail the call
+            log.warning("decision not kept", extra={"error": str(exc)[:200]})
+        self._publish(ev, v.purpose)

@@ -20,10 +20,14 @@ fuses.
 :class:`TrackFusion` keeps, per (site, device, track), the posterior of the
 track's last release under one model version, so a decision uses the
 track's last two releases (the calibration is for pairs); bounded in
-tracks, forgotten after ``ttl_s`` without a release. Replicas do not
-share this memory: on PostgreSQL the ingestor recalls a track's earlier
-release from the stored templates when its own memory has none
-(:meth:`Recogniser.identify_tracks`' ``recall``).
+tracks, forgotten ``ttl_s`` after the track's last release (a running
+server sweeps it every second, :meth:`TrackFusion.expire`, so nothing of a
+track outlives its window by more than that). Replicas do not share this
+memory: on PostgreSQL each identify release of a track is also remembered
+in the database's ``track_memory`` until the same expiry, and a replica
+that does not remember a track recalls its earlier release from there
+(:meth:`Recogniser.identify_tracks`' ``recall``). Neither is ever in
+``templates``.
 """
 
 from __future__ import annotations
@@ -149,6 +153,7 @@ class _Track:
     version: str
     row: NDArray[np.float64]
     seen: float
+    release: str | None = None
 
 
 class TrackFusion:
@@ -181,23 +186,49 @@ class TrackFusion:
         return len(self._tracks)
 
     def add(
-        self, key: tuple[str, str, str], version: str, posterior: NDArray[np.floating[Any]]
+        self,
+        key: tuple[str, str, str],
+        version: str,
+        posterior: NDArray[np.floating[Any]],
+        *,
+        release: str | None = None,
     ) -> NDArray[np.float64] | None:
         """Record one release's posterior; returns the track's previous release's posterior, to fuse with.
 
-        None for a track's first release (or its first under a new model version, or after ``ttl_s``).
+        None for a track's first release (or its first under a new model version, or after ``ttl_s``),
+        and when the previous release is this one (``release``, its message id, seen again: a batch
+        that failed to commit and came back).
         """
         now = self._clock()
         row = np.array(posterior, dtype=np.float64)  # a copy: the caller may overwrite its array
         with self._lock:
-            while self._tracks:
-                oldest_key, oldest = next(iter(self._tracks.items()))
-                if now - oldest.seen <= self.ttl_s and len(self._tracks) < self.max_tracks:
-                    break
-                del self._tracks[oldest_key]
+            self._expire(now, room=1)
             t = self._tracks.pop(key, None)
             previous = None
-            if t is not None and t.version == version and now - t.seen <= self.ttl_s and t.row.shape == row.shape:
+            if (
+                t is not None
+                and t.version == version
+                and now - t.seen <= self.ttl_s
+                and t.row.shape == row.shape
+                and (release is None or t.release != release)
+            ):
                 previous = t.row
-            self._tracks[key] = _Track(version=version, row=row, seen=now)  # most recently seen last
+            self._tracks[key] = _Track(version=version, row=row, seen=now, release=release)  # most recent last
             return previous
+
+    def expire(self) -> int:
+        """Forget every track whose last release is more than ``ttl_s`` old; returns how many were forgotten."""
+        with self._lock:
+            return self._expire(self._clock(), room=0)
+
+    def _expire(self, now: float, *, room: int) -> int:
+        # Oldest first (the dict is in order of last release): stop at the first one still in its window,
+        # once there is room for ``room`` more.
+        n = 0
+        while self._tracks:
+            oldest_key, oldest = next(iter(self._tracks.items()))
+            if now - oldest.seen <= self.ttl_s and len(self._tracks) + room <= self.max_tracks:
+                break
+            del self._tracks[oldest_key]
+            n += 1
+        return n

@@ -346,6 +346,7 @@ class Recogniser:
         *,
         model: LoadedModel | None = None,
         recall: Callable[[list[int]], dict[int, NDArray[np.float32]]] | None = None,
+        releases: Sequence[str] | None = None,
     ) -> list[Identification]:
         """Identify each row, fusing it with its track's previous release where the model allows.
 
@@ -353,6 +354,7 @@ class Recogniser:
         without ``unknown_threshold_fused`` (or class frequencies) decides on each row alone.
         ``recall(rows)``, for rows whose track this process does not remember, returns
         ``{row: values of the track's previous release}`` where one is stored (another replica took it).
+        ``releases[i]`` names row ``i``'s release (its message id): a release is never fused with itself.
         """
         m, P = self.probabilities(values, model)
         P = np.asarray(P, dtype=np.float64)
@@ -363,7 +365,8 @@ class Recogniser:
             later, previous = [], []
             forgotten = []
             for i, key in enumerate(tracks):
-                prev = fusion.add(key, m.version, P[i]) if key is not None else None
+                release = releases[i] if releases is not None else None
+                prev = fusion.add(key, m.version, P[i], release=release) if key is not None else None
                 if prev is not None:
                     later.append(i)
                     previous.append(prev)

@@ -9,6 +9,24 @@ What is stored is exactly what devices send after local-DP noise: the
 perturbed coefficients (float32 bytes), the mechanism description, ids, times
 and the (already perturbed) soft traits of a template. Nothing else about a
 face ever reaches the server.
+
+What is kept is less (``[recognition]`` in the configuration, docs/OPERATIONS.md):
+
+``templates``
+    enrolment and background templates (until erased), and identify/verify
+    templates only where ``recognition.keep`` asks for them (for
+    ``recognition.keep_days``); :class:`TemplateRecord`.
+``ingest_ledger``
+    one row per received message id -- ids, times and the release's
+    mechanism, no template -- for ``ingest.max_age_s + ingest.max_clock_skew_s``,
+    so that a redelivered template is answered DUPLICATE after the template
+    itself was forgotten; :class:`LedgerEntry`.
+``recognition_events``
+    the decisions, for ``recognition.events_days``; :class:`DecisionRecord`.
+``track_memory``
+    (replicas on PostgreSQL only) a track's latest identify release, for at
+    most ``training.track_fusion_s``, so that another replica can fuse the
+    track's next release with it; :class:`TrackRelease`.
 """
 
 from __future__ import annotations
@@ -51,10 +69,18 @@ class TemplateRecord:
     n_components: int
     values: bytes = field(metadata={"column": "vals"})
     soft_traits: str | None = None
+    #: The subject a kept identify/verify template was recognised as (None: unknown, undecided, enrolment);
+    #: erasing that subject deletes the template.
+    decided_subject: str | None = None
 
     @classmethod
     def from_message(
-        cls, msg: template_pb2.PerturbedTemplate, values: NDArray[np.float32], *, received_at: float
+        cls,
+        msg: template_pb2.PerturbedTemplate,
+        values: NDArray[np.float32],
+        *,
+        received_at: float,
+        decided_subject: str | None = None,
     ) -> TemplateRecord:
         """A record for a validated message; ``values`` are its coefficients."""
         m = msg.mechanism
@@ -86,6 +112,7 @@ class TemplateRecord:
             n_components=int(values.shape[0]),
             values=np.ascontiguousarray(values, dtype="<f4").tobytes(),
             soft_traits=traits,
+            decided_subject=decided_subject,
         )
 
     def as_array(self) -> NDArray[np.float32]:
@@ -134,6 +161,182 @@ TEMPLATE_COLUMNS = _template_columns()
 #: Their names.
 COLUMNS = tuple(c.name for c in TEMPLATE_COLUMNS)
 _column_values = attrgetter(*(c.attribute for c in TEMPLATE_COLUMNS))
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """One received message id (a row of ``ingest_ledger``): what de-duplicates ingest, with no template in it.
+
+    Ids are random (a device's message id, its per-run track id); the rest
+    describes the release's privacy cost (its mechanism and ε), which the
+    console sums per device. Nothing here is derived from the face.
+    """
+
+    device_id: str
+    message_id: str
+    site: str
+    received_at: float
+    purpose: str
+    track_id: str
+    bundle_id: str
+    mechanism_kind: str
+    epsilon_coordinate: float
+    epsilon_vector: float
+    #: ε of the soft-trait releases that came with the template (their sum; sequential composition).
+    epsilon_traits: float
+
+    @classmethod
+    def from_message(cls, msg: template_pb2.PerturbedTemplate, *, received_at: float) -> LedgerEntry:
+        m = msg.mechanism
+        return cls(
+            device_id=msg.device_id,
+            message_id=msg.message_id,
+            site=msg.site,
+            received_at=received_at,
+            purpose=wire.purpose_name(msg.purpose),
+            track_id=msg.track_id,
+            bundle_id=msg.bundle_id,
+            mechanism_kind=wire.mechanism_kind_name(m.kind),
+            epsilon_coordinate=m.epsilon_coordinate,
+            epsilon_vector=m.epsilon_vector,
+            epsilon_traits=float(sum(t.epsilon for t in msg.soft_traits)),
+        )
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.device_id, self.message_id)
+
+    def row(self) -> tuple[object, ...]:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+
+#: The columns of ``ingest_ledger``, in table order.
+LEDGER_COLUMNS = tuple(f.name for f in fields(LedgerEntry))
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRecord:
+    """One decision (a row of ``recognition_events``): what a recognition event says, kept ``events_days``.
+
+    An unknown identification names nobody: ``subject`` is empty and no
+    template value or soft trait is kept with it.
+    """
+
+    event_id: str
+    at: float
+    site: str
+    device_id: str
+    message_id: str
+    track_id: str
+    purpose: str
+    subject: str
+    claimed_subject: str
+    unknown: bool
+    accepted: bool | None
+    probability: float
+    model_version: str
+    releases_fused: int
+
+    @classmethod
+    def from_event(cls, ev: Any) -> DecisionRecord:
+        """The row of a :class:`peep.v1.recognition_pb2.RecognitionEvent`."""
+        verify = ev.purpose == template_pb2.PURPOSE_VERIFY
+        return cls(
+            event_id=ev.event_id,
+            at=ev.time.seconds + ev.time.nanos * 1e-9,
+            site=ev.site,
+            device_id=ev.device_id,
+            message_id=ev.message_id,
+            track_id=ev.track_id,
+            purpose=wire.purpose_name(ev.purpose) if ev.purpose else "unspecified",
+            subject=ev.subject,
+            claimed_subject=ev.claimed_subject,
+            unknown=bool(ev.unknown),
+            accepted=bool(ev.accepted) if verify else None,
+            probability=float(ev.probability),
+            model_version=ev.model_version,
+            releases_fused=int(ev.releases_fused or 1),
+        )
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.device_id, self.message_id)
+
+    def row(self) -> tuple[object, ...]:
+        values: list[object] = []
+        for f in fields(self):
+            v = getattr(self, f.name)
+            values.append(int(v) if isinstance(v, bool) else v)
+        return tuple(values)
+
+
+#: The columns of ``recognition_events`` a :class:`DecisionRecord` writes (the table adds an increasing ``id``).
+DECISION_COLUMNS = tuple(f.name for f in fields(DecisionRecord))
+
+
+@dataclass(frozen=True, slots=True)
+class TrackRelease:
+    """A track's identify release remembered for fusion by another replica (a row of ``track_memory``).
+
+    Kept until ``expires_at`` (receipt + ``training.track_fusion_s``) and
+    swept by every replica; never in ``templates``.
+    """
+
+    device_id: str
+    track_id: str
+    message_id: str
+    site: str
+    bundle_id: str
+    capture_time: float
+    expires_at: float
+    n_components: int
+    values: bytes = field(metadata={"column": "vals"})
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.device_id, self.message_id)
+
+    def row(self) -> tuple[object, ...]:
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+    def as_array(self) -> NDArray[np.float32]:
+        return np.frombuffer(self.values, dtype="<f4").astype(np.float32)
+
+
+#: The columns of ``track_memory``, in table order.
+TRACK_COLUMNS = tuple(f.metadata.get("column", f.name) for f in fields(TrackRelease))
+
+
+@dataclass(frozen=True)
+class IngestBatch:
+    """What one ingest transaction writes, keyed by each template's ``(device_id, message_id)``.
+
+    ``ledger`` decides what is new: a key already in the ledger (or repeated in
+    the batch) is a duplicate, and the other lists' rows of a duplicate key
+    are not written.
+    """
+
+    ledger: Sequence[LedgerEntry]
+    templates: Sequence[TemplateRecord] = ()
+    decisions: Sequence[DecisionRecord] = ()
+    tracks: Sequence[TrackRelease] = ()
+
+
+@dataclass(frozen=True)
+class KeptCounts:
+    """Templates kept per category, and the other kept rows (the console's and the demo's minimisation report)."""
+
+    enrolment: int
+    background: int
+    recognised: int
+    unknown: int
+    decisions: int
+    unknown_decisions: int
+    ledger: int
+    track_memory: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: int(getattr(self, f.name)) for f in fields(self)}
 
 
 @dataclass(frozen=True)
@@ -213,7 +416,7 @@ class Store(Protocol):
         ...
 
     def delete_subject(self, subject: str) -> int:
-        """Delete every template labelled or claimed as ``subject``; returns rows deleted."""
+        """Delete every template labelled, claimed or recognised as ``subject``; returns rows deleted."""
         ...
 
     def delete_received_before(self, cutoff: float, *, include_enrolment: bool = False) -> int:
@@ -228,14 +431,66 @@ class Store(Protocol):
         """A stored bundle's payload; the most recently published when ``bundle_id`` is None."""
         ...
 
-    def track_releases(
-        self, tracks: Sequence[tuple[str, str]], *, since: float
-    ) -> list[tuple[str, str, str, str, str, float, int, bytes]]:
-        """IDENTIFY templates of the ``(device_id, track_id)`` pairs received at or after ``since``.
+    def seen(self, keys: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+        """The ``(device_id, message_id)`` keys among ``keys`` that the ingest ledger holds (received before)."""
+        ...
 
-        Rows ``(device_id, track_id, message_id, site, bundle_id, capture_time, n_components, vals)``,
-        in no particular order.
+    def commit_ingest(self, batch: IngestBatch) -> list[bool]:
+        """Write one ingest batch in one transaction (see :class:`IngestBatch`).
+
+        Returns, per ledger entry, True when its key was new (its rows were
+        written) and False for a duplicate (already in the ledger, another
+        replica's concurrent commit included, or repeated earlier in the batch).
         """
+        ...
+
+    def count_received(self, *, device_id: str | None = None) -> int:
+        """Message ids in the ingest ledger (templates received within its window), of one device or all."""
+        ...
+
+    def add_decisions(self, records: Sequence[DecisionRecord]) -> None:
+        """Keep decisions made outside ingest (the Identify and Verify calls)."""
+        ...
+
+    def decisions(self, *, since_id: int = 0, limit: int = 1000) -> list[tuple[int, DecisionRecord]]:
+        """Kept decisions with an id above ``since_id``, oldest first, with their ids."""
+        ...
+
+    def track_memory(self, tracks: Sequence[tuple[str, str]], *, now: float) -> list[TrackRelease]:
+        """Unexpired remembered releases of the ``(device_id, track_id)`` pairs, in no particular order."""
+        ...
+
+    def expire_track_memory(self, now: float) -> int:
+        """Delete remembered releases that expired at or before ``now``; returns how many."""
+        ...
+
+    def delete_ledger_before(self, cutoff: float) -> int:
+        """Forget message ids received before ``cutoff``; returns how many."""
+        ...
+
+    def delete_decisions_before(self, cutoff: float) -> int:
+        """Delete decisions made before ``cutoff``; returns how many."""
+        ...
+
+    def delete_alerts_before(self, cutoff: float) -> int:
+        """Delete the console's unknown-face alerts raised before ``cutoff``; returns how many."""
+        ...
+
+    def delete_recognition_templates(
+        self, *, before: float | None = None, unknown_only: bool = False
+    ) -> dict[str, int]:
+        """Delete kept identify/verify templates (received before ``before``; only unknown ones).
+
+        Returns ``{"recognised": n, "unknown": n}`` deleted.
+        """
+        ...
+
+    def delete_subject_decisions(self, subject: str) -> int:
+        """Delete the decisions that name ``subject`` (identified as, or claimed); returns how many."""
+        ...
+
+    def kept_counts(self, background_prefix: str) -> KeptCounts:
+        """What is kept, per category (:class:`KeptCounts`)."""
         ...
 
     def put_device_report(self, device_id: str, site: str, report: bytes, received_at: float) -> None:
@@ -308,12 +563,20 @@ def open_store(config: object, *, password: str | None = None) -> Store:
 
 __all__ = [
     "COLUMNS",
+    "DECISION_COLUMNS",
+    "LEDGER_COLUMNS",
     "TEMPLATE_COLUMNS",
+    "TRACK_COLUMNS",
     "Column",
+    "DecisionRecord",
     "EnrolmentSet",
+    "IngestBatch",
+    "KeptCounts",
+    "LedgerEntry",
     "Store",
     "StoreError",
     "TemplateRecord",
+    "TrackRelease",
     "open_store",
     "stack_blobs",
     "template_keys",

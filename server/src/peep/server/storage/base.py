@@ -18,7 +18,20 @@ from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
-from peep.server.storage import COLUMNS, EnrolmentSet, StoreError, TemplateRecord, stack_blobs
+from peep.server.storage import (
+    COLUMNS,
+    DECISION_COLUMNS,
+    TRACK_COLUMNS,
+    DecisionRecord,
+    EnrolmentSet,
+    IngestBatch,
+    KeptCounts,
+    LedgerEntry,
+    StoreError,
+    TemplateRecord,
+    TrackRelease,
+    stack_blobs,
+)
 from peep.server.storage.dialect import Dialect
 from peep.server.storage.migrations import MIGRATIONS, SCHEMA_TABLE
 
@@ -71,6 +84,18 @@ class SqlStore(ABC):
     @abstractmethod
     def insert_templates(self, records: Sequence[TemplateRecord]) -> list[bool]:
         """See :meth:`peep.server.storage.Store.insert_templates`."""
+
+    @abstractmethod
+    def _insert_template_rows(self, conn: Connection, records: Sequence[TemplateRecord]) -> set[tuple[str, str]]:
+        """Insert ``records`` on ``conn`` (in its transaction) unless their key is stored; returns the keys inserted."""
+
+    @abstractmethod
+    def _insert_ledger(self, conn: Connection, entries: Sequence[LedgerEntry]) -> set[tuple[str, str]]:
+        """Insert ``entries`` (unique keys) on ``conn`` unless already in the ledger; returns the keys inserted."""
+
+    @abstractmethod
+    def _executemany(self, conn: Connection, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Run ``sql`` once per row on ``conn``."""
 
     @abstractmethod
     def close(self) -> None: ...
@@ -188,8 +213,16 @@ class SqlStore(ABC):
         return n
 
     def delete_subject(self, subject: str) -> int:
+        p = self._sql.param
         with self._session() as conn:
-            return int(conn.execute(f"DELETE FROM templates WHERE subject = {self._sql.param}", (subject,)).rowcount)
+            q = f"DELETE FROM templates WHERE subject = {p} OR decided_subject = {p}"
+            return int(conn.execute(q, (subject, subject)).rowcount)
+
+    def delete_subject_decisions(self, subject: str) -> int:
+        p = self._sql.param
+        with self._session() as conn:
+            q = f"DELETE FROM recognition_events WHERE subject = {p} OR claimed_subject = {p}"
+            return int(conn.execute(q, (subject, subject)).rowcount)
 
     def delete_received_before(self, cutoff: float, *, include_enrolment: bool = False) -> int:
         q = f"DELETE FROM templates WHERE received_at < {self._sql.param}" + (
@@ -197,6 +230,147 @@ class SqlStore(ABC):
         )
         with self._session() as conn:
             return int(conn.execute(q, (cutoff,)).rowcount)
+
+    # ------------------------------------------------------------ ingest: decide, then forget
+
+    def seen(self, keys: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+        out: set[tuple[str, str]] = set()
+        with self._session() as conn:
+            for chunk in self._sql.chunks(list(dict.fromkeys(keys))):
+                if not chunk:
+                    continue
+                of_keys, params = self._sql.any_pair_of(("device_id", "message_id"), chunk)
+                q = f"SELECT device_id, message_id FROM ingest_ledger WHERE {of_keys}"
+                out.update((str(d), str(m)) for d, m in conn.execute(q, params))
+        return out
+
+    def commit_ingest(self, batch: IngestBatch) -> list[bool]:
+        if not batch.ledger:
+            return []
+        first: dict[tuple[str, str], int] = {}
+        for i, e in enumerate(batch.ledger):
+            first.setdefault(e.key, i)
+        unique = [batch.ledger[i] for i in first.values()]
+        with self._transaction() as conn:
+            new = self._insert_ledger(conn, unique)
+            templates = [r for r in batch.templates if (r.device_id, r.message_id) in new]
+            if templates:
+                self._insert_template_rows(conn, templates)
+            decisions = [d.row() for d in batch.decisions if d.key in new]
+            if decisions:
+                self._executemany(conn, _INSERT_DECISION.format(p=self._sql.param), decisions)
+            tracks = [t.row() for t in batch.tracks if t.key in new]
+            if tracks:
+                self._executemany(conn, _INSERT_TRACK.format(p=self._sql.param), tracks)
+        return [first[e.key] == i and e.key in new for i, e in enumerate(batch.ledger)]
+
+    def count_received(self, *, device_id: str | None = None) -> int:
+        q = "SELECT COUNT(*) FROM ingest_ledger"
+        params: list[object] = []
+        if device_id is not None:
+            q += f" WHERE device_id = {self._sql.param}"
+            params.append(device_id)
+        with self._session() as conn:
+            row = conn.execute(q, params).fetchone()
+        return int(row[0]) if row else 0
+
+    def add_decisions(self, records: Sequence[DecisionRecord]) -> None:
+        if not records:
+            return
+        with self._transaction() as conn:
+            self._executemany(conn, _INSERT_DECISION.format(p=self._sql.param), [d.row() for d in records])
+
+    def decisions(self, *, since_id: int = 0, limit: int = 1000) -> list[tuple[int, DecisionRecord]]:
+        p = self._sql.param
+        q = f"SELECT id, {', '.join(DECISION_COLUMNS)} FROM recognition_events WHERE id > {p} ORDER BY id LIMIT {p}"
+        with self._session() as conn:
+            rows = conn.execute(q, (since_id, limit)).fetchall()
+        out = []
+        for r in rows:
+            d = dict(zip(DECISION_COLUMNS, r[1:], strict=True))
+            d["unknown"] = bool(d["unknown"])
+            d["accepted"] = None if d["accepted"] is None else bool(d["accepted"])
+            out.append((int(r[0]), DecisionRecord(**d)))
+        return out
+
+    def track_memory(self, tracks: Sequence[tuple[str, str]], *, now: float) -> list[TrackRelease]:
+        rows: list[TrackRelease] = []
+        p = self._sql.param
+        with self._session() as conn:
+            for chunk in self._sql.chunks(list(dict.fromkeys(tracks))):
+                if not chunk:
+                    continue
+                pairs, params = self._sql.any_pair_of(("device_id", "track_id"), chunk)
+                q = f"SELECT {', '.join(TRACK_COLUMNS)} FROM track_memory WHERE {pairs} AND expires_at > {p}"
+                for r in conn.execute(q, [*params, now]):
+                    rows.append(TrackRelease(str(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), float(r[5]),
+                                             float(r[6]), int(r[7]), bytes(r[8])))  # fmt: skip
+        return rows
+
+    def expire_track_memory(self, now: float) -> int:
+        with self._session() as conn:
+            return int(conn.execute(f"DELETE FROM track_memory WHERE expires_at <= {self._sql.param}", (now,)).rowcount)
+
+    def delete_ledger_before(self, cutoff: float) -> int:
+        with self._session() as conn:
+            q = f"DELETE FROM ingest_ledger WHERE received_at < {self._sql.param}"
+            return int(conn.execute(q, (cutoff,)).rowcount)
+
+    def delete_alerts_before(self, cutoff: float) -> int:
+        with self._session() as conn:
+            return int(conn.execute(f"DELETE FROM console_alerts WHERE at < {self._sql.param}", (cutoff,)).rowcount)
+
+    def delete_decisions_before(self, cutoff: float) -> int:
+        with self._session() as conn:
+            q = f"DELETE FROM recognition_events WHERE at < {self._sql.param}"
+            return int(conn.execute(q, (cutoff,)).rowcount)
+
+    def delete_recognition_templates(
+        self, *, before: float | None = None, unknown_only: bool = False
+    ) -> dict[str, int]:
+        p = self._sql.param
+        where = "purpose IN ('identify', 'verify')"
+        params: list[object] = []
+        if before is not None:
+            where += f" AND received_at < {p}"
+            params.append(before)
+        out = {"recognised": 0, "unknown": 0}
+        with self._transaction() as conn:
+            if not unknown_only:
+                q = f"DELETE FROM templates WHERE {where} AND decided_subject IS NOT NULL"
+                out["recognised"] = int(conn.execute(q, params).rowcount)
+            q = f"DELETE FROM templates WHERE {where} AND decided_subject IS NULL"
+            out["unknown"] = int(conn.execute(q, params).rowcount)
+        return out
+
+    def kept_counts(self, background_prefix: str) -> KeptCounts:
+        q_enrol = "SELECT subject, COUNT(*) FROM templates WHERE purpose = 'enroll' GROUP BY subject"
+        q_decided = (
+            "SELECT SUM(CASE WHEN decided_subject IS NOT NULL THEN 1 ELSE 0 END), "
+            "SUM(CASE WHEN decided_subject IS NULL THEN 1 ELSE 0 END) FROM templates WHERE purpose != 'enroll'"
+        )
+        enrolment = background = 0
+        with self._session() as conn:
+            for subject, n in conn.execute(q_enrol):
+                if background_prefix and str(subject or "").startswith(background_prefix):
+                    background += int(n)
+                else:
+                    enrolment += int(n)
+            recognised, unknown = conn.execute(q_decided).fetchone()
+            (decisions,) = conn.execute("SELECT COUNT(*) FROM recognition_events").fetchone()
+            (unknown_decisions,) = conn.execute("SELECT COUNT(*) FROM recognition_events WHERE unknown = 1").fetchone()
+            (ledger,) = conn.execute("SELECT COUNT(*) FROM ingest_ledger").fetchone()
+            (tracks,) = conn.execute("SELECT COUNT(*) FROM track_memory").fetchone()
+        return KeptCounts(
+            enrolment=enrolment,
+            background=background,
+            recognised=int(recognised or 0),
+            unknown=int(unknown or 0),
+            decisions=int(decisions),
+            unknown_decisions=int(unknown_decisions),
+            ledger=int(ledger),
+            track_memory=int(tracks),
+        )
 
     # ------------------------------------------------------------ bundles, erasures
 
@@ -217,23 +391,6 @@ class SqlStore(ABC):
                 q = f"SELECT payload FROM bundles WHERE bundle_id = {self._sql.param}"
                 row = conn.execute(q, (bundle_id,)).fetchone()
         return None if row is None else bytes(row[0])
-
-    def track_releases(
-        self, tracks: Sequence[tuple[str, str]], *, since: float
-    ) -> list[tuple[str, str, str, str, str, float, int, bytes]]:
-        rows: list[tuple[str, str, str, str, str, float, int, bytes]] = []
-        p = self._sql.param
-        with self._session() as conn:
-            for chunk in self._sql.chunks(list(dict.fromkeys(tracks))):
-                pairs, params = self._sql.any_pair_of(("device_id", "track_id"), chunk)
-                q = (
-                    "SELECT device_id, track_id, message_id, site, bundle_id, capture_time, n_components, vals "
-                    f"FROM templates WHERE {pairs} AND purpose = 'identify' AND received_at >= {p}"
-                )
-                for r in conn.execute(q, [*params, since]):
-                    rows.append((str(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), float(r[5]), int(r[6]),
-                                 bytes(r[7])))  # fmt: skip
-        return rows
 
     def put_device_report(self, device_id: str, site: str, report: bytes, received_at: float) -> None:
         p = self._sql.param
@@ -381,6 +538,16 @@ class SqlStore(ABC):
     def erasures(self) -> Mapping[str, float]:
         with self._session() as conn:
             return {s: float(t) for s, t in conn.execute("SELECT subject, erased_at FROM erasures")}
+
+
+_INSERT_DECISION = (
+    f"INSERT INTO recognition_events ({', '.join(DECISION_COLUMNS)}) "
+    f"VALUES ({', '.join(['{p}'] * len(DECISION_COLUMNS))}) ON CONFLICT DO NOTHING"
+)
+_INSERT_TRACK = (
+    f"INSERT INTO track_memory ({', '.join(TRACK_COLUMNS)}) "
+    f"VALUES ({', '.join(['{p}'] * len(TRACK_COLUMNS))}) ON CONFLICT DO NOTHING"
+)
 
 
 def _enrolment_set(rows: Sequence[Sequence[Any]]) -> EnrolmentSet:

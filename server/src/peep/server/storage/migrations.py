@@ -161,6 +161,59 @@ _DEVICE_REPORTS = [
 _TRACK_INDEX = ["CREATE INDEX templates_track ON templates (device_id, track_id)"]
 
 
+# Migration 9: decide, then forget. Identify/verify templates are no longer written before they are decided
+# (recognition.keep, default none): de-duplication moves from the templates table's key to a ledger of
+# received message ids (ids, times and the release's mechanism and ε; no template), seeded here with every
+# stored template so that a redelivery of one is still a duplicate. The decisions are kept (recognition_events,
+# with an increasing id), a track's recent release for fusion across replicas has a table of its own that
+# expires with the fusion window (track_memory; the index on templates for that look-up goes), and a kept
+# identify/verify template records whom it was recognised as, so that erasing that person deletes it.
+_LEDGER_TRAITS_EPSILON = {
+    "sqlite": "COALESCE((SELECT SUM(json_extract(value, '$.epsilon')) FROM json_each(templates.soft_traits)), 0)",
+    "postgres": "COALESCE((SELECT SUM((e ->> 'epsilon')::float8) "
+    "FROM json_array_elements(templates.soft_traits::json) e), 0)",
+}
+_EVENT_ID = {
+    "sqlite": "INTEGER PRIMARY KEY AUTOINCREMENT",  # never reused, even after the oldest rows are deleted
+    "postgres": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+}
+
+
+def _forget(dialect: Dialect) -> list[str]:
+    ledger_columns = (
+        "device_id, message_id, site, received_at, purpose, track_id, bundle_id, mechanism_kind, "
+        "epsilon_coordinate, epsilon_vector, epsilon_traits"
+    )
+    return [
+        "CREATE TABLE ingest_ledger (device_id TEXT NOT NULL, message_id TEXT NOT NULL, site TEXT NOT NULL, "
+        "received_at {real} NOT NULL, purpose TEXT NOT NULL, track_id TEXT NOT NULL, bundle_id TEXT NOT NULL, "
+        "mechanism_kind TEXT NOT NULL, epsilon_coordinate {real} NOT NULL, epsilon_vector {real} NOT NULL, "
+        # Keyed (message_id, device_id): look-ups bind message ids first (Dialect.any_pair_of).
+        "epsilon_traits {real} NOT NULL, CONSTRAINT ingest_ledger_pk PRIMARY KEY (message_id, device_id))",
+        "CREATE INDEX ingest_ledger_received ON ingest_ledger (received_at)",
+        f"INSERT INTO ingest_ledger ({ledger_columns}) SELECT device_id, message_id, site, received_at, purpose, "
+        "track_id, bundle_id, mechanism_kind, epsilon_coordinate, epsilon_vector, "
+        f"{_LEDGER_TRAITS_EPSILON[dialect.name]} FROM templates",
+        f"CREATE TABLE recognition_events (id {_EVENT_ID[dialect.name]}, event_id TEXT NOT NULL UNIQUE, "
+        "at {real} NOT NULL, site TEXT NOT NULL, device_id TEXT NOT NULL, message_id TEXT NOT NULL, "
+        "track_id TEXT NOT NULL, purpose TEXT NOT NULL, subject TEXT NOT NULL, claimed_subject TEXT NOT NULL, "
+        "unknown INTEGER NOT NULL, accepted INTEGER, probability {real} NOT NULL, model_version TEXT NOT NULL, "
+        "releases_fused INTEGER NOT NULL)",
+        "CREATE INDEX recognition_events_at ON recognition_events (at)",
+        "CREATE INDEX recognition_events_message ON recognition_events (device_id, message_id)",
+        "CREATE INDEX recognition_events_subject ON recognition_events (subject)",
+        "CREATE TABLE track_memory (device_id TEXT NOT NULL, track_id TEXT NOT NULL, message_id TEXT NOT NULL, "
+        "site TEXT NOT NULL, bundle_id TEXT NOT NULL, capture_time {real} NOT NULL, expires_at {real} NOT NULL, "
+        "n_components INTEGER NOT NULL, vals {blob} NOT NULL, "
+        "CONSTRAINT track_memory_pk PRIMARY KEY (message_id, device_id))",
+        "CREATE INDEX track_memory_track ON track_memory (device_id, track_id)",
+        "CREATE INDEX track_memory_expires ON track_memory (expires_at)",
+        "ALTER TABLE templates ADD COLUMN decided_subject TEXT",
+        "CREATE INDEX templates_decided ON templates (decided_subject)",
+        "DROP INDEX templates_track",
+    ]
+
+
 def _render(dialect: Dialect, statements: list[str]) -> list[str]:
     return [s.format(real=dialect.real, blob=dialect.blob) for s in statements]
 
@@ -176,6 +229,7 @@ MIGRATIONS: dict[str, list[list[str]]] = {
         _render(d, _LOGIN_FAILURES),
         _render(d, _DEVICE_REPORTS),
         _render(d, _TRACK_INDEX),
+        _render(d, _forget(d)),
     ]
     for d in (SQLITE, POSTGRES)
 }

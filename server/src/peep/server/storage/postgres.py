@@ -15,9 +15,17 @@ import queue
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
-from peep.server.storage import COLUMNS, TEMPLATE_COLUMNS, StoreError, TemplateRecord
+from peep.server.storage import (
+    COLUMNS,
+    LEDGER_COLUMNS,
+    TEMPLATE_COLUMNS,
+    LedgerEntry,
+    StoreError,
+    TemplateRecord,
+)
 from peep.server.storage.base import Connection, SqlStore
 from peep.server.storage.dialect import POSTGRES
 
@@ -29,6 +37,13 @@ _INSERT = (
     f"INSERT INTO templates ({', '.join(COLUMNS)}) "
     f"SELECT * FROM unnest({', '.join(f'%s::{_ARRAY_TYPES[c.value_type]}[]' for c in TEMPLATE_COLUMNS)}) "
     "ON CONFLICT (device_id, message_id) DO NOTHING RETURNING device_id, message_id"
+)
+_LEDGER_TYPES = ("text", "text", "text", "float8", "text", "text", "text", "text", "float8", "float8", "float8")
+assert len(_LEDGER_TYPES) == len(LEDGER_COLUMNS)
+_INSERT_LEDGER = (
+    f"INSERT INTO ingest_ledger ({', '.join(LEDGER_COLUMNS)}) "
+    f"SELECT * FROM unnest({', '.join(f'%s::{t}[]' for t in _LEDGER_TYPES)}) "
+    "ON CONFLICT DO NOTHING RETURNING device_id, message_id"
 )
 
 
@@ -149,13 +164,25 @@ class PostgresStore(SqlStore):
     def insert_templates(self, records: Sequence[TemplateRecord]) -> list[bool]:
         if not records:
             return []
-        # Message ids are unique per device: the key is (device_id, message_id).
+        with self._transaction() as conn:
+            inserted = self._insert_template_rows(conn, records)
         first: dict[tuple[str, str], int] = {}
         for i, r in enumerate(records):
             first.setdefault((r.device_id, r.message_id), i)
-        unique = [records[i] for i in first.values()]
-        columns = list(zip(*(r.row() for r in unique), strict=True))
-        with self._transaction() as conn:
-            inserted = {(row[0], row[1]) for row in conn.execute(_INSERT, [list(c) for c in columns])}
         keys = [(r.device_id, r.message_id) for r in records]
         return [first[k] == i and k in inserted for i, k in enumerate(keys)]
+
+    def _insert_template_rows(self, conn: Any, records: Sequence[TemplateRecord]) -> set[tuple[str, str]]:
+        # Message ids are unique per device: the key is (device_id, message_id). One statement: the
+        # returned keys say exactly which were new (the others are duplicates, a concurrent replica's too).
+        unique = list({(r.device_id, r.message_id): r for r in reversed(records)}.values())
+        columns = list(zip(*(r.row() for r in unique), strict=True))
+        return {(row[0], row[1]) for row in conn.execute(_INSERT, [list(c) for c in columns])}
+
+    def _insert_ledger(self, conn: Any, entries: Sequence[LedgerEntry]) -> set[tuple[str, str]]:
+        columns = list(zip(*(e.row() for e in entries), strict=True))
+        return {(str(row[0]), str(row[1])) for row in conn.execute(_INSERT_LEDGER, [list(c) for c in columns])}
+
+    def _executemany(self, conn: Any, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        with conn.cursor() as cur:
+            cur.executemany(sql, rows)

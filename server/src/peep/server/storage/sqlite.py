@@ -13,12 +13,16 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from peep.server.storage import COLUMNS, StoreError, TemplateRecord
+from peep.server.storage import COLUMNS, LEDGER_COLUMNS, LedgerEntry, StoreError, TemplateRecord
 from peep.server.storage.base import Connection, SqlStore
 from peep.server.storage.dialect import SQLITE
 
 _INSERT = f"INSERT OR IGNORE INTO templates ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
+_INSERT_LEDGER = (
+    f"INSERT INTO ingest_ledger ({', '.join(LEDGER_COLUMNS)}) VALUES ({', '.join('?' * len(LEDGER_COLUMNS))})"
+)
 
 
 class SqliteStore(SqlStore):
@@ -83,22 +87,46 @@ class SqliteStore(SqlStore):
         if not records:
             return []
         with self._transaction() as c:
-            # Message ids are unique per device: the key is (device_id, message_id).
-            existing: set[tuple[str, str]] = set()
-            for chunk in SQLITE.chunks(list(dict.fromkeys((r.device_id, r.message_id) for r in records))):
-                of_keys, params = SQLITE.any_pair_of(("device_id", "message_id"), chunk)
-                q = f"SELECT device_id, message_id FROM templates WHERE {of_keys}"
-                existing.update((row[0], row[1]) for row in c.execute(q, params))
-            result: list[bool] = []
-            rows = []
-            for r in records:
-                key = (r.device_id, r.message_id)
-                if key in existing:
-                    result.append(False)
-                else:
-                    existing.add(key)
-                    rows.append(r.row())
-                    result.append(True)
-            if rows:
-                c.executemany(_INSERT, rows)
-        return result
+            inserted = self._insert_template_rows(c, records)
+        # Message ids are unique per device: the key is (device_id, message_id); a key repeated in the
+        # batch is new only the first time.
+        first: dict[tuple[str, str], int] = {}
+        for i, r in enumerate(records):
+            first.setdefault((r.device_id, r.message_id), i)
+        return [first[(r.device_id, r.message_id)] == i and (r.device_id, r.message_id) in inserted
+                for i, r in enumerate(records)]  # fmt: skip
+
+    def _existing(self, c: Connection, table: str, keys: list[tuple[str, str]]) -> set[tuple[str, str]]:
+        existing: set[tuple[str, str]] = set()
+        for chunk in SQLITE.chunks(keys):
+            if not chunk:
+                continue
+            of_keys, params = SQLITE.any_pair_of(("device_id", "message_id"), chunk)
+            q = f"SELECT device_id, message_id FROM {table} WHERE {of_keys}"
+            existing.update((row[0], row[1]) for row in c.execute(q, params))
+        return existing
+
+    def _insert_template_rows(self, conn: Connection, records: Sequence[TemplateRecord]) -> set[tuple[str, str]]:
+        # Within BEGIN IMMEDIATE (the database's write lock): nothing changes between the look-up and the insert.
+        keys = list(dict.fromkeys((r.device_id, r.message_id) for r in records))
+        existing = self._existing(conn, "templates", keys)
+        inserted: set[tuple[str, str]] = set()
+        rows = []
+        for r in records:
+            key = (r.device_id, r.message_id)
+            if key not in existing and key not in inserted:
+                inserted.add(key)
+                rows.append(r.row())
+        if rows:
+            self._executemany(conn, _INSERT, rows)
+        return inserted
+
+    def _insert_ledger(self, conn: Connection, entries: Sequence[LedgerEntry]) -> set[tuple[str, str]]:
+        existing = self._existing(conn, "ingest_ledger", [e.key for e in entries])
+        new = [e for e in entries if e.key not in existing]
+        if new:
+            self._executemany(conn, _INSERT_LEDGER, [e.row() for e in new])
+        return {e.key for e in new}
+
+    def _executemany(self, conn: Connection, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        conn.executemany(sql, rows)  # type: ignore[attr-defined]

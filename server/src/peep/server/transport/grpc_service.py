@@ -194,15 +194,15 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
         for name, p in r.candidates:
             resp.candidates.add(subject=name, probability=p)
         self.s.metrics.identify_latency.observe(time.perf_counter() - t0)
-        if self.s.events.active:
-            self.s.ingestor._event(
-                valid,
-                subject=r.subject,
-                unknown=r.unknown,
-                probability=r.probability,
-                model_version=r.model_version,
-                releases_fused=1,  # the Identify call decides on this template alone
-            )
+        # The decision is kept and published; the template is not kept (decide, then forget).
+        self.s.ingestor.record_decision(
+            valid,
+            subject=r.subject,
+            unknown=r.unknown,
+            probability=r.probability,
+            model_version=r.model_version,
+            releases_fused=1,  # the Identify call decides on this template alone
+        )
         return resp
 
     @_guard
@@ -223,17 +223,16 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
                 f"claimed_subject: expected a subject enrolled in the serving model {m.version}, received {claimed!r}"
             )
         v = self.s.recogniser.verify(valid.values, claimed)
-        if self.s.events.active:
-            # A verification, whatever purpose the template was released for (a camera's identify
-            # template may be checked against a claim): subscribers read the claim and the decision.
-            self.s.ingestor._event(
-                valid,
-                purpose=template_pb2.PURPOSE_VERIFY,
-                claimed_subject=claimed,
-                accepted=v.accepted,
-                probability=v.score,
-                model_version=v.model_version,
-            )
+        # A verification, whatever purpose the template was released for (a camera's identify template
+        # may be checked against a claim): the claim and the decision are kept, the template is not.
+        self.s.ingestor.record_decision(
+            valid,
+            purpose=template_pb2.PURPOSE_VERIFY,
+            claimed_subject=claimed,
+            accepted=v.accepted,
+            probability=v.score,
+            model_version=v.model_version,
+        )
         return recognition_pb2.VerifyResponse(
             accepted=v.accepted,
             score=v.score,
@@ -271,6 +270,13 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
                     f"and subject {t.subject[:64]!r}"
                 )
         keys = template_keys(self.s.store, request.message_ids)  # (device_id, message_id): unique per device
+        if request.message_ids and not keys:
+            keep = self.s.config.recognition.keep
+            raise NotFound(
+                f"message_ids: expected stored templates, received {len(request.message_ids)} id(s) of which none is "
+                f"stored (identify and verify templates are decided, then forgotten unless recognition.keep keeps "
+                f"them; it is {keep!r}): send the person's ENROLL templates instead"
+            )
         if request.templates:
             outcomes = self.s.ingestor.ingest(list(request.templates), "grpc", self._sender(), recognise=False)
             bad = [o for o in outcomes if o.status == REJECTED]
