@@ -361,8 +361,25 @@ def test_empty_summaries(cs: ConsoleStore):
     assert cs.epsilon_by_device_hour(0.0) == []
 
 
+def received(sql: Any, records: list[Any]) -> None:
+    """Take ``records`` as ingest does: one ledger entry each (ids, times, ε); the templates are not kept."""
+    from peep.server.storage import IngestBatch, LedgerEntry
+
+    entries = [
+        LedgerEntry(
+            device_id=r.device_id, message_id=r.message_id, site=r.site, received_at=r.received_at, purpose=r.purpose,
+            track_id=r.track_id, bundle_id=r.bundle_id, mechanism_kind=r.mechanism_kind,
+            epsilon_coordinate=r.epsilon_coordinate, epsilon_vector=r.epsilon_vector, epsilon_traits=0.0,
+        )
+        for r in records
+    ]  # fmt: skip
+    assert all(sql.commit_ingest(IngestBatch(entries)))
+
+
 def test_devices_sum_epsilon_per_device_and_per_track_and_describe_the_latest_release(cs: ConsoleStore, sql: Any):
-    sql.insert_templates(
+    # From the ledger of received templates: identify templates are decided, then forgotten.
+    received(
+        sql,
         [
             record(1, received_at=T0 + 1, device="cam-1", track="a", eps_vector=2.0),
             record(2, received_at=T0 + 2, device="cam-1", track="a", eps_vector=3.0),
@@ -436,7 +453,8 @@ def test_track_keys_are_a_tracks_unlabelled_templates_oldest_first(cs: ConsoleSt
 
 def _hours(sql: Any) -> None:
     base = H0 * HOUR  # the start of an hour
-    sql.insert_templates(
+    received(
+        sql,
         [
             record(1, received_at=base - 0.25, eps_vector=1.0),  # the last instant of hour H0-1
             record(2, received_at=base, eps_vector=2.0),  # the first of H0
@@ -445,7 +463,7 @@ def _hours(sql: Any) -> None:
             record(5, received_at=base + 3600.0, device="cam-2", eps_vector=16.0),  # H0+1
             record(6, received_at=base + 2 * 3600 + 10, purpose="enroll", subject="bob", eps_vector=32.0),  # H0+2
             record(7, received_at=base - 7200.0, eps_vector=64.0),  # before `since` below
-        ]
+        ],
     )
 
 

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
 import pytest
 from console_fixtures import PASSWORDS, login_token
 
@@ -125,13 +130,59 @@ def test_the_enrolment_desk_can_only_enrol(console):
         assert c.get("/enrol").status_code == 200
 
 
+@contextmanager
+def keeping(console: Any, keep: str) -> Iterator[None]:
+    """The console's server with another recognition.keep for one test (its config and its ingest)."""
+    services = console.server.services
+    rc, ingestor = services.config.recognition, services.ingestor
+    old = rc.keep
+    object.__setattr__(rc, "keep", keep)
+    ingestor.keep = keep
+    try:
+        yield
+    finally:
+        object.__setattr__(rc, "keep", old)
+        ingestor.keep = old
+
+
+def test_nothing_to_enrol_from_a_camera_when_templates_are_forgotten(console):
+    from peep_server_testlib import DEVICE
+
+    stub = console.server.stub()
+    for m in [console.faces.message(2, purpose="identify", track_id="forgotten-track") for _ in range(2)]:
+        stub.Ingest(m, metadata=DEVICE, timeout=10)
+    with console.login("desk") as c:
+        page = c.get("/enrol").text
+        assert "forgotten-track" not in page and 'id="keep-note"' in page and "peep-edge enroll" in page
+        r = c.post("/enrol", data={"device": "cam-1", "track": "forgotten-track", "subject": "carol", "csrf": c.csrf})
+        assert r.status_code == 404 and "no templates of device cam-1 track forgotten-track" in r.text
+
+
+def test_people_and_privacy_pages_show_what_is_kept_per_category(console):
+    store = console.server.services.store
+    k = store.kept_counts(console.server.services.config.training.background_prefix)
+    with console.login("root") as c:
+        for path in ("/people", "/privacy"):
+            page = c.get(path).text
+            assert 'id="kept"' in page and 'id="keep-none"' in page and 'id="keep-all"' not in page
+            row = re.search(r'<tr id="kept-unknown">.*?<td class="n">(\d+)</td>', page, re.S)
+            assert row is not None and int(row.group(1)) == k.unknown == 0
+            row = re.search(r'<tr id="kept-enrolment">.*?<td class="n">(\d+)</td>', page, re.S)
+            assert row is not None and int(row.group(1)) == k.enrolment > 0
+            assert "not kept (recognition.keep = none)" in page
+        with keeping(console, "all"):
+            page = c.get("/privacy").text
+            assert 'id="keep-all"' in page and "people who never enrolled" in page
+
+
 def test_enrolment_desk_enrols_a_track(console):
     from peep_server_testlib import DEVICE
 
     stub = console.server.stub()
     msgs = [console.faces.message(2, purpose="identify", track_id="desk-track-1") for _ in range(3)]
-    for m in msgs:
-        stub.Ingest(m, metadata=DEVICE, timeout=10)
+    with keeping(console, "all"):  # enrolling a camera's track needs its templates kept
+        for m in msgs:
+            stub.Ingest(m, metadata=DEVICE, timeout=10)
     with console.login("desk") as c:
         assert "desk-track-1" in c.get("/enrol").text
         r = c.post("/enrol", data={"device": "cam-1", "track": "desk-track-1", "subject": "carol", "csrf": c.csrf})
@@ -144,8 +195,9 @@ def test_only_the_admin_enrols_a_track_into_the_background(console):
     from peep_server_testlib import DEVICE
 
     stub = console.server.stub()
-    for m in [console.faces.message(3, purpose="identify", track_id="desk-track-bg") for _ in range(2)]:
-        stub.Ingest(m, metadata=DEVICE, timeout=10)
+    with keeping(console, "all"):
+        for m in [console.faces.message(3, purpose="identify", track_id="desk-track-bg") for _ in range(2)]:
+            stub.Ingest(m, metadata=DEVICE, timeout=10)
     form = {"device": "cam-1", "track": "desk-track-bg", "subject": "background:zed"}
     with console.login("desk") as c:
         r = c.post("/enrol", data={**form, "csrf": c.csrf})

@@ -291,19 +291,23 @@ class ConsoleStore:
     # ------------------------------------------------------------ summaries of templates
 
     def devices(self) -> list[DeviceSummary]:
-        """Per device: releases, ε per vector spent in total and on its most-released track, the latest release."""
+        """Per device: releases, ε per vector spent in total and on its most-released track, the latest release.
+
+        From the ingest ledger (every received template's ids, times and ε, kept for the de-duplication
+        window), not from templates: identify/verify templates are decided and forgotten.
+        """
         q = (
-            "SELECT device_id, COUNT(*), SUM(epsilon_vector), MAX(received_at) FROM templates GROUP BY device_id "
+            "SELECT device_id, COUNT(*), SUM(epsilon_vector), MAX(received_at) FROM ingest_ledger GROUP BY device_id "
             "ORDER BY device_id"
         )
         q_track = (
             "SELECT device_id, MAX(total) FROM (SELECT device_id, track_id, SUM(epsilon_vector) AS total "
-            "FROM templates GROUP BY device_id, track_id) t GROUP BY device_id"
+            "FROM ingest_ledger GROUP BY device_id, track_id) t GROUP BY device_id"
         )
         q_last = (
             "SELECT t.device_id, t.site, t.bundle_id, t.mechanism_kind, t.epsilon_coordinate, t.epsilon_vector "
-            "FROM templates t JOIN (SELECT device_id, MAX(received_at) AS last FROM templates GROUP BY device_id) m "
-            "ON m.device_id = t.device_id AND m.last = t.received_at"
+            "FROM ingest_ledger t JOIN (SELECT device_id, MAX(received_at) AS last FROM ingest_ledger "
+            "GROUP BY device_id) m ON m.device_id = t.device_id AND m.last = t.received_at"
         )
         with self.store._session() as conn:
             rows = conn.execute(q).fetchall()
@@ -360,7 +364,7 @@ class ConsoleStore:
         """(hour index since the epoch, templates received) for recognitions since ``since``."""
         of, params = self.store._sql.any_of("purpose", list(purposes))
         q = (
-            f"SELECT {self._hour} AS h, COUNT(*) FROM templates WHERE received_at >= "
+            f"SELECT {self._hour} AS h, COUNT(*) FROM ingest_ledger WHERE received_at >= "
             f"{self._p} AND {of} GROUP BY {self._hour} ORDER BY h"
         )
         with self.store._session() as conn:
@@ -369,7 +373,7 @@ class ConsoleStore:
     def epsilon_by_device_hour(self, since: float) -> list[tuple[str, int, float]]:
         """(device, hour index, ε per vector spent in that hour) since ``since``."""
         q = (
-            f"SELECT device_id, {self._hour} AS h, SUM(epsilon_vector) FROM templates "
+            f"SELECT device_id, {self._hour} AS h, SUM(epsilon_vector) FROM ingest_ledger "
             f"WHERE received_at >= {self._p} GROUP BY device_id, {self._hour} ORDER BY h"
         )
         with self.store._session() as conn:

@@ -599,6 +599,34 @@ class ConsoleApp:
 
     # ------------------------------------------------------------ People
 
+    def _kept(self) -> dict[str, Any]:
+        """What the database keeps, per category, with how long (the People and Privacy pages)."""
+        cfg = self.services.config
+        rc = cfg.recognition
+        k = self.services.store.kept_counts(cfg.training.background_prefix)
+        enrol_for = (
+            f"{cfg.retention.days:g} days after receipt (retention.include_enrolment)"
+            if cfg.retention.days is not None and cfg.retention.include_enrolment
+            else "until erased"
+        )
+        not_kept = f"not kept (recognition.keep = {rc.keep})"
+        rows = [
+            {"id": "enrolment", "what": "enrolment templates (consented)", "n": k.enrolment, "kept_for": enrol_for},
+            {"id": "background", "what": "background templates (the administrator's public population)",
+             "n": k.background, "kept_for": enrol_for},
+            {"id": "recognised", "what": "identify/verify templates of people recognised as enrolled",
+             "n": k.recognised, "kept_for": f"{rc.keep_days:g} days" if rc.keep != "none" else not_kept},
+            {"id": "unknown", "what": "identify/verify templates of everyone else (strangers)", "n": k.unknown,
+             "kept_for": f"{rc.keep_days:g} days" if rc.keep == "all" else not_kept},
+            {"id": "decisions", "what": f"decisions (recognition events; {k.unknown_decisions} unknown, naming nobody)",
+             "n": k.decisions, "kept_for": f"{rc.events_days:g} days"},
+            {"id": "ledger", "what": "ledger of received message ids (ids, times, ε; no template)", "n": k.ledger,
+             "kept_for": f"{cfg.ingest.ledger_window_s / 86400:.4g} days (ingest.max_age_s + max_clock_skew_s)"},
+            {"id": "track-memory", "what": "track fusion memory (replicas)", "n": k.track_memory,
+             "kept_for": f"{cfg.training.track_fusion_s:g} s"},
+        ]  # fmt: skip
+        return {"rows": rows, "keep": rc.keep, "counts": k}
+
     def people(self, ctx: Ctx, *, result: Any = None, error: str = "", status: int = 200) -> Response:
         subjects = self.store.subjects()
         prefix = self.services.config.training.background_prefix
@@ -610,7 +638,7 @@ class ConsoleApp:
                 "subjects": [(s, n, t) for s, n, t in subjects if not s.startswith(prefix)],
                 "n_background": sum(1 for s, _, _ in subjects if s.startswith(prefix)),
                 "model": m,
-                "retention": self.services.config.retention,
+                "kept": self._kept(),
                 "result": result,
                 "error": error,
             },
@@ -768,6 +796,7 @@ class ConsoleApp:
                 "qbbs": self.qbbs is not None,
                 "bundle_id": bundle.bundle_id if bundle else "",
                 "bundle_mechanism": getattr(bundle, "mechanism_defaults", None) if bundle else None,
+                "kept": self._kept(),
             },
         )
 
@@ -801,7 +830,15 @@ class ConsoleApp:
 
     def enrol_page(self, ctx: Ctx, *, result: str = "", error: str = "", status: int = 200) -> Response:
         return self._page(
-            ctx, "enrol.html", {"tracks": self.store.open_tracks(), "result": result, "error": error}, status
+            ctx,
+            "enrol.html",
+            {
+                "tracks": self.store.open_tracks(),
+                "keep": self.services.config.recognition.keep,
+                "result": result,
+                "error": error,
+            },
+            status,
         )
 
     def enrol(self, ctx: Ctx) -> Response:
