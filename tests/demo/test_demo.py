@@ -94,6 +94,43 @@ def test_no_pixels_reach_the_server(demo_run):
     assert [p for p in devices.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES] == []
 
 
+def test_the_server_keeps_nothing_of_the_strangers_it_decided(demo_run):
+    """Decide, then forget (the default recognition.keep): after the run the database holds no identify or
+    verify template, and a never-enrolled person's message id is found only in the ledger of received ids
+    and in the decision -- read in every table, not only templates."""
+    out, s = demo_run
+    assert s["kept"]["keep"] == "none"
+    assert s["kept_templates"]["recognised"] == 0 and s["kept_templates"]["strangers"] == 0
+    assert s["kept_templates"]["enrolment"] == s["data"]["enrolment_images"] and s["kept_templates"]["background"] > 0
+    releases = json.loads((out / "releases.json").read_text())
+    assert "payload" not in releases[0]
+    strangers = {r["message_id"] for r in releases if r["person"] is not None and not r["enrolled"]}
+    assert len(strangers) == s["identification"]["stranger_templates"] > 0
+    con = sqlite3.connect(out / "server" / "peep.db")
+    try:
+        (n,) = con.execute("SELECT COUNT(*) FROM templates WHERE purpose != 'enroll'").fetchone()
+        assert n == 0
+        assert con.execute("SELECT COUNT(*) FROM track_memory").fetchone() == (0,)
+        where: dict[str, set[str]] = {}
+        for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
+            for row in con.execute(f"SELECT * FROM {t}"):  # the database's own table names
+                for cell in row:
+                    if isinstance(cell, str) and cell in strangers:
+                        where.setdefault(t, set()).add(cell)
+        assert set(where) == {"ingest_ledger", "recognition_events"}
+        assert where["ingest_ledger"] == strangers and where["recognition_events"] == strangers
+        # what those rows hold: ids, times, the release's ε; the decision, its probability, the model
+        ledger_cols = [r[1] for r in con.execute("PRAGMA table_info(ingest_ledger)")]
+        assert ledger_cols == ["device_id", "message_id", "site", "received_at", "purpose", "track_id", "bundle_id",
+                               "mechanism_kind", "epsilon_coordinate", "epsilon_vector", "epsilon_traits"]  # fmt: skip
+        q = "SELECT subject, unknown FROM recognition_events WHERE message_id = ?"
+        for mid in strangers:
+            for subject, unknown in con.execute(q, (mid,)):
+                assert unknown == 0 or subject == ""  # an unknown decision names nobody
+    finally:
+        con.close()
+
+
 def test_usage_errors_name_the_option(capsys):
     assert main(["demo", "--subjects", "0"]) == 2
     assert "--subjects" in capsys.readouterr().err

@@ -58,6 +58,9 @@ def register(sub: Any) -> None:
     p.add_argument("--qbbs-epsilon", type=float, default=1.0, help="ε of each QBBS query answer (default 1)")
     p.add_argument("--mqtt", choices=["auto", "on", "off"], default="auto",
                    help="one camera over MQTT when a broker answers on 127.0.0.1:1883 (default auto)")  # fmt: skip
+    p.add_argument("--keep", choices=["none", "recognised", "all"], default="none",
+                   help="the server's recognition.keep: which identify/verify templates it writes to its database "
+                   "after deciding them (default none: decided, then forgotten)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="who is enrolled and who walks past (never the noise)")
     p.add_argument("--console", action="store_true",
                    help="leave the server and its operator console running on the demo's data; prints the URL and "
@@ -110,6 +113,7 @@ def handle(args: argparse.Namespace) -> int:
         mqtt=args.mqtt,
         seed=args.seed,
         console=args.console,
+        keep=args.keep,
     )
     if args.console:
         from peep.server.console import require_console

@@ -118,6 +118,12 @@ def _pct(v: float | None) -> str:
     return "n/a" if v is None else f"{100 * v:.1f} %"
 
 
+def _kept_text(summary: dict[str, Any]) -> str:
+    kept, counts = summary.get("kept", {}), summary.get("kept_templates", {})
+    numbers = " / ".join(str(counts.get(k, "n/a")) for k in ("enrolment", "background", "recognised", "strangers"))
+    return f"{numbers} (recognition.keep = {kept.get('keep', 'n/a')}; decisions kept: {kept.get('decisions', 'n/a')})"
+
+
 def write_report(
     summary: dict[str, Any], releases: dict[str, dict[str, Any]], events: dict[str, Any], out: Path
 ) -> Path:
@@ -160,6 +166,7 @@ def write_report(
             "Templates released / per second",
             f"{summary['edge']['templates']} / {summary['edge']['templates_per_s']:.1f}",
         ),
+        ("Templates the server kept: enrolment / background / recognised / strangers", _kept_text(summary)),
         ("Wall time", f"{summary['wall_s']:.0f} s"),
     ]
     rows_html = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in table)

@@ -99,6 +99,8 @@ class DemoOptions:
     background_templates: int = 1500
     # Leave the server and its operator console running on the demo's data (peep demo --console).
     console: bool = False
+    # The server's recognition.keep: identify/verify templates are decided, then forgotten by default.
+    keep: str = "none"
 
 
 @dataclass
@@ -186,6 +188,10 @@ class Demo:
             if self.use_mqtt:
                 self._clear_broker(bundle)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
+        # The ground truth of what the cameras released (who was in front of which camera when; never a
+        # template): what the summary's figures and kept_templates.strangers are counted against.
+        truth = [{k: v for k, v in r.items() if k != "payload"} | {"message_id": m} for m, r in self.releases.items()]
+        (self.out / "releases.json").write_text(json.dumps(truth, indent=1) + "\n")
         from peep.server.demo.report import write_report
 
         write_report(summary, self.releases, self.events, self.out)
@@ -332,6 +338,7 @@ class Demo:
                 "identify_far": self.opts.identify_far,
                 "target_far": self.opts.verify_far,
             },
+            "recognition": {"keep": self.opts.keep},
             "metrics": {"enabled": False},
             "logging": {"format": "text", "level": "warning"},
             # Started with the server, so the Live page holds the demo's recognitions.
@@ -609,6 +616,32 @@ class Demo:
             "devices": per_device,
         }
 
+    def _kept(self) -> dict[str, Any]:
+        """What the server's database keeps after the run, counted there (``recognition.keep``, default none).
+
+        ``strangers`` counts the stored templates of the never-enrolled people the cameras released (their
+        message ids are known here, not to the server): 0 unless ``keep = "all"``.
+        """
+        services = self.app.services
+        counts = services.store.kept_counts(services.config.training.background_prefix)
+        strangers = sum(
+            services.store.get_template(mid, device_id=dev) is not None for dev, mid in _stranger_keys(self.releases)
+        )
+        return {
+            "templates": {
+                "enrolment": counts.enrolment,
+                "background": counts.background,
+                "recognised": counts.recognised,
+                "strangers": strangers,
+            },
+            "keep": services.config.recognition.keep,
+            "unknown_identify_verify_templates": counts.unknown,
+            "decisions": counts.decisions,
+            "unknown_decisions": counts.unknown_decisions,
+            "ledger_entries": counts.ledger,
+            "track_memory": counts.track_memory,
+        }
+
     def _verify(self, scenario: Scenario) -> dict[str, Any]:
         rng = np.random.default_rng(self.opts.seed + 7)
         subjects = list(scenario.enrolled)
@@ -718,6 +751,7 @@ class Demo:
         mech = TemplateReleaser(bundle, kind=o.mechanism, epsilon=o.epsilon, delta=o.delta).mechanism
         g = mech.guarantee
         appearances = sum(len(s.appearances) for s in self.scripts)
+        kept = self._kept()
         return {
             "data": {
                 "subjects": len(scenario.enrolled),
@@ -756,12 +790,18 @@ class Demo:
                 "fused_decisions": fused,
             },
             "verification": {k: v for k, v in verify.items() if k != "rows"},
+            "kept_templates": kept["templates"],
+            "kept": kept,
             "edge": cam,
             "mqtt": self.use_mqtt,
             "site": self.site,
             "steps_s": self.timer.steps,
             "wall_s": round(wall_s, 1),
         }
+
+
+def _stranger_keys(releases: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
+    return [(r["device"], mid) for mid, r in releases.items() if r["person"] is not None and not r["enrolled"]]
 
 
 def _ledger_totals(state_dir: Path) -> dict[str, float]:
@@ -809,6 +849,8 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
         return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f} %"
 
     steps = ", ".join(f"{k.split(' (')[0]}: {v:.0f}s" for k, v in s["steps_s"].items())
+    kept = s.get("kept", {})
+    kt = s.get("kept_templates", {"enrolment": 0, "background": 0, "recognised": 0, "strangers": 0})
     eps_dev = ", ".join(
         f"{d}: {v['epsilon_vector_spent']:,.0f} ({v['releases']} releases, {v['transport']})"
         for d, v in edge["devices"].items()
@@ -830,6 +872,10 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
         f"({ver['claims']} claims); face alone against every other subject: FAR {pct(every.get('far'))} of "
         f"{every.get('claims', 0)} impostor claims",
         f"  ε spent per device  (per vector) {eps_dev}",
+        f"  kept by the server  templates: enrolment {kt['enrolment']}, background {kt['background']}, "
+        f"recognised {kt['recognised']}, strangers {kt['strangers']} (recognition.keep = {kept.get('keep', '?')}); "
+        f"{kept.get('decisions', 0)} decisions ({kept.get('unknown_decisions', 0)} unknown), "
+        f"{kept.get('ledger_entries', 0)} ledger entries (message ids and times, no template)",
         f"  QBBS                ε {ver['qbbs_epsilon_per_answer']:g} per answer; per subject max "
         f"{max(ver['qbbs_epsilon_per_subject'].values(), default=0):g} (odometer); fused threshold "
         f"{ver['fused_threshold']:.3g} (calibrated for 1 % FAR on simulated public-population impostors)",
