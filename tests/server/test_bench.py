@@ -14,7 +14,7 @@ def test_quick_bench_measures_every_number():
 
     out = run(quick=True)
     keys = ("ingest_per_s_grpc", "identify_p50_ms", "identify_p99_ms", "identify_batch_per_s",
-            "identify_tracks_batch_per_s", "train_s_10k")  # fmt: skip
+            "identify_tracks_batch_per_s", "ingest_decided_per_s", "train_s_10k")  # fmt: skip
     for k in keys:
         assert isinstance(out[k], float) and math.isfinite(out[k]) and out[k] > 0, (k, out[k])
     assert out["identify_p50_ms"] <= out["identify_p99_ms"]

@@ -83,6 +83,20 @@ def test_identify_and_verify_templates_are_decided_then_forgotten(trained_server
     assert v.claimed_subject == who and v.accepted == got[ver.message_id].accepted
 
 
+def test_the_identify_and_verify_calls_keep_their_decisions_not_their_templates(trained_server, templates):
+    stub = trained_server.stub()
+    i, _, who = _subjects(templates)
+    probe = templates.message(i)
+    r = stub.Identify(recognition_pb2.IdentifyRequest(template=probe, top_k=3), metadata=DEVICE, timeout=5)
+    v = stub.Verify(recognition_pb2.VerifyRequest(template=probe, claimed_subject=who), metadata=DEVICE, timeout=5)
+    assert trained_server.services.ingestor.decisions.flush(5.0)
+    got = sorted(_decisions(trained_server, probe), key=lambda d: d.purpose)
+    assert [(d.purpose, d.subject, d.claimed_subject) for d in got] == [("identify", r.subject, ""),
+                                                                        ("verify", "", who)]  # fmt: skip
+    assert got[1].accepted == v.accepted and _stored(trained_server, probe) is None
+    assert not trained_server.services.store.seen([(probe.device_id, probe.message_id)])  # a query, not ingest
+
+
 def test_a_redelivered_template_is_a_duplicate_after_it_was_forgotten(trained_server, templates):
     stub = trained_server.stub()
     m = templates.message(int(templates.test[2]))

@@ -351,6 +351,7 @@ class Services:
         if self.relay is not None:
             self.relay.stop()
         self.events.close()
+        self.ingestor.close()
         for fn in self._close_hooks:
             try:
                 fn()
