@@ -54,6 +54,7 @@ def test_cli_end_to_end_with_frontier(data_home: str, tmp_path: Path, capsys: py
         "64,1024",
         "--frontier-components",
         "8,16",
+        "--no-bystander",  # measured by test_cli_bystander_section
     ]
     assert main(argv) == 0
     doc = _check_outputs(out)
@@ -135,9 +136,13 @@ def test_cli_folder_dataset_secure_sampler(data_home: str, tmp_path: Path, monke
         "--secure-noise",
         "--jobs",
         "1",
+        "--no-bystander",  # its strangers would be detected afresh in this test's empty face cache
     ]
     assert main(argv) == 0
     doc = _check_outputs(out)
+    assert doc["bystander"] is None and doc["bystander_setup"] is None
+    assert "bystander" not in doc["plots"]
+    assert "--no-bystander" in doc["command"]
     assert doc["dataset"]["n_subjects"] == 3
     assert doc["protocol"]["preset"] == "reference" and doc["config"]["hidden"] == 16
     assert doc["command"][doc["command"].index("--preset") + 1] == "reference"
@@ -147,6 +152,67 @@ def test_cli_folder_dataset_secure_sampler(data_home: str, tmp_path: Path, monke
     assert r["epsilon_coordinate"] <= 100.0
     assert doc["linkage_subsets_skipped"]  # only 3 identities: no sets of 5 or 10
     assert "utility_vs_components" not in doc["plots"]
+
+
+def test_cli_bystander_section(data_home: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stranger's appearances: linked from kept templates (keep = all); no template under keep = none."""
+    out = tmp_path / "audit"
+    argv = [
+        *_base(data_home, out),
+        "--mechanism",
+        "privunit",
+        "--projection",
+        "fisherfaces",
+        "--basis",
+        "background",
+        "--background-max-faces",
+        "9",
+        "--components",
+        "16",
+        "--epsilons",
+        "4,64",
+        "--repeats",
+        "1",
+        "--hidden",
+        "16",
+        "--sweep-components",
+        "none",
+        "--sweep-images",
+        "none",
+        "--jobs",
+        "2",
+    ]
+    assert main(argv) == 0
+    doc = _check_outputs(out)
+    assert "bystander" in doc["plots"]
+    by = doc["bystander"]
+    assert [b["epsilon"] for b in by] == [4.0, 64.0]
+    setup = doc["bystander_setup"]
+    assert setup["population"]["max_faces"] == 9
+    assert (
+        sum(setup["groups"][g][0] for g in ("strangers", "calibration", "public")) == setup["population"]["n_subjects"]
+    )
+    for b in by:
+        # privunit: the parameter is the per-template ε (the exact guarantee may be a hair below it)
+        assert b["epsilon_vector"] == pytest.approx(b["epsilon"], rel=1e-3) and b["epsilon_vector"] <= b["epsilon"]
+        assert b["keep_none"]["templates_kept"] == 0
+        assert b["keep_all"]["templates_kept"] == b["n_appearances"] == setup["appearances"]["strangers"][0]
+        assert b["chance_precision"] == pytest.approx(b["n_same_pairs"] / b["n_pairs"])
+        best = b["keep_all"]["best"]
+        scores = b["keep_all"]["methods"][best["method"]]
+        assert best["f1"] == scores["f1"] == max(m["f1"] for m in b["keep_all"]["methods"].values())
+        events = b["keep_none"]["events"]
+        assert events["f1"] == b["keep_none"]["methods"][events["method"]]["f1"]
+        assert events["chance_precision"] == b["chance_precision"]
+        assert 0.0 <= b["keep_recognised"]["share"] <= 1.0
+    # more ε links better: at ε = 64 the kept templates give the strangers away
+    lo, hi = by
+    assert hi["keep_all"]["best"]["f1"] > lo["keep_all"]["best"]["f1"]
+    assert hi["keep_all"]["best"]["f1"] > 2 * hi["chance_f1"]
+    assert hi["keep_all"]["methods"]["parrot_plda"]["pair_auc"] > 0.8
+    report = (out / "report.html").read_text()
+    assert "Bystanders" in report and "recognition.events_days" in report
+    assert "bystanders" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

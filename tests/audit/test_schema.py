@@ -61,7 +61,20 @@ def test_written_audit_validates_and_holds_the_issue_fields(tiny_audit) -> None:
     assert [p["value"] for p in doc["sweeps"]["images_per_subject"]] == [10]
     assert doc["sweeps"]["images_per_subject"][0]["images_per_subject_min"] == 10
     assert doc["frontier"] is None
+    assert [b["epsilon"] for b in doc["bystander"]] == [2.0, 16.0]
+    for b in doc["bystander"]:
+        assert b["keep_none"]["templates_kept"] == 0
+        assert set(b["keep_all"]["methods"]) == {"cosine", "parrot_lda", "parrot_plda", "combined"}
+        assert b["keep_all"]["best"]["method"] in b["keep_all"]["methods"]
+        assert b["n_repeats"] == 2 and len(b["per_repeat"]["keep_all_f1"]) == 2
+        assert b["epsilon_vector"] == pytest.approx(16 * b["epsilon"])
     assert doc["timing"]["wall_seconds"] > 0 and doc["timing"]["cpu_seconds"] > 0
+
+
+def test_schema_accepts_a_run_without_the_bystander_section(tiny_audit) -> None:
+    doc = copy.deepcopy(tiny_audit[0].data)
+    doc["bystander"] = doc["bystander_setup"] = None
+    validate_audit(doc)
 
 
 @pytest.mark.parametrize(
@@ -72,6 +85,11 @@ def test_written_audit_validates_and_holds_the_issue_fields(tiny_audit) -> None:
         (lambda d: d["dataset"].pop("n_subjects"), "dataset"),
         (lambda d: d["results"][1]["averaging"].pop("20"), "results/1/averaging"),
         (lambda d: d.__setitem__("results", []), "results"),
+        (lambda d: d["bystander"][0]["keep_none"].__setitem__("templates_kept", 3), "bystander"),
+        (lambda d: d["bystander"][1]["keep_all"].pop("best"), "bystander"),
+        (lambda d: d["bystander"][0]["keep_all"]["methods"].pop("parrot_plda"), "bystander"),
+        (lambda d: d["bystander"][0].__setitem__("chance_precision", 1.5), "bystander"),
+        (lambda d: d.pop("bystander"), r"\(root\): 'bystander'"),
     ],
 )
 def test_schema_rejects_broken_documents(tiny_audit, mutate, where: str) -> None:

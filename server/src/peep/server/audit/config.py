@@ -108,6 +108,12 @@ class AuditConfig:
         Projections the frontier searches (empty: every registered one the
         basis allows — projections that learn from identities need
         ``basis="background"``).
+    bystander : bool
+        Measure how well an operator holding what the server kept links a
+        stranger's appearances (:mod:`peep.server.audit.bystander`), with
+        strangers, calibration and public people drawn from LFW's identities
+        outside the audited ones (the background population, or the same
+        range of people with ``basis="train"``).
     grid_faces : int
         Faces in the reconstruction image grid.
     progress : bool
@@ -142,6 +148,7 @@ class AuditConfig:
     frontier_epsilons: tuple[float, ...] = DEFAULT_FRONTIER_EPSILONS
     frontier_components: tuple[int, ...] = (16, 40, 64, 128)
     frontier_projections: tuple[str, ...] = ()
+    bystander: bool = True
     grid_faces: int = 6
     progress: bool = True
 
@@ -331,4 +338,5 @@ class AuditConfig:
             "frontier_epsilons": list(self.frontier_epsilons),
             "frontier_components": list(self.frontier_components),
             "frontier_projections": list(self.searched_projections),
+            "bystander": self.bystander,
         }

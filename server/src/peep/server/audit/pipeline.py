@@ -12,8 +12,9 @@ from typing import Any
 
 import numpy as np
 from peep.core.projections import projection_class
-from peep.server.audit import runner
+from peep.server.audit import bystander, runner
 from peep.server.audit.basis import BOUNDS_VARIANTS
+from peep.server.audit.bystander import BystanderContext, combine_bystanders
 from peep.server.audit.config import FRONTIER_MECHANISMS, AuditConfig, AuditConfigError
 from peep.server.audit.runner import (
     AuditData,
@@ -120,15 +121,17 @@ def run_audit(cfg: AuditConfig, *, command: Sequence[str] | None = None) -> Audi
         )
     cpu = 0.0
 
-    # 1. splits, bases, clean recognisers
-    prep, c = run_jobs(
-        cfg,
-        [(runner._prepare_job, (data, cfg, r, cfg.components, "bundle", True)) for r in range(cfg.repeats)],
-        "audit: splits and clean recognisers",
-    )
+    # 1. splits, bases, clean recognisers (and the bystander section's people and bases)
+    prep_jobs: list[tuple[Any, tuple[Any, ...]]] = [
+        (runner._prepare_job, (data, cfg, r, cfg.components, "bundle", True)) for r in range(cfg.repeats)
+    ]
+    if cfg.bystander:
+        prep_jobs += [(bystander._prepare_job, (data, cfg, r)) for r in range(cfg.repeats)]
+    prep, c = run_jobs(cfg, prep_jobs, "audit: splits and clean recognisers")
     cpu += c
-    contexts: list[RepeatContext] = [p[0] for p in prep]
-    baselines = [p[1] for p in prep]
+    contexts: list[RepeatContext] = [p[0] for p in prep[: cfg.repeats]]
+    baselines = [p[1] for p in prep[: cfg.repeats]]
+    bystander_contexts: list[BystanderContext] = list(prep[cfg.repeats :])
 
     # 2. every ε on every split, and the sweeps
     jobs: list[tuple[Any, tuple[Any, ...]]] = []
@@ -148,13 +151,26 @@ def run_audit(cfg: AuditConfig, *, command: Sequence[str] | None = None) -> Audi
                     )
                 )
                 sweep_index.append((sweep, v))
-    results, c = run_jobs(cfg, jobs, "audit: ε × splits, sweeps")
+    n_sweep = len(sweep_index)
+    for r, bctx in enumerate(bystander_contexts):
+        for i, eps in enumerate(cfg.epsilons):
+            jobs.append((bystander._evaluate_job, (bctx, cfg, eps, (runner._TAG_BYSTANDER, r, i))))
+    results, c = run_jobs(cfg, jobs, "audit: ε × splits, sweeps, bystanders")
     cpu += c
     evals = results[:n_eval]
+    by_rows = results[n_eval + n_sweep :]
+    bystanders = (
+        [
+            combine_bystanders([by_rows[r * len(cfg.epsilons) + i] for r in range(cfg.repeats)])
+            for i in range(len(cfg.epsilons))
+        ]
+        if cfg.bystander
+        else None
+    )
     per_eps = [[evals[r * len(cfg.epsilons) + i] for r in range(cfg.repeats)] for i in range(len(cfg.epsilons))]
     entries = [combine_results(rows) for rows in per_eps]
 
-    sweeps = _assemble_sweeps(cfg, sweep_index, results[n_eval:], entries, baselines)
+    sweeps = _assemble_sweeps(cfg, sweep_index, results[n_eval : n_eval + n_sweep], entries, baselines)
 
     frontier = None
     if cfg.frontier:
@@ -236,6 +252,8 @@ def run_audit(cfg: AuditConfig, *, command: Sequence[str] | None = None) -> Audi
         "results": entries,
         "sweeps": sweeps,
         "frontier": frontier,
+        "bystander": bystanders,
+        "bystander_setup": bystander_setup(cfg, data, bystander_contexts) if cfg.bystander else None,
         "timing": {},
         "plots": {},
     }
@@ -246,6 +264,26 @@ def run_audit(cfg: AuditConfig, *, command: Sequence[str] | None = None) -> Audi
     }
     grid = _grid(cfg, data, ctx0, evals[: len(cfg.epsilons)])
     return AuditResult(data=audit, grid=grid)
+
+
+def bystander_setup(cfg: AuditConfig, data: AuditData, contexts: Sequence[BystanderContext]) -> dict[str, Any]:
+    """What the bystander section's people, basis and recognisers were (``bystander_setup`` in audit.json)."""
+    ctx0 = contexts[0]
+    return {
+        "population": data.pool_desc,
+        "groups": {g: [int(np.unique(c.people[g]).shape[0]) for c in contexts] for g in bystander.GROUPS},
+        "appearances": {g: [int(c.people[g].shape[0]) for c in contexts] for g in bystander.GROUPS},
+        "basis": ctx0.basis_fitted_on,
+        "link_methods": list(bystander.LINK_METHODS),
+        "event_methods": list(bystander.EVENT_METHODS),
+        "clustering": "average linkage on the method's similarity, cut at the threshold that maximises pairwise "
+        "F1 on the calibration people",
+        "note": "Strangers, calibration and public people are disjoint thirds of the never-enrolled people, "
+        "drawn per split (identities dealt in threes by number of images). Each photo of a stranger is one "
+        "appearance, released once at the audited ε. The audit has no deployment timeline: linkage by time "
+        "and device is not measured (it depends on a site's traffic); a server keeps the events "
+        "recognition.events_days and, with keep = all, the templates recognition.keep_days.",
+    }
 
 
 def recogniser_protocol(cfg: AuditConfig) -> dict[str, Any]:

@@ -70,7 +70,7 @@ IntArray = NDArray[np.int64]
 
 
 # Job tags keep the noise streams of different job families apart.
-_TAG_EVAL, _TAG_SWEEP, _TAG_FRONTIER_SELECT, _TAG_FRONTIER_EVAL = 1, 2, 3, 4
+_TAG_EVAL, _TAG_SWEEP, _TAG_FRONTIER_SELECT, _TAG_FRONTIER_EVAL, _TAG_BYSTANDER = 1, 2, 3, 4, 5
 # Split indices of the frontier's selection split and its fresh evaluation splits.
 _FRONTIER_SELECT_SPLIT = 10_000
 _FRONTIER_EVAL_SPLIT = 20_000
@@ -198,6 +198,12 @@ class AuditData:
     #: Descriptors of the same faces, by descriptor kind (e.g. ``"dlib-resnet"``): (n, dimension).
     descriptors: dict[str, NDArray[np.float32]] = field(default_factory=dict)
     background_descriptors: dict[str, NDArray[np.float32]] = field(default_factory=dict)
+    #: The people the audit never enrols (strangers, calibration and public people of the bystander
+    #: section): LFW's identities outside the audited ones, the background itself with --basis background.
+    pool: NDArray[np.float32] | None = None  # flattened (m, pixels)
+    pool_labels: IntArray | None = None
+    pool_descriptors: dict[str, NDArray[np.float32]] = field(default_factory=dict)
+    pool_desc: dict[str, Any] = field(default_factory=dict)
 
     @property
     def X(self) -> NDArray[np.float32]:
@@ -224,11 +230,14 @@ def _progress(cfg: AuditConfig, desc: str) -> Iterator[Callable[[int, int], None
 def load_audit_data(cfg: AuditConfig) -> AuditData:
     """Load the dataset (and background population) with the configured normalisation.
 
-    Descriptor projections (``dlib-resnet``) among the audited or searched
-    ones get their descriptors computed for the same faces (cached per person
-    and network, like the faces).
+    With ``cfg.bystander`` the never-enrolled people are loaded too (the
+    background itself with ``--basis background``; otherwise the same range
+    of LFW people, used only by the bystander section). Descriptor
+    projections (``dlib-resnet``) among the audited or searched ones get
+    their descriptors computed for the same faces (cached per person and
+    network, like the faces).
     """
-    from peep.server.datasets import load_dataset
+    from peep.server.datasets import DatasetError, load_dataset
     from peep.server.descriptors import descriptor_encoder
 
     norm: Any = cfg.normalisation
@@ -263,23 +272,7 @@ def load_audit_data(cfg: AuditConfig) -> AuditData:
             f"received {cfg.min_faces} ({data.n_classes} identity left)"
         )
     if cfg.basis == "background":
-        # Every LFW identity in the data home that is not audited: for lfw the people below
-        # --min-faces, for a folder LFW's people whose names are not in it.
-        min_bg, max_faces = cfg.background_faces_range
-        with _progress(cfg, "background faces (cached afterwards)") as cb:
-            bg = load_dataset(
-                "lfw",
-                data_home=cfg.data_home,
-                min_faces=min_bg,
-                max_faces=max_faces,
-                normalisation=norm,
-                progress=cb,
-                encoder=encoder,
-            )
-        audited = set(ds.target_names)
-        excluded = sorted(audited & set(bg.target_names))
-        if excluded:
-            bg = bg.subset(np.array([bg.target_names[int(i)] not in audited for i in bg.labels]))
+        bg, desc = _load_population(cfg, ds.target_names, encoder, "background faces (cached afterwards)")
         if bg.n_subjects < 2:
             raise AuditConfigError(
                 f"--basis background: expected a background of at least 2 LFW identities outside the audited "
@@ -289,15 +282,63 @@ def load_audit_data(cfg: AuditConfig) -> AuditData:
         data.background_labels = bg.labels.astype(np.int64)
         if encoder is not None and bg.descriptors is not None:
             data.background_descriptors[encoder.kind] = bg.descriptors
-        data.background_desc = {
-            "source": "lfw",
-            "min_faces": min_bg,
-            "max_faces": max_faces,
-            "n_images": bg.n_images,
-            "n_subjects": bg.n_subjects,
-            "excluded_audited_identities": len(excluded),
-        }
+        data.background_desc = desc
+    if cfg.bystander:
+        if data.background is not None:
+            # The same public people: loaded once, shared (pickled once per job, too).
+            data.pool, data.pool_labels = data.background, data.background_labels
+            data.pool_descriptors = data.background_descriptors
+            data.pool_desc = data.background_desc
+        else:
+            try:
+                pool, desc = _load_population(cfg, ds.target_names, encoder, "strangers' faces (cached afterwards)")
+            except DatasetError as exc:
+                raise AuditConfigError(
+                    f"--no-bystander: the bystander section takes its strangers from LFW's people outside the "
+                    f"audited ones, which could not be loaded ({exc}); stage LFW or pass --no-bystander"
+                ) from exc
+            data.pool = pool.X.astype(np.float32)
+            data.pool_labels = pool.labels.astype(np.int64)
+            if encoder is not None and pool.descriptors is not None:
+                data.pool_descriptors[encoder.kind] = pool.descriptors
+            data.pool_desc = desc
     return data
+
+
+def _load_population(
+    cfg: AuditConfig, audited_names: Sequence[str], encoder: Any, desc: str
+) -> tuple[Any, dict[str, Any]]:
+    """Every LFW identity in the data home that is not audited, and its description.
+
+    For ``lfw`` the people with 5 to ``min_faces − 1`` images, for a folder
+    LFW's people whose names are not in it (:attr:`AuditConfig.background_faces_range`).
+    """
+    from peep.server.datasets import load_dataset
+
+    min_bg, max_faces = cfg.background_faces_range
+    norm: Any = cfg.normalisation
+    with _progress(cfg, desc) as cb:
+        pop = load_dataset(
+            "lfw",
+            data_home=cfg.data_home,
+            min_faces=min_bg,
+            max_faces=max_faces,
+            normalisation=norm,
+            progress=cb,
+            encoder=encoder,
+        )
+    audited = set(audited_names)
+    excluded = sorted(audited & set(pop.target_names))
+    if excluded:
+        pop = pop.subset(np.array([pop.target_names[int(i)] not in audited for i in pop.labels]))
+    return pop, {
+        "source": "lfw",
+        "min_faces": min_bg,
+        "max_faces": max_faces,
+        "n_images": pop.n_images,
+        "n_subjects": pop.n_subjects,
+        "excluded_audited_identities": len(excluded),
+    }
 
 
 def basis_faces(

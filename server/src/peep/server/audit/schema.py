@@ -3,7 +3,7 @@
 ``peep audit`` validates its document against :data:`AUDIT_SCHEMA` before
 writing it and writes the schema next to it as ``audit.schema.json``.
 
-Conventions: every ``results[]`` entry (and every sweep/frontier point) holds
+Conventions: every ``results[]`` and ``bystander[]`` entry (and every sweep/frontier point) holds
 means over the repeated splits, and a ``std`` object of the same shape holding
 the standard deviations. ε appears as ``epsilon`` (the mechanism's parameter),
 ``epsilon_coordinate`` and ``epsilon_vector`` (what the release guarantees per
@@ -131,6 +131,93 @@ _frontier_point = _obj(
     }
 )
 
+_BYSTANDER_LINK_METHODS = ["cosine", "parrot_lda", "parrot_plda", "combined"]
+_BYSTANDER_EVENT_METHODS = ["probability", "decision_probability"]
+_count: dict[str, Any] = {"type": "number", "minimum": 0}
+_link_scores = _obj(
+    {
+        "precision": {**_frac_or_null, "description": "share of same-cluster pairs that are one person (null: none)"},
+        "recall": {**_frac_or_null, "description": "share of one person's pairs put in one cluster"},
+        "f1": _frac_or_null,
+        "threshold": {
+            "type": ["number", "null"],
+            "description": "similarity (the method's units) above which clusters merge, chosen on calibration people",
+        },
+        "pair_auc": {
+            **_frac_or_null,
+            "description": "threshold-free: P(a same-person pair scores above a two-person pair)",
+        },
+        "n_clusters": {"type": "number", "minimum": 1},
+        "chance_f1": {**_frac_or_null, "description": "a random clustering with the same cluster sizes"},
+    }
+)
+
+
+def _methods(names: list[str]) -> dict[str, Any]:
+    return _obj({n: _link_scores for n in names})
+
+
+def _best(names: list[str], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    return _obj(
+        {
+            "method": {"enum": names},
+            "precision": _frac_or_null,
+            "recall": _frac_or_null,
+            "f1": _frac_or_null,
+            **(extra or {}),
+        }
+    )
+
+
+_events = _obj(
+    {
+        "methods": _methods(_BYSTANDER_EVENT_METHODS),
+        "events": _best(_BYSTANDER_EVENT_METHODS, {"chance_precision": _frac}),
+    }
+)
+_kept = _obj({"templates_kept": _count, "share": _frac})
+
+BYSTANDER_SCHEMA: dict[str, Any] = _obj(
+    {
+        "epsilon": _pos,
+        "epsilon_coordinate": _pos,
+        "epsilon_vector": {**_pos, "description": "guaranteed ε of each released template"},
+        "n_components": {"type": "integer", "minimum": 1},
+        "n_strangers": {
+            "type": "number",
+            "minimum": 2,
+            "description": "never-enrolled people whose appearances are linked",
+        },
+        "n_appearances": {"type": "number", "minimum": 2},
+        "n_pairs": {"type": "number", "minimum": 1},
+        "n_same_pairs": _count,
+        "n_calibration": {"type": "number", "minimum": 2},
+        "n_public": {"type": "number", "minimum": 2},
+        "chance_precision": {**_frac, "description": "share of the strangers' pairs that are one person"},
+        "chance_f1": {**_frac, "description": "best data-blind clustering (all in one cluster): 2P / (1 + P)"},
+        "keep_all": _obj(
+            {
+                "templates_kept": {"type": "number", "minimum": 1},
+                "methods": _methods(_BYSTANDER_LINK_METHODS),
+                "best": _best(_BYSTANDER_LINK_METHODS),
+                "chance_precision": _frac,
+            }
+        ),
+        "keep_none": _obj(
+            {
+                "templates_kept": {"const": 0},
+                "methods": _methods(_BYSTANDER_EVENT_METHODS),
+                "events": _best(_BYSTANDER_EVENT_METHODS, {"chance_precision": _frac}),
+                "background_class": _events,
+            }
+        ),
+        "keep_recognised": _obj({"templates_kept": _count, "share": _frac, "background_class": _kept}),
+        "n_repeats": {"type": "integer", "minimum": 1},
+        "std": {"type": "object"},
+        "per_repeat": {"type": "object", "additionalProperties": {"type": "array", "items": _frac_or_null}},
+    }
+)
+
 AUDIT_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$id": "https://peep.invalid/schemas/audit-1.json",
@@ -219,6 +306,28 @@ AUDIT_SCHEMA: dict[str, Any] = {
                             "points": {"type": "array", "items": _frontier_point},
                             "searched": {"type": "object"},
                             "selection": {"type": "object"},
+                        }
+                    ),
+                ]
+            },
+            "bystander": {
+                "oneOf": [
+                    {"type": "null"},
+                    {"type": "array", "items": BYSTANDER_SCHEMA, "minItems": 1},
+                ],
+                "description": "per ε: how well an operator holding what the server kept links a stranger's "
+                "appearances (null with --no-bystander)",
+            },
+            "bystander_setup": {
+                "oneOf": [
+                    {"type": "null"},
+                    _obj(
+                        {
+                            "population": {"type": "object"},
+                            "groups": {"type": "object"},
+                            "appearances": {"type": "object"},
+                            "basis": {"type": "string"},
+                            "note": {"type": "string"},
                         }
                     ),
                 ]

@@ -40,8 +40,8 @@ def register(sub: Any) -> None:
         "audit",
         help="measure utility and what strong adversaries achieve, vs epsilon",
         description="Utility (accuracy, weighted P/R/F1) and attacks (reconstruction, parrot linkage, "
-        "averaging, membership inference, identity mixture) vs epsilon; writes OUT/audit.json, PNG plots "
-        "and a self-contained OUT/report.html.",
+        "averaging, membership inference, identity mixture, linkage of strangers' appearances from what the "
+        "server keeps) vs epsilon; writes OUT/audit.json, PNG plots and a self-contained OUT/report.html.",
     )
     p.add_argument("--dataset", required=True, help="'lfw' or a folder-per-identity image directory")
     p.add_argument(
@@ -189,6 +189,13 @@ def register(sub: Any) -> None:
         metavar="LIST",
         help="projections the frontier searches (default: every one the basis allows)",
     )
+    g.add_argument(
+        "--no-bystander",
+        action="store_true",
+        help="skip the bystander section (how well an operator holding what the server kept, with "
+        "recognition.keep = all and = none, links a stranger's appearances; strangers are LFW people outside "
+        "the audited ones)",
+    )
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(handler=handler)
 
@@ -228,6 +235,7 @@ def handler(args: argparse.Namespace) -> int:
             frontier_epsilons=tuple(args.frontier_epsilons),
             frontier_components=tuple(args.frontier_components),
             frontier_projections=tuple(args.frontier_projections),
+            bystander=not args.no_bystander,
             progress=not args.no_progress,
         )
     except AuditConfigError as exc:
@@ -296,6 +304,8 @@ def command_line(cfg: Any, out: str) -> list[str]:
         cmd += ["--sweep-epsilon", f"{cfg.sweep_epsilon:g}"]
     if cfg.secure_noise:
         cmd.append("--secure-noise")
+    if not cfg.bystander:
+        cmd.append("--no-bystander")
     if cfg.frontier:
         cmd += [
             "--frontier",
@@ -331,6 +341,20 @@ def summary(audit: dict[str, Any]) -> str:
             f"{r['linkage']['max']:>7.3f} {r['averaging']['20']:>6.3f} {r['reconstruction_ssim']:>6.3f} "
             f"{r['reconstruction_reid']:>6.3f} {r['membership_auc']:>5.2f}"
         )
+    by = audit.get("bystander")
+    if by:
+        lines.append(
+            "  bystanders (pairwise precision / recall / F1 of linking a stranger's appearances; chance precision, "
+            "chance F1)"
+        )
+        for b in by:
+            best, ev = b["keep_all"]["best"], b["keep_none"]["events"]
+            lines.append(
+                f"  {b['epsilon']:>8.4g} ε/vector {b['epsilon_vector']:<8.5g} keep=all ({best['method']}): "
+                f"{_frac(best['precision'])} / {_frac(best['recall'])} / {_frac(best['f1'])}; keep=none "
+                f"(events, {ev['method']}): {_frac(ev['precision'])} / {_frac(ev['recall'])} / {_frac(ev['f1'])}; "
+                f"chance {b['chance_precision']:.3f}, {b['chance_f1']:.3f}"
+            )
     fr = audit.get("frontier")
     if fr:
         lines.append("  frontier (per-vector ε: best configuration → accuracy; paper mode accuracy)")
@@ -343,3 +367,7 @@ def summary(audit: dict[str, Any]) -> str:
                 f"{p['paper_mode']['accuracy']:.3f}"
             )
     return "\n".join(lines)
+
+
+def _frac(v: float | None) -> str:
+    return "–" if v is None else f"{v:.3f}"
