@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -180,3 +182,150 @@ def test_sigterm_stops_cleanly_flushing_the_spool_and_publishing_offline(
     released = sum(1 for r in logs if r["event"] == "release")
     assert col.wait_for(lambda: len(col.payloads()) == released, 5)
     assert col.wait_for(lambda: col.payloads("/status")[-1:] == [b"offline"], 5)
+
+
+# --------------------------------------------------------------------------- deadletter
+
+
+def refuse(path: Path, refusals: list[tuple[str, str, str]], *, days_ago: float = 0.0) -> dict[str, bytes]:
+    """Spool and dead-letter one template per (transport, message id, reason), as the forwarders do."""
+    from peep.edge.spool import Spool
+
+    marks = {}
+    for dest, mid, reason in refusals:
+        with Spool(path, destinations=[dest]) as spool:
+            marks[mid] = f"<<payload-{mid}-{uuid.uuid4().hex}>>".encode()
+            spool.put(message_id=mid, purpose="identify", payload=marks[mid].ljust(600, b"."))
+            assert spool.dead_letter(dest, mid, reason)
+    if days_ago:
+        with sqlite3.connect(path) as db:
+            db.execute(
+                f"UPDATE dead SET failed = failed - ? WHERE message_id IN ({','.join('?' * len(refusals))})",
+                (days_ago * 86_400, *(mid for _, mid, _ in refusals)),
+            )
+        db.close()
+    return marks
+
+
+def test_deadletter_list_reports_counts_and_rows_never_payloads(make_config, tmp_path, capsys):
+    path = make_config(grpc={"enabled": True, "tls": False})
+    spool_path = tmp_path / "state" / "spool.sqlite3"
+    long_reason = "values: expected 64 coefficients \x1b[31m" + "x" * 400
+    marks = refuse(spool_path, [("grpc", "g-old", "bundle_id: unknown bundle")], days_ago=2)
+    marks |= refuse(
+        spool_path,
+        [
+            ("grpc", "g1", "bundle_id: unknown bundle"),
+            ("grpc", "g2", long_reason),
+            ("mqtt", "m1", "capture_time_too_old"),
+        ],
+    )
+    assert main(["deadletter", "--config", str(path), "list", "--json"]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(out)
+    assert report["count"] == 4 and report["spool"] == str(spool_path)
+    assert (report["dead_letter_days"], report["dead_letter_max"]) == (7.0, 1000)
+    assert report["per_transport"] == {"grpc": 3, "mqtt": 1}
+    assert report["per_reason"]["bundle_id: unknown bundle"] == 2
+    rows = report["dead_letters"]
+    assert [r["message_id"] for r in rows] == ["g-old", "g1", "g2", "m1"]
+    assert all(set(r) == {"transport", "message_id", "purpose", "reason", "failed", "failed_unix"} for r in rows)
+    bounded = rows[2]["reason"]
+    assert len(bounded) == 200 and "\x1b" not in bounded
+    assert bounded.startswith("values: expected 64 coefficients ?[31m")
+    assert report["oldest"] == rows[0]["failed"] and report["newest"] == rows[-1]["failed"]
+    assert rows[1]["failed_unix"] - rows[0]["failed_unix"] == pytest.approx(2 * 86_400, abs=60)
+    assert all(m.decode() not in out for m in marks.values())
+
+    # The text form; --config is also accepted after the action.
+    assert main(["deadletter", "list", "--config", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"4 dead letters in {spool_path} (kept 7 days, at most 1000")
+    assert "per transport: grpc 3, mqtt 1" in text
+    assert "     2  bundle_id: unknown bundle" in text
+    assert "mqtt  m1  identify  " in text and "capture_time_too_old" in text
+    assert all(m.decode() not in text for m in marks.values())
+
+
+def test_deadletter_purge_all_or_older_than_and_the_payloads_leave_the_file(make_config, tmp_path, capsys):
+    path = make_config()
+    spool_path = tmp_path / "state" / "spool.sqlite3"
+    marks = refuse(spool_path, [("mqtt", "old", "r")], days_ago=3)
+    marks |= refuse(spool_path, [("mqtt", "new", "r")])
+    assert main(["deadletter", "--config", str(path), "purge", "--older-than-days", "2"]) == 0
+    assert capsys.readouterr().out == f"purged 1 dead letters older than 2 days from {spool_path}\n"
+    assert main(["deadletter", "--config", str(path), "list", "--json"]) == 0
+    assert [r["message_id"] for r in json.loads(capsys.readouterr().out)["dead_letters"]] == ["new"]
+    assert main(["deadletter", "--config", str(path), "purge"]) == 0
+    assert capsys.readouterr().out == f"purged 1 dead letters from {spool_path}\n"
+    on_disk = b"".join(p.read_bytes() for p in spool_path.parent.glob("spool.sqlite3*"))
+    assert all(m not in on_disk for m in marks.values())
+    assert main(["deadletter", "--config", str(path), "list"]) == 0
+    assert capsys.readouterr().out.startswith("0 dead letters in")
+
+
+def test_deadletter_list_applies_the_configured_bounds_first(make_config, tmp_path, capsys):
+    spool_path = tmp_path / "state" / "spool.sqlite3"
+    refuse(spool_path, [("mqtt", "ancient", "r")], days_ago=10)
+    refuse(spool_path, [("mqtt", "recent", "r")], days_ago=1)
+    path = make_config(spool={"dead_letter_days": 2.0})
+    assert main(["deadletter", "--config", str(path), "list", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [r["message_id"] for r in report["dead_letters"]] == ["recent"] and report["dead_letter_days"] == 2.0
+
+
+def test_deadletter_usage_and_config_errors(make_config, tmp_path, capsys):
+    path = make_config()
+    with pytest.raises(SystemExit) as info:
+        main(["deadletter", "--config", str(path)])
+    assert info.value.code == 2 and "required: ACTION" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["deadletter", "--config", str(path), "purge", "--older-than-days", "soon"])
+    assert info.value.code == 2 and "--older-than-days: invalid float value: 'soon'" in capsys.readouterr().err
+    assert main(["deadletter", "list"]) == 2
+    assert "--config: expected the agent's edge.toml, received none" in capsys.readouterr().err
+    assert main(["deadletter", "--config", str(path), "purge", "--older-than-days", "-1"]) == 2
+    assert "--older-than-days: expected a number of days >= 0, received -1.0" in capsys.readouterr().err
+    assert main(["deadletter", "--config", str(make_config("bad.toml", spool={"dead_letter_days": 400})), "list"]) == 2
+    assert "spool.dead_letter_days: " in capsys.readouterr().err
+    # No spool yet: an error naming the path, and none is created.
+    assert main(["deadletter", "--config", str(path), "list"]) == 1
+    assert "spool.path: no spool file at" in capsys.readouterr().err
+    assert not (tmp_path / "state").exists()
+
+
+def test_deadletter_purge_while_the_agent_writes_loses_nothing(make_config, tmp_path, capsys):
+    from peep.edge.spool import Spool
+
+    path = make_config(spool={"dead_letter_max": 100_000})  # only purges delete here
+    spool_path = tmp_path / "state" / "spool.sqlite3"
+    # The running agent's connection.
+    agent_spool = Spool(spool_path, destinations=["mqtt"], synchronous="normal", dead_letter_max=100_000)
+    refused = [0]
+    stop = threading.Event()
+
+    def agent_refuses() -> None:
+        while not stop.is_set():
+            mid = f"m{refused[0]}"
+            agent_spool.put(message_id=mid, purpose="identify", payload=b"x" * 600)
+            agent_spool.dead_letter("mqtt", mid, "r")
+            refused[0] += 1
+
+    writer = threading.Thread(target=agent_refuses)
+    writer.start()
+    purged = 0
+    try:
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            assert main(["deadletter", "--config", str(path), "purge"]) == 0, capsys.readouterr().err
+            purged += int(capsys.readouterr().out.split()[1])
+            assert main(["deadletter", "--config", str(path), "list", "--json"]) == 0
+            json.loads(capsys.readouterr().out)
+    finally:
+        stop.set()
+        writer.join(10)
+    try:
+        assert refused[0] > 0 and purged > 0
+        assert purged + len(agent_spool.dead()) == refused[0], "every dead letter purged once or still there"
+    finally:
+        agent_spool.close()

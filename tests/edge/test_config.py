@@ -36,6 +36,7 @@ def test_minimal_config_parses_with_documented_defaults(tmp_path):
     # Relative paths are resolved against the config file's directory.
     assert cfg.bundle.path == tmp_path / "bundle"
     assert cfg.spool_path == tmp_path / "state" / "spool.sqlite3"
+    assert (cfg.spool.dead_letter_days, cfg.spool.dead_letter_max) == (7.0, 1000)
     assert cfg.mqtt_client_id == "peep-edge-lab-cam-1"
 
 
@@ -61,6 +62,9 @@ def test_minimal_config_parses_with_documented_defaults(tmp_path):
         ("mqtt", {"enabled": False}, "mqtt.enabled/grpc.enabled", "at least one transport"),
         ("capture", {"source": ""}, "capture.source", "empty string"),
         ("metrics", {"prot": 9108}, "metrics.prot", "unknown key"),
+        ("spool", {"dead_letter_days": 0}, "spool.dead_letter_days", "greater than 0"),
+        ("spool", {"dead_letter_days": 400}, "spool.dead_letter_days", "less than or equal to 365"),
+        ("spool", {"dead_letter_max": 0}, "spool.dead_letter_max", "greater than or equal to 1"),
     ],
 )
 def test_bad_values_name_the_key_the_expectation_and_the_value(tmp_path, section, values, path, fragment):

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
 from concurrent import futures
@@ -374,3 +377,48 @@ def test_one_enrolment_budget_per_subject_however_the_id_is_typed(make_config, p
         server.stop(0)
     assert "privacy.enroll_budget: budget exceeded for key 'subject:Zo\u00eb'" in capsys.readouterr().err
     assert len(servicer.stored) == 2
+
+
+KILLED_AFTER_THE_SERVERS_ACK = """
+import os, signal, sys
+from peep.edge.config import GrpcConfig
+from peep.edge.spool import Spool
+from peep.edge.transport.grpc import GrpcForwarder
+
+spool_path, port, ca, token = sys.argv[1:5]
+spool = Spool(spool_path, destinations=["grpc"])
+# The server has committed the templates and answered ACCEPTED: the device dies before its DELETE.
+spool.ack = lambda dest, ids: os.kill(os.getpid(), signal.SIGKILL)
+cfg = GrpcConfig(enabled=True, target=f"localhost:{port}", ca_file=ca, deadline_s=5.0, retry_min_s=0.1, retry_max_s=0.5)
+GrpcForwarder(cfg, spool, token=token).run()
+"""
+
+
+def test_a_crash_after_the_servers_ack_resends_and_the_duplicate_ack_deletes(tmp_path, pki, templates):
+    items = templates(5)
+    servicer = FakeRecognition()
+    server, port = serve(servicer, pki)
+    spool_with(tmp_path, items).close()
+    path = tmp_path / "spool.sqlite3"
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", KILLED_AFTER_THE_SERVERS_ACK, str(path), str(port), str(pki["ca"]), TOKEN],
+            capture_output=True,
+            timeout=60,
+        )
+        assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+        assert servicer.stored == [mid for mid, _ in items], "the server has every template"
+        spool = Spool(path, destinations=["grpc"])
+        assert spool.depth("grpc") == 5, "the device still has them: nothing was deleted before the crash"
+        fwd = GrpcForwarder(cfg(pki, port), spool, token=TOKEN)
+        fwd.start()
+        assert wait_until(lambda: spool.depth("grpc") == 0)
+        fwd.stop(1.0)
+    finally:
+        server.stop(0)
+    assert servicer.received == 10 and servicer.stored == [mid for mid, _ in items], "resent, stored once"
+    assert spool.dead() == [], "DUPLICATE is a delivery, not a refusal"
+    assert fwd.metrics.value("peep_edge_published_total", transport="grpc") == 5
+    spool.close()
+    on_disk = b"".join(p.read_bytes() for p in tmp_path.glob("spool.sqlite3*"))
+    assert all(payload not in on_disk for _, payload in items)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 import uuid
@@ -199,3 +201,64 @@ def test_bundle_updates_are_taken_only_if_they_verify_and_do_not_raise_epsilon(
     again = Agent(cfg, environ={})
     again.prepare()
     assert again.releaser.bundle_id == good_id
+
+
+KILLED_AFTER_THE_PUBACK = """
+import os, signal, sys, time
+from peep.edge.config import MqttConfig
+from peep.edge.spool import Spool
+from peep.edge.transport.mqtt import MqttForwarder, MqttLink
+
+spool_path, port, device = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+spool = Spool(spool_path, destinations=["mqtt"])
+# The broker has the templates and sent its PUBACK: the device dies before its DELETE.
+spool.ack = lambda dest, ids: os.kill(os.getpid(), signal.SIGKILL)
+link = MqttLink(MqttConfig(host="127.0.0.1", port=port, tls=False), client_id=f"crash-{device}", site="edgetest",
+                device_id=device, publish_status=False)
+link.start()
+MqttForwarder(link, spool).run()
+"""
+
+
+def test_a_crash_after_the_puback_resends_and_the_next_puback_deletes(system_broker, collector_factory, tmp_path):
+    from peep.edge.config import MqttConfig
+    from peep.edge.transport.mqtt import MqttForwarder, MqttLink
+
+    device = f"cam-{uuid.uuid4().hex[:8]}"
+    col = collector_factory(*system_broker, [f"peep/v1/edgetest/{device}/templates"])
+    path = tmp_path / "spool.sqlite3"
+    ids = [f"m{i}" for i in range(5)]
+    with Spool(path, destinations=["mqtt"]) as spool:
+        for mid in ids:
+            spool.put(message_id=mid, purpose="identify", payload=f"<<{mid}-{device}>>".encode())
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_AFTER_THE_PUBACK, str(path), str(system_broker[1]), device],
+        capture_output=True,
+        timeout=60,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    assert col.wait_for(lambda: len(col.payloads()) >= 1, 5), "the broker had at least the first one"
+    first = len(col.payloads())
+    spool = Spool(path, destinations=["mqtt"])
+    assert spool.depth("mqtt") == 5, "nothing was deleted before the crash"
+    link = MqttLink(
+        MqttConfig(host=system_broker[0], port=system_broker[1], tls=False),
+        client_id=f"again-{device}",
+        site="edgetest",
+        device_id=device,
+        publish_status=False,
+    )
+    fwd = MqttForwarder(link, spool)
+    link.start()
+    fwd.start()
+    try:
+        assert col.wait_for(lambda: spool.depth("mqtt") == 0, 20)
+    finally:
+        fwd.stop(1.0)
+        link.stop()
+    # The resends reach the server, which stores each message id once (server tests); the device forgets them.
+    assert col.wait_for(lambda: len(col.payloads()) == first + 5, 5)
+    assert sorted(set(col.payloads())) == sorted(f"<<{mid}-{device}>>".encode() for mid in ids)
+    spool.close()
+    on_disk = b"".join(p.read_bytes() for p in tmp_path.glob("spool.sqlite3*"))
+    assert all(f"<<{mid}-{device}>>".encode() not in on_disk for mid in ids)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 
 import pytest
 from peep.core.accounting import PrivacyAccountant
@@ -30,9 +31,14 @@ def test_tracker_follows_moving_faces_and_separates_people():
     assert a4.id != a1.id
 
 
-def test_tracker_ids_carry_the_run_prefix():
-    (t,) = Tracker(id_prefix="t65a1-beef").update([box(0)], 0.0)
-    assert t.id == "t65a1-beef-1"
+def test_tracker_ids_are_random_per_track():
+    """An id names one appearance: no counter or start time links it to the device's other tracks."""
+    tr = Tracker(id_prefix="t", max_age_s=0.5)
+    ids = [tr.update([box(0)], float(k))[0].id for k in range(50)]  # each a new track (the last one aged out)
+    assert len(set(ids)) == 50
+    assert all(re.fullmatch(r"t-[0-9a-f]{20}", i) for i in ids)
+    # the ids' hex digits look uniform: no shared prefix beyond what chance gives
+    assert len({i[2] for i in ids}) > 8
 
 
 def make_policy(budget: float = 100.0, k: int = 1, window: float = 10.0, cost: float = 10.0, min_hits: int = 1):

@@ -13,6 +13,13 @@ Start-up order (anything wrong stops the agent before a frame is read):
    unreachable broker or server is logged and retried while templates wait
    in the spool), frame source.
 
+While running, a housekeeping thread calls :meth:`Spool.housekeep
+<peep.edge.spool.Spool.housekeep>` every :attr:`Agent.housekeeping_s`
+seconds: dead letters past ``spool.dead_letter_days`` are deleted, and the
+bytes of delivered templates leave the spool's WAL within that second even
+when a burst of acks came faster than one checkpoint per second, or a backlog
+keeps the outbox from running empty.
+
 Stop (SIGTERM/SIGINT, or the end of a file/folder source): stop reading
 frames, let the forwarders deliver for up to ``spool.drain_timeout_s``,
 publish ``offline``, checkpoint and close the spool and the ledger.
@@ -31,8 +38,8 @@ import logging
 import math
 import os
 import queue
-import secrets
 import shutil
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -92,6 +99,15 @@ def _delta_budget(epsilon_budget: float | None, cost: float, delta: float) -> fl
 class Agent:
     """The edge agent for one configuration.
 
+    Attributes
+    ----------
+    housekeeping_s : float
+        Seconds between two :meth:`Spool.housekeep <peep.edge.spool.Spool.housekeep>`
+        calls while running (one: the bound on how long a delivered template's
+        bytes can outlive its ack in the WAL, and the resolution of
+        ``spool.dead_letter_days``; a call with nothing to do is two indexed
+        reads).
+
     Parameters
     ----------
     cfg : EdgeConfig
@@ -102,6 +118,8 @@ class Agent:
         Passed to :class:`~peep.edge.pipeline.FramePipeline`: called with each
         spooled template and the frame it came from (local observers only).
     """
+
+    housekeeping_s = 1.0
 
     def __init__(
         self,
@@ -130,6 +148,8 @@ class Agent:
         self._prepared = False
         self._lifetime = [0.0, 0.0]
         self._reporting = False
+        self._housekeeping: threading.Thread | None = None
+        self._housekeeping_stop = threading.Event()
 
     # ------------------------------------------------------------------ start-up
 
@@ -374,6 +394,8 @@ class Agent:
             destinations=dests,
             max_messages=cfg.spool.max_messages,
             synchronous=cfg.spool.synchronous,
+            dead_letter_days=cfg.spool.dead_letter_days,
+            dead_letter_max=cfg.spool.dead_letter_max,
             on_drop=lambda dest, purpose, _mid: self.metrics.spool_dropped.labels(
                 transport=dest, purpose=purpose
             ).inc(),
@@ -387,6 +409,29 @@ class Agent:
         self._lifetime[1] += spend.epsilon_coordinate
         self.metrics.epsilon_spent.labels(scope="vector").set(self._lifetime[0])
         self.metrics.epsilon_spent.labels(scope="coordinate").set(self._lifetime[1])
+
+    def start_housekeeping(self) -> None:
+        """Start the thread calling ``spool.housekeep()`` every :attr:`housekeeping_s` seconds (until shutdown).
+
+        A thread of its own rather than the frame loop or the acks: the frame
+        loop can sit in a camera re-open for minutes and acks stop with the
+        network, while the bounds on what the spool keeps must hold regardless.
+        """
+        assert self.spool is not None
+        if self._housekeeping is not None:
+            return
+        spool = self.spool
+
+        def loop() -> None:
+            while not self._housekeeping_stop.wait(self.housekeeping_s):
+                try:
+                    spool.housekeep()
+                except (sqlite3.Error, ValueError) as exc:  # a locked file (the next round retries) or a closed spool
+                    log_event(_log, logging.WARNING, "spool_housekeeping_failed", error=str(exc)[:200])
+
+        self._housekeeping_stop.clear()
+        self._housekeeping = threading.Thread(target=loop, name="peep-spool-housekeeping", daemon=True)
+        self._housekeeping.start()
 
     def _start_transports(self, *, enroll: bool = False) -> None:
         cfg = self.cfg
@@ -461,8 +506,9 @@ class Agent:
             iou_threshold=cfg.tracker.iou_threshold,
             max_distance=cfg.tracker.max_distance,
             max_age_s=cfg.tracker.max_age_s,
-            # Per-run prefix: track keys in the persistent ledger are never reused.
-            id_prefix=f"t{int(time.time()):x}{secrets.token_hex(2)}",
+            # Each track id is random (peep.edge.tracking): it links the releases of one appearance and nothing
+            # else, and a track key in the persistent ledger is never reused.
+            id_prefix="t",
         )
         return FramePipeline(
             device_id=cfg.device.id,
@@ -549,6 +595,7 @@ class Agent:
             spool=str(cfg.spool_path),
             **self.describe(),
         )
+        self.start_housekeeping()
         self._start_transports()
         if source is None:
             source = open_source(
@@ -603,7 +650,8 @@ class Agent:
         self.open(budgets={key: (budget, _delta_budget(budget, cost, p.delta))})
         assert self.pipeline is not None and self.accountant is not None and self.spool is not None
         accountant = self.accountant
-        dead_before = len(self.spool.dead())
+        # By sequence number, not by count: expiry and the count bound may delete older dead letters meanwhile.
+        dead_before = max((int(d["seq"]) for d in self.spool.dead()), default=0)
         session = EnrollSession(self.pipeline, accountant, subject=subject, device_key=self.device_key)
         frames = open_source(
             source,
@@ -613,6 +661,7 @@ class Agent:
             reconnect_max_s=self.cfg.capture.reconnect_max_s,
             reconnect_attempts=self.cfg.capture.reconnect_attempts or 5,
         )
+        self.start_housekeeping()
         self._start_transports(enroll=True)
         log_event(
             _log,
@@ -653,7 +702,7 @@ class Agent:
         )
         if problem:
             raise EdgeError(problem)
-        refused = self.dead_letters[dead_before:]
+        refused = [d for d in self.dead_letters if int(d["seq"]) > dead_before]
         if refused:
             # Over gRPC the server answers per template: a refusal (e.g. a camera that is not an
             # enrolment desk) is dead-lettered, which empties the spool as a delivery would.
@@ -681,8 +730,13 @@ class Agent:
         delivered = True
         for f in self.forwarders:
             f.stop(drain, join=False)
+        self._housekeeping_stop.set()
         for f in self.forwarders:
             f.join(drain + 10.0)
+        if self._housekeeping is not None:
+            # A round waiting on a locked file ends with the busy timeout; close() checkpoints anyway.
+            self._housekeeping.join(35.0)
+            self._housekeeping = None
         if self.mqtt_link is not None:
             if self._reporting:
                 self.publish_report()  # the final counts, retained for the server's Devices view

@@ -1,4 +1,4 @@
-"""``peep-edge``: run the agent, enrol a subject, verify a bundle.
+"""``peep-edge``: run the agent, enrol a subject, verify a bundle, list or purge dead letters.
 
 Exit codes: 0 success; 2 usage or configuration error (the message names the
 option or the config key); 1 any other failure (the message says what and
@@ -9,18 +9,34 @@ where).
     peep-edge run --config edge.toml [--validate-config]
     peep-edge enroll --config edge.toml --subject ID --source SRC --count N [--timeout S]
     peep-edge bundle verify BUNDLE_DIR --public-key PUB
+    peep-edge deadletter --config edge.toml list [--json]
+    peep-edge deadletter --config edge.toml purge [--older-than-days N]
+
+``deadletter`` reads the spool named by the configuration (``spool.path``,
+default ``<device.state_dir>/spool.sqlite3``) whether the agent is running or
+not (SQLite's locking serialises the two); it never prints a payload. Run it
+as the agent's user: the state directory is the agent's alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
+import sqlite3
 import sys
+from collections import Counter
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from peep.edge.errors import ConfigError, EdgeError
+
+if TYPE_CHECKING:
+    from peep.edge.config import EdgeConfig
+    from peep.edge.spool import Spool
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,6 +70,16 @@ def _parser() -> argparse.ArgumentParser:
     v = bsub.add_parser("verify", help="check a bundle's signature and hashes against a pinned key")
     v.add_argument("bundle_dir")
     v.add_argument("--public-key", required=True)
+    d = sub.add_parser("deadletter", help="list or purge the templates receivers refused (never their payload)")
+    d.add_argument("--config", default=None, help="edge.toml (its spool is read)")
+    dsub = d.add_subparsers(dest="deadletter_command", metavar="ACTION", required=True, parser_class=_Parser)
+    dl = dsub.add_parser("list", help="count, per transport, per reason, oldest/newest, and one line per dead letter")
+    dp = dsub.add_parser("purge", help="delete dead letters (all, or those older than --older-than-days)")
+    for action in (dl, dp):
+        # Also accepted after the action, where `run` and `enroll` users will type it.
+        action.add_argument("--config", default=argparse.SUPPRESS, help="edge.toml")
+    dl.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    dp.add_argument("--older-than-days", type=float, default=None, metavar="N", help="only those failed > N days ago")
     return p
 
 
@@ -75,6 +101,112 @@ def _bundle_verify(args: argparse.Namespace) -> int:
         f"{bundle.manifest.created_at}, "
         f"nc={bundle.n_components}, geometry {bundle.geometry.width}x{bundle.geometry.height})"
     )
+    return 0
+
+
+REASON_CHARS = 200
+
+
+def _printable(text: str, limit: int = REASON_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, control characters replaced (a reason is the receiver's text).
+
+    >>> _printable("bad\\x1b[2Jbundle\\n" + "x" * 300)[:12], len(_printable("y" * 300))
+    ('bad?[2Jbundl', 200)
+    """
+    return "".join(c if c.isprintable() else "?" for c in text[:limit])
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _open_spool(args: argparse.Namespace) -> tuple[EdgeConfig, Spool]:
+    from peep.edge.config import load_config
+    from peep.edge.spool import Spool
+
+    if not args.config:
+        raise ConfigError("--config: expected the agent's edge.toml, received none")
+    cfg = load_config(args.config)
+    path = cfg.spool_path
+    if not path.is_file():
+        # Opening would create an empty spool (and its directory) where the agent keeps none.
+        raise EdgeError(
+            f"spool.path: no spool file at {str(path)!r} (has the agent run with this configuration?); "
+            "nothing to list or purge"
+        )
+    dests = [n for n, on in (("mqtt", cfg.mqtt.enabled), ("grpc", cfg.grpc.enabled)) if on]
+    try:
+        # Opening applies the configured bounds first, so nothing is listed that should be gone already.
+        spool = Spool(
+            path,
+            destinations=dests,
+            max_messages=cfg.spool.max_messages,
+            synchronous=cfg.spool.synchronous,
+            dead_letter_days=cfg.spool.dead_letter_days,
+            dead_letter_max=cfg.spool.dead_letter_max,
+        )
+    except sqlite3.Error as exc:
+        raise EdgeError(f"spool.path: cannot open {str(path)!r}: {exc}") from None
+    return cfg, spool
+
+
+def _deadletter(args: argparse.Namespace) -> int:
+    older = getattr(args, "older_than_days", None)
+    if older is not None and not (math.isfinite(older) and older >= 0.0):
+        raise ConfigError(f"--older-than-days: expected a number of days >= 0, received {older}")
+    cfg, spool = _open_spool(args)
+    try:
+        if args.deadletter_command == "purge":
+            n = spool.purge_dead(older_than_days=older)
+            scope = "" if older is None else f" older than {older:g} days"
+            print(f"purged {n} dead letters{scope} from {spool.path}")
+            return 0
+        rows = spool.dead()
+    except sqlite3.Error as exc:
+        raise EdgeError(f"spool.path: {spool.path}: {exc}") from None
+    finally:
+        spool.close()
+    letters = [
+        {
+            "transport": r["dest"],
+            "message_id": r["message_id"],
+            "purpose": r["purpose"],
+            "reason": _printable(str(r["reason"])),
+            "failed": _iso(r["failed"]),
+            "failed_unix": round(float(r["failed"]), 3),
+        }
+        for r in rows
+    ]
+    failed = [float(r["failed"]) for r in rows]
+    per_transport = dict(Counter(d["transport"] for d in letters).most_common())
+    per_reason = dict(Counter(d["reason"] for d in letters).most_common())
+    report: dict[str, Any] = {
+        "spool": str(spool.path),
+        "dead_letter_days": cfg.spool.dead_letter_days,
+        "dead_letter_max": cfg.spool.dead_letter_max,
+        "count": len(letters),
+        "oldest": _iso(min(failed)) if failed else None,
+        "newest": _iso(max(failed)) if failed else None,
+        "per_transport": per_transport,
+        "per_reason": per_reason,
+        "dead_letters": letters,
+    }
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    print(
+        f"{len(letters)} dead letters in {spool.path} (kept {cfg.spool.dead_letter_days:g} days, at most "
+        f"{cfg.spool.dead_letter_max}; payloads are never shown)"
+    )
+    if letters:
+        print(f"oldest {report['oldest']}, newest {report['newest']}")
+        print("per transport: " + ", ".join(f"{t} {n}" for t, n in per_transport.items()))
+        print("per reason:")
+        for reason, n in per_reason.items():
+            print(f"  {n:6d}  {reason}")
+        print("transport  message_id  purpose  failed  reason")
+        for d in letters:
+            print(f"{d['transport']}  {d['message_id']}  {d['purpose']}  {d['failed']}  {d['reason']}")
     return 0
 
 
@@ -125,6 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _bundle_verify(args)
         if args.command == "run":
             return _run(args)
+        if args.command == "deadletter":
+            return _deadletter(args)
         return _enroll(args)
     except ConfigError as exc:
         label = "invalid configuration" if getattr(args, "config", None) else "usage error"

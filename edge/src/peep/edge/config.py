@@ -223,12 +223,26 @@ class TrackerConfig(_Section):
 
 
 class SpoolConfig(_Section):
+    """Templates waiting for their receiver's ack; delivered ones are deleted from the file, WAL included."""
+
     path: ConfigPath | None = Field(default=None, description="SQLite file; default <state_dir>/spool.sqlite3")
     max_messages: int = Field(default=50_000, ge=10, le=10_000_000, description="per transport")
     synchronous: Literal["normal", "full"] = Field(
         default="full", description="'full' fsyncs every insert (survives power loss)"
     )
     drain_timeout_s: float = Field(default=10.0, ge=0.0, le=600.0, description="on stop, wait this long for acks")
+    dead_letter_days: float = Field(
+        default=7.0,
+        gt=0.0,
+        le=365.0,
+        description=(
+            "templates a receiver refused for good (dead letters, payload included) are deleted this many days "
+            "after the refusal; list or purge them sooner with peep-edge deadletter"
+        ),
+    )
+    dead_letter_max: int = Field(
+        default=1000, ge=1, le=100_000, description="at most this many dead letters are kept (the newest)"
+    )
 
 
 def _reject_secrets(data: Any, section: str, names: tuple[str, ...]) -> Any:

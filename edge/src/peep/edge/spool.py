@@ -2,9 +2,10 @@
 
 Every released template is written here first, once per enabled transport
 (``mqtt``, ``grpc``), and leaves only when that transport's receiver has
-acknowledged it (broker PUBACK at QoS 1, server ``IngestAck``). Readers get
-rows in insertion order, so delivery is in order; receivers dedupe by
-``message_id``, so a resend after a lost ack is harmless.
+acknowledged it (broker PUBACK at QoS 1, server ``IngestAck`` ``ACCEPTED`` or
+``DUPLICATE``). Readers get rows in insertion order, so delivery is in order;
+receivers dedupe by ``message_id``, so a resend after a lost ack (or after a
+crash between the receiver's ack and the delete here) is harmless.
 
 Drop policy (bounded size)
 --------------------------
@@ -23,13 +24,28 @@ Every drop increments ``peep_edge_spool_dropped_total{transport,purpose}``
 and is logged.
 
 Receivers can reject a template for good (gRPC ``REJECTED``); such rows move
-to the ``dead`` table (newest :data:`DEAD_LETTER_KEEP` kept) so nothing is
-lost silently and an operator can inspect them.
+to the ``dead`` table so nothing is lost silently and an operator can inspect
+them (``peep-edge deadletter``).
+
+What the device keeps (data minimisation)
+-----------------------------------------
+- A delivered (or dropped) template leaves the files, not only the table:
+  the connection runs with ``secure_delete`` (SQLite zeroes a deleted row's
+  bytes and freed pages, whatever the build's default), and the WAL, which
+  still holds the pages as they were before the delete, is checkpointed and
+  truncated to zero bytes when an ack empties the outbox (at most once per
+  ``checkpoint_interval_s``), at the next :meth:`Spool.housekeep` after any
+  deletion (the agent calls it every second), on open (frames a crash left
+  behind) and on close.
+- Dead letters (payload included) are kept at most ``dead_letter_days``
+  (and only the newest ``dead_letter_max``): older ones are deleted on every
+  new dead letter, on open and by :meth:`Spool.housekeep`.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import sqlite3
 import threading
 import time
@@ -44,7 +60,9 @@ from peep.edge.logs import log_event
 
 _log = logging.getLogger("peep.edge.spool")
 
-DEAD_LETTER_KEEP = 1000
+DEAD_LETTER_DAYS = 7.0
+DEAD_LETTER_MAX = 1000
+_DAY_S = 86_400.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (
@@ -68,6 +86,7 @@ CREATE TABLE IF NOT EXISTS dead (
     reason     TEXT    NOT NULL,
     payload    BLOB    NOT NULL
 );
+CREATE INDEX IF NOT EXISTS dead_failed ON dead (failed);
 """
 
 
@@ -98,9 +117,21 @@ class Spool:
         SQLite ``synchronous`` in WAL mode: ``full`` fsyncs every commit, so an
         acknowledged insert survives power loss; ``normal`` may lose the last
         commits on power loss (never on a process crash).
+    dead_letter_days : float
+        Refused templates are deleted this many days after they failed (> 0, <= 365).
+    dead_letter_max : int
+        At most this many refused templates are kept, the newest (>= 1).
+    checkpoint_interval_s : float
+        An ack that empties the outbox checkpoints and truncates the WAL at once
+        unless the last checkpoint is more recent than this; the next
+        :meth:`housekeep` does it then. A checkpoint costs two fsyncs and holds
+        the spool meanwhile, so a burst of deliveries pays for one per interval,
+        not one per template.
     on_drop : callable(dest, purpose, message_id), optional
         Called for each dropped template (metrics).
     clock : callable returning float
+        Wall-clock seconds (Unix time): ``created`` and ``failed`` stamps and
+        the age of dead letters.
     """
 
     def __init__(
@@ -110,6 +141,9 @@ class Spool:
         destinations: Sequence[str],
         max_messages: int = 50_000,
         synchronous: str = "full",
+        dead_letter_days: float = DEAD_LETTER_DAYS,
+        dead_letter_max: int = DEAD_LETTER_MAX,
+        checkpoint_interval_s: float = 1.0,
         on_drop: Callable[[str, str, str], None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -119,10 +153,19 @@ class Spool:
             raise ValueError(f"synchronous: expected 'full' or 'normal', received {synchronous!r}")
         if max_messages < 1:
             raise ValueError(f"max_messages: expected >= 1, received {max_messages}")
+        if not 0.0 < dead_letter_days <= 365.0:
+            raise ValueError(f"dead_letter_days: expected 0 < days <= 365, received {dead_letter_days}")
+        if dead_letter_max < 1:
+            raise ValueError(f"dead_letter_max: expected >= 1, received {dead_letter_max}")
+        if not 0.0 <= checkpoint_interval_s <= 3600.0:
+            raise ValueError(f"checkpoint_interval_s: expected 0 <= seconds <= 3600, received {checkpoint_interval_s}")
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.destinations = tuple(destinations)
         self.max_messages = int(max_messages)
+        self.dead_letter_days = float(dead_letter_days)
+        self.dead_letter_max = int(dead_letter_max)
+        self.checkpoint_interval_s = float(checkpoint_interval_s)
         self._on_drop = on_drop
         self._clock = clock
         self._lock = threading.Lock()
@@ -131,9 +174,22 @@ class Spool:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self._db.execute("PRAGMA busy_timeout=30000")
+        # Per connection, and what "deleted" means for a face template here: without it a deleted
+        # row's bytes stay in the page (and freed pages keep theirs) until something overwrites them.
+        if self._db.execute("PRAGMA secure_delete=ON").fetchone()[0] != 1:
+            self._db.close()
+            raise RuntimeError(f"spool {self.path}: this SQLite build refuses PRAGMA secure_delete")
         self._db.executescript(_SCHEMA)
         self._closed = False
+        # A delete whose old page images may still sit in the WAL: the next checkpoint must truncate it.
+        self._wal_dirty = False
+        self._last_checkpoint = -math.inf  # time.monotonic()
         self._listeners: list[Callable[[], None]] = []
+        with self._lock:
+            # Whatever a previous run left: dead letters past their bound, and WAL frames from
+            # before a crash (holding templates it had already deleted).
+            self._expire_dead_locked(self._clock(), count=True)
+            self._checkpoint_locked()
 
     def subscribe(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` (without arguments, from the writer's thread) after every insert."""
@@ -203,6 +259,8 @@ class Spool:
             except BaseException:
                 cur.execute("ROLLBACK")
                 raise
+            if dropped:
+                self._wal_dirty = True
             self._changed.notify_all()
         for callback in self._listeners:
             callback()
@@ -221,7 +279,13 @@ class Spool:
         return dropped
 
     def ack(self, dest: str, message_ids: Iterable[str]) -> int:
-        """Remove acknowledged templates of ``dest``; returns how many were removed."""
+        """Remove acknowledged templates of ``dest``; returns how many were removed.
+
+        Unknown ids are ignored (an ack for a row already gone, e.g. a
+        ``DUPLICATE`` after a resend). When the outbox is empty afterwards the
+        WAL is checkpointed and truncated, so the delivered templates' bytes are
+        gone from the files too; otherwise that waits for :meth:`housekeep`.
+        """
         ids = list(message_ids)
         if not ids:
             return 0
@@ -232,15 +296,24 @@ class Spool:
             try:
                 cur.executemany("DELETE FROM outbox WHERE dest = ? AND message_id = ?", [(dest, m) for m in ids])
                 n = cur.rowcount
+                empty = cur.execute("SELECT 1 FROM outbox LIMIT 1").fetchone() is None
                 cur.execute("COMMIT")
             except BaseException:
                 cur.execute("ROLLBACK")
                 raise
+            if n > 0:
+                self._wal_dirty = True
+                if empty:
+                    self._checkpoint_due_locked()
             self._changed.notify_all()
         return int(n)
 
     def dead_letter(self, dest: str, message_id: str, reason: str) -> bool:
-        """Move a template the receiver rejected for good to the ``dead`` table."""
+        """Move a template the receiver rejected for good to the ``dead`` table.
+
+        Dead letters past ``dead_letter_days`` or beyond the newest
+        ``dead_letter_max`` are deleted in the same transaction.
+        """
         with self._lock:
             self._check_open()
             cur = self._db.cursor()
@@ -250,24 +323,157 @@ class Spool:
                     "SELECT seq, purpose, created, payload FROM outbox WHERE dest = ? AND message_id = ?",
                     (dest, message_id),
                 ).fetchone()
+                expired = 0
                 if row is not None:
+                    now = self._clock()
                     cur.execute(
                         "INSERT INTO dead (dest, message_id, purpose, created, failed, reason, "
                         "payload) "
                         "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (dest, message_id, row[1], row[2], self._clock(), reason[:1000], row[3]),
+                        (dest, message_id, row[1], row[2], now, reason[:1000], row[3]),
                     )
                     cur.execute("DELETE FROM outbox WHERE seq = ?", (row[0],))
-                    cur.execute(
-                        "DELETE FROM dead WHERE seq <= (SELECT MAX(seq) FROM dead) - ?",
-                        (DEAD_LETTER_KEEP,),
-                    )
+                    expired = self._delete_expired(cur, now)
                 cur.execute("COMMIT")
             except BaseException:
                 cur.execute("ROLLBACK")
                 raise
+            if row is not None:
+                # The outbox row (and any expired dead letter) was deleted: its old page images are in the WAL.
+                self._wal_dirty = True
+                if cur.execute("SELECT 1 FROM outbox LIMIT 1").fetchone() is None:
+                    self._checkpoint_due_locked()
             self._changed.notify_all()
+        if expired:
+            log_event(_log, logging.INFO, "dead_letters_expired", count=expired, days=self.dead_letter_days)
         return row is not None
+
+    def _delete_expired(self, cur: sqlite3.Cursor, now: float) -> int:
+        """Delete dead letters past the age or count bound (inside the caller's transaction)."""
+        keep_s = self.dead_letter_days * _DAY_S
+        # A stamp further in the future than the bound means the clock was set back since: its age is
+        # unknown, so it must not outlive the bound by waiting for the clock to catch up.
+        cur.execute("DELETE FROM dead WHERE failed < ? OR failed > ?", (now - keep_s, now + keep_s))
+        n = cur.rowcount
+        cur.execute(
+            "DELETE FROM dead WHERE seq <= (SELECT seq FROM dead ORDER BY seq DESC LIMIT 1 OFFSET ?)",
+            (self.dead_letter_max,),
+        )
+        return int(n + cur.rowcount)
+
+    def _expire_dead_locked(self, now: float, *, count: bool = False) -> int:
+        cur = self._db.cursor()
+        # Reading first keeps the common case (nothing to expire) free of a write transaction; MIN and
+        # MAX each come from the index (not both in one query: SQLite would scan). The count only grows
+        # by dead_letter(), which applies its bound, so only opening (perhaps with a lower bound
+        # configured) needs to count.
+        lo = cur.execute("SELECT MIN(failed) FROM dead").fetchone()[0]
+        hi = cur.execute("SELECT MAX(failed) FROM dead").fetchone()[0]
+        keep_s = self.dead_letter_days * _DAY_S
+        if lo is None:
+            return 0
+        over = count and cur.execute("SELECT COUNT(*) FROM dead").fetchone()[0] > self.dead_letter_max
+        if lo >= now - keep_s and hi <= now + keep_s and not over:
+            return 0
+        cur.execute("BEGIN IMMEDIATE")
+        try:
+            n = self._delete_expired(cur, now)
+            cur.execute("COMMIT")
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+        if n:
+            self._wal_dirty = True
+            log_event(_log, logging.INFO, "dead_letters_expired", count=n, days=self.dead_letter_days)
+        return n
+
+    def expire_dead(self, now: float | None = None) -> int:
+        """Delete dead letters older than ``dead_letter_days`` (or beyond ``dead_letter_max``).
+
+        Parameters
+        ----------
+        now : float, optional
+            Unix time to measure ages from (the spool's clock by default).
+
+        Returns
+        -------
+        int
+            Dead letters deleted (their bytes leave the WAL at the next checkpoint,
+            which :meth:`housekeep` makes at once).
+        """
+        with self._lock:
+            self._check_open()
+            return self._expire_dead_locked(self._clock() if now is None else now)
+
+    def purge_dead(self, *, older_than_days: float | None = None, now: float | None = None) -> int:
+        """Delete dead letters (all, or those failed more than ``older_than_days`` ago); returns how many.
+
+        The WAL is checkpointed and truncated afterwards, so the payloads are gone from the files too.
+        """
+        if older_than_days is not None and not older_than_days >= 0.0:
+            raise ValueError(f"older_than_days: expected a number >= 0, received {older_than_days}")
+        with self._lock:
+            self._check_open()
+            cur = self._db.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                if older_than_days is None:
+                    cur.execute("DELETE FROM dead")
+                else:
+                    t = (self._clock() if now is None else now) - older_than_days * _DAY_S
+                    cur.execute("DELETE FROM dead WHERE failed < ?", (t,))
+                n = int(cur.rowcount)
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            if n:
+                self._wal_dirty = True
+                self._checkpoint_locked()
+        return n
+
+    def housekeep(self, now: float | None = None) -> int:
+        """Expire dead letters, and checkpoint the WAL if a deletion since the last one left page images in it.
+
+        Cheap when there is nothing to do (one indexed read); the agent calls it
+        every second, which bounds how long a deleted template's bytes can stay
+        in the WAL when the ack that emptied the outbox came too soon after the
+        last checkpoint, or while the outbox never runs empty (a backlog draining).
+
+        Returns
+        -------
+        int
+            Dead letters expired.
+        """
+        with self._lock:
+            self._check_open()
+            n = self._expire_dead_locked(self._clock() if now is None else now)
+            if self._wal_dirty:
+                self._checkpoint_locked()
+            return n
+
+    def checkpoint(self) -> bool:
+        """Copy the WAL into the database file and truncate it to zero bytes; False if a reader prevented it."""
+        with self._lock:
+            self._check_open()
+            return self._checkpoint_locked()
+
+    def _checkpoint_due_locked(self) -> None:
+        if time.monotonic() - self._last_checkpoint >= self.checkpoint_interval_s:
+            self._checkpoint_locked()
+
+    def _checkpoint_locked(self) -> bool:
+        self._last_checkpoint = time.monotonic()
+        try:
+            busy = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        except sqlite3.OperationalError as exc:
+            # Another process holds the database (e.g. peep-edge deadletter): the next checkpoint retries.
+            log_event(_log, logging.WARNING, "spool_checkpoint_failed", path=str(self.path), error=str(exc))
+            self._wal_dirty = True
+            return False
+        # busy: another connection was reading; the frames stay until the next checkpoint.
+        self._wal_dirty = bool(busy)
+        return not busy
 
     # -- reading ------------------------------------------------------------------
 
@@ -291,16 +497,24 @@ class Spool:
             return int(self._db.execute("SELECT COUNT(*) FROM outbox WHERE dest = ?", (dest,)).fetchone()[0])
 
     def dead(self, dest: str | None = None) -> list[dict[str, Any]]:
-        """Rejected templates (newest last)."""
+        """Rejected templates (newest last), without their payload.
+
+        Returns
+        -------
+        list of dict
+            Keys ``seq`` (increasing, never reused), ``dest``, ``message_id``,
+            ``purpose``, ``reason`` and ``failed`` (Unix time).
+        """
+        keys = ("seq", "dest", "message_id", "purpose", "reason", "failed")
         with self._lock:
             self._check_open()
-            q = "SELECT dest, message_id, purpose, reason, failed FROM dead"
+            q = f"SELECT {', '.join(keys)} FROM dead"
             args: tuple[Any, ...] = ()
             if dest is not None:
                 q += " WHERE dest = ?"
                 args = (dest,)
             rows = self._db.execute(q + " ORDER BY seq", args).fetchall()
-        return [dict(zip(("dest", "message_id", "purpose", "reason", "failed"), r, strict=True)) for r in rows]
+        return [dict(zip(keys, r, strict=True)) for r in rows]
 
     def wait(self, timeout: float) -> None:
         """Block until the spool changes or ``timeout`` seconds pass."""
@@ -319,7 +533,7 @@ class Spool:
             raise ValueError(f"spool {self.path} is closed")
 
     def close(self) -> None:
-        """Checkpoint the WAL into the database file and close."""
+        """Checkpoint the WAL into the database file, truncate it, and close."""
         with self._lock:
             if self._closed:
                 return

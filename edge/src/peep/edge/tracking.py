@@ -10,8 +10,8 @@ movement at a low frame rate). Tracks unseen for ``max_age_s`` end.
 
 from __future__ import annotations
 
-import itertools
 import math
+import secrets
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -43,8 +43,10 @@ class Tracker:
     max_age_s : float
         A track unseen for longer ends.
     id_prefix : str
-        Track ids are ``<id_prefix>-<n>``; the agent uses a per-run random prefix so
-        track keys in the persistent ledger are never reused after a restart.
+        Track ids are ``<id_prefix>-<80 random bits in hex>``: each track's id is drawn
+        afresh, so an id names one appearance and nothing links it to the device's other
+        tracks (no counter, no start time), and track keys in the persistent ledger are
+        never reused, across restarts too.
     """
 
     def __init__(
@@ -63,7 +65,6 @@ class Tracker:
         self.max_distance = max_distance
         self.max_age_s = max_age_s
         self.id_prefix = id_prefix
-        self._ids = itertools.count(1)
         self.tracks: dict[str, Track] = {}
 
     def update(self, boxes: list[FaceBox], t: float) -> list[Track]:
@@ -109,7 +110,7 @@ class Tracker:
         for i, b in enumerate(boxes):
             found = assigned.get(i)
             if found is None:
-                tr = Track(id=f"{self.id_prefix}-{next(self._ids)}", box=b, first_seen=t, last_seen=t)
+                tr = Track(id=f"{self.id_prefix}-{secrets.token_hex(10)}", box=b, first_seen=t, last_seen=t)
                 self.tracks[tr.id] = tr
             else:
                 tr = found

@@ -337,10 +337,11 @@ class MqttForwarder(Forwarder):
                     retry_in_s=delay,
                 )
         if done:
-            self.spool.ack(self.dest, [it.message_id for it in done])
+            # Latency to the PUBACK, before the delete (which may include a WAL checkpoint: not the broker's time).
             now = time.time()
             for it in done:
                 self.metrics.publish_latency.labels(transport=self.dest).observe(max(0.0, now - it.created))
+            self.spool.ack(self.dest, [it.message_id for it in done])
             self.metrics.published.labels(transport=self.dest).inc(len(done))
             self.update_depth()
 
