@@ -194,14 +194,14 @@ def _forget(dialect: Dialect) -> list[str]:
         f"INSERT INTO ingest_ledger ({ledger_columns}) SELECT device_id, message_id, site, received_at, purpose, "
         "track_id, bundle_id, mechanism_kind, epsilon_coordinate, epsilon_vector, "
         f"{_LEDGER_TRAITS_EPSILON[dialect.name]} FROM templates",
-        f"CREATE TABLE recognition_events (id {_EVENT_ID[dialect.name]}, event_id TEXT NOT NULL UNIQUE, "
+        f"CREATE TABLE recognition_events (id {_EVENT_ID[dialect.name]}, event_id TEXT NOT NULL, "
         "at {real} NOT NULL, site TEXT NOT NULL, device_id TEXT NOT NULL, message_id TEXT NOT NULL, "
         "track_id TEXT NOT NULL, purpose TEXT NOT NULL, subject TEXT NOT NULL, claimed_subject TEXT NOT NULL, "
         "unknown INTEGER NOT NULL, accepted INTEGER, probability {real} NOT NULL, model_version TEXT NOT NULL, "
         "releases_fused INTEGER NOT NULL)",
+        # One index besides the id: ingest writes a row per decision, and reads by anything but age (an
+        # erasure's subject, a message id) are rare enough to scan at most events_days of rows.
         "CREATE INDEX recognition_events_at ON recognition_events (at)",
-        "CREATE INDEX recognition_events_message ON recognition_events (device_id, message_id)",
-        "CREATE INDEX recognition_events_subject ON recognition_events (subject)",
         "CREATE TABLE track_memory (device_id TEXT NOT NULL, track_id TEXT NOT NULL, message_id TEXT NOT NULL, "
         "site TEXT NOT NULL, bundle_id TEXT NOT NULL, capture_time {real} NOT NULL, expires_at {real} NOT NULL, "
         "n_components INTEGER NOT NULL, vals {blob} NOT NULL, "
