@@ -49,7 +49,8 @@ import math
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,18 @@ CREATE TABLE IF NOT EXISTS dead (
 );
 CREATE INDEX IF NOT EXISTS dead_failed ON dead (failed);
 """
+
+
+@contextmanager
+def _immediate(cur: sqlite3.Cursor) -> Iterator[sqlite3.Cursor]:
+    """One write transaction on ``cur`` (BEGIN IMMEDIATE takes the database's write lock), rolled back if it raises."""
+    cur.execute("BEGIN IMMEDIATE")
+    try:
+        yield cur
+        cur.execute("COMMIT")
+    except BaseException:
+        cur.execute("ROLLBACK")
+        raise
 
 
 @dataclass(frozen=True)
@@ -219,8 +232,7 @@ class Spool:
         with self._lock:
             self._check_open()
             cur = self._db.cursor()
-            cur.execute("BEGIN IMMEDIATE")
-            try:
+            with _immediate(cur):
                 for dest in self.destinations:
                     depth = cur.execute("SELECT COUNT(*) FROM outbox WHERE dest = ?", (dest,)).fetchone()[0]
                     insert = True
@@ -255,10 +267,6 @@ class Spool:
                             "VALUES (?, ?, ?, ?, ?)",
                             (dest, message_id, purpose, now, sqlite3.Binary(payload)),
                         )
-                cur.execute("COMMIT")
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
             if dropped:
                 self._wal_dirty = True
             self._changed.notify_all()
@@ -292,15 +300,10 @@ class Spool:
         with self._lock:
             self._check_open()
             cur = self._db.cursor()
-            cur.execute("BEGIN IMMEDIATE")
-            try:
+            with _immediate(cur):
                 cur.executemany("DELETE FROM outbox WHERE dest = ? AND message_id = ?", [(dest, m) for m in ids])
                 n = cur.rowcount
                 empty = cur.execute("SELECT 1 FROM outbox LIMIT 1").fetchone() is None
-                cur.execute("COMMIT")
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
             if n > 0:
                 self._wal_dirty = True
                 if empty:
@@ -317,8 +320,7 @@ class Spool:
         with self._lock:
             self._check_open()
             cur = self._db.cursor()
-            cur.execute("BEGIN IMMEDIATE")
-            try:
+            with _immediate(cur):
                 row = cur.execute(
                     "SELECT seq, purpose, created, payload FROM outbox WHERE dest = ? AND message_id = ?",
                     (dest, message_id),
@@ -334,10 +336,6 @@ class Spool:
                     )
                     cur.execute("DELETE FROM outbox WHERE seq = ?", (row[0],))
                     expired = self._delete_expired(cur, now)
-                cur.execute("COMMIT")
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
             if row is not None:
                 # The outbox row (and any expired dead letter) was deleted: its old page images are in the WAL.
                 self._wal_dirty = True
@@ -375,13 +373,8 @@ class Spool:
         over = count and cur.execute("SELECT COUNT(*) FROM dead").fetchone()[0] > self.dead_letter_max
         if lo >= now - keep_s and hi <= now + keep_s and not over:
             return 0
-        cur.execute("BEGIN IMMEDIATE")
-        try:
+        with _immediate(cur):
             n = self._delete_expired(cur, now)
-            cur.execute("COMMIT")
-        except BaseException:
-            cur.execute("ROLLBACK")
-            raise
         if n:
             self._wal_dirty = True
             log_event(_log, logging.INFO, "dead_letters_expired", count=n, days=self.dead_letter_days)
@@ -415,18 +408,13 @@ class Spool:
         with self._lock:
             self._check_open()
             cur = self._db.cursor()
-            cur.execute("BEGIN IMMEDIATE")
-            try:
+            with _immediate(cur):
                 if older_than_days is None:
                     cur.execute("DELETE FROM dead")
                 else:
                     t = (self._clock() if now is None else now) - older_than_days * _DAY_S
                     cur.execute("DELETE FROM dead WHERE failed < ?", (t,))
                 n = int(cur.rowcount)
-                cur.execute("COMMIT")
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
             if n:
                 self._wal_dirty = True
                 self._checkpoint_locked()

@@ -35,6 +35,25 @@ log = logging.getLogger(__name__)
 Event = recognition_pb2.RecognitionEvent
 
 
+def put_dropping_oldest(q: queue.Queue[Any], item: Any) -> int:
+    """Put ``item`` on the bounded ``q`` without blocking, dropping the oldest items to make room.
+
+    What every queue on the recognition path does (subscribers, the cluster relay, the kept decisions):
+    a slow consumer loses its oldest items rather than slowing ingest. Returns how many were dropped.
+    """
+    dropped = 0
+    while True:
+        try:
+            q.put_nowait(item)
+            return dropped
+        except queue.Full:
+            try:
+                q.get_nowait()
+                dropped += 1
+            except queue.Empty:
+                pass
+
+
 def new_event(**fields: Any) -> recognition_pb2.RecognitionEvent:
     """A RecognitionEvent with a fresh id and the current time."""
     ev = recognition_pb2.RecognitionEvent(event_id=uuid.uuid4().hex, **fields)
@@ -85,16 +104,7 @@ class Subscription:
     def offer(self, ev: recognition_pb2.RecognitionEvent) -> None:
         if (self.site and ev.site != self.site) or (self.device_id and ev.device_id != self.device_id):
             return
-        while True:
-            try:
-                self.queue.put_nowait(ev)
-                return
-            except queue.Full:
-                try:
-                    self.queue.get_nowait()
-                    self.dropped += 1
-                except queue.Empty:
-                    pass
+        self.dropped += put_dropping_oldest(self.queue, ev)
 
     def get(self, timeout: float) -> recognition_pb2.RecognitionEvent | None:
         """Next event, or None on timeout / when closed."""
@@ -211,16 +221,7 @@ class ClusterRelay:
         return self
 
     def send(self, ev: recognition_pb2.RecognitionEvent) -> None:
-        while True:
-            try:
-                self._out.put_nowait(ev)
-                return
-            except queue.Full:
-                try:
-                    self._out.get_nowait()
-                    self.dropped += 1
-                except queue.Empty:
-                    pass
+        self.dropped += put_dropping_oldest(self._out, ev)
 
     def _payloads(self, events: list[recognition_pb2.RecognitionEvent]) -> list[str]:
         out: list[str] = []

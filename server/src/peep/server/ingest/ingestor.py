@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from peep.server.ingest.auth import DeviceRegistry, Identity, Undecodable
-from peep.server.ingest.events import EventBus, new_event
+from peep.server.ingest.events import EventBus, new_event, put_dropping_oldest
 from peep.server.ingest.validation import Rejection, TemplateValidator, ValidTemplate
 from peep.server.metrics import ServerMetrics
 from peep.server.recognition.fusion import TrackFusion
@@ -130,16 +130,7 @@ class DecisionWriter:
 
     def put(self, record: DecisionRecord) -> None:
         self._idle.clear()
-        while True:
-            try:
-                self._queue.put_nowait(record)
-                return
-            except queue.Full:
-                try:
-                    self._queue.get_nowait()
-                    self.dropped += 1
-                except queue.Empty:
-                    pass
+        self.dropped += put_dropping_oldest(self._queue, record)
 
     def _run(self) -> None:
         while not (self._stop.is_set() and self._queue.empty()):
