@@ -10,6 +10,7 @@ stranger's template remains in any table.
 from __future__ import annotations
 
 import logging
+import re
 import sqlite3
 import subprocess
 import time
@@ -321,7 +322,8 @@ def test_retention_command_purges_recognition_templates_and_reports_what_is_kept
                        text=True, timeout=120)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "recognised templates 1, unknown templates 3" in r.stdout
-    assert "enrolment templates                2  until erased" in r.stdout
+    assert re.search(r"enrolment templates \(consented\) +2  until erased", r.stdout), r.stdout
+    assert re.search(r"everyone else \(strangers\) +0  \d+ days", r.stdout), r.stdout  # keep = all: keep_days
     store = SqliteStore(tmp_path / "peep.db")
     try:
         k = store.kept_counts("background:")

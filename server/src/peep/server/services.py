@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from peep.server import startup
 from peep.server.bundles.catalog import BundleCatalog
@@ -46,7 +47,7 @@ from peep.server.recognition.recogniser import Recogniser
 from peep.server.recognition.registry import AnyRegistry, DatabaseModelRegistry, ModelRegistry
 from peep.server.recognition.trainer import Trainer, TrainingBusy, TrainResult
 from peep.server.recognition.watch import ChangeWatcher
-from peep.server.storage import Store, open_store
+from peep.server.storage import KeptCounts, Store, open_store
 from peep.server.storage.base import ERASURES_CHANNEL, MODELS_CHANNEL
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,36 @@ class ErasureResult:
     versions_purged: list[str] = field(default_factory=list)
     #: Kept decisions that named the subject (identified as, or claimed).
     decisions_deleted: int = 0
+
+
+def kept_rows(config: ServerConfig, counts: KeptCounts) -> list[dict[str, Any]]:
+    """What the database keeps, per category, with how long (``id``, ``what``, ``n``, ``kept_for``).
+
+    The one wording of the retention rules, for ``peep retention`` and the console's People and Privacy pages.
+    """
+    rc = config.recognition
+    enrol_for = (
+        f"{config.retention.days:g} days after receipt (retention.include_enrolment)"
+        if config.retention.days is not None and config.retention.include_enrolment
+        else "until erased"
+    )
+    not_kept = f"not kept (recognition.keep = {rc.keep})"
+    k = counts
+    return [
+        {"id": "enrolment", "what": "enrolment templates (consented)", "n": k.enrolment, "kept_for": enrol_for},
+        {"id": "background", "what": "background templates (the administrator's public population)",
+         "n": k.background, "kept_for": enrol_for},
+        {"id": "recognised", "what": "identify/verify templates of people recognised as enrolled",
+         "n": k.recognised, "kept_for": f"{rc.keep_days:g} days" if rc.keep != "none" else not_kept},
+        {"id": "unknown", "what": "identify/verify templates of everyone else (strangers)", "n": k.unknown,
+         "kept_for": f"{rc.keep_days:g} days" if rc.keep == "all" else not_kept},
+        {"id": "decisions", "what": f"decisions (recognition events; {k.unknown_decisions} unknown, naming nobody)",
+         "n": k.decisions, "kept_for": f"{rc.events_days:g} days"},
+        {"id": "ledger", "what": "ledger of received message ids (ids, times, ε; no template)", "n": k.ledger,
+         "kept_for": f"{config.ingest.ledger_window_s / 86400:.4g} days (ingest.max_age_s + max_clock_skew_s)"},
+        {"id": "track-memory", "what": "track fusion memory (replicas)", "n": k.track_memory,
+         "kept_for": f"{config.training.track_fusion_s:g} s"},
+    ]  # fmt: skip
 
 
 class Services:

@@ -577,23 +577,9 @@ def fit_server_recogniser(
     cfg: AuditConfig, R_enrol: FloatArray, y_enrol: IntArray, R_public: FloatArray, y_public: IntArray, seed: int
 ) -> Any:
     """The server's recogniser: enrolled people plus the public people as its background ("unknown") class."""
-    from peep.server.config import TrainingConfig
-    from peep.server.recognition.fitting import fit_recogniser
-
-    server = TrainingConfig()
     subjects = [str(int(v)) for v in y_enrol] + [f"{_BACKGROUND_PREFIX}{int(v)}" for v in y_public]
-    return fit_recogniser(
-        np.vstack([R_enrol, R_public]).astype(np.float32),
-        subjects,
-        preset=cfg.recogniser_preset,
-        background_prefix=_BACKGROUND_PREFIX,
-        validation_fraction=server.validation_fraction,
-        target_far=server.target_far,
-        identify_far=server.identify_far,
-        unknown_reject_rate=server.unknown_reject_rate,
-        min_templates_per_subject=server.min_templates_per_subject,
-        random_state=seed,
-        blas_threads=1,
+    return runner.fit_like_server(
+        cfg, np.vstack([R_enrol, R_public]), subjects, seed, background_prefix=_BACKGROUND_PREFIX
     )
 
 

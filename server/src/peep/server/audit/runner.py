@@ -97,31 +97,36 @@ class ServedRecogniser:
         return np.asarray(self.classes_[self.predict_proba(X).argmax(axis=1)], dtype=np.int64)
 
 
-def fit_served(cfg: AuditConfig, X: FloatArray, y: IntArray, seed: int) -> ServedRecogniser:
-    """The recogniser a server trains on templates ``X`` of identities ``y``.
-
-    The server's :func:`~peep.server.recognition.fitting.fit_recogniser` with
-    the audit's preset and the server's default training parameters
-    (validation fraction, minimum templates per subject, ...); no background
-    class. Runs inside :func:`job_env` (BLAS already pinned to one thread).
-    """
+def fit_like_server(
+    cfg: AuditConfig, X: FloatArray, subjects: Sequence[str], seed: int, *, background_prefix: str = ""
+) -> Any:
+    """The server's :func:`~peep.server.recognition.fitting.fit_recogniser` on templates ``X`` labelled
+    ``subjects``, with the audit's preset and the server's default training parameters (validation
+    fraction, FARs, minimum templates per subject, ...). Subjects starting ``background_prefix`` form the
+    "unknown" class. Runs inside :func:`job_env` (BLAS already pinned to one thread)."""
     from peep.server.config import TrainingConfig
     from peep.server.recognition.fitting import fit_recogniser
 
     server = TrainingConfig()
-    fitted = fit_recogniser(
+    return fit_recogniser(
         np.asarray(X, dtype=np.float32),
-        [str(int(v)) for v in y],
+        list(subjects),
         preset=cfg.recogniser_preset,
-        background_prefix="",
+        background_prefix=background_prefix,
         validation_fraction=server.validation_fraction,
         target_far=server.target_far,
+        identify_far=server.identify_far,
         unknown_reject_rate=server.unknown_reject_rate,
         min_templates_per_subject=server.min_templates_per_subject,
         random_state=seed,
         blas_threads=1,
     )
-    return ServedRecogniser(fitted)
+
+
+def fit_served(cfg: AuditConfig, X: FloatArray, y: IntArray, seed: int) -> ServedRecogniser:
+    """The recogniser a server trains on templates ``X`` of identities ``y`` (:func:`fit_like_server`; no
+    background class)."""
+    return ServedRecogniser(fit_like_server(cfg, X, [str(int(v)) for v in y], seed))
 
 
 def proba_full(clf: Any, X: FloatArray, n_classes: int) -> FloatArray:

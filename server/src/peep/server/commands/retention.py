@@ -77,23 +77,9 @@ def retention(args: argparse.Namespace) -> int:
 
 
 def kept_lines(kept: Any, config: Any) -> list[str]:
-    """What is kept, per category, with how long (for ``peep retention`` and the logs)."""
-    rc = config.recognition
-    recog_for = f"{rc.keep_days:g} days" if rc.keep != "none" else "not kept (recognition.keep = none)"
-    unknown_for = f"{rc.keep_days:g} days" if rc.keep == "all" else f"not kept (recognition.keep = {rc.keep})"
-    enrol_for = (
-        f"{config.retention.days:g} days (retention.include_enrolment)"
-        if config.retention.days is not None and config.retention.include_enrolment
-        else "until erased"
-    )
-    window = config.ingest.ledger_window_s / 86400.0
-    return [
-        "kept now:",
-        f"  enrolment templates        {kept.enrolment:>9}  {enrol_for}",
-        f"  background templates       {kept.background:>9}  {enrol_for}",
-        f"  recognised (identify/verify) {kept.recognised:>7}  {recog_for}",
-        f"  unknown (identify/verify)  {kept.unknown:>9}  {unknown_for}",
-        f"  decisions                  {kept.decisions:>9}  {rc.events_days:g} days ({kept.unknown_decisions} unknown)",
-        f"  ledger of message ids      {kept.ledger:>9}  {window:.4g} days (ingest.max_age_s + max_clock_skew_s)",
-        f"  track fusion memory        {kept.track_memory:>9}  {config.training.track_fusion_s:g} s",
-    ]
+    """What is kept, per category, with how long (:func:`peep.server.services.kept_rows`)."""
+    from peep.server.services import kept_rows
+
+    rows = kept_rows(config, kept)
+    width = max(len(r["what"]) for r in rows)
+    return ["kept now:", *(f"  {r['what']:<{width}}  {r['n']:>9}  {r['kept_for']}" for r in rows)]

@@ -601,31 +601,11 @@ class ConsoleApp:
 
     def _kept(self) -> dict[str, Any]:
         """What the database keeps, per category, with how long (the People and Privacy pages)."""
+        from peep.server.services import kept_rows
+
         cfg = self.services.config
-        rc = cfg.recognition
-        k = self.services.store.kept_counts(cfg.training.background_prefix)
-        enrol_for = (
-            f"{cfg.retention.days:g} days after receipt (retention.include_enrolment)"
-            if cfg.retention.days is not None and cfg.retention.include_enrolment
-            else "until erased"
-        )
-        not_kept = f"not kept (recognition.keep = {rc.keep})"
-        rows = [
-            {"id": "enrolment", "what": "enrolment templates (consented)", "n": k.enrolment, "kept_for": enrol_for},
-            {"id": "background", "what": "background templates (the administrator's public population)",
-             "n": k.background, "kept_for": enrol_for},
-            {"id": "recognised", "what": "identify/verify templates of people recognised as enrolled",
-             "n": k.recognised, "kept_for": f"{rc.keep_days:g} days" if rc.keep != "none" else not_kept},
-            {"id": "unknown", "what": "identify/verify templates of everyone else (strangers)", "n": k.unknown,
-             "kept_for": f"{rc.keep_days:g} days" if rc.keep == "all" else not_kept},
-            {"id": "decisions", "what": f"decisions (recognition events; {k.unknown_decisions} unknown, naming nobody)",
-             "n": k.decisions, "kept_for": f"{rc.events_days:g} days"},
-            {"id": "ledger", "what": "ledger of received message ids (ids, times, ε; no template)", "n": k.ledger,
-             "kept_for": f"{cfg.ingest.ledger_window_s / 86400:.4g} days (ingest.max_age_s + max_clock_skew_s)"},
-            {"id": "track-memory", "what": "track fusion memory (replicas)", "n": k.track_memory,
-             "kept_for": f"{cfg.training.track_fusion_s:g} s"},
-        ]  # fmt: skip
-        return {"rows": rows, "keep": rc.keep, "counts": k}
+        counts = self.services.store.kept_counts(cfg.training.background_prefix)
+        return {"rows": kept_rows(cfg, counts), "keep": cfg.recognition.keep, "counts": counts}
 
     def people(self, ctx: Ctx, *, result: Any = None, error: str = "", status: int = 200) -> Response:
         subjects = self.store.subjects()

@@ -404,14 +404,6 @@ class Ingestor:
             )
         return rows
 
-    def recognise(self, valid: Sequence[ValidTemplate]) -> None:
-        """Identify/verify templates in one batch and publish the events (nothing is written)."""
-        decided = [_Decided(i, v) for i, v in enumerate(valid)]
-        self._decide(decided)
-        for d in decided:
-            if d.event is not None:
-                self._publish(d.event, d.valid.purpose)
-
     def _decide(self, decided: Sequence[_Decided]) -> None:
         """Fill in each template's decision (its event and whom it recognised); undecided without a model."""
         try:

@@ -335,9 +335,6 @@ class KeptCounts:
     ledger: int
     track_memory: int
 
-    def as_dict(self) -> dict[str, int]:
-        return {f.name: int(getattr(self, f.name)) for f in fields(self)}
-
 
 @dataclass(frozen=True)
 class EnrolmentSet:
