@@ -361,15 +361,16 @@ def test_empty_summaries(cs: ConsoleStore):
     assert cs.epsilon_by_device_hour(0.0) == []
 
 
-def received(sql: Any, records: list[Any]) -> None:
-    """Take ``records`` as ingest does: one ledger entry each (ids, times, ε); the templates are not kept."""
+def received(sql: Any, records: list[Any], *, traits: float = 0.0) -> None:
+    """Take ``records`` as ingest does: one ledger entry each (ids, times, ε, ``traits`` the ε of the soft-trait
+    releases that came with each); the templates are not kept."""
     from peep.server.storage import IngestBatch, LedgerEntry
 
     entries = [
         LedgerEntry(
             device_id=r.device_id, message_id=r.message_id, site=r.site, received_at=r.received_at, purpose=r.purpose,
             track_id=r.track_id, bundle_id=r.bundle_id, mechanism_kind=r.mechanism_kind,
-            epsilon_coordinate=r.epsilon_coordinate, epsilon_vector=r.epsilon_vector, epsilon_traits=0.0,
+            epsilon_coordinate=r.epsilon_coordinate, epsilon_vector=r.epsilon_vector, epsilon_traits=traits,
         )
         for r in records
     ]  # fmt: skip
@@ -400,6 +401,17 @@ def test_devices_sum_epsilon_per_device_and_per_track_and_describe_the_latest_re
     assert (d1.epsilon_coordinate, d1.epsilon_vector) == (0.25, 0.5)
     assert (d2.device_id, d2.site, d2.releases, d2.last_release) == ("cam-2", "yard", 1, T0 + 10)
     assert (d2.epsilon_vector_total, d2.epsilon_vector_max_track) == (7.0, 7.0)
+
+
+def test_every_epsilon_sum_is_the_whole_spend_templates_and_soft_traits(cs: ConsoleStore, sql: Any):
+    """The demo's cameras: ε 16 per template plus 2 for age and gender; the device's ledger counts 18 each."""
+    base = H0 * HOUR
+    received(sql, [record(i, received_at=base + i, device="cam-1", track="a" if i < 2 else "b", eps_vector=16.0)
+                   for i in range(3)], traits=2.0)  # fmt: skip
+    (d,) = cs.devices()
+    assert d.epsilon_vector_total == pytest.approx(3 * 18.0) and d.epsilon_traits_total == pytest.approx(3 * 2.0)
+    assert d.epsilon_vector_max_track == pytest.approx(2 * 18.0)
+    assert cs.epsilon_by_device_hour(base - 1.0) == [("cam-1", H0, pytest.approx(54.0))]
 
 
 def test_subjects_count_enrolment_templates_by_name(cs: ConsoleStore, sql: Any):

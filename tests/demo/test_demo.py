@@ -196,6 +196,10 @@ def test_demo_console_stays_up_on_the_demos_data(tmp_path: Path, data_home: str)
             for cam in ("cam-1", "cam-2"):
                 row = re.search(rf"<tr>\s*<td>{cam}</td>.*?</tr>", devices, re.S)
                 assert row and "ready; reported" in row.group(0), devices[:3000]
+                # Σ ε is the whole spend, templates and soft traits: what the camera's own ledger recorded.
+                total = re.search(r'class="eps-total">([0-9.e+]+)', row.group(0))
+                spent = summary["edge"]["devices"][cam]["epsilon_vector_spent"]
+                assert total and float(total.group(1)) == pytest.approx(spent, rel=1e-3), (row.group(0), spent)
         _screenshots(c["url"], new, tmp_path)
         url = c["url"]
     finally:

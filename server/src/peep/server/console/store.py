@@ -69,6 +69,8 @@ class DeviceSummary:
     mechanism_kind: str
     epsilon_coordinate: float
     epsilon_vector: float
+    #: The soft-trait releases' share of ``epsilon_vector_total`` (which is the whole spend: templates + traits).
+    epsilon_traits_total: float = 0.0
 
 
 _ACCOUNTS = "SELECT name, role, password_hash, must_change, disabled, created_at FROM console_users"
@@ -294,15 +296,16 @@ class ConsoleStore:
         """Per device: releases, ε per vector spent in total and on its most-released track, the latest release.
 
         From the ingest ledger (every received template's ids, times and ε, kept for the de-duplication
-        window), not from templates: identify/verify templates are decided and forgotten.
+        window), not from templates: identify/verify templates are decided and forgotten. Every ε sum is the
+        whole spend: the template's and its soft-trait releases' (sequential composition).
         """
         q = (
-            "SELECT device_id, COUNT(*), SUM(epsilon_vector), MAX(received_at) FROM ingest_ledger GROUP BY device_id "
-            "ORDER BY device_id"
+            "SELECT device_id, COUNT(*), SUM(epsilon_vector + epsilon_traits), MAX(received_at), "
+            "SUM(epsilon_traits) FROM ingest_ledger GROUP BY device_id ORDER BY device_id"
         )
         q_track = (
-            "SELECT device_id, MAX(total) FROM (SELECT device_id, track_id, SUM(epsilon_vector) AS total "
-            "FROM ingest_ledger GROUP BY device_id, track_id) t GROUP BY device_id"
+            "SELECT device_id, MAX(total) FROM (SELECT device_id, track_id, SUM(epsilon_vector + epsilon_traits) "
+            "AS total FROM ingest_ledger GROUP BY device_id, track_id) t GROUP BY device_id"
         )
         q_last = (
             "SELECT t.device_id, t.site, t.bundle_id, t.mechanism_kind, t.epsilon_coordinate, t.epsilon_vector "
@@ -314,7 +317,7 @@ class ConsoleStore:
             per_track = {str(d): float(v or 0.0) for d, v in conn.execute(q_track)}
             last = {str(r[0]): r for r in conn.execute(q_last)}
         out = []
-        for d, n, eps, at in rows:
+        for d, n, eps, at, traits in rows:
             ln = last.get(str(d), (d, "", "", "", 0.0, 0.0))
             out.append(
                 DeviceSummary(
@@ -328,6 +331,7 @@ class ConsoleStore:
                     str(ln[3]),
                     float(ln[4]),
                     float(ln[5]),
+                    float(traits or 0.0),
                 )
             )
         return out
@@ -371,9 +375,9 @@ class ConsoleStore:
             return [(int(h), int(n)) for h, n in conn.execute(q, [since, *params])]
 
     def epsilon_by_device_hour(self, since: float) -> list[tuple[str, int, float]]:
-        """(device, hour index, ε per vector spent in that hour) since ``since``."""
+        """(device, hour index, ε per vector spent in that hour: templates + soft traits) since ``since``."""
         q = (
-            f"SELECT device_id, {self._hour} AS h, SUM(epsilon_vector) FROM ingest_ledger "
+            f"SELECT device_id, {self._hour} AS h, SUM(epsilon_vector + epsilon_traits) FROM ingest_ledger "
             f"WHERE received_at >= {self._p} GROUP BY device_id, {self._hour} ORDER BY h"
         )
         with self.store._session() as conn:

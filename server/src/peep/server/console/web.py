@@ -586,7 +586,7 @@ class ConsoleApp:
                 vals.append(total)
             series[dev] = vals
         plot = plots.lines(
-            "ε per vector spent per device (cumulative, last 7 days)",
+            "ε per vector spent per device, templates + soft traits (cumulative, last 7 days)",
             [datetime.fromtimestamp(h * 3600, UTC).strftime("%d %Hh") for h in hours],
             series,
             y_label="Σ ε per vector",
