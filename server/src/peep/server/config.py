@@ -870,6 +870,33 @@ class ConsoleConfig(_Model):
             "rather than the proxy; empty: the headers are ignored"
         ),
     )
+    header_timeout_s: float = Field(
+        default=10.0,
+        ge=1.0,
+        le=300.0,
+        description=(
+            "a connection must deliver a whole request (head and form) within this many seconds of connecting or "
+            "of its previous response, else it is closed; a request once received (a Live event stream) is not cut"
+        ),
+    )
+    max_connections: int = Field(
+        default=512,
+        ge=16,
+        le=100_000,
+        description=(
+            "open connections in all; one more closes the connection that has waited longest for its request, "
+            "or is refused when every connection is busy with one"
+        ),
+    )
+    max_connections_per_address: int = Field(
+        default=64,
+        ge=2,
+        le=100_000,
+        description=(
+            "open connections per client address (a reverse proxy's own address: everyone behind it shares it); "
+            "one more closes that address's connection that has waited longest for its request, or is refused"
+        ),
+    )
 
     @field_validator("listen")
     @classmethod
@@ -894,6 +921,15 @@ class ConsoleConfig(_Model):
     @classmethod
     def check_paths(cls, v: Path | None, info: ValidationInfo) -> Path | None:
         return _resolve_path(v, info)
+
+    @model_validator(mode="after")
+    def _connection_budgets(self) -> ConsoleConfig:
+        if self.max_connections_per_address > self.max_connections:
+            raise ValueError(
+                f"max_connections_per_address: expected at most max_connections ({self.max_connections}), "
+                f"received {self.max_connections_per_address}"
+            )
+        return self
 
 
 class ServerConfig(_Model):

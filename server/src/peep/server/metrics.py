@@ -19,6 +19,11 @@
     streaming RPCs open, and streams refused or ended (per_identity, global: over
     ``grpc.max_streams_per_identity`` / ``grpc.max_streams``; idle: ended after
     ``grpc.stream_idle_timeout_s``).
+``peep_console_connections_closed_total{reason}``
+    connections the console's listener closed before they delivered a request (header_timeout: not within
+    ``console.header_timeout_s``; evicted: the longest waiting, to make room under
+    ``console.max_connections_per_address`` / ``console.max_connections``; refused: new ones over a limit
+    while every connection was busy with a request).
 """
 
 from __future__ import annotations
@@ -59,6 +64,12 @@ class ServerMetrics:
         self.grpc_streams_refused = Counter(
             "peep_grpc_streams_refused",
             "Streams refused (over a limit) or ended (idle), by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.console_connections_closed = Counter(
+            "peep_console_connections_closed",
+            "Console connections closed before delivering a request (header_timeout, evicted, refused)",
             ["reason"],
             registry=r,
         )

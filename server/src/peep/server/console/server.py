@@ -2,7 +2,8 @@
 
 Bound before it starts (``console.listen`` with port 0 picks a free port, as gRPC does), with the gRPC
 listener's certificate and key (``grpc.tls``), TLS 1.2 or newer (uvicorn's default context). It stops
-within a couple of seconds: open event streams notice ``stopping`` and end.
+within a couple of seconds: open event streams notice ``stopping`` and end. Connections that do not deliver
+a request in time, or that crowd others out, are closed (:mod:`~peep.server.console.connections`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import threading
 import time
 from typing import Any
 
+from peep.server.console.connections import ConnectionGuard, guarded_protocol
 from peep.server.console.web import ConsoleApp
 
 log = logging.getLogger(__name__)
@@ -31,16 +33,40 @@ def _bind(listen: str) -> socket.socket:
     return sock
 
 
+def _quiet_disconnects(app: Any) -> Any:
+    """``app``, but a client gone before its form arrived (often the header deadline's doing) logs nothing.
+
+    uvicorn would log each such request as an application error with a traceback, so slow clients could
+    fill the log; there is no one left to answer.
+    """
+    from starlette.requests import ClientDisconnect
+
+    async def quiet(scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await app(scope, receive, send)
+        except ClientDisconnect:
+            pass
+
+    return quiet
+
+
 class ConsoleServer:
     """Serves a :class:`ConsoleApp` over HTTPS until :meth:`stop`.
 
     Parameters
     ----------
     console : ConsoleApp
+
+    Attributes
+    ----------
+    guard : ConnectionGuard or None
+        The listener's connections and limits (``guard.closed`` counts the connections it closed, by
+        reason); set by :meth:`start`.
     """
 
     def __init__(self, console: ConsoleApp) -> None:
         self.console = console
+        self.guard: ConnectionGuard | None = None
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self.port = 0
@@ -60,8 +86,18 @@ class ConsoleServer:
             raise ValueError("console: expected grpc.tls (the console serves HTTPS only)")
         sock = _bind(cfg.console.listen)
         self.host, self.port = sock.getsockname()[:2]
+        closed = self.console.services.metrics.console_connections_closed
+        self.guard = ConnectionGuard(
+            header_timeout_s=cfg.console.header_timeout_s,
+            max_connections=cfg.console.max_connections,
+            max_connections_per_address=cfg.console.max_connections_per_address,
+            on_close=lambda reason: closed.labels(reason).inc(),
+        )
         config = uvicorn.Config(
-            self.console.app,
+            _quiet_disconnects(self.console.app),
+            http=guarded_protocol(self.guard),
+            # No upgrade: a WebSocket connection would leave the guard's bookkeeping (the console has none).
+            ws="none",
             ssl_certfile=str(tls.cert),
             ssl_keyfile=str(tls.key),
             ssl_version=ssl.PROTOCOL_TLS_SERVER,
@@ -74,7 +110,10 @@ class ConsoleServer:
             proxy_headers=bool(cfg.console.trusted_proxies),
             forwarded_allow_ips=list(cfg.console.trusted_proxies) or None,
             timeout_graceful_shutdown=2,
-            limit_concurrency=200,
+            # uvicorn counts every open connection, idle ones too, and answers 503 at the limit; the guard
+            # bounds connections itself, so this only backs it up (closed connections count until uvicorn has
+            # noticed, an event-loop turn later).
+            limit_concurrency=2 * cfg.console.max_connections,
             h11_max_incomplete_event_size=16 * 1024,
         )
         self._server = uvicorn.Server(config)
