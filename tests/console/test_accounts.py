@@ -55,6 +55,37 @@ def test_new_passwords_are_bounded_and_not_the_name():
         accounts.check_new_password("AliceAliceAlice", name="alicealicealice")
 
 
+@pytest.mark.parametrize(
+    ("password", "reason"),
+    [
+        ("aaaaaaaaaaaa", 'Repeats like "aaa" are easy to guess.'),
+        ("password1234", "This is a very common password."),
+        ("qwertyuiop12", "This is similar to a commonly used password."),
+        ("alice.malice.m", 'Repeats like "abcabcabc"'),  # the account name repeated
+        ("peep-console", "Add another word or two."),  # the console's own words
+    ],
+)
+def test_weak_new_passwords_are_refused_with_the_estimators_reason(password, reason):
+    with pytest.raises(AccountError, match=r"^password: expected one hard to guess \(strength 3 of 4 or more\), ") as e:
+        accounts.check_new_password(password, name="alice.m")
+    message = str(e.value)
+    assert reason in message and password not in message and len(message) < 500
+
+
+def test_long_random_passphrases_and_one_time_passwords_are_accepted():
+    import secrets
+    import string
+    import time
+
+    assert accounts.check_new_password("ochre lantern tundra whistle marmalade", name="alice")
+    assert accounts.check_new_password(accounts.one_time_password(), name="alice")
+    # The estimator reads a bounded prefix: a full 256 characters would take it about a minute.
+    longest = "".join(secrets.choice(string.printable[:94]) for _ in range(accounts.MAX_PASSWORD))
+    t0 = time.monotonic()
+    assert accounts.check_new_password(longest) == longest
+    assert time.monotonic() - t0 < 10
+
+
 def test_one_time_passwords_are_long_and_fresh():
     a, b = accounts.one_time_password(), accounts.one_time_password()
     assert a != b and len(a) >= 20

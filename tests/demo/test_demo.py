@@ -154,13 +154,20 @@ def test_demo_leaves_nothing_retained_on_the_broker(demo_run):
 def test_demo_console_stays_up_on_the_demos_data(tmp_path: Path, data_home: str):
     """`peep demo --console`: after the run the server and its console keep serving the demo's data; the
     one-time admin password logs in (and must be changed first); Live shows the demo's recognitions,
-    Devices its cameras; close() stops both."""
+    Devices its cameras, each with a status; the server configuration it wrote loads, and the add-user
+    command it prints adds an account that logs in; close() stops both."""
     pytest.importorskip("starlette", reason="the console extra (peep-server[console]) is not installed")
     import re
+    import shlex
     import ssl
+    import stat
+    import subprocess
+    import sys
 
     import httpx
+    from peep.server.config import load_config
     from peep.server.demo import Demo, DemoOptions
+    from peep.server.demo.runner import add_user_command
 
     opts = DemoOptions(
         out=tmp_path / "run", data_home=data_home, subjects=3, enrol_images=8, probe_images=2, strangers=4,
@@ -197,15 +204,65 @@ def test_demo_console_stays_up_on_the_demos_data(tmp_path: Path, data_home: str)
                 row = re.search(rf"<tr>\s*<td>{cam}</td>.*?</tr>", devices, re.S)
                 assert row and "ready; reported" in row.group(0), devices[:3000]
                 # Σ ε is the whole spend, templates and soft traits: what the camera's own ledger recorded.
-                total = re.search(r'class="eps-total">([0-9.e+]+)', row.group(0))
-                spent = summary["edge"]["devices"][cam]["epsilon_vector_spent"]
-                assert total and float(total.group(1)) == pytest.approx(spent, rel=1e-3), (row.group(0), spent)
+                edge = summary["edge"]["devices"][cam]
+                total = re.search(r'class="eps-total">([0-9.,]+)', row.group(0))
+                spent = edge["epsilon_vector_spent"]
+                assert total and "e+" not in row.group(0), row.group(0)
+                assert float(total.group(1).replace(",", "")) == pytest.approx(spent, rel=1e-3), (row.group(0), spent)
+                # ... and on its most-released track, the most the camera's own ledger spent on one track.
+                track = re.search(r'class="eps-track">([0-9.,]+)', row.group(0))
+                most = edge["max_epsilon_vector_per_track"]
+                assert track and float(track.group(1).replace(",", "")) == pytest.approx(most, rel=1e-3), most
+            # Every device the server heard from has a status (gRPC contacts here: --mqtt off), never "unknown".
+            rows = re.findall(r"<tr>\s*<td>([^<]+)</td>.*?</tr>", devices, re.S)
+            statuses = re.findall(r'class="status-([^"]+)"', devices)
+            assert {"desk-1", "cam-1", "cam-2"} <= set(rows) and len(statuses) == len(rows), devices[:3000]
+            assert all(st in ("online", "offline") for st in statuses), dict(zip(rows, statuses, strict=True))
+
+            # The configuration the demo's server runs with, loadable by the project's own loader: what runs,
+            # with the ports it bound; token digests only, readable by its owner only.
+            path = Path(c["config"])
+            assert path == tmp_path / "run" / "server" / "server.toml"
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600
+            text = path.read_text()
+            for token in (demo.admin_token, *demo.device_tokens.values()):
+                assert token not in text
+            loaded = load_config(path).model_dump()
+            running = demo.app.config.model_dump()
+            running["grpc"]["listen"] = f"127.0.0.1:{demo.app.port}"
+            running["console"]["listen"] = f"127.0.0.1:{demo.app.console.port}"
+            assert loaded == running
+            # The add-user command the demo prints, run as printed (with a name): an operator who logs in.
+            command = shlex.split(add_user_command(path, name="operator-1"))
+            assert command[:2] == ["peep", "console"]
+            peep = str(Path(sys.executable).with_name("peep"))
+            done = subprocess.run([peep, *command[1:]], capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+            otp = done.stdout.strip().splitlines()[-1]
+        with httpx.Client(base_url=c["url"], verify=ctx, timeout=30) as web:
+            r = web.post("/login", data={"name": "operator-1", "password": otp, "csrf": csrf_of(web, "/login")})
+            assert r.status_code == 303 and r.headers["location"] == "/password"
+            mine = "an-Operator's-own-passphrase-7"
+            form = {"current": otp, "new": mine, "again": mine, "csrf": csrf_of(web, "/password")}
+            assert web.post("/password", data=form).status_code == 303
+            r = web.post("/login", data={"name": "operator-1", "password": mine, "csrf": csrf_of(web, "/login")})
+            assert r.status_code == 303 and r.headers["location"] == "/"
+            assert "cam-1" in web.get("/devices").text
         _screenshots(c["url"], new, tmp_path)
         url = c["url"]
     finally:
         demo.close()
     with pytest.raises(httpx.ConnectError), httpx.Client(verify=ctx, timeout=5) as late:
         late.get(url)
+
+
+def csrf_of(web, path: str) -> str:
+    """The CSRF token of the form on the console page ``path``."""
+    import re
+
+    m = re.search(r'name="csrf" value="([^"]*)"', web.get(path).text)
+    assert m, path
+    return m.group(1)
 
 
 def _screenshots(url: str, password: str, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from peep.core.logs import JsonFormatter, log_event
 from peep.server.cli import main
+from peep.server.services import NoSuchSubject
 from peep.server.storage import TemplateRecord
 from peep.server.storage.sqlite import SqliteStore
 from peep.v1 import recognition_pb2
@@ -66,6 +67,59 @@ def test_erase_subject_deletes_templates_calls_hooks_and_retrains(enrolled, temp
             recognition_pb2.IdentifyRequest(template=templates.message(int(i)), top_k=10), metadata=DEVICE, timeout=5
         )
         assert victim not in {c.subject for c in r.candidates}
+
+
+def test_erasing_a_subject_nothing_holds_is_not_found_and_changes_nothing(enrolled, templates, capsys):
+    """Unknown ids are refused without an erasure record or a retrained version (three used to train three
+    identical versions, pushing the roll-back ones out); a known subject still retrains, and erased a
+    second time it is unknown."""
+    srv, stub = enrolled, enrolled.stub()
+    services = srv.services
+
+    def erase(subject: str) -> recognition_pb2.EraseSubjectResponse:
+        request = recognition_pb2.EraseSubjectRequest(subject=subject, retrain=True)
+        return stub.EraseSubject(request, metadata=ADMIN, timeout=300)
+
+    for _ in range(3):
+        with pytest.raises(grpc.RpcError) as e:
+            erase("nobody-at-all")
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "subject: no such subject 'nobody-at-all'" in e.value.details()
+    assert services.registry.versions() == ["v000001"] and services.recogniser.model.version == "v000001"
+    assert "nobody-at-all" not in services.store.erasures()
+
+    victim = str(templates.subjects[templates.train[0]])
+    r = erase(victim)
+    assert r.templates_deleted > 0 and r.model_version == "v000002"
+    assert services.registry.versions() == ["v000002"]
+    with pytest.raises(grpc.RpcError) as e:
+        erase(victim)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND and repr(victim) in e.value.details()
+    assert services.registry.versions() == ["v000002"] and services.recogniser.model.version == "v000002"
+
+    conf = srv.tmp / "server.toml"
+    conf.write_text(to_toml(srv.cfg))
+    assert main(["erase", "--config", str(conf), "--subject", "nobody-at-all"]) == 1
+    assert "peep erase: subject: no such subject 'nobody-at-all'" in capsys.readouterr().err
+    assert "nobody-at-all" not in SqliteStore(srv.tmp / "peep.db").erasures()
+
+
+def test_soft_traits_alone_are_erased_without_retraining(enrolled):
+    """A subject only an erasure hook holds: erased (asked through ``holds``, or probed by deleting when the
+    hook cannot be asked), with no version trained; an id neither holds is refused with nothing deleted."""
+    services = enrolled.services
+    asked = {"traits-only": 3}
+    legacy = {"legacy-only": 2}
+    services.add_erasure_hook(lambda s: asked.pop(s, 0), holds=lambda s: s in asked)
+    services.add_erasure_hook(lambda s: legacy.pop(s, 0))
+    with pytest.raises(NoSuchSubject, match=r"^subject: no such subject 'nobody-at-all': expected "):
+        services.erase_subject("nobody-at-all")
+    assert asked and legacy and "nobody-at-all" not in services.store.erasures()
+    for subject, n in (("traits-only", 3), ("legacy-only", 2)):
+        r = services.erase_subject(subject)
+        assert (r.templates_deleted, r.soft_traits_deleted, r.model_version) == (0, n, "v000001"), subject
+        assert subject in services.store.erasures()
+    assert not asked and not legacy and services.registry.versions() == ["v000001"]
 
 
 def test_erasure_without_retraining_masks_the_subject_at_once(enrolled, templates):

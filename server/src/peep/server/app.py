@@ -29,6 +29,7 @@ from typing import Any
 
 import grpc
 from peep.server.config import ResolvedSecrets, ServerConfig
+from peep.server.ingest.contacts import ONLINE_WINDOW_S
 from peep.server.services import Services
 from peep.server.transport.grpc_service import create_server
 
@@ -39,6 +40,8 @@ SWEEP_INTERVAL_S = 1.0
 
 Registrar = Callable[[grpc.Server], None]
 Plugin = Callable[[Services], Registrar | None]
+#: A device's status for the console: ``(status, since, via)``, see :meth:`ServerApp._device_status`.
+DeviceStatus = tuple[str, float, str]
 
 
 def default_plugins() -> list[Plugin]:
@@ -160,10 +163,38 @@ class ServerApp:
             },
         )
 
-    def _device_status(self) -> Any:
-        """``() -> {device: (status, since)}`` from the MQTT bridge's retained statuses, or None without MQTT."""
-        statuses = getattr(self.mqtt, "device_statuses", None)
-        return statuses if callable(statuses) else None
+    def _device_status(self, *, window_s: float = ONLINE_WINDOW_S) -> Callable[[], dict[str, DeviceStatus]]:
+        """The console's device statuses: ``() -> {device_id: (status, since, via)}``.
+
+        Parameters
+        ----------
+        window_s : float
+            A device heard from over gRPC is ``online`` for this long after its last contact (and while it
+            has a call open), then ``offline`` since that contact (tests shorten it).
+
+        Returns
+        -------
+        callable
+            Returning, for every device this replica heard from, ``status`` (``online`` or ``offline``),
+            ``since`` (Unix time: when the MQTT status was received, or the last gRPC contact) and ``via``
+            (``mqtt`` or ``grpc``). A device known to both takes the more recent, except that silence over
+            gRPC does not override an MQTT ``online``: that status stands until the device's will or its own
+            ``offline`` replaces it, while a device talking MQTT may have no reason to call over gRPC. Exists
+            without MQTT too (gRPC-only servers).
+        """
+        contacts = self.services.device_contacts
+
+        def statuses() -> dict[str, DeviceStatus]:
+            out = contacts.statuses(window_s=window_s)
+            mqtt_statuses = getattr(self.mqtt, "device_statuses", None)
+            if callable(mqtt_statuses):
+                for device, (status, at) in mqtt_statuses().items():
+                    grpc_view = out.get(device)
+                    if grpc_view is None or at >= grpc_view[1] or (status == "online" and grpc_view[0] == "offline"):
+                        out[device] = (status, at, "mqtt")
+            return out
+
+        return statuses
 
     def _device_reports(self) -> dict[str, tuple[Any, float]]:
         """Each device's latest report, retained on MQTT or sent over gRPC, whichever arrived last."""

@@ -10,9 +10,11 @@ Hooks for the QBBS module
 ``services.recogniser.verify_score(values, claimed_subject)`` and
 ``services.recogniser.validation_scores()``
     face scores for fusion.
-``services.add_erasure_hook(fn)``
+``services.add_erasure_hook(fn, holds=...)``
     ``fn(subject) -> int`` deletes that subject's soft traits and returns how
     many; called by every erasure after the templates are gone.
+    ``holds(subject) -> bool`` says, deleting nothing, whether ``fn`` would
+    delete any: an erasure of a subject nothing holds is refused unchanged.
 ``services.add_close_hook(fn)``
     ``fn()`` releases a hosted module's resources (its store, its ledger) when
     the services close, before the database does.
@@ -36,6 +38,7 @@ from peep.server import startup
 from peep.server.bundles.catalog import BundleCatalog
 from peep.server.config import ResolvedSecrets, ServerConfig, resolve_secrets
 from peep.server.ingest.auth import DeviceRegistry
+from peep.server.ingest.contacts import DeviceContacts
 from peep.server.ingest.events import ClusterRelay, EventBus
 from peep.server.ingest.ingestor import Ingestor
 from peep.server.ingest.reports import DeviceReportBook
@@ -53,6 +56,26 @@ from peep.server.storage.base import ERASURES_CHANNEL, MODELS_CHANNEL
 log = logging.getLogger(__name__)
 
 ErasureHook = Callable[[str], int]
+#: Whether an erasure hook holds anything of a subject (deletes nothing).
+HoldsHook = Callable[[str], bool]
+
+
+class NoSuchSubject(LookupError):
+    """An erasure named a subject nothing holds; nothing was changed (``NOT_FOUND``, exit 1, HTTP 404)."""
+
+    def __init__(self, subject: str) -> None:
+        self.subject = subject
+        shown = repr(subject) if len(subject) <= 64 else f"{subject[:64]!r}... ({len(subject)} characters)"
+        super().__init__(
+            f"subject: no such subject {shown}: expected one that a template, a soft trait, a decision or a "
+            "kept model version names; nothing was changed"
+        )
+
+
+@dataclass(frozen=True, eq=False)  # compared by identity: one function may be registered twice
+class _ErasureHook:
+    delete: ErasureHook
+    holds: HoldsHook | None
 
 
 @dataclass
@@ -175,6 +198,8 @@ class Services:
         )
         #: Devices' reports sent over gRPC (the MQTT bridge keeps the retained ones).
         self.device_reports = DeviceReportBook(self.store)
+        #: Each device's last authenticated gRPC contact and open calls (in memory, this replica's).
+        self.device_contacts = DeviceContacts()
         self.trainer = Trainer(
             self.store,
             self.bundles,
@@ -183,7 +208,7 @@ class Services:
             on_run=self.metrics.training_run,
             on_promoted=self._promoted,
         )
-        self._erasure_hooks: list[ErasureHook] = []
+        self._erasure_hooks: list[_ErasureHook] = []
         self._close_hooks: list[Callable[[], None]] = []
         self._erase_lock = threading.Lock()
         self.watcher: ChangeWatcher | None = None
@@ -264,9 +289,19 @@ class Services:
 
     # ------------------------------------------------------------ erasure
 
-    def add_erasure_hook(self, fn: ErasureHook) -> None:
-        """Register ``fn(subject) -> n_deleted`` (the QBBS module's soft traits)."""
-        self._erasure_hooks.append(fn)
+    def add_erasure_hook(self, fn: ErasureHook, *, holds: HoldsHook | None = None) -> None:
+        """Register ``fn(subject) -> n_deleted`` (the QBBS module's soft traits).
+
+        Parameters
+        ----------
+        fn : callable
+            Deletes what it holds of a subject; returns how many items it deleted.
+        holds : callable, optional
+            ``holds(subject) -> bool``, deleting nothing: whether ``fn`` would delete anything. Without it, an
+            erasure of a subject nothing else holds can only find out by running ``fn`` (deleting nothing of a
+            subject it does not hold, so the refusal of an unknown subject still changes nothing).
+        """
+        self._erasure_hooks.append(_ErasureHook(fn, holds))
 
     def add_close_hook(self, fn: Callable[[], None]) -> None:
         """Register ``fn()`` to run in :meth:`close` (a hosted module closing its store)."""
@@ -282,25 +317,47 @@ class Services:
         Until a retrained model serves, the current model never names the
         subject (its probability is zeroed). After retraining, older model
         versions that know the subject are deleted.
+
+        A subject nothing holds (no template, soft trait or decision names it,
+        and neither the serving model nor a kept version knows it) raises
+        :class:`NoSuchSubject` with nothing changed: no erasure is recorded and
+        no version trained, so erasing an unknown or already erased id cannot
+        push the versions kept for roll-back out of ``training.keep_versions``.
+        Retraining happens only when templates were deleted or the serving
+        model knows the subject (otherwise it would train the same model again).
         """
         from peep.core.wire import check_subject_id
 
         subject = check_subject_id(subject, "subject")  # NFC: the form stored
         with self._erase_lock:
+            model = self.recogniser.model
+            served = model is not None and subject in model.classes
+            known = served or self.store.names_subject(subject) or bool(self.registry.versions_knowing(subject))
+            known = known or any(h.holds is not None and h.holds(subject) for h in self._erasure_hooks)
+            n_traits = 0
+            probed: list[_ErasureHook] = []
+            if not known:
+                # A hook that cannot be asked is asked the only way it can be; with nothing else
+                # holding the subject, no model names it, so masking it first would protect no one.
+                probed = [h for h in self._erasure_hooks if h.holds is None]
+                n_traits = sum(int(h.delete(subject)) for h in probed)
+                if not n_traits:
+                    raise NoSuchSubject(subject)
             self.store.record_erasure(subject, time.time())
             self.recogniser.refresh_erasures()
             n_templates = self.store.delete_subject(subject)
             n_decisions = self.store.delete_subject_decisions(subject)
-            n_traits = 0
             for hook in self._erasure_hooks:
-                n_traits += int(hook(subject))
+                if hook not in probed:
+                    n_traits += int(hook.delete(subject))
             self.metrics.erasures.inc()
             log.info(
                 "subject erased", extra={"templates": n_templates, "soft_traits": n_traits, "decisions": n_decisions}
             )
-            version = self.recogniser.model.version if self.recogniser.model else ""
+            version = model.version if model else ""
             purged: list[str] = []
-            if retrain and self.recogniser.model is not None:
+            needs_training = served or n_templates > 0
+            if retrain and needs_training and model is not None:
                 try:
                     result = self.trainer.train()
                     version = result.version
@@ -308,6 +365,8 @@ class Services:
                     log.warning(
                         "retraining after erasure failed; the erased subject stays masked", extra={"error": str(exc)}
                     )
+                purged = self.registry.purge_subject(subject)
+            elif not served:  # the serving model is already without the subject: only older versions know it
                 purged = self.registry.purge_subject(subject)
             return ErasureResult(subject, n_templates, n_traits, version, purged, n_decisions)
 

@@ -133,11 +133,15 @@ def handle(args: argparse.Namespace) -> int:
             print(f"peep demo: problems: {failed}", file=sys.stderr)
             return 1
         if args.console and demo.console_password:
+            from peep.server.demo.runner import add_user_command
+
             c = summary["console"]
             print(
                 f"\nconsole: {c['url']}  (certificate of the demo's local CA: {c['ca_cert']})\n"
                 f"  account {c['account']}, one-time password (shown once; choose your own at first login):\n"
                 f"  {demo.console_password}\n"
+                f"  the server's configuration: {c['config']}; another account (prints its one-time password):\n"
+                f"  {add_user_command(Path(c['config']))}\n"
                 "  the server and console keep running on the demo's data; Ctrl-C stops them",
                 flush=True,
             )

@@ -1,8 +1,12 @@
-"""``peep erase --config server.toml --subject ID [--no-retrain]``: erase a subject."""
+"""``peep erase --config server.toml --subject ID [--no-retrain]``: erase a subject.
+
+Exit code 1, with nothing changed, when nothing holds the subject (:class:`~peep.server.services.NoSuchSubject`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from peep.server.commands._config import add_config_option, load, say, services
@@ -22,6 +26,7 @@ def register(sub: Any) -> None:
 def erase(args: argparse.Namespace) -> int:
     from peep.core.exceptions import WireError
     from peep.core.wire import check_subject_id
+    from peep.server.services import NoSuchSubject
 
     try:
         check_subject_id(args.subject, "--subject")
@@ -31,6 +36,9 @@ def erase(args: argparse.Namespace) -> int:
     try:
         hooks = _qbbs_hooks(s)
         r = s.erase_subject(args.subject, retrain=not args.no_retrain)
+    except NoSuchSubject as exc:
+        print(f"peep erase: {exc}", file=sys.stderr, flush=True)
+        return 1
     finally:
         s.close()
     say(

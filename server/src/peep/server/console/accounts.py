@@ -1,6 +1,12 @@
 """Console accounts: roles and what each may do, password hashing, one-time passwords, login throttling.
 
-Pure Python on the standard library (no web framework here), so the rules are testable on their own.
+Pure Python (no web framework here), so the rules are testable on their own: the standard library, and
+the strength estimator :mod:`zxcvbn` (pure Python, in the ``console`` extra) for new passwords.
+
+A new password must be 12-256 characters, not the account name, and hard to guess: a score of at least
+:data:`MIN_STRENGTH` of 0-4 by zxcvbn (dictionaries of common passwords, names and words; keyboard
+patterns, repeats, sequences, dates; the account name and the console's own words), the estimator's
+warning and suggestion given as the reason for a refusal.
 
 Passwords are hashed with scrypt (RFC 7914, :func:`hashlib.scrypt`), a memory-hard KDF: ``N = 2**15``,
 ``r = 8``, ``p = 1`` (128·r·N = 32 MiB and about 0.1 s per hash on one core), a 16-byte random salt and
@@ -16,6 +22,7 @@ import hashlib
 import hmac
 import re
 import secrets
+import threading
 from typing import Final, Literal
 
 Role = Literal["admin", "operator", "enrol"]
@@ -38,6 +45,20 @@ _KEY_BYTES: Final = 32
 #: Longest password accepted (a longer one is refused before hashing: scrypt's cost must not be the client's to set).
 MAX_PASSWORD: Final = 256
 MIN_PASSWORD: Final = 12
+#: Least zxcvbn score (0-4) of a new password: 3, an estimated 10^8 guesses or more, is what zxcvbn calls
+#: safely unguessable (moderate protection offline against a slow hash, which scrypt is).
+MIN_STRENGTH: Final = 3
+#: Words a guesser tries first against this console, besides the account name.
+CONTEXT_WORDS: Final = ("peep", "console", "operator", "admin", "enrol")
+#: Leading characters of a password the estimator reads: its time grows steeply with length (a second at
+#: 72 characters, a minute at 256), and 64 characters that are hard to guess make a password that is.
+_ESTIMATED_CHARS: Final = 64
+#: Longest reason quoted from the estimator (its own fixed sentences, never the password).
+_MAX_REASON: Final = 300
+#: The reason given when the estimator has no warning or suggestion for a weak password.
+_NO_ADVICE: Final = "Add another word or two. Uncommon words are better."
+#: zxcvbn keeps the user inputs of a call in a module-level dictionary: one estimate at a time.
+_ESTIMATOR_LOCK = threading.Lock()
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 NAME_EXPECTATION: Final = "1-64 characters [A-Za-z0-9_.@-] starting with a letter or digit"
 
@@ -71,14 +92,70 @@ def check_role(role: object) -> Role:
 
 
 def check_new_password(password: str, *, name: str = "") -> str:
-    """A new password: :data:`MIN_PASSWORD`-:data:`MAX_PASSWORD` characters, not the account name."""
+    """``password`` if it is acceptable as an account's new password, else :class:`AccountError`.
+
+    Acceptable: :data:`MIN_PASSWORD`-:data:`MAX_PASSWORD` characters, not the account name ``name``, and a
+    strength of at least :data:`MIN_STRENGTH` by :func:`password_strength`. The error names the field and,
+    for a weak password, gives the estimator's reason; it never quotes the password.
+
+    Parameters
+    ----------
+    password : str
+        The password the account chose.
+    name : str, optional
+        The account's name (refused as the password, and a word the estimator treats as guessable).
+
+    Returns
+    -------
+    str
+        ``password``, unchanged.
+    """
     if not MIN_PASSWORD <= len(password) <= MAX_PASSWORD:
         raise AccountError(
             f"password: expected {MIN_PASSWORD}-{MAX_PASSWORD} characters, received {len(password)} characters"
         )
     if name and password.lower() == name.lower():
         raise AccountError("password: expected something other than the account name")
+    score, reason = password_strength(password, name=name)
+    if score < MIN_STRENGTH:
+        raise AccountError(
+            f"password: expected one hard to guess (strength {MIN_STRENGTH} of 4 or more), "
+            f"received one of strength {score}: {reason or _NO_ADVICE}"
+        )
     return password
+
+
+def password_strength(password: str, *, name: str = "") -> tuple[int, str]:
+    """The zxcvbn score (0-4) of ``password`` and, when it is weak, why (the estimator's warning and advice).
+
+    The account name, its parts and :data:`CONTEXT_WORDS` count as guessable words. Only the first
+    :data:`_ESTIMATED_CHARS` characters are read.
+
+    Parameters
+    ----------
+    password : str
+    name : str, optional
+        The account's name.
+
+    Returns
+    -------
+    tuple of (int, str)
+        The score, and the reason ('' for a score of 3 or 4); at most :data:`_MAX_REASON` characters.
+    """
+    try:
+        from zxcvbn import zxcvbn
+    except ModuleNotFoundError as exc:  # no password is accepted unread
+        raise RuntimeError(
+            "password strength: expected the zxcvbn package (install peep-server[console]), received none"
+        ) from exc
+    words = [*CONTEXT_WORDS, *([name, *re.split(r"[._@-]+", name)] if name else [])]
+    with _ESTIMATOR_LOCK:
+        result = zxcvbn(password[:_ESTIMATED_CHARS], user_inputs=[w for w in words if w])
+    feedback = result.get("feedback") or {}
+    reason = " ".join(t for t in [feedback.get("warning") or "", *(feedback.get("suggestions") or [])] if t)
+    if len(reason) > _MAX_REASON:
+        reason = reason[: _MAX_REASON - 3] + "..."
+    return int(result["score"]), reason
 
 
 def allowed(role: str, action: str) -> bool:

@@ -26,7 +26,9 @@ import hashlib
 import json
 import logging
 import math
+import os
 import secrets
+import shlex
 import socket
 import threading
 import time
@@ -115,6 +117,15 @@ class StepTimer:
         return out
 
 
+def add_user_command(config: Path, name: str = "NAME", role: str = "operator") -> str:
+    """The ``peep console add-user`` command line that adds a console account on the demo's data.
+
+    >>> add_user_command(Path("runs/demo 1/server/server.toml"))
+    "peep console add-user --config 'runs/demo 1/server/server.toml' --name NAME --role operator"
+    """
+    return f"peep console add-user --config {shlex.quote(str(config))} --name {shlex.quote(name)} --role {role}"
+
+
 def _broker_reachable(host: str = "127.0.0.1", port: int = 1883) -> bool:
     try:
         with socket.create_connection((host, port), timeout=1.0):
@@ -147,6 +158,10 @@ class Demo:
         self.app: Any = None
         #: The console admin's one-time password (``--console``), printed once and never stored in clear.
         self.console_password: str | None = None
+        #: The server's configuration as a dict (``server.toml``'s sections), once it started.
+        self.server_config: dict[str, Any] = {}
+        #: The bundle this run announced on the broker: its retained messages are cleared at close().
+        self._broker_bundle: EigenfaceBundle | None = None
 
     # ------------------------------------------------------------------ steps
 
@@ -183,10 +198,10 @@ class Demo:
             if o.console:
                 summary["console"] = step("opening the operator console", self._open_console, say)
         finally:
+            if self.use_mqtt:
+                self._broker_bundle = bundle
             if not (o.console and self.console_password):  # the console keeps the server until close()
                 self.close()
-            if self.use_mqtt:
-                self._clear_broker(bundle)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
         # The ground truth of what the cameras released (who was in front of which camera when; never a
         # template): what the summary's figures and kept_templates.strangers are counted against.
@@ -198,19 +213,58 @@ class Demo:
         return summary
 
     def _open_console(self) -> dict[str, Any]:
-        """An admin account with a one-time password on the demo's server; the console stays up until close()."""
+        """An admin account with a one-time password on the demo's server; the console stays up until close().
+
+        The server's configuration is written next to its database (:meth:`_write_server_config`), so that
+        ``peep console add-user --config`` adds accounts on the demo's data while it runs.
+        """
         from peep.server.commands.console import create_account
         from peep.server.console.store import ConsoleStore
 
         console = self.app.console
+        config = self._write_server_config()
         self.console_password = create_account(ConsoleStore(self.app.services.store), "admin", "admin")
-        return {"url": console.url, "account": "admin", "ca_cert": str(self.pki.ca_cert)}
+        return {"url": console.url, "account": "admin", "ca_cert": str(self.pki.ca_cert), "config": str(config)}
+
+    def _write_server_config(self) -> Path:
+        """Write the configuration the demo's server runs with to ``<out>/server/server.toml`` (mode 0600).
+
+        The ports it asked to be chosen (``127.0.0.1:0``) are written as the ones it bound. It holds what the
+        running configuration holds: paths, settings and SHA-256 digests of the tokens, never a token.
+        """
+        from peep.server.bench.cluster import to_toml
+
+        cfg = json.loads(json.dumps(self.server_config))  # a copy: the bound ports replace the 0s
+        cfg["grpc"]["listen"] = f"127.0.0.1:{self.app.port}"
+        if self.app.console is not None:
+            cfg["console"]["listen"] = f"127.0.0.1:{self.app.console.port}"
+        path = self.out / "server" / "server.toml"
+        header = (
+            "# The server configuration `peep demo --console` runs with, written by the demo.\n"
+            "# grpc.listen and console.listen hold the ports the demo's server bound (it asked for port 0): while\n"
+            "# the demo runs, `peep serve --config` on this file finds them taken; set them, or 0, to serve again.\n"
+            "# Secrets are not in it: auth holds SHA-256 digests of the admin's and the devices' tokens.\n"
+            f"# {add_user_command(path)}\n\n"
+        )
+        # 0600 from the start, and again for a file an earlier run left with another mode.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(header + to_toml(cfg))
+        return path
 
     def close(self) -> None:
-        """Stop the demo's server (and its console); idempotent."""
+        """Stop the demo's server (and its console), then clear what the run left retained on the broker; idempotent.
+
+        The broker is cleared only here, after the console: clearing the devices' retained statuses while it
+        is shown would take them off its Devices page.
+        """
         if self.app is not None:
             self.app.stop(1.0)
             self.app = None
+        bundle, self._broker_bundle = self._broker_bundle, None
+        if bundle is not None:
+            self._clear_broker(bundle)
 
     def _scenario(self) -> Scenario:
         import cv2
@@ -324,7 +378,9 @@ class Demo:
                 "enabled": self.use_mqtt,
                 "host": "127.0.0.1",
                 "port": 1883,
-                "username": None,
+                # No broker user. "" rather than None, which TOML cannot write: the server.toml written for
+                # --console says what the server runs with (an empty user name is no user name).
+                "username": "",
                 "share_group": f"peep-{self.site}",
                 "client_id": f"peep-{self.site}-server",
                 # A one-off server on someone's broker: no session outlives it, and it leaves
@@ -350,6 +406,7 @@ class Demo:
                 "epsilon_cap": 1000.0 * self.opts.qbbs_epsilon,
             },
         }  # fmt: skip
+        self.server_config = cfg
         self.app = ServerApp(parse_config(cfg), plugins=default_plugins())
         self.app.start(mqtt_wait=10.0 if self.use_mqtt else None)
         self.app.services.events.add_sink(self._on_event)

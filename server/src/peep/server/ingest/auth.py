@@ -27,12 +27,15 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import hmac
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from peep.server.config import DeviceConfig
+
+if TYPE_CHECKING:
+    from peep.server.ingest.contacts import DeviceContacts
 
 _RECOGNITION = "/peep.v1.RecognitionService/"
 _QBBS = "/peep.v1.QbbsService/"
@@ -239,27 +242,74 @@ def authorize_admin(context: grpc.ServicerContext, method: str = "") -> None:
         )
 
 
-def _wrap(behavior: Callable[..., Any], check: Callable[[Any], Identity | None], unary: bool) -> Callable[..., Any]:
+def _until_done(responses: Iterator[Any] | None, call: Any) -> Iterator[Any]:
+    """``responses``, closing ``call`` when the stream ends (not only when gRPC reports the call's end)."""
+    try:
+        if responses is not None:
+            yield from responses
+    finally:
+        call.close()
+
+
+def _wrap(
+    behavior: Callable[..., Any],
+    check: Callable[[Any], Identity | None],
+    unary: bool,
+    contacts: DeviceContacts | None = None,
+    streams_responses: bool = False,
+) -> Callable[..., Any]:
     def wrapper(request_or_iterator: Any, context: grpc.ServicerContext) -> Any:
         ident = check(context)
         _current.set(ident)
-        if unary and isinstance(request_or_iterator, Undecodable):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(request_or_iterator))
-        return behavior(request_or_iterator, context)
+        if contacts is None or ident is None or ident.is_admin:
+            if unary and isinstance(request_or_iterator, Undecodable):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(request_or_iterator))
+            return behavior(request_or_iterator, context)
+        call = contacts.opened(ident.name)
+        # The termination callback ends the call whatever way it ends (cancelled by the peer, aborted, ended
+        # idle by the stream limiter); False means the call has already terminated.
+        if not context.add_callback(call.close):
+            call.close()
+        try:
+            if unary and isinstance(request_or_iterator, Undecodable):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(request_or_iterator))
+            out = behavior(request_or_iterator, context)
+        except BaseException:
+            call.close()
+            raise
+        if streams_responses:
+            return _until_done(out, call)
+        call.close()
+        return out
 
     return wrapper
 
 
 class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
-    """Authenticate every RPC except ``public_prefixes`` (health); require admin for :data:`ADMIN_METHODS`."""
+    """Authenticate every RPC except ``public_prefixes`` (health); require admin for :data:`ADMIN_METHODS`.
+
+    Parameters
+    ----------
+    registry : DeviceRegistry
+    admin_methods : iterable of str
+        Full method names that need an admin credential.
+    public_prefixes : iterable of str
+        Method name prefixes open without credentials.
+    contacts : DeviceContacts, optional
+        Told of every call an authenticated device makes, from its start to its end (the console's
+        gRPC device statuses); admins and unauthenticated callers are not recorded.
+    """
 
     def __init__(
         self,
         registry: DeviceRegistry,
         admin_methods: Iterable[str] = ADMIN_METHODS,
         public_prefixes: Iterable[str] = PUBLIC_PREFIXES,
+        *,
+        contacts: DeviceContacts | None = None,
     ) -> None:
         self.registry = registry
+        self.contacts = contacts
         self.admin_methods = frozenset(admin_methods)
         self.public_prefixes = tuple(public_prefixes)
         # The wrapped handler of each method, built on its first call: a handler depends only on
@@ -300,10 +350,13 @@ class AuthInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
 
         deser = _safe(handler.request_deserializer)
         ser = handler.response_serializer
+        c = self.contacts
         if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(_wrap(handler.unary_unary, check, True), deser, ser)
+            return grpc.unary_unary_rpc_method_handler(_wrap(handler.unary_unary, check, True, c), deser, ser)
         if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(_wrap(handler.unary_stream, check, True), deser, ser)
+            fn = _wrap(handler.unary_stream, check, True, c, streams_responses=True)
+            return grpc.unary_stream_rpc_method_handler(fn, deser, ser)
         if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(_wrap(handler.stream_unary, check, False), deser, ser)
-        return grpc.stream_stream_rpc_method_handler(_wrap(handler.stream_stream, check, False), deser, ser)
+            return grpc.stream_unary_rpc_method_handler(_wrap(handler.stream_unary, check, False, c), deser, ser)
+        fn = _wrap(handler.stream_stream, check, False, c, streams_responses=True)
+        return grpc.stream_stream_rpc_method_handler(fn, deser, ser)

@@ -222,7 +222,7 @@ def server_plugin(services: Services) -> QbbsRegistrar | None:
         )
     module = QbbsModule(cfg, face_scores=HostedFaceScores(ServingFaceScores(services.recogniser)), connect=connect)
     services.add_close_hook(module.close)
-    services.add_erasure_hook(module.erase)
+    services.add_erasure_hook(module.erase, holds=lambda subject: bool(module.enrolled_traits(subject)))
 
     def refit(model: Any) -> None:
         # Eagerly, so the first verification after a promotion does not pay for it (and a model

@@ -23,7 +23,7 @@ scores, metadata and thresholds, the pointer to it, the pruning of old
 versions and a ``NOTIFY peep_models``), and every replica's
 :class:`~peep.server.recognition.watch.ChangeWatcher` swaps to it. Both
 registries answer the same calls (``current``, ``get``, ``versions``,
-``pointer_stamp``, ``publish``, ``purge_subject``, ``training_lease``).
+``pointer_stamp``, ``publish``, ``versions_knowing``, ``purge_subject``, ``training_lease``).
 """
 
 from __future__ import annotations
@@ -293,6 +293,18 @@ class ModelRegistry:
             if name != current:
                 shutil.rmtree(self.root / VERSIONS / name, ignore_errors=True)
 
+    def versions_knowing(self, subject: str) -> list[str]:
+        """Kept versions (the serving one included) whose classes include ``subject``; changes nothing."""
+        out = []
+        for name in self.versions():
+            try:
+                classes = self.get(name).meta.get("classes", [])
+            except RegistryError:  # incomplete, or pruned meanwhile: it serves no one
+                continue
+            if subject in classes:
+                out.append(name)
+        return out
+
     def purge_subject(self, subject: str) -> list[str]:
         """Delete every non-current version whose classes include ``subject`` (erasure)."""
         removed = []
@@ -389,6 +401,18 @@ class DatabaseModelRegistry:
             return
         with lock() as held:
             yield bool(held)
+
+    def versions_knowing(self, subject: str) -> list[str]:
+        """Kept versions (the serving one included) whose classes include ``subject``; changes nothing."""
+        out = []
+        for name, meta in self.store.model_names():
+            try:
+                classes = json.loads(meta).get("classes", [])
+            except ValueError:
+                continue
+            if subject in classes:
+                out.append(name)
+        return out
 
     def purge_subject(self, subject: str) -> list[str]:
         """Delete every non-current version whose classes include ``subject`` (erasure)."""

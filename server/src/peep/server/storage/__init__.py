@@ -482,6 +482,10 @@ class Store(Protocol):
         """
         ...
 
+    def names_subject(self, subject: str) -> bool:
+        """Whether a stored template or a kept decision names ``subject`` (what an erasure would delete)."""
+        ...
+
     def delete_subject_decisions(self, subject: str) -> int:
         """Delete the decisions that name ``subject`` (identified as, or claimed); returns how many."""
         ...

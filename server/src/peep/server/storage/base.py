@@ -218,6 +218,17 @@ class SqlStore(ABC):
             q = f"DELETE FROM templates WHERE subject = {p} OR decided_subject = {p}"
             return int(conn.execute(q, (subject, subject)).rowcount)
 
+    def names_subject(self, subject: str) -> bool:
+        p = self._sql.param
+        with self._session() as conn:
+            for q in (
+                f"SELECT 1 FROM templates WHERE subject = {p} OR decided_subject = {p} LIMIT 1",
+                f"SELECT 1 FROM recognition_events WHERE subject = {p} OR claimed_subject = {p} LIMIT 1",
+            ):
+                if conn.execute(q, (subject, subject)).fetchone() is not None:
+                    return True
+        return False
+
     def delete_subject_decisions(self, subject: str) -> int:
         p = self._sql.param
         with self._session() as conn:

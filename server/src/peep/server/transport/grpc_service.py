@@ -52,7 +52,7 @@ from peep.server.ingest.validation import Rejection
 from peep.server.recognition.fitting import PRESETS, TrainingError
 from peep.server.recognition.recogniser import ModelMismatch, ModelUnavailable
 from peep.server.recognition.trainer import TrainingBusy
-from peep.server.services import Services
+from peep.server.services import NoSuchSubject, Services
 from peep.server.storage import template_keys
 from peep.server.transport.limits import StreamLimiter, quote, server_options
 from peep.v1 import qbbs_pb2, recognition_pb2, recognition_pb2_grpc, template_pb2
@@ -336,7 +336,10 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
         self, request: recognition_pb2.EraseSubjectRequest, context: grpc.ServicerContext
     ) -> recognition_pb2.EraseSubjectResponse:
         subject = check_subject_id(request.subject, "subject")
-        r = self.s.erase_subject(subject, retrain=request.retrain)
+        try:
+            r = self.s.erase_subject(subject, retrain=request.retrain)
+        except NoSuchSubject as exc:
+            raise NotFound(str(exc)) from None
         return recognition_pb2.EraseSubjectResponse(
             templates_deleted=r.templates_deleted,
             soft_traits_deleted=r.soft_traits_deleted,
@@ -470,7 +473,10 @@ def create_server(
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=g.max_workers, thread_name_prefix="peep-grpc"),
         # Outermost first: streams go to the limiter's own threads and budgets, then authentication.
-        interceptors=[limiter, AuthInterceptor(services.devices, public_prefixes=public)],
+        interceptors=[
+            limiter,
+            AuthInterceptor(services.devices, public_prefixes=public, contacts=services.device_contacts),
+        ],
         maximum_concurrent_rpcs=g.max_concurrent_streams,
         options=server_options(g),
     )

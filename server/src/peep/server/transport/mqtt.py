@@ -43,10 +43,15 @@ Sessions no longer used
 Retained messages devices should not leave
     Mosquitto cannot refuse the retain flag. The template subscription asks
     for *retain as published*: a retained template is stored like any other,
-    then its retained copy is cleared (an empty retained message). Connection
-    0 also subscribes (QoS 0, never queued) to ``<root>/+/+/status`` and
-    clears any retained status that is not ``online``/``offline`` from a
-    registered device at its registered site (``mqtt.clear_retained``).
+    then its retained copy is cleared (an empty retained message). With
+    ``mqtt.clear_retained``, any retained status that is not ``online``/``offline``
+    from a registered device at its registered site is cleared too.
+Device statuses and reports
+    Connection 0 subscribes (QoS 0, never queued) to ``<root>/+/+/status`` and
+    ``<root>/+/+/report`` with plain filters, outside the share group: every
+    replica gets each retained status and report, and keeps the latest per
+    device for its console (:meth:`MqttBridge.device_statuses`,
+    :meth:`MqttBridge.device_reports`), whatever ``mqtt.clear_retained`` says.
 Dead letters
     Every refused template produces a JSON document on ``<root>/deadletter``:
     ``{"topic", "code", "reason", "size"}``, never the payload itself, plus
@@ -448,12 +453,12 @@ class MqttBridge:
         subs: list[tuple[str, SubscribeOptions]] = [
             (self.templates_filter, SubscribeOptions(qos=self.config.qos, retainAsPublished=True))
         ]
-        if index == 0 and self.config.clear_retained:
-            # QoS 0: status messages are never queued for this session while the server is away;
-            # the retained ones arrive again with every subscription.
-            subs.append((self.status_filter, SubscribeOptions(qos=0, retainAsPublished=True)))
         if index == 0:
-            # Devices' reports (suppressed releases, budgets): the retained latest arrives on subscribing.
+            # Devices' statuses (the console's Devices page; clear_retained only decides whether bad ones are
+            # cleared) and reports (suppressed releases, budgets). Plain filters, not the share group: each is a
+            # retained message every replica needs, and the retained latest arrives with every subscription.
+            # QoS 0: they are never queued for this session while the server is away.
+            subs.append((self.status_filter, SubscribeOptions(qos=0, retainAsPublished=True)))
             subs.append((self.report_filter, SubscribeOptions(qos=0, retainAsPublished=True)))
         client.subscribe(subs)
         extra = {
@@ -544,8 +549,8 @@ class MqttBridge:
     def device_statuses(self) -> dict[str, tuple[str, float]]:
         """``{device_id: (status, when it was received)}`` of the statuses seen (the console's Devices page).
 
-        Only while ``mqtt.clear_retained`` is on (that subscription brings them); a status this bridge
-        cleared is not listed.
+        ``status`` is ``online`` or ``offline`` (retained by the device on connecting and by its last will);
+        a status cleared since (by the device, or by this bridge with ``mqtt.clear_retained``) is not listed.
         """
         with self._status_lock:
             return dict(self._statuses)
@@ -598,9 +603,13 @@ class MqttBridge:
             self._clear_retained(msg.topic, reason or "bad_payload", len(msg.payload))
 
     def _check_status(self, msg: mqtt.MQTTMessage) -> None:
-        """Clear a retained status that is not a registered device's ``online``/``offline`` at its site."""
+        """Record a status; clear a retained one that is not a registered device's ``online``/``offline`` at its site.
+
+        A refused status is never listed by :meth:`device_statuses`, retained or not, whether or not
+        ``mqtt.clear_retained`` clears it.
+        """
         self._record_status(msg)
-        if not msg.retain or not msg.payload:
+        if not msg.payload:
             return
         reason = None
         try:
@@ -622,7 +631,8 @@ class MqttBridge:
             if reason != "bad_topic":
                 with self._status_lock:
                     self._statuses.pop(where.device_id, None)
-            self._clear_retained(msg.topic, reason, len(msg.payload))
+            if msg.retain and self.config.clear_retained:
+                self._clear_retained(msg.topic, reason, len(msg.payload))
 
     def _clear_retained(self, topic: str, reason: str, size: int) -> None:
         self.retained_cleared += 1
