@@ -591,3 +591,76 @@ def test_throttle_keeps_a_bounded_number_of_failures(sql):
     with sql._session() as conn:
         (n,) = conn.execute("SELECT COUNT(*) FROM console_login_failures").fetchone()
     assert n <= 10
+
+
+# ------------------------------------------------------------ a day's use: alert groups, recognitions, audit
+
+
+def decision(i: int, *, at: float, device: str = "cam-1", purpose: str = "identify", unknown: bool = False,
+             accepted: bool | None = None) -> Any:  # fmt: skip
+    from peep.server.storage import DecisionRecord
+
+    return DecisionRecord(
+        event_id=f"e{i}", at=at, site="lobby", device_id=device, message_id=f"m{i}", track_id=f"t{i}",
+        purpose=purpose, subject="" if unknown else "alice", claimed_subject="bob" if purpose == "verify" else "",
+        unknown=unknown, accepted=accepted, probability=0.5, model_version="v000001", releases_fused=1,
+    )  # fmt: skip
+
+
+def test_alerts_group_per_device_and_window_and_are_acknowledged_in_bulk(cs: ConsoleStore, clock: Clock):
+    h = H0 * HOUR
+    for i, (dev, at) in enumerate(
+        [("cam-1", h + 10), ("cam-1", h + 20), ("cam-1", h + HOUR + 5), ("cam-2", h + 30), ("cam-2", h + 40)]
+    ):
+        cs.add_alert(f"a{i}", at, "lobby", dev, 0.1 * (i + 1), "v000001")
+    groups, total = cs.alert_groups(window_s=HOUR)
+    assert total == 3
+    assert [(g.device_id, g.window_start, g.n) for g in groups] == [
+        ("cam-1", h + HOUR, 1), ("cam-1", h, 2), ("cam-2", h, 2)
+    ]  # fmt: skip
+    assert groups[1].first == h + 10 and groups[1].last == h + 20 and groups[2].max_probability == pytest.approx(0.5)
+    assert cs.alert_groups(window_s=HOUR, limit=1, offset=1)[0][0].window_start == h
+    # One group: cam-1's first hour.
+    assert cs.acknowledge_many("olga", device_id="cam-1", since=h, before=h + HOUR) == 2
+    assert cs.count_alerts() == 3 and cs.count_alerts(device_id="cam-1") == 1
+    # Older than: everything before h + 35 (cam-2's first).
+    assert cs.acknowledge_many("olga", before=h + 35) == 1
+    assert cs.acknowledge_many("olga") == 2 and cs.count_alerts() == 0
+    assert {a.acknowledged_by for a in cs.alerts(open_only=False)} == {"olga"}
+
+
+def test_recognitions_page_newest_first_and_filter_by_decision(cs: ConsoleStore, sql: Any):
+    rows = [decision(i, at=T0 + i, device="cam-2" if i % 3 == 0 else "cam-1", unknown=i % 2 == 1) for i in range(20)]
+    rows += [decision(100 + i, at=T0 + 30 + i, purpose="verify", accepted=i % 2 == 0) for i in range(4)]
+    sql.add_decisions(rows)
+    first = cs.recognitions(limit=10)
+    assert [r.event_id for r in first][:4] == ["e103", "e102", "e101", "e100"]
+    assert first[0].subject == "bob" and first[0].accepted is False and not first[0].unknown  # the claim
+    second = cs.recognitions(limit=10, before_id=first[-1].id)
+    assert not {r.id for r in first} & {r.id for r in second} and all(r.id < first[-1].id for r in second)
+    assert cs.count_recognitions() == 24
+    assert cs.count_recognitions(decision="unknown") == 10 and cs.count_recognitions(decision="named") == 10
+    assert cs.count_recognitions(decision="accepted") == 2 and cs.count_recognitions(decision="refused") == 2
+    assert all(r.unknown for r in cs.recognitions(decision="unknown"))
+    assert {r.device_id for r in cs.recognitions(device_id="cam-2", limit=100)} == {"cam-2"}
+    assert cs.count_recognitions(since=T0 + 10) == 14
+    assert cs.recognition_sites_and_devices() == (["lobby"], ["cam-1", "cam-2"])
+    with pytest.raises(ValueError, match="decision: expected one of"):
+        cs.recognitions(decision="1=1; DROP TABLE recognition_events")
+
+
+def test_audit_log_filters_and_pages(cs: ConsoleStore):
+    for k in range(12):
+        cs.audit("olga" if k % 2 else "root", "erase" if k % 3 == 0 else "login", f"t{k}",
+                 "refused: 100% sure_not" if k == 4 else "ok", "10.0.0.1")  # fmt: skip
+    page = cs.audit_log(limit=5)
+    assert [e.target for e in page] == ["t11", "t10", "t9", "t8", "t7"]
+    assert [e.target for e in cs.audit_log(limit=5, before_id=page[-1].id)] == ["t6", "t5", "t4", "t3", "t2"]
+    assert {e.actor for e in cs.audit_log(actor="olga")} == {"olga"}
+    assert {e.action for e in cs.audit_log(action="erase")} == {"erase"}
+    assert [e.target for e in cs.audit_log(outcome="REFUSED")] == ["t4"]
+    assert [e.target for e in cs.audit_log(outcome="100% sure_")] == ["t4"]
+    # LIKE's wildcards in the operator's text are literal: only the entry holding them matches.
+    assert [e.target for e in cs.audit_log(outcome="%")] == ["t4"]
+    assert [e.target for e in cs.audit_log(outcome="_")] == ["t4"]
+    assert cs.audit_actions() == ["erase", "login"] and cs.audit_actors() == ["olga", "root"]

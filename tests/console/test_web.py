@@ -115,6 +115,24 @@ def test_an_operator_cannot_erase_or_train(console, path, form):
     assert "denied:" in log and "olga" in log
 
 
+def test_erasing_a_subject_nothing_holds_changes_nothing(console):
+    """People: an id no template, trait, decision or model names is refused with 404, however often it is
+    asked, and trains no version: identical retrained models would push the roll-back versions out."""
+    services = console.server.services
+    console_store = console.server.app.console.console.store
+    version, kept = services.recogniser.model.version, services.registry.versions()
+    ghost = "nobody-ever-enrolled"
+    with console.login("root") as c:
+        for _ in range(3):
+            r = c.post("/people/erase", data={"subject": ghost, "confirm": ghost, "csrf": c.csrf})
+            assert r.status_code == 404, r.text[:500]
+            assert f"subject: no such subject &#39;{ghost}&#39;" in r.text and 'id="erase-result"' not in r.text
+    assert services.recogniser.model.version == version and services.registry.versions() == kept
+    assert ghost not in services.store.erasures()
+    refusals = [e for e in console_store.audit_log(action="erase") if e.target == ghost]
+    assert [e.outcome for e in refusals] == ["refused: no such subject"] * 3
+
+
 def test_an_operator_sees_no_erase_or_train_controls(console):
     with console.login("olga") as c:
         assert 'action="/people/erase"' not in c.get("/people").text
@@ -250,6 +268,39 @@ def test_a_one_time_password_must_be_changed_first(console):
         r = c.post("/login", data={"name": "newbie", "password": new, "csrf": login_token(c)})
         assert r.status_code == 303 and r.headers["location"] == "/"
         assert c.get("/live").status_code == 200
+
+
+def test_a_weak_new_password_is_refused_with_the_reason(console):
+    """/password: common, keyboard, repetitive and name-based passwords are refused (400) with the strength
+    estimator's reason, never echoed; the page says what is required; a long passphrase is accepted."""
+    from console_fixtures import csrf_of
+    from peep.server.commands.console import create_account
+    from peep.server.console.store import ConsoleStore
+
+    otp = create_account(ConsoleStore(console.server.services.store), "chooser", "operator")
+    with console.client() as c:
+        r = c.post("/login", data={"name": "chooser", "password": otp, "csrf": login_token(c)})
+        assert r.status_code == 303 and r.headers["location"] == "/password"
+        page = c.get("/password").text
+        assert "12–256 characters, hard to guess" in page and "your account name" in page
+        token = csrf_of("/password", c)
+        for weak, reason in [
+            ("aaaaaaaaaaaa", "Repeats like &#34;aaa&#34; are easy to guess."),
+            ("password1234", "This is a very common password."),
+            ("qwertyuiop12", "This is similar to a commonly used password."),
+            ("chooserchooser", "Repeats like &#34;abcabcabc&#34;"),
+        ]:
+            r = c.post("/password", data={"current": otp, "new": weak, "again": weak, "csrf": token})
+            assert r.status_code == 400, weak
+            error = re.search(r'<p class="error" id="error">(.*?)</p>', r.text, re.S)
+            assert error is not None, r.text[:2000]
+            assert error.group(1).startswith("new password: expected one hard to guess (strength 3 of 4 or more), ")
+            assert reason in error.group(1) and weak not in error.group(1), (weak, error.group(1))
+        strong = "ochre lantern tundra whistle marmalade"
+        r = c.post("/password", data={"current": otp, "new": strong, "again": strong, "csrf": token})
+        assert r.status_code == 303
+        r = c.post("/login", data={"name": "chooser", "password": strong, "csrf": login_token(c)})
+        assert r.status_code == 303 and r.headers["location"] == "/"
 
 
 def test_an_admin_rolls_back_to_a_kept_version_and_forward_again(console, monkeypatch):

@@ -1,4 +1,4 @@
-"""The operator console (issue 17): a web page for deployers, served by ``peep serve``.
+"""The operator console: a web page for deployers, served by ``peep serve``.
 
 Pages: *Live* (recognitions as they happen, unknown-face alerts to acknowledge), *Devices* (status, releases,
 ε spent), *People* (enrolled subjects, erasure), *Models* (versions, accuracy, thresholds, training),
@@ -19,7 +19,8 @@ without it ``peep serve`` with a ``[console]`` section fails at start naming the
 
 Modules: :mod:`~peep.server.console.accounts` (roles, scrypt, throttling), :mod:`~.store` (its tables),
 :mod:`~.feed` (the live events), :mod:`~.plots` (SVG), :mod:`~.text` (showing untrusted text),
-:mod:`~.web` (the application and the rules each request passes), :mod:`~.server` (the HTTPS listener).
+:mod:`~.web` (the application and the rules each request passes), :mod:`~.server` (the HTTPS listener),
+:mod:`~.connections` (its deadline for requests and its connection limits, against slow clients).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def require_console() -> None:
     try:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
+        import zxcvbn  # noqa: F401  (the strength of the passwords operators choose)
     except ModuleNotFoundError as exc:
         from peep.server.errors import UsageError
 

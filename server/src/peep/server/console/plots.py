@@ -11,7 +11,9 @@ from collections.abc import Mapping, Sequence
 from xml.sax.saxutils import escape, quoteattr
 
 WIDTH, HEIGHT = 640, 220
-_L, _R, _T, _B = 48, 12, 14, 40
+# The left margin holds the y label (rotated, at x = 12) and the tick values right-aligned at _L - 4: wide
+# enough for "99.9k" without either running over the other.
+_L, _R, _T, _B = 60, 12, 14, 40
 #: Colour-blind-safe series colours (Okabe & Ito).
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
 
@@ -36,10 +38,13 @@ def _frame(title: str, body: list[str], y_max: float, y_label: str) -> str:
 
 
 def _fmt(v: float) -> str:
+    """A tick value in at most 5 characters (``23.7k``, ``1.2M``, ``16``, ``0.25``)."""
     if v == 0:
         return "0"
-    if abs(v) >= 1000:
-        return f"{v:,.0f}"
+    for scale, suffix in ((1e6, "M"), (1e3, "k")):
+        if abs(v) >= scale:
+            x = v / scale
+            return f"{x:.0f}{suffix}" if abs(x) >= 100 else f"{x:.3g}{suffix}"
     if abs(v) >= 10:
         return f"{v:.0f}"
     return f"{v:.2g}"
@@ -93,13 +98,20 @@ def lines(title: str, x_labels: Sequence[str], series: Mapping[str, Sequence[flo
     for i, lab in enumerate(x_labels):
         if i % every == 0:
             body.append(
-                f'<text x="{_L + i * step:.1f}" y="{HEIGHT - _B + 14}" font-size="10" text-anchor="middle">'
-                f"{escape(lab)}</text>"
+                f'<text x="{_L + (i * step if n > 1 else pw / 2):.1f}" y="{HEIGHT - _B + 14}" font-size="10" '
+                f'text-anchor="middle">{escape(lab)}</text>'
             )
     for k, (name, vals) in enumerate(sorted(series.items())):
         colour = PALETTE[k % len(PALETTE)]
-        pts = " ".join(f"{_L + i * step:.1f},{_T + ph - ph * v / top:.1f}" for i, v in enumerate(vals))
+        xy = [(_L + (i * step if n > 1 else pw / 2), _T + ph - ph * v / top) for i, v in enumerate(vals)]
+        pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
         body.append(f'<polyline points="{pts}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        # A marker per point: a series of one point (a short run) is otherwise an invisible line.
+        for (x, y), lab, v in zip(xy, x_labels, vals, strict=False):
+            body.append(
+                f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}">'
+                f"<title>{escape(f'{name}, {lab}: {_fmt(v)}')}</title></circle>"
+            )
         ly = HEIGHT - 12
         lx = _L + (k % 6) * 100
         body.append(f'<rect x="{lx}" y="{ly - 8}" width="10" height="10" fill="{colour}"/>')

@@ -48,6 +48,47 @@ class Alert:
 
 
 @dataclass(frozen=True)
+class AlertGroup:
+    """The open unknown-face alerts of one device in one time window (the Live page lists these, not rows)."""
+
+    device_id: str
+    site: str
+    window_start: float
+    window_s: float
+    n: int
+    first: float
+    last: float
+    max_probability: float
+
+
+@dataclass(frozen=True)
+class Recognition:
+    """One kept decision as the Live page lists it (``id`` increases with each decision written)."""
+
+    id: int
+    event_id: str
+    at: float
+    site: str
+    device_id: str
+    track_id: str
+    purpose: str
+    subject: str
+    unknown: bool
+    accepted: bool | None
+    probability: float
+    model_version: str
+
+
+#: The decisions the Live page filters by: what each means in ``recognition_events``.
+DECISIONS: dict[str, str] = {
+    "named": "purpose = 'identify' AND unknown = 0",
+    "unknown": "purpose = 'identify' AND unknown = 1",
+    "accepted": "purpose = 'verify' AND accepted = 1",
+    "refused": "purpose = 'verify' AND accepted = 0",
+}
+
+
+@dataclass(frozen=True)
 class AuditEntry:
     at: float
     actor: str
@@ -55,6 +96,7 @@ class AuditEntry:
     target: str
     outcome: str
     address: str
+    id: int = 0
 
 
 @dataclass(frozen=True)
@@ -217,6 +259,90 @@ class ConsoleStore:
             for r in rows
         ]
 
+    def _bucket(self, column: str, width: float) -> str:
+        # SQLite's CAST truncates (times are positive), PostgreSQL's rounds, so it floors.
+        w = float(width)
+        if self.store.dialect == "sqlite":
+            return f"CAST({column} / {w!r} AS INTEGER)"
+        return f"FLOOR({column} / {w!r})"
+
+    def _alert_where(
+        self, *, site: str, device_id: str, since: float | None, before: float | None
+    ) -> tuple[list[str], list[object]]:
+        p = self._p
+        where: list[str] = ["acknowledged_at IS NULL"]
+        params: list[object] = []
+        for column, value in (("site", site), ("device_id", device_id)):
+            if value:
+                where.append(f"{column} = {p}")
+                params.append(value)
+        if since is not None:
+            where.append(f"at >= {p}")
+            params.append(since)
+        if before is not None:
+            where.append(f"at < {p}")
+            params.append(before)
+        return where, params
+
+    def alert_groups(
+        self,
+        *,
+        window_s: float = 3600.0,
+        site: str = "",
+        device_id: str = "",
+        since: float | None = None,
+        limit: int = 20,
+        offset: int = 0,
+    ) -> tuple[list[AlertGroup], int]:
+        """Open alerts grouped by device and ``window_s`` window, newest window first, and how many groups in all.
+
+        A day of a busy entrance is hundreds of unknown faces: an operator reads (and acknowledges) a
+        device's hour at a time, not a row per face.
+        """
+        p = self._p
+        where, params = self._alert_where(site=site, device_id=device_id, since=since, before=None)
+        b = self._bucket("at", window_s)
+        grouped = (
+            f"SELECT device_id, MIN(site) AS site, {b} AS w, COUNT(*) AS n, MIN(at) AS first, MAX(at) AS last, "
+            f"MAX(probability) AS top FROM console_alerts WHERE {' AND '.join(where)} GROUP BY device_id, {b}"
+        )
+        with self.store._session() as conn:
+            (total,) = conn.execute(f"SELECT COUNT(*) FROM ({grouped}) g", params).fetchone()
+            rows = conn.execute(
+                f"{grouped} ORDER BY w DESC, device_id LIMIT {p} OFFSET {p}", [*params, limit, offset]
+            ).fetchall()
+        groups = [
+            AlertGroup(str(d), str(s), float(w) * window_s, window_s, int(n), float(a), float(z), float(top))
+            for d, s, w, n, a, z, top in rows
+        ]
+        return groups, int(total)
+
+    def count_alerts(self, *, site: str = "", device_id: str = "") -> int:
+        """Open alerts matching the filters."""
+        where, params = self._alert_where(site=site, device_id=device_id, since=None, before=None)
+        with self.store._session() as conn:
+            (n,) = conn.execute(f"SELECT COUNT(*) FROM console_alerts WHERE {' AND '.join(where)}", params).fetchone()
+        return int(n)
+
+    def acknowledge_many(
+        self,
+        name: str,
+        *,
+        site: str = "",
+        device_id: str = "",
+        since: float | None = None,
+        before: float | None = None,
+    ) -> int:
+        """Acknowledge every open alert matching the filters (``since <= at < before``); returns how many."""
+        p = self._p
+        where, params = self._alert_where(site=site, device_id=device_id, since=since, before=before)
+        with self.store._session() as conn:
+            n = conn.execute(
+                f"UPDATE console_alerts SET acknowledged_by = {p}, acknowledged_at = {p} WHERE {' AND '.join(where)}",
+                [name, self._clock(), *params],
+            ).rowcount
+        return int(n)
+
     def acknowledge(self, event_id: str, name: str) -> bool:
         """Mark an open alert acknowledged by ``name``; False if there is no such open alert."""
         p = self._p
@@ -278,17 +404,133 @@ class ConsoleStore:
                 (self._clock(), actor[:64], action[:64], target[:300], outcome[:300], address[:64]),
             )
 
-    def audit_log(self, *, limit: int = 200, actor: str = "") -> list[AuditEntry]:
+    def audit_log(
+        self,
+        *,
+        limit: int = 200,
+        actor: str = "",
+        action: str = "",
+        outcome: str = "",
+        before_id: int | None = None,
+    ) -> list[AuditEntry]:
+        """The newest entries matching the filters, newest first (``before_id``: the page after that entry).
+
+        ``actor`` and ``action`` match exactly; ``outcome`` is a case-insensitive substring (outcomes are
+        sentences such as ``refused: not confirmed``).
+        """
         p = self._p
-        q = "SELECT at, actor, action, target, outcome, address FROM console_audit"
+        q = "SELECT at, actor, action, target, outcome, address, id FROM console_audit"
+        where: list[str] = []
         params: list[object] = []
         if actor:
-            q += f" WHERE actor = {p}"
+            where.append(f"actor = {p}")
             params.append(actor)
+        if action:
+            where.append(f"action = {p}")
+            params.append(action)
+        if outcome:
+            # LIKE's wildcards in the operator's text are literal here.
+            escaped = outcome.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            where.append(f"LOWER(outcome) LIKE {p} ESCAPE '\\'")
+            params.append(f"%{escaped}%")
+        if before_id is not None:
+            where.append(f"id < {p}")
+            params.append(before_id)
+        if where:
+            q += " WHERE " + " AND ".join(where)
         q += f" ORDER BY id DESC LIMIT {p}"
         with self.store._session() as conn:
             rows = conn.execute(q, [*params, limit]).fetchall()
-        return [AuditEntry(float(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), str(r[5])) for r in rows]
+        return [AuditEntry(float(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), str(r[5]), int(r[6])) for r in rows]
+
+    def audit_actions(self) -> list[str]:
+        """The distinct actions in the audit log (the filter's choices)."""
+        with self.store._session() as conn:
+            return [str(a) for (a,) in conn.execute("SELECT DISTINCT action FROM console_audit ORDER BY action")]
+
+    def audit_actors(self) -> list[str]:
+        """The distinct actors in the audit log (accounts, and names tried at login)."""
+        with self.store._session() as conn:
+            return [str(a) for (a,) in conn.execute("SELECT DISTINCT actor FROM console_audit ORDER BY actor")]
+
+    # ------------------------------------------------------------ recognitions (kept decisions)
+
+    def _recognition_where(
+        self, *, since: float | None, site: str, device_id: str, decision: str, before_id: int | None
+    ) -> tuple[str, list[object]]:
+        p = self._p
+        where: list[str] = []
+        params: list[object] = []
+        if since is not None:
+            where.append(f"at >= {p}")
+            params.append(since)
+        for column, value in (("site", site), ("device_id", device_id)):
+            if value:
+                where.append(f"{column} = {p}")
+                params.append(value)
+        if decision:
+            if decision not in DECISIONS:
+                raise ValueError(f"decision: expected one of {', '.join(DECISIONS)}, received {decision[:32]!r}")
+            where.append(f"({DECISIONS[decision]})")
+        if before_id is not None:
+            where.append(f"id < {p}")
+            params.append(before_id)
+        return (" WHERE " + " AND ".join(where)) if where else "", params
+
+    def recognitions(
+        self,
+        *,
+        since: float | None = None,
+        site: str = "",
+        device_id: str = "",
+        decision: str = "",
+        before_id: int | None = None,
+        limit: int = 50,
+    ) -> list[Recognition]:
+        """Kept decisions (``recognition_events``) matching the filters, newest first.
+
+        The database, not the Live feed's memory, so a page reaches back over every decision kept
+        (``recognition.events_days``), whichever replica made it.
+        """
+        where, params = self._recognition_where(
+            since=since, site=site, device_id=device_id, decision=decision, before_id=before_id
+        )
+        q = (
+            "SELECT id, event_id, at, site, device_id, track_id, purpose, subject, claimed_subject, unknown, "
+            f"accepted, probability, model_version FROM recognition_events{where} ORDER BY id DESC LIMIT {self._p}"
+        )
+        with self.store._session() as conn:
+            rows = conn.execute(q, [*params, limit]).fetchall()
+        out = []
+        for i, eid, at, site_, dev, track, purpose, subject, claimed, unknown, accepted, prob, version in rows:
+            verify = purpose == "verify"
+            # A verification is listed under the claimed subject (the model's subject is not what was asked).
+            shown_subject = str(claimed if verify else subject)
+            acc = None if accepted is None else bool(accepted)
+            item = Recognition(
+                int(i), str(eid), float(at), str(site_), str(dev), str(track), str(purpose), shown_subject,
+                bool(unknown) and not verify, acc, float(prob), str(version),
+            )  # fmt: skip
+            out.append(item)
+        return out
+
+    def count_recognitions(
+        self, *, since: float | None = None, site: str = "", device_id: str = "", decision: str = ""
+    ) -> int:
+        """How many kept decisions match the filters."""
+        where, params = self._recognition_where(
+            since=since, site=site, device_id=device_id, decision=decision, before_id=None
+        )
+        with self.store._session() as conn:
+            (n,) = conn.execute(f"SELECT COUNT(*) FROM recognition_events{where}", params).fetchone()
+        return int(n)
+
+    def recognition_sites_and_devices(self) -> tuple[list[str], list[str]]:
+        """The sites and devices of kept decisions (the filters' choices)."""
+        with self.store._session() as conn:
+            sites = [str(s) for (s,) in conn.execute("SELECT DISTINCT site FROM recognition_events ORDER BY site")]
+            devs = [str(d) for (d,) in conn.execute("SELECT DISTINCT device_id FROM recognition_events ORDER BY 1")]
+        return sites, devs
 
     # ------------------------------------------------------------ summaries of templates
 
@@ -374,14 +616,25 @@ class ConsoleStore:
         with self.store._session() as conn:
             return [(int(h), int(n)) for h, n in conn.execute(q, [since, *params])]
 
-    def epsilon_by_device_hour(self, since: float) -> list[tuple[str, int, float]]:
-        """(device, hour index, ε per vector spent in that hour: templates + soft traits) since ``since``."""
+    def epsilon_by_device_hour(self, since: float, *, bucket_s: float = 3600.0) -> list[tuple[str, int, float]]:
+        """(device, bucket index, ε per vector spent in it: templates + soft traits) since ``since``.
+
+        The bucket of a time ``t`` is ``floor(t / bucket_s)`` (hours by default).
+        """
+        b = self._bucket("received_at", bucket_s)
         q = (
-            f"SELECT device_id, {self._hour} AS h, SUM(epsilon_vector + epsilon_traits) FROM ingest_ledger "
-            f"WHERE received_at >= {self._p} GROUP BY device_id, {self._hour} ORDER BY h"
+            f"SELECT device_id, {b} AS h, SUM(epsilon_vector + epsilon_traits) FROM ingest_ledger "
+            f"WHERE received_at >= {self._p} GROUP BY device_id, {b} ORDER BY h"
         )
         with self.store._session() as conn:
             return [(str(d), int(h), float(e)) for d, h, e in conn.execute(q, (since,))]
+
+    def ledger_span(self, since: float) -> tuple[float, float] | None:
+        """(first, last) receipt time in the ledger since ``since``, or None when it is empty."""
+        q = f"SELECT MIN(received_at), MAX(received_at) FROM ingest_ledger WHERE received_at >= {self._p}"
+        with self.store._session() as conn:
+            row = conn.execute(q, (since,)).fetchone()
+        return None if row is None or row[0] is None else (float(row[0]), float(row[1]))
 
 
 class SharedLoginThrottle:

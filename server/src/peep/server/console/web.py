@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode, urlsplit
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
@@ -48,8 +49,8 @@ from peep.core.exceptions import WireError
 from peep.core.wire import ID_PATTERN, check_subject_id
 from peep.server.console import accounts, plots
 from peep.server.console.accounts import Throttled
-from peep.server.console.feed import LiveFeed
-from peep.server.console.store import ConsoleStore, Session, SharedLoginThrottle
+from peep.server.console.feed import LiveEvent, LiveFeed
+from peep.server.console.store import DECISIONS, ConsoleStore, Recognition, Session, SharedLoginThrottle
 from peep.server.console.text import shown
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -93,8 +94,23 @@ SECURITY_HEADERS = [
 ]
 
 
+def _local_location(value: bytes) -> bytes:
+    """A redirect's target as a path on this console.
+
+    Starlette builds some redirects (a trailing slash, a static folder) from the request's ``Host``
+    header, which the client chooses: a foreign ``Host`` would send the operator's browser to that host.
+    A path resolves against the address the browser actually used.
+    """
+    parts = urlsplit(value.decode("latin-1"))
+    if not parts.scheme and not parts.netloc:
+        return value
+    path = "/" + parts.path.lstrip("/")  # "//evil" is a host too
+    return (path + (f"?{parts.query}" if parts.query else "")).encode("latin-1")
+
+
 class SecurityHeaders:
-    """ASGI middleware adding :data:`SECURITY_HEADERS` to every response (static files and errors too)."""
+    """ASGI middleware adding :data:`SECURITY_HEADERS` to every response (static files and errors too), and
+    keeping every redirect on the console (:func:`_local_location`)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -106,19 +122,25 @@ class SecurityHeaders:
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                names = {k.lower() for k, _ in message.get("headers", [])}
-                message.setdefault("headers", [])
-                message["headers"] = list(message["headers"]) + [h for h in SECURITY_HEADERS if h[0] not in names]
+                headers = [(k, _local_location(v) if k.lower() == b"location" else v)
+                           for k, v in message.get("headers", [])]  # fmt: skip
+                names = {k.lower() for k, _ in headers}
+                message["headers"] = headers + [h for h in SECURITY_HEADERS if h[0] not in names]
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
 
 
 class Refused(Exception):
-    """A request refused with ``status`` and a message (shown escaped)."""
+    """A request refused with ``status`` and a message (shown escaped).
+
+    ``session`` is set once the request's session is known, so the refusal is shown on a page with the
+    account's navigation.
+    """
 
     def __init__(self, status: int, message: str) -> None:
         self.status = status
+        self.session: Session | None = None
         super().__init__(message)
 
 
@@ -146,6 +168,76 @@ def _time(t: float | None) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _time_cell(t: float | None) -> Markup:
+    """A time as a ``<time>`` element (kept on one line by the style sheet; the text is digits only)."""
+    text = _time(t)
+    if text == "–":
+        return Markup("–")
+    iso = datetime.fromtimestamp(float(t), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")  # type: ignore[arg-type]
+    return Markup(f'<time datetime="{iso}">{text}</time>')
+
+
+def _clock(t: float | None) -> str:
+    if t is None or not math.isfinite(t) or t <= 0:
+        return "–"
+    return datetime.fromtimestamp(t, UTC).strftime("%H:%M:%S")
+
+
+def format_number(v: float | None) -> str:
+    """A number as an operator reads it: thousands separated, at most 4 significant digits after the point.
+
+    >>> format_number(23660.0), format_number(16.0), format_number(0.1234567), format_number(1234.5678)
+    ('23,660', '16', '0.1235', '1,234.6')
+    """
+    if v is None:
+        return "–"
+    x = float(v)
+    if not math.isfinite(x):
+        return str(x)
+    if x == int(x) and abs(x) < 1e15:
+        return f"{int(x):,}"
+    digits = max(1, 4 - (math.floor(math.log10(abs(x))) + 1))
+    return f"{x:,.{digits}f}".rstrip("0").rstrip(".")
+
+
+#: The Devices chart's buckets: (longest span of data, bucket width) in seconds, the first that fits.
+EPSILON_BUCKETS: tuple[tuple[float, float], ...] = ((2 * 3600, 60.0), (12 * 3600, 600.0), (3 * 86_400, 3600.0))
+#: The Live page's time filter: how far back (seconds; 0: every decision kept).
+PERIODS: dict[str, int] = {"1h": 3600, "24h": 86_400, "7d": 7 * 86_400, "all": 0}
+RECOGNITIONS_PAGE = 50
+AUDIT_PAGE = 100
+ALERT_GROUPS_PAGE = 20
+#: Unknown-face alerts are grouped per device and per this window (an hour reads as one line).
+ALERT_WINDOW_S = 3600.0
+#: "Acknowledge every alert older than …" (seconds, label); 0 acknowledges all of them.
+ACK_AGES: tuple[tuple[int, str], ...] = ((3600, "older than an hour"), (86_400, "older than a day"), (0, "all"))
+
+
+def _decision_of(e: Any) -> str:
+    """What a feed event decided, in the Live filter's terms (:data:`~.store.DECISIONS`)."""
+    if e.purpose == "verify":
+        return "accepted" if e.accepted else "refused"
+    return "unknown" if e.unknown else "named"
+
+
+def _recognition(e: LiveEvent) -> Recognition:
+    """A feed event as a kept decision is listed (not yet written: no id)."""
+    return Recognition(
+        0, e.event_id, e.time, e.site, e.device_id, e.track_id, e.purpose, e.subject, e.unknown, e.accepted,
+        e.probability, e.model_version,
+    )  # fmt: skip
+
+
+def _query(params: dict[str, str]) -> str:
+    """``?k=v&…`` of the non-empty values (the page links keep the filters)."""
+    return "?" + urlencode({k: v for k, v in params.items() if v})
+
+
+def _local_back(back: str, prefix: str) -> bool:
+    """Whether ``back`` is a path of this console under ``prefix`` (never another host: ``//x`` or ``\\x``)."""
+    return back.startswith(prefix) and len(back) < 300 and "//" not in back and "\\" not in back
+
+
 def _finalize(value: Any) -> Any:
     # Every printed value goes through shown() (bidi and controls made visible), then the autoescaper.
     if value is None:
@@ -164,8 +256,9 @@ def template_environment() -> Environment:
         finalize=_finalize,
         auto_reload=False,
     )
-    env.filters["time"] = _time
-    env.filters["eps"] = lambda v: "–" if v is None else f"{float(v):.4g}"
+    env.filters["time"] = _time_cell
+    env.filters["clock"] = _clock
+    env.filters["eps"] = format_number
     env.filters["pct"] = lambda v: "–" if v is None else f"{100 * float(v):.1f} %"
     return env
 
@@ -261,12 +354,15 @@ class ConsoleApp:
             try:
                 return await self._handle(request, handler, action, public, api, allow_must_change)
             except Refused as exc:
-                if exc.status in (401, 429) or request.method != "GET" or api:
+                page = (request.method == "GET" and exc.status not in (401, 429) and not api) or (
+                    request.method == "POST" and exc.status not in (401, 429) and not api
+                )
+                if not page:
                     headers = {"retry-after": "60"} if exc.status == 429 else None
-                    if request.method == "POST" and exc.status not in (401, 429) and not api:
-                        return self._page(None, "message.html", {"title": "Refused", "message": str(exc)}, exc.status)
                     return PlainTextResponse(shown(str(exc)), status_code=exc.status, headers=headers)
-                return self._page(None, "message.html", {"title": "Refused", "message": str(exc)}, exc.status)
+                ctx = Ctx(request, exc.session) if exc.session is not None else None
+                values = {"title": "Refused", "message": str(exc), "refused": True}
+                return self._page(ctx, "message.html", values, exc.status)
 
         return endpoint
 
@@ -284,8 +380,25 @@ class ConsoleApp:
     async def _handle(
         self, request: Request, handler: Handler, action: str | None, public: bool, api: bool, allow_must_change: bool
     ) -> Response:
-        address = request.client.host if request.client else "-"
         session, sid = await self._session(request)
+        try:
+            return await self._checked(request, handler, action, public, api, allow_must_change, session, sid)
+        except Refused as exc:
+            exc.session = session
+            raise
+
+    async def _checked(
+        self,
+        request: Request,
+        handler: Handler,
+        action: str | None,
+        public: bool,
+        api: bool,
+        allow_must_change: bool,
+        session: Session | None,
+        sid: str,
+    ) -> Response:
+        address = request.client.host if request.client else "-"
         if not public and session is None:
             if request.method == "GET" and not api:
                 return RedirectResponse("/login", status_code=303)
@@ -368,7 +481,8 @@ class ConsoleApp:
 
     def login_page(self, ctx: Ctx, *, error: str = "", status: int = 200) -> Response:
         token = accounts.new_token()
-        resp = self._page(None, "login.html", {"login_csrf": token, "error": error}, status)
+        changed = ctx.request.query_params.get("changed") == "1" and not error
+        resp = self._page(None, "login.html", {"login_csrf": token, "error": error, "changed": changed}, status)
         resp.set_cookie(LOGIN_COOKIE, token, max_age=600, path="/", secure=True, httponly=True, samesite="strict")
         return resp
 
@@ -423,10 +537,13 @@ class ConsoleApp:
             if accounts.verify_password(new, account.password_hash):
                 raise accounts.AccountError("new: expected a password other than the current one")
         except accounts.AccountError as exc:
-            return self.password_page(ctx, error=str(exc), status=400)
+            # The form's field is "new": the rules name the password as such.
+            message = str(exc)
+            message = "new " + message if message.startswith("password:") else message
+            return self.password_page(ctx, error=message, status=400)
         self.store.reset_password(name, accounts.hash_password(new), must_change=False)  # ends every session
         self._audit(ctx, "password", name, "changed")
-        resp = RedirectResponse("/login", status_code=303)
+        resp = RedirectResponse("/login?changed=1", status_code=303)
         resp.delete_cookie(SESSION_COOKIE, path="/", secure=True, httponly=True, samesite="strict")
         return resp
 
@@ -441,15 +558,61 @@ class ConsoleApp:
             )
         return value
 
+    def _choice(self, ctx: Ctx, key: str, choices: Any, default: str = "") -> str:
+        value = ctx.request.query_params.get(key, default)
+        if value not in choices:
+            raise Refused(400, f"{key}: expected one of {', '.join(repr(c) for c in choices)}, received {value[:32]!r}")
+        return value
+
+    @staticmethod
+    def _number(ctx: Ctx, key: str) -> int | None:
+        value = ctx.request.query_params.get(key, "")
+        if not value:
+            return None
+        if not value.isdigit() or len(value) > 18:
+            raise Refused(400, f"{key}: expected a whole number, received {value[:32]!r}")
+        return int(value)
+
     def live(self, ctx: Ctx) -> Response:
         site, device = self._filter(ctx, "site"), self._filter(ctx, "device")
-        sites, devices = self.feed.sites_and_devices()
+        decision = self._choice(ctx, "decision", ("", *DECISIONS))
+        period = self._choice(ctx, "period", tuple(PERIODS), "24h")
+        before = self._number(ctx, "before")
+        alert_page = self._number(ctx, "alerts") or 0
+        now = time.time()
+        since = now - PERIODS[period] if PERIODS[period] else None
+        kept_sites, kept_devices = self.store.recognition_sites_and_devices()
+        feed_sites, feed_devices = self.feed.sites_and_devices()
         configured = {d.id: d.site for d in self.services.config.auth.devices}
-        sites = sorted(set(sites) | {s for s in configured.values() if s})
-        devices = sorted(set(devices) | set(configured))
-        since = time.time() - 24 * 3600
-        hourly = dict(self.store.hourly(since))
-        now_h = int(time.time() // 3600)
+        sites = sorted(set(kept_sites) | set(feed_sites) | {s for s in configured.values() if s})
+        devices = sorted(set(kept_devices) | set(feed_devices) | set(configured))
+        events = self.store.recognitions(
+            since=since, site=site, device_id=device, decision=decision, before_id=before, limit=RECOGNITIONS_PAGE
+        )
+        total = self.store.count_recognitions(since=since, site=site, device_id=device, decision=decision)
+        first_page = before is None
+        if first_page:
+            # Decisions reach the database up to a second after they happen (written in batches): the newest
+            # are taken from the feed's memory so that the page and its event stream leave no gap.
+            listed = {e.event_id for e in events}
+            newest = events[0].at if events else (since or 0.0)
+            fresh = [
+                _recognition(e)
+                for e in self.feed.recent(site=site, device_id=device, limit=RECOGNITIONS_PAGE)
+                if e.event_id not in listed and e.time >= newest and (not decision or _decision_of(e) == decision)
+            ]
+            events = (fresh + events)[:RECOGNITIONS_PAGE]
+        groups, n_groups = self.store.alert_groups(
+            window_s=ALERT_WINDOW_S, site=site, device_id=device, limit=ALERT_GROUPS_PAGE,
+            offset=alert_page * ALERT_GROUPS_PAGE,
+        )  # fmt: skip
+        query = {"site": site, "device": device, "decision": decision, "period": period}
+        older = None
+        if len(events) == RECOGNITIONS_PAGE and events[-1].id:
+            older = _query({**query, "before": str(events[-1].id)})
+        since_h = now - 24 * 3600
+        hourly = dict(self.store.hourly(since_h))
+        now_h = int(now // 3600)
         hours = list(range(now_h - 23, now_h + 1))
         plot = plots.bars(
             "Recognitions per hour (last 24 h, UTC)",
@@ -461,13 +624,30 @@ class ConsoleApp:
             ctx,
             "live.html",
             {
-                "events": self.feed.recent(site=site, device_id=device, limit=100),
+                "events": events,
+                "n_events": total,
+                "first_page": first_page,
+                "streaming": first_page and not decision,
+                "older": older,
+                "newest": _query(query) if not first_page else None,
                 "last_seq": self.feed.last_seq,
-                "alerts": self.store.alerts(site=site, device_id=device, limit=100),
+                "groups": groups,
+                "n_groups": n_groups,
+                "n_alerts": self.store.count_alerts(site=site, device_id=device),
+                "alert_page": alert_page,
+                "alert_pages": max(1, math.ceil(n_groups / ALERT_GROUPS_PAGE)),
+                "alert_query": {k: v for k, v in query.items() if v},
+                "alert_window_min": int(ALERT_WINDOW_S // 60),
+                "ack_ages": ACK_AGES,
                 "site": site,
                 "device": device,
+                "decision": decision,
+                "decisions": list(DECISIONS),
+                "period": period,
+                "periods": list(PERIODS),
                 "sites": sites,
                 "devices": devices,
+                "events_days": self.services.config.recognition.events_days,
                 "plot": Markup(plot),
             },
         )
@@ -477,7 +657,9 @@ class ConsoleApp:
         session, sid = await self._session(request)
         if session is None:
             return PlainTextResponse("a console session is required: log in at /login", status_code=401)
-        if session.must_change or not accounts.allowed(session.role, "view"):
+        if session.must_change:
+            return PlainTextResponse("change the one-time password at /password first", status_code=403)
+        if not accounts.allowed(session.role, "view"):
             return PlainTextResponse(f"the role {session.role!r} may not view", status_code=403)
         site = request.query_params.get("site", "")
         device = request.query_params.get("device", "")
@@ -539,14 +721,43 @@ class ConsoleApp:
         return StreamingResponse(stream(), media_type="text/event-stream", headers={"x-accel-buffering": "no"})
 
     def acknowledge(self, ctx: Ctx) -> Response:
+        """Acknowledge one alert (``event_id``), a group (``device`` + ``from``/``to``), or every alert older than
+        ``older_than`` seconds (0: all) matching the page's ``site``/``device`` filters."""
         assert ctx.session is not None
-        event_id = ctx.form.get("event_id", "")
-        if not (1 <= len(event_id) <= 64) or not event_id.isalnum():
-            raise Refused(400, f"event_id: expected an alert's event id (hex), received {event_id[:64]!r}")
-        ok = self.store.acknowledge(event_id, ctx.session.name)
-        self._audit(ctx, "acknowledge", event_id, "ok" if ok else "no such open alert")
-        back = ctx.form.get("back", "/live")
-        return RedirectResponse(back if back.startswith("/live") and len(back) < 300 else "/live", status_code=303)
+        f = ctx.form
+        event_id = f.get("event_id", "")
+        if event_id:
+            if not (1 <= len(event_id) <= 64) or not event_id.isalnum():
+                raise Refused(400, f"event_id: expected an alert's event id (hex), received {event_id[:64]!r}")
+            ok = self.store.acknowledge(event_id, ctx.session.name)
+            self._audit(ctx, "acknowledge", event_id, "ok" if ok else "no such open alert")
+        else:
+            site, device = f.get("site", ""), f.get("device", "")
+            for key, value in (("site", site), ("device", device)):
+                if value and not ID_PATTERN.match(value):
+                    raise Refused(400, f"{key}: expected '' or an id, received {value[:64]!r}")
+            since = before = None
+            if "older_than" in f:
+                age = f["older_than"]
+                if age not in {str(a) for a, _ in ACK_AGES}:
+                    raise Refused(400, f"older_than: expected one of {[a for a, _ in ACK_AGES]}, received {age[:16]!r}")
+                before = time.time() - int(age)
+            else:
+                lo, hi = f.get("from", ""), f.get("to", "")
+                try:
+                    since, before = float(lo), float(hi)
+                except ValueError:
+                    raise Refused(400, f"from, to: expected a group's window in seconds, received {lo[:20]!r}, "
+                                       f"{hi[:20]!r}") from None  # fmt: skip
+                if not (math.isfinite(since) and math.isfinite(before) and since < before):
+                    raise Refused(400, "from, to: expected a window with from < to")
+            n = self.store.acknowledge_many(ctx.session.name, site=site, device_id=device, since=since, before=before)
+            what = f"device {device or 'any'}, site {site or 'any'}, " + (
+                f"older than {f['older_than']} s" if "older_than" in f else f"{_time(since)}–{_time(before)}"
+            )
+            self._audit(ctx, "acknowledge-many", what, f"{n} alerts")
+        back = f.get("back", "/live")
+        return RedirectResponse(back if _local_back(back, "/live") else "/live", status_code=303)
 
     # ------------------------------------------------------------ Devices
 
@@ -567,35 +778,50 @@ class ConsoleApp:
                     "site": (s.site if s else "") or (c.site if c and c.site else ""),
                     "registered": c is not None,
                     "enrolment_desk": bool(c and c.enrolment_desk),
-                    "status": st[0] if st else ("unknown" if self.device_status else "not watched"),
+                    "status": st[0] if st else ("never seen" if self.device_status else "not watched"),
                     "status_since": st[1] if st else None,
+                    "status_via": (st[2] if len(st) > 2 else "mqtt") if st else "",
                     "s": s,
                     "report": rep[0] if rep else None,
                     "report_at": rep[1] if rep else None,
                 }
             )
-        since = time.time() - 7 * 86400
-        per = self.store.epsilon_by_device_hour(since)
-        hours = sorted({h for _, h, _ in per})
-        series: dict[str, list[float]] = {}
-        for dev in sorted({d for d, _, _ in per}):
-            by_h = {h: e for d, h, e in per if d == dev}
-            total, vals = 0.0, []
-            for h in hours:
-                total += by_h.get(h, 0.0)
-                vals.append(total)
-            series[dev] = vals
-        plot = plots.lines(
-            "ε per vector spent per device, templates + soft traits (cumulative, last 7 days)",
-            [datetime.fromtimestamp(h * 3600, UTC).strftime("%d %Hh") for h in hours],
-            series,
-            y_label="Σ ε per vector",
-        )
+        plot = plots.lines(*self._epsilon_series(time.time()), y_label="Σ ε per vector")
         return self._page(
             ctx,
             "devices.html",
             {"rows": rows, "plot": Markup(plot), "watched": self.device_status, "reported": self.device_reports},
         )
+
+    def _epsilon_series(self, now: float) -> tuple[str, list[str], dict[str, list[float]]]:
+        """The Devices chart: cumulative ε per vector per device over the last 7 days of the ledger.
+
+        Buckets fit the span of the data (a minute for a run of an hour or two, an hour for a day or more),
+        each series starting from 0 one bucket before its first release, so even one bucket of data draws
+        a line.
+        """
+        since = now - 7 * 86400
+        span = self.store.ledger_span(since)
+        title = "ε per vector spent per device, templates + soft traits (cumulative, last 7 days, UTC)"
+        if span is None:
+            return title, [], {}
+        width = next((w for limit, w in EPSILON_BUCKETS if span[1] - span[0] <= limit), 86_400.0)
+        per = self.store.epsilon_by_device_hour(since, bucket_s=width)
+        first, last = min(b for _, b, _ in per), max(b for _, b, _ in per)
+        buckets = list(range(first - 1, last + 1))
+        if len(buckets) > 400:  # sparse data over a long span: only the buckets with releases, and the one before
+            buckets = sorted({b for _, b, _ in per} | {first - 1})
+        series: dict[str, list[float]] = {}
+        for dev in sorted({d for d, _, _ in per}):
+            by_b = {b: e for d, b, e in per if d == dev}
+            total, vals = 0.0, []
+            for b in buckets:
+                total += by_b.get(b, 0.0)
+                vals.append(total)
+            series[dev] = vals
+        fmt = "%H:%M" if width < 3600 else ("%d %Hh" if width < 86_400 else "%m-%d")
+        labels = [datetime.fromtimestamp((b + 1) * width, UTC).strftime(fmt) for b in buckets]
+        return title, labels, series
 
     # ------------------------------------------------------------ People
 
@@ -626,6 +852,8 @@ class ConsoleApp:
         )
 
     def erase(self, ctx: Ctx) -> Response:
+        from peep.server.services import NoSuchSubject
+
         raw, confirm = ctx.form.get("subject", ""), ctx.form.get("confirm", "")
         try:
             subject = check_subject_id(raw, "subject")
@@ -637,7 +865,11 @@ class ConsoleApp:
             return self.people(
                 ctx, error="confirm: expected the subject id typed again to confirm the erasure", status=400
             )
-        result = self.services.erase_subject(subject, retrain=True)
+        try:
+            result = self.services.erase_subject(subject, retrain=True)
+        except NoSuchSubject as exc:
+            self._audit(ctx, "erase", subject, "refused: no such subject")
+            return self.people(ctx, error=str(exc), status=404)
         self._audit(
             ctx, "erase", subject,
             f"templates {result.templates_deleted}, soft traits {result.soft_traits_deleted}, "
@@ -695,6 +927,7 @@ class ConsoleApp:
                 "training": t.training,
                 "progress": t.progress,
                 "last_error": t.last_error,
+                "last_run": max((v["trained_at"] for v in versions), default=None),
                 "presets": list(PRESETS),
                 "default_preset": self.services.config.training.preset,
                 "message": message,
@@ -798,12 +1031,33 @@ class ConsoleApp:
                 rows.append({k: r.get(k) for k in ("mechanism", "epsilon", "epsilon_vector", "accuracy")})
         return {"path": str(path), "rows": rows, "config": data.get("config", {}) if isinstance(data, dict) else {}}
 
+    @staticmethod
+    def _text(ctx: Ctx, key: str, limit: int = 64) -> str:
+        value = ctx.request.query_params.get(key, "")
+        if len(value) > limit or not value.isprintable():
+            raise Refused(400, f"{key}: expected at most {limit} printable characters, received {value[:limit]!r}")
+        return value
+
     def audit_page(self, ctx: Ctx) -> Response:
-        actor = self._filter(ctx, "actor") if ctx.request.query_params.get("actor") else ""
+        actor, action, outcome = self._text(ctx, "actor"), self._text(ctx, "action"), self._text(ctx, "outcome")
+        before = self._number(ctx, "before")
+        entries = self.store.audit_log(limit=AUDIT_PAGE, actor=actor, action=action, outcome=outcome, before_id=before)
+        query = {"actor": actor, "action": action, "outcome": outcome}
+        older = _query({**query, "before": str(entries[-1].id)}) if len(entries) == AUDIT_PAGE else None
         return self._page(
             ctx,
             "audit.html",
-            {"entries": self.store.audit_log(limit=500, actor=actor), "accounts": self.store.accounts()},
+            {
+                "entries": entries,
+                "accounts": self.store.accounts(),
+                "actors": self.store.audit_actors(),
+                "actions": self.store.audit_actions(),
+                "actor": actor,
+                "action": action,
+                "outcome": outcome,
+                "older": older,
+                "newest": _query(query) if before is not None else None,
+            },
         )
 
     # ------------------------------------------------------------ Enrolment desk

@@ -1,5 +1,5 @@
 // PEEP console: the little JavaScript it has (served from 'self'; the CSP allows no inline script).
-// Live: appends recognitions from /live/events (server-sent events) and unknown-face alerts.
+// Live: prepends recognitions from /live/events (server-sent events) on the newest page, counts new alerts.
 // Models: polls /models/status while a training runs. Text is set with textContent only, never as HTML.
 "use strict";
 
@@ -12,11 +12,8 @@ function cell(row, text) {
 
 function liveFeed() {
   const table = document.getElementById("events");
-  if (!table) return;
+  if (!table || table.dataset.live !== "yes") return;  // an older page or a filter the stream cannot follow
   const state = document.getElementById("live-state");
-  const alerts = document.getElementById("alerts");
-  const canAck = alerts && alerts.dataset.canAck === "yes";
-  const csrf = table.dataset.csrf;
   const params = new URLSearchParams();
   params.set("after", table.dataset.after || "0");
   if (table.dataset.site) params.set("site", table.dataset.site);
@@ -27,13 +24,16 @@ function liveFeed() {
   source.onmessage = (msg) => {
     const e = JSON.parse(msg.data);
     const tbody = table.tBodies[0];
+    for (const empty of tbody.querySelectorAll("tr.none")) empty.remove();
     const row = document.createElement("tr");
     row.className = e.unknown ? "unknown" : "known";
     row.dataset.seq = String(e.seq);
-    cell(row, e.time_text);
+    const when = document.createElement("time");
+    when.textContent = e.time_text;
+    cell(row, "").appendChild(when);
     cell(row, e.site);
     cell(row, e.device_id);
-    cell(row, e.track_id);
+    cell(row, e.track_id).className = "track";
     cell(row, e.purpose);
     let subject = e.unknown ? "unknown" : e.subject;
     if (e.accepted !== null && !e.unknown) subject += e.accepted ? " (accepted)" : " (refused)";
@@ -41,43 +41,23 @@ function liveFeed() {
     cell(row, e.probability.toFixed(3));
     cell(row, e.model_version);
     tbody.insertBefore(row, tbody.firstChild);
-    while (tbody.rows.length > 200) tbody.deleteRow(tbody.rows.length - 1);
-    if (e.unknown && alerts) addAlert(alerts, e, canAck, csrf);
+    while (tbody.rows.length > 50) tbody.deleteRow(tbody.rows.length - 1);
+    const n = document.getElementById("events-count");
+    if (n) n.textContent = String(Number(n.textContent) + 1);
+    if (e.unknown) newAlert();
   };
 }
 
-function addAlert(alerts, e, canAck, csrf) {
-  const row = document.createElement("tr");
-  row.dataset.event = e.event_id;
-  cell(row, e.time_text);
-  cell(row, e.site);
-  cell(row, e.device_id);
-  cell(row, e.probability.toFixed(3));
-  cell(row, e.model_version);
-  const td = document.createElement("td");
-  if (canAck) {
-    const form = document.createElement("form");
-    form.method = "post";
-    form.action = "/alerts/ack";
-    for (const [name, value] of [["csrf", csrf], ["event_id", e.event_id], ["back", "/live"]]) {
-      const input = document.createElement("input");
-      input.type = "hidden";
-      input.name = name;
-      input.value = value;
-      form.appendChild(input);
-    }
-    const button = document.createElement("button");
-    button.type = "submit";
-    button.className = "ack";
-    button.textContent = "Acknowledge";
-    form.appendChild(button);
-    td.appendChild(form);
-  }
-  row.appendChild(td);
-  const tbody = alerts.tBodies[0];
-  tbody.insertBefore(row, tbody.firstChild);
+// A new unknown face: counted at once; it joins its device's group at the next load of the page.
+function newAlert() {
   const count = document.getElementById("alert-count");
-  if (count) count.textContent = String(tbody.rows.length);
+  if (count) count.textContent = String(Number(count.textContent) + 1);
+  const note = document.getElementById("alert-new");
+  if (note) {
+    const n = Number(note.dataset.n || "0") + 1;
+    note.dataset.n = String(n);
+    note.textContent = n + " new since this page loaded (reload to see them grouped)";
+  }
 }
 
 function trainingProgress() {
@@ -92,6 +72,7 @@ function trainingProgress() {
       .then((s) => {
         if (!s) return;
         bar.value = s.progress;
+        bar.hidden = !s.training;  // a full bar beside "idle" read as a run stuck at its end
         state.textContent = s.training ? "running" : (s.last_error ? "failed: " + s.last_error : "idle");
         if (wasTraining && !s.training) { window.location.reload(); return; }
         wasTraining = s.training;
