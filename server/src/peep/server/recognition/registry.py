@@ -416,15 +416,7 @@ class DatabaseModelRegistry:
 
     def purge_subject(self, subject: str) -> list[str]:
         """Delete every non-current version whose classes include ``subject`` (erasure)."""
-        doomed = []
-        for name, meta in self.store.model_names():
-            try:
-                classes = json.loads(meta).get("classes", [])
-            except ValueError:
-                continue
-            if subject in classes:
-                doomed.append(name)
-        removed: list[str] = self.store.delete_models(doomed)
+        removed: list[str] = self.store.delete_models(self.versions_knowing(subject))
         return removed
 
 
