@@ -1,11 +1,42 @@
 #!/usr/bin/env bash
-# Creates .venv (Python >= 3.11) and installs the three PEEP distributions
-# (editable) plus the dev tools. Idempotent: reinstalls only when a
-# pyproject.toml changed since the last successful run.
+# Creates the venv (.venv, or $PEEP_VENV; Python >= 3.11) and installs the three PEEP distributions
+# (editable) with what one job needs:
+#
+#   bash scripts/bootstrap.sh [all]   everything the tests need (scripts/test.sh, .ci/run): every extra of
+#                                     peep-server, including sgap (PyTorch, for `peep sgap train`), the dev
+#                                     tools, and Debian's Chromium for the console's browser tests
+#   bash scripts/bootstrap.sh demo    what `peep demo` needs (scripts/demo.sh): the edge agent with age/gender
+#                                     and dlib, and the console (`peep demo --console`); no PyTorch, no dev
+#                                     tools, no Chromium
+#   bash scripts/bootstrap.sh --print demo|all
+#                                     prints that set's pip arguments, one a line, and changes nothing
+#
+# Idempotent: installs only when the set's pyproject.toml files or its pip arguments changed since its last
+# successful run here. The sets have their own stamps and `all` contains `demo`, so a venv made by
+# scripts/demo.sh gets the rest when scripts/test.sh runs later, and one made for the tests is never
+# reinstalled for the demo.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 venv="${PEEP_VENV:-$root/.venv}"
+
+usage() { echo "usage: bash scripts/bootstrap.sh [--print] [all|demo]" >&2; exit 2; }
+print=0
+if [ "${1:-}" = --print ]; then print=1; shift; fi
+[ $# -le 1 ] || usage
+set_name="${1:-all}"
+# peep-server[demo] and [dlib] are peep-edge[soft] and [dlib]: named here too so pip takes the local edge/.
+demo_pkgs=(-e ./shared -e "./edge[soft,dlib]" -e "./server[demo,dlib,console]")
+all_pkgs=(-e ./shared -e "./edge[soft,dlib]" -e "./server[demo,dlib,sgap,console]" --group dev)
+case "$set_name" in
+  demo) pkgs=("${demo_pkgs[@]}") ;;
+  all) pkgs=("${all_pkgs[@]}") ;;
+  *) usage ;;
+esac
+if [ "$print" = 1 ]; then
+  printf '%s\n' "${pkgs[@]}"
+  exit 0
+fi
 
 pick_python() {
   for c in "${PYTHON:-}" python3.11 python3.12 python3.13 python3; do
@@ -27,7 +58,7 @@ fi
 
 # The console's browser tests (tests/console) drive Debian's Chromium through its chromedriver: install them
 # when missing (root with apt-get, as on CI's machines); elsewhere say how, and those tests say why they skip.
-if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+if [ "$set_name" = all ] && { [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; }; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "bootstrap: installing chromium and chromium-driver (console browser tests)" >&2
     (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 \
@@ -38,13 +69,33 @@ if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
   fi
 fi
 
-stamp="$venv/.peep-installed"
-want=$(cat pyproject.toml shared/pyproject.toml edge/pyproject.toml server/pyproject.toml | sha256sum | cut -d' ' -f1)
+# `all` keeps the stamp name earlier versions of this script wrote for the same set.
+stamp_all="$venv/.peep-installed"
+stamp_demo="$venv/.peep-installed-demo"
+# A set's stamp: the four pyproject.toml files and its pip arguments (set name first).
+stamp_of() {
+  { cat pyproject.toml shared/pyproject.toml edge/pyproject.toml server/pyproject.toml; printf '%s\n' "$@"; } \
+    | sha256sum | cut -d' ' -f1
+}
+if [ "$set_name" = demo ]; then stamp=$stamp_demo; else stamp=$stamp_all; fi
+want=$(stamp_of "$set_name" "${pkgs[@]}")
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
-echo "bootstrap: installing peep-core, peep-edge[soft,dlib], peep-server[demo,dlib,sgap,console] and dev tools into $venv" >&2
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade "pip>=25.1"
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-  -e ./shared -e "./edge[soft,dlib]" -e "./server[demo,dlib,sgap,console]" --group dev
+if [ "$set_name" = demo ]; then
+  # Everything the tests need includes the demo's set.
+  if [ -f "$stamp_all" ] && [ "$(cat "$stamp_all")" = "$(stamp_of all "${all_pkgs[@]}")" ]; then
+    exit 0
+  fi
+  echo "bootstrap: installing what peep demo needs into $venv (peep-core, peep-edge[soft,dlib]," \
+    "peep-server[demo,dlib,console]; the tests' extras and tools come with scripts/test.sh)" >&2
+else
+  echo "bootstrap: installing peep-core, peep-edge[soft,dlib], peep-server[demo,dlib,sgap,console] and dev tools" \
+    "into $venv" >&2
+fi
+# pip >= 25.1 reads --group (the dev tools); the demo's set does not need it, nor the time its upgrade takes.
+if [ "$set_name" = all ]; then
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade "pip>=25.1"
+fi
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${pkgs[@]}"
 echo "$want" > "$stamp"

@@ -107,6 +107,8 @@ def main() -> int:
     lines = [
         "# Configuration reference",
         "",
+        "For deployers writing `edge.toml` and `server.toml`: every key, its type, default and bounds. The keys",
+        "that matter first, training presets and track fusion are explained in [CONFIGURING.md](CONFIGURING.md).",
         "Generated from the configuration models by `scripts/gen-config-docs.py` (a test fails when it is stale).",
         "Unknown keys are errors; every error names the key path, what was expected and the value received",
         "(`peep-edge run --validate-config`, `peep serve --validate-config`). Secrets never go in these files:",

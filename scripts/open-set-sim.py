@@ -1,4 +1,4 @@
-"""The demo's open-set task on cached dlib descriptors, without the server: where its targets lie (issue 16).
+"""The demo's open-set task on cached dlib descriptors, without the server: where its targets lie.
 
 Replicates ``peep demo``'s recognition task: 10 LFW people enrolled from 20
 photos each and probed with 6 more, 30 strangers (LFW people with 5-9 images)

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# The whole test suite on a fresh machine: creates the venv, installs, stages
-# the LFW data home, runs pytest. Extra arguments go to pytest.
+# The whole test suite on a fresh machine: creates the venv (.venv, or $PEEP_VENV), installs
+# everything the tests need (scripts/bootstrap.sh all), stages the LFW data home, runs pytest.
+# Extra arguments go to pytest.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-bash scripts/bootstrap.sh
+venv="${PEEP_VENV:-$root/.venv}"
+bash scripts/bootstrap.sh all
 if [ -z "${SCIKIT_LEARN_DATA:-}" ]; then
   eval "$(bash scripts/stage-lfw.sh)"
 fi
 export SCIKIT_LEARN_DATA
 set +e
-.venv/bin/python -m pytest "$@"
+"$venv/bin/python" -m pytest "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -1,4 +1,4 @@
-"""audit.json follows its documented schema and carries what issue 6 requires."""
+"""audit.json follows its documented schema and carries the fields the audit's readers rely on."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def test_schema_is_a_valid_json_schema() -> None:
     jsonschema.Draft202012Validator.check_schema(AUDIT_SCHEMA)
 
 
-def test_written_audit_validates_and_holds_the_issue_fields(tiny_audit) -> None:
+def test_written_audit_validates_and_holds_the_required_fields(tiny_audit) -> None:
     _, out, _ = tiny_audit
     doc = json.loads((out / "audit.json").read_text())
     validate_audit(doc)

@@ -1,6 +1,6 @@
 """The console in a real headless Chromium (Debian's chromium and chromedriver; nothing is downloaded).
 
-The issue's acceptance: log in; a template ingested over gRPC appears on Live within 2 s; an unknown face
+What a deployer must be able to do: log in; a template ingested over gRPC appears on Live within 2 s; an unknown face
 raises an alert that can be acknowledged; erasing a subject removes it from People and identify stops
 naming it; a subject id that is markup renders inert and bidi characters show as code points. The
 screenshots of Live and Devices are written to ``$PEEP_CONSOLE_SCREENSHOTS``.

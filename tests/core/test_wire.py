@@ -167,7 +167,7 @@ def test_check_subject_id_names_the_field_the_expectation_and_the_value(bad, fie
     assert f"received {(bad[:64] if isinstance(bad, str) else bad)!r}" in str(info.value)
 
 
-# --------------------------------------------------------------------------- capture_time (issue 12, item 6)
+# --------------------------------------------------------------------------- capture_time
 
 
 @pytest.mark.parametrize(
@@ -196,7 +196,7 @@ def test_the_extremes_of_the_timestamp_range_are_left_to_the_receivers_clock():
         wire.validate_template(msg)
 
 
-# --------------------------------------------------------------------------- bounds (issue 12, item 7)
+# --------------------------------------------------------------------------- bounds
 
 AGE = {"trait": "age", "value": 31.5, "epsilon": 1.0, "mechanism": "bounded-laplace"}
 GENDER = {"trait": "gender", "value": 1.0, "epsilon": 1.0, "mechanism": "randomized-response"}
@@ -264,7 +264,7 @@ def test_template_epsilon_within_the_registry_limits(kind, epsilon, match):
         wire.validate_template(msg)
 
 
-# --------------------------------------------------------------------------- subject ids (issue 12, item 11)
+# --------------------------------------------------------------------------- subject ids
 
 BIDI_AND_CONTROLS = [
     "\u202a", "\u202b", "\u202c", "\u202d", "\u202e", "\u2066", "\u2067", "\u2068", "\u2069", "\u200e", "\u200f",

@@ -26,7 +26,7 @@ def test_agent_modules_load_neither_the_server_nor_the_test_material():
 
 
 # An MQTT-only agent with the default mechanism (privunit), prepared, transports started, one template released:
-# what it must not have loaded (issue 12, item 13: each would cost a Raspberry Pi 12-21 MB of RSS for nothing).
+# what it must not have loaded (each would cost a Raspberry Pi 12-21 MB of RSS for nothing).
 MQTT_ONLY = """
 import json, sys
 import numpy as np

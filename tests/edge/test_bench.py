@@ -11,7 +11,7 @@ def test_quick_bench_reports_fps_stages_and_memory(data_home):
     r = run(quick=True)
     assert r["frames"] == r["video"]["frames"] == 150
     assert r["fps_640x480"] > 0 and r["rss_mb"] > r["rss_breakdown_mb"]["interpreter"]
-    # Where the memory goes (issue 12, item 13): per phase, per library, and nothing an MQTT-only agent does not need.
+    # Where the memory goes: per phase, per library, and nothing an MQTT-only agent does not need.
     assert list(r["rss_breakdown_mb"]) == [
         "interpreter", "imports", "bundle_loaded", "pipeline_ready", "video_open", "first_frame", "end"
     ]  # fmt: skip

@@ -34,7 +34,7 @@ def test_unit_runs_unprivileged_restarts_on_failure_and_outlasts_the_drain():
 def test_mosquitto_acl_binds_devices_to_their_own_prefix():
     """Devices write exactly their own templates and status, read their own events and the bundle, nothing else
     (no wildcard, no read of templates: they cannot take templates from the server's shared subscription);
-    every other grant is the server's, under its own user (issue 12, items 2 and 5)."""
+    every other grant is the server's, under its own user."""
     acl = (DEPLOY / "mosquitto" / "acl").read_text().splitlines()
     rules = [line.split() for line in acl if line.strip() and not line.strip().startswith("#")]
     root = "devices/peep/v1"  # the devices' listener mounts their topics under devices/

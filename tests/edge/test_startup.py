@@ -1,5 +1,5 @@
 """`peep-edge run --validate-config` runs the checks start-up runs (Agent.prepare): a bundle, key, TLS file
-or state directory start-up would refuse is refused by validation too, exit 2 naming the key (issue 12, item 8)."""
+or state directory start-up would refuse is refused by validation too, exit 2 naming the key."""
 
 from __future__ import annotations
 

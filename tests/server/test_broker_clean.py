@@ -1,4 +1,4 @@
-"""Nothing is left on the shared broker (127.0.0.1:1883) by the benchmark or the test suite (issue 18).
+"""Nothing is left on the shared broker (127.0.0.1:1883) by the benchmark or the test suite.
 
 A retained message stays until someone clears it, a persistent session until it expires: every
 `peep bench` and several tests used to leave a retained 1.5 MB bundle under a unique topic root

@@ -1,4 +1,4 @@
-"""Several replicas as one backend on the real PostgreSQL (issue 15).
+"""Several replicas as one backend on the real PostgreSQL.
 
 The model registry in the database (promotion in one transaction, NOTIFY to every
 replica, one training at a time across replicas), the QBBS odometer under a row lock,

@@ -1,4 +1,4 @@
-"""Three ``peep serve`` replicas as one backend, as deployed (issue 15, acceptance).
+"""Three ``peep serve`` replicas as one backend, as deployed.
 
 Real processes on the real services: three ``peep serve`` subprocesses on one
 private PostgreSQL schema, our own Mosquitto with the shipped configuration
@@ -11,7 +11,7 @@ five publish QoS 1 over MQTT with their own broker accounts, five stream over gR
 each call to the next replica and a failed call resent to the next one, as
 through a per-call load balancer.
 
-The issue's figure is 20,000 templates. CI sends ``PEEP_CLUSTER_TEMPLATES``
+The full size is 20,000 templates. CI sends ``PEEP_CLUSTER_TEMPLATES``
 (default 6,000) to keep the suite's time reasonable on 2 cores; the full size
 was run by hand (``PEEP_CLUSTER_TEMPLATES=20000``), numbers in docs/OPERATIONS.md.
 """

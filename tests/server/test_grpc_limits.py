@@ -1,6 +1,6 @@
 """gRPC bounds over real TLS sockets: streams cannot starve unary calls, events stay in their site, fields are bounded.
 
-Issue 12, items 3, 4 and 7 (gRPC): before, as many idle streams as ``grpc.max_workers`` (16 reflection
+Before these limits, as many idle streams as ``grpc.max_workers`` (16 reflection
 streams without credentials, or 16 ``StreamEvents`` with one device token; 8 with 8 workers) made
 ``Health/Check`` and ``GetModelStatus`` time out; a device saw every site's recognitions; ``Verify`` took a
 10 MB claim and answered an unknown subject OK with score 0; ``GetBundle`` with a 1 MB id answered
@@ -124,13 +124,13 @@ def _unary_calls_answer(srv: Any, template: Any, *, deadline: float = 2.0) -> No
         ch.close()
 
 
-# --------------------------------------------------------------------------- item 3: streams vs unary calls
+# --------------------------------------------------------------------------- streams vs unary calls
 
 
 def test_idle_streams_beyond_the_worker_count_leave_unary_calls_answering(
     tmp_path, pki, keypair, bundle_dir, trained_server, templates
 ):
-    """The issue's numbers: 20 idle reflection streams without credentials and 10 StreamEvents of one device.
+    """The failing case's numbers: 20 idle reflection streams without credentials and 10 StreamEvents of one device.
 
     Before: the 16th idle stream froze Health/Check and GetModelStatus (16 workers). Now a caller holds at
     most grpc.max_streams_per_identity streams, the rest are refused at once, and unary calls answer.
@@ -331,7 +331,7 @@ def test_stream_settings_are_validated(tmp_path, keypair, grpc_opts, message):
         parse_config(cfg)
 
 
-# --------------------------------------------------------------------------- item 4: events stay in their site
+# --------------------------------------------------------------------------- events stay in their site
 
 TOKENS = {name: f"tok-{name}-{uuid.uuid4().hex}" for name in ("cam-g", "cam-x")}
 
@@ -469,7 +469,7 @@ def test_devices_may_see_only_their_own_recognitions_or_none(
         srv.app.stop(0)
 
 
-# --------------------------------------------------------------------------- item 7: bounded fields
+# --------------------------------------------------------------------------- bounded fields
 
 
 def test_verify_bounds_the_claim_first_and_an_unknown_subject_is_not_found(

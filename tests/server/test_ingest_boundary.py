@@ -1,4 +1,5 @@
-"""Where templates enter, over real gRPC/TLS and the real broker (issue 12, items 6, 7, 11, 12).
+"""Where templates enter, over real gRPC/TLS and the real broker: capture time, soft traits,
+the enrolment right, message ids per device.
 
 capture_time inside a window around the server clock, every soft-trait number and string bounded, enrolment a
 right of its own (admin or a device registered as an enrolment desk), message ids unique per device.
@@ -45,7 +46,7 @@ def _rejected(srv, reason: str, transport: str = "grpc") -> float:
     return srv.services.metrics.value("peep_ingest_rejected_total", {"transport": transport, "reason": reason}) or 0
 
 
-# --------------------------------------------------------------------------- item 6: capture_time
+# --------------------------------------------------------------------------- capture_time
 
 BAD_TIMES = [
     ("year 9999", lambda t: setattr(t, "seconds", 253_402_300_799), "capture_time_future",
@@ -109,7 +110,7 @@ def test_the_window_is_configured_in_the_ingest_section(tmp_path, pki, keypair, 
         srv.app.stop(0)
 
 
-# --------------------------------------------------------------------------- item 7: soft traits, ε, mechanism
+# --------------------------------------------------------------------------- soft traits, ε, mechanism
 
 
 def _with_trait(templates, i, **trait):
@@ -139,7 +140,7 @@ def test_unbounded_soft_traits_are_refused_over_grpc_and_never_echoed(fresh, tem
     assert fresh.services.store.count_received() == 1
 
 
-# --------------------------------------------------------------------------- item 11: the enrolment right
+# --------------------------------------------------------------------------- the enrolment right
 
 
 def test_ordinary_cameras_cannot_enrol_over_grpc(fresh, templates):
@@ -238,7 +239,7 @@ def test_the_enrolment_right_comes_from_the_registry_for_tokens_and_certificates
     assert [reg.is_enrolment_desk(d) for d in ("desk-1", "cam-1", "desk-off", "nobody")] == [True, False, False, False]
 
 
-# --------------------------------------------------------------------------- item 12: message ids per device
+# --------------------------------------------------------------------------- message ids per device
 
 
 def test_message_ids_are_unique_per_device_over_grpc(keeping_all, templates):

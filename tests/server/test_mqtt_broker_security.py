@@ -61,7 +61,8 @@ def status_check(broker: ShippedBroker, filter_: str, *extra: str) -> list[str]:
 
 
 def test_a_device_joining_the_shared_subscription_takes_no_template(broker, server, templates):
-    """Issue 12, item 2: before, cam-2 subscribed to $share/peep-server/… and 8 of 40 of cam-1's templates vanished."""
+    """Before the devices had a listener of their own, cam-2 subscribed to $share/peep-server/… and 8 of 40 of
+    cam-1's templates vanished."""
     intruder = device(broker, "cam-2")
     cam1 = device(broker, "cam-1")
     try:
@@ -90,7 +91,7 @@ def test_a_device_joining_the_shared_subscription_takes_no_template(broker, serv
 
 
 def test_a_device_writes_only_its_own_templates_and_status(broker, server):
-    """Issue 12, item 5: the ACL pins the leaf (templates, status) and the device id; not the site (see below)."""
+    """The ACL pins the leaf (templates, status) and the device id; not the site (see below)."""
     cam1 = device(broker, "cam-1")
     try:
         allowed = [f"peep/v1/{SITE}/cam-1/status"]

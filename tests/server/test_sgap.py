@@ -1,4 +1,4 @@
-"""SGAP (issue 14): the networks, the training loop on a few dozen background faces, the ONNX
+"""SGAP: the networks, the training loop on a few dozen background faces, the ONNX
 export against torch, the SSIM constraint, the CLI, and the runtime without torch."""
 
 from __future__ import annotations
@@ -273,7 +273,7 @@ def test_cli_trains_and_refuses_bad_options(tmp_path, data_home, capsys):
 
 
 def test_anonymize_train_sgap_is_the_same_command(tmp_path, data_home, capsys):
-    """The issue names it peep anonymize train-sgap: same options, same checks, same output."""
+    """The design names it peep anonymize train-sgap (docs/DESIGN.md): same options, same checks, same output."""
     from peep.server.cli import main
 
     rc = main(["anonymize", "train-sgap", "--lambda", "0.1", "--max-faces", "25", "--out", str(tmp_path / "bad")])

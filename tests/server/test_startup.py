@@ -1,5 +1,5 @@
 """`peep serve --validate-config` runs the checks start-up runs: what one refuses, the other refuses too,
-with exit code 2 and the key named (issue 12, item 8)."""
+with exit code 2 and the key named."""
 
 from __future__ import annotations
 

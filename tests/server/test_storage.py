@@ -412,7 +412,7 @@ def test_postgres_unreachable_is_a_store_error():
         PostgresStore("host=127.0.0.1 port=1 dbname=x user=x connect_timeout=1")
 
 
-# --------------------------------------------------------------------------- per-device message ids (issue 12, item 12)
+# --------------------------------------------------------------------------- per-device message ids
 
 
 def test_message_ids_are_unique_per_device_not_globally(store):

@@ -169,7 +169,7 @@ def test_a_mechanism_whose_domain_the_bundle_lacks_is_refused_at_ingest(tmp_path
     store.close()
 
 
-# --------------------------------------------------------------------------- capture time (issue 12, item 6)
+# --------------------------------------------------------------------------- capture time
 
 NOW = 1_800_000_000.0
 
@@ -228,7 +228,7 @@ def test_the_default_window_lets_a_spool_deliver_after_a_long_outage(validator, 
     validator.validate(_msg(bundle, capture_time=time.time() + 60))  # a device clock a minute fast
 
 
-# --------------------------------------------------------------------------- soft traits (issue 12, item 7)
+# --------------------------------------------------------------------------- soft traits
 
 
 def test_unbounded_soft_traits_are_refused_at_ingest(validator, bundle):

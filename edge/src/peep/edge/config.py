@@ -98,7 +98,7 @@ class BundleConfig(_Section):
 class PrivacyConfig(_Section):
     """Mechanism and release policy. Only this file sets them (never the bundle or the server)."""
 
-    mechanism: MechanismKind = Field(default="peep", description="the local-DP mechanism kind (see README)")
+    mechanism: MechanismKind = Field(default="peep", description="the local-DP mechanism kind (see docs/PRIVACY.md)")
     # Below MIN_EPSILON the server refuses the templates (and soft traits) at ingest: refuse it here.
     epsilon: float = Field(
         ge=MIN_EPSILON,

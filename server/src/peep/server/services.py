@@ -155,7 +155,7 @@ class Services:
             max_age_s=config.ingest.max_age_s,
         )
         #: Replicas on one PostgreSQL share the model registry in the database and learn of each other's
-        #: promotions and erasures through LISTEN/NOTIFY (issue 15); a single node on SQLite keeps the
+        #: promotions and erasures through LISTEN/NOTIFY; a single node on SQLite keeps the
         #: directory registry and checks it (and the erasure list) on the recognition path.
         self.clustered = self.store.dialect == "postgres" and hasattr(self.store, "connect")
         self.registry: AnyRegistry

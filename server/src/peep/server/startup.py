@@ -168,7 +168,7 @@ def check(
             step()
         except ConfigError as exc:
             problems.extend(exc.errors)
-    # On PostgreSQL the model registry is in the database (issue 15): model_dir is not used.
+    # On PostgreSQL the model registry is in the database, shared by the replicas: model_dir is not used.
     writes = [("training.model_dir", config.training.model_dir)] if config.storage.backend == "sqlite" else []
     if config.storage.backend == "sqlite":
         # SQLite in WAL mode writes next to the database file too.

@@ -42,7 +42,7 @@ SUBJECT_PATTERN = re.compile(r"^[^\x00-\x1f/+#]{1,128}$")
 #: zero-width characters, soft hyphen, BOM), surrogates (Cs) and line/paragraph separators (Zl, Zp).
 SUBJECT_REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
-# ---- bounds of the numbers a template carries (README "Wire and API reference", "Bounds")
+# ---- bounds of the numbers a template carries (docs/WIRE.md, "Bounds on what a template carries")
 
 #: Smallest ε a template may state (its mechanism's and each soft trait's): below it a release is noise
 #: (and ε = 1e-300 would overflow every scale computed from it).

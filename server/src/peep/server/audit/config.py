@@ -12,7 +12,7 @@ from peep.server.recognition.fitting import DEFAULT_PRESET, PRESETS, MLPPreset, 
 
 #: ε values of the default audit (7 values, per-coordinate for peep/peep-raw).
 DEFAULT_EPSILONS: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
-#: Per-vector ε targets of ``--frontier`` (issue 6).
+#: Per-vector ε values at which ``--frontier`` finds the best setting.
 DEFAULT_FRONTIER_EPSILONS: tuple[float, ...] = (16.0, 64.0, 256.0, 1024.0, 4096.0)
 #: Mechanisms the frontier searches. ``laplace-vector`` is left out: it is the
 #: same noise as ``peep`` at per-coordinate ε = ε/nc, so it adds nothing.

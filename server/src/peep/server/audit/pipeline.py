@@ -30,7 +30,7 @@ SCHEMA_VERSION = 1
 BASIS_NOTES = {
     "train": (
         "The projection and public bounds are fitted on each split's training part only (as in the PEEP "
-        "paper, and as the issue's reference numbers were measured); the released test faces never "
+        "paper, and as the reference numbers the audit reproduces were measured); the released test faces never "
         "influence them. The training faces' own releases are then calibrated on bounds that saw them, "
         "which a deployment avoids by building its bundle from a background population (--basis background)."
     ),

@@ -1,4 +1,4 @@
-"""The ``cluster`` section of ``peep bench``: several ``peep serve`` replicas as one backend (issue 15).
+"""The ``cluster`` section of ``peep bench``: several ``peep serve`` replicas as one backend.
 
 Real ``peep serve`` subprocesses (3) on one PostgreSQL schema and one MQTT
 broker, device *processes* sending templates over MQTT (QoS 1, the replicas'

@@ -118,7 +118,7 @@ def register(sub: Any) -> None:
         choices=list(PRESETS),
         default=d.preset,
         help=f"recogniser preset, trained by the server's own training code (default {d.preset}, the server's "
-        "default; 'reference' is the MLP behind the README's audit table)",
+        "default; 'reference' is the MLP behind the eigenface table of docs/AUDIT.md)",
     )
     g.add_argument(
         "--hidden",

@@ -29,7 +29,7 @@ def _lambdas(text: str) -> tuple[float, ...]:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("sgap", help="SGAP, the learned face privatizer: train generators (issue 14)")
+    p = sub.add_parser("sgap", help="SGAP, the learned face privatizer: train generators")
     ssub = p.add_subparsers(dest="sgap_command", metavar="SUBCOMMAND", required=True)
     t = ssub.add_parser(
         "train",

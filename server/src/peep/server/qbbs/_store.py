@@ -10,7 +10,7 @@ created with mode 0600 -- the code-level boundary does not stop someone with
 file access, so deployments keep it owned by the service user.
 
 :class:`_PostgresSoftTraitStore` implements the same methods on PostgreSQL for
-replicas sharing one database (issue 15): the same two tables, created here
+replicas sharing one database: the same two tables, created here
 (only this module may name them) under an advisory lock so that replicas
 starting together create them once.
 """

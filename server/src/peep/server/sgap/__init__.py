@@ -1,4 +1,4 @@
-"""SGAP, the Siamese generative adversarial privatizer (issue 14): a learned face anonymiser.
+"""SGAP, the Siamese generative adversarial privatizer: a learned face anonymiser.
 
 ``config``
     :class:`SgapConfig`, the training parameters (no torch).

@@ -9,7 +9,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-#: The evaluated population of issue 13 is LFW's people with >= 20 images; the
+#: The population ``peep anonymize evaluate`` is run on is LFW's people with >= 20 images; the
 #: background a generator trains on must stay below it, so no evaluated person is ever seen.
 EVALUATED_MIN_FACES = 20
 
@@ -129,7 +129,7 @@ class SgapConfig:
 def check_background(*, min_faces: int, max_faces: int | None) -> None:
     """Refuse a training population that could hold people the evaluation uses.
 
-    Issue 13 evaluates LFW's people with at least :data:`EVALUATED_MIN_FACES`
+    The anonymisation evaluation uses LFW's people with at least :data:`EVALUATED_MIN_FACES`
     images; a generator trained on any of them would have seen the faces it is
     judged on. ``max_faces`` (a file count, so an upper bound on usable faces)
     must therefore be set and below that.

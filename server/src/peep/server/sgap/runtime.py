@@ -63,7 +63,7 @@ class SgapPrivatizer:
         floor is replaced by the point on the segment from the original to the
         output that reaches it (bisection on the blend, 20 steps).
     threads : int
-        onnxruntime intra-op threads (1: the per-core figure the issue asks for).
+        onnxruntime intra-op threads (1: a per-core figure, as docs/ANONYMISATION.md reports).
     """
 
     path: Path

@@ -429,7 +429,7 @@ class SqlStore(ABC):
             # The other replicas re-read the erasure list when this commits (the payload names no one).
             self._notify(conn, ERASURES_CHANNEL, "")
 
-    # ------------------------------------------------------------ model registry (issue 15)
+    # ------------------------------------------------------------ model registry (shared by replicas)
 
     def promote_model(
         self,

@@ -47,7 +47,7 @@ _COMMON = [
 ]
 
 
-# Migration 2: message ids are unique per device, not globally (issue 12, item 12: another device
+# Migration 2: message ids are unique per device, not globally (before, another device
 # re-using an id was answered DUPLICATE and its template dropped). The key becomes (device_id, message_id).
 # SQLite cannot change a primary key in place, so both dialects rebuild the table with the same
 # statements: copy every row into the new table, drop the old one (its indexes go with it), rename,
@@ -71,7 +71,7 @@ _PER_DEVICE_KEY = [
 ]
 
 
-# Migration 3: the model registry in the database (issue 15), so that replicas on one PostgreSQL share
+# Migration 3: the model registry in the database, so that replicas on one PostgreSQL share
 # it: each version's ONNX model, validation scores and metadata (with the thresholds it serves with as
 # columns) in one row, and the serving version in a one-row table. A promotion inserts the version and
 # points model_current at it in one transaction. SQLite has the same tables (one query set), but a
@@ -97,7 +97,7 @@ CREATE TABLE model_versions (
 ]
 
 
-# Migration 4: the QBBS privacy odometer in the database (issue 15, item 2), so that replicas enforce one
+# Migration 4: the QBBS privacy odometer in the database, so that replicas enforce one
 # cap per subject: the running total per subject (the row a spend locks) and every spend (the audit log;
 # kept when the subject is erased). The soft traits themselves stay in the QBBS package's own tables
 # (only peep.server.qbbs._store may name them, tests/qbbs/test_store_boundary.py).
@@ -117,7 +117,7 @@ def _odometer(dialect: Dialect) -> list[str]:
     ]
 
 
-# Migration 5: the operator console (issue 17, peep.server.console): its accounts (scrypt hashes, never
+# Migration 5: the operator console (peep.server.console): its accounts (scrypt hashes, never
 # passwords), server-side sessions (the SHA-256 of the cookie's id, never the id), unknown-face alerts and
 # who acknowledged them, and the console's audit log (who did what, when; kept when a subject is erased:
 # it names the subject only as the target of the erasure). In the database so that replicas share them.
