@@ -85,9 +85,9 @@ def test_folder_dataset_errors(tmp_path, data_home):
         load_dataset("lfw", data_home=data_home, min_faces=10, max_faces=5)
 
 
-def test_normalised_faces_are_cached_per_person_and_shared_by_every_selection(data_home, tmp_path, monkeypatch):
+def test_normalised_faces_are_cached_per_image_and_shared_by_every_selection(data_home, tmp_path, monkeypatch):
     """A selection of people reuses the detections of any earlier selection that had them."""
-    from peep.server import datasets
+    from peep.server import datasets, facework
 
     monkeypatch.setenv("PEEP_CACHE_DIR", str(tmp_path / "cache"))
     src = Path(data_home) / "lfw_home" / "lfw_funneled"
@@ -96,17 +96,17 @@ def test_normalised_faces_are_cached_per_person_and_shared_by_every_selection(da
         (folder / person).mkdir(parents=True)
         for f in sorted((src / person).glob("*.jpg"))[:n]:
             (folder / person / f.name).symlink_to(f)
-    calls: list[int] = []
-    real = datasets.normalise_files
+    calls: list[str] = []
+    real = facework.process_image
 
-    def counting(files, **kw):
-        calls.append(len(files))
-        return real(files, **kw)
+    def counting(path, *args, **kw):
+        calls.append(path)
+        return real(path, *args, **kw)
 
-    monkeypatch.setattr(datasets, "normalise_files", counting)
-    everyone = datasets.load_dataset(str(folder), min_faces=1)
-    assert sorted(calls) == [5, 5, 8]  # one detection pass per person
+    monkeypatch.setattr(facework, "process_image", counting)
+    everyone = datasets.load_dataset(str(folder), min_faces=1, jobs=1)
+    assert len(calls) == 18 and len(set(calls)) == 18  # each image read and searched once
     calls.clear()
     few = datasets.load_dataset(str(folder), min_faces=1, max_faces=5)
-    assert calls == [] and few.n_subjects == 2  # served from the per-person cache
+    assert calls == [] and few.n_subjects == 2  # served from the cache
     np.testing.assert_array_equal(few.images, everyone.images[np.isin(everyone.labels, [0, 1])])

@@ -49,6 +49,20 @@ def test_log_file_lines_are_at_least_the_interval_apart():
     assert 2 < len(out.getvalue().splitlines()) <= 12
 
 
+def test_a_heartbeat_keeps_a_slow_step_from_looking_stuck_in_a_log() -> None:
+    # 300 s of updates a second, 3 % of the way: no 10 % milestone after the first line.
+    def run(heartbeat: float | None) -> list[str]:
+        out = io.StringIO()
+        bar = Progress("describing", 10_000, stream=out, clock=FakeClock(1.0), heartbeat=heartbeat)
+        for i in range(1, 301):
+            bar(i)
+        return out.getvalue().splitlines()
+
+    assert len(run(None)) == 1
+    beats = run(10.0)
+    assert 29 <= len(beats) <= 31 and beats[-1].startswith("describing: 29")
+
+
 def test_terminal_is_redrawn_in_place():
     term = FakeTerminal()
     callback = progress_printer("training (epochs)", stream=term)

@@ -11,15 +11,15 @@ Two normalisations:
     scikit-learn's fixed LFW crop (``fetch_lfw_people`` defaults), as in the
     PEEP paper; for comparisons with its figures. Only for ``lfw``.
 
-Detector-normalised faces are cached (``.npz`` next to the data home, keyed by
-file list, sizes, mtimes, geometry and detector), so repeated runs cost
-milliseconds, not a detection pass.
+Each image is read, searched for a face and cropped (and, with an encoder,
+described) once, in worker processes, and every result is cached keyed by
+the image file's *content* (:mod:`peep.server.facework`,
+:mod:`peep.server.facecache`): repeated runs, other selections of people and
+other folders holding the same files cost a lookup, not a detection pass.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -27,19 +27,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import cv2
 import numpy as np
 from numpy.typing import NDArray
 from peep.core.imaging import (
     DEFAULT_GEOMETRY,
-    LFW_FIXED_BOX,
     LFW_FIXED_GEOMETRY,
     FaceDetector,
     FaceGeometry,
     HaarFaceDetector,
-    normalise_face,
-    primary_face,
 )
+from peep.server.facecache import FaceCache
+from peep.server.facework import detector_description, process_files
 
 log = logging.getLogger(__name__)
 
@@ -178,24 +176,11 @@ def _list_folder(root: Path, min_faces: int, max_faces: int | None = None) -> tu
     return names, files
 
 
-def _cache_key(files: Sequence[Path], geometry: FaceGeometry, detector: object, normalisation: str) -> str:
-    h = hashlib.sha256()
-    h.update(json.dumps([geometry.to_dict(), normalisation, _detector_description(detector)], sort_keys=True).encode())
-    for f in files:
-        st = f.stat()
-        h.update(f"{f}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()[:32]
-
-
-def _detector_description(detector: object) -> dict[str, Any]:
-    desc: dict[str, Any] = {"detector": type(detector).__name__}
-    for attr in ("scale_factor", "min_neighbors", "min_size", "detect_width", "score_threshold"):
-        if hasattr(detector, attr):
-            desc[attr] = getattr(detector, attr)
-    return desc
-
-
 def _cache_dir(data_home: str | None) -> Path | None:
+    """The cache folder: ``PEEP_CACHE_DIR``, else ``<data home>/peep_cache``, else ``~/.cache/peep``.
+
+    None when it cannot be created or written (everything is computed anew).
+    """
     base = os.environ.get("PEEP_CACHE_DIR") or (str(Path(data_home) / "peep_cache") if data_home else None)
     if base is None:
         base = str(Path.home() / ".cache" / "peep")
@@ -215,7 +200,7 @@ def normalise_files(
     fixed_box: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[NDArray[np.float32], NDArray[np.bool_]]:
-    """Detect (or use the fixed LFW box) and normalise every file.
+    """Detect (or use the fixed LFW box) and normalise every file, in this process, without the cache.
 
     Returns
     -------
@@ -223,99 +208,8 @@ def normalise_files(
     ok : ndarray of shape (len(files),), bool
         Which files yielded a face.
     """
-    out = np.zeros((len(files), geometry.height, geometry.width), dtype=np.float32)
-    ok = np.zeros(len(files), dtype=bool)
-    for i, f in enumerate(files):
-        img = cv2.imread(str(f), cv2.IMREAD_GRAYSCALE)
-        if img is None:
-            log.warning("unreadable image skipped: %s", f)
-            continue
-        if fixed_box:
-            box = LFW_FIXED_BOX
-        else:
-            assert detector is not None
-            found = primary_face(detector.detect(img), img.shape)
-            if found is None:
-                continue
-            box = found
-        out[i] = normalise_face(img, box, geometry)
-        ok[i] = True
-        if progress is not None:
-            progress(i + 1, len(files))
-    return out[ok], ok
-
-
-def _cached_per_person(
-    per_person: Sequence[Sequence[Path]],
-    *,
-    entry: Callable[[Sequence[Path]], Path | None],
-    field: str,
-    compute: Callable[[Sequence[Path], Callable[[int, int], None]], tuple[NDArray[Any], NDArray[np.bool_]]],
-    empty_shape: tuple[int, ...],
-    progress: Callable[[int, int], None] | None,
-) -> tuple[NDArray[np.float32], NDArray[np.bool_]]:
-    """``compute(files, report)`` for every person's files, each result cached in ``entry(files)`` (an .npz
-    holding ``field`` and ``ok``; None: no cache), concatenated in order; progress over all files."""
-    total = sum(len(imgs) for imgs in per_person)
-    done = 0
-    values: list[NDArray[np.float32]] = []
-    oks: list[NDArray[np.bool_]] = []
-    for imgs in per_person:
-        cached = entry(imgs)
-        if cached is not None and cached.is_file():
-            with np.load(cached) as z:
-                v, o = z[field], z["ok"]
-        else:
-            start = done
-
-            def report(i: int, _n: int, start: int = start) -> None:
-                if progress is not None:
-                    progress(start + i, total)
-
-            v, o = compute(imgs, report)
-            if cached is not None:
-                tmp = cached.with_suffix(".tmp.npz")
-                arrays: dict[str, Any] = {field: v, "ok": o}
-                np.savez(tmp, **arrays)
-                os.replace(tmp, cached)
-        done += len(imgs)
-        if progress is not None:
-            progress(done, total)
-        values.append(np.asarray(v, dtype=np.float32))
-        oks.append(np.asarray(o, dtype=bool))
-    if not values:
-        return np.zeros((0, *empty_shape), dtype=np.float32), np.zeros(0, dtype=bool)
-    return np.concatenate(values), np.concatenate(oks)
-
-
-def _normalise_cached(
-    per_person: Sequence[Sequence[Path]],
-    geometry: FaceGeometry,
-    detector: FaceDetector | None,
-    fixed: bool,
-    normalisation: str,
-    cache: Path | None,
-    progress: Callable[[int, int], None] | None,
-) -> tuple[NDArray[np.float32], NDArray[np.bool_]]:
-    """Normalised faces of every person's files, cached per person.
-
-    One cache entry per identity (keyed by its files, the geometry, the
-    detector and the normalisation), so any selection of people -- the
-    5-9-image background, the people with >= 100 images, everyone -- reuses
-    the detections of every other selection that shared a person.
-    """
-    return _cached_per_person(
-        per_person,
-        entry=lambda imgs: (
-            cache / f"person-{_cache_key(imgs, geometry, detector, normalisation)}.npz" if cache else None
-        ),
-        field="faces",
-        compute=lambda imgs, report: normalise_files(
-            imgs, geometry=geometry, detector=detector, fixed_box=fixed, progress=report
-        ),
-        empty_shape=(geometry.height, geometry.width),
-        progress=progress,
-    )
+    res = process_files(files, geometry=geometry, detector=None if fixed_box else detector, jobs=1, progress=progress)
+    return res.faces, res.ok
 
 
 def describe_files(
@@ -324,64 +218,30 @@ def describe_files(
     encoder: Any,
     detector: FaceDetector | None,
     fixed_box: bool = False,
+    geometry: FaceGeometry | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[NDArray[np.float32], NDArray[np.bool_]]:
     """Descriptors of the primary face of every file, found exactly as :func:`normalise_files` finds it.
 
-    Detection runs on the same grayscale decoding, so the faces kept (``ok``)
-    are the same images in the same order; the encoder sees the colour image.
+    In this process, without the cache. Detection runs on the same grayscale
+    decoding, so the faces kept (``ok``) are the same images in the same
+    order; the encoder sees the colour image.
+
+    Returns
+    -------
+    descriptors : ndarray of shape (n_ok, encoder.dimension)
+    ok : ndarray of shape (len(files),), bool
     """
-    out = np.zeros((len(files), int(encoder.dimension)), dtype=np.float32)
-    ok = np.zeros(len(files), dtype=bool)
-    for i, f in enumerate(files):
-        gray = cv2.imread(str(f), cv2.IMREAD_GRAYSCALE)
-        color = cv2.imread(str(f), cv2.IMREAD_COLOR)
-        if gray is None or color is None:
-            continue
-        if fixed_box:
-            box = LFW_FIXED_BOX
-        else:
-            assert detector is not None
-            found = primary_face(detector.detect(gray), gray.shape)
-            if found is None:
-                continue
-            box = found
-        out[i] = encoder.encode(color, box)
-        ok[i] = True
-        if progress is not None:
-            progress(i + 1, len(files))
-    return out[ok], ok
-
-
-def _describe_cached(
-    per_person: Sequence[Sequence[Path]],
-    encoder: Any,
-    detector: FaceDetector | None,
-    fixed: bool,
-    geometry: FaceGeometry,
-    normalisation: str,
-    cache: Path | None,
-    progress: Callable[[int, int], None] | None,
-) -> tuple[NDArray[np.float32], NDArray[np.bool_]]:
-    """Descriptors of every person's files, cached per person and per network (its file hashes)."""
-    network = json.dumps(encoder.identity, sort_keys=True)
-
-    def entry(imgs: Sequence[Path]) -> Path | None:
-        if cache is None:
-            return None
-        key = hashlib.sha256((_cache_key(imgs, geometry, detector, normalisation) + network).encode()).hexdigest()
-        return cache / f"descriptors-{key[:32]}.npz"
-
-    return _cached_per_person(
-        per_person,
-        entry=entry,
-        field="descriptors",
-        compute=lambda imgs, report: describe_files(
-            imgs, encoder=encoder, detector=detector, fixed_box=fixed, progress=report
-        ),
-        empty_shape=(int(encoder.dimension),),
+    res = process_files(
+        files,
+        geometry=geometry or DEFAULT_GEOMETRY,
+        detector=None if fixed_box else detector,
+        encoder=encoder,
+        jobs=1,
         progress=progress,
     )
+    assert res.descriptors is not None
+    return res.descriptors, res.ok
 
 
 def load_dataset(
@@ -396,6 +256,7 @@ def load_dataset(
     max_per_subject: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     encoder: Any = None,
+    jobs: int | None = None,
 ) -> FaceDataset:
     """Load ``"lfw"`` or a folder-per-identity directory as normalised faces.
 
@@ -417,10 +278,20 @@ def load_dataset(
         Defaults to :class:`HaarFaceDetector`.
     max_per_subject : int, optional
         Cap images per identity (first ones in file order), e.g. to balance.
+    progress : callable, optional
+        ``progress(done, total)`` over the images not found in the cache, as
+        they are computed (see :func:`peep.server.facework.process_files`).
     encoder : DescriptorEncoder, optional
         Also compute each face's descriptor (e.g.
         :class:`peep.edge.embedding.DlibResNetEncoder`), from the same
-        detection; cached per person and network.
+        detection.
+    jobs : int, optional
+        Worker processes computing what is not cached (None: one per core;
+        1: in this process).
+
+    Faces and descriptors are cached per image, keyed by the image file's
+    content (:mod:`peep.server.facecache`): any selection of people, in any
+    folder holding the same files, reuses them.
     """
     home = resolve_data_home(data_home)
     if min_faces < 1:
@@ -446,16 +317,20 @@ def load_dataset(
     files = [f for imgs in per_person for f in imgs]
     labels_all = np.concatenate([np.full(len(imgs), i, dtype=np.int64) for i, imgs in enumerate(per_person)])
     norm_desc: dict[str, Any] = {"method": normalisation, "geometry": geom.to_dict()}
-    norm_desc.update({"box": "lfw-fixed"} if fixed else _detector_description(det))
+    norm_desc.update({"box": "lfw-fixed"} if fixed else detector_description(det))
 
-    faces, ok = _normalise_cached(per_person, geom, det, fixed, normalisation, _cache_dir(home), progress)
-    descriptors: NDArray[np.float32] | None = None
-    if encoder is not None:
-        descriptors, ok_d = _describe_cached(
-            per_person, encoder, det, fixed, geom, normalisation, _cache_dir(home), progress
+    if jobs is not None and jobs < 1:
+        raise DatasetError(f"jobs: expected >= 1 or None (one per core), received {jobs}")
+    folder = _cache_dir(home)
+    cache = FaceCache(folder) if folder is not None else None
+    try:
+        found = process_files(
+            files, geometry=geom, detector=det, encoder=encoder, cache=cache, jobs=jobs, progress=progress
         )
-        if not np.array_equal(ok_d, ok):
-            raise DatasetError(f"--dataset {dataset}: descriptors and faces disagree on which images hold a face")
+    finally:
+        if cache is not None:
+            cache.close()
+    faces, ok, descriptors = found.faces, found.ok, found.descriptors
     labels = labels_all[ok]
     kept_paths = [str(f) for f, good in zip(files, ok, strict=True) if good]
     counts = np.bincount(labels, minlength=len(names))

@@ -5,7 +5,10 @@ On a terminal the line is redrawn in place (carriage return), at most every
 pipe, the journal) carriage-return updates would pile up as hundreds of
 lines, so plain lines are written instead: at the start, at each 10 % step
 (but at most one per ``line_interval`` seconds) and at the end — a dozen
-lines per step at most. ``PEEP_PROGRESS=0`` silences it.
+lines per step at most. A step long enough that 10 % of it is a long wait
+(the demo's first description of the public faces) can ask for a
+``heartbeat``: a line whenever that many seconds passed since the last one.
+``PEEP_PROGRESS=0`` silences it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,10 @@ class Progress:
         Redraw in place; default: whether ``stream`` is a terminal.
     tty_interval, line_interval : float
         Least seconds between two redraws (terminal) or two milestone lines (otherwise).
+    heartbeat : float, optional
+        Off a terminal, also write a line when this many seconds passed since
+        the last one (None: only the milestones). Updates must come at least
+        this often for it to hold.
     clock : callable
         Monotonic time in seconds (injected in tests).
     """
@@ -49,6 +56,7 @@ class Progress:
         interactive: bool | None = None,
         tty_interval: float = 0.2,
         line_interval: float = 5.0,
+        heartbeat: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.label = label
@@ -59,6 +67,7 @@ class Progress:
         self.interactive = _is_terminal(self.stream) if interactive is None else interactive
         self.tty_interval = tty_interval
         self.line_interval = line_interval
+        self.heartbeat = heartbeat
         self._clock = clock
         self._start = 0.0
         self._last = 0.0  # time of the last write
@@ -98,8 +107,10 @@ class Progress:
                 self._write(now, end)
             return
         decile = self._decile_of(done)
-        if end or (decile > self._decile and now - self._last >= self.line_interval):
-            self._decile = decile
+        milestone = decile > self._decile and now - self._last >= self.line_interval
+        beat = self.heartbeat is not None and now - self._last >= self.heartbeat
+        if end or milestone or beat:
+            self._decile = max(decile, self._decile)
             self._write(now, end)
 
     def close(self) -> None:

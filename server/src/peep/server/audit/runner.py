@@ -239,8 +239,8 @@ def load_audit_data(cfg: AuditConfig) -> AuditData:
     background itself with ``--basis background``; otherwise the same range
     of LFW people, used only by the bystander section). Descriptor
     projections (``dlib-resnet``) among the audited or searched ones get
-    their descriptors computed for the same faces (cached per person and
-    network, like the faces).
+    their descriptors computed for the same faces (cached by image content
+    and network, like the faces).
     """
     from peep.server.datasets import DatasetError, load_dataset
     from peep.server.descriptors import descriptor_encoder
@@ -251,7 +251,8 @@ def load_audit_data(cfg: AuditConfig) -> AuditData:
     if len(encoders) > 1:
         raise AuditConfigError(f"--projection/--frontier-projections: at most one descriptor kind, received {kinds}")
     encoder = next(iter(encoders.values()), None)
-    with _progress(cfg, "detecting and normalising faces (cached afterwards)") as cb:
+    described = f" and their {encoder.kind} descriptors" if encoder is not None else ""
+    with _progress(cfg, f"detecting and normalising faces{described} (cached afterwards)") as cb:
         ds = load_dataset(
             cfg.dataset,
             data_home=cfg.data_home,
@@ -259,6 +260,7 @@ def load_audit_data(cfg: AuditConfig) -> AuditData:
             normalisation=norm,
             progress=cb,
             encoder=encoder,
+            jobs=cfg.jobs or None,
         )
     data = AuditData(
         images=ds.images,
@@ -331,6 +333,7 @@ def _load_population(
             normalisation=norm,
             progress=cb,
             encoder=encoder,
+            jobs=cfg.jobs or None,
         )
     audited = set(audited_names)
     excluded = sorted(audited & set(pop.target_names))

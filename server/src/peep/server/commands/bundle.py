@@ -105,7 +105,7 @@ def build(args: argparse.Namespace) -> int:
             max_faces=args.max_faces,
             geometry=geometry,
             progress=progress_printer(
-                "detecting and normalising faces" + (f", then {input_kind} descriptors" if encoder else "")
+                "detecting and normalising faces" + (f" and their {input_kind} descriptors" if encoder else "")
             ),
             encoder=encoder,
         )

@@ -50,11 +50,14 @@ from peep.server.demo.scenario import (
     compose_camera_video,
     link_folder,
 )
+from peep.server.progress import Progress
 from peep.v1 import qbbs_pb2, qbbs_pb2_grpc, recognition_pb2, recognition_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 ADMIN_TOKEN_ENV = "PEEP_DEMO_ADMIN_TOKEN"
+# Off a terminal, a long step's progress line at least this often (seconds), so that no step looks stuck.
+_HEARTBEAT_S = 8.0
 DEVICE_TOKEN_ENV = "PEEP_DEMO_DEVICE_TOKEN"
 
 
@@ -71,7 +74,7 @@ class DemoOptions:
     # the same seed varied by ±5 points from the secure noise alone).
     strangers: int = 60
     cameras: int = 3
-    # The audit's frontier at a per-template ε of 16 or less (README): privunit on dlib's
+    # The audit's frontier at a per-template ε of 16 or less (docs/AUDIT.md): privunit on dlib's
     # ResNet descriptor reduced to K = 16 by a whitened PCA of the public background's
     # descriptors, shrinkage LDA (Fisherfaces K = 24 at ε = 32 was the default before).
     mechanism: str = "privunit"
@@ -82,7 +85,7 @@ class DemoOptions:
     mirror: bool | None = None
     preset: str = "lda"
     # Strangers named at most 10 % of the time on the public background: over seeds 0-11 at ε = 16,
-    # 90.3 % rejected for 88.5 % of enrolled captures identified (0.2 gave 72 % / 95 %; README).
+    # 90.3 % rejected for 88.5 % of enrolled captures identified (0.2 gave 72 % / 95 %; docs/DEMO.md).
     identify_far: float = 0.1
     # Verification calibrated for 1 % FAR on held-out enrolment templates; measured on the captures with
     # every capture claimed as every other subject (~530 impostor claims): 0.0-1.1 %, mean 0.4 % (seeds 0-11).
@@ -310,25 +313,31 @@ class Demo:
         if input_kind != "pixels":
             from peep.server.descriptors import descriptor_encoder
 
-            # The public faces' descriptors from the network the cameras run (cached per person).
+            # The public faces' descriptors from the network the cameras run (cached by image content).
             encoder = descriptor_encoder(input_kind)
-            self.say(f"    {input_kind} descriptors of the public faces (cached after the first run)")
-        ds = load_dataset(
-            "lfw",
-            data_home=self.opts.data_home,
-            min_faces=5,
-            max_faces=min(9, self.opts.public_max_faces or 9),
-            encoder=encoder,
-        )
+            self.say(f"    {input_kind} descriptors of the public faces (computed on every core once, then cached)")
+        what = "    public faces: finding, cropping" + (f" and describing ({input_kind})" if encoder else "")
+
+        def public_faces(max_faces: int | None) -> Any:
+            # Minutes on a first run: a line every few seconds even off a terminal, so it never looks stuck.
+            with Progress(what, heartbeat=_HEARTBEAT_S) as bar:
+                return load_dataset(
+                    "lfw",
+                    data_home=self.opts.data_home,
+                    min_faces=5,
+                    max_faces=max_faces,
+                    encoder=encoder,
+                    progress=bar.update,
+                )
+
+        ds = public_faces(min(9, self.opts.public_max_faces or 9))
         wanted = {n.replace("_", " ") for n in scenario.background}
         keep = np.isin(ds.labels, [i for i, n in enumerate(ds.target_names) if n in wanted])
         background = ds.subset(keep)
         self.background_faces = background
         # The bundle is fitted on every public face the demo does not use as a person: the background
         # population and the frequent LFW people who are neither enrolled nor strangers (never them).
-        everyone = load_dataset(
-            "lfw", data_home=self.opts.data_home, min_faces=5, max_faces=self.opts.public_max_faces, encoder=encoder
-        )
+        everyone = public_faces(self.opts.public_max_faces)
         taken = {n.replace("_", " ") for n in (*scenario.enrolled, *scenario.strangers)}
         public = everyone.subset(np.isin(everyone.labels, [i for i, n in enumerate(everyone.target_names)
                                                            if n not in taken]))  # fmt: skip
@@ -486,11 +495,15 @@ class Demo:
         from peep.edge.agent import Agent
 
         env = {DEVICE_TOKEN_ENV: self.device_tokens["desk-1"]}
-        for subject, images in scenario.enrolled.items():
-            folder = link_folder(images, self.out / "enrol" / subject)
-            cfg = self._edge_config("desk-1", "grpc", str(folder), soft=False)
-            agent = Agent(cfg, environ=env)
-            agent.enroll(subject=subject, source=str(folder), count=len(images), timeout_s=60.0)
+        # A few seconds a subject (a descriptor per photo): a line for each, not a silent minute.
+        with Progress("    subjects enrolled", len(scenario.enrolled), heartbeat=_HEARTBEAT_S) as bar:
+            bar.update(0)
+            for subject, images in scenario.enrolled.items():
+                folder = link_folder(images, self.out / "enrol" / subject)
+                cfg = self._edge_config("desk-1", "grpc", str(folder), soft=False)
+                agent = Agent(cfg, environ=env)
+                agent.enroll(subject=subject, source=str(folder), count=len(images), timeout_s=60.0)
+                bar.advance()
         n = sum(len(v) for v in scenario.enrolled.values())
         self.say(f"    {len(scenario.enrolled)} subjects, {n} enrolment templates (one per photo)")
 
@@ -595,8 +608,11 @@ class Demo:
             scenario, vdir, device_ids=devices, transports=transports,
             visible_frames=o.visible_frames, gap_frames=o.gap_frames, seed=o.seed,
         )  # fmt: skip
-        for s in scripts:
-            compose_camera_video(s, fps=o.fps, seed=o.seed)
+        with Progress("    videos composed", len(scripts), heartbeat=_HEARTBEAT_S) as bar:
+            bar.update(0)
+            for s in scripts:
+                compose_camera_video(s, fps=o.fps, seed=o.seed)
+                bar.advance()
         self.scripts = scripts
         return scripts
 
@@ -639,8 +655,14 @@ class Demo:
         threads = [threading.Thread(target=run_camera, args=(s,), name=f"demo-{s.device_id}") for s in scripts]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        # The videos play for about a minute: the templates released so far, every few seconds.
+        with Progress("    templates released by the cameras", heartbeat=_HEARTBEAT_S) as bar:
+            bar.update(0)
+            for t in threads:
+                while t.is_alive():
+                    t.join(timeout=1.0)
+                    with lock:
+                        bar.update(len(self.releases))
         edge_s = time.perf_counter() - t0
         # Every released template must come back as a recognition event.
         deadline = time.monotonic() + 60.0
@@ -833,7 +855,7 @@ class Demo:
                 "sampler": "secure (OS CSPRNG, discrete Laplace/Gaussian on a 2^-20-scale grid)",
                 "soft_traits_epsilon_per_release": 2.0 if o.soft else 0.0,
                 "per_track_budget_epsilon_vector": 2.0 * (g.epsilon_vector + (2.0 if o.soft else 0.0)),
-                "note": "per-vector ε above a few units is not a meaningful guarantee; see the README's audit table",
+                "note": "per-vector ε above a few units is not a meaningful guarantee; see docs/AUDIT.md",
             },
             "model": train,
             "identification": {
