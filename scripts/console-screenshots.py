@@ -3,7 +3,7 @@
 Runs ``peep demo --console`` at its defaults, changes the admin's one-time password, and saves the two pages
 with headless Debian Chromium (``scripts/bootstrap.sh`` installs it) through the demo test's own helper.
 
-Usage: SCIKIT_LEARN_DATA=... .venv/bin/python scripts/console-screenshots.py [OUT]   (default docs/img)
+Usage: SCIKIT_LEARN_DATA=... .venv/bin/python scripts/console-screenshots.py [OUT]   (default docs/img, ignored by git)
 """
 
 from __future__ import annotations
