@@ -217,3 +217,34 @@ def test_release_observer_sees_each_spooled_template_with_its_frame(make_config,
         first_frame_per_track.setdefault(track, index)
     assert sorted(first_frame_per_track.values())[-1] >= 80
     assert all(0 <= index < 200 for _, index, _ in seen)
+
+
+def test_composed_frames_are_the_whole_frame_blend(people):
+    """Blending only the faces' window gives the bytes a whole-frame blend gives, overlapping faces included."""
+    import cv2
+    from peep.edge.testing import FaceTrack, _background, _elliptic_mask, compose_frames
+
+    names = sorted(people)[:2]
+    tracks = [
+        FaceTrack(image=people[names[0]][0], start=0, stop=12, x0=100, y0=50, amplitude=80, period_frames=10),
+        # Overlaps the first face for frames 5-11, partly off the right edge (clamped).
+        FaceTrack(image=people[names[1]][1], start=5, stop=16, x0=380, y0=150, amplitude=90, period_frames=8, phase=1),
+    ]
+    size, face_size, seed = (480, 360), 150, 3
+    bg, mask = _background(size, seed), _elliptic_mask(face_size)
+    faces = [
+        cv2.resize(cv2.imread(str(t.image)), (face_size, face_size), interpolation=cv2.INTER_AREA).astype(np.float32)
+        for t in tracks
+    ]
+    got = list(compose_frames(tracks, n_frames=18, size=size, face_size=face_size, seed=seed))
+    assert [n for _, n in got] == [1] * 5 + [2] * 7 + [1] * 4 + [0] * 2
+    for f, (frame, _) in enumerate(got):
+        want = bg.astype(np.float32)
+        for t, face in zip(tracks, faces, strict=True):
+            if t.start <= f < t.stop:
+                x = t.x0 + t.amplitude * math.sin(2 * math.pi * f / t.period_frames + t.phase)
+                xi = round(min(max(x, 0), size[0] - face_size))
+                yi = round(min(max(t.y0, 0), size[1] - face_size))
+                roi = want[yi : yi + face_size, xi : xi + face_size]
+                roi[:] = roi * (1 - mask) + face * mask
+        np.testing.assert_array_equal(frame, np.clip(want, 0, 255).astype(np.uint8), err_msg=f"frame {f}")

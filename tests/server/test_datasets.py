@@ -110,3 +110,29 @@ def test_normalised_faces_are_cached_per_image_and_shared_by_every_selection(dat
     few = datasets.load_dataset(str(folder), min_faces=1, max_faces=5)
     assert calls == [] and few.n_subjects == 2  # served from the cache
     np.testing.assert_array_equal(few.images, everyone.images[np.isin(everyone.labels, [0, 1])])
+
+
+def test_people_not_asked_for_are_never_read(data_home, tmp_path, monkeypatch):
+    """``people=`` selects identities before any image is read (the demo never describes strangers' photos)."""
+    from peep.server import datasets, facework
+
+    monkeypatch.setenv("PEEP_CACHE_DIR", str(tmp_path / "cache"))
+    src = Path(data_home) / "lfw_home" / "lfw_funneled"
+    folder = tmp_path / "faces"
+    for person in ("Ahmed_Chalabi", "Ai_Sugiyama", "Al_Gore"):
+        (folder / person).mkdir(parents=True)
+        for f in sorted((src / person).glob("*.jpg"))[:5]:
+            (folder / person / f.name).symlink_to(f)
+    calls: list[str] = []
+    real = facework.process_image
+
+    def counting(path, *args, **kw):
+        calls.append(path)
+        return real(path, *args, **kw)
+
+    monkeypatch.setattr(facework, "process_image", counting)
+    two = datasets.load_dataset(str(folder), min_faces=1, jobs=1, people=["Al Gore", "Ahmed_Chalabi"])
+    assert two.target_names == ["Ahmed Chalabi", "Al Gore"]
+    assert len(calls) == 10 and not any("Ai_Sugiyama" in c for c in calls)
+    with pytest.raises(DatasetError, match="among the 1 people asked for"):
+        datasets.load_dataset(str(folder), min_faces=1, jobs=1, people=["Nobody_Here"])

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -157,20 +157,26 @@ def _ensure_lfw(data_home: str | None) -> Path:
     return folder
 
 
-def _list_folder(root: Path, min_faces: int, max_faces: int | None = None) -> tuple[list[str], list[list[Path]]]:
+def _list_folder(
+    root: Path, min_faces: int, max_faces: int | None = None, people: Collection[str] | None = None
+) -> tuple[list[str], list[list[Path]]]:
     if not root.is_dir():
         raise DatasetError(f"--dataset {root}: expected a folder of per-identity folders, it does not exist")
     names: list[str] = []
     files: list[list[Path]] = []
+    wanted = None if people is None else {n.replace(" ", "_") for n in people}
     for person in sorted(p for p in root.iterdir() if p.is_dir()):
+        if wanted is not None and person.name not in wanted:
+            continue
         imgs = sorted(f for f in person.iterdir() if f.suffix.lower() in IMAGE_EXTENSIONS and f.is_file())
         if imgs and len(imgs) >= min_faces and (max_faces is None or len(imgs) <= max_faces):
             names.append(person.name)
             files.append(imgs)
     if not names:
         limit = f" and at most {max_faces}" if max_faces is not None else ""
+        among = f" among the {len(wanted)} people asked for" if wanted is not None else ""
         raise DatasetError(
-            f"--dataset {root}: no identity folder with at least {min_faces}{limit} images "
+            f"--dataset {root}: no identity folder with at least {min_faces}{limit} images{among} "
             f"({', '.join(IMAGE_EXTENSIONS)})"
         )
     return names, files
@@ -257,6 +263,7 @@ def load_dataset(
     progress: Callable[[int, int], None] | None = None,
     encoder: Any = None,
     jobs: int | None = None,
+    people: Collection[str] | None = None,
 ) -> FaceDataset:
     """Load ``"lfw"`` or a folder-per-identity directory as normalised faces.
 
@@ -288,6 +295,10 @@ def load_dataset(
     jobs : int, optional
         Worker processes computing what is not cached (None: one per core;
         1: in this process).
+    people : collection of str, optional
+        Keep only these identities (folder names; ``_`` or spaces), before
+        anything is read: the others' images are neither detected nor
+        described.
 
     Faces and descriptors are cached per image, keyed by the image file's
     content (:mod:`peep.server.facecache`): any selection of people, in any
@@ -308,7 +319,7 @@ def load_dataset(
             raise DatasetError("normalisation 'lfw-crop' applies to --dataset lfw only (a folder has no fixed crop)")
     if max_faces is not None and max_faces < min_faces:
         raise DatasetError(f"--max-faces: expected >= --min-faces ({min_faces}), received {max_faces}")
-    names, per_person = _list_folder(root, min_faces, max_faces)
+    names, per_person = _list_folder(root, min_faces, max_faces, people)
     if max_per_subject is not None:
         per_person = [imgs[:max_per_subject] for imgs in per_person]
     fixed = normalisation == "lfw-crop"

@@ -170,8 +170,12 @@ def write_report(
         ("Wall time", f"{summary['wall_s']:.0f} s"),
     ]
     rows_html = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in table)
-    steps_html = "\n".join(
-        f"<tr><td>{html.escape(k)}</td><td>{v:.1f} s</td></tr>" for k, v in summary["steps_s"].items()
+    cpu = summary.get("steps_cpu_s", {})
+    steps_html = "<tr><th>step</th><th>wall</th><th>CPU (all cores)</th></tr>\n" + "\n".join(
+        f"<tr><td>{html.escape(k)}</td><td>{v:.1f} s</td><td>{cpu[k]:.1f} s</td></tr>"
+        if k in cpu
+        else f"<tr><td>{html.escape(k)}</td><td>{v:.1f} s</td><td></td></tr>"
+        for k, v in summary["steps_s"].items()
     )
     figs = "\n".join(
         f"<h2>{html.escape(t)}</h2><img alt='{html.escape(t)}' src='data:image/png;base64,{b}'>" for t, b in images

@@ -4,13 +4,14 @@
 2. a recognition server in this process (gRPC over TLS on loopback, SQLite in
    the output folder; MQTT too when a broker answers on 127.0.0.1:1883), with
    the QBBS soft-biometric module;
-3. an enrolment desk (an edge agent in enrol mode) that enrols each subject
-   from a folder of their photos; a public background population enrolled
-   by the administrator to teach the recogniser "unknown";
+3. two enrolment desks (edge agents in enrol mode, each in its own process)
+   that enrol each subject from a folder of their photos; a public background
+   population enrolled by the administrator to teach the recogniser "unknown";
 4. training through the API;
-5. several edge agents watching videos composed from held-out photos of the
-   subjects and of never-enrolled people, releasing perturbed templates over
-   gRPC and MQTT under their release policy; the server identifies each one;
+5. several edge agents (a process each, as on their own hardware) watching
+   videos composed from held-out photos of the subjects and of never-enrolled
+   people, releasing perturbed templates over gRPC and MQTT under their
+   release policy; the server identifies each one;
 6. verification of genuine and impostor claims, face alone and fused with
    soft traits (the cameras' on-device LDP age/gender + synthetic height and
    weight, labelled so);
@@ -27,12 +28,14 @@ import json
 import logging
 import math
 import os
+import resource
 import secrets
 import shlex
 import socket
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +62,8 @@ ADMIN_TOKEN_ENV = "PEEP_DEMO_ADMIN_TOKEN"
 # Off a terminal, a long step's progress line at least this often (seconds), so that no step looks stuck.
 _HEARTBEAT_S = 8.0
 DEVICE_TOKEN_ENV = "PEEP_DEMO_DEVICE_TOKEN"
+# The site's enrolment desks (the first also stands for the administrator's background enrolment).
+_DESKS = ("desk-1", "desk-2")
 
 
 @dataclass
@@ -108,15 +113,25 @@ class DemoOptions:
     keep: str = "none"
 
 
+def _cpu_s() -> float:
+    """CPU seconds (user + system) of this process and of its worker processes that have ended."""
+    own, workers = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + workers.ru_utime + workers.ru_stime
+
+
 @dataclass
 class StepTimer:
+    """Wall and CPU seconds per step: on a busy or small machine, CPU is what a step costs."""
+
     steps: dict[str, float] = field(default_factory=dict)
+    cpu: dict[str, float] = field(default_factory=dict)
 
     def run(self, name: str, fn: Callable[[], Any], say: Callable[[str], None]) -> Any:
         say(f"[{len(self.steps) + 1}] {name} ...")
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _cpu_s()
         out = fn()
         self.steps[name] = round(time.perf_counter() - t0, 2)
+        self.cpu[name] = round(_cpu_s() - c0, 2)
         return out
 
 
@@ -152,8 +167,9 @@ class Demo:
         self.site = f"demo-{secrets.token_hex(2)}"
         self.admin_token = secrets.token_urlsafe(24)
         # One bearer token per device: the server maps a token to exactly one device id.
-        self.device_tokens = {d: secrets.token_urlsafe(24) for d in ["desk-1", *self._device_ids()]}
+        self.device_tokens = {d: secrets.token_urlsafe(24) for d in [*_DESKS, *self._device_ids()]}
         self.releases: dict[str, dict[str, Any]] = {}  # message_id -> ground truth + payload
+        self.lfw_names: list[str] = []  # every LFW person (folder names), listed when choosing people
         self.clipped_traits: dict[str, int] = {}  # synthetic trait values clipped to their declared range
         self.events: dict[str, Any] = {}
         self._events_lock = threading.Lock()
@@ -186,7 +202,7 @@ class Demo:
              lambda: self._start_server(bundle), say)  # fmt: skip
         try:
             step(
-                "enrolling subjects at the enrolment desk (edge agent, enrol mode)", lambda: self._enrol(scenario), say
+                "enrolling subjects at two enrolment desks (edge agents, enrol mode)", lambda: self._enrol(scenario), say
             )
             step("enrolling a public background population (admin, teaches 'unknown')",
                  lambda: self._enrol_background(scenario, bundle), say)  # fmt: skip
@@ -279,6 +295,7 @@ class Demo:
 
         o = self.opts
         people = lfw_people(ensure_lfw(o.data_home).parent.parent)
+        self.lfw_names = list(people)
         # The same detector settings the demo's edge agents run with.
         detector = build_detector(DetectorConfig())
 
@@ -318,8 +335,10 @@ class Demo:
             self.say(f"    {input_kind} descriptors of the public faces (computed on every core once, then cached)")
         what = "    public faces: finding, cropping" + (f" and describing ({input_kind})" if encoder else "")
 
-        def public_faces(max_faces: int | None) -> Any:
+        def public_faces(max_faces: int | None, people: list[str]) -> Any:
             # Minutes on a first run: a line every few seconds even off a terminal, so it never looks stuck.
+            # Only the people asked for are read: strangers' and enrolled people's photos are never described
+            # here (the cameras and the enrolment desk see them).
             with Progress(what, heartbeat=_HEARTBEAT_S) as bar:
                 return load_dataset(
                     "lfw",
@@ -328,19 +347,15 @@ class Demo:
                     max_faces=max_faces,
                     encoder=encoder,
                     progress=bar.update,
+                    people=people,
                 )
 
-        ds = public_faces(min(9, self.opts.public_max_faces or 9))
-        wanted = {n.replace("_", " ") for n in scenario.background}
-        keep = np.isin(ds.labels, [i for i, n in enumerate(ds.target_names) if n in wanted])
-        background = ds.subset(keep)
+        background = public_faces(min(9, self.opts.public_max_faces or 9), scenario.background)
         self.background_faces = background
-        # The bundle is fitted on every public face the demo does not use as a person: the background
-        # population and the frequent LFW people who are neither enrolled nor strangers (never them).
-        everyone = public_faces(self.opts.public_max_faces)
-        taken = {n.replace("_", " ") for n in (*scenario.enrolled, *scenario.strangers)}
-        public = everyone.subset(np.isin(everyone.labels, [i for i, n in enumerate(everyone.target_names)
-                                                           if n not in taken]))  # fmt: skip
+        # The bundle is fitted on public faces the demo never uses as a person: the background population
+        # and, up to --public-max-faces images each, the LFW people who are neither enrolled nor strangers.
+        taken = {n.replace(" ", "_") for n in (*scenario.enrolled, *scenario.strangers)}
+        public = public_faces(self.opts.public_max_faces, [n for n in self.lfw_names if n not in taken])
         self.bundle_dir = self.out / "bundle"
         bundle = build_bundle(
             public,
@@ -369,9 +384,9 @@ class Demo:
         self.pki = make_local_pki(self.out / "tls")
         srv = self.out / "server"
         srv.mkdir(exist_ok=True)
-        # desk-1 enrols subjects (enrolment right); the cameras may only identify.
+        # The desks enrol subjects (enrolment right); the cameras may only identify.
         devices = [
-            {"id": d, "site": self.site, "token_sha256": _sha256(t), "enrolment_desk": d == "desk-1"}
+            {"id": d, "site": self.site, "token_sha256": _sha256(t), "enrolment_desk": d in _DESKS}
             for d, t in self.device_tokens.items()
         ]
         cfg: dict[str, Any] = {
@@ -492,20 +507,30 @@ class Demo:
         )
 
     def _enrol(self, scenario: Scenario) -> None:
-        from peep.edge.agent import Agent
+        from peep.server.demo.devices import DeviceJob, run_devices
 
-        env = {DEVICE_TOKEN_ENV: self.device_tokens["desk-1"]}
+        # Two enrolment desks, each its own edge agent in its own process, share the subjects: on the
+        # enrolment right they are alike, and a descriptor per photo keeps one core busy per desk.
+        desks = _DESKS
+        work: dict[str, list[dict[str, Any]]] = {d: [] for d in desks}
+        for i, (subject, images) in enumerate(scenario.enrolled.items()):
+            desk = desks[i % len(desks)]
+            folder = link_folder(images, self.out / "enrol" / subject)
+            cfg = self._edge_config(desk, "grpc", str(folder), soft=False)
+            work[desk].append({"subject": subject, "config": cfg.model_dump(mode="json"), "source": str(folder),
+                               "count": len(images)})  # fmt: skip
+        jobs = [DeviceJob(d, "desk", {DEVICE_TOKEN_ENV: self.device_tokens[d]}, {"subjects": w})
+                for d, w in work.items() if w]  # fmt: skip
         # A few seconds a subject (a descriptor per photo): a line for each, not a silent minute.
         with Progress("    subjects enrolled", len(scenario.enrolled), heartbeat=_HEARTBEAT_S) as bar:
             bar.update(0)
-            for subject, images in scenario.enrolled.items():
-                folder = link_folder(images, self.out / "enrol" / subject)
-                cfg = self._edge_config("desk-1", "grpc", str(folder), soft=False)
-                agent = Agent(cfg, environ=env)
-                agent.enroll(subject=subject, source=str(folder), count=len(images), timeout_s=60.0)
-                bar.advance()
+            result = run_devices(jobs, lambda _kind, _device, _subject: bar.advance())
+        failed = [f"{d}: {r['error']}" for d, r in result.items() if not r["ok"]]
+        if failed:
+            raise RuntimeError("enrolment desk failed: " + "; ".join(failed))
         n = sum(len(v) for v in scenario.enrolled.values())
-        self.say(f"    {len(scenario.enrolled)} subjects, {n} enrolment templates (one per photo)")
+        self.say(f"    {len(scenario.enrolled)} subjects, {n} enrolment templates (one per photo) "
+                 f"at {len(jobs)} desks")  # fmt: skip
 
     def _enrol_background(self, scenario: Scenario, bundle: EigenfaceBundle) -> None:
         # The deployer's public background faces, released exactly as a device would
@@ -608,61 +633,50 @@ class Demo:
             scenario, vdir, device_ids=devices, transports=transports,
             visible_frames=o.visible_frames, gap_frames=o.gap_frames, seed=o.seed,
         )  # fmt: skip
-        with Progress("    videos composed", len(scripts), heartbeat=_HEARTBEAT_S) as bar:
+        # One video per thread: OpenCV's encoder and numpy's blending release the GIL.
+        with Progress("    videos composed", len(scripts), heartbeat=_HEARTBEAT_S) as bar, \
+                ThreadPoolExecutor(max_workers=min(len(scripts), os.cpu_count() or 1)) as pool:  # fmt: skip
             bar.update(0)
-            for s in scripts:
-                compose_camera_video(s, fps=o.fps, seed=o.seed)
+            for done in as_completed([pool.submit(compose_camera_video, s, fps=o.fps, seed=o.seed) for s in scripts]):
+                done.result()
                 bar.advance()
         self.scripts = scripts
         return scripts
 
     def _cameras(self, scripts: list[CameraScript]) -> dict[str, Any]:
-        from peep.edge.agent import Agent
-        from peep.edge.capture import VideoSource
+        from peep.server.demo.devices import DeviceJob, run_devices
 
-        lock = threading.Lock()
-        agents: dict[str, Any] = {}
-        errors: list[str] = []
-
-        def observer(script: CameraScript) -> Callable[[Any, Any], None]:
-            def on_release(rel: Any, frame: Any) -> None:
-                who = script.who(frame.index)
-                with lock:
-                    self.releases[rel.message_id] = {
-                        "device": script.device_id,
-                        "transport": script.transport,
-                        "frame": frame.index,
-                        "track": rel.track_id,
-                        "person": who.person if who else None,
-                        "enrolled": who.enrolled if who else None,
-                        "payload": rel.payload,
-                    }
-
-            return on_release
-
-        def run_camera(script: CameraScript) -> None:
-            try:
-                cfg = self._edge_config(script.device_id, script.transport, str(script.video), soft=self.opts.soft)
-                env = {DEVICE_TOKEN_ENV: self.device_tokens[script.device_id]}
-                agent = Agent(cfg, environ=env, on_release=observer(script))
-                agents[script.device_id] = agent
-                agent.run(source=VideoSource(str(script.video), kind="file"))
-            except Exception as exc:  # reported in the summary; the other cameras go on
-                log.exception("camera %s failed", script.device_id)
-                errors.append(f"{script.device_id}: {exc}")
+        by_device = {s.device_id: s for s in scripts}
+        jobs = []
+        for s in scripts:
+            cfg = self._edge_config(s.device_id, s.transport, str(s.video), soft=self.opts.soft)
+            jobs.append(DeviceJob(s.device_id, "camera", {DEVICE_TOKEN_ENV: self.device_tokens[s.device_id]},
+                                  {"config": cfg.model_dump(mode="json"), "video": str(s.video)}))  # fmt: skip
 
         t0 = time.perf_counter()
-        threads = [threading.Thread(target=run_camera, args=(s,), name=f"demo-{s.device_id}") for s in scripts]
-        for t in threads:
-            t.start()
-        # The videos play for about a minute: the templates released so far, every few seconds.
+        # The videos play for about half a minute: the templates released so far, every few seconds.
         with Progress("    templates released by the cameras", heartbeat=_HEARTBEAT_S) as bar:
             bar.update(0)
-            for t in threads:
-                while t.is_alive():
-                    t.join(timeout=1.0)
-                    with lock:
-                        bar.update(len(self.releases))
+
+            def on_release(_kind: str, device: str, value: Any) -> None:
+                message_id, frame, track, payload = value
+                who = by_device[device].who(frame)
+                self.releases[message_id] = {
+                    "device": device,
+                    "transport": by_device[device].transport,
+                    "frame": frame,
+                    "track": track,
+                    "person": who.person if who else None,
+                    "enrolled": who.enrolled if who else None,
+                    "payload": payload,
+                }
+                bar.update(len(self.releases))
+
+            result = run_devices(jobs, on_release)
+        # Reported in the summary; the other cameras went on.
+        errors = [f"{d}: {r['error']}" for d, r in result.items() if not r["ok"]]
+        for e in errors:
+            log.error("camera %s", e)
         edge_s = time.perf_counter() - t0
         # Every released template must come back as a recognition event.
         deadline = time.monotonic() + 60.0
@@ -673,14 +687,13 @@ class Demo:
         frames = sum(s.n_frames for s in scripts)
         per_device: dict[str, Any] = {}
         for s in scripts:
-            a = agents.get(s.device_id)
             spent = _ledger_totals(self.out / "devices" / s.device_id)
             per_device[s.device_id] = {
                 "transport": s.transport,
                 "frames": s.n_frames,
                 "appearances": len(s.appearances),
                 "releases": sum(1 for r in self.releases.values() if r["device"] == s.device_id),
-                "suppressed": _metric_sum(a, "peep_edge_suppressed_total") if a else None,
+                "suppressed": result.get(s.device_id, {}).get("suppressed"),
                 "epsilon_vector_spent": spent["epsilon_vector"],
                 "max_epsilon_vector_per_track": spent["max_per_track"],
             }
@@ -875,6 +888,7 @@ class Demo:
             "mqtt": self.use_mqtt,
             "site": self.site,
             "steps_s": self.timer.steps,
+            "steps_cpu_s": self.timer.cpu,
             "wall_s": round(wall_s, 1),
         }
 
@@ -903,15 +917,6 @@ def _ledger_totals(state_dir: Path) -> dict[str, float]:
         "epsilon_vector": sum(device) if device else sum(tracks),
         "max_per_track": max(tracks) if tracks else 0.0,
     }
-
-
-def _metric_sum(agent: Any, name: str) -> float:
-    total = 0.0
-    for metric in agent.metrics.registry.collect():
-        for sample in metric.samples:
-            if sample.name == name:
-                total += sample.value
-    return total
 
 
 def run_demo(opts: DemoOptions, *, say: Callable[[str], None] = print) -> dict[str, Any]:

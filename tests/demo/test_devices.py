@@ -1,0 +1,54 @@
+"""The demo's device processes: every way a device can stop is reported with its name, none hangs the demo."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+
+from peep.server.demo.devices import DeviceJob, run_devices
+
+
+def test_a_device_that_fails_is_named_with_its_reason():
+    seen: list[tuple[str, str, object]] = []
+    result = run_devices(
+        [
+            DeviceJob("cam-9", "projector", {}),
+            DeviceJob(
+                "desk-9",
+                "desk",
+                {},
+                {"subjects": [{"subject": "a", "config": {"device": {"id": 7}}, "source": "/nonexistent", "count": 1}]},
+            ),
+        ],
+        lambda *m: seen.append(m),
+    )
+    assert result["cam-9"] == {"ok": False, "error": "ValueError: device job kind: expected 'camera' or 'desk', "
+                               "received 'projector'"}  # fmt: skip
+    assert not result["desk-9"]["ok"] and "ValidationError" in result["desk-9"]["error"]
+    assert "device.id" in result["desk-9"]["error"]
+    assert seen == []
+
+
+def test_a_device_process_killed_without_a_word_is_reported_with_its_exit_code():
+    box: dict[str, object] = {}
+    # A desk with nothing to enrol reports "done" once its imports are over: killed before that.
+    runner = threading.Thread(target=lambda: box.update(run_devices([DeviceJob("desk-8", "desk", {}, {"subjects": []})],
+                                                                    lambda *m: None)))  # fmt: skip
+    runner.start()
+    deadline = time.monotonic() + 10
+    while not mp.active_children() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    (child,) = mp.active_children()
+    os.kill(child.pid, signal.SIGKILL)
+    runner.join(timeout=20)
+    assert not runner.is_alive()
+    assert box["desk-8"] == {"ok": False, "error": f"the device process exited with code {-signal.SIGKILL}"}
+
+
+def test_a_device_with_nothing_to_do_says_done():
+    assert run_devices([DeviceJob("desk-7", "desk", {}, {"subjects": []})], lambda *m: None) == {
+        "desk-7": {"ok": True, "error": None}
+    }
