@@ -50,6 +50,30 @@ pick_python() {
   return 1
 }
 
+# Runs a long quiet command with a line every 10 s on stderr (a terminal or a CI log): never a silent minute.
+with_heartbeat() {
+  local what=$1 t0=$SECONDS pid rc
+  shift
+  "$@" &
+  pid=$!
+  while ! wait_for "$pid" 10; do
+    echo "bootstrap: $what ... $((SECONDS - t0)) s" >&2
+  done
+  rc=0
+  wait "$pid" || rc=$?
+  [ "$rc" != 0 ] || echo "bootstrap: $what: done in $((SECONDS - t0)) s" >&2
+  return "$rc"
+}
+# True once process $1 has ended, false after $2 seconds while it still runs.
+wait_for() {
+  local i
+  for ((i = 0; i < $2 * 5; i++)); do
+    kill -0 "$1" 2>/dev/null || return 0
+    sleep 0.2
+  done
+  ! kill -0 "$1" 2>/dev/null
+}
+
 if [ ! -x "$venv/bin/python" ]; then
   py=$(pick_python)
   echo "bootstrap: creating $venv with $py" >&2
@@ -97,5 +121,5 @@ fi
 if [ "$set_name" = all ]; then
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade "pip>=25.1"
 fi
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${pkgs[@]}"
+with_heartbeat "installing" "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${pkgs[@]}"
 echo "$want" > "$stamp"
