@@ -85,6 +85,9 @@ class Domain:
     invertible: ClassVar[bool] = True
     #: Whether the output depends on the bundle's public bounds (the unit sphere needs none).
     uses_bounds: ClassVar[bool] = True
+    #: Whether every rotation maps the domain onto itself (balls and spheres of the L2 norm): a site key's
+    #: rotation then keeps each release in the domain, nothing clipped, so ε and accuracy are unchanged.
+    rotation_invariant: ClassVar[bool] = False
 
     def apply(self, coefficients: ArrayLike, bounds: BundleBounds) -> FloatArray:
         """The output for raw ``coefficients`` of shape (n, nc) or (nc,)."""
@@ -173,6 +176,7 @@ class _BallDomain(Domain):
 
 class L2BallDomain(_BallDomain):
     name = "l2_clipped"
+    rotation_invariant = True
     description = "the vector scaled into the L2 ball of the bundle's radius R"
     order = 2
     reduce_op = "ReduceL2"
@@ -201,6 +205,7 @@ class UnitSphereDomain(Domain):
     name = "unit"
     invertible = False
     uses_bounds = False
+    rotation_invariant = True
     description = "the direction y/‖y‖₂ on the unit sphere (no public bound needed: every direction is allowed)"
 
     def apply(self, coefficients: ArrayLike, bounds: BundleBounds) -> FloatArray:

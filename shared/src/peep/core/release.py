@@ -16,7 +16,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from peep.core.bounding import BundleBounds
 from peep.core.domains import domain
-from peep.core.mechanisms import TemplateMechanism, mechanism_class
+from peep.core.mechanisms import TemplateMechanism, mechanism_class, mechanism_kinds
+from peep.core.sitekey import SiteKey
 from peep.core.wire import MechanismDescription
 
 
@@ -57,6 +58,18 @@ def bounded_coefficients(coefficients: ArrayLike, bounds: BundleBounds, kind: st
     return domain(mechanism_class(kind).domain).apply(coefficients, bounds)
 
 
+def check_keyed_kind(kind: str) -> None:
+    """``ValueError`` naming ``kind`` unless a site key may rotate its input (a rotation-invariant domain)."""
+    name = mechanism_class(kind).domain
+    if not domain(name).rotation_invariant:
+        keyed = sorted(k for k in mechanism_kinds() if domain(mechanism_class(k).domain).rotation_invariant)
+        raise ValueError(
+            f"mechanism {kind!r}: a site key rotates the template, and {kind!r} releases from the "
+            f"{name!r} domain, which a rotation does not map onto itself (values would be clipped); "
+            f"keyed release needs one of {', '.join(keyed)}"
+        )
+
+
 class TemplateReleaser:
     """Project normalised faces with a bundle and perturb them.
 
@@ -66,12 +79,19 @@ class TemplateReleaser:
         A verified bundle (:class:`peep.core.bundle.EigenfaceBundle`).
     kind, epsilon, delta, random_state
         See :func:`mechanism_for_bounds`.
+    site_key : SiteKey, optional
+        The site's template key (:mod:`peep.core.sitekey`): each bounded
+        projection ``u`` is released as ``mechanism(Q u)``. Only for kinds
+        whose domain every rotation maps onto itself (unit sphere, L2 ball),
+        where ``Q u`` stays in the domain, so ε and δ are those of the
+        mechanism, unchanged.
 
     Raises
     ------
     ValueError
         Unknown kind, or the bundle's projector has no output for the kind's
-        domain (a mechanism for another projection).
+        domain (a mechanism for another projection), or a site key with a
+        kind whose domain is not rotation-invariant.
 
     Attributes
     ----------
@@ -88,6 +108,7 @@ class TemplateReleaser:
         epsilon: float,
         delta: float | None = None,
         random_state: object = None,
+        site_key: SiteKey | None = None,
     ) -> None:
         self.bundle = bundle
         self.kind = kind
@@ -97,6 +118,14 @@ class TemplateReleaser:
         )
         self.output = self.mechanism.domain
         self.description = MechanismDescription.of(self.mechanism)
+        if site_key is not None:
+            check_keyed_kind(kind)
+        self.site_key = site_key
+
+    @property
+    def key_id(self) -> str:
+        """The site key's public id, ``""`` when unkeyed: what every template's ``key_id`` carries."""
+        return self.site_key.key_id if self.site_key is not None else ""
 
     @property
     def bundle_id(self) -> str:
@@ -127,5 +156,8 @@ class TemplateReleaser:
         return self.release_bounded(self.project(faces))
 
     def release_bounded(self, bounded: ArrayLike) -> NDArray[np.float32]:
-        """Perturb already projected-and-bounded coefficients."""
-        return np.asarray(self.mechanism.release(np.atleast_2d(bounded)), dtype=np.float32)
+        """Perturb already projected-and-bounded coefficients (rotated by the site key first, if any)."""
+        values = np.atleast_2d(np.asarray(bounded, dtype=np.float64))
+        if self.site_key is not None:
+            values = self.site_key.apply(values)
+        return np.asarray(self.mechanism.release(values), dtype=np.float32)
