@@ -13,6 +13,19 @@ from peep.core.projections import projection_kinds
 from peep.server.errors import UsageError
 
 
+def _max_faces(text: str) -> int | None:
+    """``--public-max-faces``: an image count of at least 5, or ``all`` (no limit)."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 5:
+        raise argparse.ArgumentTypeError(f"expected a number >= 5 or 'all', received {text[:40]!r}")
+    return n
+
+
 def register(sub: Any) -> None:
     from peep.server.demo.runner import DemoOptions as DemoDefaults
     from peep.server.recognition.fitting import PRESETS
@@ -52,8 +65,10 @@ def register(sub: Any) -> None:
     p.add_argument("--verify-far", type=float, default=d.verify_far,
                    help=f"false-accept rate verification is calibrated for on the enrolment photos "
                    f"(default {d.verify_far:g})")  # fmt: skip
-    p.add_argument("--public-max-faces", type=int, default=None, metavar="N",
-                   help="fit the bundle only on public LFW people with at most N images (default: all)")  # fmt: skip
+    p.add_argument("--public-max-faces", type=_max_faces, default=d.public_max_faces, metavar="N|all",
+                   help=f"fit the bundle on public LFW people with 5 to N images, never enrolled people or "
+                   f"strangers (default {d.public_max_faces}: the background population's people; 'all': "
+                   f"every public person, ~3,000 more faces to describe on a first run)")  # fmt: skip
     p.add_argument("--no-soft", action="store_true", help="cameras do not release age/gender")
     p.add_argument("--qbbs-epsilon", type=float, default=1.0, help="ε of each QBBS query answer (default 1)")
     p.add_argument("--mqtt", choices=["auto", "on", "off"], default="auto",
