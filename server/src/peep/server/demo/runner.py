@@ -954,7 +954,12 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
         f"  mechanism           {p['mechanism']}, ε = {p['epsilon_parameter']:g}: "
         f"ε per coordinate {p['epsilon_coordinate']:,.4g}, ε per vector {p['epsilon_vector']:,.4g}"
         + (f", δ = {p['delta']:g}" if p["delta"] else ""),
-        f"  bundle              {s['bundle'].get('projection', 'eigenfaces')}, nc = {s['bundle']['n_components']}",
+        f"  bundle              {s['bundle'].get('projection', 'eigenfaces')}, nc = {s['bundle']['n_components']}"
+        + (
+            f", fitted on {s['bundle']['public_faces']} public faces of {s['bundle']['public_people']} people"
+            if s["bundle"].get("public_faces")
+            else ""
+        ),
         f"  identification      {pct(ident['accuracy'])} of {ident['enrolled_templates']} captures of enrolled people "
         f"(called unknown: {pct(ident['enrolled_called_unknown'])}; "
         f"{ident.get('fused_decisions', 0)} decisions fused with their track's previous release)",
