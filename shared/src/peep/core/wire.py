@@ -37,6 +37,8 @@ MAX_COMPONENTS = 2_048
 # ID_PATTERN (re-exported above) lives with the topic grammar: identifiers become
 # MQTT topic levels and database keys, so they can never hold '/', '+' or '#'.
 SUBJECT_PATTERN = re.compile(r"^[^\x00-\x1f/+#]{1,128}$")
+#: A site key's public id (:attr:`peep.core.sitekey.SiteKey.key_id`).
+KEY_ID_PATTERN = re.compile(r"^sk-[0-9a-f]{16}$")
 #: Unicode categories refused anywhere in a subject id: controls (Cc), format characters (Cf: the bidi
 #: embeddings, overrides and isolates U+202A-U+202E and U+2066-U+2069, the marks U+200E/U+200F and U+061C,
 #: zero-width characters, soft hyphen, BOM), surrogates (Cs) and line/paragraph separators (Zl, Zp).
@@ -201,6 +203,7 @@ def make_template(
     capture_time: float | None = None,
     message_id: str | None = None,
     soft_traits: Iterable[Mapping[str, Any]] = (),
+    key_id: str = "",
 ) -> template_pb2.PerturbedTemplate:
     """Build a validated template message.
 
@@ -208,6 +211,8 @@ def make_template(
     ----------
     values : array-like of shape (n_components,)
         The perturbed coefficients (sent as float32).
+    key_id : str, optional
+        The public id of the site key the values were rotated with (:mod:`peep.core.sitekey`).
     capture_time : float, optional
         Unix time in seconds; defaults to now.
     soft_traits : iterable of mappings with keys ``trait``, ``value``, ``epsilon``, ``mechanism``
@@ -224,6 +229,7 @@ def make_template(
         purpose=PURPOSES[purpose],  # type: ignore[arg-type]
         subject=check_subject_id(subject, "subject") if subject else "",
         track_id=track_id,
+        key_id=key_id,
     )
     msg.capture_time.FromNanoseconds(int((time.time() if capture_time is None else capture_time) * 1e9))
     msg.values.extend(arr.tolist())
@@ -345,7 +351,8 @@ def validate_template(msg: template_pb2.PerturbedTemplate, *, n_components: int 
     characters of a received string):
 
     * ids: :data:`ID_PATTERN` (1-128 characters); ``subject``:
-      :func:`check_subject_id`, already NFC;
+      :func:`check_subject_id`, already NFC; ``key_id``: empty or
+      :data:`KEY_ID_PATTERN`;
     * ``capture_time``: present, a valid protobuf ``Timestamp`` (seconds within
       0001-01-01..9999-12-31, ``nanos`` in [0, 1e9)); the window around the
       receiver's clock is the receiver's check;
@@ -374,6 +381,8 @@ def validate_template(msg: template_pb2.PerturbedTemplate, *, n_components: int 
         raise WireError(f"bundle_id: expected a bundle id, received {msg.bundle_id[:64]!r}")
     if msg.track_id and not ID_PATTERN.match(msg.track_id):
         raise WireError(f"track_id: expected 1-128 characters [A-Za-z0-9_.:@-], received {msg.track_id[:64]!r}")
+    if msg.key_id and not KEY_ID_PATTERN.match(msg.key_id):
+        raise WireError(f"key_id: expected 'sk-' and 16 hex digits or empty, received {msg.key_id[:64]!r}")
     purpose = purpose_name(msg.purpose)
     if purpose in ("enroll", "verify") and not msg.subject:
         raise WireError(f"subject: expected a subject id for purpose {purpose!r}, received none")

@@ -82,7 +82,7 @@ class SoftTraitRelease(_message.Message):
     def __init__(self, kind: _Optional[_Union[SoftTraitKind, str]] = ..., value: _Optional[float] = ..., epsilon: _Optional[float] = ..., mechanism: _Optional[str] = ...) -> None: ...
 
 class PerturbedTemplate(_message.Message):
-    __slots__ = ("message_id", "device_id", "site", "capture_time", "bundle_id", "mechanism", "purpose", "subject", "track_id", "values", "soft_traits")
+    __slots__ = ("message_id", "device_id", "site", "capture_time", "bundle_id", "mechanism", "purpose", "subject", "track_id", "values", "soft_traits", "key_id")
     MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     SITE_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +94,7 @@ class PerturbedTemplate(_message.Message):
     TRACK_ID_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
     SOFT_TRAITS_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
     message_id: str
     device_id: str
     site: str
@@ -105,4 +106,5 @@ class PerturbedTemplate(_message.Message):
     track_id: str
     values: _containers.RepeatedScalarFieldContainer[float]
     soft_traits: _containers.RepeatedCompositeFieldContainer[SoftTraitRelease]
-    def __init__(self, message_id: _Optional[str] = ..., device_id: _Optional[str] = ..., site: _Optional[str] = ..., capture_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., bundle_id: _Optional[str] = ..., mechanism: _Optional[_Union[MechanismInfo, _Mapping]] = ..., purpose: _Optional[_Union[Purpose, str]] = ..., subject: _Optional[str] = ..., track_id: _Optional[str] = ..., values: _Optional[_Iterable[float]] = ..., soft_traits: _Optional[_Iterable[_Union[SoftTraitRelease, _Mapping]]] = ...) -> None: ...
+    key_id: str
+    def __init__(self, message_id: _Optional[str] = ..., device_id: _Optional[str] = ..., site: _Optional[str] = ..., capture_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., bundle_id: _Optional[str] = ..., mechanism: _Optional[_Union[MechanismInfo, _Mapping]] = ..., purpose: _Optional[_Union[Purpose, str]] = ..., subject: _Optional[str] = ..., track_id: _Optional[str] = ..., values: _Optional[_Iterable[float]] = ..., soft_traits: _Optional[_Iterable[_Union[SoftTraitRelease, _Mapping]]] = ..., key_id: _Optional[str] = ...) -> None: ...
