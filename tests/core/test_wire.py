@@ -291,3 +291,15 @@ def test_subject_ids_are_nfc_normalised_at_entry_and_refused_otherwise_on_the_wi
 def test_sql_looking_subjects_are_just_text():
     # Parameters are always bound; such an id is an ordinary label, not a query.
     assert wire.check_subject_id("' OR 1=1 --") == "' OR 1=1 --"
+
+
+def test_key_id_is_carried_and_bounded():
+    msg = _template(key_id="sk-0123456789abcdef")
+    assert wire.decode_template(wire.encode_template(msg)).key_id == "sk-0123456789abcdef"
+    assert _template().key_id == ""
+    for bad in ("sk-0123456789ABCDEF", "sk-0123", "0123456789abcdef", "sk-0123456789abcdef0", "x" * 500):
+        msg = _template()
+        msg.key_id = bad
+        with pytest.raises(WireError, match=r"key_id: expected 'sk-' and 16 hex digits or empty") as info:
+            wire.validate_template(msg)
+        assert len(str(info.value)) < 200
