@@ -146,6 +146,7 @@ class Templates:
     def message(self, i: int | None = None, *, values: Any = None, purpose: str = "identify", subject: str = "",
                 device_id: str = "cam-1", site: str = SITE, **kw: Any) -> Any:  # fmt: skip
         v = self.X[i] if values is None else values
+        kw.setdefault("key_id", self.releaser.key_id)
         return wire.make_template(
             v, device_id=device_id, site=site, bundle_id=self.bundle_id, mechanism=self.releaser.description,
             purpose=purpose, subject=subject, **kw,

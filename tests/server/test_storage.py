@@ -482,7 +482,7 @@ def test_migration_from_schema_1_keeps_every_row_and_keys_by_device(kind, tmp_pa
     target, rows = _schema_v1(kind, tmp_path, lambda: request.getfixturevalue("pg_dsn"))
     store = SqliteStore(target) if kind == "sqlite" else PostgresStore(target, pool_size=2)
     try:
-        assert store.schema_version() == latest(kind) == 9
+        assert store.schema_version() == latest(kind) == 10
         assert store.count_templates() == 6
         assert [store.get_template(r.message_id, device_id="cam-1") for r in rows] == rows
         # every stored template is in the ledger (a redelivery of one stays a duplicate once templates are
@@ -517,6 +517,22 @@ def test_migration_from_schema_1_keeps_every_row_and_keys_by_device(kind, tmp_pa
         store.close()
     reopened = SqliteStore(target) if kind == "sqlite" else PostgresStore(target, pool_size=1)
     try:
-        assert reopened.schema_version() == 9 and reopened.count_templates() == 7
+        assert reopened.schema_version() == 10 and reopened.count_templates() == 7
     finally:
         reopened.close()
+
+
+def test_templates_keep_their_site_key_id_and_enrolment_sets_select_by_it(store):
+    """Rows migrated from before keys have key "" (none); a key's enrolment set holds that key's rows only."""
+    from dataclasses import replace
+
+    keys = ["", "sk-00000000000000aa", "sk-00000000000000aa", "sk-00000000000000bb"]
+    rows = [replace(record(i, subject="a", purpose="enroll"), key_id=k) for i, k in enumerate(keys)]
+    assert store.insert_templates(rows) == [True] * 4
+    kinds = [rows[0].mechanism_kind]
+    bundle = rows[0].bundle_id
+    assert store.enrolment_key_ids(bundle, kinds) == {"": 1, "sk-00000000000000aa": 2, "sk-00000000000000bb": 1}
+    assert len(store.enrolment_set(bundle, kinds, "sk-00000000000000aa")) == 2
+    assert len(store.enrolment_set(bundle, kinds, "")) == 1
+    assert len(store.enrolment_set(bundle, kinds)) == 4
+    assert store.get_template(rows[3].message_id, device_id=rows[3].device_id).key_id == "sk-00000000000000bb"

@@ -606,6 +606,15 @@ class TrainingConfig(_Model):
     mechanism_kind: MechanismKind | None = Field(
         default=None, description="train on this kind only (default: the most common domain)"
     )
+    site_key_id: str | None = Field(
+        default=None,
+        pattern=r"^sk-[0-9a-f]{16}$",
+        description=(
+            "train on enrolment templates released under this site key (its public id, 'sk-' and 16 hex digits; "
+            "never the key itself, which stays on the devices); needed only while templates of two keys are "
+            "stored (a key rotation), since a model never mixes keys"
+        ),
+    )
     validation_fraction: float = Field(default=0.2, gt=0.0, lt=0.5)
     target_far: float = Field(
         default=0.01,

@@ -556,7 +556,7 @@ def _identify_stages(s: Any, msgs: list[Any]) -> dict[str, float]:
         t1 = clock()
         valid = s.ingestor.check(req.template, sender)
         t2 = clock()
-        rec.check_compatible(req.template.bundle_id, valid.kind)
+        rec.check_compatible(req.template.bundle_id, valid.kind, key_id=req.template.key_id)
         t3 = clock()
         rec.probabilities(valid.values.reshape(1, -1), m)
         t4 = clock()

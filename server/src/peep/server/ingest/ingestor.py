@@ -415,7 +415,7 @@ class Ingestor:
         ok: list[_Decided] = []
         for d in decided:
             try:
-                self.recogniser.check_compatible(d.valid.message.bundle_id, d.valid.kind)
+                self.recogniser.check_compatible(d.valid.message.bundle_id, d.valid.kind, key_id=d.valid.message.key_id)
             except ModelMismatch:
                 continue
             ok.append(d)

@@ -1277,9 +1277,15 @@ def check_onnx_agreement(fitted: FittedRecogniser, model: bytes, *, atol: float 
 
 
 def model_meta(
-    fitted: FittedRecogniser, *, bundle_id: str, kinds: Sequence[str], n_components: int, n_templates: int
+    fitted: FittedRecogniser,
+    *,
+    bundle_id: str,
+    kinds: Sequence[str],
+    n_components: int,
+    n_templates: int,
+    key_id: str = "",
 ) -> dict[str, Any]:
-    """What ``model.json`` records next to the ONNX file."""
+    """What ``model.json`` records next to the ONNX file (``key_id``: the site key's public id, "" for none)."""
     return {
         "format": "peep-model/1",
         "classes": fitted.class_names,
@@ -1291,6 +1297,7 @@ def model_meta(
         "target_far": fitted.target_far,
         "unknown_reject_rate": fitted.unknown_reject_rate,
         "bundle_id": bundle_id,
+        "key_id": key_id,
         "mechanism_kinds": list(kinds),
         "n_components": n_components,
         "n_templates": n_templates,

@@ -93,6 +93,8 @@ class LoadedModel:
     domain: str
     n_components: int
     trained_at: float
+    #: The public id of the site key its templates were released under ("" for none).
+    key_id: str
     genuine: NDArray[np.float64] = field(repr=False)
     impostor: NDArray[np.float64] = field(repr=False)
     #: Track fusion (recognition/fusion.py): class frequencies and the fused unknown threshold (None: never fuse).
@@ -122,6 +124,7 @@ def _load(version: Any, threads: int) -> LoadedModel:
         verify_threshold=float(meta["verify_threshold"]),
         target_far=float(meta["target_far"]),
         bundle_id=str(meta["bundle_id"]),
+        key_id=str(meta.get("key_id", "")),
         domain=mechanism_class(kinds[0]).domain if kinds else "",
         n_components=int(meta["n_components"]),
         trained_at=float(meta.get("trained_at", 0.0)),
@@ -280,13 +283,23 @@ class Recogniser:
             raise ModelUnavailable("no model has been trained yet: enrol subjects and run Train (or `peep train`)")
         return m
 
-    def check_compatible(self, bundle_id: str, kind: str) -> LoadedModel:
-        """Raise :class:`ModelMismatch` unless the model can score templates of ``bundle_id``/``kind``."""
+    def check_compatible(self, bundle_id: str, kind: str, *, key_id: str) -> LoadedModel:
+        """Raise :class:`ModelMismatch` unless the model can score templates of ``bundle_id``/``kind``/``key_id``.
+
+        ``key_id`` is the public id of the site key the template was released under ("" for none): a model
+        trained under one key scores nothing released under another (the rotation differs, so would every
+        score: chance, not an answer).
+        """
         m = self.require_model()
         if bundle_id != m.bundle_id:
             raise ModelMismatch(
                 f"bundle_id: expected {m.bundle_id} (the bundle model {m.version} was trained on), "
                 f"received {bundle_id!r}"
+            )
+        if key_id != m.key_id:
+            raise ModelMismatch(
+                f"key_id: expected {m.key_id or 'none'} (the site key model {m.version} was trained under), "
+                f"received {key_id[:64] or 'none'}"
             )
         if _domain_of(kind) != m.domain:
             raise ModelMismatch(
@@ -489,7 +502,9 @@ class ServingFaceScores:
         if template is not None:
             from peep.core.wire import mechanism_kind_name
 
-            m = self.recogniser.check_compatible(template.bundle_id, mechanism_kind_name(template.mechanism.kind))
+            m = self.recogniser.check_compatible(
+                template.bundle_id, mechanism_kind_name(template.mechanism.kind), key_id=template.key_id
+            )
         if claimed_subject not in m.class_index:
             raise KeyError(claimed_subject)
         _, scores = self.recogniser.verify_scores(

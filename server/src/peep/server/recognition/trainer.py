@@ -115,6 +115,31 @@ class Trainer:
             domain = per_domain.most_common(1)[0][0]
         return sorted(k for k in counts if mechanism_class(k).domain == domain) or [self.config.mechanism_kind or ""]
 
+    def select_key_id(self, bundle_id: str, kinds: list[str]) -> str:
+        """The site key (public id, "" for none) to train under: the configured one, or the only one stored.
+
+        Templates released under two keys are rotated differently: a model fitted on both would score
+        neither. While a rotation leaves both stored, training refuses until told which key it is for.
+        """
+        counts = self.store.enrolment_key_ids(bundle_id, kinds)
+        wanted = self.config.site_key_id
+        if wanted is not None:
+            if wanted not in counts:
+                held = ", ".join(f"{k or 'none'}: {n}" for k, n in sorted(counts.items())) or "none"
+                raise TrainingError(
+                    f"training.site_key_id: expected a key with enrolment templates of bundle {bundle_id}, "
+                    f"received {wanted} (stored: {held})"
+                )
+            return wanted
+        if len(counts) > 1:
+            held = ", ".join(f"{k or 'none'}: {n}" for k, n in sorted(counts.items()))
+            raise TrainingError(
+                f"enrolment: templates of bundle {bundle_id} were released under {len(counts)} site keys ({held}); "
+                "a model is trained under one: set training.site_key_id to the key in use, or erase the retired "
+                "key's templates"
+            )
+        return next(iter(counts), "")
+
     def train(self, preset: str | None = None, *, progress: Progress | None = None) -> TrainResult:
         """Train synchronously and promote; raises :class:`TrainingBusy`, :class:`TrainingError`."""
         if not self._busy.acquire(blocking=False):
@@ -176,7 +201,8 @@ class Trainer:
             if bundle is None:
                 raise TrainingError("bundle: expected a published bundle to train for, found none")
             kinds = self.select_kinds(bundle.bundle_id)
-            data = self.store.enrolment_set(bundle.bundle_id, kinds)
+            key_id = self.select_key_id(bundle.bundle_id, kinds)
+            data = self.store.enrolment_set(bundle.bundle_id, kinds, key_id)
             if len(data) == 0:
                 raise TrainingError(f"enrolment: no enrolment templates of kinds {kinds} for bundle {bundle.bundle_id}")
 
@@ -187,7 +213,13 @@ class Trainer:
 
             log.info(
                 "training started",
-                extra={"preset": name, "bundle_id": bundle.bundle_id, "kinds": kinds, "templates": len(data)},
+                extra={
+                    "preset": name,
+                    "bundle_id": bundle.bundle_id,
+                    "kinds": kinds,
+                    "key_id": key_id,
+                    "templates": len(data),
+                },
             )
             fitted = fit_recogniser(
                 data.values,
@@ -208,7 +240,12 @@ class Trainer:
             fitted.metrics.update(check_onnx_agreement(fitted, onnx_model))
             self.progress = 0.95
             meta = model_meta(
-                fitted, bundle_id=bundle.bundle_id, kinds=kinds, n_components=bundle.n_components, n_templates=len(data)
+                fitted,
+                bundle_id=bundle.bundle_id,
+                kinds=kinds,
+                n_components=bundle.n_components,
+                n_templates=len(data),
+                key_id=key_id,
             )
             version = self.registry.publish(
                 onnx_model=onnx_model,

@@ -72,6 +72,8 @@ class TemplateRecord:
     #: The subject a kept identify/verify template was recognised as (None: unknown, undecided, enrolment);
     #: erasing that subject deletes the template.
     decided_subject: str | None = None
+    #: The public id of the site key the values were released under ("" for none).
+    key_id: str = ""
 
     @classmethod
     def from_message(
@@ -113,6 +115,7 @@ class TemplateRecord:
             values=np.ascontiguousarray(values, dtype="<f4").tobytes(),
             soft_traits=traits,
             decided_subject=decided_subject,
+            key_id=msg.key_id,
         )
 
     def as_array(self) -> NDArray[np.float32]:
@@ -404,8 +407,12 @@ class Store(Protocol):
         """Number of labelled enrolment templates of ``bundle_id`` per mechanism kind."""
         ...
 
-    def enrolment_set(self, bundle_id: str, kinds: Sequence[str]) -> EnrolmentSet:
-        """Labelled enrolment templates of ``bundle_id`` released with one of ``kinds``."""
+    def enrolment_set(self, bundle_id: str, kinds: Sequence[str], key_id: str | None = None) -> EnrolmentSet:
+        """Labelled enrolment templates of ``bundle_id`` released with one of ``kinds`` (under ``key_id`` if given)."""
+        ...
+
+    def enrolment_key_ids(self, bundle_id: str, kinds: Sequence[str]) -> dict[str, int]:
+        """Number of labelled enrolment templates of ``bundle_id`` and ``kinds`` per site key id ("" = none)."""
         ...
 
     def relabel(self, keys: Sequence[tuple[str, str]], subject: str) -> int:

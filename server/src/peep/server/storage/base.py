@@ -184,16 +184,26 @@ class SqlStore(ABC):
         with self._session() as conn:
             return {k: int(n) for k, n in conn.execute(q, (bundle_id,))}
 
-    def enrolment_set(self, bundle_id: str, kinds: Sequence[str]) -> EnrolmentSet:
+    def enrolment_set(self, bundle_id: str, kinds: Sequence[str], key_id: str | None = None) -> EnrolmentSet:
         of_kinds, params = self._sql.any_of("mechanism_kind", kinds)
+        of_key = "" if key_id is None else f" AND key_id = {self._sql.param}"
         q = (
             "SELECT message_id, subject, mechanism_kind, n_components, vals FROM templates "
-            f"WHERE bundle_id = {self._sql.param} AND purpose = 'enroll' AND subject IS NOT NULL AND {of_kinds} "
-            "ORDER BY message_id, device_id"
+            f"WHERE bundle_id = {self._sql.param} AND purpose = 'enroll' AND subject IS NOT NULL AND {of_kinds}"
+            f"{of_key} ORDER BY message_id, device_id"
         )
         with self._session() as conn:
-            rows = conn.execute(q, [bundle_id, *params]).fetchall()
+            rows = conn.execute(q, [bundle_id, *params, *([] if key_id is None else [key_id])]).fetchall()
         return _enrolment_set(rows)
+
+    def enrolment_key_ids(self, bundle_id: str, kinds: Sequence[str]) -> dict[str, int]:
+        of_kinds, params = self._sql.any_of("mechanism_kind", kinds)
+        q = (
+            f"SELECT key_id, COUNT(*) FROM templates WHERE bundle_id = {self._sql.param} AND purpose = 'enroll' "
+            f"AND subject IS NOT NULL AND {of_kinds} GROUP BY key_id"
+        )
+        with self._session() as conn:
+            return {str(k): int(n) for k, n in conn.execute(q, [bundle_id, *params])}
 
     def relabel(self, keys: Sequence[tuple[str, str]], subject: str) -> int:
         chunks = self._sql.chunks([(str(d), str(m)) for d, m in keys])

@@ -214,6 +214,12 @@ def _forget(dialect: Dialect) -> list[str]:
     ]
 
 
+# Migration 10: the site key each template was released under (its public id; "" for none). Training
+# never mixes keys, and the serving model's key decides which identify/verify templates it can answer.
+# (A model's key id is in its metadata.)
+_KEY_ID = ["ALTER TABLE templates ADD COLUMN key_id TEXT NOT NULL DEFAULT ''"]
+
+
 def _render(dialect: Dialect, statements: list[str]) -> list[str]:
     return [s.format(real=dialect.real, blob=dialect.blob) for s in statements]
 
@@ -230,6 +236,7 @@ MIGRATIONS: dict[str, list[list[str]]] = {
         _render(d, _DEVICE_REPORTS),
         _render(d, _TRACK_INDEX),
         _render(d, _forget(d)),
+        _render(d, _KEY_ID),
     ]
     for d in (SQLITE, POSTGRES)
 }

@@ -177,7 +177,7 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
         if not template.ByteSize():
             raise Rejection("missing_template", "template: expected a PerturbedTemplate, received none")
         valid = self.s.ingestor.check(template, self._sender())
-        self.s.recogniser.check_compatible(template.bundle_id, valid.kind)
+        self.s.recogniser.check_compatible(template.bundle_id, valid.kind, key_id=template.key_id)
         return valid
 
     @_guard
