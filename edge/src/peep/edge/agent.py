@@ -52,6 +52,7 @@ from peep.core.bundle import EigenfaceBundle, load_public_key, write_bundle_file
 from peep.core.exceptions import BudgetError, BundleError, WireError
 from peep.core.release import TemplateReleaser
 from peep.core.reports import MAX_REASONS, DeviceReport, ReportError
+from peep.core.sitekey import SiteKey, SiteKeyError
 from peep.core.wire import check_subject_id
 from peep.edge import startup
 from peep.edge.capture import Frame, FrameSource, open_source
@@ -176,8 +177,16 @@ class Agent:
         except BundleError as exc:
             raise BundleRefused(cfg.bundle.path, str(exc)) from None
         p = cfg.privacy
+        if p.site_key is not None:
+            try:
+                self.site_key: SiteKey | None = SiteKey.load(p.site_key)
+            except SiteKeyError as exc:
+                raise ConfigError(f"privacy.site_key: {exc}") from None
+        else:
+            self.site_key = None
         try:
-            releaser = make_releaser(bundle, kind=p.mechanism, epsilon=p.epsilon, delta=p.delta)
+            releaser = make_releaser(bundle, kind=p.mechanism, epsilon=p.epsilon, delta=p.delta,
+                                     site_key=self.site_key)  # fmt: skip
         except BundleError as exc:
             # e.g. a unit-sphere mechanism with a bundle whose projector has no 'unit' output
             raise BundleRefused(cfg.bundle.path, str(exc)) from None
@@ -224,7 +233,7 @@ class Agent:
                 "before the current "
                 f"bundle {current.bundle_id} ({current.manifest.created_at}); refusing a downgrade"
             )
-        releaser = make_releaser(candidate, kind=p.mechanism, epsilon=p.epsilon, delta=p.delta)
+        releaser = make_releaser(candidate, kind=p.mechanism, epsilon=p.epsilon, delta=p.delta, site_key=self.site_key)
         g = releaser.mechanism.guarantee
         if g.epsilon_vector > self.epsilon_vector_cap * (1 + 1e-9):
             raise ValueError(

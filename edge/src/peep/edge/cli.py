@@ -70,6 +70,16 @@ def _parser() -> argparse.ArgumentParser:
     v = bsub.add_parser("verify", help="check a bundle's signature and hashes against a pinned key")
     v.add_argument("bundle_dir")
     v.add_argument("--public-key", required=True)
+    k = sub.add_parser("site-key", help="the site's template key: generate one, or print a key file's public id")
+    ksub = k.add_subparsers(dest="site_key_command", metavar="ACTION", required=True, parser_class=_Parser)
+    kg = ksub.add_parser(
+        "generate",
+        help="write a new 256-bit site key (mode 0600, never overwrites) and print its public id; copy it to the "
+        "site's devices and the administrator's enrolment tool, never to the server",
+    )
+    kg.add_argument("--out", required=True, help="the key file to create")
+    ki = ksub.add_parser("id", help="print a key file's public id (what templates and models carry)")
+    ki.add_argument("key_file")
     d = sub.add_parser("deadletter", help="list or purge the templates receivers refused (never their payload)")
     d.add_argument("--config", default=None, help="edge.toml (its spool is read)")
     dsub = d.add_subparsers(dest="deadletter_command", metavar="ACTION", required=True, parser_class=_Parser)
@@ -81,6 +91,21 @@ def _parser() -> argparse.ArgumentParser:
     dl.add_argument("--json", action="store_true", help="one JSON object instead of text")
     dp.add_argument("--older-than-days", type=float, default=None, metavar="N", help="only those failed > N days ago")
     return p
+
+
+def _site_key(args: argparse.Namespace) -> int:
+    from peep.core.sitekey import SiteKey, SiteKeyError
+
+    try:
+        if args.site_key_command == "generate":
+            key = SiteKey.generate()
+            path = key.write(args.out)
+            print(f"site key {key.key_id} written to {path} (mode 0600)")
+        else:
+            print(SiteKey.load(args.key_file).key_id)
+    except SiteKeyError as exc:
+        raise ConfigError(str(exc)) from None
+    return 0
 
 
 def _bundle_verify(args: argparse.Namespace) -> int:
@@ -255,6 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "bundle":
             return _bundle_verify(args)
+        if args.command == "site-key":
+            return _site_key(args)
         if args.command == "run":
             return _run(args)
         if args.command == "deadletter":

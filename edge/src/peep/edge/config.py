@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from peep.core import configfile, topics
 from peep.core.mechanisms import mechanism_class, mechanism_kind_literal
+from peep.core.release import check_keyed_kind
 from peep.core.topics import ID_PATTERN
 from peep.core.wire import MIN_EPSILON
 from peep.edge.errors import ConfigError
@@ -125,6 +126,25 @@ class PrivacyConfig(_Section):
         gt=0.0,
         description="optional per-vector ε cap per enrolled subject; none = --count decides",
     )
+
+    site_key: ConfigPath | None = Field(
+        default=None,
+        description=(
+            "the site's template key file (peep-edge site-key generate; mode 0600): templates are rotated by a "
+            "secret the server never holds before the noise, so another site's or a thief's copy links to "
+            "nothing; only for mechanisms on the unit sphere or an L2 ball (privunit, privunit-g, gaussian-l2), "
+            "whose ε and δ it leaves unchanged"
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _keyed_mechanism(self) -> PrivacyConfig:
+        if self.site_key is not None:
+            try:
+                check_keyed_kind(self.mechanism)
+            except ValueError as exc:
+                raise ValueError(f"privacy.site_key: {exc}") from None
+        return self
 
     @model_validator(mode="after")
     def _delta_matches_kind(self) -> PrivacyConfig:

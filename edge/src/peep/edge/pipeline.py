@@ -23,6 +23,7 @@ from peep.core.accounting import PrivacyAccountant, ReleaseCost
 from peep.core.exceptions import BudgetError
 from peep.core.imaging import FaceBox, FaceDetector, normalise_face, primary_face
 from peep.core.release import TemplateReleaser
+from peep.core.sitekey import SiteKey
 from peep.core.wire import encode_template, make_template
 from peep.edge.capture import Frame
 from peep.edge.detection import BoxRefiner
@@ -39,12 +40,15 @@ _log = logging.getLogger("peep.edge.pipeline")
 STAGES = ("decode", "detect", "track", "project", "perturb", "soft", "spool", "publish")
 
 
-def make_releaser(bundle: Any, *, kind: str, epsilon: float, delta: float) -> TemplateReleaser:
+def make_releaser(
+    bundle: Any, *, kind: str, epsilon: float, delta: float, site_key: SiteKey | None = None
+) -> TemplateReleaser:
     """A :class:`TemplateReleaser` on the secure sampler, refusing anything else.
 
     ``random_state=None`` selects the OS-CSPRNG sampler; the assertion guards
     against a future default change, because the device must never release
-    with seeded noise.
+    with seeded noise. ``site_key`` rotates every release (its id goes into
+    each template).
     """
     releaser = TemplateReleaser(
         bundle,
@@ -52,6 +56,7 @@ def make_releaser(bundle: Any, *, kind: str, epsilon: float, delta: float) -> Te
         epsilon=epsilon,
         delta=delta,
         random_state=None,
+        site_key=site_key,
     )
     if not releaser.mechanism.is_secure:
         raise RuntimeError("the release mechanism is not on the secure sampler; refusing to release")
@@ -277,6 +282,7 @@ class FramePipeline:
             track_id=track_id,
             capture_time=self.clock(),
             soft_traits=traits,
+            key_id=self.releaser.key_id,
         )
         try:
             spend(self.epsilon_vector + soft_eps, self.epsilon_coordinate, msg.message_id)
