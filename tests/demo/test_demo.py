@@ -324,3 +324,49 @@ def test_synthetic_traits_stay_inside_the_declared_ranges(tmp_path: Path):
     assert demo._in_range("height", 250.0) == DEFAULT_TRAITS["height"].upper
     assert demo._in_range("weight", 70.5) == 70.5
     assert demo.clipped_traits == {"weight": 1, "height": 1}
+
+
+def test_the_demo_is_keyed_and_the_server_holds_key_ids_only(demo_run):
+    """A fresh site key per run: every stored template and the model carry its id; the key stays in keys/."""
+    from peep.core.sitekey import SiteKey
+
+    out, s = demo_run
+    key = SiteKey.load(out / "keys" / "template.key")
+    assert s["privacy"]["site_key_id"] == key.key_id
+    with sqlite3.connect(out / "server" / "peep.db") as db:
+        assert db.execute("SELECT DISTINCT key_id FROM templates").fetchall() == [(key.key_id,)]
+    (model,) = (out / "server" / "models" / "versions").glob("v*/model.json")  # SQLite: versions are files
+    assert json.loads(model.read_text())["key_id"] == key.key_id
+    secret = (out / "keys" / "template.key").read_text().splitlines()[-1].split(":")[1]
+    for f in (out / "server").rglob("*"):
+        if f.is_file():
+            assert secret.encode() not in f.read_bytes(), f
+
+
+def test_a_second_run_into_the_same_folder_starts_afresh(demo_run, data_home, tmp_path):
+    """Nothing of the first run is built on: the same counts and the same ε per device, a new key."""
+    out, first = demo_run
+    rc = main(
+        [
+            "demo", "--data-home", data_home, "--out", str(out), "--subjects", "3", "--enrol-images", "8",
+            "--probe-images", "2", "--strangers", "4", "--cameras", "2", "--qbbs-epsilon", "20",
+            "--public-max-faces", "5",
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    second = json.loads((out / "summary.json").read_text())
+    assert second["kept_templates"] == first["kept_templates"]
+    assert (
+        second["model"]["model_version"] == "v000001"
+        and second["model"]["n_templates"] == first["model"]["n_templates"]
+    )
+    assert second["privacy"]["site_key_id"] != first["privacy"]["site_key_id"]
+    for dev, d in second["edge"]["devices"].items():
+        per_release = second["privacy"]["epsilon_vector"] + second["privacy"]["soft_traits_epsilon_per_release"]
+        assert d["epsilon_vector_spent"] == pytest.approx(d["releases"] * per_release), dev
+    # A folder the demo did not make is never cleared.
+    foreign = tmp_path / "mine"
+    (foreign / "server").mkdir(parents=True)
+    (foreign / "server" / "notes.txt").write_text("keep me")
+    assert main(["demo", "--data-home", data_home, "--out", str(foreign)]) == 2
+    assert (foreign / "server" / "notes.txt").read_text() == "keep me"

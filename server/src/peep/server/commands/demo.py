@@ -70,6 +70,10 @@ def register(sub: Any) -> None:
                    f"strangers (default {d.public_max_faces}: the background population's people; 'all': "
                    f"every public person, ~3,000 more faces to describe on a first run)")  # fmt: skip
     p.add_argument("--no-soft", action="store_true", help="cameras do not release age/gender")
+    p.add_argument("--no-site-key", action="store_true",
+                   help="release templates without a site key (by default each run makes a fresh one, which the "
+                   "devices and the administrator's enrolment rotate every template by; the server sees its id "
+                   "only)")  # fmt: skip
     p.add_argument("--qbbs-epsilon", type=float, default=1.0, help="ε of each QBBS query answer (default 1)")
     p.add_argument("--mqtt", choices=["auto", "on", "off"], default="auto",
                    help="one camera over MQTT when a broker answers on 127.0.0.1:1883 (default auto)")  # fmt: skip
@@ -124,6 +128,7 @@ def handle(args: argparse.Namespace) -> int:
         verify_far=args.verify_far,
         public_max_faces=args.public_max_faces,
         soft=not args.no_soft,
+        site_key=not args.no_site_key,
         qbbs_epsilon=args.qbbs_epsilon,
         mqtt=args.mqtt,
         seed=args.seed,

@@ -31,6 +31,7 @@ import os
 import resource
 import secrets
 import shlex
+import shutil
 import socket
 import threading
 import time
@@ -53,6 +54,7 @@ from peep.server.demo.scenario import (
     compose_camera_video,
     link_folder,
 )
+from peep.server.errors import UsageError
 from peep.server.progress import Progress
 from peep.v1 import qbbs_pb2, qbbs_pb2_grpc, recognition_pb2, recognition_pb2_grpc
 
@@ -62,6 +64,11 @@ ADMIN_TOKEN_ENV = "PEEP_DEMO_ADMIN_TOKEN"
 # Off a terminal, a long step's progress line at least this often (seconds), so that no step looks stuck.
 _HEARTBEAT_S = 8.0
 DEVICE_TOKEN_ENV = "PEEP_DEMO_DEVICE_TOKEN"
+# What a run leaves in --out that the next run must not build on (removed when it starts), and the file that
+# marks a folder as the demo's own.
+_RUN_STATE = ("server", "devices", "enrol", "videos", "summary.json", "releases.json", "verification.json",
+              "report.html")  # fmt: skip
+_OUT_MARKER = ".peep-demo"
 # The site's enrolment desks (the first also stands for the administrator's background enrolment).
 _DESKS = ("desk-1", "desk-2")
 
@@ -113,6 +120,10 @@ class DemoOptions:
     console: bool = False
     # The server's recognition.keep: identify/verify templates are decided, then forgotten by default.
     keep: str = "none"
+    # A fresh site key for the run (<out>/keys/template.key): the devices and the administrator's background
+    # enrolment rotate every template by it; the server sees key ids only. Not for mechanisms a rotation
+    # would clip (the demo then runs unkeyed and says so).
+    site_key: bool = True
 
 
 def _cpu_s() -> float:
@@ -191,7 +202,7 @@ class Demo:
         from peep.core.logs import setup_logging
 
         o = self.opts
-        self.out.mkdir(parents=True, exist_ok=True)
+        self._fresh_out()
         # The edge agents' structured events (with their fields) on stderr, warnings and up.
         setup_logging(level="warning", fmt="text")
         self.use_mqtt = o.mqtt == "on" or (o.mqtt == "auto" and _broker_reachable())
@@ -235,6 +246,28 @@ class Demo:
 
         write_report(summary, self.releases, self.events, self.out)
         return summary
+
+    def _fresh_out(self) -> None:
+        """Start from nothing in ``--out``: an earlier run's database, device ledgers and spools are removed.
+
+        A second run into the same folder used to enrol on top of the first (twice the templates, the
+        devices' ε added up). Only a folder the demo marked as its own is cleared, and only what the demo
+        writes there; the caches (age/gender estimates) and the bundle's signing key pair stay.
+        """
+        marker = self.out / _OUT_MARKER
+        made = [self.out / d for d in _RUN_STATE]
+        if self.out.exists() and not marker.exists() and any(p.exists() for p in made):
+            raise UsageError(
+                f"--out {self.out}: holds {', '.join(p.name for p in made if p.exists())} but is not a folder an "
+                "earlier peep demo made; choose a new or empty folder"
+            )
+        for p in made:
+            if p.is_dir():
+                shutil.rmtree(p)
+            elif p.exists():
+                p.unlink()
+        self.out.mkdir(parents=True, exist_ok=True)
+        marker.write_text("a peep demo output folder: each run replaces its server, devices and enrolments\n")
 
     def _open_console(self) -> dict[str, Any]:
         """An admin account with a one-time password on the demo's server; the console stays up until close().
@@ -328,6 +361,7 @@ class Demo:
         if not (keys / "site.key").exists():
             write_keypair(keys / "site")
         self.key_path, self.pub_path = keys / "site.key", keys / "site.pub"
+        self._make_site_key(keys)
         from peep.core.projections import projection_class
 
         input_kind = projection_class(self.opts.projection).input_kind
@@ -378,6 +412,28 @@ class Demo:
             f"{public.n_images} faces of {public.n_subjects} public people (none enrolled, none a stranger)"
         )
         return bundle
+
+    def _make_site_key(self, keys: Path) -> None:
+        """A new template key for this run, or none (``--no-site-key``, or a mechanism a rotation would clip)."""
+        from peep.core.release import check_keyed_kind
+        from peep.core.sitekey import SiteKey
+
+        path = keys / "template.key"
+        if path.exists():
+            path.unlink()  # the previous run's: each run has its own
+        self.site_key: SiteKey | None = None
+        self.site_key_path: Path | None = None
+        if not self.opts.site_key:
+            return
+        try:
+            check_keyed_kind(self.opts.mechanism)
+        except ValueError as exc:
+            self.say(f"    no site key: {exc}")
+            return
+        self.site_key = SiteKey.generate()
+        self.site_key_path = self.site_key.write(path)
+        self.say(f"    site key {self.site_key.key_id} for the devices and the administrator ({path}; the server "
+                 "never reads it)")  # fmt: skip
 
     def _device_ids(self) -> list[str]:
         return [f"cam-{i + 1}" for i in range(self.opts.cameras)]
@@ -490,6 +546,7 @@ class Demo:
                     "mechanism": o.mechanism,
                     "epsilon": o.epsilon,
                     "delta": o.delta or 0.0,
+                    **({"site_key": str(self.site_key_path)} if self.site_key_path else {}),
                     # One person walking past: at most 2 releases' worth of ε per track.
                     "track_budget": 2.0 * cost,
                     "releases_per_window": 1,
@@ -542,7 +599,8 @@ class Demo:
         # The deployer's public background faces, released exactly as a device would
         # (same bundle, mechanism and secure sampler) and enrolled by the admin.
         o = self.opts
-        releaser = TemplateReleaser(bundle, kind=o.mechanism, epsilon=o.epsilon, delta=o.delta)
+        releaser = TemplateReleaser(bundle, kind=o.mechanism, epsilon=o.epsilon, delta=o.delta,
+                                    site_key=self.site_key)  # fmt: skip
         faces = self.background_faces
         take = np.random.default_rng(o.seed + 3).permutation(faces.n_images)[: o.background_templates]
         faces = faces.subset(np.isin(np.arange(faces.n_images), take))
@@ -554,7 +612,8 @@ class Demo:
             subject = f"background:{int(label)}"
             groups.setdefault(subject, []).append(
                 wire.make_template(row, device_id="desk-1", site=self.site, bundle_id=bundle.bundle_id,
-                                   mechanism=releaser.description, purpose="enroll", subject=subject, track_id=f"bg{i}")
+                                   mechanism=releaser.description, purpose="enroll", subject=subject, track_id=f"bg{i}",
+                                   key_id=releaser.key_id)
             )  # fmt: skip
         for subject, msgs in groups.items():
             self.recognition.EnrolSubject(
@@ -878,6 +937,8 @@ class Demo:
                 "soft_traits_epsilon_per_release": 2.0 if o.soft else 0.0,
                 "per_track_budget_epsilon_vector": 2.0 * (g.epsilon_vector + (2.0 if o.soft else 0.0)),
                 "note": "per-vector ε above a few units is not a meaningful guarantee; see docs/AUDIT.md",
+                # Every template rotated by this run's site key before the noise (same ε and δ); "" = unkeyed.
+                "site_key_id": self.site_key.key_id if self.site_key else "",
             },
             "model": train,
             "identification": {
@@ -953,7 +1014,10 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
         "PEEP demo summary",
         f"  mechanism           {p['mechanism']}, ε = {p['epsilon_parameter']:g}: "
         f"ε per coordinate {p['epsilon_coordinate']:,.4g}, ε per vector {p['epsilon_vector']:,.4g}"
-        + (f", δ = {p['delta']:g}" if p["delta"] else ""),
+        + (f", δ = {p['delta']:g}" if p["delta"] else "")
+        + (
+            f"; site key {p['site_key_id']} (the server holds its id only)" if p.get("site_key_id") else "; no site key"
+        ),
         f"  bundle              {s['bundle'].get('projection', 'eigenfaces')}, nc = {s['bundle']['n_components']}"
         + (
             f", fitted on {s['bundle']['public_faces']} public faces of {s['bundle']['public_people']} people"
