@@ -114,6 +114,9 @@ class AuditConfig:
         strangers, calibration and public people drawn from LFW's identities
         outside the audited ones (the background population, or the same
         range of people with ``basis="train"``).
+    site_keys : int
+        Sites, each with its own simulated site key, for the template-protection section
+        (:mod:`peep.server.audit.protection`); 0 skips it, otherwise at least 2.
     grid_faces : int
         Faces in the reconstruction image grid.
     progress : bool
@@ -149,11 +152,20 @@ class AuditConfig:
     frontier_components: tuple[int, ...] = (16, 40, 64, 128)
     frontier_projections: tuple[str, ...] = ()
     bystander: bool = True
+    site_keys: int = 0
     grid_faces: int = 6
     progress: bool = True
 
     def __post_init__(self) -> None:
         _check(self.mechanism in MECHANISM_KINDS, "--mechanism", f"one of {', '.join(MECHANISM_KINDS)}", self.mechanism)
+        _check(self.site_keys == 0 or 2 <= self.site_keys <= 64, "--site-keys", "0 or 2-64 sites", self.site_keys)
+        if self.site_keys:
+            from peep.core.release import check_keyed_kind
+
+            try:
+                check_keyed_kind(self.mechanism)
+            except ValueError as exc:
+                raise AuditConfigError(f"--site-keys: {exc}") from None
         _check(len(self.epsilons) >= 1, "--epsilons", "at least one value", self.epsilons)
         top = mechanism_classes()[self.mechanism].max_epsilon
         for e in self.epsilons:
@@ -339,4 +351,5 @@ class AuditConfig:
             "frontier_components": list(self.frontier_components),
             "frontier_projections": list(self.searched_projections),
             "bystander": self.bystander,
+            "site_keys": self.site_keys,
         }

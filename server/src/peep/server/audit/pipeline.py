@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 from peep.core.projections import projection_class
-from peep.server.audit import bystander, runner
+from peep.server.audit import bystander, protection, runner
 from peep.server.audit.basis import BOUNDS_VARIANTS
 from peep.server.audit.bystander import BystanderContext, combine_bystanders
 from peep.server.audit.config import FRONTIER_MECHANISMS, AuditConfig, AuditConfigError
@@ -155,10 +155,24 @@ def run_audit(cfg: AuditConfig, *, command: Sequence[str] | None = None) -> Audi
     for r, bctx in enumerate(bystander_contexts):
         for i, eps in enumerate(cfg.epsilons):
             jobs.append((bystander._evaluate_job, (bctx, cfg, eps, (runner._TAG_BYSTANDER, r, i))))
-    results, c = run_jobs(cfg, jobs, "audit: ε × splits, sweeps, bystanders")
+    n_by = len(bystander_contexts) * len(cfg.epsilons)
+    if cfg.site_keys:
+        for r, ctx in enumerate(contexts):
+            for i, eps in enumerate(cfg.epsilons):
+                jobs.append((protection._protection_job, (ctx, cfg, data, eps, (protection._TAG, r, i))))
+    results, c = run_jobs(cfg, jobs, "audit: ε × splits, sweeps, bystanders" + (", site keys" if cfg.site_keys else ""))
     cpu += c
     evals = results[:n_eval]
-    by_rows = results[n_eval + n_sweep :]
+    by_rows = results[n_eval + n_sweep : n_eval + n_sweep + n_by]
+    prot_rows = results[n_eval + n_sweep + n_by :]
+    template_protection = (
+        [
+            protection.combine([prot_rows[r * len(cfg.epsilons) + i] for r in range(cfg.repeats)])
+            for i in range(len(cfg.epsilons))
+        ]
+        if cfg.site_keys
+        else None
+    )
     bystanders = (
         [
             combine_bystanders([by_rows[r * len(cfg.epsilons) + i] for r in range(cfg.repeats)])
@@ -254,6 +268,7 @@ def run_audit(cfg: AuditConfig, *, command: Sequence[str] | None = None) -> Audi
         "frontier": frontier,
         "bystander": bystanders,
         "bystander_setup": bystander_setup(cfg, data, bystander_contexts) if cfg.bystander else None,
+        "template_protection": template_protection,
         "timing": {},
         "plots": {},
     }

@@ -218,6 +218,40 @@ BYSTANDER_SCHEMA: dict[str, Any] = _obj(
     }
 )
 
+_reid_point = {"type": ["number", "null"], "minimum": 0, "maximum": 1}
+PROTECTION_SCHEMA: dict[str, Any] = _obj(
+    {
+        "epsilon": _pos,
+        "epsilon_coordinate": _pos,
+        "epsilon_vector": _pos,
+        "accuracy_unkeyed": _frac,
+        "accuracy_keyed": _frac,
+        "accuracy_difference": {"type": "number", "minimum": -1, "maximum": 1},
+        "dsys_same_key": _frac,
+        "dsys_cross_key": _frac,
+        "retrieval_reid_unkeyed": _frac,
+        "retrieval_reid_with_key": _frac,
+        "retrieval_reid_without_key": _frac,
+        "chance": _frac,
+        "attacks": _obj(
+            {
+                "insider_procrustes": {
+                    "type": "array",
+                    "items": _obj({"k": {"type": "integer", "minimum": 1}, "reid": _reid_point}, extra=True),
+                },
+                "insider_procrustes_photos": {
+                    "type": "array",
+                    "items": _obj({"photos": {"type": "integer", "minimum": 1}, "reid": _reid_point}, extra=True),
+                },
+                "public_background": _obj({"reid": _reid_point}),
+                "distribution_only": _obj({"reid": _reid_point}),
+            }
+        ),
+        "std": {"type": "object"},
+        "per_repeat": {"type": "object"},
+    }
+)
+
 AUDIT_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$id": "https://peep.invalid/schemas/audit-1.json",
@@ -331,6 +365,11 @@ AUDIT_SCHEMA: dict[str, Any] = {
                         }
                     ),
                 ]
+            },
+            "template_protection": {
+                "oneOf": [{"type": "null"}, {"type": "array", "items": PROTECTION_SCHEMA, "minItems": 1}],
+                "description": "per ε with --site-keys: ISO/IEC 24745's properties under site keys and attacks on "
+                "the key (null without)",
             },
             "timing": _obj(
                 {

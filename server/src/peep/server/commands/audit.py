@@ -196,6 +196,15 @@ def register(sub: Any) -> None:
         "recognition.keep = all and = none, links a stranger's appearances; strangers are LFW people outside "
         "the audited ones)",
     )
+    g.add_argument(
+        "--site-keys",
+        type=int,
+        default=0,
+        metavar="N",
+        help="template protection: N sites each with its own site key (simulated); reports accuracy with and "
+        "without the key, cross-site unlinkability (D_sys), retrieval without the key, and attacks that estimate "
+        "the key (insider pairs, the public background, moments alone); privunit, privunit-g or gaussian-l2",
+    )
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(handler=handler)
 
@@ -236,6 +245,7 @@ def handler(args: argparse.Namespace) -> int:
             frontier_components=tuple(args.frontier_components),
             frontier_projections=tuple(args.frontier_projections),
             bystander=not args.no_bystander,
+            site_keys=args.site_keys,
             progress=not args.no_progress,
         )
     except AuditConfigError as exc:
@@ -306,6 +316,8 @@ def command_line(cfg: Any, out: str) -> list[str]:
         cmd.append("--secure-noise")
     if not cfg.bystander:
         cmd.append("--no-bystander")
+    if cfg.site_keys:
+        cmd += ["--site-keys", str(cfg.site_keys)]
     if cfg.frontier:
         cmd += [
             "--frontier",
