@@ -367,6 +367,26 @@ def summary(audit: dict[str, Any]) -> str:
                 f"(events, {ev['method']}): {_frac(ev['precision'])} / {_frac(ev['recall'])} / {_frac(ev['f1'])}; "
                 f"chance {b['chance_precision']:.3f}, {b['chance_f1']:.3f}"
             )
+    tp = audit.get("template_protection")
+    if tp:
+        lines.append(
+            "  template protection (site keys): accuracy unkeyed → keyed; D_sys same key / other key; retrieval "
+            "re-id with / without the key (chance); attacks' re-id"
+        )
+        for t in tp:
+            a = t["attacks"]
+            insider = ", ".join(f"k={p['k']}: {_frac(p['reid'])}" for p in a["insider_procrustes"]) or "n/a"
+            photos = ", ".join(f"{p['photos']}: {_frac(p['reid'])}" for p in a["insider_procrustes_photos"]) or "n/a"
+            lines.append(
+                f"  {t['epsilon']:>8.4g} ε/vector {t['epsilon_vector']:<8.5g} accuracy {t['accuracy_unkeyed']:.3f} → "
+                f"{t['accuracy_keyed']:.3f}; D_sys {t['dsys_same_key']:.3f} / {t['dsys_cross_key']:.3f} "
+                f"({t['unlinkability_people']:.0f} people); re-id {t['retrieval_reid_with_key']:.3f} / "
+                f"{t['retrieval_reid_without_key']:.3f} ({t['chance']:.3f})"
+            )
+            lines.append(
+                f"           insider, known people: {insider}; known photos of one: {photos}; public background: "
+                f"{_frac(a['public_background']['reid'])}; moments only: {_frac(a['distribution_only']['reid'])}"
+            )
     fr = audit.get("frontier")
     if fr:
         lines.append("  frontier (per-vector ε: best configuration → accuracy; paper mode accuracy)")
