@@ -131,3 +131,50 @@ def test_the_server_configuration_has_no_key_and_the_server_never_reads_one():
             if any(n.startswith("peep.core.sitekey") or n.endswith(".SiteKey") for n in names):
                 offenders.append(str(path.relative_to(REPO)))
     assert offenders == []
+
+
+def test_a_key_rotation_retires_the_old_key(tmp_path, pki, keypair, bundle_dir, bundle, lfw100, lfw_background,
+                                            keyed_a):  # fmt: skip
+    """Re-enrol under the new key, train under it, retire the old: its templates and models go, its captures refused."""
+    from peep.server.services import KeyInUse
+
+    keyed_b = _keyed(bundle, lfw100, lfw_background, KEY_B, 12)
+    cfg = base_config(tmp_path, keypair[3], bundle_dir, grpc={"tls": tls_section(pki)})
+    srv = start_server(cfg, pki, tmp_path)
+    try:
+        stub = srv.stub()
+        assert stub.IngestStream(iter(keyed_a.enrolment_messages()), metadata=ADMIN, timeout=60).rejected == 0
+        stub.Train(recognition_pb2.TrainRequest(), metadata=ADMIN, timeout=300)
+        # The desks re-enrol everyone under the new key while the cameras still use the old one.
+        assert stub.IngestStream(iter(keyed_b.enrolment_messages()), metadata=ADMIN, timeout=60).rejected == 0
+        with pytest.raises(KeyInUse, match="serving model v000001 was trained under " + KEY_A.key_id):
+            srv.services.retire_key(KEY_A.key_id)
+    finally:
+        srv.app.stop(0)
+    # Training under the new key (named in the configuration while both are stored), on the same database.
+    cfg["training"] = {**cfg.get("training", {}), "site_key_id": KEY_B.key_id}
+    srv = start_server(cfg, pki, tmp_path)
+    try:
+        stub = srv.stub()
+        assert stub.Train(recognition_pb2.TrainRequest(), metadata=ADMIN, timeout=300).model_version == "v000002"
+        n_a = len(keyed_a.enrolment_messages())
+        r = srv.services.retire_key(KEY_A.key_id)
+        assert r.templates_deleted == n_a and r.versions_purged == ["v000001"]
+        assert srv.services.store.enrolment_key_ids(bundle.bundle_id, ["privunit"]) == {KEY_B.key_id: n_a}
+        i = int(keyed_a.test[0])
+        code, details = rpc_error(stub.Identify, recognition_pb2.IdentifyRequest(template=keyed_a.message(i)),
+                                  metadata=DEVICE, timeout=5)  # fmt: skip
+        assert code == grpc.StatusCode.FAILED_PRECONDITION and details.startswith(f"key_id: expected {KEY_B.key_id}")
+        ok = stub.Identify(recognition_pb2.IdentifyRequest(template=keyed_b.message(i)), metadata=DEVICE, timeout=5)
+        assert ok.candidates
+    finally:
+        srv.app.stop(0)
+
+
+def test_retire_key_names_a_malformed_id(tmp_path, capsys):
+    from peep.server.cli import main
+
+    cfg = tmp_path / "server.toml"
+    cfg.write_text("")
+    assert main(["retire-key", "--config", str(cfg), "--key-id", "sk-XYZ"]) == 2
+    assert "--key-id: expected 'sk-' and 16 hex digits" in capsys.readouterr().err

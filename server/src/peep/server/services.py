@@ -78,6 +78,17 @@ class _ErasureHook:
     holds: HoldsHook | None
 
 
+class KeyInUse(ValueError):
+    """Retiring the site key the serving model was trained under would leave nothing able to answer."""
+
+
+@dataclass
+class KeyRetirement:
+    key_id: str
+    templates_deleted: int
+    versions_purged: list[str] = field(default_factory=list)
+
+
 @dataclass
 class ErasureResult:
     subject: str
@@ -310,6 +321,23 @@ class Services:
     @property
     def n_erasure_hooks(self) -> int:
         return len(self._erasure_hooks)
+
+    def retire_key(self, key_id: str) -> KeyRetirement:
+        """Forget a rotated-out site key: every template released under it and every kept model trained under it.
+
+        ``key_id`` is the key's public id ("" for templates released without a key). Refused with
+        :class:`KeyInUse` while the serving model was trained under that key: train under the new key first.
+        """
+        model = self.recogniser.model
+        if model is not None and model.key_id == key_id:
+            raise KeyInUse(
+                f"--key-id: the serving model {model.version} was trained under {key_id or 'no key'}; train under "
+                "the new key first (training.site_key_id), then retire this one"
+            )
+        n = self.store.delete_key_templates(key_id)
+        purged = self.registry.purge_key(key_id)
+        log.info("site key retired", extra={"key_id": key_id, "templates": n, "versions": purged})
+        return KeyRetirement(key_id=key_id, templates_deleted=n, versions_purged=purged)
 
     def erase_subject(self, subject: str, *, retrain: bool = True) -> ErasureResult:
         """Erase a subject: templates, then soft traits (hooks), then retrain.

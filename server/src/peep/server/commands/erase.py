@@ -21,6 +21,45 @@ def register(sub: Any) -> None:
         "--no-retrain", action="store_true", help="do not retrain (the current model stops naming the subject anyway)"
     )
     p.set_defaults(handler=erase)
+    register_retire_key(sub)
+
+
+def register_retire_key(sub: Any) -> None:
+    p = sub.add_parser(
+        "retire-key",
+        help="after a site key rotation: delete every template released under the old key and every kept model "
+        "trained under it (refused while the serving model uses it)",
+    )
+    add_config_option(p)
+    p.add_argument("--key-id", required=True, help="the old key's public id (sk-...), or 'none' for unkeyed templates")
+    p.set_defaults(handler=retire_key)
+
+
+def retire_key(args: argparse.Namespace) -> int:
+    import re
+
+    from peep.server.services import KeyInUse
+
+    key_id = "" if args.key_id == "none" else args.key_id
+    if key_id and not re.fullmatch(r"sk-[0-9a-f]{16}", key_id):
+        raise UsageError(f"--key-id: expected 'sk-' and 16 hex digits, or 'none', received {args.key_id[:64]!r}")
+    s = services(load(args))
+    try:
+        r = s.retire_key(key_id)
+    except KeyInUse as exc:
+        print(f"peep retire-key: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        s.close()
+    say(
+        f"site key {key_id or '(none)'} retired: {r.templates_deleted} templates deleted"
+        + (
+            f"; purged model versions {', '.join(r.versions_purged)}"
+            if r.versions_purged
+            else "; no kept model used it"
+        )
+    )
+    return 0
 
 
 def erase(args: argparse.Namespace) -> int:

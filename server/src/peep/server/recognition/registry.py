@@ -305,6 +305,21 @@ class ModelRegistry:
                 out.append(name)
         return out
 
+    def purge_key(self, key_id: str) -> list[str]:
+        """Delete every non-current version trained under site key ``key_id`` (a retired key: no roll-back to it)."""
+        removed = []
+        with self._locked():
+            current = self.current_name()
+            for name in self.versions():
+                try:
+                    meta = self.get(name).meta
+                except RegistryError:
+                    continue
+                if name != current and str(meta.get("key_id", "")) == key_id:
+                    shutil.rmtree(self.root / VERSIONS / name, ignore_errors=True)
+                    removed.append(name)
+        return removed
+
     def purge_subject(self, subject: str) -> list[str]:
         """Delete every non-current version whose classes include ``subject`` (erasure)."""
         removed = []
@@ -417,6 +432,19 @@ class DatabaseModelRegistry:
     def purge_subject(self, subject: str) -> list[str]:
         """Delete every non-current version whose classes include ``subject`` (erasure)."""
         removed: list[str] = self.store.delete_models(self.versions_knowing(subject))
+        return removed
+
+    def purge_key(self, key_id: str) -> list[str]:
+        """Delete every non-current version trained under site key ``key_id`` (a retired key: no roll-back to it)."""
+        names = []
+        for name, meta in self.store.model_names():
+            try:
+                held = str(json.loads(meta).get("key_id", ""))
+            except ValueError:
+                continue
+            if held == key_id:
+                names.append(name)
+        removed: list[str] = self.store.delete_models(names)
         return removed
 
 

@@ -411,6 +411,10 @@ class Store(Protocol):
         """Labelled enrolment templates of ``bundle_id`` released with one of ``kinds`` (under ``key_id`` if given)."""
         ...
 
+    def delete_key_templates(self, key_id: str) -> int:
+        """Delete every template released under site key ``key_id`` ("" = unkeyed); returns rows deleted."""
+        ...
+
     def enrolment_key_ids(self, bundle_id: str, kinds: Sequence[str]) -> dict[str, int]:
         """Number of labelled enrolment templates of ``bundle_id`` and ``kinds`` per site key id ("" = none)."""
         ...

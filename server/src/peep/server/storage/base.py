@@ -196,6 +196,11 @@ class SqlStore(ABC):
             rows = conn.execute(q, [bundle_id, *params, *([] if key_id is None else [key_id])]).fetchall()
         return _enrolment_set(rows)
 
+    def delete_key_templates(self, key_id: str) -> int:
+        with self._transaction() as conn:
+            cur = conn.execute(f"DELETE FROM templates WHERE key_id = {self._sql.param}", (key_id,))
+            return int(cur.rowcount)
+
     def enrolment_key_ids(self, bundle_id: str, kinds: Sequence[str]) -> dict[str, int]:
         of_kinds, params = self._sql.any_of("mechanism_kind", kinds)
         q = (
