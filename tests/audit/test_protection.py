@@ -52,6 +52,9 @@ def test_audit_site_keys_section(data_home: str, tmp_path: Path, capsys: pytest.
     assert tp["unlinkability_people"] > 100
     assert tp["retrieval_reid_with_key"] > tp["retrieval_reid_without_key"]
     assert tp["retrieval_reid_without_key"] <= 2 * tp["chance"]
+    # Renewal: the new key's model answers its own captures, the old key's ones no better than chance allows.
+    assert tp["renewal_accuracy_new_key"] > tp["renewal_accuracy_old_key"]
+    assert tp["renewal_accuracy_old_key"] <= tp["chance"] + 0.15, tp
     attacks = tp["attacks"]
     assert [p["k"] for p in attacks["insider_procrustes"]] == [1, 2, 4]  # LFW-5: at least one other person left
     assert [p["photos"] for p in attacks["insider_procrustes_photos"]][:3] == [1, 2, 4]
@@ -68,3 +71,27 @@ def test_site_keys_need_a_rotation_invariant_mechanism(data_home: str, tmp_path:
     assert main(argv) == 2
     assert "--site-keys: mechanism 'peep': a site key rotates" in capsys.readouterr().err
     assert main([*argv[:-1], "1"]) == 2
+
+
+def test_site_keys_on_a_folder_dataset(data_home: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A held-out folder-per-identity dataset gets the same section (no background: no background attack)."""
+    monkeypatch.setenv("PEEP_CACHE_DIR", str(tmp_path / "cache"))
+    src = Path(data_home) / "lfw_home" / "lfw_funneled"
+    folder = tmp_path / "faces"
+    for person in ("Colin_Powell", "Tony_Blair", "Gerhard_Schroeder"):
+        (folder / person).mkdir(parents=True)
+        for f in sorted((src / person).glob("*.jpg"))[:14]:
+            (folder / person / f.name).symlink_to(f)
+    out = tmp_path / "audit"
+    argv = ["audit", "--dataset", str(folder), "--min-faces", "10", "--out", str(out), "--no-progress",
+            "--mechanism", "privunit", "--epsilons", "64", "--components", "8", "--repeats", "1", "--hidden", "16",
+            "--sweep-components", "none", "--sweep-images", "none", "--jobs", "1", "--no-bystander",
+            "--site-keys", "3"]  # fmt: skip
+    assert main(argv) == 0
+    doc = json.loads((out / "audit.json").read_text())
+    validate_audit(doc)
+    (tp,) = doc["template_protection"]
+    assert tp["unlinkability_people"] == 3  # the audited people themselves
+    assert [p["k"] for p in tp["attacks"]["insider_procrustes"]] == [1, 2]
+    assert tp["attacks"]["public_background"]["reid"] is None
+    assert tp["attacks"]["public_background"]["note"] == "no background population"

@@ -16,6 +16,9 @@ unlinkability
     and the global ``D_sys = ∫ p(s | mated) D(s) ds`` in [0, 1] (0: the scores say nothing about whether two
     templates are the same person's). Reported between two sites with different keys and between two
     sites sharing one (today's unkeyed deployments are the latter).
+renewability
+    A model trained under a new key (site B's) is shown captures released under the old one (site A's):
+    its accuracy on them, next to its accuracy on the new key's captures and chance.
 irreversibility
     The retrieval reconstruction the audit runs elsewhere (the nearest public face's input, re-identified
     by a clean recogniser) by a thief who holds the stored templates and the public bundle: without the
@@ -208,9 +211,12 @@ def evaluate_protection(
     plain = _Site(release(Ztr, None), release(Zte, None))
     sites = [_Site(release(Ztr, k), release(Zte, k)) for k in keys]
     acc: dict[str, float] = {}
-    for name, site in (("unkeyed", plain), ("keyed", sites[0])):
+    for name, site in (("unkeyed", plain), ("keyed", sites[0]), ("renewed", sites[1])):
         mlp = fit_served(cfg, site.train, ytr, ctx.seed)
         acc[name] = float((proba_full(mlp, site.test, K).argmax(axis=1) == yte).mean())
+        if name == "renewed":
+            # Renewal: a model trained under the new key, shown captures released under the old one.
+            acc["old_key_under_new_model"] = float((proba_full(mlp, sites[0].test, K).argmax(axis=1) == yte).mean())
 
     # Unlinkability: people at two sites, each person's photos split in two (one half captured at site A, the
     # other at site B: two deployments never hold the same capture); mated = one person across the sites.
@@ -299,6 +305,8 @@ def evaluate_protection(
         "epsilon_vector": float(g.epsilon_vector),
         "accuracy_unkeyed": acc["unkeyed"],
         "accuracy_keyed": acc["keyed"],
+        "renewal_accuracy_new_key": acc["renewed"],
+        "renewal_accuracy_old_key": acc["old_key_under_new_model"],
         "dsys_same_key": d_same,
         "dsys_cross_key": d_cross,
         "unlinkability_people": unlinkability_people,

@@ -227,6 +227,8 @@ PROTECTION_SCHEMA: dict[str, Any] = _obj(
         "accuracy_unkeyed": _frac,
         "accuracy_keyed": _frac,
         "accuracy_difference": {"type": "number", "minimum": -1, "maximum": 1},
+        "renewal_accuracy_new_key": _frac,
+        "renewal_accuracy_old_key": _frac,
         "dsys_same_key": _frac,
         "dsys_cross_key": _frac,
         "retrieval_reid_unkeyed": _frac,

@@ -387,6 +387,10 @@ def summary(audit: dict[str, Any]) -> str:
                 f"           insider, known people: {insider}; known photos of one: {photos}; public background: "
                 f"{_frac(a['public_background']['reid'])}; moments only: {_frac(a['distribution_only']['reid'])}"
             )
+            lines.append(
+                f"           renewal: a model under a new key, accuracy {t['renewal_accuracy_new_key']:.3f} on its "
+                f"key's captures, {t['renewal_accuracy_old_key']:.3f} on the old key's"
+            )
     fr = audit.get("frontier")
     if fr:
         lines.append("  frontier (per-vector ε: best configuration → accuracy; paper mode accuracy)")
