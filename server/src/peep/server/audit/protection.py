@@ -60,11 +60,15 @@ INSIDER_PHOTOS = (1, 2, 4, 8, 16, 32, 64)
 _TAG = 24745  # the noise streams of this section (ISO/IEC 24745)
 
 
-def simulation_keys(cfg: AuditConfig, n: int) -> list[SiteKey]:
-    """``n`` site keys drawn from the audit's seed (a simulation: reproducible, never a device's key)."""
+def simulation_keys(cfg: AuditConfig, n: int, split: int = 0) -> list[SiteKey]:
+    """``n`` site keys for one split, drawn from the audit's seed (a simulation: reproducible, never a device's key).
+
+    Each split has its own keys, so the means over splits are over key draws too (one relative rotation
+    between two keys can favour a few identities by luck).
+    """
     keys = []
     for i in range(n):
-        state = np.random.SeedSequence([cfg.seed, _TAG, i]).generate_state(KEY_BYTES // 4, dtype=np.uint32)
+        state = np.random.SeedSequence([cfg.seed, _TAG, split, i]).generate_state(KEY_BYTES // 4, dtype=np.uint32)
         keys.append(SiteKey(state.astype("<u4").tobytes()))
     return keys
 
@@ -194,7 +198,7 @@ def evaluate_protection(
     t0 = time.process_time()
     basis: Basis = ctx.basis
     dom = Domain(kind, basis.bounds)
-    keys = simulation_keys(cfg, max(2, cfg.site_keys))
+    keys = simulation_keys(cfg, max(2, cfg.site_keys), ctx.split)
     rng_noise = noise_state(cfg, (*key, 0))
     mech = _mechanism(cfg, basis, kind, epsilon, rng_noise)
     Ztr, Zte = dom.forward(ctx.C_train), dom.forward(ctx.C_test)
