@@ -178,3 +178,57 @@ def test_retire_key_names_a_malformed_id(tmp_path, capsys):
     cfg.write_text("")
     assert main(["retire-key", "--config", str(cfg), "--key-id", "sk-XYZ"]) == 2
     assert "--key-id: expected 'sk-' and 16 hex digits" in capsys.readouterr().err
+
+
+def test_the_administrators_tool_enrols_a_keyed_background(tmp_path, pki, keypair, bundle_dir, data_home,
+                                                           monkeypatch):  # fmt: skip
+    """peep-edge enroll-background: public faces released under the site key, enrolled as numbered background."""
+    from peep.edge.cli import main as edge_main
+    from peep_server_testlib import ADMIN_TOKEN, SITE
+
+    src = Path(data_home) / "lfw_home" / "lfw_funneled"
+    folder = tmp_path / "public"
+    for person in ("Ahmed_Chalabi", "Ai_Sugiyama", "Al_Gore"):
+        (folder / person).mkdir(parents=True)
+        for f in sorted((src / person).glob("*.jpg"))[:5]:
+            (folder / person / f.name).symlink_to(f)
+    key_file = KEY_A.write(tmp_path / "site.key")
+    srv = start_server(base_config(tmp_path, keypair[3], bundle_dir, grpc={"tls": tls_section(pki)}), pki, tmp_path)
+    try:
+        edge_toml = tmp_path / "admin.toml"
+        edge_toml.write_text(
+            f"""
+[device]
+id = "admin-desk"
+site = "{SITE}"
+state_dir = "{tmp_path / "admin-state"}"
+[bundle]
+path = "{bundle_dir}"
+public_key = "{keypair[3]}"
+[privacy]
+mechanism = "privunit"
+epsilon = 16.0
+track_budget = 1000.0
+site_key = "{key_file}"
+[capture]
+source = "0"
+[mqtt]
+enabled = false
+[grpc]
+enabled = true
+target = "localhost:{srv.port}"
+ca_file = "{pki.dir / "ca.pem"}"
+"""
+        )
+        monkeypatch.setenv("PEEP_ADMIN_TOKEN", ADMIN_TOKEN)
+        assert edge_main(["enroll-background", "--config", str(edge_toml), "--dataset", str(folder)]) == 0
+        store = srv.services.store
+        with store._session() as conn:  # the rows as stored: subjects, key ids, no folder name
+            rows = conn.execute("SELECT subject, key_id, purpose FROM templates").fetchall()
+        assert {r[0] for r in rows} == {"background:0", "background:1", "background:2"}
+        assert {(r[1], r[2]) for r in rows} == {(KEY_A.key_id, "enroll")} and 12 <= len(rows) <= 15
+        # Without the admin token nothing is enrolled, and the tool says which variable it read.
+        monkeypatch.delenv("PEEP_ADMIN_TOKEN")
+        assert edge_main(["enroll-background", "--config", str(edge_toml), "--dataset", str(folder)]) == 2
+    finally:
+        srv.app.stop(0)

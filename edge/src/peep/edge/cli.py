@@ -23,12 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import signal
 import sqlite3
 import sys
 from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +82,16 @@ def _parser() -> argparse.ArgumentParser:
     kg.add_argument("--out", required=True, help="the key file to create")
     ki = ksub.add_parser("id", help="print a key file's public id (what templates and models carry)")
     ki.add_argument("key_file")
+    bg = sub.add_parser(
+        "enroll-background",
+        help="the administrator's tool: release a folder of public faces (one folder per person) under this "
+        "configuration's mechanism and site key, and enrol them as background people with the admin token",
+    )
+    bg.add_argument("--config", required=True, help="edge.toml of the administrator's machine (its [grpc] target)")
+    bg.add_argument("--dataset", required=True, help="folder of per-person folders of public face photos")
+    bg.add_argument("--admin-token-env", default="PEEP_ADMIN_TOKEN", help="environment variable holding the admin "
+                    "token (default PEEP_ADMIN_TOKEN)")  # fmt: skip
+    bg.add_argument("--max-photos", type=int, default=20, help="photos per person at most (default 20)")
     d = sub.add_parser("deadletter", help="list or purge the templates receivers refused (never their payload)")
     d.add_argument("--config", default=None, help="edge.toml (its spool is read)")
     dsub = d.add_subparsers(dest="deadletter_command", metavar="ACTION", required=True, parser_class=_Parser)
@@ -105,6 +117,87 @@ def _site_key(args: argparse.Namespace) -> int:
             print(SiteKey.load(args.key_file).key_id)
     except SiteKeyError as exc:
         raise ConfigError(str(exc)) from None
+    return 0
+
+
+MAX_BACKGROUND_PEOPLE = 100_000
+
+
+def _enroll_background(args: argparse.Namespace) -> int:
+    """Public faces released as the devices release theirs, enrolled as ``background:<n>`` by the admin.
+
+    Background people are public photos, never identities: the subject is a number, the folder name is not
+    sent. No image leaves this machine; the releases use the secure sampler and, when configured, the site
+    key, so the background is in the same rotated space as the desks' enrolments.
+    """
+    import cv2
+    from peep.core.imaging import normalise_face, primary_face
+    from peep.core.wire import make_template
+    from peep.edge.agent import Agent
+    from peep.edge.config import load_config
+    from peep.edge.transport.grpc import make_channel
+    from peep.v1 import recognition_pb2, recognition_pb2_grpc
+
+    if args.max_photos < 1:
+        raise ConfigError(f"--max-photos: expected >= 1, received {args.max_photos}")
+    cfg = load_config(args.config)
+    if not cfg.grpc.enabled:
+        raise ConfigError("grpc.enabled: expected true (background enrolment is an admin gRPC call), received false")
+    token = os.environ.get(args.admin_token_env, "")
+    if not token:
+        raise ConfigError(f"--admin-token-env: expected the admin token in ${args.admin_token_env}, found none")
+    root = Path(args.dataset)
+    if not root.is_dir():
+        raise ConfigError(f"--dataset: expected a folder of per-person folders, received {str(root)[:200]!r}")
+    people = sorted(p for p in root.iterdir() if p.is_dir())[:MAX_BACKGROUND_PEOPLE]
+    agent = Agent(cfg, environ={})
+    agent.prepare()
+    releaser = agent.releaser
+    channel = make_channel(cfg.grpc)
+    stub = recognition_pb2_grpc.RecognitionServiceStub(channel)  # type: ignore[no-untyped-call]
+    metadata = [("authorization", f"Bearer {token}")]
+    n_people = n_templates = n_skipped = 0
+    try:
+        for n, person in enumerate(people):
+            templates: list[Any] = []
+            photos = sorted(f for f in person.iterdir() if f.suffix.lower() in (".jpg", ".jpeg", ".png", ".pgm"))
+            for photo in photos[: args.max_photos]:
+                image = cv2.imread(str(photo), cv2.IMREAD_COLOR)
+                box = None if image is None else primary_face(agent.detector.detect(image), image.shape)
+                if image is None or box is None:
+                    n_skipped += 1
+                    continue
+                face = (agent.encoder.encode(image, box) if agent.encoder is not None
+                        else normalise_face(image, box, releaser.bundle.geometry))  # fmt: skip
+                values = releaser.release_bounded(releaser.project(face))[0]
+                templates.append(
+                    make_template(
+                        values,
+                        device_id=cfg.device.id,
+                        site=cfg.device.site,
+                        bundle_id=releaser.bundle_id,
+                        mechanism=releaser.description,
+                        purpose="enroll",
+                        subject=f"background:{n}",
+                        track_id=f"bg{n}-{len(templates)}",
+                        key_id=releaser.key_id,
+                    )
+                )
+            if not templates:
+                continue
+            stub.EnrolSubject(
+                recognition_pb2.EnrolSubjectRequest(subject=f"background:{n}", templates=templates),
+                metadata=metadata,
+                timeout=cfg.grpc.deadline_s,
+            )
+            n_people += 1
+            n_templates += len(templates)
+            if n_people % 25 == 0:
+                print(f"  {n_people} of {len(people)} people enrolled ({n_templates} templates)", flush=True)
+    finally:
+        channel.close()
+    key = f"site key {releaser.key_id}" if releaser.key_id else "no site key"
+    print(f"enrolled {n_people} background people, {n_templates} templates ({key}; {n_skipped} photos without a face)")
     return 0
 
 
@@ -282,6 +375,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _bundle_verify(args)
         if args.command == "site-key":
             return _site_key(args)
+        if args.command == "enroll-background":
+            return _enroll_background(args)
         if args.command == "run":
             return _run(args)
         if args.command == "deadletter":
