@@ -31,6 +31,25 @@ def data_home() -> str:
     return _data_home()
 
 
+@pytest.fixture
+def lfw_folder(data_home: str, tmp_path: Path):
+    """``lfw_folder({"Al_Gore": 8, ...}, name="faces")``: a folder-per-person dataset in ``tmp_path``.
+
+    Each person's first n LFW photos, as symlinks (nothing copied).
+    """
+
+    def make(people: dict[str, int], name: str = "faces") -> Path:
+        src = Path(data_home) / "lfw_home" / "lfw_funneled"
+        folder = tmp_path / name
+        for person, n in people.items():
+            (folder / person).mkdir(parents=True)
+            for f in sorted((src / person).glob("*.jpg"))[:n]:
+                (folder / person / f.name).symlink_to(f)
+        return folder
+
+    return make
+
+
 @pytest.fixture(scope="session")
 def lfw100(data_home: str):
     """The paper's set: 5 people with >= 100 images, detector-normalised 47x62."""

@@ -98,15 +98,10 @@ def test_cli_end_to_end_with_frontier(data_home: str, tmp_path: Path, capsys: py
     assert doc["command"][:2] == ["peep", "audit"]
 
 
-def test_cli_folder_dataset_secure_sampler(data_home: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_folder_dataset_secure_sampler(lfw_folder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A folder-per-identity PATH, the secure sampler and a second mechanism."""
     monkeypatch.setenv("PEEP_CACHE_DIR", str(tmp_path / "cache"))  # keep the shared face cache clean
-    src = Path(data_home) / "lfw_home" / "lfw_funneled"
-    folder = tmp_path / "faces"
-    for person in ("Colin_Powell", "Tony_Blair", "Gerhard_Schroeder"):
-        (folder / person).mkdir(parents=True)
-        for f in sorted((src / person).glob("*.jpg"))[:14]:
-            (folder / person / f.name).symlink_to(f)
+    folder = lfw_folder({"Colin_Powell": 14, "Tony_Blair": 14, "Gerhard_Schroeder": 14})
     out = tmp_path / "audit"
     argv = [
         "audit",

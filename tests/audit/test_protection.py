@@ -73,15 +73,10 @@ def test_site_keys_need_a_rotation_invariant_mechanism(data_home: str, tmp_path:
     assert main([*argv[:-1], "1"]) == 2
 
 
-def test_site_keys_on_a_folder_dataset(data_home: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_site_keys_on_a_folder_dataset(lfw_folder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A held-out folder-per-identity dataset gets the same section (no background: no background attack)."""
     monkeypatch.setenv("PEEP_CACHE_DIR", str(tmp_path / "cache"))
-    src = Path(data_home) / "lfw_home" / "lfw_funneled"
-    folder = tmp_path / "faces"
-    for person in ("Colin_Powell", "Tony_Blair", "Gerhard_Schroeder"):
-        (folder / person).mkdir(parents=True)
-        for f in sorted((src / person).glob("*.jpg"))[:14]:
-            (folder / person / f.name).symlink_to(f)
+    folder = lfw_folder({"Colin_Powell": 14, "Tony_Blair": 14, "Gerhard_Schroeder": 14})
     out = tmp_path / "audit"
     argv = ["audit", "--dataset", str(folder), "--min-faces", "10", "--out", str(out), "--no-progress",
             "--mechanism", "privunit", "--epsilons", "64", "--components", "8", "--repeats", "1", "--hidden", "16",

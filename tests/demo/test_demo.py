@@ -13,16 +13,15 @@ from peep.server.cli import main
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".pgm", ".bmp"}
 
 
+# A reduced demo: three subjects, four strangers, two cameras.
+SMALL = ["--subjects", "3", "--enrol-images", "8", "--probe-images", "2", "--strangers", "4", "--cameras", "2",
+         "--qbbs-epsilon", "20", "--public-max-faces", "5"]  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory: pytest.TempPathFactory, data_home: str) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("demo") / "run"
-    rc = main(
-        [
-            "demo", "--data-home", data_home, "--out", str(out), "--subjects", "3", "--enrol-images", "8",
-            "--probe-images", "2", "--strangers", "4", "--cameras", "2", "--qbbs-epsilon", "20",
-            "--public-max-faces", "5",
-        ]
-    )  # fmt: skip
+    rc = main(["demo", "--data-home", data_home, "--out", str(out), *SMALL])
     assert rc == 0
     return out, json.loads((out / "summary.json").read_text())
 
@@ -346,13 +345,7 @@ def test_the_demo_is_keyed_and_the_server_holds_key_ids_only(demo_run):
 def test_a_second_run_into_the_same_folder_starts_afresh(demo_run, data_home, tmp_path):
     """Nothing of the first run is built on: the same counts and the same ε per device, a new key."""
     out, first = demo_run
-    rc = main(
-        [
-            "demo", "--data-home", data_home, "--out", str(out), "--subjects", "3", "--enrol-images", "8",
-            "--probe-images", "2", "--strangers", "4", "--cameras", "2", "--qbbs-epsilon", "20",
-            "--public-max-faces", "5",
-        ]
-    )  # fmt: skip
+    rc = main(["demo", "--data-home", data_home, "--out", str(out), *SMALL])
     assert rc == 0
     second = json.loads((out / "summary.json").read_text())
     assert second["kept_templates"] == first["kept_templates"]

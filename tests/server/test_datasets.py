@@ -85,17 +85,11 @@ def test_folder_dataset_errors(tmp_path, data_home):
         load_dataset("lfw", data_home=data_home, min_faces=10, max_faces=5)
 
 
-def test_normalised_faces_are_cached_per_image_and_shared_by_every_selection(data_home, tmp_path, monkeypatch):
-    """A selection of people reuses the detections of any earlier selection that had them."""
-    from peep.server import datasets, facework
+@pytest.fixture
+def images_read(monkeypatch) -> list[str]:
+    """The paths the face pipeline reads and searches from now on (a list that grows)."""
+    from peep.server import facework
 
-    monkeypatch.setenv("PEEP_CACHE_DIR", str(tmp_path / "cache"))
-    src = Path(data_home) / "lfw_home" / "lfw_funneled"
-    folder = tmp_path / "faces"
-    for person, n in (("Ahmed_Chalabi", 5), ("Ai_Sugiyama", 5), ("Al_Gore", 8)):
-        (folder / person).mkdir(parents=True)
-        for f in sorted((src / person).glob("*.jpg"))[:n]:
-            (folder / person / f.name).symlink_to(f)
     calls: list[str] = []
     real = facework.process_image
 
@@ -104,6 +98,18 @@ def test_normalised_faces_are_cached_per_image_and_shared_by_every_selection(dat
         return real(path, *args, **kw)
 
     monkeypatch.setattr(facework, "process_image", counting)
+    return calls
+
+
+def test_normalised_faces_are_cached_per_image_and_shared_by_every_selection(
+    lfw_folder, tmp_path, monkeypatch, images_read
+):
+    """A selection of people reuses the detections of any earlier selection that had them."""
+    from peep.server import datasets
+
+    monkeypatch.setenv("PEEP_CACHE_DIR", str(tmp_path / "cache"))
+    folder = lfw_folder({"Ahmed_Chalabi": 5, "Ai_Sugiyama": 5, "Al_Gore": 8})
+    calls = images_read
     everyone = datasets.load_dataset(str(folder), min_faces=1, jobs=1)
     assert len(calls) == 18 and len(set(calls)) == 18  # each image read and searched once
     calls.clear()
@@ -112,25 +118,13 @@ def test_normalised_faces_are_cached_per_image_and_shared_by_every_selection(dat
     np.testing.assert_array_equal(few.images, everyone.images[np.isin(everyone.labels, [0, 1])])
 
 
-def test_people_not_asked_for_are_never_read(data_home, tmp_path, monkeypatch):
+def test_people_not_asked_for_are_never_read(lfw_folder, tmp_path, monkeypatch, images_read):
     """``people=`` selects identities before any image is read (the demo never describes strangers' photos)."""
-    from peep.server import datasets, facework
+    from peep.server import datasets
 
     monkeypatch.setenv("PEEP_CACHE_DIR", str(tmp_path / "cache"))
-    src = Path(data_home) / "lfw_home" / "lfw_funneled"
-    folder = tmp_path / "faces"
-    for person in ("Ahmed_Chalabi", "Ai_Sugiyama", "Al_Gore"):
-        (folder / person).mkdir(parents=True)
-        for f in sorted((src / person).glob("*.jpg"))[:5]:
-            (folder / person / f.name).symlink_to(f)
-    calls: list[str] = []
-    real = facework.process_image
-
-    def counting(path, *args, **kw):
-        calls.append(path)
-        return real(path, *args, **kw)
-
-    monkeypatch.setattr(facework, "process_image", counting)
+    folder = lfw_folder({"Ahmed_Chalabi": 5, "Ai_Sugiyama": 5, "Al_Gore": 5})
+    calls = images_read
     two = datasets.load_dataset(str(folder), min_faces=1, jobs=1, people=["Al Gore", "Ahmed_Chalabi"])
     assert two.target_names == ["Ahmed Chalabi", "Al Gore"]
     assert len(calls) == 10 and not any("Ai_Sugiyama" in c for c in calls)

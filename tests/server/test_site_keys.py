@@ -180,18 +180,13 @@ def test_retire_key_names_a_malformed_id(tmp_path, capsys):
     assert "--key-id: expected 'sk-' and 16 hex digits" in capsys.readouterr().err
 
 
-def test_the_administrators_tool_enrols_a_keyed_background(tmp_path, pki, keypair, bundle_dir, data_home,
+def test_the_administrators_tool_enrols_a_keyed_background(tmp_path, pki, keypair, bundle_dir, lfw_folder,
                                                            monkeypatch):  # fmt: skip
     """peep-edge enroll-background: public faces released under the site key, enrolled as numbered background."""
     from peep.edge.cli import main as edge_main
     from peep_server_testlib import ADMIN_TOKEN, SITE
 
-    src = Path(data_home) / "lfw_home" / "lfw_funneled"
-    folder = tmp_path / "public"
-    for person in ("Ahmed_Chalabi", "Ai_Sugiyama", "Al_Gore"):
-        (folder / person).mkdir(parents=True)
-        for f in sorted((src / person).glob("*.jpg"))[:5]:
-            (folder / person / f.name).symlink_to(f)
+    folder = lfw_folder({"Ahmed_Chalabi": 5, "Ai_Sugiyama": 5, "Al_Gore": 5}, name="public")
     key_file = KEY_A.write(tmp_path / "site.key")
     srv = start_server(base_config(tmp_path, keypair[3], bundle_dir, grpc={"tls": tls_section(pki)}), pki, tmp_path)
     try:
