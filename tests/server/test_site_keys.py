@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import os
+import sys
 from pathlib import Path
 
 import grpc
@@ -41,9 +43,24 @@ def keyed_a(bundle, lfw100, lfw_background):
     return _keyed(bundle, lfw100, lfw_background, KEY_A, 11)
 
 
+_OPENED: list[str] | None = None
+
+
+def _record_opens(event: str, args: tuple) -> None:
+    if _OPENED is not None and event == "open" and isinstance(args[0], str | bytes | os.PathLike):
+        _OPENED.append(os.fsdecode(args[0]))
+
+
+sys.addaudithook(_record_opens)  # audit hooks stay for the process: it records only while _OPENED is a list
+
+
 def test_a_model_is_trained_under_one_key_and_refuses_templates_of_another(
     tmp_path, pki, keypair, bundle_dir, bundle, lfw100, lfw_background, keyed_a
 ):
+    global _OPENED
+    # A key file lies next to the server's data; nothing the server opens while it serves is one.
+    KEY_A.write(tmp_path / "site.key")
+    _OPENED = []
     srv = start_server(base_config(tmp_path, keypair[3], bundle_dir, grpc={"tls": tls_section(pki)}), pki, tmp_path)
     try:
         stub = srv.stub()
@@ -83,6 +100,10 @@ def test_a_model_is_trained_under_one_key_and_refuses_templates_of_another(
         assert srv.services.recogniser.require_model().version == "v000001"
     finally:
         srv.app.stop(0)
+        opened, _OPENED = _OPENED, None
+    assert opened, "the audit hook saw no file opened"
+    keys = [p for p in set(opened) if os.path.isfile(p) and Path(p).read_bytes()[:400].find(b"peep-site-key-v1:") >= 0]
+    assert keys == [] and str(tmp_path / "site.key") not in opened
 
 
 def test_training_takes_the_configured_key_while_two_are_stored(tmp_path, pki, keypair, bundle_dir, bundle, lfw100,
