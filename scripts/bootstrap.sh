@@ -25,9 +25,10 @@ print=0
 if [ "${1:-}" = --print ]; then print=1; shift; fi
 [ $# -le 1 ] || usage
 set_name="${1:-all}"
-# peep-server[demo] and [dlib] are peep-edge[soft] and [dlib]: named here too so pip takes the local edge/.
-demo_pkgs=(-e ./shared -e "./edge[soft,dlib]" -e "./server[demo,dlib,console]")
-all_pkgs=(-e ./shared -e "./edge[soft,dlib]" -e "./server[demo,dlib,sgap,console]" --group dev)
+# peep-server[demo] and [dlib] are peep-edge[soft] and [dlib]: named here too so pip takes the local edge/
+# (with [door]: gpiozero, which the door's GPIO lock and its tests use).
+demo_pkgs=(-e ./shared -e "./edge[soft,dlib,door]" -e "./server[demo,dlib,console]")
+all_pkgs=(-e ./shared -e "./edge[soft,dlib,door]" -e "./server[demo,dlib,sgap,console]" --group dev)
 case "$set_name" in
   demo) pkgs=("${demo_pkgs[@]}") ;;
   all) pkgs=("${all_pkgs[@]}") ;;
@@ -111,10 +112,10 @@ if [ "$set_name" = demo ]; then
   if [ -f "$stamp_all" ] && [ "$(cat "$stamp_all")" = "$(stamp_of all "${all_pkgs[@]}")" ]; then
     exit 0
   fi
-  echo "bootstrap: installing what peep demo needs into $venv (peep-core, peep-edge[soft,dlib]," \
+  echo "bootstrap: installing what peep demo needs into $venv (peep-core, peep-edge[soft,dlib,door]," \
     "peep-server[demo,dlib,console]; the tests' extras and tools come with scripts/test.sh)" >&2
 else
-  echo "bootstrap: installing peep-core, peep-edge[soft,dlib], peep-server[demo,dlib,sgap,console] and dev tools" \
+  echo "bootstrap: installing peep-core, peep-edge[soft,dlib,door], peep-server[demo,dlib,sgap,console] and dev tools" \
     "into $venv" >&2
 fi
 # pip >= 25.1 reads --group (the dev tools); the demo's set does not need it, nor the time its upgrade takes.

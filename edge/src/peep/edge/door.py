@@ -1,0 +1,355 @@
+"""The door: a claim, a decision bound to it, a lock that stays shut unless that decision opens it.
+
+Fail-secure is the rule everything here follows: the lock is driven open only by :meth:`DoorController.decide`
+with an *accepted* decision for the *current* claim, on *this* door, before the claim's deadline. Anything
+else — no decision in time, a decision for another claim or another door, a replayed one, one that cannot
+be read, a server or broker that cannot be reached — leaves it locked, with the reason logged and counted.
+A subject whose claims failed ``lockout_failures`` times within ``lockout_window_s`` cannot claim again
+until the window has passed (a claim brute force stops there).
+
+Locks (:class:`Lock`): a GPIO output through ``gpiozero`` (:class:`GpioLock`, extra ``peep-edge[door]``),
+an MQTT relay in the Tasmota / Shelly / Home Assistant convention (:class:`MqttRelayLock`), or a command
+(:class:`CommandLock`). Each is energised for ``open_s`` seconds, then released; closing the controller
+releases it too. For relays driven over the network, set the relay's own auto-off (Tasmota ``PulseTime``,
+Shelly ``auto_off``) as well: if the link drops while it is open, the relay itself re-locks.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import secrets
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from peep.edge.errors import MissingExtraError
+from peep.edge.logs import log_event
+
+_log = logging.getLogger("peep.edge.door")
+
+#: Why a claim did not open the door (the values of ``peep_edge_door_refusals_total{reason}``).
+REFUSAL_REASONS = (
+    "rejected",  # the server verified the face and said no
+    "timeout",  # no decision before the claim's deadline
+    "unreachable",  # the server or broker could not be asked
+    "malformed",  # a decision that cannot be read
+    "mismatch",  # a decision for another claim, another door or another subject
+    "replayed",  # a decision for a claim already decided
+    "locked_out",  # the subject failed too often lately
+    "no_face",  # no usable face appeared in time
+    "busy",  # a claim is already waiting for its decision
+)
+
+
+class Lock(Protocol):
+    """What drives the door: energised to open, released to lock."""
+
+    def energise(self) -> None: ...
+
+    def release(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class GpioLock:
+    """A relay or strike on a GPIO pin (``gpiozero.OutputDevice``; initially released).
+
+    Parameters
+    ----------
+    pin : int or str
+        The pin (BCM number, or a name gpiozero knows).
+    active_high : bool
+        Whether the relay closes on a high output (most relay boards: False, they are active low).
+    pin_factory : gpiozero pin factory, optional
+        Tests pass ``gpiozero.pins.mock.MockFactory()``.
+    """
+
+    def __init__(self, pin: int | str, *, active_high: bool = True, pin_factory: Any = None) -> None:
+        try:
+            from gpiozero import OutputDevice  # type: ignore[import-untyped]
+        except ImportError:
+            raise MissingExtraError(
+                [("door.lock", "the gpio lock needs gpiozero: pip install 'peep-edge[door]'")]
+            ) from None
+        self._device = OutputDevice(pin, active_high=active_high, initial_value=False, pin_factory=pin_factory)
+
+    def energise(self) -> None:
+        self._device.on()
+
+    def release(self) -> None:
+        self._device.off()
+
+    def close(self) -> None:
+        self._device.off()
+        self._device.close()
+
+
+#: Topic and payloads of the MQTT relay conventions (``{name}`` is the relay's topic name or device id).
+RELAY_CONVENTIONS: dict[str, tuple[str, str, str]] = {
+    "tasmota": ("cmnd/{name}/POWER", "ON", "OFF"),
+    "shelly": ("shellies/{name}/relay/0/command", "on", "off"),
+}
+
+
+class MqttRelayLock:
+    """A relay switched by MQTT commands (Tasmota, Shelly, or a Home Assistant ``switch`` command topic).
+
+    Parameters
+    ----------
+    publish : callable
+        ``publish(topic, payload)``, raising when the broker cannot take it (the caller's MQTT client).
+    topic, payload_on, payload_off : str
+        Where and what to send (see :data:`RELAY_CONVENTIONS`).
+    """
+
+    def __init__(self, publish: Callable[[str, str], None], *, topic: str, payload_on: str, payload_off: str) -> None:
+        self._publish = publish
+        self.topic, self.payload_on, self.payload_off = topic, payload_on, payload_off
+
+    def energise(self) -> None:
+        self._publish(self.topic, self.payload_on)
+
+    def release(self) -> None:
+        self._publish(self.topic, self.payload_off)
+
+    def close(self) -> None:
+        self.release()
+
+
+class CommandLock:
+    """A lock driven by commands (argument lists, never a shell), each given ``timeout_s`` to finish."""
+
+    def __init__(self, open_command: Sequence[str], close_command: Sequence[str], *, timeout_s: float = 5.0) -> None:
+        if not open_command or not close_command:
+            raise ValueError("door.lock: expected an open and a close command (argument lists), received an empty one")
+        self.open_command, self.close_command, self.timeout_s = list(open_command), list(close_command), timeout_s
+
+    def _run(self, argv: list[str]) -> None:
+        subprocess.run(argv, check=True, timeout=self.timeout_s, stdin=subprocess.DEVNULL, capture_output=True)
+
+    def energise(self) -> None:
+        self._run(self.open_command)
+
+    def release(self) -> None:
+        self._run(self.close_command)
+
+    def close(self) -> None:
+        self.release()
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim at this door: who, a fresh nonce binding the decision to it, and its deadline."""
+
+    subject: str
+    nonce: str
+    door: str
+    made_at: float
+    deadline: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What came back for a claim (over gRPC the Verify answer; over MQTT the server's decision message)."""
+
+    nonce: str
+    door: str
+    subject: str
+    accepted: bool
+    score: float = 0.0
+
+
+@dataclass
+class Outcome:
+    """What a claim came to: ``opened`` or not, and why not (one of :data:`REFUSAL_REASONS`)."""
+
+    claim: Claim | None
+    opened: bool
+    reason: str = ""
+    detail: str = ""
+    latency_s: float | None = None
+
+
+@dataclass
+class _Failures:
+    times: deque[float] = field(default_factory=deque)
+
+
+class DoorController:
+    """Claims, decisions and the lock of one door (thread-safe; see the module docstring).
+
+    Parameters
+    ----------
+    door : str
+        This door's id (the device id): a decision naming another door opens nothing.
+    lock : Lock
+    open_s : float
+        Seconds the lock stays energised after an accepted decision.
+    decision_timeout_s : float
+        Seconds from a claim to its deadline: a decision after it is refused (``timeout``).
+    lockout_failures, lockout_window_s
+        A subject with this many failed claims in the window is refused (``locked_out``) until it passes.
+    clock : callable
+        Monotonic seconds (injected in tests).
+    on_outcome : callable, optional
+        Called with every :class:`Outcome` (the audit log, the console's Live page, metrics).
+    """
+
+    def __init__(
+        self,
+        door: str,
+        lock: Lock,
+        *,
+        open_s: float = 3.0,
+        decision_timeout_s: float = 5.0,
+        lockout_failures: int = 5,
+        lockout_window_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_outcome: Callable[[Outcome], None] | None = None,
+    ) -> None:
+        if not (0 < open_s <= 60):
+            raise ValueError(f"door.open_s: expected 0 < seconds <= 60, received {open_s}")
+        if not (0 < decision_timeout_s <= 60):
+            raise ValueError(f"door.decision_timeout_s: expected 0 < seconds <= 60, received {decision_timeout_s}")
+        if lockout_failures < 1:
+            raise ValueError(f"door.lockout_failures: expected >= 1, received {lockout_failures}")
+        self.door, self.lock = door, lock
+        self.open_s, self.decision_timeout_s = float(open_s), float(decision_timeout_s)
+        self.lockout_failures, self.lockout_window_s = int(lockout_failures), float(lockout_window_s)
+        self.clock = clock
+        self.on_outcome = on_outcome
+        self._lock = threading.Lock()
+        self._current: Claim | None = None
+        self._decided: deque[str] = deque(maxlen=1024)  # nonces already decided: a replay opens nothing
+        self._failures: dict[str, _Failures] = {}
+        self._relock: threading.Timer | None = None
+        self.refusals: dict[str, int] = dict.fromkeys(REFUSAL_REASONS, 0)
+        self.opened = 0
+        self.lock.release()  # whatever state the lock was left in, it starts locked
+
+    # -- claims ---------------------------------------------------------------------------
+
+    def claim(self, subject: str) -> Claim | Outcome:
+        """Start a claim for ``subject``: the claim to verify, or the refusal (locked out, busy)."""
+        now = self.clock()
+        with self._lock:
+            if self._current is not None and now <= self._current.deadline:
+                return self._refuse(
+                    None, "busy", f"a claim for another subject is waiting until {self._current.deadline:.1f}"
+                )
+            self._current = None
+            if self._locked_out(subject, now):
+                claim = Claim(subject, "", self.door, now, now)
+                return self._refuse(claim, "locked_out", f"{self.lockout_failures} failed claims within "
+                                    f"{self.lockout_window_s:g} s")  # fmt: skip
+            claim = Claim(subject, secrets.token_hex(16), self.door, now, now + self.decision_timeout_s)
+            self._current = claim
+        log_event(_log, logging.INFO, "door_claim", door=self.door, nonce=claim.nonce)
+        return claim
+
+    def fail(self, claim: Claim, reason: str, detail: str = "") -> Outcome:
+        """End ``claim`` without a decision (``no_face``, ``unreachable``, ``malformed``...): it stays locked."""
+        if reason not in REFUSAL_REASONS:
+            raise ValueError(f"reason: expected one of {', '.join(REFUSAL_REASONS)}, received {reason!r}")
+        with self._lock:
+            if self._current is not None and self._current.nonce == claim.nonce:
+                self._current = None
+                self._decided.append(claim.nonce)
+            self._count_failure(claim.subject)
+            return self._refuse(claim, reason, detail)
+
+    def decide(self, decision: Decision | None) -> Outcome:
+        """Act on a decision: open only for an accepted one of the current claim, on this door, in time."""
+        now = self.clock()
+        with self._lock:
+            claim = self._current
+            if decision is None:
+                return self._refuse(claim, "malformed", "a decision that could not be read")
+            if decision.nonce in self._decided:
+                return self._refuse(claim, "replayed", "a decision for a claim already decided")
+            if claim is None or not hmac.compare_digest(decision.nonce, claim.nonce):
+                return self._refuse(claim, "mismatch", "a decision for another claim")
+            if decision.door != self.door or decision.subject != claim.subject:
+                return self._refuse(claim, "mismatch", "a decision for another door or subject")
+            self._current = None
+            self._decided.append(claim.nonce)
+            if now > claim.deadline:
+                self._count_failure(claim.subject)
+                return self._refuse(claim, "timeout", f"decided {now - claim.made_at:.2f} s after the claim")
+            if not decision.accepted:
+                self._count_failure(claim.subject)
+                return self._refuse(claim, "rejected", f"score {decision.score:.3f}")
+            self._failures.pop(claim.subject, None)
+            self._open()
+            outcome = Outcome(claim, True, latency_s=now - claim.made_at)
+            self.opened += 1
+        log_event(_log, logging.INFO, "door_opened", door=self.door, nonce=claim.nonce,
+                  latency_ms=round(1000 * (outcome.latency_s or 0.0), 1))  # fmt: skip
+        self._report(outcome)
+        return outcome
+
+    def expire(self) -> Outcome | None:
+        """Refuse the current claim if its deadline has passed (``timeout``); call it periodically."""
+        with self._lock:
+            claim = self._current
+            if claim is None or self.clock() <= claim.deadline:
+                return None
+            self._current = None
+            self._decided.append(claim.nonce)
+            self._count_failure(claim.subject)
+            return self._refuse(claim, "timeout", "no decision before the deadline")
+
+    # -- the lock -----------------------------------------------------------------------
+
+    def _open(self) -> None:
+        if self._relock is not None:
+            self._relock.cancel()
+        self.lock.energise()
+        self._relock = threading.Timer(self.open_s, self._release)
+        self._relock.daemon = True
+        self._relock.start()
+
+    def _release(self) -> None:
+        try:
+            self.lock.release()
+        except Exception as exc:  # logged loudly: a lock that cannot be released needs a person
+            log_event(_log, logging.ERROR, "door_release_failed", door=self.door, error=str(exc)[:200])
+
+    def close(self) -> None:
+        """Release the lock now and stop (the door is left locked)."""
+        if self._relock is not None:
+            self._relock.cancel()
+        self.lock.close()
+
+    # -- bookkeeping ----------------------------------------------------------------------
+
+    def _locked_out(self, subject: str, now: float) -> bool:
+        f = self._failures.get(subject)
+        if f is None:
+            return False
+        while f.times and now - f.times[0] > self.lockout_window_s:
+            f.times.popleft()
+        return len(f.times) >= self.lockout_failures
+
+    def _count_failure(self, subject: str) -> None:
+        self._failures.setdefault(subject, _Failures()).times.append(self.clock())
+
+    def _refuse(self, claim: Claim | None, reason: str, detail: str) -> Outcome:
+        self.refusals[reason] += 1
+        outcome = Outcome(claim, False, reason, detail)
+        log_event(_log, logging.WARNING, "door_refused", door=self.door, reason=reason, detail=detail[:200],
+                  nonce=claim.nonce if claim else "")  # fmt: skip
+        self._report(outcome)
+        return outcome
+
+    def _report(self, outcome: Outcome) -> None:
+        if self.on_outcome is not None:
+            try:
+                self.on_outcome(outcome)
+            except Exception as exc:  # a failing observer never opens or blocks the door
+                log_event(_log, logging.WARNING, "door_observer_failed", error=str(exc)[:200])

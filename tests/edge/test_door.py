@@ -1,0 +1,206 @@
+"""The door's decision and lock: fail-secure in every way a decision can go wrong, real GPIO mock and broker."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+from peep.edge.door import (
+    RELAY_CONVENTIONS,
+    Claim,
+    CommandLock,
+    Decision,
+    DoorController,
+    GpioLock,
+    MqttRelayLock,
+)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class RecordingLock:
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def energise(self) -> None:
+        self.events.append("open")
+
+    def release(self) -> None:
+        self.events.append("lock")
+
+    def close(self) -> None:
+        self.events.append("lock")
+
+
+@pytest.fixture
+def door():
+    clock, lock, seen = FakeClock(), RecordingLock(), []
+    ctl = DoorController("door-1", lock, open_s=0.05, decision_timeout_s=2.0, lockout_failures=3,
+                         lockout_window_s=60.0, clock=clock, on_outcome=seen.append)  # fmt: skip
+    yield ctl, clock, lock, seen
+    ctl.close()
+
+
+def _ok(claim: Claim, **kw) -> Decision:
+    return Decision(**{"nonce": claim.nonce, "door": "door-1", "subject": claim.subject, "accepted": True} | kw)
+
+
+def test_an_accepted_decision_for_the_current_claim_opens_then_relocks(door):
+    ctl, clock, lock, seen = door
+    assert lock.events == ["lock"]  # it starts locked whatever state it was in
+    claim = ctl.claim("alice")
+    assert isinstance(claim, Claim) and len(claim.nonce) == 32
+    clock.t += 0.3
+    out = ctl.decide(_ok(claim))
+    assert out.opened and out.latency_s == pytest.approx(0.3) and seen[-1] is out
+    time.sleep(0.3)
+    assert lock.events == ["lock", "open", "lock"]
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (lambda c: None, "malformed"),
+        (lambda c: _ok(c, nonce="0" * 32), "mismatch"),
+        (lambda c: _ok(c, door="door-2"), "mismatch"),
+        (lambda c: _ok(c, subject="mallory"), "mismatch"),
+        (lambda c: _ok(c, accepted=False), "rejected"),
+    ],
+)
+def test_every_wrong_decision_leaves_it_locked(door, make, reason):
+    ctl, _clock, lock, _ = door
+    claim = ctl.claim("alice")
+    out = ctl.decide(make(claim))
+    assert not out.opened and out.reason == reason and ctl.refusals[reason] == 1
+    assert "open" not in lock.events
+
+
+def test_late_replayed_and_expired_decisions_open_nothing(door):
+    ctl, clock, lock, _ = door
+    claim = ctl.claim("alice")
+    clock.t += 2.5  # past the deadline
+    assert ctl.decide(_ok(claim)).reason == "timeout"
+    # The same accepted decision again (a replay, e.g. a captured MQTT message): refused.
+    assert ctl.decide(_ok(claim)).reason == "replayed"
+    claim2 = ctl.claim("alice")
+    clock.t += 3.0
+    assert ctl.expire().reason == "timeout" and ctl.decide(_ok(claim2)).reason == "replayed"
+    # A decision for a claim of an earlier run of the agent (never issued here) is a mismatch.
+    assert ctl.decide(Decision("f" * 32, "door-1", "alice", True)).reason == "mismatch"
+    assert "open" not in lock.events and ctl.opened == 0
+
+
+def test_a_claim_waits_alone_and_a_failed_one_says_why(door):
+    ctl, _clock, lock, _ = door
+    first = ctl.claim("alice")
+    busy = ctl.claim("bob")
+    assert not isinstance(busy, Claim) and busy.reason == "busy"
+    assert ctl.fail(first, "unreachable", "server: connection refused").reason == "unreachable"
+    # The claim is over: its decision arriving now opens nothing.
+    assert ctl.decide(_ok(first)).reason == "replayed" and "open" not in lock.events
+    assert isinstance(ctl.claim("bob"), Claim)
+
+
+def test_a_subject_is_locked_out_after_n_failures_in_the_window(door):
+    ctl, clock, _lock, _ = door
+    for _ in range(3):
+        c = ctl.claim("mallory")
+        ctl.decide(_ok(c, accepted=False))
+        clock.t += 1.0
+    out = ctl.claim("mallory")
+    assert not isinstance(out, Claim) and out.reason == "locked_out"
+    assert isinstance(ctl.claim("alice"), Claim)  # others are not
+    ctl.expire()
+    clock.t += 61.0
+    assert isinstance(ctl.claim("mallory"), Claim)  # the window passed
+
+
+def test_gpio_lock_through_gpiozeros_mock_pins():
+    from gpiozero.pins.mock import MockFactory
+
+    factory = MockFactory()
+    lock = GpioLock(17, pin_factory=factory)
+    pin = factory.pin(17)
+    ctl = DoorController("door-1", lock, open_s=0.2, decision_timeout_s=2.0)
+    try:
+        assert pin.state is False
+        claim = ctl.claim("alice")
+        ctl.decide(Decision(claim.nonce, "door-1", "alice", False))
+        assert pin.state is False
+        claim = ctl.claim("alice")
+        assert ctl.decide(Decision(claim.nonce, "door-1", "alice", True)).opened
+        assert pin.state is True
+        time.sleep(0.5)
+        assert pin.state is False
+    finally:
+        ctl.close()
+    # Active-low relay boards: energised means a low output.
+    lock = GpioLock(27, active_high=False, pin_factory=factory)
+    lock.energise()
+    assert factory.pin(27).state is False
+    lock.release()
+    assert factory.pin(27).state is True
+    lock.close()
+
+
+def test_mqtt_relay_lock_speaks_tasmotas_topic_on_the_real_broker(system_broker):
+    import paho.mqtt.client as mqtt
+
+    host, port = system_broker
+    name = f"peeptest-{uuid.uuid4().hex[:8]}"
+    topic_tpl, on, off = RELAY_CONVENTIONS["tasmota"]
+    topic = topic_tpl.format(name=name)
+    got: list[str] = []
+    ready = threading.Event()
+    sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"{name}-relay")
+    sub.on_message = lambda c, u, m: got.append(m.payload.decode())
+    sub.on_subscribe = lambda *a: ready.set()
+    sub.connect(host, port)
+    sub.subscribe(topic, qos=1)
+    sub.loop_start()
+    pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"{name}-door")
+    pub.connect(host, port)
+    pub.loop_start()
+    try:
+        assert ready.wait(5)
+
+        def publish(t: str, payload: str) -> None:
+            pub.publish(t, payload, qos=1).wait_for_publish(5)
+
+        ctl = DoorController("door-1", MqttRelayLock(publish, topic=topic, payload_on=on, payload_off=off),
+                             open_s=0.2, decision_timeout_s=2.0)  # fmt: skip
+        claim = ctl.claim("alice")
+        assert ctl.decide(Decision(claim.nonce, "door-1", "alice", True)).opened
+        time.sleep(0.6)
+        ctl.close()
+        deadline = time.monotonic() + 5
+        while len(got) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert got == ["OFF", "ON", "OFF", "OFF"]  # locked at start, opened, relocked, locked on close
+    finally:
+        for c in (sub, pub):
+            c.loop_stop()
+            c.disconnect()
+
+
+def test_command_lock_runs_argument_lists(tmp_path):
+    log = tmp_path / "lock.log"
+    script = f"import sys; open({str(log)!r}, 'a').write(sys.argv[1] + '\\n')"
+    lock = CommandLock([sys.executable, "-c", script, "open"], [sys.executable, "-c", script, "locked"])
+    ctl = DoorController("door-1", lock, open_s=0.2, decision_timeout_s=2.0)
+    claim = ctl.claim("alice")
+    ctl.decide(Decision(claim.nonce, "door-1", "alice", True))
+    time.sleep(0.8)
+    ctl.close()
+    assert log.read_text().split() == ["locked", "open", "locked", "locked"]
+    with pytest.raises(ValueError, match="door.lock: expected an open and a close command"):
+        CommandLock([], ["true"])
