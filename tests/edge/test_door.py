@@ -204,3 +204,39 @@ def test_command_lock_runs_argument_lists(tmp_path):
     assert log.read_text().split() == ["locked", "open", "locked", "locked"]
     with pytest.raises(ValueError, match="door.lock: expected an open and a close command"):
         CommandLock([], ["true"])
+
+
+def test_door_configuration_builds_each_lock_and_names_what_is_missing(make_config, tmp_path):
+    from gpiozero.pins.mock import MockFactory
+    from peep.edge.config import load_config
+    from peep.edge.door import build_lock
+    from peep.edge.errors import ConfigError
+
+    cfg = load_config(make_config(door={"enabled": True, "gpio_pin": 22})).door
+    factory = MockFactory()
+    lock = build_lock(cfg, pin_factory=factory)
+    assert isinstance(lock, GpioLock)
+    lock.energise()
+    assert factory.pin(22).state is False  # active low by default: most relay boards are
+    lock.close()
+    sent: list[tuple[str, str]] = []
+    door = {"enabled": True, "lock": "mqtt-relay", "relay_convention": "shelly", "relay_name": "shelly1-front"}
+    shelly = load_config(make_config("s.toml", door=door)).door
+    relay = build_lock(shelly, publish=lambda t, p: sent.append((t, p)))
+    relay.energise()
+    assert sent == [("shellies/shelly1-front/relay/0/command", "on")]
+    with pytest.raises(ValueError, match="needs the device's MQTT connection"):
+        build_lock(shelly)
+    for door, match in (
+        ({"enabled": True, "lock": "command", "open_command": ["unlock"]}, "door.open_command/close_command"),
+        ({"enabled": True, "lock": "mqtt-relay", "relay_convention": "custom"}, "door.relay_topic: expected the"),
+        ({"enabled": True, "lock": "mqtt-relay", "relay_convention": "custom", "relay_topic": "a/+/b"}, "wildcards"),
+        ({"enabled": True, "open_s": 0}, "door.open_s"),
+        ({"enabled": True, "lock": "mqtt-relay"}, None),
+    ):
+        if match is None:  # an MQTT relay needs the device's MQTT connection
+            with pytest.raises(ConfigError, match="door.lock: expected mqtt.enabled"):
+                load_config(make_config("m.toml", door=door, mqtt={"enabled": False}, grpc={"enabled": True}))
+            continue
+        with pytest.raises(ConfigError, match=match):
+            load_config(make_config("x.toml", door=door))

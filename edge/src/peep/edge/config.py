@@ -373,6 +373,50 @@ class LogConfig(_Section):
     format: Literal["json", "text"] = "json"
 
 
+class DoorConfig(_Section):
+    """A door this device opens on a verified claim (fail-secure: see peep.edge.door)."""
+
+    enabled: bool = False
+    lock: Literal["gpio", "mqtt-relay", "command"] = Field(
+        default="gpio", description="what drives the strike or relay: a GPIO pin, an MQTT relay, or commands"
+    )
+    gpio_pin: int = Field(default=17, ge=0, le=63, description="BCM pin of the relay (lock = 'gpio')")
+    gpio_active_high: bool = Field(
+        default=False, description="whether the relay closes on a high output (most relay boards are active low)"
+    )
+    relay_convention: Literal["tasmota", "shelly", "custom"] = Field(
+        default="tasmota", description="lock = 'mqtt-relay': the relay's topic convention"
+    )
+    relay_name: str = Field(
+        default="door-relay", pattern=ID_PATTERN.pattern, description="the relay's topic name (Tasmota) or id (Shelly)"
+    )
+    relay_topic: str | None = Field(
+        default=None, max_length=256, description="relay_convention = 'custom': the command topic (Home Assistant)"
+    )
+    relay_payload_on: str = Field(default="ON", max_length=64)
+    relay_payload_off: str = Field(default="OFF", max_length=64)
+    open_command: list[str] = Field(default_factory=list, max_length=64, description="lock = 'command': argv to open")
+    close_command: list[str] = Field(default_factory=list, max_length=64, description="lock = 'command': argv to lock")
+    open_s: float = Field(default=3.0, gt=0.0, le=60.0, description="seconds the lock stays open after an accept")
+    decision_timeout_s: float = Field(
+        default=5.0, gt=0.0, le=60.0, description="seconds from a claim to its deadline; no decision by then: locked"
+    )
+    lockout_failures: int = Field(default=5, ge=1, le=1000, description="failed claims that lock a subject out")
+    lockout_window_s: float = Field(default=300.0, gt=0.0, le=86400.0, description="the lock-out's window")
+
+    @model_validator(mode="after")
+    def _lock_is_complete(self) -> DoorConfig:
+        if self.lock == "command" and not (self.open_command and self.close_command):
+            raise ValueError("door.open_command/close_command: expected both argument lists for lock = 'command'")
+        if self.lock == "mqtt-relay" and self.relay_convention == "custom" and not self.relay_topic:
+            raise ValueError("door.relay_topic: expected the command topic for relay_convention = 'custom'")
+        if self.relay_topic is not None and any(c in self.relay_topic for c in "+#\x00"):
+            raise ValueError(
+                f"door.relay_topic: expected a topic without wildcards, received {self.relay_topic[:64]!r}"
+            )
+        return self
+
+
 class EdgeConfig(_Section):
     """The whole agent configuration (one TOML file)."""
 
@@ -388,6 +432,7 @@ class EdgeConfig(_Section):
     grpc: GrpcConfig = GrpcConfig()
     metrics: MetricsConfig = MetricsConfig()
     log: LogConfig = LogConfig()
+    door: DoorConfig = DoorConfig()
 
     @model_validator(mode="after")
     def _checks(self) -> EdgeConfig:
@@ -399,6 +444,8 @@ class EdgeConfig(_Section):
                 f"({self.capture.reconnect_min_s}), "
                 f"received {self.capture.reconnect_max_s}"
             )
+        if self.door.enabled and self.door.lock == "mqtt-relay" and not self.mqtt.enabled:
+            raise ValueError("door.lock: expected mqtt.enabled for lock = 'mqtt-relay', received mqtt disabled")
         if self.privacy.enroll_budget is not None and not math.isfinite(self.privacy.enroll_budget):
             raise ValueError("privacy.enroll_budget: expected a finite number")
         return self

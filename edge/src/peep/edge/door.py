@@ -142,6 +142,22 @@ class CommandLock:
         self.release()
 
 
+def build_lock(cfg: Any, *, publish: Callable[[str, str], None] | None = None, pin_factory: Any = None) -> Lock:
+    """The lock a :class:`peep.edge.config.DoorConfig` names (``publish`` for an MQTT relay)."""
+    if cfg.lock == "gpio":
+        return GpioLock(cfg.gpio_pin, active_high=cfg.gpio_active_high, pin_factory=pin_factory)
+    if cfg.lock == "command":
+        return CommandLock(cfg.open_command, cfg.close_command)
+    if publish is None:
+        raise ValueError("door.lock: an MQTT relay needs the device's MQTT connection, received none")
+    if cfg.relay_convention == "custom":
+        topic, on, off = str(cfg.relay_topic), cfg.relay_payload_on, cfg.relay_payload_off
+    else:
+        tpl, on, off = RELAY_CONVENTIONS[cfg.relay_convention]
+        topic = tpl.format(name=cfg.relay_name)
+    return MqttRelayLock(publish, topic=topic, payload_on=on, payload_off=off)
+
+
 @dataclass(frozen=True)
 class Claim:
     """One claim at this door: who, a fresh nonce binding the decision to it, and its deadline."""
