@@ -240,3 +240,105 @@ def test_door_configuration_builds_each_lock_and_names_what_is_missing(make_conf
             continue
         with pytest.raises(ConfigError, match=match):
             load_config(make_config("x.toml", door=door))
+
+
+# --------------------------------------------------------------------------- a claim on the device
+
+
+class FakeVerifier:
+    """Answers as configured and keeps what it was sent (the real one is gRPC Verify)."""
+
+    def __init__(self, accepted: bool = True, error: Exception | None = None) -> None:
+        self.accepted, self.error, self.sent = accepted, error, []
+
+    def verify(self, payload, subject, timeout_s):
+        from peep.core.wire import decode_template
+
+        self.sent.append((decode_template(payload), subject, timeout_s))
+        if self.error is not None:
+            raise self.error
+        return self.accepted, 0.9 if self.accepted else 0.1
+
+
+@pytest.fixture
+def door_agent(make_config, tmp_path):
+    from peep.edge.agent import Agent
+    from peep.edge.config import load_config
+
+    agent = Agent(load_config(make_config(privacy={"mechanism": "privunit", "epsilon": 16.0, "track_budget": 1e6})),
+                  environ={})  # fmt: skip
+    pipeline = agent.open()
+    yield agent, pipeline
+    agent.shutdown(drain_timeout=0)
+
+
+def _frames(path: str, limit: int = 60):
+    from peep.edge.capture import VideoSource
+
+    src = VideoSource(path, kind="file")
+    n = {"i": 0}
+
+    def read():
+        n["i"] += 1
+        return src.read() if n["i"] <= limit else None
+
+    return read
+
+
+def test_a_claim_releases_one_verify_template_spent_not_spooled_and_opens_on_accept(door_agent, one_person_video):
+    from peep.edge.door_session import DoorSession
+
+    agent, pipeline = door_agent
+    lock = RecordingLock()
+    verifier = FakeVerifier(accepted=True)
+    ctl = DoorController("cam-1", lock, open_s=0.05, decision_timeout_s=30.0)
+    session = DoorSession(pipeline, agent.accountant, ctl, verifier, face_timeout_s=10.0, settle_frames=5)
+    out = session.handle("alice", _frames(one_person_video["path"]))
+    ctl.close()
+    assert out.opened and lock.events[:2] == ["lock", "open"]
+    ((msg, subject, timeout_s),) = verifier.sent
+    assert subject == "alice" and msg.subject == "alice" and msg.purpose == 3  # VERIFY
+    assert 0 < timeout_s <= 30.0
+    spends = agent.accountant.ledger.entries("door:alice")
+    assert [s.message_id for s in spends] == [msg.message_id] and spends[0].purpose == "verify"
+    assert spends[0].epsilon == pytest.approx(16.0, rel=1e-3)
+    assert agent.spool.peek("mqtt", 10) == []  # answered in the call: never queued for ingest
+    assert {"detect", "release", "verify", "actuate", "claim_to_lock"} <= set(session.last_timing.stages)
+
+
+@pytest.mark.parametrize(
+    ("verifier", "reason"),
+    [
+        (FakeVerifier(accepted=False), "rejected"),
+        (None, "unreachable"),  # the server down: VerifierUnavailable
+        (FakeVerifier(error=ValueError("score: not a number")), "malformed"),
+    ],
+)
+def test_a_claim_stays_locked_when_the_answer_is_no_or_missing(door_agent, one_person_video, verifier, reason):
+    from peep.edge.door_session import DoorSession, VerifierUnavailable
+
+    agent, pipeline = door_agent
+    verifier = verifier or FakeVerifier(error=VerifierUnavailable("Verify: UNAVAILABLE: connection refused"))
+    lock = RecordingLock()
+    ctl = DoorController("cam-1", lock, open_s=0.05, decision_timeout_s=30.0)
+    out = DoorSession(pipeline, agent.accountant, ctl, verifier, face_timeout_s=10.0).handle(
+        "alice", _frames(one_person_video["path"])
+    )
+    ctl.close()
+    assert not out.opened and out.reason == reason and "open" not in lock.events
+
+
+def test_no_face_no_release(door_agent):
+    import numpy as np
+    from peep.edge.capture import Frame
+    from peep.edge.door_session import DoorSession
+
+    agent, pipeline = door_agent
+    blank = iter([Frame(np.zeros((240, 320, 3), np.uint8), float(i), i) for i in range(10)])
+    verifier = FakeVerifier()
+    ctl = DoorController("cam-1", RecordingLock(), decision_timeout_s=30.0)
+    out = DoorSession(pipeline, agent.accountant, ctl, verifier, face_timeout_s=5.0).handle(
+        "alice", lambda: next(blank, None)
+    )
+    ctl.close()
+    assert out.reason == "no_face" and verifier.sent == [] and agent.accountant.ledger.entries("door:alice") == []

@@ -239,8 +239,12 @@ class FramePipeline:
         spend: Callable[[float, float, str], None],
         purpose: str,
         subject: str = "",
+        spool: bool = True,
     ) -> Released | None:
         """Normalise, project, perturb, spend, encode and spool one face.
+
+        ``spool=False``: the caller sends the payload itself (a door's verification, answered in the call);
+        the spend is recorded all the same.
 
         ``spend(epsilon_vector_total, epsilon_coordinate, message_id)`` persists
         the privacy cost after the noise is drawn and before the template is
@@ -298,7 +302,8 @@ class FramePipeline:
             )
             return None
         payload = encode_template(msg)
-        self.spool.put(message_id=msg.message_id, purpose=purpose, payload=payload)
+        if spool:
+            self.spool.put(message_id=msg.message_id, purpose=purpose, payload=payload)
         self.timer.add("spool", time.perf_counter() - t3)
         self.metrics.releases.labels(purpose=purpose).inc()
         log_event(
