@@ -30,7 +30,16 @@ _log = logging.getLogger("peep.edge.door")
 
 
 class VerifierUnavailable(RuntimeError):
-    """The server could not be asked (down, unreachable, refused the call): the door stays locked."""
+    """The server could not be asked (down, unreachable, overloaded): the door stays locked (``unreachable``)."""
+
+
+class VerifierTimeout(VerifierUnavailable):
+    """No answer before the claim's deadline (``timeout``)."""
+
+
+class VerifierRefused(RuntimeError):
+    """The server answered, refusing the claim itself (unknown subject, a template it will not score, a
+    device without the right): ``rejected``, counted towards the subject's lock-out."""
 
 
 class Verifier(Protocol):
@@ -58,8 +67,23 @@ class GrpcVerifier:
             resp = self._stub.Verify(request, metadata=self._metadata, timeout=max(timeout_s, 0.001))
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
-            raise VerifierUnavailable(f"Verify: {code.name if code else 'error'}: {str(exc.details())[:200]}") from None
+            detail = f"Verify: {code.name if code else 'error'}: {str(exc.details() or '')[:200]}"
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise VerifierTimeout(detail) from None
+            if code in _REFUSALS:
+                raise VerifierRefused(detail) from None
+            raise VerifierUnavailable(detail) from None
         return bool(resp.accepted), float(resp.score)
+
+
+def _refusal_codes() -> frozenset[Any]:
+    import grpc
+
+    c = grpc.StatusCode
+    return frozenset({c.INVALID_ARGUMENT, c.NOT_FOUND, c.FAILED_PRECONDITION, c.PERMISSION_DENIED, c.UNAUTHENTICATED})
+
+
+_REFUSALS = _refusal_codes()
 
 
 @dataclass
@@ -142,9 +166,15 @@ class DoorSession:
         t2 = time.perf_counter()
         try:
             accepted, score = self.verifier.verify(rel.payload, subject, remaining)
+        except VerifierTimeout as exc:
+            timing.add("verify", time.perf_counter() - t2)
+            return self.controller.fail(claim, "timeout", str(exc))
         except VerifierUnavailable as exc:
             timing.add("verify", time.perf_counter() - t2)
             return self.controller.fail(claim, "unreachable", str(exc))
+        except VerifierRefused as exc:
+            timing.add("verify", time.perf_counter() - t2)
+            return self.controller.fail(claim, "rejected", str(exc))
         except (ValueError, TypeError) as exc:
             timing.add("verify", time.perf_counter() - t2)
             return self.controller.fail(claim, "malformed", str(exc)[:200])
