@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import sys
+
 import numpy as np
 import pytest
 from peep.edge.agent import Agent
@@ -118,3 +121,39 @@ def test_a_claim_is_answered_by_the_servers_verify_and_a_dead_server_keeps_it_lo
     finally:
         channel.close()
         agent.shutdown(drain_timeout=0)
+
+
+def test_peep_edge_door_reads_claims_and_drives_a_command_lock(
+    trained_server, tmp_path, keypair, bundle_dir, pki, claim_video, data_home, capsys, monkeypatch
+):
+    """The command end to end: three claim lines (one malformed), real server, the lock a command writing a log."""
+    from peep.edge.cli import main as edge_main
+    from peep.edge.testing import lfw_people
+
+    _, name = claim_video
+    photo = lfw_people(data_home)[name][-1]
+    video = tmp_path / "door.mp4"
+    compose_video(video, [FaceTrack(image=photo, start=0, stop=150, x0=200, y0=120, amplitude=10, period_frames=50)],
+                  n_frames=150, fps=10.0)  # fmt: skip
+    agent_cfg = _door_agent(tmp_path, keypair, bundle_dir, pki, trained_server.port).cfg
+    log = tmp_path / "lock.log"
+    script = f"import sys; open({str(log)!r}, 'a').write(sys.argv[1] + '\\n')"
+    cfg_text = (tmp_path / "door.toml").read_text().replace('source = "0"', f'source = "{video}"')
+    cfg_text += (
+        '\n[door]\nenabled = true\nlock = "command"\n'
+        f"open_command = {json.dumps([sys.executable, '-c', script, 'open'])}\n"
+        f"close_command = {json.dumps([sys.executable, '-c', script, 'locked'])}\n"
+        "open_s = 0.2\ndecision_timeout_s = 10.0\n"
+    )
+    (tmp_path / "door.toml").write_text(cfg_text)
+    claims = tmp_path / "claims.txt"
+    claims.write_text(f"{name}\nNobody_Enrolled\nbad\x1b[2Jclaim\n")
+    monkeypatch.setenv("DOOR_TOKEN", DEVICE_TOKENS["cam-1"])
+    assert edge_main(["door", "--config", str(tmp_path / "door.toml"), "--claims", str(claims)]) == 0
+    out = capsys.readouterr().out
+    assert f"claim {name}: " in out and "claim Nobody_Enrolled: locked (rejected)" in out
+    assert "\x1b" not in out  # a malformed claim is never echoed
+    events = log.read_text().split()
+    assert events[0] == "locked" and events[-1] == "locked"  # locked at start and at the end
+    assert events.count("open") == (1 if f"claim {name}: opened" in out else 0)
+    assert agent_cfg.device.id == "cam-1"

@@ -82,6 +82,19 @@ def _parser() -> argparse.ArgumentParser:
     kg.add_argument("--out", required=True, help="the key file to create")
     ki = ksub.add_parser("id", help="print a key file's public id (what templates and models carry)")
     ki.add_argument("key_file")
+    dr = sub.add_parser(
+        "door",
+        help="a door: read claims (one subject id a line), verify the best face of the next seconds with the "
+        "server, drive the lock on an accepted decision only (fail-secure)",
+    )
+    dr.add_argument("--config", required=True, help="edge.toml with an enabled [door] section and [grpc]")
+    dr.add_argument(
+        "--claims",
+        default="-",
+        help="where claims come from: '-' (stdin: a keyboard-wedge badge reader types there), or a path (a "
+        "serial device or a FIFO another access controller writes to)",
+    )
+    dr.add_argument("--face-timeout", type=float, default=3.0, help="seconds to look for a face (default 3)")
     bg = sub.add_parser(
         "enroll-background",
         help="the administrator's tool: release a folder of public faces (one folder per person) under this "
@@ -117,6 +130,81 @@ def _site_key(args: argparse.Namespace) -> int:
             print(SiteKey.load(args.key_file).key_id)
     except SiteKeyError as exc:
         raise ConfigError(str(exc)) from None
+    return 0
+
+
+def _door(args: argparse.Namespace) -> int:
+    """``peep-edge door``: claims → best face → VERIFY release → the server's answer → the lock (fail-secure)."""
+    from peep.core.logs import setup_logging
+    from peep.edge.agent import Agent
+    from peep.edge.capture import open_source
+    from peep.edge.config import load_config
+    from peep.edge.door import DoorController, build_lock
+    from peep.edge.door_session import DoorSession, GrpcVerifier, serve_claims
+    from peep.edge.transport.grpc import make_channel
+
+    cfg = load_config(args.config)
+    if not cfg.door.enabled:
+        raise ConfigError("door.enabled: expected true for peep-edge door, received false")
+    if not cfg.grpc.enabled:
+        raise ConfigError(
+            "grpc.enabled: expected true (a door's decision is the server's Verify answer), received false"
+        )
+    if not (0 < args.face_timeout <= 30):
+        raise ConfigError(f"--face-timeout: expected 0 < seconds <= 30, received {args.face_timeout}")
+    setup_logging(level=cfg.log.level, fmt=cfg.log.format)
+    agent = Agent(cfg)
+    pipeline = agent.open()
+    link = None
+    publish = None
+    if cfg.door.lock == "mqtt-relay":
+        from peep.edge.transport.mqtt import MqttLink
+
+        link = MqttLink(cfg.mqtt, client_id=f"{cfg.mqtt_client_id}-door", site=cfg.device.site,
+                        device_id=cfg.device.id, password=agent.mqtt_password, publish_status=False)  # fmt: skip
+        link.start()
+        link.wait_connected(10.0)
+
+        def publish(topic: str, payload: str) -> None:
+            info = link.client.publish(topic, payload, qos=1)
+            info.wait_for_publish(5.0)
+            if not info.is_published():
+                raise RuntimeError(f"the broker did not take {topic}")
+
+    controller = DoorController(
+        cfg.device.id,
+        build_lock(cfg.door, publish=publish),
+        open_s=cfg.door.open_s,
+        decision_timeout_s=cfg.door.decision_timeout_s,
+        lockout_failures=cfg.door.lockout_failures,
+        lockout_window_s=cfg.door.lockout_window_s,
+    )
+    channel = make_channel(cfg.grpc)
+    frames = open_source(cfg.capture.source, max_fps=cfg.capture.max_fps, stop=agent.stop_event)
+    session = DoorSession(pipeline, agent.accountant, controller, GrpcVerifier(channel, agent.grpc_token),
+                          face_timeout_s=args.face_timeout, device_key=agent.device_key)  # fmt: skip
+    signal.signal(signal.SIGTERM, lambda *_: agent.request_stop())
+    claims = sys.stdin if args.claims == "-" else open(args.claims, encoding="utf-8", errors="replace")
+
+    def report(outcome: Any) -> None:
+        state = "opened" if outcome.opened else f"locked ({outcome.reason})"
+        print(f"claim {outcome.claim.subject if outcome.claim else '?'}: {state}", flush=True)
+
+    try:
+        opened = serve_claims(session, claims, frames.read, on_outcome=report)
+    finally:
+        controller.close()
+        frames.close()
+        channel.close()
+        if link is not None:
+            link.stop()
+        agent.shutdown(drain_timeout=5.0)
+        if claims is not sys.stdin:
+            claims.close()
+    refused = {k: v for k, v in controller.refusals.items() if v}
+    print(f"door {cfg.device.id}: {controller.opened} opened, refused {refused or 'none'}")
+    # A locked door is the door working: the exit code says the door ran, not what it decided.
+    print(f"door {cfg.device.id} stopped after {opened} opening(s)", flush=True)
     return 0
 
 
@@ -377,6 +465,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _site_key(args)
         if args.command == "enroll-background":
             return _enroll_background(args)
+        if args.command == "door":
+            return _door(args)
         if args.command == "run":
             return _run(args)
         if args.command == "deadletter":

@@ -206,3 +206,40 @@ class DoorSession:
             elif best is not None:
                 calm += 1
         return best
+
+
+# --------------------------------------------------------------------------- claim sources
+
+#: Longest line a claim source reads (a badge number or a subject id is far shorter): the rest is dropped.
+MAX_CLAIM_LINE = 256
+
+
+def read_claims(lines: Any) -> Any:
+    """Subject ids from a line source (a keyboard-wedge reader, a serial port, stdin, a socket's stream).
+
+    Each line is one claim: stripped, bounded to :data:`MAX_CLAIM_LINE` characters, checked as a subject id
+    (NFC, no control or bidi characters); a malformed line is logged by its length, never echoed, and skipped.
+    """
+    from peep.core.exceptions import WireError
+    from peep.core.wire import check_subject_id
+
+    for raw in lines:
+        line = (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw))[:MAX_CLAIM_LINE].strip()
+        if not line:
+            continue
+        try:
+            yield check_subject_id(line, "claim")
+        except WireError:
+            log_event(_log, logging.WARNING, "door_claim_malformed", length=len(line))
+
+
+def serve_claims(session: DoorSession, claims: Any, read_frame: Callable[[], Any],
+                 on_outcome: Callable[[Outcome], None] | None = None) -> int:  # fmt: skip
+    """Handle every claim of ``claims`` in turn (a claim waits for the previous one); returns how many opened."""
+    opened = 0
+    for subject in read_claims(claims):
+        outcome = session.handle(subject, read_frame)
+        opened += int(outcome.opened)
+        if on_outcome is not None:
+            on_outcome(outcome)
+    return opened
