@@ -76,3 +76,11 @@ def test_mosquitto_acl_binds_devices_to_their_own_prefix():
     assert "persistence true" in lines
     size = int(next(line.split()[1] for line in lines if line.startswith("max_packet_size ")))
     assert 0 < size <= 16 * 2**20
+
+
+def test_the_example_door_configuration_is_a_keyed_fail_secure_door():
+    cfg = load_config(DEPLOY / "edge" / "door.toml")
+    assert cfg.door.enabled and cfg.door.lock == "gpio" and not cfg.door.gpio_active_high
+    assert cfg.grpc.enabled and not cfg.mqtt.enabled and cfg.grpc.token_credential == "grpc-token"
+    assert cfg.privacy.site_key is not None and cfg.privacy.mechanism == "privunit"
+    assert 0 < cfg.door.open_s <= 5 and cfg.door.decision_timeout_s <= 10 and not cfg.bundle.accept_updates
