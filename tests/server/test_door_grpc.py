@@ -149,7 +149,19 @@ def test_peep_edge_door_reads_claims_and_drives_a_command_lock(
     claims = tmp_path / "claims.txt"
     claims.write_text(f"{name}\nNobody_Enrolled\nbad\x1b[2Jclaim\n")
     monkeypatch.setenv("DOOR_TOKEN", DEVICE_TOKENS["cam-1"])
+    from peep.edge import agent as agent_module
+
+    made: list = []
+    real_init = agent_module.Agent.__init__
+
+    def keep(self, *a, **kw):
+        real_init(self, *a, **kw)
+        made.append(self)
+
+    monkeypatch.setattr(agent_module.Agent, "__init__", keep)
     assert edge_main(["door", "--config", str(tmp_path / "door.toml"), "--claims", str(claims)]) == 0
+    metrics = made[0].metrics
+    assert metrics.value("peep_edge_door_refusals_total", reason="rejected") >= 1
     out = capsys.readouterr().out
     assert f"claim {name}: " in out and "claim Nobody_Enrolled: locked (rejected)" in out
     assert "\x1b" not in out  # a malformed claim is never echoed

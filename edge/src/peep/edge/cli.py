@@ -187,6 +187,10 @@ def _door(args: argparse.Namespace) -> int:
     claims = sys.stdin if args.claims == "-" else open(args.claims, encoding="utf-8", errors="replace")
 
     def report(outcome: Any) -> None:
+        if outcome.opened:
+            agent.metrics.door_opened.inc()
+        else:
+            agent.metrics.door_refusals.labels(reason=outcome.reason).inc()
         state = "opened" if outcome.opened else f"locked ({outcome.reason})"
         print(f"claim {outcome.claim.subject if outcome.claim else '?'}: {state}", flush=True)
 

@@ -75,6 +75,10 @@ class EdgeMetrics:
         self.reconnects = Counter("peep_edge_reconnects", "Reconnects", ["link"], registry=r)
         self.bundle_updates = Counter("peep_edge_bundle_updates", "Bundle announcements", ["result"], registry=r)
         self.events = Counter("peep_edge_events_received", "Recognition events received", registry=r)
+        self.door_opened = Counter("peep_edge_door_opened", "Claims that opened the door", registry=r)
+        self.door_refusals = Counter(
+            "peep_edge_door_refusals", "Claims that left the door locked, by reason", ["reason"], registry=r
+        )
         self._server: Any = None
 
     def serve(self, port: int, bind: str = "127.0.0.1") -> int:
