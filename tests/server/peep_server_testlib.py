@@ -297,3 +297,22 @@ class EventCollector:
 
     def __exit__(self, *exc: object) -> None:
         self._call.cancel()
+
+
+def write_edge_config(path: Path, *, port: int, pki: Pki, bundle_dir: Path, pub_path: Path, device_id: str,
+                      privacy: dict[str, Any], grpc: dict[str, Any] | None = None,
+                      **sections: dict[str, Any]) -> Path:  # fmt: skip
+    """An edge.toml for a device talking gRPC/TLS to a test server on ``port`` (MQTT off)."""
+    from peep.server.bench.cluster import to_toml
+
+    cfg: dict[str, Any] = {
+        "device": {"id": device_id, "site": SITE, "state_dir": str(path.parent / f"{path.stem}-state")},
+        "bundle": {"path": str(bundle_dir), "public_key": str(pub_path)},
+        "privacy": privacy,
+        "capture": {"source": "0"},
+        "mqtt": {"enabled": False},
+        "grpc": {"enabled": True, "target": f"localhost:{port}", "ca_file": str(pki.dir / "ca.pem"), **(grpc or {})},
+        **sections,
+    }
+    path.write_text(to_toml(cfg))
+    return path

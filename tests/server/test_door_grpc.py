@@ -9,54 +9,19 @@ import numpy as np
 import pytest
 from peep.edge.agent import Agent
 from peep.edge.config import load_config
-from peep.edge.door import DoorController
+from peep.edge.door import DoorController, GpioLock
 from peep.edge.door_session import DoorSession, GrpcVerifier
 from peep.edge.testing import FaceTrack, compose_video
 from peep.edge.transport.grpc import make_channel
-from peep_server_testlib import DEVICE_TOKENS, SITE
-
-
-class RecordingLock:
-    def __init__(self) -> None:
-        self.events: list[str] = []
-
-    def energise(self) -> None:
-        self.events.append("open")
-
-    def release(self) -> None:
-        self.events.append("lock")
-
-    def close(self) -> None:
-        self.events.append("lock")
+from peep_server_testlib import DEVICE_TOKENS, write_edge_config
 
 
 def _door_agent(tmp_path, keypair, bundle_dir, pki, port: int) -> Agent:
-    cfg = tmp_path / "door.toml"
-    cfg.write_text(
-        f"""
-[device]
-id = "cam-1"
-site = "{SITE}"
-state_dir = "{tmp_path / "door-state"}"
-[bundle]
-path = "{bundle_dir}"
-public_key = "{keypair[3]}"
-[privacy]
-mechanism = "peep-raw"
-epsilon = 8.0
-track_budget = 1000000.0
-[capture]
-source = "0"
-[mqtt]
-enabled = false
-[grpc]
-enabled = true
-target = "localhost:{port}"
-ca_file = "{pki.dir / "ca.pem"}"
-token_env = "DOOR_TOKEN"
-deadline_s = 5.0
-"""
-    )
+    cfg = write_edge_config(
+        tmp_path / "door.toml", port=port, pki=pki, bundle_dir=bundle_dir, pub_path=keypair[3], device_id="cam-1",
+        privacy={"mechanism": "peep-raw", "epsilon": 8.0, "track_budget": 1e6},
+        grpc={"token_env": "DOOR_TOKEN", "deadline_s": 5.0},
+    )  # fmt: skip
     return Agent(load_config(cfg), environ={"DOOR_TOKEN": DEVICE_TOKENS["cam-1"]})
 
 
@@ -94,8 +59,10 @@ def test_a_claim_is_answered_by_the_servers_verify_and_a_dead_server_keeps_it_lo
     pipeline = agent.open()
     channel = make_channel(agent.cfg.grpc)
     try:
-        lock = RecordingLock()
-        ctl = DoorController("cam-1", lock, open_s=0.05, decision_timeout_s=10.0)
+        from gpiozero.pins.mock import MockFactory
+
+        pins = MockFactory()
+        ctl = DoorController("cam-1", GpioLock(17, pin_factory=pins), open_s=0.05, decision_timeout_s=10.0)
         session = DoorSession(pipeline, agent.accountant, ctl, GrpcVerifier(channel, agent.grpc_token),
                               face_timeout_s=5.0)  # fmt: skip
         out = session.handle(name, _frames(video))
@@ -117,7 +84,8 @@ def test_a_claim_is_answered_by_the_servers_verify_and_a_dead_server_keeps_it_lo
         assert not out.opened and out.reason == "unreachable" and "UNAVAILABLE" in out.detail
         dead.close()
         ctl.close()
-        assert lock.events.count("open") == (1 if ctl.opened else 0)
+        states = [p.state for p in pins.pin(17).states]
+        assert states.count(True) == ctl.opened and states[-1] is False  # opened only when accepted; locked now
     finally:
         channel.close()
         agent.shutdown(drain_timeout=0)

@@ -205,37 +205,17 @@ def test_the_administrators_tool_enrols_a_keyed_background(tmp_path, pki, keypai
                                                            monkeypatch):  # fmt: skip
     """peep-edge enroll-background: public faces released under the site key, enrolled as numbered background."""
     from peep.edge.cli import main as edge_main
-    from peep_server_testlib import ADMIN_TOKEN, SITE
+    from peep_server_testlib import ADMIN_TOKEN, write_edge_config
 
     folder = lfw_folder({"Ahmed_Chalabi": 5, "Ai_Sugiyama": 5, "Al_Gore": 5}, name="public")
     key_file = KEY_A.write(tmp_path / "site.key")
     srv = start_server(base_config(tmp_path, keypair[3], bundle_dir, grpc={"tls": tls_section(pki)}), pki, tmp_path)
     try:
-        edge_toml = tmp_path / "admin.toml"
-        edge_toml.write_text(
-            f"""
-[device]
-id = "admin-desk"
-site = "{SITE}"
-state_dir = "{tmp_path / "admin-state"}"
-[bundle]
-path = "{bundle_dir}"
-public_key = "{keypair[3]}"
-[privacy]
-mechanism = "privunit"
-epsilon = 16.0
-track_budget = 1000.0
-site_key = "{key_file}"
-[capture]
-source = "0"
-[mqtt]
-enabled = false
-[grpc]
-enabled = true
-target = "localhost:{srv.port}"
-ca_file = "{pki.dir / "ca.pem"}"
-"""
-        )
+        edge_toml = write_edge_config(
+            tmp_path / "admin.toml", port=srv.port, pki=pki, bundle_dir=bundle_dir, pub_path=keypair[3],
+            device_id="admin-desk",
+            privacy={"mechanism": "privunit", "epsilon": 16.0, "track_budget": 1000.0, "site_key": str(key_file)},
+        )  # fmt: skip
         monkeypatch.setenv("PEEP_ADMIN_TOKEN", ADMIN_TOKEN)
         assert edge_main(["enroll-background", "--config", str(edge_toml), "--dataset", str(folder)]) == 0
         store = srv.services.store
