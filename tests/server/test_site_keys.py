@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import os
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -90,6 +91,17 @@ def test_a_model_is_trained_under_one_key_and_refuses_templates_of_another(
             code, details = rpc_error(stub.Verify, recognition_pb2.VerifyRequest(
                 template=msg, claimed_subject=str(keyed_a.subjects[i])), metadata=DEVICE, timeout=5)  # fmt: skip
             assert code == grpc.StatusCode.FAILED_PRECONDITION and details.startswith("key_id: expected")
+
+        # Over the streaming ingest (what MQTT and IngestStream devices use), another key's identify template is
+        # accepted and left undecided: no event, counted by what differs.
+        stray = keyed_a.message(i, key_id=KEY_B.key_id)
+        assert stub.IngestStream(iter([stray]), metadata=DEVICE, timeout=10).rejected == 0
+        metrics = srv.services.metrics
+        deadline = time.monotonic() + 5
+        while metrics.undecided.labels("key_id")._value.get() < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert metrics.undecided.labels("key_id")._value.get() == 1
+        assert metrics.undecided.labels("bundle_id")._value.get() == 0
 
         # Enrolments under a second key (a rotation under way): training refuses to mix them.
         keyed_b = _keyed(bundle, lfw100, lfw_background, KEY_B, 12)

@@ -55,6 +55,13 @@ class ServerMetrics:
             "peep_training_seconds", "Training duration", buckets=(1, 5, 15, 30, 60, 120, 300, 900, 3600), registry=r
         )
         self.events = Counter("peep_events", "Recognition events published", ["purpose"], registry=r)
+        self.undecided = Counter(
+            "peep_ingest_undecided",
+            "Templates accepted but not decided because the serving model cannot score them, by what differs "
+            "(bundle_id, key_id: a device left on another site key, mechanism.kind)",
+            ["reason"],
+            registry=r,
+        )
         self.mqtt_connected = Gauge("peep_mqtt_connected", "1 while the MQTT consumer is connected", registry=r)
         self.erasures = Counter("peep_erasures", "Subjects erased", registry=r)
         self.retention_deleted = Counter(

@@ -416,7 +416,9 @@ class Ingestor:
         for d in decided:
             try:
                 self.recogniser.check_compatible(d.valid.message.bundle_id, d.valid.kind, key_id=d.valid.message.key_id)
-            except ModelMismatch:
+            except ModelMismatch as exc:
+                # Left undecided (no event), counted so an operator sees e.g. a camera still on an old key.
+                self.metrics.undecided.labels(exc.field).inc()
                 continue
             ok.append(d)
         if not ok:

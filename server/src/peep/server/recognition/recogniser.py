@@ -51,7 +51,14 @@ class ModelUnavailable(RuntimeError):
 
 
 class ModelMismatch(ValueError):
-    """The template's bundle or mechanism domain differs from the model's."""
+    """The template's bundle, site key or mechanism domain differs from the model's.
+
+    ``field`` names which: ``"bundle_id"``, ``"key_id"`` or ``"mechanism.kind"``.
+    """
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field or message.partition(":")[0]
 
 
 @dataclass(frozen=True, slots=True)
