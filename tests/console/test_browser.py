@@ -50,6 +50,17 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         driver.quit()
 
 
+def _stale(element: Any) -> bool:
+    """Whether ``element`` belongs to a page the browser has left (a reload replaced it)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    try:
+        element.is_enabled()
+    except StaleElementReferenceException:
+        return True
+    return False
+
+
 def _wait(predicate: Any, timeout: float = 10.0) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -133,8 +144,9 @@ def test_an_unknown_face_raises_an_alert_that_is_acknowledged(browser, console):
     float(cells[5].text)  # the highest probability is a number
     _screenshot(browser, "console-test-live.png")
     row.find_element(By.CSS_SELECTOR, "button.ack").click()
-    assert _wait(lambda: browser.current_url.endswith("/live"))
-    assert not groups()
+    # The URL is /live before the click too: wait for the reload itself (the old row goes stale), then read.
+    assert _wait(lambda: _stale(row)), "the page did not reload after Acknowledge"
+    assert browser.current_url.endswith("/live") and _wait(lambda: not groups())
     assert store.count_alerts() == 0
     acked = [a for a in store.alerts(open_only=False) if a.device_id == "cam-1"]
     assert acked and acked[0].acknowledged_by == "olga"
