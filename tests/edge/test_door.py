@@ -342,3 +342,13 @@ def test_no_face_no_release(door_agent):
     )
     ctl.close()
     assert out.reason == "no_face" and verifier.sent == [] and agent.accountant.ledger.entries("door:alice") == []
+
+
+def test_an_observer_may_call_back_into_the_door_without_deadlock(door):
+    """Outcomes are reported after the door's lock is released: an observer asking for the next claim works."""
+    ctl, clock, lock, seen = door
+    follow: list = []
+    ctl.on_outcome = lambda out: follow.append(ctl.claim("bob")) if out.reason == "rejected" else None
+    claim = ctl.claim("alice")
+    out = ctl.decide(_ok(claim, accepted=False))
+    assert out.reason == "rejected" and len(follow) == 1 and isinstance(follow[0], Claim)

@@ -25,12 +25,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from peep.edge.errors import MissingExtraError
 from peep.edge.logs import log_event
 
 _log = logging.getLogger("peep.edge.door")
+_R = TypeVar("_R")
 
 #: Why a claim did not open the door (the values of ``peep_edge_door_refusals_total{reason}``).
 REFUSAL_REASONS = (
@@ -249,8 +250,31 @@ class DoorController:
         self.lock.release()  # whatever state the lock was left in, it starts locked
 
     # -- claims ---------------------------------------------------------------------------
+    # Each public method decides under the lock and reports to the observer after releasing it: an observer
+    # that calls back into the controller (or is slow) can neither deadlock nor hold up the next decision.
 
     def claim(self, subject: str) -> Claim | Outcome:
+        """Start a claim for ``subject``: the claim to verify, or the refusal (locked out, busy)."""
+        return self._reported(self._claim(subject))
+
+    def fail(self, claim: Claim, reason: str, detail: str = "") -> Outcome:
+        """End ``claim`` without a decision (``no_face``, ``unreachable``, ``malformed``...): it stays locked."""
+        return self._reported(self._fail(claim, reason, detail))
+
+    def decide(self, decision: Decision | None) -> Outcome:
+        """Act on a decision: open only for an accepted one of the current claim, on this door, in time."""
+        return self._reported(self._decide(decision))
+
+    def expire(self) -> Outcome | None:
+        """Refuse the current claim if its deadline has passed (``timeout``); call it periodically."""
+        return self._reported(self._expire())
+
+    def _reported(self, result: _R) -> _R:
+        if isinstance(result, Outcome):
+            self._report(result)
+        return result
+
+    def _claim(self, subject: str) -> Claim | Outcome:
         """Start a claim for ``subject``: the claim to verify, or the refusal (locked out, busy)."""
         now = self.clock()
         with self._lock:
@@ -268,7 +292,7 @@ class DoorController:
         log_event(_log, logging.INFO, "door_claim", door=self.door, nonce=claim.nonce)
         return claim
 
-    def fail(self, claim: Claim, reason: str, detail: str = "") -> Outcome:
+    def _fail(self, claim: Claim, reason: str, detail: str = "") -> Outcome:
         """End ``claim`` without a decision (``no_face``, ``unreachable``, ``malformed``...): it stays locked."""
         if reason not in REFUSAL_REASONS:
             raise ValueError(f"reason: expected one of {', '.join(REFUSAL_REASONS)}, received {reason!r}")
@@ -279,7 +303,7 @@ class DoorController:
             self._count_failure(claim.subject)
             return self._refuse(claim, reason, detail)
 
-    def decide(self, decision: Decision | None) -> Outcome:
+    def _decide(self, decision: Decision | None) -> Outcome:
         """Act on a decision: open only for an accepted one of the current claim, on this door, in time."""
         now = self.clock()
         with self._lock:
@@ -306,10 +330,9 @@ class DoorController:
             self.opened += 1
         log_event(_log, logging.INFO, "door_opened", door=self.door, nonce=claim.nonce,
                   latency_ms=round(1000 * (outcome.latency_s or 0.0), 1))  # fmt: skip
-        self._report(outcome)
         return outcome
 
-    def expire(self) -> Outcome | None:
+    def _expire(self) -> Outcome | None:
         """Refuse the current claim if its deadline has passed (``timeout``); call it periodically."""
         with self._lock:
             claim = self._current
@@ -360,7 +383,6 @@ class DoorController:
         outcome = Outcome(claim, False, reason, detail)
         log_event(_log, logging.WARNING, "door_refused", door=self.door, reason=reason, detail=detail[:200],
                   nonce=claim.nonce if claim else "")  # fmt: skip
-        self._report(outcome)
         return outcome
 
     def _report(self, outcome: Outcome) -> None:
