@@ -212,7 +212,8 @@ def test_door_configuration_builds_each_lock_and_names_what_is_missing(make_conf
     from peep.edge.door import build_lock
     from peep.edge.errors import ConfigError
 
-    cfg = load_config(make_config(door={"enabled": True, "gpio_pin": 22})).door
+    # make_config's device talks MQTT only: its door's decision comes over MQTT.
+    cfg = load_config(make_config(door={"enabled": True, "gpio_pin": 22, "decision": "mqtt"})).door
     factory = MockFactory()
     lock = build_lock(cfg, pin_factory=factory)
     assert isinstance(lock, GpioLock)
@@ -220,7 +221,8 @@ def test_door_configuration_builds_each_lock_and_names_what_is_missing(make_conf
     assert factory.pin(22).state is False  # active low by default: most relay boards are
     lock.close()
     sent: list[tuple[str, str]] = []
-    door = {"enabled": True, "lock": "mqtt-relay", "relay_convention": "shelly", "relay_name": "shelly1-front"}
+    door = {"enabled": True, "decision": "mqtt", "lock": "mqtt-relay", "relay_convention": "shelly",
+            "relay_name": "shelly1-front"}  # fmt: skip
     shelly = load_config(make_config("s.toml", door=door)).door
     relay = build_lock(shelly, publish=lambda t, p: sent.append((t, p)))
     relay.energise()
@@ -232,6 +234,8 @@ def test_door_configuration_builds_each_lock_and_names_what_is_missing(make_conf
         ({"enabled": True, "lock": "mqtt-relay", "relay_convention": "custom"}, "door.relay_topic: expected the"),
         ({"enabled": True, "lock": "mqtt-relay", "relay_convention": "custom", "relay_topic": "a/+/b"}, "wildcards"),
         ({"enabled": True, "open_s": 0}, "door.open_s"),
+        ({"enabled": True, "decision": "grpc"}, "door.decision: expected grpc.enabled for decision = 'grpc'"),
+        ({"enabled": True, "decision": "carrier-pigeon"}, "door.decision"),
         ({"enabled": True, "lock": "mqtt-relay"}, None),
     ):
         if match is None:  # an MQTT relay needs the device's MQTT connection
@@ -239,7 +243,10 @@ def test_door_configuration_builds_each_lock_and_names_what_is_missing(make_conf
                 load_config(make_config("m.toml", door=door, mqtt={"enabled": False}, grpc={"enabled": True}))
             continue
         with pytest.raises(ConfigError, match=match):
-            load_config(make_config("x.toml", door=door))
+            load_config(make_config("x.toml", door={"decision": "mqtt"} | door))
+    with pytest.raises(ConfigError, match="door.decision: expected mqtt.enabled for decision = 'mqtt'"):
+        load_config(make_config("g.toml", door={"enabled": True, "decision": "mqtt"}, mqtt={"enabled": False},
+                                grpc={"enabled": True}))  # fmt: skip
 
 
 # --------------------------------------------------------------------------- a claim on the device
@@ -251,13 +258,13 @@ class FakeVerifier:
     def __init__(self, accepted: bool = True, error: Exception | None = None) -> None:
         self.accepted, self.error, self.sent = accepted, error, []
 
-    def verify(self, payload, subject, timeout_s):
+    def verify(self, payload, claim, timeout_s):
         from peep.core.wire import decode_template
 
-        self.sent.append((decode_template(payload), subject, timeout_s))
+        self.sent.append((decode_template(payload), claim, timeout_s))
         if self.error is not None:
             raise self.error
-        return self.accepted, 0.9 if self.accepted else 0.1
+        return Decision(claim.nonce, claim.door, claim.subject, self.accepted, 0.9 if self.accepted else 0.1)
 
 
 @pytest.fixture
@@ -296,8 +303,9 @@ def test_a_claim_releases_one_verify_template_spent_not_spooled_and_opens_on_acc
     out = session.handle("alice", _frames(one_person_video["path"]))
     ctl.close()
     assert out.opened and lock.events[:2] == ["lock", "open"]
-    ((msg, subject, timeout_s),) = verifier.sent
-    assert subject == "alice" and msg.subject == "alice" and msg.purpose == 3  # VERIFY
+    ((msg, claim, timeout_s),) = verifier.sent
+    assert claim.subject == "alice" and msg.subject == "alice" and msg.purpose == 3  # VERIFY
+    assert msg.message_id == claim.nonce  # the decision names the claim through the template's id
     assert 0 < timeout_s <= 30.0
     spends = agent.accountant.ledger.entries("door:alice")
     assert [s.message_id for s in spends] == [msg.message_id] and spends[0].purpose == "verify"
@@ -346,7 +354,7 @@ def test_no_face_no_release(door_agent):
 
 def test_an_observer_may_call_back_into_the_door_without_deadlock(door):
     """Outcomes are reported after the door's lock is released: an observer asking for the next claim works."""
-    ctl, clock, lock, seen = door
+    ctl, *_ = door
     follow: list = []
     ctl.on_outcome = lambda out: follow.append(ctl.claim("bob")) if out.reason == "rejected" else None
     claim = ctl.claim("alice")

@@ -87,7 +87,8 @@ def _parser() -> argparse.ArgumentParser:
         help="a door: read claims (one subject id a line), verify the best face of the next seconds with the "
         "server, drive the lock on an accepted decision only (fail-secure)",
     )
-    dr.add_argument("--config", required=True, help="edge.toml with an enabled [door] section and [grpc]")
+    dr.add_argument("--config", required=True, help="edge.toml with an enabled [door] section (and [grpc] or [mqtt] "
+                    "for door.decision)")  # fmt: skip
     dr.add_argument(
         "--claims",
         default="-",
@@ -140,16 +141,12 @@ def _door(args: argparse.Namespace) -> int:
     from peep.edge.capture import open_source
     from peep.edge.config import load_config
     from peep.edge.door import DoorController, build_lock
-    from peep.edge.door_session import DoorSession, GrpcVerifier, serve_claims
+    from peep.edge.door_session import DoorSession, GrpcVerifier, MqttVerifier, Verifier, serve_claims
     from peep.edge.transport.grpc import make_channel
 
     cfg = load_config(args.config)
     if not cfg.door.enabled:
         raise ConfigError("door.enabled: expected true for peep-edge door, received false")
-    if not cfg.grpc.enabled:
-        raise ConfigError(
-            "grpc.enabled: expected true (a door's decision is the server's Verify answer), received false"
-        )
     if not (0 < args.face_timeout <= 30):
         raise ConfigError(f"--face-timeout: expected 0 < seconds <= 30, received {args.face_timeout}")
     setup_logging(level=cfg.log.level, fmt=cfg.log.format)
@@ -157,34 +154,24 @@ def _door(args: argparse.Namespace) -> int:
     pipeline = agent.open()
     link = None
     publish = None
-    if cfg.door.lock == "mqtt-relay":
+    mqtt_verifier: list[MqttVerifier] = []
+    if cfg.door.lock == "mqtt-relay" or cfg.door.decision == "mqtt":
         from peep.edge.transport.mqtt import MqttLink
 
+        # Its own client id: the device's `run` may hold the usual one. No status or last will of its own.
         link = MqttLink(cfg.mqtt, client_id=f"{cfg.mqtt_client_id}-door", site=cfg.device.site,
-                        device_id=cfg.device.id, password=agent.mqtt_password, publish_status=False)  # fmt: skip
+                        device_id=cfg.device.id, password=agent.mqtt_password, publish_status=False,
+                        on_event=lambda ev: mqtt_verifier[0].on_event(ev) if mqtt_verifier else None)  # fmt: skip
         link.start()
-        link.wait_connected(10.0)
+        if not link.wait_connected(cfg.mqtt.connect_timeout_s):
+            print(f"door {cfg.device.id}: the MQTT broker is not reachable yet; claims stay locked until it is",
+                  flush=True)  # fmt: skip
 
         def publish(topic: str, payload: str) -> None:
             info = link.client.publish(topic, payload, qos=1)
             info.wait_for_publish(5.0)
             if not info.is_published():
                 raise RuntimeError(f"the broker did not take {topic}")
-
-    controller = DoorController(
-        cfg.device.id,
-        build_lock(cfg.door, publish=publish),
-        open_s=cfg.door.open_s,
-        decision_timeout_s=cfg.door.decision_timeout_s,
-        lockout_failures=cfg.door.lockout_failures,
-        lockout_window_s=cfg.door.lockout_window_s,
-    )
-    channel = make_channel(cfg.grpc)
-    frames = open_source(cfg.capture.source, max_fps=cfg.capture.max_fps, stop=agent.stop_event)
-    session = DoorSession(pipeline, agent.accountant, controller, GrpcVerifier(channel, agent.grpc_token),
-                          face_timeout_s=args.face_timeout, device_key=agent.device_key)  # fmt: skip
-    signal.signal(signal.SIGTERM, lambda *_: agent.request_stop())
-    claims = sys.stdin if args.claims == "-" else open(args.claims, encoding="utf-8", errors="replace")
 
     def report(outcome: Any) -> None:
         if outcome.opened:
@@ -194,12 +181,37 @@ def _door(args: argparse.Namespace) -> int:
         state = "opened" if outcome.opened else f"locked ({outcome.reason})"
         print(f"claim {outcome.claim.subject if outcome.claim else '?'}: {state}", flush=True)
 
+    # Every outcome, including decisions refused while no claim of theirs waits (another claim's, replayed).
+    controller = DoorController(
+        cfg.device.id,
+        build_lock(cfg.door, publish=publish),
+        open_s=cfg.door.open_s,
+        decision_timeout_s=cfg.door.decision_timeout_s,
+        lockout_failures=cfg.door.lockout_failures,
+        lockout_window_s=cfg.door.lockout_window_s,
+        on_outcome=report,
+    )
+    channel = None
+    verifier: Verifier
+    if cfg.door.decision == "mqtt":
+        assert link is not None
+        verifier = MqttVerifier(link, controller)
+        mqtt_verifier.append(verifier)
+    else:
+        channel = make_channel(cfg.grpc)
+        verifier = GrpcVerifier(channel, agent.grpc_token)
+    frames = open_source(cfg.capture.source, max_fps=cfg.capture.max_fps, stop=agent.stop_event)
+    session = DoorSession(pipeline, agent.accountant, controller, verifier, face_timeout_s=args.face_timeout,
+                          device_key=agent.device_key)  # fmt: skip
+    signal.signal(signal.SIGTERM, lambda *_: agent.request_stop())
+    claims = sys.stdin if args.claims == "-" else open(args.claims, encoding="utf-8", errors="replace")
     try:
-        opened = serve_claims(session, claims, frames.read, on_outcome=report)
+        opened = serve_claims(session, claims, frames.read)
     finally:
         controller.close()
         frames.close()
-        channel.close()
+        if channel is not None:
+            channel.close()
         if link is not None:
             link.stop()
         agent.shutdown(drain_timeout=5.0)

@@ -377,6 +377,13 @@ class DoorConfig(_Section):
     """A door this device opens on a verified claim (fail-secure: see peep.edge.door)."""
 
     enabled: bool = False
+    decision: Literal["grpc", "mqtt"] = Field(
+        default="grpc",
+        description=(
+            "how the server's decision comes back: the answer to the device's gRPC Verify call, or the server's "
+            "message on the device's MQTT events topic naming the claim's nonce (which only the server may write)"
+        ),
+    )
     lock: Literal["gpio", "mqtt-relay", "command"] = Field(
         default="gpio", description="what drives the strike or relay: a GPIO pin, an MQTT relay, or commands"
     )
@@ -444,6 +451,10 @@ class EdgeConfig(_Section):
                 f"({self.capture.reconnect_min_s}), "
                 f"received {self.capture.reconnect_max_s}"
             )
+        if self.door.enabled and self.door.decision == "grpc" and not self.grpc.enabled:
+            raise ValueError("door.decision: expected grpc.enabled for decision = 'grpc', received grpc disabled")
+        if self.door.enabled and self.door.decision == "mqtt" and not self.mqtt.enabled:
+            raise ValueError("door.decision: expected mqtt.enabled for decision = 'mqtt', received mqtt disabled")
         if self.door.enabled and self.door.lock == "mqtt-relay" and not self.mqtt.enabled:
             raise ValueError("door.lock: expected mqtt.enabled for lock = 'mqtt-relay', received mqtt disabled")
         if self.privacy.enroll_budget is not None and not math.isfinite(self.privacy.enroll_budget):

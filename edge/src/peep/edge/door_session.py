@@ -9,14 +9,18 @@
    early once ``settle_frames`` frames in a row showed no larger one;
 3. that face becomes one VERIFY template for the claimed subject, charged to the device's ledger under
    ``door:<subject>`` like any release, but sent by the verifier in the call, never spooled;
-4. the verifier's answer — bound to the claim because it is the answer to this call — is handed to the
-   controller, which opens only for an accepted one in time. A verifier that cannot be reached, or an
-   answer that cannot be read, ends the claim locked.
+4. the verifier's decision — over gRPC the answer to this call, over MQTT the server's message naming the
+   claim's nonce (the template's message id) — is handed to the controller, which opens only for an
+   accepted one in time. A verifier that cannot be reached, or an answer that cannot be read, ends the
+   claim locked.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
+import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,13 +47,20 @@ class VerifierRefused(RuntimeError):
 
 
 class Verifier(Protocol):
-    def verify(self, payload: bytes, subject: str, timeout_s: float) -> tuple[bool, float]:
-        """Whether the server accepts the template as ``subject``, and its score; raises VerifierUnavailable."""
+    def verify(self, payload: bytes, claim: Claim, timeout_s: float) -> Decision:
+        """The server's decision on ``payload`` (a VERIFY template whose message id is ``claim.nonce``).
+
+        Raises :class:`VerifierUnavailable` (or :class:`VerifierTimeout`) when no decision can come, and
+        :class:`VerifierRefused` when the server refused the claim itself.
+        """
         ...
 
 
 class GrpcVerifier:
-    """``RecognitionService.Verify`` over the device's gRPC channel (TLS, its bearer token)."""
+    """``RecognitionService.Verify`` over the device's gRPC channel (TLS, its bearer token).
+
+    The answer is bound to the claim because it is the answer to this call on this channel.
+    """
 
     def __init__(self, channel: Any, token: str | None) -> None:
         from peep.v1 import recognition_pb2_grpc
@@ -57,12 +68,12 @@ class GrpcVerifier:
         self._stub = recognition_pb2_grpc.RecognitionServiceStub(channel)  # type: ignore[no-untyped-call]
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
 
-    def verify(self, payload: bytes, subject: str, timeout_s: float) -> tuple[bool, float]:
+    def verify(self, payload: bytes, claim: Claim, timeout_s: float) -> Decision:
         import grpc
         from peep.core.wire import decode_template
         from peep.v1 import recognition_pb2
 
-        request = recognition_pb2.VerifyRequest(template=decode_template(payload), claimed_subject=subject)
+        request = recognition_pb2.VerifyRequest(template=decode_template(payload), claimed_subject=claim.subject)
         try:
             resp = self._stub.Verify(request, metadata=self._metadata, timeout=max(timeout_s, 0.001))
         except grpc.RpcError as exc:
@@ -73,7 +84,99 @@ class GrpcVerifier:
             if code in _REFUSALS:
                 raise VerifierRefused(detail) from None
             raise VerifierUnavailable(detail) from None
-        return bool(resp.accepted), float(resp.score)
+        return Decision(claim.nonce, claim.door, claim.subject, bool(resp.accepted), float(resp.score))
+
+
+#: Longest id a decision read from the broker may carry (the wire's message and subject ids are shorter).
+_MAX_DECISION_ID = 256
+
+
+def decision_from_event(event: Any) -> Decision | None:
+    """The decision in a verify event of the device's events topic (the server's JSON); None if unreadable.
+
+    Every field is checked for its type and bounded: a message that is not exactly a decision opens nothing.
+    """
+    if not isinstance(event, dict):
+        return None
+    nonce, door, subject = event.get("message_id"), event.get("device_id"), event.get("claimed_subject")
+    accepted, score = event.get("accepted"), event.get("probability", 0.0)
+    if not all(isinstance(v, str) and 0 < len(v) <= _MAX_DECISION_ID for v in (nonce, door, subject)):
+        return None
+    if not isinstance(accepted, bool) or isinstance(score, bool) or not isinstance(score, (int, float)):
+        return None
+    if not math.isfinite(score):
+        return None
+    return Decision(str(nonce), str(door), str(subject), accepted, float(score))
+
+
+class MqttVerifier:
+    """Decisions over MQTT: the template on the device's templates topic, the answer on its events topic.
+
+    The broker's ACL (deploy/mosquitto/acl) lets only the server write a device's events topic, and the claim's
+    nonce is the VERIFY template's message id, which the server's decision names. The verifier hands back
+    only a decision naming the waiting claim's nonce, door and subject; every other message on the topic
+    while the door is in use (a decision for another claim or door, a replayed or unreadable one) goes to the
+    controller, which refuses and counts it without ending the waiting claim. Identification events (the
+    device's camera work) are not decisions and are ignored.
+
+    Parameters
+    ----------
+    link : MqttLink
+        The device's connection; route its ``on_event`` to :meth:`on_event`.
+    controller : DoorController
+    """
+
+    def __init__(self, link: Any, controller: DoorController) -> None:
+        self._link, self.controller = link, controller
+        self._cv = threading.Condition()
+        self._waiting: Claim | None = None
+        self._answer: Decision | None = None
+
+    def on_event(self, event: Any) -> None:
+        """One message of the events topic (paho's network thread)."""
+        if isinstance(event, dict) and event.get("purpose") in ("identify", "unspecified"):
+            return
+        decision = decision_from_event(event)
+        with self._cv:
+            w = self._waiting
+            if (
+                decision is not None and w is not None and self._answer is None
+                and hmac.compare_digest(decision.nonce, w.nonce) and decision.door == w.door
+                and decision.subject == w.subject
+            ):  # fmt: skip
+                self._answer = decision
+                self._cv.notify_all()
+                return
+        self.controller.decide(decision)
+
+    def verify(self, payload: bytes, claim: Claim, timeout_s: float) -> Decision:
+        import paho.mqtt.client as mqtt
+
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            self._waiting, self._answer = claim, None
+        try:
+            if not self._link.connected.is_set():
+                raise VerifierUnavailable("the MQTT broker is not connected")
+            info = self._link.client.publish(self._link.templates_topic, payload, qos=1, retain=False)
+            if info.rc != mqtt.MQTT_ERR_SUCCESS:
+                raise VerifierUnavailable(f"the MQTT client refused the template: {mqtt.error_string(info.rc)}")
+            try:
+                info.wait_for_publish(max(deadline - time.monotonic(), 0.001))
+            except (RuntimeError, ValueError) as exc:
+                raise VerifierUnavailable(f"the MQTT broker dropped the template: {exc}") from None
+            if not info.is_published():
+                raise VerifierUnavailable("the MQTT broker did not acknowledge the template before the deadline")
+            with self._cv:
+                while self._answer is None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise VerifierTimeout("no decision on the events topic before the deadline")
+                    self._cv.wait(remaining)
+                return self._answer
+        finally:
+            with self._cv:
+                self._waiting = None
 
 
 def _refusal_codes() -> frozenset[Any]:
@@ -157,15 +260,16 @@ class DoorSession:
                     self.accountant.spend(k, eps, p.delta, epsilon_coordinate=coord, purpose="verify",
                                           message_id=message_id)  # fmt: skip
 
+        # The claim's nonce is the template's id: the server's decision names it (over MQTT, the only binding).
         rel = p.release_face(frame, box, track_id=f"door-{claim.nonce[:12]}", spend=spend, purpose="verify",
-                             subject=subject, spool=False)  # fmt: skip
+                             subject=subject, spool=False, message_id=claim.nonce)  # fmt: skip
         timing.add("release", time.perf_counter() - t1)
         if rel is None:  # the budget refused it (logged by the pipeline)
             return self.controller.fail(claim, "unreachable", "the device's privacy budget refused the release")
         remaining = claim.deadline - self.clock()
         t2 = time.perf_counter()
         try:
-            accepted, score = self.verifier.verify(rel.payload, subject, remaining)
+            decision = self.verifier.verify(rel.payload, claim, remaining)
         except VerifierTimeout as exc:
             timing.add("verify", time.perf_counter() - t2)
             return self.controller.fail(claim, "timeout", str(exc))
@@ -180,7 +284,7 @@ class DoorSession:
             return self.controller.fail(claim, "malformed", str(exc)[:200])
         timing.add("verify", time.perf_counter() - t2)
         t3 = time.perf_counter()
-        outcome = self.controller.decide(Decision(claim.nonce, self.controller.door, subject, accepted, score))
+        outcome = self.controller.decide(decision)
         timing.add("actuate", time.perf_counter() - t3)
         timing.add("total_after_face", time.perf_counter() - t1)
         timing.add("claim_to_lock", time.perf_counter() - t0)

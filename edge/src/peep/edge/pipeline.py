@@ -240,11 +240,13 @@ class FramePipeline:
         purpose: str,
         subject: str = "",
         spool: bool = True,
+        message_id: str | None = None,
     ) -> Released | None:
         """Normalise, project, perturb, spend, encode and spool one face.
 
         ``spool=False``: the caller sends the payload itself (a door's verification, answered in the call);
-        the spend is recorded all the same.
+        the spend is recorded all the same. ``message_id``: the template's id when the caller binds an answer
+        to it (a door claim's nonce); a fresh one otherwise.
 
         ``spend(epsilon_vector_total, epsilon_coordinate, message_id)`` persists
         the privacy cost after the noise is drawn and before the template is
@@ -287,6 +289,7 @@ class FramePipeline:
             capture_time=self.clock(),
             soft_traits=traits,
             key_id=self.releaser.key_id,
+            message_id=message_id,
         )
         try:
             spend(self.epsilon_vector + soft_eps, self.epsilon_coordinate, msg.message_id)

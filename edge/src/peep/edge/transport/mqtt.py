@@ -75,7 +75,9 @@ class MqttLink:
         Resolved secret (never from the TOML file).
     on_bundle : callable(bytes), optional
         Raw ``BundleFiles`` payloads from the retained bundle topic.
-    on_event : callable(dict), optional
+    on_event : callable(dict or None), optional
+        Each message of the device's events topic: the JSON object, or None when it is not one (a door
+        counts an unreadable decision).
     publish_status : bool
         Publish ``online``/``offline`` and set the last will (off for ``enroll``,
         which runs next to the agent).
@@ -91,7 +93,7 @@ class MqttLink:
         password: str | None = None,
         metrics: EdgeMetrics | None = None,
         on_bundle: Callable[[bytes], None] | None = None,
-        on_event: Callable[[dict[str, Any]], None] | None = None,
+        on_event: Callable[[dict[str, Any] | None], None] | None = None,
         publish_status: bool = True,
     ) -> None:
         self.cfg = cfg
@@ -258,6 +260,8 @@ class MqttLink:
                     raise ValueError("not a JSON object")
             except ValueError as exc:
                 log_event(_log, logging.WARNING, "event_unreadable", topic=msg.topic, error=str(exc))
+                if self._on_event is not None:
+                    self._on_event(None)
                 return
             # Nested, so the server's keys can never overwrite the record's own fields.
             log_event(_log, logging.INFO, "recognition_event", payload={k: event[k] for k in list(event)[:20]})

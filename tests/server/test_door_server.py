@@ -1,0 +1,345 @@
+"""A door against real parts: over gRPC/TLS the device's VERIFY release answered by the server's Verify (and the
+server down); over MQTT the decision on the device's events topic of our own Mosquitto with the shipped ACL."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import uuid
+from typing import Any
+
+import numpy as np
+import pytest
+from peep.edge.agent import Agent
+from peep.edge.config import load_config
+from peep.edge.door import DoorController, GpioLock
+from peep.edge.door_session import DoorSession, GrpcVerifier
+from peep.edge.testing import FaceTrack, compose_video
+from peep.edge.transport.grpc import make_channel
+from peep_server_testlib import DEVICE_TOKENS, SITE, write_edge_config
+
+
+def _door_agent(tmp_path, keypair, bundle_dir, pki, port: int) -> Agent:
+    cfg = write_edge_config(
+        tmp_path / "door.toml", port=port, pki=pki, bundle_dir=bundle_dir, pub_path=keypair[3], device_id="cam-1",
+        privacy={"mechanism": "peep-raw", "epsilon": 8.0, "track_budget": 1e6},
+        grpc={"token_env": "DOOR_TOKEN", "deadline_s": 5.0},
+    )  # fmt: skip
+    return Agent(load_config(cfg), environ={"DOOR_TOKEN": DEVICE_TOKENS["cam-1"]})
+
+
+def _frames(video: str, limit: int = 40):
+    from peep.edge.capture import VideoSource
+
+    src = VideoSource(video, kind="file")
+    n = {"i": 0}
+
+    def read():
+        n["i"] += 1
+        return src.read() if n["i"] <= limit else None
+
+    return read
+
+
+@pytest.fixture(scope="module")
+def claim_video(tmp_path_factory, lfw100, data_home):
+    """A held-out photo of an enrolled person walking past the door camera."""
+    from peep.edge.testing import lfw_people
+
+    name = lfw100.target_names[int(np.bincount(lfw100.labels).argmax())].replace(" ", "_")
+    photo = lfw_people(data_home)[name][-1]
+    path = tmp_path_factory.mktemp("door") / "claim.mp4"
+    compose_video(path, [FaceTrack(image=photo, start=0, stop=40, x0=200, y0=120, amplitude=10, period_frames=40)],
+                  n_frames=40, fps=10.0)  # fmt: skip
+    return str(path), name
+
+
+def test_a_claim_is_answered_by_the_servers_verify_and_a_dead_server_keeps_it_locked(
+    trained_server, tmp_path, keypair, bundle_dir, pki, claim_video
+):
+    video, name = claim_video
+    agent = _door_agent(tmp_path, keypair, bundle_dir, pki, trained_server.port)
+    pipeline = agent.open()
+    channel = make_channel(agent.cfg.grpc)
+    try:
+        from gpiozero.pins.mock import MockFactory
+
+        pins = MockFactory()
+        ctl = DoorController("cam-1", GpioLock(17, pin_factory=pins), open_s=0.05, decision_timeout_s=10.0)
+        session = DoorSession(pipeline, agent.accountant, ctl, GrpcVerifier(channel, agent.grpc_token),
+                              face_timeout_s=5.0)  # fmt: skip
+        out = session.handle(name, _frames(video))
+        # A decision came back over TLS for this claim: opened, or rejected by the server's threshold.
+        assert out.opened or out.reason == "rejected", out
+        assert session.last_timing.stages["verify"] > 0
+        # A claim for a name the server does not know: the server refuses it (an answer, not an outage).
+        out = session.handle("Nobody_Enrolled", _frames(video))
+        assert not out.opened and out.reason == "rejected" and "NOT_FOUND: claimed_subject" in out.detail, out
+        # A deadline shorter than the call: the claim times out, locked.
+        ctl.decision_timeout_s = 0.001
+        out = session.handle(name, _frames(video))
+        assert not out.opened and out.reason == "timeout", out
+        ctl.decision_timeout_s = 10.0
+        # The server gone: the claim ends locked, reason unreachable.
+        dead = make_channel(agent.cfg.grpc.model_copy(update={"target": "localhost:1"}))
+        session.verifier = GrpcVerifier(dead, agent.grpc_token)
+        out = session.handle(name, _frames(video))
+        assert not out.opened and out.reason == "unreachable" and "UNAVAILABLE" in out.detail
+        dead.close()
+        ctl.close()
+        states = [p.state for p in pins.pin(17).states]
+        assert states.count(True) == ctl.opened and states[-1] is False  # opened only when accepted; locked now
+    finally:
+        channel.close()
+        agent.shutdown(drain_timeout=0)
+
+
+def test_peep_edge_door_reads_claims_and_drives_a_command_lock(
+    trained_server, tmp_path, keypair, bundle_dir, pki, claim_video, data_home, capsys, monkeypatch
+):
+    """The command end to end: three claim lines (one malformed), real server, the lock a command writing a log."""
+    from peep.edge.cli import main as edge_main
+    from peep.edge.testing import lfw_people
+
+    _, name = claim_video
+    photo = lfw_people(data_home)[name][-1]
+    video = tmp_path / "door.mp4"
+    compose_video(video, [FaceTrack(image=photo, start=0, stop=150, x0=200, y0=120, amplitude=10, period_frames=50)],
+                  n_frames=150, fps=10.0)  # fmt: skip
+    agent_cfg = _door_agent(tmp_path, keypair, bundle_dir, pki, trained_server.port).cfg
+    log = tmp_path / "lock.log"
+    script = f"import sys; open({str(log)!r}, 'a').write(sys.argv[1] + '\\n')"
+    cfg_text = (tmp_path / "door.toml").read_text().replace('source = "0"', f'source = "{video}"')
+    cfg_text += (
+        '\n[door]\nenabled = true\nlock = "command"\n'
+        f"open_command = {json.dumps([sys.executable, '-c', script, 'open'])}\n"
+        f"close_command = {json.dumps([sys.executable, '-c', script, 'locked'])}\n"
+        "open_s = 0.2\ndecision_timeout_s = 10.0\n"
+    )
+    (tmp_path / "door.toml").write_text(cfg_text)
+    claims = tmp_path / "claims.txt"
+    claims.write_text(f"{name}\nNobody_Enrolled\nbad\x1b[2Jclaim\n")
+    monkeypatch.setenv("DOOR_TOKEN", DEVICE_TOKENS["cam-1"])
+    from peep.edge import agent as agent_module
+
+    made: list = []
+    real_init = agent_module.Agent.__init__
+
+    def keep(self, *a, **kw):
+        real_init(self, *a, **kw)
+        made.append(self)
+
+    monkeypatch.setattr(agent_module.Agent, "__init__", keep)
+    assert edge_main(["door", "--config", str(tmp_path / "door.toml"), "--claims", str(claims)]) == 0
+    metrics = made[0].metrics
+    assert metrics.value("peep_edge_door_refusals_total", reason="rejected") >= 1
+    out = capsys.readouterr().out
+    assert f"claim {name}: " in out and "claim Nobody_Enrolled: locked (rejected)" in out
+    assert "\x1b" not in out  # a malformed claim is never echoed
+    events = log.read_text().split()
+    assert events[0] == "locked" and events[-1] == "locked"  # locked at start and at the end
+    assert events.count("open") == (1 if f"claim {name}: opened" in out else 0)
+    assert agent_cfg.device.id == "cam-1"
+
+
+# --------------------------------------------------------------------------- the decision over MQTT
+
+
+@pytest.fixture
+def door_broker(tmp_path, pki):
+    """Our own Mosquitto with the shipped configuration and ACL (device listener, server listener)."""
+    import signal
+
+    from peep_broker_testlib import ShippedBroker
+
+    b = ShippedBroker(tmp_path / "broker", pki.client_ca, pki.server_cert, pki.server_key).start()
+    yield b
+    b.stop(signal.SIGKILL)
+
+
+class MqttDoor:
+    """Door cam-1 deciding over MQTT: its own connection (the device's credentials), a recording lock."""
+
+    def __init__(self, agent: Agent, broker, *, timeout_s: float = 4.0) -> None:
+        from peep.edge.config import MqttConfig
+        from peep.edge.door_session import MqttVerifier
+        from peep.edge.transport.mqtt import MqttLink
+        from peep_broker_testlib import DEVICE_PASSWORDS
+
+        self.lock = _CountingLock()
+        self.outcomes: list = []
+        self.ctl = DoorController("cam-1", self.lock, open_s=0.05, decision_timeout_s=timeout_s,
+                                  lockout_failures=100, on_outcome=self.outcomes.append)  # fmt: skip
+        mcfg = MqttConfig(host="localhost", port=broker.dev_port, ca_file=str(broker.ca), reconnect_max_s=1)
+        self.link = MqttLink(mcfg, client_id=f"door-cam-1-{uuid.uuid4().hex[:6]}", site=SITE, device_id="cam-1",
+                             password=DEVICE_PASSWORDS["cam-1"], publish_status=False,
+                             on_event=lambda ev: self.verifier.on_event(ev))  # fmt: skip
+        self.verifier = MqttVerifier(self.link, self.ctl)
+        self.session = DoorSession(agent.open(), agent.accountant, self.ctl, self.verifier, face_timeout_s=5.0)
+        self.link.start()
+        assert self.link.wait_connected(10)
+
+    def claim_in_background(self, subject: str, video: str) -> Any:
+        done: dict[str, Any] = {}
+        t = threading.Thread(target=lambda: done.setdefault("out", self.session.handle(subject, _frames(video))))
+        t.start()
+        return t, done
+
+    def close(self) -> None:
+        self.ctl.close()
+        self.link.stop()
+
+
+class _CountingLock:
+    def __init__(self) -> None:
+        self.opened = 0
+
+    def energise(self) -> None:
+        self.opened += 1
+
+    def release(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _mqtt_door_agent(tmp_path, keypair, bundle_dir, pki) -> Agent:
+    # The agent's own transports stay off: the door's MQTT connection is MqttDoor's.
+    return _door_agent(tmp_path, keypair, bundle_dir, pki, port=1)
+
+
+def _template_of(server_side, deadline_s: float = 10.0):
+    """The VERIFY template the door published, as the server's account reads it (its message id: the nonce)."""
+    from peep.core.wire import decode_template
+    from peep_broker_testlib import wait_for
+
+    assert wait_for(lambda: any(t.endswith("/templates") for t, _, _ in server_side.messages), deadline_s)
+    _, payload, _ = next(m for m in server_side.messages if m[0].endswith("/templates"))
+    server_side.messages.clear()
+    return decode_template(payload)
+
+
+def _decision(msg, **kw) -> bytes:
+    event = {"event_id": uuid.uuid4().hex, "site": SITE, "device_id": msg.device_id, "message_id": msg.message_id,
+             "track_id": msg.track_id, "purpose": "verify", "claimed_subject": msg.subject, "accepted": True,
+             "probability": 0.97, "model_version": "v000001"} | kw  # fmt: skip
+    return json.dumps(event).encode()
+
+
+def test_over_mqtt_only_the_servers_decision_for_this_claim_opens_and_only_once(
+    door_broker, tmp_path, keypair, bundle_dir, pki, claim_video
+):
+    """The test plays the server (its broker account); the door is the device cam-1 with its own credential.
+
+    Malformed decisions, decisions for another claim, another door or another subject, a forged decision from
+    another device's credential, a replay, and no decision at all leave it locked; the one accepted decision
+    for the waiting claim opens it once.
+    """
+    from peep_broker_testlib import DEVICE_PASSWORDS, SERVER_PASSWORD, Client, wait_for
+
+    video, name = claim_video
+    agent = _mqtt_door_agent(tmp_path, keypair, bundle_dir, pki)
+    door = MqttDoor(agent, door_broker)
+    server_side = Client(door_broker.srv_port, "peep-server", SERVER_PASSWORD, door_broker.ca).connect()
+    intruder = Client(door_broker.dev_port, "cam-2", DEVICE_PASSWORDS["cam-2"], door_broker.ca).connect()
+    events = f"devices/peep/v1/{SITE}/cam-1/events"
+    try:
+        server_side.subscribe("devices/peep/v1/+/cam-1/templates")
+        # 1. Everything wrong, then nothing: locked, timeout.
+        t, done = door.claim_in_background(name, video)
+        msg = _template_of(server_side)
+        assert msg.subject == name and msg.purpose == 3
+        wrong = [
+            b"{not json", b"[]", _decision(msg, accepted="yes"), _decision(msg, probability=float("nan")),
+            _decision(msg, message_id=uuid.uuid4().hex),  # another claim
+            _decision(msg, device_id="cam-2"),  # another door
+            _decision(msg, claimed_subject="someone_else"),  # another subject
+        ]  # fmt: skip
+        for payload in wrong:
+            server_side.c.publish(events, payload, qos=1).wait_for_publish(5)
+        # A device credential writing cam-1's decision (the nonce known): the broker refuses it.
+        forged = [intruder.c.publish(f"peep/v1/{SITE}/cam-1/events", _decision(msg), qos=1),
+                  intruder.c.publish(f"peep/v1/{SITE}/cam-2/events", _decision(msg), qos=1)]  # fmt: skip
+        assert wait_for(lambda: all(f.mid in intruder.acks for f in forged), 10)
+        assert [intruder.acks[f.mid] for f in forged] == [0x87, 0x87]  # Not authorized
+        t.join(20)
+        out = done["out"]
+        assert not out.opened and out.reason == "timeout", out
+        assert door.lock.opened == 0
+        reasons = [o.reason for o in door.outcomes]
+        assert reasons.count("malformed") == 4 and reasons.count("mismatch") == 3, reasons
+        # 2. The accepted decision for the waiting claim: opened, once; its replay opens nothing.
+        t, done = door.claim_in_background(name, video)
+        msg = _template_of(server_side)
+        server_side.c.publish(events, _decision(msg), qos=1).wait_for_publish(5)
+        t.join(20)
+        assert done["out"].opened and door.lock.opened == 1
+        server_side.c.publish(events, _decision(msg), qos=1).wait_for_publish(5)
+        assert wait_for(lambda: door.outcomes[-1].reason == "replayed", 10), door.outcomes[-1]
+        # 3. A replayed decision of the last claim while a new claim waits: still locked (the new claim times out).
+        t, done = door.claim_in_background(name, video)
+        new_msg = _template_of(server_side)
+        server_side.c.publish(events, _decision(msg), qos=1).wait_for_publish(5)
+        t.join(20)
+        assert new_msg.message_id != msg.message_id
+        assert done["out"].reason == "timeout" and door.lock.opened == 1
+        assert "replayed" in [o.reason for o in door.outcomes[-3:]]
+    finally:
+        intruder.close()
+        server_side.close()
+        door.close()
+        agent.shutdown(drain_timeout=0)
+
+
+def test_over_mqtt_the_broker_down_keeps_it_locked(door_broker, tmp_path, keypair, bundle_dir, pki, claim_video):
+    import signal
+
+    from peep_broker_testlib import wait_for
+
+    video, name = claim_video
+    agent = _mqtt_door_agent(tmp_path, keypair, bundle_dir, pki)
+    door = MqttDoor(agent, door_broker, timeout_s=3.0)
+    try:
+        door_broker.stop(signal.SIGKILL)
+        assert wait_for(lambda: not door.link.connected.is_set(), 10)
+        out = door.session.handle(name, _frames(video))
+        assert not out.opened and out.reason == "unreachable" and "not connected" in out.detail, out
+        assert door.lock.opened == 0
+    finally:
+        door.close()
+        agent.shutdown(drain_timeout=0)
+
+
+def test_over_mqtt_a_real_server_decides_the_claim(
+    door_broker, tmp_path, keypair, bundle_dir, pki, claim_video, templates, monkeypatch
+):
+    """The server on the same broker (its own account, the shipped ACL), enrolled and trained: the decision it
+    publishes on cam-1's events topic names the claim's nonce and the door acts on it; a claim for a subject it
+    does not know is decided too (rejected), never opened."""
+    from peep.v1 import recognition_pb2
+    from peep_broker_testlib import SERVER_PASSWORD
+    from peep_server_testlib import ADMIN, base_config, start_server, tls_section
+
+    monkeypatch.setenv("PEEP_TEST_MQTT_PASSWORD", SERVER_PASSWORD)
+    mqtt = door_broker.server_mqtt_section(client_id=f"peep-door-{uuid.uuid4().hex[:6]}")
+    cfg = base_config(tmp_path, keypair[3], bundle_dir, mqtt=mqtt, grpc={"tls": tls_section(pki)})
+    srv = start_server(cfg, pki, tmp_path, mqtt_wait=15)
+    video, name = claim_video
+    agent = door = None
+    try:
+        stub = srv.stub()
+        assert stub.IngestStream(iter(templates.enrolment_messages()), metadata=ADMIN, timeout=60).rejected == 0
+        assert stub.Train(recognition_pb2.TrainRequest(), metadata=ADMIN, timeout=300).model_version == "v000001"
+        agent = _mqtt_door_agent(tmp_path, keypair, bundle_dir, pki)
+        door = MqttDoor(agent, door_broker, timeout_s=10.0)
+        out = door.session.handle(name, _frames(video))
+        assert out.opened or out.reason == "rejected", out  # the server's decision, whichever it was
+        assert door.lock.opened == int(out.opened)
+        out = door.session.handle("Nobody_Enrolled", _frames(video))
+        assert not out.opened and out.reason in ("rejected", "timeout"), out
+    finally:
+        if door is not None:
+            door.close()
+        if agent is not None:
+            agent.shutdown(drain_timeout=0)
+        srv.app.stop(0)
