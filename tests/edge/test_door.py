@@ -307,7 +307,7 @@ def test_a_claim_releases_one_verify_template_spent_not_spooled_and_opens_on_acc
     assert claim.subject == "alice" and msg.subject == "alice" and msg.purpose == 3  # VERIFY
     assert msg.message_id == claim.nonce  # the decision names the claim through the template's id
     assert 0 < timeout_s <= 30.0
-    spends = agent.accountant.ledger.entries("door:alice")
+    spends = agent.accountant.ledger.entries(f"door:{claim.nonce[:16]}")
     assert [s.message_id for s in spends] == [msg.message_id] and spends[0].purpose == "verify"
     assert spends[0].epsilon == pytest.approx(16.0, rel=1e-3)
     assert agent.spool.peek("mqtt", 10) == []  # answered in the call: never queued for ingest
@@ -349,7 +349,11 @@ def test_no_face_no_release(door_agent):
         "alice", lambda: next(blank, None)
     )
     ctl.close()
-    assert out.reason == "no_face" and verifier.sent == [] and agent.accountant.ledger.entries("door:alice") == []
+    assert (
+        out.reason == "no_face"
+        and verifier.sent == []
+        and agent.accountant.ledger.entries(f"door:{out.claim.nonce[:16]}") == []
+    )
 
 
 def test_an_observer_may_call_back_into_the_door_without_deadlock(door):
@@ -360,3 +364,24 @@ def test_an_observer_may_call_back_into_the_door_without_deadlock(door):
     claim = ctl.claim("alice")
     out = ctl.decide(_ok(claim, accepted=False))
     assert out.reason == "rejected" and len(follow) == 1 and isinstance(follow[0], Claim)
+
+
+def test_each_claim_is_charged_on_its_own_so_a_budget_of_one_release_serves_every_visit(make_config, one_person_video):
+    """The track budget bounds one claim (one release), not a person's visits: a key per subject refused the
+    third claim of the same person for ever."""
+    from peep.edge.agent import Agent
+    from peep.edge.config import load_config
+    from peep.edge.door_session import DoorSession
+
+    cfg = make_config(privacy={"mechanism": "privunit", "epsilon": 16.0, "track_budget": 16.0})
+    agent = Agent(load_config(cfg), environ={})
+    try:
+        verifier = FakeVerifier(accepted=True)
+        ctl = DoorController("cam-1", RecordingLock(), open_s=0.05, decision_timeout_s=30.0)
+        session = DoorSession(agent.open(), agent.accountant, ctl, verifier, face_timeout_s=10.0)
+        outs = [session.handle("alice", _frames(one_person_video["path"])) for _ in range(3)]
+        ctl.close()
+        assert [o.opened for o in outs] == [True, True, True], [o.reason for o in outs]
+        assert len({o.claim.nonce for o in outs}) == 3 and len(verifier.sent) == 3
+    finally:
+        agent.shutdown(drain_timeout=0)

@@ -8,7 +8,9 @@
    quality: the tracker's best frame is the nearest and most frontal one in practice), and reading stops
    early once ``settle_frames`` frames in a row showed no larger one;
 3. that face becomes one VERIFY template for the claimed subject, charged to the device's ledger under
-   ``door:<subject>`` like any release, but sent by the verifier in the call, never spooled;
+   ``door:<the claim's nonce>`` like any release (one release per claim, within ``privacy.track_budget``;
+   a key per subject would refuse a person's third claim for ever, and would keep who claimed in the
+   ledger), but sent by the verifier in the call, never spooled;
 4. the verifier's decision — over gRPC the answer to this call, over MQTT the server's message naming the
    claim's nonce (the template's message id) — is handed to the controller, which opens only for an
    accepted one in time. A verifier that cannot be reached, or an answer that cannot be read, ends the
@@ -252,7 +254,7 @@ class DoorSession:
         frame, box = best
         t1 = time.perf_counter()
         p = self.pipeline
-        key = f"door:{subject}"
+        key = f"door:{claim.nonce[:16]}"
 
         def spend(eps: float, coord: float, message_id: str) -> None:
             for k in (self.device_key, key):

@@ -16,13 +16,14 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Appearance:
-    """One person walking past one camera (frames ``start <= f < stop``)."""
+    """One person walking past one camera (frames ``start <= f < stop``); at a door, whom they claim to be."""
 
     person: str
     enrolled: bool
     image: Path
     start: int
     stop: int
+    claim: str | None = None
 
 
 @dataclass
@@ -154,6 +155,34 @@ def camera_scripts(
     for cam in scripts:
         cam.n_frames += gap_frames
     return scripts
+
+
+def door_script(
+    scenario: Scenario, out_dir: Path, *, device_id: str, visible_frames: int, gap_frames: int, seed: int
+) -> CameraScript:
+    """The door camera's video: each enrolled person's held-out photos, each shown twice at the door.
+
+    Once with a genuine claim (the badge of the person shown) and once with an impostor's (the badge of
+    another enrolled subject, drawn at random), in a shuffled order.
+    """
+    rng = np.random.default_rng(seed + 11)
+    subjects = list(scenario.probes)
+    items: list[tuple[str, Path, str]] = []
+    for person, imgs in scenario.probes.items():
+        others = [s for s in subjects if s != person]
+        for img in imgs:
+            items.append((person, img, person))
+            if others:
+                items.append((person, img, str(rng.choice(others))))
+    script = CameraScript(device_id=device_id, transport="grpc", video=out_dir / f"{device_id}.mp4", n_frames=0)
+    for i in rng.permutation(len(items)):
+        person, img, claim = items[int(i)]
+        start = script.n_frames + gap_frames
+        script.appearances.append(Appearance(person=person, enrolled=True, image=img, start=start,
+                                             stop=start + visible_frames, claim=claim))  # fmt: skip
+        script.n_frames = start + visible_frames
+    script.n_frames += gap_frames
+    return script
 
 
 def compose_camera_video(script: CameraScript, *, fps: float, seed: int) -> None:
