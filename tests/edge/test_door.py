@@ -311,7 +311,10 @@ def test_a_claim_releases_one_verify_template_spent_not_spooled_and_opens_on_acc
     assert [s.message_id for s in spends] == [msg.message_id] and spends[0].purpose == "verify"
     assert spends[0].epsilon == pytest.approx(16.0, rel=1e-3)
     assert agent.spool.peek("mqtt", 10) == []  # answered in the call: never queued for ingest
-    assert {"detect", "release", "verify", "actuate", "claim_to_lock"} <= set(session.last_timing.stages)
+    st = session.last_timing.stages
+    assert {"detect", "release", "descriptor", "perturb", "encode", "verify", "actuate", "claim_to_lock"} <= set(st)
+    assert 0 < st["descriptor"] + st["perturb"] + st["encode"] <= st["release"]
+    assert session.last_timing.marks["verify_start"] <= session.last_timing.marks["verify_end"]
 
 
 @pytest.mark.parametrize(

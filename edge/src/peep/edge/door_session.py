@@ -193,12 +193,25 @@ _REFUSALS = _refusal_codes()
 
 @dataclass
 class DoorTiming:
-    """Seconds per stage of one claim (the door bench's breakdown)."""
+    """Seconds per stage of one claim (the door bench's breakdown).
+
+    ``stages``: ``capture`` and ``detect`` (every frame looked at for the best face), ``release`` (of which
+    ``descriptor`` — the face's projection, with its descriptor network where the bundle has one —
+    ``perturb`` and ``encode``: the template built, its ε spent, encoded), ``verify`` (the decision's round
+    trip), ``actuate`` (the lock), ``total_after_face`` and ``claim_to_lock``. ``marks``: ``time.monotonic()``
+    at ``verify_start`` and ``verify_end`` (one clock for every process of a machine, so a server's own
+    timestamps can split the round trip).
+    """
 
     stages: dict[str, float] = field(default_factory=dict)
+    marks: dict[str, float] = field(default_factory=dict)
 
     def add(self, stage: str, seconds: float) -> None:
         self.stages[stage] = self.stages.get(stage, 0.0) + seconds
+
+
+#: The pipeline's timer stages a release goes through, and their names in a claim's :class:`DoorTiming`.
+_RELEASE_STAGES = {"project": "descriptor", "perturb": "perturb", "spool": "encode"}
 
 
 class DoorSession:
@@ -263,13 +276,17 @@ class DoorSession:
                                           message_id=message_id)  # fmt: skip
 
         # The claim's nonce is the template's id: the server's decision names it (over MQTT, the only binding).
+        before = {k: p.timer.seconds.get(k, 0.0) for k in _RELEASE_STAGES}
         rel = p.release_face(frame, box, track_id=f"door-{claim.nonce[:12]}", spend=spend, purpose="verify",
                              subject=subject, spool=False, message_id=claim.nonce)  # fmt: skip
         timing.add("release", time.perf_counter() - t1)
+        for k, name in _RELEASE_STAGES.items():
+            timing.add(name, p.timer.seconds.get(k, 0.0) - before[k])
         if rel is None:  # the budget refused it (logged by the pipeline)
             return self.controller.fail(claim, "unreachable", "the device's privacy budget refused the release")
         remaining = claim.deadline - self.clock()
         t2 = time.perf_counter()
+        timing.marks["verify_start"] = time.monotonic()
         try:
             decision = self.verifier.verify(rel.payload, claim, remaining)
         except VerifierTimeout as exc:
@@ -285,6 +302,7 @@ class DoorSession:
             timing.add("verify", time.perf_counter() - t2)
             return self.controller.fail(claim, "malformed", str(exc)[:200])
         timing.add("verify", time.perf_counter() - t2)
+        timing.marks["verify_end"] = time.monotonic()
         t3 = time.perf_counter()
         outcome = self.controller.decide(decision)
         timing.add("actuate", time.perf_counter() - t3)

@@ -26,8 +26,10 @@ SECTIONS = {
     "edge": "peep.edge.bench",
     "server": "peep.server.bench.server",
     "cluster": "peep.server.bench.cluster",
+    "door": "peep.server.bench.door",
 }
-#: Run without --sections: the cluster section needs PostgreSQL and a broker, so it is asked for by name.
+#: Run without --sections: the cluster section needs PostgreSQL and a broker, and the door section builds two
+#: bundles and servers (minutes), so each is asked for by name.
 DEFAULT_SECTIONS = ("core", "edge", "server")
 
 
@@ -39,8 +41,10 @@ def register(sub: Any) -> None:
         "--sections",
         default=",".join(DEFAULT_SECTIONS),
         help=(
-            "comma-separated subset of core,edge,server,cluster (default core,edge,server; cluster starts three "
-            "peep serve replicas and needs PostgreSQL, PEEP_BENCH_PG_DSN, and an MQTT broker, PEEP_BENCH_MQTT)"
+            "comma-separated subset of core,edge,server,cluster,door (default core,edge,server; cluster starts three "
+            "peep serve replicas and needs PostgreSQL, PEEP_BENCH_PG_DSN, and an MQTT broker, PEEP_BENCH_MQTT; "
+            "door times a door's claim to its lock with a dlib-resnet and a Fisherfaces bundle, over gRPC and "
+            "over MQTT when a broker answers on 127.0.0.1:1883)"
         ),
     )
     p.set_defaults(handler=handle)
@@ -70,7 +74,7 @@ def handle(args: argparse.Namespace) -> int:
         print(f"peep bench: {name} ...", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         try:
-            if name == "edge":
+            if name in ("edge", "door"):
                 require_edge("the edge section of peep bench")
             module = importlib.import_module(SECTIONS[name])
             section = module.run(quick=args.quick)

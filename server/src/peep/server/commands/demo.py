@@ -74,6 +74,9 @@ def register(sub: Any) -> None:
                    help="release templates without a site key (by default each run makes a fresh one, which the "
                    "devices and the administrator's enrolment rotate every template by; the server sees its id "
                    "only)")  # fmt: skip
+    p.add_argument("--no-door", action="store_true",
+                   help="skip the door (by default every held-out photo is shown at a door twice, with the "
+                   "person's own badge and another subject's, and a mock GPIO lock is driven)")  # fmt: skip
     p.add_argument("--qbbs-epsilon", type=float, default=1.0, help="ε of each QBBS query answer (default 1)")
     p.add_argument("--mqtt", choices=["auto", "on", "off"], default="auto",
                    help="one camera over MQTT when a broker answers on 127.0.0.1:1883 (default auto)")  # fmt: skip
@@ -128,6 +131,7 @@ def handle(args: argparse.Namespace) -> int:
         verify_far=args.verify_far,
         public_max_faces=args.public_max_faces,
         soft=not args.no_soft,
+        door=not args.no_door,
         site_key=not args.no_site_key,
         qbbs_epsilon=args.qbbs_epsilon,
         mqtt=args.mqtt,

@@ -9,6 +9,7 @@ enrolled subject one tick, and at the end the agent's suppression count or the e
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing as mp
 import queue
 from collections.abc import Callable
@@ -23,9 +24,11 @@ _POLL_S = 0.5
 class DeviceJob:
     """What one device process runs.
 
-    ``kind`` is ``"camera"`` (``work`` = ``{"config": ..., "video": path}``) or ``"desk"`` (``work`` =
-    ``{"subjects": [{"subject": ..., "config": ..., "source": folder, "count": n}, ...]}``); configurations
-    are :class:`peep.edge.config.EdgeConfig` dictionaries, ``environ`` holds the device's token.
+    ``kind`` is ``"camera"`` (``work`` = ``{"config": ..., "video": path}``), ``"desk"`` (``work`` =
+    ``{"subjects": [{"subject": ..., "config": ..., "source": folder, "count": n}, ...]}``) or ``"door"``
+    (``work`` = ``{"config": ..., "video": path, "claims": [{"subject", "start", "stop", "genuine"}, ...]}``, see
+    :func:`run_door`); configurations are :class:`peep.edge.config.EdgeConfig` dictionaries, ``environ`` holds
+    the device's token.
     """
 
     device_id: str
@@ -66,10 +69,152 @@ def _device_main(job: DeviceJob, out: Any) -> None:
                 agent.enroll(subject=item["subject"], source=item["source"], count=item["count"], timeout_s=60.0)
                 out.put(("enrolled", job.device_id, item["subject"]))
             out.put(("done", job.device_id, {}))
+        elif job.kind == "door":
+            out.put(("done", job.device_id, run_door(job)))
         else:
-            raise ValueError(f"device job kind: expected 'camera' or 'desk', received {job.kind!r}")
+            raise ValueError(f"device job kind: expected 'camera', 'desk' or 'door', received {job.kind!r}")
     except BaseException as exc:  # reported to the demo, which names the device
         out.put(("error", job.device_id, f"{type(exc).__name__}: {exc}"))
+
+
+class FrameWindow:
+    """Frames ``start <= index < stop`` of a video read once, front to back (one claim's stretch)."""
+
+    def __init__(self, source: Any) -> None:
+        self.source, self._held = source, None
+        self.start, self.stop = 0, 0
+
+    def read(self) -> Any:
+        while True:
+            frame, self._held = (self._held, None) if self._held is not None else (self.source.read(), None)
+            if frame is None or frame.index >= self.stop:
+                self._held = frame  # the next claim's
+                return None
+            if frame.index >= self.start:
+                return frame
+
+
+def run_door(job: DeviceJob) -> dict[str, Any]:
+    """A door in the demo: the real door path (:class:`peep.edge.door_session.DoorSession`) on the door camera's
+    video, each claim during its person's appearance, the server's gRPC Verify deciding, the lock a GPIO pin of
+    gpiozero's mock factory. Then the fail-secure checks: ways a decision can go wrong, each of which must leave
+    the pin unpowered.
+
+    Returns
+    -------
+    dict
+        ``claims``: per claim ``{"subject", "genuine", "opened", "reason", "face_to_lock_ms", "stages_ms"}``
+        (never a template); ``pin_openings``: how often the pin was driven; ``fail_secure``: per check
+        ``{"check", "reason", "held"}``.
+    """
+    import secrets
+
+    from gpiozero.pins.mock import MockFactory  # type: ignore[import-untyped]
+    from peep.edge.agent import Agent
+    from peep.edge.capture import VideoSource
+    from peep.edge.config import EdgeConfig
+    from peep.edge.door import Claim, Decision, DoorController, GpioLock
+    from peep.edge.door_session import DoorSession, GrpcVerifier
+    from peep.edge.transport.grpc import make_channel
+
+    cfg = EdgeConfig.model_validate(job.work["config"])
+    agent = Agent(cfg, environ=job.environ)
+    pins = MockFactory()
+    pin = 17
+
+    def openings() -> int:
+        states = [s.state for s in pins.pin(pin).states]
+        return sum(1 for a, b in itertools.pairwise(states) if b and not a)
+
+    d = cfg.door
+    ctl = DoorController(job.device_id, GpioLock(pin, active_high=True, pin_factory=pins), open_s=d.open_s,
+                         decision_timeout_s=d.decision_timeout_s, lockout_failures=d.lockout_failures,
+                         lockout_window_s=d.lockout_window_s)  # fmt: skip
+    channel = make_channel(cfg.grpc)
+    frames = VideoSource(job.work["video"], kind="file")
+    window = FrameWindow(frames)
+    rows: list[dict[str, Any]] = []
+    checks: list[dict[str, Any]] = []
+    try:
+        session = DoorSession(agent.open(), agent.accountant, ctl, GrpcVerifier(channel, agent.grpc_token),
+                              face_timeout_s=job.work.get("face_timeout_s", 3.0),
+                              settle_frames=job.work.get("settle_frames", 3))  # fmt: skip
+        last_accepted: Decision | None = None
+        for c in job.work["claims"]:
+            window.start, window.stop = c["start"], c["stop"]
+            out = session.handle(c["subject"], window.read)
+            st = session.last_timing.stages
+            # From the chosen face to the lock: its detection, the release, the server's answer, the pin.
+            face_to_lock = st.get("release", 0.0) + st.get("verify", 0.0) + st.get("actuate", 0.0)
+            rows.append({"subject": c["subject"], "genuine": bool(c["genuine"]), "opened": out.opened,
+                         "reason": out.reason, "face_to_lock_ms": 1000 * face_to_lock if "verify" in st else None,
+                         "stages_ms": {k: round(1000 * v, 2) for k, v in st.items()}})  # fmt: skip
+            if out.opened and out.claim is not None:
+                last_accepted = Decision(out.claim.nonce, job.device_id, out.claim.subject, True, 1.0)
+
+        def check(name: str, expect: str, run: Any) -> None:
+            before = openings()
+            reason = run()
+            checks.append({"check": name, "reason": reason, "held": reason == expect and openings() == before})
+
+        if last_accepted is not None:  # on the controller that decided it
+            check("a replayed accepted decision", "replayed", lambda: ctl.decide(last_accepted).reason)
+        # The other checks on a fresh controller of the same pin: the claims' failures must not lock them out.
+        ctl.close()
+        ctl = DoorController(job.device_id, GpioLock(pin, active_high=True, pin_factory=pins), open_s=d.open_s,
+                             decision_timeout_s=d.decision_timeout_s, lockout_failures=d.lockout_failures,
+                             lockout_window_s=d.lockout_window_s)  # fmt: skip
+        session.controller = ctl
+
+        def decided(decision_of: Any) -> str:
+            claim = ctl.claim(f"check-{len(checks)}")
+            assert isinstance(claim, Claim)
+            reason = ctl.decide(decision_of(claim)).reason
+            ctl.fail(claim, "mismatch", "ended by the demo's check")  # the claim still waits: end it
+            return reason
+
+        check("an accepted decision for another claim", "mismatch",
+              lambda: decided(lambda c: Decision(secrets.token_hex(16), c.door, c.subject, True)))  # fmt: skip
+        check("an accepted decision for another door", "mismatch",
+              lambda: decided(lambda c: Decision(c.nonce, "another-door", c.subject, True)))  # fmt: skip
+        check("an accepted decision for another subject", "mismatch",
+              lambda: decided(lambda c: Decision(c.nonce, c.door, "someone-else", True)))  # fmt: skip
+        check("a decision that cannot be read", "malformed", lambda: decided(lambda c: None))
+        # The real path with the server out of reach, and with a deadline no answer can meet.
+        first = job.work["claims"][0] if job.work["claims"] else None
+        if first is not None:  # the first claim's stretch of video again, from a reader of its own
+            dead = make_channel(cfg.grpc.model_copy(update={"target": "localhost:1"}))
+
+            def claim_again(verifier: Any, timeout_s: float) -> str:
+                again = VideoSource(job.work["video"], kind="file")
+                w = FrameWindow(again)
+                w.start, w.stop = first["start"], first["stop"]
+                saved = (session.verifier, ctl.decision_timeout_s)
+                session.verifier, ctl.decision_timeout_s = verifier, timeout_s
+                try:
+                    return session.handle(first["subject"], w.read).reason
+                finally:
+                    session.verifier, ctl.decision_timeout_s = saved
+                    again.close()
+
+            check("the server unreachable", "unreachable", lambda: claim_again(GrpcVerifier(dead, None), 5.0))
+            check("no answer before the deadline", "timeout",
+                  lambda: claim_again(GrpcVerifier(channel, agent.grpc_token), 0.001))  # fmt: skip
+            dead.close()
+        # A claim brute force: a subject refused lockout_failures times in the window cannot claim again.
+        target = "lockout-probe"
+        for _ in range(d.lockout_failures):
+            c = ctl.claim(target)
+            assert isinstance(c, Claim)
+            ctl.decide(Decision(c.nonce, c.door, c.subject, False))
+        check("a claim after repeated refusals (lock-out)", "locked_out",
+              lambda: getattr(ctl.claim(target), "reason", "a claim was opened"))  # fmt: skip
+    finally:
+        ctl.close()
+        frames.close()
+        channel.close()
+        agent.shutdown(drain_timeout=0)
+    return {"claims": rows, "pin_openings": openings(), "fail_secure": checks}
 
 
 def run_devices(jobs: list[DeviceJob], on_message: Callable[[str, str, Any], None]) -> dict[str, dict[str, Any]]:

@@ -52,6 +52,7 @@ from peep.server.demo.scenario import (
     camera_scripts,
     choose_people,
     compose_camera_video,
+    door_script,
     link_folder,
 )
 from peep.server.errors import UsageError
@@ -67,10 +68,12 @@ DEVICE_TOKEN_ENV = "PEEP_DEMO_DEVICE_TOKEN"
 # What a run leaves in --out that the next run must not build on (removed when it starts), and the file that
 # marks a folder as the demo's own.
 _RUN_STATE = ("server", "devices", "enrol", "videos", "summary.json", "releases.json", "verification.json",
-              "report.html")  # fmt: skip
+              "door.json", "report.html")  # fmt: skip
 _OUT_MARKER = ".peep-demo"
 # The site's enrolment desks (the first also stands for the administrator's background enrolment).
 _DESKS = ("desk-1", "desk-2")
+# The door: a camera with a badge reader, asking the server's Verify (the verify right every device has).
+_DOOR = "door-1"
 
 
 @dataclass
@@ -124,6 +127,11 @@ class DemoOptions:
     # enrolment rotate every template by it; the server sees key ids only. Not for mechanisms a rotation
     # would clip (the demo then runs unkeyed and says so).
     site_key: bool = True
+    # A door (peep.edge.door): every held-out photo shown at it twice, with the person's own badge and with
+    # another subject's, through the real door path; the lock a mock GPIO pin.
+    door: bool = True
+    door_visible_frames: int = 10
+    door_gap_frames: int = 1
 
 
 def _cpu_s() -> float:
@@ -180,7 +188,7 @@ class Demo:
         self.site = f"demo-{secrets.token_hex(2)}"
         self.admin_token = secrets.token_urlsafe(24)
         # One bearer token per device: the server maps a token to exactly one device id.
-        self.device_tokens = {d: secrets.token_urlsafe(24) for d in [*_DESKS, *self._device_ids()]}
+        self.device_tokens = {d: secrets.token_urlsafe(24) for d in [*_DESKS, *self._device_ids(), _DOOR]}
         self.releases: dict[str, dict[str, Any]] = {}  # message_id -> ground truth + payload
         self.lfw_names: list[str] = []  # every LFW person (folder names), listed when choosing people
         self.public_faces_used = (0, 0)  # the bundle's public faces: images, people
@@ -229,7 +237,13 @@ class Demo:
             verify = step(
                 "verifying claims: face alone and fused with soft traits", lambda: self._verify(scenario), say
             )
+            door = None
+            if o.door:
+                door = step("a door: badge claims, the best face, the server's Verify, a mock GPIO lock",
+                            self._door, say)  # fmt: skip
             summary = self._summary(scenario, bundle, train, cam, verify, time.perf_counter() - t_start)
+            if door is not None:
+                summary["door"] = door
             if o.console:
                 summary["console"] = step("opening the operator console", self._open_console, say)
         finally:
@@ -698,11 +712,19 @@ class Demo:
             scenario, vdir, device_ids=devices, transports=transports,
             visible_frames=o.visible_frames, gap_frames=o.gap_frames, seed=o.seed,
         )  # fmt: skip
+        self.door_script = None
+        if o.door:
+            self.door_script = door_script(scenario, vdir, device_id=_DOOR, visible_frames=o.door_visible_frames,
+                                           gap_frames=o.door_gap_frames, seed=o.seed)  # fmt: skip
+        videos = scripts + ([self.door_script] if self.door_script else [])
         # One video per thread: OpenCV's encoder and numpy's blending release the GIL.
-        with Progress("    videos composed", len(scripts), heartbeat=_HEARTBEAT_S) as bar, \
-                ThreadPoolExecutor(max_workers=min(len(scripts), os.cpu_count() or 1)) as pool:  # fmt: skip
+        with Progress("    videos composed", len(videos), heartbeat=_HEARTBEAT_S) as bar, \
+                ThreadPoolExecutor(max_workers=min(len(videos), os.cpu_count() or 1)) as pool:  # fmt: skip
             bar.update(0)
-            for done in as_completed([pool.submit(compose_camera_video, s, fps=o.fps, seed=o.seed) for s in scripts]):
+            # At the door a person stands (and sways a little) rather than walking past.
+            jobs = [pool.submit(compose_camera_video, s, fps=o.fps, seed=o.seed,
+                                amplitude=10.0 if s is self.door_script else 60.0) for s in videos]  # fmt: skip
+            for done in as_completed(jobs):
                 done.result()
                 bar.advance()
         self.scripts = scripts
@@ -772,6 +794,42 @@ class Demo:
             "errors": errors,
             "devices": per_device,
         }
+
+    def _door(self) -> dict[str, Any]:
+        """The door's claims through the real door path in a device process; the summary's ``door``."""
+        from peep.edge.config import DoorConfig
+        from peep.server.demo.devices import DeviceJob, run_devices
+
+        script = self.door_script
+        assert script is not None
+        cfg = self._edge_config(_DOOR, "grpc", str(script.video), soft=False)
+        # The demo shows each subject's badge about a dozen times in twenty seconds, half of them by impostors:
+        # traffic a real door sees over weeks. The lock-out is set above it, so the figures are the door's
+        # verification; the summary says what the default lock-out would have refused (replayed on the
+        # outcomes), and a fail-secure check runs the lock-out itself. The lock opens for 50 ms, shorter
+        # than a claim, so every opening shows on the pin.
+        per_subject: dict[str, int] = {}
+        for a in script.appearances:
+            per_subject[str(a.claim)] = per_subject.get(str(a.claim), 0) + 1
+        door = DoorConfig(enabled=True, lock="gpio", decision="grpc", open_s=0.05, decision_timeout_s=5.0,
+                          lockout_failures=max(per_subject.values(), default=0) + 1)  # fmt: skip
+        cfg = cfg.model_copy(update={"door": door})
+        claims = [{"subject": a.claim, "genuine": a.claim == a.person, "start": a.start, "stop": a.stop}
+                  for a in script.appearances]  # fmt: skip
+        work = {"config": cfg.model_dump(mode="json"), "video": str(script.video), "claims": claims}
+        job = DeviceJob(_DOOR, "door", {DEVICE_TOKEN_ENV: self.device_tokens[_DOOR]}, work)
+        result = run_devices([job], lambda *_: None)[_DOOR]
+        if not result["ok"]:
+            raise RuntimeError(f"the door failed: {result['error']}")
+        rows = result["claims"]
+        (self.out / "door.json").write_text(json.dumps(rows, indent=1) + "\n")
+        summary = door_summary(rows, result["fail_secure"], pin_openings=result["pin_openings"],
+                               lockout=(DoorConfig().lockout_failures, DoorConfig().lockout_window_s))  # fmt: skip
+        self.say(f"    {summary['genuine_opened']} of {summary['genuine']} genuine claims opened, "
+                 f"{summary['impostor_opened']} of {summary['impostor']} impostor claims; face to lock p95 "
+                 f"{summary['p95_ms']:.0f} ms; {summary['fail_secure_checks']} of {summary['fail_secure_run']} "
+                 "fail-secure checks held")  # fmt: skip
+        return summary
 
     def _kept(self) -> dict[str, Any]:
         """What the server's database keeps after the run, counted there (``recognition.keep``, default none).
@@ -963,6 +1021,77 @@ class Demo:
         }
 
 
+def door_summary(
+    rows: list[dict[str, Any]],
+    checks: list[dict[str, Any]],
+    *,
+    pin_openings: int,
+    lockout: tuple[int, float] | None = None,
+) -> dict[str, Any]:
+    """The summary's ``door`` from the door's claims and fail-secure checks (:func:`peep.server.demo.devices.run_door`).
+
+    ``p50_ms``/``p95_ms``/``worst_ms``: from the chosen face to the lock (its release, the server's Verify over
+    TLS, driving the pin), over the claims that reached the server; the time spent looking for the best face
+    is ``face_search_p50_ms``. ``lockout`` (failures, window seconds): a lock-out replayed on the claims in
+    order, ``lockout_would_refuse`` counting the genuine and impostor claims it would have refused (the demo's
+    claims come seconds apart; see ``Demo._door``).
+    """
+    genuine = [r for r in rows if r["genuine"]]
+    impostor = [r for r in rows if not r["genuine"]]
+    lat = np.array([r["face_to_lock_ms"] for r in rows if r["face_to_lock_ms"] is not None], dtype=float)
+    search = np.array([r["stages_ms"].get("capture", 0.0) + r["stages_ms"].get("detect", 0.0) for r in rows])
+    refusals: dict[str, int] = {}
+    for r in rows:
+        if not r["opened"]:
+            refusals[r["reason"]] = refusals.get(r["reason"], 0) + 1
+
+    def q(a: np.ndarray, p: float) -> float | None:
+        return float(np.percentile(a, p)) if a.size else None
+
+    replayed: dict[str, Any] = {}
+    if lockout is not None:
+        replayed = {"lockout_would_refuse": _lockout_replay(rows, *lockout), "lockout_replayed": list(lockout)}
+
+    return {
+        "genuine": len(genuine),
+        "genuine_opened": sum(bool(r["opened"]) for r in genuine),
+        "impostor": len(impostor),
+        "impostor_opened": sum(bool(r["opened"]) for r in impostor),
+        "p50_ms": q(lat, 50),
+        "p95_ms": q(lat, 95),
+        "worst_ms": float(lat.max()) if lat.size else None,
+        "face_search_p50_ms": q(search, 50),
+        "fail_secure_checks": sum(bool(c["held"]) for c in checks),
+        "fail_secure_run": len(checks),
+        "fail_secure_failed": [c["check"] for c in checks if not c["held"]],
+        "refusals": refusals,
+        # Driven by the mock GPIO pin's own record: equal to the openings above, or the door misbehaved.
+        "pin_openings": pin_openings,
+        **replayed,
+    }
+
+
+def _lockout_replay(rows: list[dict[str, Any]], failures: int, window_s: float) -> dict[str, int]:
+    """How many genuine and impostor claims a lock-out of ``failures`` in ``window_s`` would have refused.
+
+    The claims in the order they were made (each row's ``claim_to_lock`` stage spaced them; the demo's
+    whole door run is shorter than any sensible window, so every earlier failure counts), with the door's
+    rule: a refused claim counts, an opening clears the subject's count, a locked-out claim is not made.
+    """
+    streak: dict[str, int] = {}
+    refused = {"genuine": 0, "impostor": 0}
+    for r in rows:
+        s = r["subject"]
+        if streak.get(s, 0) >= failures:
+            refused["genuine" if r["genuine"] else "impostor"] += 1
+            continue
+        if r["opened"]:
+            streak.pop(s, None)
+        elif r["reason"] != "locked_out":
+            streak[s] = streak.get(s, 0) + 1
+    return refused
+
+
 def _stranger_keys(releases: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
     return [(r["device"], mid) for mid, r in releases.items() if r["person"] is not None and not r["enrolled"]]
 
@@ -992,6 +1121,31 @@ def _ledger_totals(state_dir: Path) -> dict[str, float]:
 def run_demo(opts: DemoOptions, *, say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the demo; returns the summary (also written to ``OUT/summary.json``)."""
     return Demo(opts, say=say).run()
+
+
+def _door_lines(door: dict[str, Any] | None) -> list[str]:
+    if not door:
+        return []
+
+    def frac(n: int, d: int) -> str:
+        return f"{n} of {d}" + (f" ({100 * n / d:.1f} %)" if d else "")
+
+    failed = door.get("fail_secure_failed") or []
+    p50, p95 = door.get("p50_ms"), door.get("p95_ms")
+    lines = [
+        f"  door                genuine claims opened {frac(door['genuine_opened'], door['genuine'])}, impostor "
+        f"claims opened {frac(door['impostor_opened'], door['impostor'])}; face to lock p50 "
+        f"{p50 if p50 is None else round(p50)} ms, p95 {p95 if p95 is None else round(p95)} ms; fail-secure "
+        f"checks held {door['fail_secure_checks']} of {door.get('fail_secure_run', door['fail_secure_checks'])}"
+        + (f" — FAILED: {', '.join(failed)}" if failed else ""),
+    ]
+    lw = door.get("lockout_would_refuse")
+    if lw:
+        lines.append(
+            f"                      the default lock-out ({door['lockout_replayed'][0]} failures) on these claims, "
+            f"seconds apart, would have refused {lw['genuine']} genuine and {lw['impostor']} impostor claims"
+        )
+    return lines
 
 
 def summary_lines(s: dict[str, Any]) -> list[str]:
@@ -1033,6 +1187,7 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
         f"fused with soft traits: GAR {pct(ver['fused']['gar'])}, FAR {pct(ver['fused']['far'])} "
         f"({ver['claims']} claims); face alone against every other subject: FAR {pct(every.get('far'))} of "
         f"{every.get('claims', 0)} impostor claims",
+        *_door_lines(s.get("door")),
         f"  ε spent per device  (per vector) {eps_dev}",
         f"  kept by the server  templates: enrolment {kt['enrolment']}, background {kt['background']}, "
         f"recognised {kt['recognised']}, strangers {kt['strangers']} (recognition.keep = {kept.get('keep', '?')}); "

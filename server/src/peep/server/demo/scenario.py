@@ -185,8 +185,8 @@ def door_script(
     return script
 
 
-def compose_camera_video(script: CameraScript, *, fps: float, seed: int) -> None:
-    """Write the camera's video: each appearance walks across the frame."""
+def compose_camera_video(script: CameraScript, *, fps: float, seed: int, amplitude: float = 60.0) -> None:
+    """Write the camera's video: each appearance walks across the frame (``amplitude`` pixels either way)."""
     from peep.edge.testing import FaceTrack, compose_video
 
     tracks = [
@@ -196,7 +196,7 @@ def compose_camera_video(script: CameraScript, *, fps: float, seed: int) -> None
             stop=a.stop,
             x0=220.0,
             y0=120.0 + 20 * (i % 3),
-            amplitude=60.0,
+            amplitude=amplitude,
             period_frames=max(4.0, 2.0 * (a.stop - a.start)),
             phase=float(i),
         )
