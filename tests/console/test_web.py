@@ -390,3 +390,23 @@ def test_a_session_may_hold_only_a_few_live_streams(console):
         while (code := status_of_a_new_stream(c)) == 429 and time.monotonic() < deadline:
             time.sleep(0.3)
         assert code == 200
+
+
+def test_a_doors_verification_shows_as_a_door_claim_on_live(console):
+    """A door's VERIFY release carries a ``door-…`` track: Live names it a door claim, with the door's device."""
+    import time
+
+    from peep.v1 import recognition_pb2
+    from peep_server_testlib import DEVICE
+
+    track = "door-" + "ab12cd34ef56"
+    msg = console.faces.message(1, purpose="verify", subject="bob", track_id=track)
+    resp = console.server.stub().Verify(recognition_pb2.VerifyRequest(template=msg, claimed_subject="bob"),
+                                        metadata=DEVICE, timeout=10)  # fmt: skip
+    with console.login("olga") as c:
+        deadline = time.monotonic() + 10
+        while track not in (page := c.get("/live?period=all").text) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        row = next(r for r in page.split("<tr") if track in r)
+        assert "verify (door claim)" in row and "cam-1" in row
+        assert ("(accepted)" if resp.accepted else "(refused)") in row

@@ -61,6 +61,43 @@ def test_demo_summary_is_complete_and_consistent(demo_run):
     assert s["model"]["model_version"] == "v000001"
 
 
+def test_the_demos_door_claims_went_through_the_door_path_and_every_fail_secure_check_held(demo_run):
+    out, s = demo_run
+    door, data = s["door"], s["data"]
+    # Every held-out photo at the door twice: its person's badge, and another subject's.
+    assert door["genuine"] == door["impostor"] == data["subjects"] * 2  # --probe-images 2
+    rows = json.loads((out / "door.json").read_text())
+    assert len(rows) == door["genuine"] + door["impostor"]
+    assert sum(r["opened"] for r in rows if r["genuine"]) == door["genuine_opened"]
+    # The pin's own record agrees with the claims that opened it.
+    assert door["pin_openings"] == door["genuine_opened"] + door["impostor_opened"]
+    assert door["fail_secure_checks"] == door["fail_secure_run"] >= 7 and door["fail_secure_failed"] == []
+    decided = [r for r in rows if r["face_to_lock_ms"] is not None]
+    assert decided and door["p50_ms"] <= door["p95_ms"] <= door["worst_ms"]
+    for r in decided:  # a release, the server's answer and the pin, each timed
+        assert {"descriptor", "perturb", "verify", "actuate"} <= set(r["stages_ms"])
+    assert set(door["lockout_would_refuse"]) == {"genuine", "impostor"}
+    # Never a template in what the door reported.
+    assert all(set(r) == {"subject", "genuine", "opened", "reason", "face_to_lock_ms", "stages_ms"} for r in rows)
+
+
+def test_the_lockout_replay_refuses_as_the_door_would():
+    from peep.server.demo.runner import door_summary
+
+    def row(subject, genuine, opened, reason=""):
+        return {"subject": subject, "genuine": genuine, "opened": opened, "reason": reason,
+                "face_to_lock_ms": 100.0, "stages_ms": {}}  # fmt: skip
+
+    rows = [row("a", False, False, "rejected"), row("a", False, False, "rejected"), row("a", True, False, "no_face"),
+            row("a", True, True), row("a", False, False, "rejected"), row("a", False, False, "rejected"),
+            row("a", True, True), row("b", False, False, "rejected")]  # fmt: skip
+    d = door_summary(rows, [], pin_openings=2, lockout=(3, 300.0))
+    # Three failures lock "a" out, so its next genuine claim would have been refused; after that (not made)
+    # the count stays, and the two later impostor claims and the last genuine one are refused too.
+    assert d["lockout_would_refuse"] == {"genuine": 2, "impostor": 2}
+    assert d["genuine_opened"] == 2 and d["impostor_opened"] == 0 and d["refusals"] == {"rejected": 5, "no_face": 1}
+
+
 def test_demo_writes_a_self_contained_report(demo_run):
     out, _ = demo_run
     html = (out / "report.html").read_text()

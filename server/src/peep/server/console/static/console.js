@@ -34,7 +34,8 @@ function liveFeed() {
     cell(row, e.site);
     cell(row, e.device_id);
     cell(row, e.track_id).className = "track";
-    cell(row, e.purpose);
+    // A door's verification (its releases' track ids start with "door-").
+    cell(row, e.purpose === "verify" && String(e.track_id || "").startsWith("door-") ? "verify (door claim)" : e.purpose);
     let subject = e.unknown ? "unknown" : e.subject;
     if (e.accepted !== null && !e.unknown) subject += e.accepted ? " (accepted)" : " (refused)";
     cell(row, subject).className = "subject";
