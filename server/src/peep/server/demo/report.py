@@ -124,6 +124,24 @@ def _kept_text(summary: dict[str, Any]) -> str:
     return f"{numbers} (recognition.keep = {kept.get('keep', 'n/a')}; decisions kept: {kept.get('decisions', 'n/a')})"
 
 
+def _door_rows(door: dict[str, Any] | None) -> list[tuple[str, str]]:
+    if not door:
+        return []
+
+    def ms(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.0f} ms"
+
+    return [
+        ("Door: genuine claims opened", f"{door['genuine_opened']} of {door['genuine']}"),
+        ("Door: impostor claims opened", f"{door['impostor_opened']} of {door['impostor']}"),
+        (
+            "Door: from the chosen face to the lock, p50 / p95 / worst",
+            f"{ms(door['p50_ms'])} / {ms(door['p95_ms'])} / {ms(door.get('worst_ms'))}",
+        ),
+        ("Door: fail-secure checks held", f"{door['fail_secure_checks']} of {door.get('fail_secure_run', '?')}"),
+    ]
+
+
 def write_report(
     summary: dict[str, Any], releases: dict[str, dict[str, Any]], events: dict[str, Any], out: Path
 ) -> Path:
@@ -166,6 +184,7 @@ def write_report(
             "Templates released / per second",
             f"{summary['edge']['templates']} / {summary['edge']['templates_per_s']:.1f}",
         ),
+        *_door_rows(summary.get("door")),
         ("Templates the server kept: enrolment / background / recognised / strangers", _kept_text(summary)),
         ("Wall time", f"{summary['wall_s']:.0f} s"),
     ]
