@@ -107,6 +107,18 @@ def trained_server(
     srv.app.stop(0)
 
 
+@pytest.fixture
+def shipped_broker(tmp_path: Path, pki: Pki) -> Iterator[Any]:
+    """Our own Mosquitto with the shipped configuration and ACL (device listener, server listener), killed after."""
+    import signal
+
+    from peep_broker_testlib import ShippedBroker
+
+    b = ShippedBroker(tmp_path / "broker", pki.client_ca, pki.server_cert, pki.server_key).start()
+    yield b
+    b.stop(signal.SIGKILL)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _single_threaded_blas() -> Iterator[None]:
     """The suite shares 2 cores with other jobs: multi-threaded BLAS would spin against them."""

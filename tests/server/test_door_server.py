@@ -146,18 +146,6 @@ def test_peep_edge_door_reads_claims_and_drives_a_command_lock(
 # --------------------------------------------------------------------------- the decision over MQTT
 
 
-@pytest.fixture
-def door_broker(tmp_path, pki):
-    """Our own Mosquitto with the shipped configuration and ACL (device listener, server listener)."""
-    import signal
-
-    from peep_broker_testlib import ShippedBroker
-
-    b = ShippedBroker(tmp_path / "broker", pki.client_ca, pki.server_cert, pki.server_key).start()
-    yield b
-    b.stop(signal.SIGKILL)
-
-
 class MqttDoor:
     """Door cam-1 deciding over MQTT: its own connection (the device's credentials), a recording lock."""
 
@@ -227,7 +215,7 @@ def _decision(msg, **kw) -> bytes:
 
 
 def test_over_mqtt_only_the_servers_decision_for_this_claim_opens_and_only_once(
-    door_broker, tmp_path, keypair, bundle_dir, pki, claim_video
+    shipped_broker, tmp_path, keypair, bundle_dir, pki, claim_video
 ):
     """The test plays the server (its broker account); the door is the device cam-1 with its own credential.
 
@@ -239,9 +227,9 @@ def test_over_mqtt_only_the_servers_decision_for_this_claim_opens_and_only_once(
 
     video, name = claim_video
     agent = _mqtt_door_agent(tmp_path, keypair, bundle_dir, pki)
-    door = MqttDoor(agent, door_broker)
-    server_side = Client(door_broker.srv_port, "peep-server", SERVER_PASSWORD, door_broker.ca).connect()
-    intruder = Client(door_broker.dev_port, "cam-2", DEVICE_PASSWORDS["cam-2"], door_broker.ca).connect()
+    door = MqttDoor(agent, shipped_broker)
+    server_side = Client(shipped_broker.srv_port, "peep-server", SERVER_PASSWORD, shipped_broker.ca).connect()
+    intruder = Client(shipped_broker.dev_port, "cam-2", DEVICE_PASSWORDS["cam-2"], shipped_broker.ca).connect()
     events = f"devices/peep/v1/{SITE}/cam-1/events"
     try:
         server_side.subscribe("devices/peep/v1/+/cam-1/templates")
@@ -291,16 +279,16 @@ def test_over_mqtt_only_the_servers_decision_for_this_claim_opens_and_only_once(
         agent.shutdown(drain_timeout=0)
 
 
-def test_over_mqtt_the_broker_down_keeps_it_locked(door_broker, tmp_path, keypair, bundle_dir, pki, claim_video):
+def test_over_mqtt_the_broker_down_keeps_it_locked(shipped_broker, tmp_path, keypair, bundle_dir, pki, claim_video):
     import signal
 
     from peep_broker_testlib import wait_for
 
     video, name = claim_video
     agent = _mqtt_door_agent(tmp_path, keypair, bundle_dir, pki)
-    door = MqttDoor(agent, door_broker, timeout_s=3.0)
+    door = MqttDoor(agent, shipped_broker, timeout_s=3.0)
     try:
-        door_broker.stop(signal.SIGKILL)
+        shipped_broker.stop(signal.SIGKILL)
         assert wait_for(lambda: not door.link.connected.is_set(), 10)
         out = door.session.handle(name, _frames(video))
         assert not out.opened and out.reason == "unreachable" and "not connected" in out.detail, out
@@ -311,7 +299,7 @@ def test_over_mqtt_the_broker_down_keeps_it_locked(door_broker, tmp_path, keypai
 
 
 def test_over_mqtt_a_real_server_decides_the_claim(
-    door_broker, tmp_path, keypair, bundle_dir, pki, claim_video, templates, monkeypatch
+    shipped_broker, tmp_path, keypair, bundle_dir, pki, claim_video, templates, monkeypatch
 ):
     """The server on the same broker (its own account, the shipped ACL), enrolled and trained: the decision it
     publishes on cam-1's events topic names the claim's nonce and the door acts on it; a claim for a subject it
@@ -321,7 +309,7 @@ def test_over_mqtt_a_real_server_decides_the_claim(
     from peep_server_testlib import ADMIN, base_config, start_server, tls_section
 
     monkeypatch.setenv("PEEP_TEST_MQTT_PASSWORD", SERVER_PASSWORD)
-    mqtt = door_broker.server_mqtt_section(client_id=f"peep-door-{uuid.uuid4().hex[:6]}")
+    mqtt = shipped_broker.server_mqtt_section(client_id=f"peep-door-{uuid.uuid4().hex[:6]}")
     cfg = base_config(tmp_path, keypair[3], bundle_dir, mqtt=mqtt, grpc={"tls": tls_section(pki)})
     srv = start_server(cfg, pki, tmp_path, mqtt_wait=15)
     video, name = claim_video
@@ -331,7 +319,7 @@ def test_over_mqtt_a_real_server_decides_the_claim(
         assert stub.IngestStream(iter(templates.enrolment_messages()), metadata=ADMIN, timeout=60).rejected == 0
         assert stub.Train(recognition_pb2.TrainRequest(), metadata=ADMIN, timeout=300).model_version == "v000001"
         agent = _mqtt_door_agent(tmp_path, keypair, bundle_dir, pki)
-        door = MqttDoor(agent, door_broker, timeout_s=10.0)
+        door = MqttDoor(agent, shipped_broker, timeout_s=10.0)
         out = door.session.handle(name, _frames(video))
         assert out.opened or out.reason == "rejected", out  # the server's decision, whichever it was
         assert door.lock.opened == int(out.opened)

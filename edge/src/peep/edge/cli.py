@@ -140,9 +140,7 @@ def _door(args: argparse.Namespace) -> int:
     from peep.edge.agent import Agent
     from peep.edge.capture import open_source
     from peep.edge.config import load_config
-    from peep.edge.door import DoorController, build_lock
-    from peep.edge.door_session import DoorSession, GrpcVerifier, MqttVerifier, Verifier, serve_claims
-    from peep.edge.transport.grpc import make_channel
+    from peep.edge.door_session import open_door, serve_claims
 
     cfg = load_config(args.config)
     if not cfg.door.enabled:
@@ -151,27 +149,6 @@ def _door(args: argparse.Namespace) -> int:
         raise ConfigError(f"--face-timeout: expected 0 < seconds <= 30, received {args.face_timeout}")
     setup_logging(level=cfg.log.level, fmt=cfg.log.format)
     agent = Agent(cfg)
-    pipeline = agent.open()
-    link = None
-    publish = None
-    mqtt_verifier: list[MqttVerifier] = []
-    if cfg.door.lock == "mqtt-relay" or cfg.door.decision == "mqtt":
-        from peep.edge.transport.mqtt import MqttLink
-
-        # Its own client id: the device's `run` may hold the usual one. No status or last will of its own.
-        link = MqttLink(cfg.mqtt, client_id=f"{cfg.mqtt_client_id}-door", site=cfg.device.site,
-                        device_id=cfg.device.id, password=agent.mqtt_password, publish_status=False,
-                        on_event=lambda ev: mqtt_verifier[0].on_event(ev) if mqtt_verifier else None)  # fmt: skip
-        link.start()
-        if not link.wait_connected(cfg.mqtt.connect_timeout_s):
-            print(f"door {cfg.device.id}: the MQTT broker is not reachable yet; claims stay locked until it is",
-                  flush=True)  # fmt: skip
-
-        def publish(topic: str, payload: str) -> None:
-            info = link.client.publish(topic, payload, qos=1)
-            info.wait_for_publish(5.0)
-            if not info.is_published():
-                raise RuntimeError(f"the broker did not take {topic}")
 
     def report(outcome: Any) -> None:
         if outcome.opened:
@@ -182,38 +159,19 @@ def _door(args: argparse.Namespace) -> int:
         print(f"claim {outcome.claim.subject if outcome.claim else '?'}: {state}", flush=True)
 
     # Every outcome, including decisions refused while no claim of theirs waits (another claim's, replayed).
-    controller = DoorController(
-        cfg.device.id,
-        build_lock(cfg.door, publish=publish),
-        open_s=cfg.door.open_s,
-        decision_timeout_s=cfg.door.decision_timeout_s,
-        lockout_failures=cfg.door.lockout_failures,
-        lockout_window_s=cfg.door.lockout_window_s,
-        on_outcome=report,
-    )
-    channel = None
-    verifier: Verifier
-    if cfg.door.decision == "mqtt":
-        assert link is not None
-        verifier = MqttVerifier(link, controller)
-        mqtt_verifier.append(verifier)
-    else:
-        channel = make_channel(cfg.grpc)
-        verifier = GrpcVerifier(channel, agent.grpc_token)
+    door = open_door(agent, on_outcome=report, face_timeout_s=args.face_timeout)
+    if door.link is not None and not door.link.connected.is_set():
+        print(f"door {cfg.device.id}: the MQTT broker is not reachable yet; claims stay locked until it is",
+              flush=True)  # fmt: skip
+    controller = door.controller
     frames = open_source(cfg.capture.source, max_fps=cfg.capture.max_fps, stop=agent.stop_event)
-    session = DoorSession(pipeline, agent.accountant, controller, verifier, face_timeout_s=args.face_timeout,
-                          device_key=agent.device_key)  # fmt: skip
     signal.signal(signal.SIGTERM, lambda *_: agent.request_stop())
     claims = sys.stdin if args.claims == "-" else open(args.claims, encoding="utf-8", errors="replace")
     try:
-        opened = serve_claims(session, claims, frames.read)
+        opened = serve_claims(door.session, claims, frames.read)
     finally:
-        controller.close()
+        door.close()
         frames.close()
-        if channel is not None:
-            channel.close()
-        if link is not None:
-            link.stop()
         agent.shutdown(drain_timeout=5.0)
         if claims is not sys.stdin:
             claims.close()

@@ -332,6 +332,90 @@ class DoorSession:
         return best
 
 
+@dataclass
+class DoorRig:
+    """A door opened from a device's configuration: its session, controller and connections (see :func:`open_door`)."""
+
+    session: DoorSession
+    controller: DoorController
+    link: Any = None
+    channel: Any = None
+
+    def close(self) -> None:
+        """Lock the door, then close its connections (the agent is the caller's)."""
+        self.controller.close()
+        if self.channel is not None:
+            self.channel.close()
+        if self.link is not None:
+            self.link.stop()
+
+
+def open_door(
+    agent: Any,
+    *,
+    pin_factory: Any = None,
+    on_outcome: Callable[[Outcome], None] | None = None,
+    face_timeout_s: float = 3.0,
+    settle_frames: int = 5,
+    connect_timeout_s: float | None = None,
+) -> DoorRig:
+    """The door of ``agent``'s ``[door]`` section: its lock, controller, verifier and session.
+
+    Over ``door.decision = "grpc"`` a channel to the server; over ``"mqtt"`` (or for an MQTT relay lock) a
+    connection of its own to the broker (its own client id: the device's ``run`` may hold the usual one; no
+    status or last will). A broker not reachable yet is no error: claims end ``unreachable`` until it is.
+
+    Parameters
+    ----------
+    agent : Agent
+        The device's agent (opened here).
+    pin_factory : gpiozero pin factory, optional
+        For a GPIO lock (tests and the demo: ``MockFactory()``).
+    on_outcome : callable, optional
+        Every outcome, including decisions refused while no claim of theirs waits.
+    """
+    from peep.edge.door import build_lock
+
+    cfg = agent.cfg
+    pipeline = agent.open()
+    link = channel = None
+    publish = None
+    holder: list[MqttVerifier] = []
+    if cfg.door.lock == "mqtt-relay" or cfg.door.decision == "mqtt":
+        from peep.edge.transport.mqtt import MqttLink
+
+        link = MqttLink(cfg.mqtt, client_id=f"{cfg.mqtt_client_id}-door", site=cfg.device.site,
+                        device_id=cfg.device.id, password=agent.mqtt_password, publish_status=False,
+                        on_event=lambda ev: holder[0].on_event(ev) if holder else None)  # fmt: skip
+        link.start()
+        link.wait_connected(cfg.mqtt.connect_timeout_s if connect_timeout_s is None else connect_timeout_s)
+        mqtt_link = link
+
+        def publish(topic: str, payload: str) -> None:
+            info = mqtt_link.client.publish(topic, payload, qos=1)
+            info.wait_for_publish(5.0)
+            if not info.is_published():
+                raise RuntimeError(f"the broker did not take {topic}")
+
+    d = cfg.door
+    controller = DoorController(cfg.device.id, build_lock(d, publish=publish, pin_factory=pin_factory),
+                                open_s=d.open_s, decision_timeout_s=d.decision_timeout_s,
+                                lockout_failures=d.lockout_failures, lockout_window_s=d.lockout_window_s,
+                                on_outcome=on_outcome)  # fmt: skip
+    verifier: Verifier
+    if d.decision == "mqtt":
+        verifier = MqttVerifier(link, controller)
+        holder.append(verifier)
+    else:
+        from peep.edge.transport.grpc import make_channel
+
+        channel = make_channel(cfg.grpc)
+        verifier = GrpcVerifier(channel, agent.grpc_token)
+    session = DoorSession(pipeline, agent.accountant, controller, verifier, face_timeout_s=face_timeout_s,
+                          settle_frames=settle_frames, device_key=agent.device_key)  # fmt: skip
+    return DoorRig(session, controller, link, channel)
+
+
 # --------------------------------------------------------------------------- claim sources
 
 #: Longest line a claim source reads (a badge number or a subject id is far shorter): the rest is dropped.

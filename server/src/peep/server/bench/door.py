@@ -172,36 +172,15 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     from peep.edge.agent import Agent
     from peep.edge.capture import VideoSource
     from peep.edge.config import EdgeConfig
-    from peep.edge.door import DoorController, GpioLock
-    from peep.edge.door_session import DoorSession, GrpcVerifier, MqttVerifier
+    from peep.edge.door_session import open_door
     from peep.server.demo.devices import FrameWindow
 
     cfg = EdgeConfig.model_validate(spec["config"])
     agent = Agent(cfg, environ={"PEEP_BENCH_DOOR_TOKEN": spec["token"]})
-    pipeline = agent.open()
-    pins = MockFactory()
-    ctl = DoorController(_DOOR, GpioLock(17, pin_factory=pins), open_s=cfg.door.open_s,
-                         decision_timeout_s=cfg.door.decision_timeout_s, lockout_failures=1000)  # fmt: skip
-    link = channel = None
-    verifier: Any
-    if cfg.door.decision == "mqtt":
-        from peep.edge.transport.mqtt import MqttLink
-
-        holder: list[Any] = []
-        link = MqttLink(cfg.mqtt, client_id=f"{_DOOR}-{secrets.token_hex(3)}", site=cfg.device.site,
-                        device_id=_DOOR, publish_status=False,
-                        on_event=lambda ev: holder[0].on_event(ev) if holder else None)  # fmt: skip
-        link.start()
-        if not link.wait_connected(10):
-            raise RuntimeError("the door could not reach the MQTT broker on 127.0.0.1:1883")
-        verifier = MqttVerifier(link, ctl)
-        holder.append(verifier)
-    else:
-        from peep.edge.transport.grpc import make_channel
-
-        channel = make_channel(cfg.grpc)
-        verifier = GrpcVerifier(channel, agent.grpc_token)
-    session = DoorSession(pipeline, agent.accountant, ctl, verifier, face_timeout_s=3.0, settle_frames=3)
+    door = open_door(agent, pin_factory=MockFactory(), face_timeout_s=3.0, settle_frames=3)
+    if door.link is not None and not door.link.connected.is_set():
+        raise RuntimeError("the door could not reach the MQTT broker on 127.0.0.1:1883")
+    session = door.session
     source = VideoSource(spec["video"], kind="file")
     window = FrameWindow(source)
     rows = []
@@ -213,12 +192,8 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
         rows.append({"opened": out.opened, "reason": out.reason, "marks": t.marks,
                      "stages_ms": {k: 1000 * v for k, v in t.stages.items()}})  # fmt: skip
     cpu_s = time.process_time() - cpu0
-    ctl.close()
+    door.close()
     source.close()
-    if channel is not None:
-        channel.close()
-    if link is not None:
-        link.stop()
     agent.shutdown(drain_timeout=0)
     return {"claims": rows, "agent_cpu_s": cpu_s, "cpus_used": 1 if cpus else None}
 
