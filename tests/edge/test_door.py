@@ -244,6 +244,13 @@ def test_door_configuration_builds_each_lock_and_names_what_is_missing(make_conf
             continue
         with pytest.raises(ConfigError, match=match):
             load_config(make_config("x.toml", door={"decision": "mqtt"} | door))
+    # Fusing soft traits: only where the device releases them, and the answer is the server's VerifyFused.
+    with pytest.raises(ConfigError, match="door.fuse_soft_traits: expected soft.enabled and door.decision = 'grpc'"):
+        load_config(make_config("f.toml", door={"enabled": True, "decision": "mqtt", "fuse_soft_traits": True}))
+    fused = {"enabled": True, "decision": "grpc", "fuse_soft_traits": True}
+    cfg = load_config(make_config("f2.toml", door=fused, grpc={"enabled": True, "target": "localhost:1"},
+                                  soft={"enabled": True}))  # fmt: skip
+    assert cfg.door.fuse_soft_traits
     with pytest.raises(ConfigError, match="door.decision: expected mqtt.enabled for decision = 'mqtt'"):
         load_config(make_config("g.toml", door={"enabled": True, "decision": "mqtt"}, mqtt={"enabled": False},
                                 grpc={"enabled": True}))  # fmt: skip

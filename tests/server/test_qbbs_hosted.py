@@ -360,3 +360,28 @@ def test_the_qbbs_table_is_validated_and_its_paths_resolved_with_server_toml(tmp
     finally:
         s.close()
     assert (conf.parent / "state" / "qbbs.sqlite").is_file() and (conf.parent / "state" / "spend.jsonl").is_file()
+
+
+def test_a_door_fusing_soft_traits_is_decided_by_verify_fused_and_charges_the_claimed_subject(hosted, templates):
+    """``door.fuse_soft_traits``: the door's verifier asks QBBS, on the template's own soft-trait releases."""
+    import time
+
+    from peep.core.wire import encode_template
+    from peep.edge.door import Claim
+    from peep.edge.door_session import GrpcVerifier
+
+    h = hosted
+    a = h.subjects[0]
+    nonce = "d" * 32
+    age = {"trait": "age", "value": _synthetic_traits(0)["age"], "epsilon": 1.0, "mechanism": "bounded-laplace"}
+    msg = templates.message(_pick(h, templates, a, a, best=True), purpose="verify", subject=a, message_id=nonce,
+                            track_id="door-dddddddddddd", soft_traits=[age])  # fmt: skip
+    claim = Claim(a, nonce, "cam-1", time.monotonic(), time.monotonic() + 10)
+    before = h.odometer(a).epsilon_spent
+    fused = GrpcVerifier(h.channel, DEVICE_TOKENS["cam-1"], fused=True).verify(encode_template(msg), claim, 10.0)
+    face = GrpcVerifier(h.channel, DEVICE_TOKENS["cam-1"]).verify(encode_template(msg), claim, 10.0)
+    assert (fused.nonce, fused.door, fused.subject) == (nonce, "cam-1", a)  # bound to the claim by the call
+    assert fused.accepted and face.accepted  # the subject's best-scoring held-out template
+    assert fused.score != face.score  # a fused score, not the face's probability
+    assert h.odometer(a).epsilon_spent == pytest.approx(before + EPSILON)  # age (weight > 0) queried, charged
+

@@ -384,6 +384,13 @@ class DoorConfig(_Section):
             "message on the device's MQTT events topic naming the claim's nonce (which only the server may write)"
         ),
     )
+    fuse_soft_traits: bool = Field(
+        default=False,
+        description=(
+            "decide on the face fused with the template's soft traits (the server's QBBS VerifyFused; needs "
+            "soft.enabled and decision = 'grpc'); the trait queries are charged to the claimed subject"
+        ),
+    )
     lock: Literal["gpio", "mqtt-relay", "command"] = Field(
         default="gpio", description="what drives the strike or relay: a GPIO pin, an MQTT relay, or commands"
     )
@@ -455,6 +462,12 @@ class EdgeConfig(_Section):
             raise ValueError("door.decision: expected grpc.enabled for decision = 'grpc', received grpc disabled")
         if self.door.enabled and self.door.decision == "mqtt" and not self.mqtt.enabled:
             raise ValueError("door.decision: expected mqtt.enabled for decision = 'mqtt', received mqtt disabled")
+        fusable = self.soft.enabled and self.door.decision == "grpc"
+        if self.door.enabled and self.door.fuse_soft_traits and not fusable:
+            raise ValueError(
+                "door.fuse_soft_traits: expected soft.enabled and door.decision = 'grpc' (the fused decision is the "
+                "server's VerifyFused answer on the template's own soft traits)"
+            )
         if self.door.enabled and self.door.lock == "mqtt-relay" and not self.mqtt.enabled:
             raise ValueError("door.lock: expected mqtt.enabled for lock = 'mqtt-relay', received mqtt disabled")
         if self.privacy.enroll_budget is not None and not math.isfinite(self.privacy.enroll_budget):

@@ -61,23 +61,36 @@ class Verifier(Protocol):
 class GrpcVerifier:
     """``RecognitionService.Verify`` over the device's gRPC channel (TLS, its bearer token).
 
-    The answer is bound to the claim because it is the answer to this call on this channel.
+    The answer is bound to the claim because it is the answer to this call on this channel. ``fused``: the
+    QBBS module's ``VerifyFused`` instead, the face fused with the soft traits the template carries (the
+    device's own LDP age and gender releases); the server charges the trait queries to the claimed subject's
+    odometer.
     """
 
-    def __init__(self, channel: Any, token: str | None) -> None:
-        from peep.v1 import recognition_pb2_grpc
+    def __init__(self, channel: Any, token: str | None, *, fused: bool = False) -> None:
+        from peep.v1 import qbbs_pb2_grpc, recognition_pb2_grpc
 
+        self.fused = fused
         self._stub = recognition_pb2_grpc.RecognitionServiceStub(channel)  # type: ignore[no-untyped-call]
+        self._qbbs = qbbs_pb2_grpc.QbbsServiceStub(channel)  # type: ignore[no-untyped-call]
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
 
     def verify(self, payload: bytes, claim: Claim, timeout_s: float) -> Decision:
         import grpc
         from peep.core.wire import decode_template
-        from peep.v1 import recognition_pb2
+        from peep.v1 import qbbs_pb2, recognition_pb2
 
-        request = recognition_pb2.VerifyRequest(template=decode_template(payload), claimed_subject=claim.subject)
+        template = decode_template(payload)
+        timeout = max(timeout_s, 0.001)
         try:
-            resp = self._stub.Verify(request, metadata=self._metadata, timeout=max(timeout_s, 0.001))
+            if self.fused:
+                fused = self._qbbs.VerifyFused(
+                    qbbs_pb2.QbbsVerifyRequest(template=template, claimed_subject=claim.subject),
+                    metadata=self._metadata, timeout=timeout,
+                )  # fmt: skip
+                return Decision(claim.nonce, claim.door, claim.subject, bool(fused.accepted), float(fused.fused_score))
+            request = recognition_pb2.VerifyRequest(template=template, claimed_subject=claim.subject)
+            resp = self._stub.Verify(request, metadata=self._metadata, timeout=timeout)
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             detail = f"Verify: {code.name if code else 'error'}: {str(exc.details() or '')[:200]}"
@@ -410,7 +423,7 @@ def open_door(
         from peep.edge.transport.grpc import make_channel
 
         channel = make_channel(cfg.grpc)
-        verifier = GrpcVerifier(channel, agent.grpc_token)
+        verifier = GrpcVerifier(channel, agent.grpc_token, fused=d.fuse_soft_traits)
     session = DoorSession(pipeline, agent.accountant, controller, verifier, face_timeout_s=face_timeout_s,
                           settle_frames=settle_frames, device_key=agent.device_key)  # fmt: skip
     return DoorRig(session, controller, link, channel)
