@@ -395,3 +395,35 @@ def test_each_claim_is_charged_on_its_own_so_a_budget_of_one_release_serves_ever
         assert len({o.claim.nonce for o in outs}) == 3 and len(verifier.sent) == 3
     finally:
         agent.shutdown(drain_timeout=0)
+
+
+def test_claims_from_a_local_socket_one_line_each_bounded(tmp_path):
+    """An access controller connects to the door's socket and writes claims; an over-long line is dropped whole."""
+    import os
+    import socket
+    import stat
+
+    from peep.edge.door_session import MAX_CLAIM_LINE, read_claims, socket_claims
+
+    path = tmp_path / "door.sock"
+    stop = threading.Event()
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.extend(read_claims(socket_claims(path, stop=stop))))
+    reader.start()
+    deadline = time.monotonic() + 5
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert stat.S_IMODE(os.stat(path).st_mode) & 0o007 == 0  # no access for others
+    for payload in (b"alice\nbob\n", b"x" * (MAX_CLAIM_LINE + 50) + b"\ncarol\n", b"bad\x1b[2Jid\n"):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+            c.connect(str(path))
+            c.sendall(payload)
+    deadline = time.monotonic() + 5
+    while len(got) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    stop.set()
+    reader.join(5)
+    assert got == ["alice", "bob", "carol"] and not path.exists()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(FileExistsError, match="not a socket"):
+        next(socket_claims(tmp_path / "file"))

@@ -92,8 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     dr.add_argument(
         "--claims",
         default="-",
-        help="where claims come from: '-' (stdin: a keyboard-wedge badge reader types there), or a path (a "
-        "serial device or a FIFO another access controller writes to)",
+        help="where claims come from: '-' (stdin: a keyboard-wedge badge reader types there), 'unix:PATH' (a local "
+        "socket this command creates, mode 0660, that an access controller connects to), or a path (a serial "
+        "device or a FIFO another access controller writes to)",
     )
     dr.add_argument("--face-timeout", type=float, default=3.0, help="seconds to look for a face (default 3)")
     bg = sub.add_parser(
@@ -140,7 +141,7 @@ def _door(args: argparse.Namespace) -> int:
     from peep.edge.agent import Agent
     from peep.edge.capture import open_source
     from peep.edge.config import load_config
-    from peep.edge.door_session import open_door, serve_claims
+    from peep.edge.door_session import open_door, serve_claims, socket_claims
 
     cfg = load_config(args.config)
     if not cfg.door.enabled:
@@ -166,7 +167,13 @@ def _door(args: argparse.Namespace) -> int:
     controller = door.controller
     frames = open_source(cfg.capture.source, max_fps=cfg.capture.max_fps, stop=agent.stop_event)
     signal.signal(signal.SIGTERM, lambda *_: agent.request_stop())
-    claims = sys.stdin if args.claims == "-" else open(args.claims, encoding="utf-8", errors="replace")
+    claims: Any
+    if args.claims == "-":
+        claims = sys.stdin
+    elif args.claims.startswith("unix:"):
+        claims = socket_claims(args.claims[len("unix:") :], stop=agent.stop_event)
+    else:
+        claims = open(args.claims, encoding="utf-8", errors="replace")
     try:
         opened = serve_claims(door.session, claims, frames.read)
     finally:
@@ -174,7 +181,7 @@ def _door(args: argparse.Namespace) -> int:
         frames.close()
         agent.shutdown(drain_timeout=5.0)
         if claims is not sys.stdin:
-            claims.close()
+            claims.close()  # a file, or the socket's generator (which removes the socket)
     refused = {k: v for k, v in controller.refusals.items() if v}
     print(f"door {cfg.device.id}: {controller.opened} opened, refused {refused or 'none'}")
     # A locked door is the door working: the exit code says the door ran, not what it decided.

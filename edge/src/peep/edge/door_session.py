@@ -19,9 +19,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -452,6 +454,66 @@ def read_claims(lines: Any) -> Any:
             yield check_subject_id(line, "claim")
         except WireError:
             log_event(_log, logging.WARNING, "door_claim_malformed", length=len(line))
+
+
+def socket_claims(path: str | os.PathLike[str], *, stop: threading.Event | None = None) -> Any:
+    """Lines from a local (Unix) socket at ``path``: an access controller connects and writes one claim a line.
+
+    The socket is created owner and group only (mode 0660: give the controller's user the door's group);
+    connections are served one after another; a line longer than :data:`MAX_CLAIM_LINE` bytes is dropped.
+    A file already at ``path`` is refused unless it is a stale socket.
+    """
+    import socket
+    import stat
+
+    p = os.fspath(path)
+    if os.path.lexists(p):
+        if not stat.S_ISSOCK(os.lstat(p).st_mode):
+            raise FileExistsError(f"--claims: {p[:200]} exists and is not a socket")
+        os.unlink(p)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o117)
+    try:
+        server.bind(p)
+    finally:
+        os.umask(old)
+    server.listen(4)
+    server.settimeout(0.5)
+    try:
+        while stop is None or not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                yield from _lines(conn, stop)
+    finally:
+        server.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(p)
+
+
+def _lines(conn: Any, stop: threading.Event | None) -> Any:
+    """Lines of one connection; a line longer than :data:`MAX_CLAIM_LINE` bytes is dropped whole (logged)."""
+    conn.settimeout(0.5)  # a connection left open and silent must not keep a stopping door waiting
+    buf, dropping = b"", False
+    while stop is None or not stop.is_set():
+        try:
+            chunk = conn.recv(4096)
+        except TimeoutError:
+            continue
+        if not chunk:
+            return
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            if dropping or len(line) > MAX_CLAIM_LINE:
+                log_event(_log, logging.WARNING, "door_claim_malformed", length=len(line), reason="too long")
+            else:
+                yield line
+            dropping = False
+        if len(buf) > MAX_CLAIM_LINE:  # no end of line within the bound: this line is dropped
+            buf, dropping = b"", True
 
 
 def serve_claims(session: DoorSession, claims: Any, read_frame: Callable[[], Any],
