@@ -81,17 +81,26 @@ if [ ! -x "$venv/bin/python" ]; then
   "$py" -m venv "$venv"
 fi
 
-# The console's browser tests (tests/console) drive Debian's Chromium through its chromedriver: install them
-# when missing (root with apt-get, as on CI's machines); elsewhere say how, and those tests say why they skip.
-if [ "$set_name" = all ] && { [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; }; then
+# Debian packages some tests drive: installed when missing (root with apt-get, as on CI's machines); elsewhere
+# say how, and those tests say why they skip. apt_install WHAT BINARY PACKAGE...
+apt_install() {
+  what=$1; binary=$2; shift 2
+  [ -x "$binary" ] && return 0
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "bootstrap: installing chromium and chromium-driver (console browser tests)" >&2
-    (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null 2>&1 \
-      || { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; }) \
-      || echo "bootstrap: could not install chromium/chromium-driver; the console's browser tests will skip" >&2
+    echo "bootstrap: installing $* ($what)" >&2
+    (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null 2>&1 \
+      || { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null; }) \
+      || echo "bootstrap: could not install $*; the $what will skip" >&2
   else
-    echo "bootstrap: chromium and chromium-driver are missing (apt-get install chromium chromium-driver)" >&2
+    echo "bootstrap: $* missing (apt-get install $*); the $what will skip" >&2
   fi
+}
+if [ "$set_name" = all ]; then
+  # The console's browser tests (tests/console) drive Debian's Chromium through its chromedriver (which
+  # needs chromium: one binary stands for both).
+  apt_install "console's browser tests" /usr/bin/chromedriver chromium chromium-driver
+  # The replicas' balancer tests and bench run the shipped deploy/cluster/haproxy.cfg.
+  apt_install "balancer tests (deploy/cluster/haproxy.cfg)" /usr/sbin/haproxy haproxy
 fi
 
 # `all` keeps the stamp name earlier versions of this script wrote for the same set.

@@ -125,7 +125,9 @@ class ServerApp:
             self.mqtt.start(wait=mqtt_wait)
         if self.config.metrics.enabled:
             host, _, port = self.config.metrics.listen.rpartition(":")
-            self.metrics_server, self.metrics_port = s.metrics.serve(host.strip("[]"), int(port))
+            self.metrics_server, self.metrics_port = s.metrics.serve(
+                host.strip("[]"), int(port), healthy=lambda: not self._stopping.is_set()
+            )
         if self.config.console is not None:
             from peep.server.console import start_console
 

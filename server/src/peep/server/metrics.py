@@ -19,6 +19,8 @@
     streaming RPCs open, and streams refused or ended (per_identity, global: over
     ``grpc.max_streams_per_identity`` / ``grpc.max_streams``; idle: ended after
     ``grpc.stream_idle_timeout_s``).
+``/healthz`` (same listener)
+    ``200 SERVING`` or, while the server drains, ``503 NOT_SERVING``: a load balancer's HTTP/1.1 check.
 ``peep_console_connections_closed_total{reason}``
     connections the console's listener closed before they delivered a request (header_timeout: not within
     ``console.header_timeout_s``; evicted: the longest waiting, to make room under
@@ -28,9 +30,14 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+from collections.abc import Callable
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
 
 class ServerMetrics:
@@ -105,7 +112,38 @@ class ServerMetrics:
         v = self.registry.get_sample_value(name, labels or {})
         return 0.0 if v is None else float(v)
 
-    def serve(self, host: str, port: int) -> tuple[Any, int]:
-        """Start the /metrics HTTP endpoint; returns (server, bound port)."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        return server, int(server.server_address[1])
+    def serve(self, host: str, port: int, *, healthy: Callable[[], bool] | None = None) -> tuple[Any, int]:
+        """Start the HTTP endpoint: ``/metrics`` and ``/healthz``; returns (server, bound port).
+
+        ``/healthz`` answers ``200 SERVING`` while ``healthy()`` holds and ``503 NOT_SERVING`` otherwise (a
+        draining replica): what a load balancer checks over plain HTTP/1.1 when it cannot speak gRPC health
+        checking to the replica itself (deploy/cluster/haproxy.cfg).
+        """
+        metrics_app = make_wsgi_app(self.registry)
+
+        def app(environ: dict[str, Any], start_response: Any) -> Any:
+            if environ.get("PATH_INFO") == "/healthz":
+                ok = healthy() if healthy is not None else True
+                body = b"SERVING\n" if ok else b"NOT_SERVING\n"
+                start_response("200 OK" if ok else "503 Service Unavailable",
+                               [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])  # fmt: skip
+                return [body]
+            return metrics_app(environ, start_response)
+
+        server_cls = _ThreadingWSGIServer6 if ":" in host else _ThreadingWSGIServer
+        httpd = make_server(host, port, app, server_class=server_cls, handler_class=_QuietHandler)
+        threading.Thread(target=httpd.serve_forever, name="peep-metrics", daemon=True).start()
+        return httpd, int(httpd.server_address[1])
+
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _ThreadingWSGIServer6(_ThreadingWSGIServer):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # a scrape or a check every second: no access log
+        pass

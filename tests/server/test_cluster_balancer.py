@@ -1,0 +1,165 @@
+"""Three ``peep serve`` replicas behind the shipped HAProxy configuration (deploy/cluster/haproxy.cfg), as deployed.
+
+Real processes: three replicas on one private PostgreSQL schema, HAProxy (Debian's 2.6) with the shipped file,
+its paths and addresses swapped for the test's (peep.server.bench.cluster.Balancer), terminating TLS and
+speaking HTTP/2 over TLS to the replicas, checking each replica's ``/healthz``. Every client — the admin's
+enrolment and training, ten device processes streaming templates — uses the balancer's one address. One
+replica is SIGKILLed under load and restarted: the balancer shows it out and back, and every template is
+taken and decided exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from peep.server.bench.cluster import (
+    Balancer,
+    DeviceSpec,
+    Replica,
+    count_stored,
+    decided_keys,
+    free_port,
+    grpc_stub,
+    haproxy_missing,
+    run_devices,
+    serving_version,
+    stored_keys,
+    wait_for,
+    write_frames,
+)
+from peep.server.config import token_sha256
+from peep.v1 import recognition_pb2
+from peep_server_testlib import ADMIN, DEVICE_TOKENS, SITE, base_config, tls_section, to_toml
+
+pytestmark = [pytest.mark.slow]
+
+CAMERAS = [f"cam-{i:02d}" for i in range(1, 11)]
+TOKENS = {d: f"tok-{d}-{uuid.uuid4().hex}" for d in CAMERAS}
+N_TEMPLATES = int(os.environ.get("PEEP_BALANCER_TEMPLATES", "3000"))
+
+
+@pytest.fixture
+def balanced(tmp_path, pki, keypair, bundle_dir, pg_dsn):
+    missing = haproxy_missing()
+    if missing:
+        pytest.skip(missing)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    replicas, ports = [], []
+    for name in ("a", "b", "c"):
+        d = tmp_path / name
+        d.mkdir()
+        gport, mport = free_port(), free_port()
+        cfg = base_config(
+            d, keypair[3], bundle_dir,
+            grpc={"listen": f"127.0.0.1:{gport}", "tls": tls_section(pki)},
+            storage={"backend": "postgres", "dsn": pg_dsn, "pool_size": 4},
+            cluster={"replica_id": f"{name}-{uuid.uuid4().hex[:6]}", "check_interval_s": 2.0},
+            metrics={"enabled": True, "listen": f"127.0.0.1:{mport}"},
+            logging={"format": "json", "level": "info"},
+        )  # fmt: skip
+        cfg["auth"]["devices"] += [{"id": c, "site": SITE, "token_sha256": token_sha256(TOKENS[c])} for c in CAMERAS]
+        conf = d / "server.toml"
+        conf.write_text(to_toml(cfg))
+        replicas.append(Replica(name, conf, gport, env, mqtt=False))
+        ports.append((f"replica-{name}", gport, mport))
+    balancer = Balancer(tmp_path / "haproxy", cert=pki.server_cert, key=pki.server_key, ca=pki.client_ca,
+                        replicas=ports)  # fmt: skip
+    for r in replicas:
+        r.launch()
+    try:
+        for r in replicas:
+            r.wait_ready()
+        balancer.start()
+        assert wait_for(lambda: set(balancer.servers().values()) == {"UP"}, 15), balancer.servers()
+        yield replicas, balancer
+    finally:
+        balancer.stop()
+        for r in replicas:
+            r.stop(signal.SIGKILL, 10)
+
+
+def test_ten_devices_through_the_balancer_and_a_replica_killed_every_template_decided_once(
+    balanced, pg_dsn, templates, tmp_path, pki
+):
+    replicas, balancer = balanced
+    b = replicas[1]
+    ca = str(pki.client_ca)
+    stub = grpc_stub(balancer.port, ca)
+    assert stub.IngestStream(iter(templates.enrolment_messages()), metadata=ADMIN, timeout=120).rejected == 0
+    version = stub.Train(recognition_pb2.TrainRequest(), metadata=ADMIN, timeout=600).model_version
+    probe = templates.message(int(templates.test[0]))
+    direct = [grpc_stub(r.grpc_port, ca) for r in replicas]
+    assert wait_for(lambda: all(serving_version(s, probe, DEVICE_TOKENS["cam-1"]) == version for s in direct), 10)
+    taken_before = count_stored(pg_dsn)
+
+    n_each = N_TEMPLATES // len(CAMERAS)
+    specs, expected = [], set()
+    for k, dev in enumerate(CAMERAS):
+        msgs = [templates.message((k * n_each + i) % len(templates.X), device_id=dev, message_id=f"{dev}-{i:05d}")
+                for i in range(n_each)]  # fmt: skip
+        expected |= {(dev, m.message_id) for m in msgs}
+        frames = tmp_path / f"{dev}.bin"
+        write_frames(frames, [m.SerializeToString() for m in msgs])
+        # Every device at the balancer's one address, in chunks of 100 (a failed chunk is resent to it).
+        specs.append(DeviceSpec(dev, "grpc", str(frames), ports=[balancer.port], token=TOKENS[dev], ca=ca, chunk=100))
+    seen: dict[str, Any] = {}
+
+    def taken() -> int:
+        return count_stored(pg_dsn) - taken_before
+
+    def kill_and_restart_b() -> None:
+        assert wait_for(lambda: taken() >= N_TEMPLATES // 3, 120), "no progress before the kill"
+        seen["at_kill"] = taken()
+        b.stop(signal.SIGKILL)
+        t0 = time.monotonic()
+        assert wait_for(lambda: balancer.servers()["replica-b"].startswith("DOWN"), 10), balancer.servers()
+        seen["out_after_s"] = time.monotonic() - t0
+        seen["while_out"] = balancer.servers()
+        b.start()  # the same replica id
+        t1 = time.monotonic()
+        assert wait_for(lambda: balancer.servers()["replica-b"] == "UP", 15), balancer.servers()
+        seen["back_after_s"] = time.monotonic() - t1
+
+    t0 = time.monotonic()
+    reports = run_devices(specs, taken, during=kill_and_restart_b)
+    assert wait_for(lambda: taken() >= N_TEMPLATES, 120), f"{taken()} of {N_TEMPLATES}"
+    time.sleep(1.0)  # anything late would show now
+    keys = [k for k in stored_keys(pg_dsn) if k in expected]
+    decided = [k for k in decided_keys(pg_dsn) if k in expected]
+    print(
+        f"\n{N_TEMPLATES} templates from {len(CAMERAS)} devices through HAProxy in {time.monotonic() - t0:.1f} s; "
+        f"replica-b killed after {seen['at_kill']}, out of the balancer after {seen['out_after_s']:.1f} s "
+        f"({seen['while_out']}), back {seen['back_after_s']:.1f} s after its restart; chunks resent "
+        f"{sum(r['retries'] for r in reports)}, answered duplicate {sum(r['duplicates'] for r in reports)}"
+    )
+    assert seen["at_kill"] < N_TEMPLATES, "the kill was not mid-stream"
+    assert seen["while_out"]["replica-a"] == seen["while_out"]["replica-c"] == "UP"
+    assert sum(r["rejected"] for r in reports) == 0
+    assert len(keys) == len(set(keys)) == N_TEMPLATES and set(keys) == expected  # every template taken once
+    assert len(decided) == len(set(decided)) == N_TEMPLATES and set(decided) == expected  # and decided once
+    # The balancer spread the calls over the three (per call, not per connection: ten devices, three replicas).
+    calls = {name: int(row.get("req_tot") or row.get("stot") or 0) for name, row in balancer.stats().items()}
+    print(f"calls per replica through the balancer: {calls}")
+    assert all(n > 0 for n in calls.values()), calls
+
+
+def test_a_draining_replica_leaves_the_balancer_before_it_stops(balanced, pki):
+    """SIGTERM: the replica's /healthz turns 503 NOT_SERVING at once, so the balancer takes it out while it drains."""
+    replicas, balancer = balanced
+    c = replicas[2]
+    stopping = threading.Thread(target=lambda: c.stop(signal.SIGTERM, 60))
+    stopping.start()
+    assert wait_for(lambda: balancer.servers()["replica-c"].startswith("DOWN"), 15), balancer.servers()
+    stopping.join(60)
+    ch = grpc.secure_channel(f"localhost:{balancer.port}", grpc.ssl_channel_credentials(pki.ca_pem))
+    for _ in range(6):  # every call reaches a live replica
+        assert health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5).status == 1
+    ch.close()
