@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from secrets import token_hex
 from typing import Any
 
 import grpc
@@ -55,6 +58,22 @@ def default_plugins() -> list[Plugin]:
     if callable(fn):
         plugins.append(fn)
     return plugins
+
+
+class ReplicaIdTaken(RuntimeError):
+    """Another live process holds this ``cluster.replica_id``: two replicas under one id would fight over its MQTT
+    sessions (and its log lines would mix), so the second refuses to start, naming the first."""
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this host (one we may not signal counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class ServerApp:
@@ -99,6 +118,8 @@ class ServerApp:
         #: The operator console (``[console]``), when configured: ``.url``, ``.port``.
         self.console: Any = None
         self.registrars: list[Registrar] = []
+        #: (replica id, token) while this process holds its cluster.replica_id.
+        self._registration: tuple[str, str] | None = None
 
     @property
     def stopping(self) -> bool:
@@ -106,6 +127,7 @@ class ServerApp:
 
     def start(self, *, mqtt_wait: float | None = None) -> None:
         s = self.services
+        self._register_replica()
         bundle_id = s.publish_configured_bundle()
         registrars = list(self._extra)
         for plugin in self._plugins:
@@ -164,6 +186,60 @@ class ServerApp:
                 "console": self.console.url if self.console is not None else None,
             },
         )
+
+    # ------------------------------------------------------------ one process per replica id
+
+    def _register_replica(self) -> None:
+        """Hold ``cluster.replica_id`` in the database for as long as this process runs (see ReplicaIdTaken)."""
+        rid = self.config.cluster.replica_id
+        if rid is None:
+            return
+        timeout = self.config.cluster.registration_timeout_s
+        token, host = token_hex(8), socket.gethostname()
+        holder = self.services.store.register_replica(rid, host=host, pid=os.getpid(), token=token, now=time.time(),
+                                                      stale_s=timeout, alive=_pid_alive)  # fmt: skip
+        if holder is not None:
+            started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(holder.started_at))
+            message = (
+                f"cluster.replica_id: {rid!r} is held by a live replica on host {holder.host[:64]!r} (pid "
+                f"{holder.pid}, started {started}, last heartbeat {max(0.0, time.time() - holder.heartbeat_at):.0f} "
+                f"s ago); give this replica an id of its own, or stop that one (a registration without a heartbeat "
+                f"for cluster.registration_timeout_s = {timeout:g} s is taken over)"
+            )
+            log.error("replica id taken", extra={"replica": rid, "holder_host": holder.host[:64],
+                                                  "holder_pid": holder.pid, "holder_started": started})  # fmt: skip
+            raise ReplicaIdTaken(message)
+        self._registration = (rid, token)
+        log.info("replica registered", extra={"replica": rid, "host": host, "pid": os.getpid()})
+        beat = threading.Thread(target=self._heartbeat_loop, args=(rid, token, timeout / 3.0),
+                                name="peep-replica-heartbeat", daemon=True)  # fmt: skip
+        beat.start()
+
+    def _heartbeat_loop(self, rid: str, token: str, every_s: float) -> None:
+        while not self._stopping.wait(every_s):
+            try:
+                held = self.services.store.heartbeat_replica(rid, token, time.time())
+            except Exception as exc:  # the database away: the next beat retries (registration ages meanwhile)
+                log.warning("replica heartbeat failed", extra={"replica": rid, "error": str(exc)[:200]})
+                continue
+            if not held:
+                log.error(
+                    "replica id taken over: another process registered this replica id after this one's heartbeat "
+                    "lapsed (cluster.registration_timeout_s); stop one of them",
+                    extra={"replica": rid},
+                )
+                self._registration = None
+                return
+
+    def _release_replica(self) -> None:
+        if self._registration is None:
+            return
+        rid, token = self._registration
+        self._registration = None
+        try:
+            self.services.store.release_replica(rid, token)
+        except Exception as exc:  # it ages out after registration_timeout_s instead
+            log.warning("replica registration not released", extra={"replica": rid, "error": str(exc)[:200]})
 
     def _device_status(self, *, window_s: float = ONLINE_WINDOW_S) -> Callable[[], dict[str, DeviceStatus]]:
         """The console's device statuses: ``() -> {device_id: (status, since, via)}``.
@@ -247,6 +323,7 @@ class ServerApp:
             self.services.trainer.cancel(timeout=10.0)
             if self.metrics_server is not None:
                 self.metrics_server.shutdown()
+            self._release_replica()
             self.services.close()
         finally:
             self._stopped.set()

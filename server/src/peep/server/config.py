@@ -825,6 +825,17 @@ class ClusterConfig(_Model):
             "PostgreSQL NOTIFY was missed while the replica's listening connection was down"
         ),
     )
+    registration_timeout_s: float = Field(
+        default=30.0,
+        ge=3.0,
+        le=3600.0,
+        description=(
+            "a replica registers its replica_id in the database and renews it every third of this: a second "
+            "process starting with an id whose registration is fresher refuses to start (naming the holder's host "
+            "and start time); a registration without a heartbeat for this long, or of a process gone from this "
+            "host, is taken over"
+        ),
+    )
     events: bool = Field(
         default=True,
         description=(

@@ -32,7 +32,7 @@ What is kept is less (``[recognition]`` in the configuration, docs/OPERATIONS.md
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any, Protocol, get_args, get_type_hints
@@ -368,6 +368,17 @@ def stack_blobs(blobs: Sequence[bytes], n_components: int) -> NDArray[np.float32
     return arr.reshape(len(blobs), n_components)
 
 
+@dataclass(frozen=True)
+class ReplicaHolder:
+    """The process registered under a ``cluster.replica_id``: where it runs, since when, its last heartbeat."""
+
+    host: str
+    pid: int
+    token: str
+    started_at: float
+    heartbeat_at: float
+
+
 class StoreError(RuntimeError):
     """The database failed (connection, schema newer than this software, ...)."""
 
@@ -499,6 +510,19 @@ class Store(Protocol):
 
     def delete_subject_decisions(self, subject: str) -> int:
         """Delete the decisions that name ``subject`` (identified as, or claimed); returns how many."""
+        ...
+
+    def register_replica(self, replica_id: str, *, host: str, pid: int, token: str, now: float, stale_s: float,
+                         alive: Callable[[int], bool]) -> ReplicaHolder | None:  # fmt: skip
+        """Hold ``replica_id`` for this process: None when held now, else the live holder (see SqlStore)."""
+        ...
+
+    def heartbeat_replica(self, replica_id: str, token: str, now: float) -> bool:
+        """Renew the registration; False when another process holds the id now."""
+        ...
+
+    def release_replica(self, replica_id: str, token: str) -> None:
+        """Give the id up (a clean stop)."""
         ...
 
     def kept_counts(self, background_prefix: str) -> KeptCounts:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Protocol
 
@@ -27,6 +27,7 @@ from peep.server.storage import (
     IngestBatch,
     KeptCounts,
     LedgerEntry,
+    ReplicaHolder,
     StoreError,
     TemplateRecord,
     TrackRelease,
@@ -368,6 +369,63 @@ class SqlStore(ABC):
             q = f"DELETE FROM templates WHERE {where} AND decided_subject IS NULL"
             out["unknown"] = int(conn.execute(q, params).rowcount)
         return out
+
+    # ------------------------------------------------------------ replica registrations
+
+    def register_replica(self, replica_id: str, *, host: str, pid: int, token: str, now: float, stale_s: float,
+                         alive: Callable[[int], bool]) -> ReplicaHolder | None:  # fmt: skip
+        """Register this process as ``replica_id``: None when it now holds it, else the live holder.
+
+        A registration is taken over when its heartbeat is older than ``stale_s``, or when it is this host's and
+        ``alive(pid)`` says its process is gone (a replica restarted after a crash). Race-free on both databases:
+        an insert that finds the id taken, or an update of a holder that changed meanwhile, starts again.
+        """
+        p = self._sql.param
+        cols = "host, pid, token, started_at, heartbeat_at"
+        for _ in range(5):
+            with self._transaction() as conn:
+                row = conn.execute(
+                    f"SELECT {cols} FROM replica_registrations WHERE replica_id = {p}", (replica_id,)
+                ).fetchone()
+                if row is None:
+                    n = conn.execute(
+                        f"INSERT INTO replica_registrations (replica_id, {cols}) VALUES ({p}, {p}, {p}, {p}, {p}, {p}) "
+                        "ON CONFLICT (replica_id) DO NOTHING",
+                        (replica_id, host, pid, token, now, now),
+                    ).rowcount
+                    if n == 1:
+                        return None
+                    continue
+                holder = ReplicaHolder(str(row[0]), int(row[1]), str(row[2]), float(row[3]), float(row[4]))
+                gone = holder.host == host and not alive(holder.pid)
+                if now - holder.heartbeat_at < stale_s and not gone:
+                    return holder
+                n = conn.execute(
+                    f"UPDATE replica_registrations SET host = {p}, pid = {p}, token = {p}, started_at = {p}, "
+                    f"heartbeat_at = {p} WHERE replica_id = {p} AND token = {p}",
+                    (host, pid, token, now, now, replica_id, holder.token),
+                ).rowcount
+                if n == 1:
+                    return None
+        raise StoreError(f"cluster.replica_id: could not register {replica_id!r} (the registration kept changing)")
+
+    def heartbeat_replica(self, replica_id: str, token: str, now: float) -> bool:
+        """Renew this process's registration; False when another process holds ``replica_id`` now."""
+        p = self._sql.param
+        with self._session() as conn:
+            cur = conn.execute(
+                f"UPDATE replica_registrations SET heartbeat_at = {p} WHERE replica_id = {p} AND token = {p}",
+                (now, replica_id, token),
+            )
+            return int(cur.rowcount) == 1
+
+    def release_replica(self, replica_id: str, token: str) -> None:
+        """Give ``replica_id`` up (a clean stop): the next replica under it starts at once."""
+        p = self._sql.param
+        with self._session() as conn:
+            conn.execute(
+                f"DELETE FROM replica_registrations WHERE replica_id = {p} AND token = {p}", (replica_id, token)
+            )
 
     def kept_counts(self, background_prefix: str) -> KeptCounts:
         q_enrol = "SELECT subject, COUNT(*) FROM templates WHERE purpose = 'enroll' GROUP BY subject"

@@ -220,6 +220,13 @@ def _forget(dialect: Dialect) -> list[str]:
 _KEY_ID = ["ALTER TABLE templates ADD COLUMN key_id TEXT NOT NULL DEFAULT ''"]
 
 
+# Migration 11: which process holds each cluster.replica_id (one at a time), kept alive by its heartbeat.
+_REPLICAS = [
+    "CREATE TABLE replica_registrations (replica_id TEXT PRIMARY KEY, host TEXT NOT NULL, pid INTEGER NOT NULL, "
+    "token TEXT NOT NULL, started_at {real} NOT NULL, heartbeat_at {real} NOT NULL)"
+]
+
+
 def _render(dialect: Dialect, statements: list[str]) -> list[str]:
     return [s.format(real=dialect.real, blob=dialect.blob) for s in statements]
 
@@ -237,6 +244,7 @@ MIGRATIONS: dict[str, list[list[str]]] = {
         _render(d, _TRACK_INDEX),
         _render(d, _forget(d)),
         _render(d, _KEY_ID),
+        _render(d, _REPLICAS),
     ]
     for d in (SQLITE, POSTGRES)
 }
