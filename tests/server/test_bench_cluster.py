@@ -42,6 +42,20 @@ def test_quick_cluster_section(pg_admin, monkeypatch):
     assert out["ingest_per_s_1"] > 0 and out["ingest_per_s_n"] > 0
     assert 0 < out["context"]["train_s"] <= out["promotion_to_serving_s"]
     assert out["context"]["after_train_s"] < 5.0
+    # Through the shipped HAProxy configuration, replica B killed and restarted mid-way: every template decided
+    # once (where haproxy is installed; the section says why not elsewhere).
+    tb = out["through_balancer"]
+    from peep.server.bench.cluster import haproxy_missing
+
+    if haproxy_missing() is None:
+        assert tb["sent"] == tb["decided"] > 0 and tb["duplicates"] == tb["lost"] == 0, tb
+        assert all(n > 0 for n in tb["calls_per_replica"].values()), tb
+    else:
+        assert tb == {"error": haproxy_missing()}
+    cpu = out["server_cpu_s_per_1k"]
+    assert cpu["decided"] > 0 and set(cpu["per_replica"]) == {"a", "b", "c"}
+    assert cpu["decided"] == pytest.approx(sum(cpu["per_replica"].values()), abs=0.01)
+    assert all(n >= 1 for n in cpu["replicas_for_1k_per_s"].values())
     root = out["context"]["broker"].split("topic root ")[1].rstrip(")")
     assert retained_topics(f"{root}/#") == {}  # the bundle announcement cleared; sessions had expiry 0
     schema = out["context"]["schema"]

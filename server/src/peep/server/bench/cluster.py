@@ -18,6 +18,19 @@ replica, as a per-call load balancer does). Measured in one run:
     ``Train`` through replica A until every replica's ``Identify`` answers name
     the new version (``train_s``: until ``Train`` returned; ``after_train_s``:
     the rest, PostgreSQL ``NOTIFY`` and the swap).
+``through_balancer``
+    The gRPC devices through HAProxy with the shipped ``deploy/cluster/haproxy.cfg``
+    (:class:`Balancer`; where ``haproxy`` is installed, else an ``error`` saying so),
+    replica B SIGKILLed a third of the way and restarted: ``sent``, ``decided``
+    (each (device, message id) once), ``duplicates`` (decided more than once),
+    ``lost`` (never decided), how soon the balancer took B out and back in, and
+    the calls each replica answered.
+``server_cpu_s_per_1k``
+    Process CPU seconds of the replicas per 1,000 templates: ``decided`` (a phase
+    with the model: identified, decision kept; per replica and in all) and
+    ``stored_only`` (the first phases, before any model), and from ``decided`` the
+    replicas of 1, 2, 4 or 8 cores that 1,000 templates a second would keep busy
+    (a prediction; wall rates here are capped by 2 cores shared with everything).
 
 Needs PostgreSQL (``PEEP_BENCH_PG_DSN``, default
 ``host=127.0.0.1 port=5432 dbname=postgres user=postgres``; a private schema,
@@ -36,6 +49,7 @@ configuration, persistent sessions and a replica SIGKILLed mid-stream.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -199,6 +213,12 @@ class Replica:
             self.proc.stderr.close()
         self.proc = None
         return rc
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used (Linux ``/proc``; its threads included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # --------------------------------------------------------------------------- the balancer
@@ -590,6 +610,8 @@ def run(quick: bool = False) -> dict[str, Any]:
     admin.execute(f"CREATE SCHEMA {schema}")
     dsn = f"{dsn0} options='-c search_path={schema}'"
     replicas: list[Replica] = []
+    metrics_ports: list[int] = []
+    balancer: Balancer | None = None
     with tempfile.TemporaryDirectory(prefix="peep-bench-cluster-") as tmp_s:
         tmp = Path(tmp_s)
         try:
@@ -622,7 +644,6 @@ def run(quick: bool = False) -> dict[str, Any]:
                     "session_expiry_s": 0,  # the shared broker: no session outlives the run
                 },
                 "training": {"preset": "lda", "model_dir": str(tmp / "models")},
-                "metrics": {"enabled": False},
                 "logging": {"format": "json", "level": "info"},
             }
             env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -636,9 +657,12 @@ def run(quick: bool = False) -> dict[str, Any]:
                     "grace_s": 2.0,
                     "tls": {"cert": str(tls.server_cert), "key": str(tls.server_key)},
                 }
+                mport = free_port()  # /healthz for the balancer
+                cfg["metrics"] = {"enabled": True, "listen": f"127.0.0.1:{mport}"}
                 conf = tmp / f"replica-{name}.toml"
                 conf.write_text(to_toml(cfg))
                 replicas.append(Replica(name, conf, gport, env, mqtt=True))
+                metrics_ports.append(mport)
 
             def specs(phase: str, n: int, ports: list[int]) -> list[DeviceSpec]:
                 out = []
@@ -657,17 +681,20 @@ def run(quick: bool = False) -> dict[str, Any]:
 
             def phase(name: str, n: int, up: list[Replica]) -> dict[str, Any]:
                 before = count_stored(dsn)
+                cpu0 = {r.name: process_cpu_s(r.proc.pid) for r in up if r.proc is not None}
                 reports = run_devices(specs(name, n, [r.grpc_port for r in up]), lambda: count_stored(dsn))
                 sent = sum(r["sent"] for r in reports)
                 t0 = min(r["start"] for r in reports)
                 if not wait_for(lambda: count_stored(dsn) - before >= sent, 120, 0.02):
                     raise RuntimeError(f"{name}: {count_stored(dsn) - before} of {sent} stored after 120 s")
                 seconds = time.time() - t0
+                cpu = {r.name: process_cpu_s(r.proc.pid) - cpu0[r.name] for r in up if r.proc is not None}
                 return {
                     "sent": sent,
                     "seconds": round(seconds, 3),
                     "rate": round(sent / seconds, 1),
                     "duplicates": sum(r.get("duplicates", 0) for r in reports),
+                    "server_cpu_s": {k: round(v, 3) for k, v in cpu.items()},
                 }
 
             replicas[0].start()
@@ -697,6 +724,21 @@ def run(quick: bool = False) -> dict[str, Any]:
             if not wait_for(lambda: all(serving_version(s, probe, _token(devices[0])) == version for s in stubs), 30):
                 raise RuntimeError(f"not every replica served {version} within 30 s of Train returning")
             promotion_s = time.monotonic() - t0
+            # The same load again, now with a model: each template identified, its decision kept (the CPU a
+            # deployment pays per template; the phases above only store, nothing can be decided yet).
+            decided = phase("decided", per_phase, replicas)
+            balanced: dict[str, Any]
+            missing = haproxy_missing()
+            if missing:
+                balanced = {"error": missing}
+            else:
+                backends = [
+                    (f"replica-{r.name}", r.grpc_port, mp) for r, mp in zip(replicas, metrics_ports, strict=True)
+                ]
+                balancer = Balancer(tmp / "haproxy", cert=tls.server_cert, key=tls.server_key, ca=tls.ca_cert,
+                                    replicas=backends).start()  # fmt: skip
+                # After the promotion: with a model, every template is decided (and the decisions counted).
+                balanced = _through_balancer(balancer, replicas, bundle, tmp, dsn, per_phase // 2, str(tls.ca_cert))
             return {
                 "replicas": n_replicas,
                 "ingest_per_s_1": one["rate"],
@@ -706,8 +748,10 @@ def run(quick: bool = False) -> dict[str, Any]:
                 "distinct_stored": len(set(keys)),
                 "duplicates": one["duplicates"] + many["duplicates"],
                 "promotion_to_serving_s": round(promotion_s, 3),
+                "through_balancer": balanced,
+                "server_cpu_s_per_1k": _cpu_per_1k(one, many, decided, cpus=os.cpu_count() or 1),
                 "context": {
-                    "phases": {"one": one, "many": many},
+                    "phases": {"one": one, "many": many, "decided": decided},
                     "devices": {"mqtt": len(devices[0::2]), "grpc": len(devices[1::2])},
                     "train_s": round(train_s, 3),
                     "after_train_s": round(promotion_s - train_s, 3),
@@ -720,8 +764,93 @@ def run(quick: bool = False) -> dict[str, Any]:
                 },
             }
         finally:
+            if balancer is not None:
+                balancer.stop()
             for r in replicas:
                 r.stop(signal.SIGTERM, 30)
             clear_retained([f"{prefix}/bundle"], host, port)
             admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
             admin.close()
+
+
+def _through_balancer(balancer: Balancer, replicas: list[Replica], bundle: Any, tmp: Path, dsn: str, n: int,
+                      ca: str) -> dict[str, Any]:  # fmt: skip
+    """The gRPC devices through the shipped HAProxy configuration, replica B SIGKILLed and restarted mid-way.
+
+    ``sent``; ``decided``: (device, message id) pairs in the decisions table, each counted once; ``duplicates``:
+    pairs decided more than once (0 expected); ``lost``: sent, never decided.
+    """
+    from peep.server.bench.server import _templates
+    from peep.v1 import template_pb2
+
+    devices = _DEVICES[1::2]  # the gRPC half of the devices
+    specs, expected = [], set()
+    for d in devices:
+        payloads = _templates(bundle, n // len(devices), devices=[d])
+        expected |= {(d, template_pb2.PerturbedTemplate.FromString(p).message_id) for p in payloads}
+        frames = tmp / f"balanced-{d}.bin"
+        write_frames(frames, payloads)
+        specs.append(DeviceSpec(d, "grpc", str(frames), ports=[balancer.port], token=_token(d), ca=ca, chunk=100))
+    decided_before = len(decided_keys(dsn))
+    b = replicas[1]
+    seen: dict[str, Any] = {}
+
+    def kill_and_restart_b() -> None:
+        if not wait_for(lambda: len(decided_keys(dsn)) - decided_before >= len(expected) // 3, 120):
+            raise RuntimeError("through the balancer: no progress before the kill")
+        b.stop(signal.SIGKILL)
+        t0 = time.monotonic()
+        wait_for(lambda: balancer.servers().get("replica-b", "").startswith("DOWN"), 10)
+        seen["out_after_s"] = round(time.monotonic() - t0, 2)
+        b.start()
+        t1 = time.monotonic()
+        wait_for(lambda: balancer.servers().get("replica-b") == "UP", 15)
+        seen["back_after_s"] = round(time.monotonic() - t1, 2)
+
+    t0 = time.time()
+    reports = run_devices(specs, lambda: len(decided_keys(dsn)) - decided_before, during=kill_and_restart_b)
+    wait_for(lambda: len([k for k in decided_keys(dsn) if k in expected]) >= len(expected), 60)
+    decided = [k for k in decided_keys(dsn) if k in expected]
+    calls = {name: int(row.get("req_tot") or row.get("stot") or 0) for name, row in balancer.stats().items()}
+    return {
+        "sent": len(expected),
+        "decided": len(set(decided)),
+        "duplicates": len(decided) - len(set(decided)),
+        "lost": len(expected - set(decided)),
+        "seconds": round(time.time() - t0, 3),
+        "resent_chunks": sum(r.get("retries", 0) for r in reports),
+        "answered_duplicate": sum(r.get("duplicates", 0) for r in reports),
+        "replica_b_killed": {
+            "out_of_the_balancer_after_s": seen.get("out_after_s"),
+            "back_after_restart_s": seen.get("back_after_s"),
+        },
+        "calls_per_replica": calls,
+        "balancer": "HAProxy, deploy/cluster/haproxy.cfg (paths and addresses swapped)",
+    }
+
+
+def _cpu_per_1k(one: dict[str, Any], many: dict[str, Any], decided: dict[str, Any], *, cpus: int) -> dict[str, Any]:
+    """Server CPU seconds per 1,000 templates (process CPU of the replicas), and what they predict.
+
+    Wall rates on this machine are capped by its cores, which the replicas share with PostgreSQL, the broker
+    and the devices; CPU per template is not. ``stored_only``: the first phases, before any model (a template
+    stored, nothing decided); ``decided``: with the model (identified, the decision kept), per replica and in
+    all. ``replicas_for_1k_per_s``: replicas of a given core count that 1,000 decided templates a second
+    would keep fully busy — a prediction, without headroom, PostgreSQL and the broker not included.
+    """
+
+    def per_1k(phase: dict[str, Any]) -> float:
+        return 1000 * float(sum(phase["server_cpu_s"].values())) / int(phase["sent"])
+
+    total = per_1k(decided)
+    return {
+        "decided": round(total, 3),
+        "per_replica": {k: round(1000 * v / decided["sent"], 3) for k, v in decided["server_cpu_s"].items()},
+        "stored_only": {"one_replica": round(per_1k(one), 3), "all_replicas": round(per_1k(many), 3)},
+        "replicas_for_1k_per_s": {f"{cores}_cores": max(1, math.ceil(total / cores)) for cores in (1, 2, 4, 8)},
+        "note": (
+            f"measured on {cpus} cores shared by the replicas, PostgreSQL, the broker and the devices; 1,000 "
+            "decided templates a second need `decided` core-seconds a second on the replicas alone: "
+            "replicas_for_1k_per_s is a prediction from that, without headroom"
+        ),
+    }
