@@ -114,13 +114,9 @@ class ShippedBroker:
         raise RuntimeError("mosquitto did not start: its ports were taken three times")
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        from peep.server.bench.cluster import stop_process
+
+        stop_process(self.proc, sig)
         self.proc = None
 
     def log(self) -> str:
