@@ -598,3 +598,87 @@ def test_publish_bundle_bounds_file_names(tmp_path, pki, keypair, bundle_dir):
         assert code == grpc.StatusCode.INVALID_ARGUMENT and details == "files: expected at most 16 files, received 17"
     finally:
         srv.app.stop(0)
+
+
+# --------------------------------------------------------------------------- silent peers
+
+
+def _silent_calls(ch: Any, method: str, n: int, release: threading.Event, metadata: Any = None) -> list[Any]:
+    """``n`` calls of a unary ``method`` that send their headers and never their request message."""
+
+    def nothing():
+        release.wait(60)
+        return
+        yield
+
+    call = ch.stream_unary(method, request_serializer=lambda m: m, response_deserializer=lambda b: b)
+    return [call.future(nothing(), metadata=metadata, timeout=60) for _ in range(n)]
+
+
+def test_64_silent_unary_calls_hold_no_worker_and_end_after_the_request_timeout(
+    tmp_path, pki, keypair, bundle_dir, trained_server, templates
+):
+    """Before: each call whose message never came held one of grpc.max_workers until its connection ended
+    (max_connection_age_s): 4 such calls froze a server with 4 workers. Now the message is awaited on a reader
+    thread, at most grpc.request_timeout_s, and a worker only ever runs a call whose message arrived."""
+    srv = _serve(tmp_path, pki, keypair, bundle_dir, trained_server,
+                 grpc_opts={"max_workers": 4, "request_timeout_s": 3.0})  # fmt: skip
+    release = threading.Event()
+    ch = srv.channel()
+    try:
+        silent = _silent_calls(ch, "/grpc.health.v1.Health/Check", 32, release)
+        silent += _silent_calls(ch, "/peep.v1.RecognitionService/Identify", 32, release, metadata=DEVICE)
+        time.sleep(0.5)  # all 64 on the server, waiting for their message
+        assert not any(f.done() for f in silent)
+        t0 = time.monotonic()
+        _unary_calls_answer(srv, templates.message(int(templates.test[0]), device_id="cam-2"), deadline=2.0)
+        assert time.monotonic() - t0 < 2.0
+        # Each silent call ends once its request is late, DEADLINE_EXCEEDED naming the key.
+        for f in silent:
+            assert f.exception(10) is not None
+        codes = {f.code() for f in silent}
+        assert codes == {grpc.StatusCode.DEADLINE_EXCEEDED}, codes
+        assert "grpc.request_timeout_s" in silent[0].details() and "grpc.request_timeout_s" in silent[-1].details()
+        assert srv.services.metrics.value("peep_grpc_streams_refused_total", {"reason": "request_timeout"}) == 64
+        # A unary call sent as usual is untouched, and a stream with a unary request still gets its message.
+        _unary_calls_answer(srv, templates.message(int(templates.test[1]), device_id="cam-2"))
+        watch = health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest(), timeout=5)
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        watch.cancel()
+    finally:
+        release.set()
+        ch.close()
+        srv.app.stop(0)
+
+
+def test_a_silent_stream_request_counts_in_its_callers_stream_budget_and_ends_after_the_timeout(
+    tmp_path, pki, keypair, bundle_dir
+):
+    """StreamEvents' one request: awaited within grpc.request_timeout_s, the stream counted meanwhile."""
+    srv = _serve(tmp_path, pki, keypair, bundle_dir, grpc_opts={"request_timeout_s": 2.0})
+    release = threading.Event()
+    ch = srv.channel()
+    try:
+        call = ch.stream_stream("/peep.v1.RecognitionService/StreamEvents", request_serializer=lambda m: m,
+                                response_deserializer=lambda b: b)  # fmt: skip
+
+        def nothing():
+            release.wait(60)
+            return
+            yield
+
+        streams = [call(nothing(), metadata=DEVICE, timeout=60) for _ in range(6)]
+        time.sleep(0.5)
+        assert srv.app.server.peep_streams.open_by_caller() == {"device:cam-1": 4}  # the rest refused at once
+        outcomes = []
+        for s in streams:
+            with pytest.raises(grpc.RpcError) as err:
+                next(s)
+            outcomes.append(err.value.code())
+        assert outcomes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 2
+        assert outcomes.count(grpc.StatusCode.DEADLINE_EXCEEDED) == 4
+        assert srv.app.server.peep_streams.open_streams == 0
+    finally:
+        release.set()
+        ch.close()
+        srv.app.stop(0)

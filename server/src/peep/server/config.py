@@ -230,13 +230,24 @@ class GrpcConfig(_Model):
         default=50_000, ge=1, le=1_000_000, description="templates per IngestStream call (acks travel in one summary)"
     )
     stream_batch: int = Field(default=512, ge=1, le=10_000, description="streamed templates committed per transaction")
+    request_timeout_s: float = Field(
+        default=5.0,
+        gt=0.0,
+        le=300.0,
+        description=(
+            "seconds a call's request message may take to arrive after its headers (a unary call, or the one "
+            "request of StreamEvents and health Watch); later, the call ends with DEADLINE_EXCEEDED. A peer "
+            "sending nothing, or one byte a second, holds a reader thread this long and never a worker"
+        ),
+    )
     max_concurrent_streams: int = Field(
-        default=64,
+        default=128,
         ge=1,
         le=10_000,
         description=(
-            "RPCs running or queued for a thread, unary and streaming together, before gRPC refuses more with "
-            "RESOURCE_EXHAUSTED (must exceed max_streams)"
+            "RPCs running, queued for a thread or awaiting their request message, unary and streaming together, "
+            "before gRPC refuses more with RESOURCE_EXHAUSTED (must exceed max_streams); also the reader threads "
+            "that await unary requests"
         ),
     )
     max_streams: int = Field(

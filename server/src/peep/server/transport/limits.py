@@ -22,14 +22,21 @@ reflection, or by one device through ``StreamEvents`` -- left no thread for ``He
 :func:`server_options` turns the connection settings of ``[grpc]`` (keepalive, ping
 enforcement, connection idle time and age, largest message) into gRPC channel arguments.
 
-A limit this module cannot enforce: the synchronous server reads the request message of a
-unary (or unary-request streaming) RPC on the worker thread, so a peer that sends a call's
-headers and never its message holds a thread until its connection ends; ``max_connection_age_s``
-bounds how long.
+Unary requests within a deadline: the synchronous server reads the request message of a unary RPC on
+the thread that will run its handler, so a peer that sent a call's headers and never its message (or
+one byte a second) held a worker until its connection ended. :class:`StreamLimiter` serves unary
+methods as request-streaming ones (the same bytes on the wire): the message is awaited on a *reader*
+thread (a pool of ``max_concurrent_streams``, gRPC's own bound on calls), at most
+``grpc.request_timeout_s``, after which the call is ended with ``DEADLINE_EXCEEDED`` naming the key;
+only a call whose message arrived is handed to the worker pool (``grpc.max_workers``). A silent peer
+holds a reader for that long and never a worker. Streams with a unary request (``StreamEvents``,
+health ``Watch``) get their one message within the same deadline, counted in their caller's stream
+budget meanwhile.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -142,8 +149,15 @@ class StreamLimiter(grpc.ServerInterceptor):  # type: ignore[misc]
         idle_timeout_s: float,
         metrics: ServerMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        request_timeout_s: float = 5.0,
+        max_waiting: int = 128,
+        work_pool: futures.ThreadPoolExecutor | None = None,
     ) -> None:
         self.registry = registry
+        self.request_timeout_s = request_timeout_s
+        #: Where unary handlers run once their message arrived (the server's worker pool; None: on the reader).
+        self.work_pool = work_pool
+        self.reader_pool = futures.ThreadPoolExecutor(max_workers=max_waiting, thread_name_prefix="peep-grpc-read")
         self.max_streams = max_streams
         self.max_per_identity = max_per_identity
         self.idle_timeout_s = idle_timeout_s
@@ -167,6 +181,8 @@ class StreamLimiter(grpc.ServerInterceptor):  # type: ignore[misc]
             max_per_identity=g.max_streams_per_identity,
             idle_timeout_s=g.stream_idle_timeout_s,
             metrics=metrics,
+            request_timeout_s=g.request_timeout_s,
+            max_waiting=g.max_concurrent_streams,
         )
 
     # ------------------------------------------------------------ accounting
@@ -270,6 +286,50 @@ class StreamLimiter(grpc.ServerInterceptor):  # type: ignore[misc]
                 )
                 self._leave(s)
 
+    # ------------------------------------------------------------ a unary request within its deadline
+
+    def _first(self, requests: Iterator[Any], context: grpc.ServicerContext, method: str) -> Any:
+        """The call's one request message, awaited at most ``request_timeout_s``; the call ends if it is late."""
+        name = method.rsplit("/", 1)[-1]
+        late = threading.Event()
+
+        def too_late() -> None:
+            late.set()
+            if self.metrics is not None:
+                self.metrics.grpc_streams_refused.labels("request_timeout").inc()
+            log.info("request too slow", extra={"method": name, "timeout_s": self.request_timeout_s})
+            _cancel(context, grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"{name}: the request message did not arrive within {self.request_timeout_s:g} s "
+                    "(grpc.request_timeout_s)")  # fmt: skip
+
+        timer = threading.Timer(self.request_timeout_s, too_late)
+        timer.daemon = True
+        timer.start()
+        try:
+            request = next(requests, None)
+        except grpc.RpcError:
+            request = None  # ended: by the timer, or the peer went away
+        finally:
+            timer.cancel()
+        if request is None:
+            context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED if late.is_set() else grpc.StatusCode.INVALID_ARGUMENT,
+                f"{name}: expected one request message, received "
+                + (f"none within {self.request_timeout_s:g} s (grpc.request_timeout_s)" if late.is_set() else "none"),
+            )
+        return request
+
+    def _unary(self, behavior: Callable[..., Any], method: str) -> Any:
+        def wrapper(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+            request = self._first(requests, context, method)
+            if self.work_pool is None:
+                return behavior(request, context)
+            # In this call's own context variables (gRPC gives every call a copy; the caller's identity is one).
+            return self.work_pool.submit(contextvars.copy_context().run, behavior, request, context).result()
+
+        wrapper.experimental_thread_pool = self.reader_pool  # type: ignore[attr-defined]
+        return wrapper
+
     # ------------------------------------------------------------ wrapping
 
     def _requests(self, it: Iterator[Any], s: _Stream) -> Iterator[Any]:
@@ -286,12 +346,21 @@ class StreamLimiter(grpc.ServerInterceptor):  # type: ignore[misc]
         finally:
             self._leave(s)
 
-    def _wrap(self, behavior: Callable[..., Any], method: str, *, requests: bool, responses: bool) -> Any:
+    def _wrap(
+        self, behavior: Callable[..., Any], method: str, *, requests: bool, responses: bool, first: bool = False
+    ) -> Any:
+        """``first``: ``behavior`` takes one request, read here from a request stream within request_timeout_s."""
         non_blocking = bool(getattr(behavior, "experimental_non_blocking", False))
 
         def wrapper(request: Any, context: grpc.ServicerContext, **kw: Any) -> Any:
             s = self._enter(context, method)
             context.add_callback(lambda: self._leave(s))
+            if first:
+                try:
+                    request = self._first(request, context, method)
+                except BaseException:
+                    self._leave(s)
+                    raise
             if requests:
                 request = self._requests(request, s)
             try:
@@ -321,13 +390,17 @@ class StreamLimiter(grpc.ServerInterceptor):  # type: ignore[misc]
 
     def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
         handler = continuation(handler_call_details)
-        if handler is None or not (handler.request_streaming or handler.response_streaming):
+        if handler is None:
             return handler
         method = handler_call_details.method
         deser, ser = handler.request_deserializer, handler.response_serializer
+        # Unary requests are read here within request_timeout_s (the module docstring): served as
+        # request-streaming handlers, which receive the call before its message.
+        if handler.unary_unary:
+            return grpc.stream_unary_rpc_method_handler(self._unary(handler.unary_unary, method), deser, ser)
         if handler.unary_stream:
-            fn = self._wrap(handler.unary_stream, method, requests=False, responses=True)
-            return grpc.unary_stream_rpc_method_handler(fn, deser, ser)
+            fn = self._wrap(handler.unary_stream, method, requests=False, responses=True, first=True)
+            return grpc.stream_stream_rpc_method_handler(fn, deser, ser)
         if handler.stream_unary:
             fn = self._wrap(handler.stream_unary, method, requests=True, responses=False)
             return grpc.stream_unary_rpc_method_handler(fn, deser, ser)
@@ -335,5 +408,6 @@ class StreamLimiter(grpc.ServerInterceptor):  # type: ignore[misc]
         return grpc.stream_stream_rpc_method_handler(fn, deser, ser)
 
     def close(self) -> None:
-        """Release the stream pool's idle threads (after the server stopped)."""
+        """Release the stream and reader pools' idle threads (after the server stopped)."""
         self.pool.shutdown(wait=False)
+        self.reader_pool.shutdown(wait=False)
