@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -536,3 +537,34 @@ def test_templates_keep_their_site_key_id_and_enrolment_sets_select_by_it(store)
     assert len(store.enrolment_set(bundle, kinds, "")) == 1
     assert len(store.enrolment_set(bundle, kinds)) == 4
     assert store.get_template(rows[3].message_id, device_id=rows[3].device_id).key_id == "sk-00000000000000bb"
+
+
+def test_decision_ids_commit_in_order_so_a_reader_resuming_from_an_id_misses_none(pg_dsn):
+    """PostgreSQL hands out identity ids in the order transactions ask, not the order they commit. A reader of
+    ``id > last seen`` (a replica catching up its event subscribers) would pass over a decision whose transaction
+    took its id first and committed last. The events lock orders the commits."""
+    store = PostgresStore(pg_dsn, pool_size=3)
+    real = store._executemany
+
+    def slow_first(conn, sql, rows):
+        real(conn, sql, rows)
+        if threading.current_thread().name == "slow" and "recognition_events" in sql:
+            time.sleep(1.0)  # its id taken, its commit late
+
+    store._executemany = slow_first
+    try:
+        slow = threading.Thread(target=store.add_decisions, args=([decision("m-slow")],), name="slow")
+        fast = threading.Thread(target=store.add_decisions, args=([decision("m-fast")],), name="fast")
+        slow.start()
+        time.sleep(0.2)
+        fast.start()
+        time.sleep(0.4)
+        # While the first transaction is open, the second has not committed a larger id past it.
+        assert store.decisions(since_id=0) == []
+        slow.join(5)
+        fast.join(5)
+        rows = store.decisions(since_id=0)
+        assert [r.message_id for _, r in rows] == ["m-slow", "m-fast"]
+        assert rows[0][0] < rows[1][0]
+    finally:
+        store.close()

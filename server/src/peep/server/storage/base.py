@@ -109,6 +109,14 @@ class SqlStore(ABC):
         """Keep other processes from promoting until ``conn``'s transaction ends (SQLite: BEGIN IMMEDIATE does)."""
         return None
 
+    def _lock_events(self, conn: Connection) -> None:
+        """Make ``conn``'s decisions commit after every decision with a smaller id (SQLite: one writer does).
+
+        Taken just before the decisions are inserted and held to the commit, so the ids of
+        ``recognition_events`` are in commit order: a reader resuming from the last id it saw misses nothing.
+        """
+        return None
+
     # ------------------------------------------------------------ schema
 
     def _migrate(self) -> None:
@@ -283,12 +291,13 @@ class SqlStore(ABC):
             templates = [r for r in batch.templates if (r.device_id, r.message_id) in new]
             if templates:
                 self._insert_template_rows(conn, templates)
-            decisions = [d.row() for d in batch.decisions if d.key in new]
-            if decisions:
-                self._executemany(conn, _INSERT_DECISION.format(p=self._sql.param), decisions)
             tracks = [t.row() for t in batch.tracks if t.key in new]
             if tracks:
                 self._executemany(conn, _INSERT_TRACK.format(p=self._sql.param), tracks)
+            decisions = [d.row() for d in batch.decisions if d.key in new]
+            if decisions:  # last: the events lock is held from here to the commit only
+                self._lock_events(conn)
+                self._executemany(conn, _INSERT_DECISION.format(p=self._sql.param), decisions)
         return [first[e.key] == i and e.key in new for i, e in enumerate(batch.ledger)]
 
     def count_received(self, *, device_id: str | None = None) -> int:
@@ -305,6 +314,7 @@ class SqlStore(ABC):
         if not records:
             return
         with self._transaction() as conn:
+            self._lock_events(conn)
             self._executemany(conn, _INSERT_DECISION.format(p=self._sql.param), [d.row() for d in records])
 
     def decisions(self, *, since_id: int = 0, limit: int = 1000) -> list[tuple[int, DecisionRecord]]:

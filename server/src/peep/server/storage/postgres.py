@@ -32,6 +32,7 @@ from peep.server.storage.dialect import POSTGRES
 _LOCK_ID = 0x5EE9_0001  # advisory lock key for migrations
 _MODELS_LOCK_ID = 0x5EE9_0002  # transaction lock: one promotion or version deletion at a time
 TRAINING_LOCK_ID = 0x5EE9_0003  # session lock: one training run at a time across the replicas
+_EVENTS_LOCK_ID = 0x5EE9_0004  # transaction lock: decisions commit in the order of their ids
 _ARRAY_TYPES = {str: "text", float: "float8", int: "int4", bytes: "bytea"}  # element type of a column's array
 _INSERT = (
     f"INSERT INTO templates ({', '.join(COLUMNS)}) "
@@ -124,6 +125,11 @@ class PostgresStore(SqlStore):
 
     def _lock_models(self, conn: Connection) -> None:
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MODELS_LOCK_ID,))
+
+    def _lock_events(self, conn: Connection) -> None:
+        # An identity column hands out ids in the order transactions ask, not the order they commit: without
+        # this, a reader of "id > the last I saw" could pass over an id whose transaction committed later.
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_EVENTS_LOCK_ID,))
 
     def _notify(self, conn: Connection, channel: str, payload: str) -> None:
         conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
