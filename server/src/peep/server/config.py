@@ -216,8 +216,8 @@ class GrpcConfig(_Model):
         ge=1,
         le=512,
         description=(
-            "handler threads of unary calls (Identify, Verify, Ingest, health checks, ...); streaming calls run on "
-            "threads of their own (max_streams + 4) and can never occupy these"
+            "unary calls (Identify, Verify, Ingest, health checks, ...) handled at once, once their request arrived; "
+            "streaming calls run on threads of their own (max_streams + 4) and can never occupy these"
         ),
     )
     grace_s: float = Field(

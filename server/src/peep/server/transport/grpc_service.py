@@ -470,11 +470,9 @@ def create_server(
     g = config.grpc
     limiter = StreamLimiter.from_config(services.devices, g, services.metrics)
     public = HEALTH_PREFIXES + (REFLECTION_PREFIXES if g.reflection == "open" else ())
-    # Unary handlers run here once their message arrived (the limiter reads it on a thread of its own).
-    workers = futures.ThreadPoolExecutor(max_workers=g.max_workers, thread_name_prefix="peep-grpc")
-    limiter.work_pool = workers
     server = grpc.server(
-        workers,
+        # What the limiter does not move to its own threads (unary calls on reader threads, streams on theirs).
+        futures.ThreadPoolExecutor(max_workers=g.max_workers, thread_name_prefix="peep-grpc"),
         # Outermost first: streams go to the limiter's own threads and budgets, then authentication.
         interceptors=[
             limiter,
