@@ -199,13 +199,7 @@ class Replica:
         """Send ``sig`` and wait; SIGKILL after ``timeout``. Returns the exit code (None if not running)."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc, sig, timeout)
         rc = self.proc.returncode
         if self._reader is not None:
             self._reader.join(10)
@@ -528,6 +522,15 @@ def decided_keys(dsn: str) -> list[tuple[str, str]]:
         return [(str(d), str(m)) for d, m in conn.execute(q)]
 
 
+def count_decided(dsn: str) -> int:
+    """Kept decisions of ingested templates (rows of ``recognition_events`` with a message id)."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT COUNT(*) FROM recognition_events WHERE message_id != ''").fetchone()
+        return int(row[0]) if row else 0
+
+
 def count_stored(dsn: str) -> int:
     """Templates taken (rows of the ingest ledger); 0 before the schema exists."""
     import psycopg
@@ -796,12 +799,12 @@ def _through_balancer(balancer: Balancer, replicas: list[Replica], bundle: Any, 
         frames = tmp / f"balanced-{d}.bin"
         write_frames(frames, payloads)
         specs.append(DeviceSpec(d, "grpc", str(frames), ports=[balancer.port], token=_token(d), ca=ca, chunk=100))
-    decided_before = len(decided_keys(dsn))
+    decided_before = count_decided(dsn)
     b = replicas[1]
     seen: dict[str, Any] = {}
 
     def kill_and_restart_b() -> None:
-        if not wait_for(lambda: len(decided_keys(dsn)) - decided_before >= len(expected) // 3, 120):
+        if not wait_for(lambda: count_decided(dsn) - decided_before >= len(expected) // 3, 120):
             raise RuntimeError("through the balancer: no progress before the kill")
         b.stop(signal.SIGKILL)
         t0 = time.monotonic()
@@ -813,8 +816,8 @@ def _through_balancer(balancer: Balancer, replicas: list[Replica], bundle: Any, 
         seen["back_after_s"] = round(time.monotonic() - t1, 2)
 
     t0 = time.time()
-    reports = run_devices(specs, lambda: len(decided_keys(dsn)) - decided_before, during=kill_and_restart_b)
-    wait_for(lambda: len([k for k in decided_keys(dsn) if k in expected]) >= len(expected), 60)
+    reports = run_devices(specs, lambda: count_decided(dsn) - decided_before, during=kill_and_restart_b)
+    wait_for(lambda: count_decided(dsn) - decided_before >= len(expected), 60)
     decided = [k for k in decided_keys(dsn) if k in expected]
     calls = {name: int(row.get("req_tot") or row.get("stot") or 0) for name, row in balancer.stats().items()}
     return {

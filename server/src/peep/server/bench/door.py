@@ -23,7 +23,6 @@ machine, which splits the round trip. A Raspberry Pi 4 figure is an estimate (an
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import secrets
@@ -88,13 +87,9 @@ class _ScoreClock:
         return inside[-1] if inside else None
 
 
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def _server(work: Path, bundle_dir: Path, pub: Path, tokens: dict[str, str], admin: str, mqtt: bool) -> Any:
     from peep.server.app import ServerApp
-    from peep.server.config import parse_config
+    from peep.server.config import parse_config, token_sha256
     from peep.server.pki import make_local_pki
 
     pki = make_local_pki(work / "tls")
@@ -104,8 +99,8 @@ def _server(work: Path, bundle_dir: Path, pub: Path, tokens: dict[str, str], adm
                  "tls": {"cert": str(pki.server_cert), "key": str(pki.server_key)}},
         "storage": {"backend": "sqlite", "path": str(work / "peep.db")},
         "bundle": {"public_key": str(pub), "dir": str(bundle_dir)},
-        "auth": {"admin_token_sha256": _sha256(admin),
-                 "devices": [{"id": d, "site": site, "token_sha256": _sha256(t)} for d, t in tokens.items()]},
+        "auth": {"admin_token_sha256": token_sha256(admin),
+                 "devices": [{"id": d, "site": site, "token_sha256": token_sha256(t)} for d, t in tokens.items()]},
         "mqtt": {"enabled": mqtt, "host": "127.0.0.1", "port": 1883, "username": "", "share_group": f"peep-{site}",
                  "client_id": f"peep-{site}-server", "session_expiry_s": 0, "clear_retained": False},
         "training": {"model_dir": str(work / "models"), "preset": "lda"},
