@@ -77,6 +77,13 @@ def test_the_demos_door_claims_went_through_the_door_path_and_every_fail_secure_
     for r in decided:  # a release, the server's answer and the pin, each timed
         assert {"descriptor", "perturb", "verify", "actuate"} <= set(r["stages_ms"])
     assert set(door["lockout_would_refuse"]) == {"genuine", "impostor"}
+    # The door's whole spend is reported: one release per claim that found a face, plus the two fail-secure
+    # checks that release one (server unreachable, deadline missed), each at the run's per-template ε.
+    eps, p = door["epsilon"], s["privacy"]
+    assert eps["releases"] == sum("release" in r["stages_ms"] for r in rows) + 2
+    assert eps["epsilon_vector_per_release"] == pytest.approx(p["epsilon_vector"], rel=1e-4)
+    assert eps["epsilon_coordinate_per_release"] == pytest.approx(p["epsilon_coordinate"], rel=1e-4)
+    assert eps["epsilon_vector_spent"] == pytest.approx(eps["releases"] * p["epsilon_vector"], rel=1e-4)
     # Never a template in what the door reported.
     assert all(set(r) == {"subject", "genuine", "opened", "reason", "face_to_lock_ms", "stages_ms"} for r in rows)
 

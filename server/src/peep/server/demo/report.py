@@ -139,6 +139,17 @@ def _door_rows(door: dict[str, Any] | None) -> list[tuple[str, str]]:
             f"{ms(door['p50_ms'])} / {ms(door['p95_ms'])} / {ms(door.get('worst_ms'))}",
         ),
         ("Door: fail-secure checks held", f"{door['fail_secure_checks']} of {door.get('fail_secure_run', '?')}"),
+        *(
+            [
+                (
+                    "Door: ε spent (per vector, in all; per release per vector / per coordinate)",
+                    f"{e['epsilon_vector_spent']:,.0f} over {e['releases']} releases; "
+                    f"{e['epsilon_vector_per_release']:g} / {e['epsilon_coordinate_per_release']:g}",
+                )
+            ]
+            if (e := door.get("epsilon"))
+            else []
+        ),
     ]
 
 

@@ -825,6 +825,7 @@ class Demo:
         (self.out / "door.json").write_text(json.dumps(rows, indent=1) + "\n")
         summary = door_summary(rows, result["fail_secure"], pin_openings=result["pin_openings"],
                                lockout=(DoorConfig().lockout_failures, DoorConfig().lockout_window_s))  # fmt: skip
+        summary["epsilon"] = _door_epsilon(self.out / "devices" / _DOOR)
         self.say(f"    {summary['genuine_opened']} of {summary['genuine']} genuine claims opened, "
                  f"{summary['impostor_opened']} of {summary['impostor']} impostor claims; face to lock p95 "
                  f"{summary['p95_ms']:.0f} ms; {summary['fail_secure_checks']} of {summary['fail_secure_run']} "
@@ -1092,6 +1093,26 @@ def _lockout_replay(rows: list[dict[str, Any]], failures: int, window_s: float) 
     return refused
 
 
+def _door_epsilon(state_dir: Path) -> dict[str, Any]:
+    """What a door's ledger recorded: one release per claim that got as far as a face (``door:<nonce>`` keys)."""
+    from peep.edge.ledger import SqliteLedger
+
+    path = state_dir / "ledger.sqlite3"
+    spends = []
+    if path.is_file():
+        ledger = SqliteLedger(path)
+        try:
+            spends = [e for e in ledger.entries() if e.key.startswith("door:")]
+        finally:
+            ledger.close()
+    return {
+        "releases": len(spends),
+        "epsilon_vector_spent": sum(e.epsilon for e in spends),
+        "epsilon_coordinate_per_release": max((e.epsilon_coordinate for e in spends), default=0.0),
+        "epsilon_vector_per_release": max((e.epsilon for e in spends), default=0.0),
+    }
+
+
 def _stranger_keys(releases: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
     return [(r["device"], mid) for mid, r in releases.items() if r["person"] is not None and not r["enrolled"]]
 
@@ -1139,6 +1160,13 @@ def _door_lines(door: dict[str, Any] | None) -> list[str]:
         f"checks held {door['fail_secure_checks']} of {door.get('fail_secure_run', door['fail_secure_checks'])}"
         + (f" — FAILED: {', '.join(failed)}" if failed else ""),
     ]
+    eps = door.get("epsilon")
+    if eps:
+        lines.append(
+            f"                      ε spent at the door: {eps['releases']} releases (one per claim with a face), "
+            f"ε per vector {eps['epsilon_vector_per_release']:g} and per coordinate "
+            f"{eps['epsilon_coordinate_per_release']:g} each, {eps['epsilon_vector_spent']:,.0f} per vector in all"
+        )
     lw = door.get("lockout_would_refuse")
     if lw:
         lines.append(
