@@ -1094,7 +1094,8 @@ def _lockout_replay(rows: list[dict[str, Any]], failures: int, window_s: float) 
 
 
 def _door_epsilon(state_dir: Path) -> dict[str, Any]:
-    """What a door's ledger recorded: one release per claim that got as far as a face (``door:<nonce>`` keys)."""
+    """What a door's ledger recorded (``door:<nonce>`` keys): a release per claim that found a face, including the
+    fail-secure checks that release one."""
     from peep.edge.ledger import SqliteLedger
 
     path = state_dir / "ledger.sqlite3"
@@ -1163,7 +1164,8 @@ def _door_lines(door: dict[str, Any] | None) -> list[str]:
     eps = door.get("epsilon")
     if eps:
         lines.append(
-            f"                      ε spent at the door: {eps['releases']} releases (one per claim with a face), "
+            f"                      ε spent at the door: {eps['releases']} releases (each claim that found a face, and "
+            "two fail-secure checks), "
             f"ε per vector {eps['epsilon_vector_per_release']:g} and per coordinate "
             f"{eps['epsilon_coordinate_per_release']:g} each, {eps['epsilon_vector_spent']:,.0f} per vector in all"
         )
