@@ -427,3 +427,40 @@ def test_claims_from_a_local_socket_one_line_each_bounded(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(FileExistsError, match="not a socket"):
         next(socket_claims(tmp_path / "file"))
+
+
+def test_a_door_reports_what_it_spent_over_mqtt(make_config, one_person_video, system_broker):
+    """A door reads no frames in ``run``'s loop: start_transports publishes its retained report (its ε spent)."""
+    import json
+
+    import paho.mqtt.client as mqtt
+    from peep.edge.agent import Agent
+    from peep.edge.config import load_config
+    from peep.edge.door_session import DoorSession
+
+    host, port = system_broker
+    device = f"door-{uuid.uuid4().hex[:6]}"
+    cfg = make_config(device={"id": device, "site": "edgetest"}, mqtt={"report_interval_s": 1.0},
+                      privacy={"mechanism": "privunit", "epsilon": 16.0, "track_budget": 1e6})  # fmt: skip
+    agent = Agent(load_config(cfg), environ={})
+    reports: list[dict] = []
+    sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"{device}-watch")
+    sub.on_message = lambda c, u, m: reports.append(json.loads(m.payload)) if m.payload else None
+    sub.connect(host, port)
+    sub.subscribe(f"peep/v1/edgetest/{device}/report", qos=1)
+    sub.loop_start()
+    try:
+        ctl = DoorController(device, RecordingLock(), open_s=0.05, decision_timeout_s=30.0)
+        session = DoorSession(agent.open(), agent.accountant, ctl, FakeVerifier(), face_timeout_s=10.0)
+        assert session.handle("alice", _frames(one_person_video["path"])).opened
+        agent.start_transports()
+        deadline = time.monotonic() + 10
+        while not any(r["releases"] == 1 for r in reports) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        report = next(r for r in reports if r["releases"] == 1)
+        assert report["epsilon_vector_spent"] == pytest.approx(16.0, rel=1e-3)
+        ctl.close()
+    finally:
+        agent.shutdown(drain_timeout=0)
+        sub.loop_stop()
+        sub.disconnect()

@@ -131,6 +131,9 @@ def test_peep_edge_door_reads_claims_and_drives_a_command_lock(
         made.append(self)
 
     monkeypatch.setattr(agent_module.Agent, "__init__", keep)
+    # The claims take under a second: the door's last report would come within the server's one-per-second
+    # limit of its first (a door running for real reports every grpc.report_interval_s).
+    monkeypatch.setattr(trained_server.services.device_reports, "min_interval_s", 0.0)
     assert edge_main(["door", "--config", str(tmp_path / "door.toml"), "--claims", str(claims)]) == 0
     metrics = made[0].metrics
     assert metrics.value("peep_edge_door_refusals_total", reason="rejected") >= 1
@@ -141,6 +144,17 @@ def test_peep_edge_door_reads_claims_and_drives_a_command_lock(
     assert events[0] == "locked" and events[-1] == "locked"  # locked at start and at the end
     assert events.count("open") == (1 if f"claim {name}: opened" in out else 0)
     assert agent_cfg.device.id == "cam-1"
+    # What the door spent reached the server (its report, the Devices and Privacy views' source): the
+    # releases of the claims that found a face, at the door's per-template ε.
+    report, _ = trained_server.services.device_reports.latest()["cam-1"]
+    from peep.edge.ledger import SqliteLedger
+
+    ledger = SqliteLedger(agent_cfg.device.state_dir / "ledger.sqlite3")
+    spent = ledger.entries()
+    ledger.close()
+    assert report.releases == len(spent) >= 2 and report.epsilon_vector_spent == pytest.approx(
+        sum(e.epsilon for e in spent)
+    )
 
 
 # --------------------------------------------------------------------------- the decision over MQTT

@@ -485,6 +485,27 @@ class Agent:
             gfwd.start()
             self.forwarders.append(gfwd)
 
+    def start_transports(self) -> None:
+        """Connect the device's transports without reading frames (a door): its status, and the reports that
+        carry its ε spent to the server's Devices and Privacy views (the last one at :meth:`shutdown`).
+
+        Over gRPC the forwarder sends the reports; over MQTT a thread of its own publishes one every
+        ``mqtt.report_interval_s`` (every second until the first one is taken), as :meth:`run`'s loop does.
+        """
+        self._start_transports()
+        interval = self.cfg.mqtt.report_interval_s
+        self._reporting = self.mqtt_link is not None and interval > 0
+        if not self._reporting:
+            return
+        stop = self._housekeeping_stop
+
+        def loop() -> None:
+            wait = 1.0
+            while not stop.wait(wait):
+                wait = interval if self.publish_report() else 1.0
+
+        threading.Thread(target=loop, name="peep-edge-report", daemon=True).start()
+
     def open(self, *, budgets: Mapping[str, tuple[float, float]] | None = None) -> FramePipeline:
         """Open the ledger and the spool and build the frame pipeline (no network).
 

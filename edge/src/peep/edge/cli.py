@@ -161,6 +161,7 @@ def _door(args: argparse.Namespace) -> int:
 
     # Every outcome, including decisions refused while no claim of theirs waits (another claim's, replayed).
     door = open_door(agent, on_outcome=report, face_timeout_s=args.face_timeout)
+    agent.start_transports()  # its reports: what the door spent reaches the server
     if door.link is not None and not door.link.connected.is_set():
         print(f"door {cfg.device.id}: the MQTT broker is not reachable yet; claims stay locked until it is",
               flush=True)  # fmt: skip

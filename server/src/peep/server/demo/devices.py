@@ -120,6 +120,8 @@ def run_door(job: DeviceJob) -> dict[str, Any]:
     cfg = EdgeConfig.model_validate(job.work["config"])
     agent = Agent(cfg, environ=job.environ)
     pins = MockFactory()
+    pipeline = agent.open()
+    agent.start_transports()  # its reports: the door's ε on the server's Devices and Privacy views
     pin = 17
 
     def openings() -> int:
@@ -136,7 +138,7 @@ def run_door(job: DeviceJob) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     checks: list[dict[str, Any]] = []
     try:
-        session = DoorSession(agent.open(), agent.accountant, ctl, GrpcVerifier(channel, agent.grpc_token),
+        session = DoorSession(pipeline, agent.accountant, ctl, GrpcVerifier(channel, agent.grpc_token),
                               face_timeout_s=job.work.get("face_timeout_s", 3.0),
                               settle_frames=job.work.get("settle_frames", 3))  # fmt: skip
         last_accepted: Decision | None = None
