@@ -454,6 +454,8 @@ def test_a_door_reports_what_it_spent_over_mqtt(make_config, one_person_video, s
         session = DoorSession(agent.open(), agent.accountant, ctl, FakeVerifier(), face_timeout_s=10.0)
         assert session.handle("alice", _frames(one_person_video["path"])).opened
         agent.start_transports()
+        # Its own MQTT client id: a `peep-edge run` of the same device keeps the usual one.
+        assert agent.mqtt_link.client_id == agent.cfg.mqtt_client_id + "-door-agent"
         deadline = time.monotonic() + 10
         while not any(r["releases"] == 1 for r in reports) and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -442,7 +442,7 @@ class Agent:
         self._housekeeping = threading.Thread(target=loop, name="peep-spool-housekeeping", daemon=True)
         self._housekeeping.start()
 
-    def _start_transports(self, *, enroll: bool = False) -> None:
+    def _start_transports(self, *, enroll: bool = False, client_suffix: str = "") -> None:
         cfg = self.cfg
         assert self.spool is not None
         if cfg.mqtt.enabled:
@@ -450,7 +450,7 @@ class Agent:
 
             self.mqtt_link = MqttLink(
                 cfg.mqtt,
-                client_id=cfg.mqtt_client_id + ("-enroll" if enroll else ""),
+                client_id=cfg.mqtt_client_id + ("-enroll" if enroll else client_suffix),
                 site=cfg.device.site,
                 device_id=cfg.device.id,
                 password=self.mqtt_password,
@@ -485,14 +485,15 @@ class Agent:
             gfwd.start()
             self.forwarders.append(gfwd)
 
-    def start_transports(self) -> None:
+    def start_transports(self, *, client_suffix: str = "-door-agent") -> None:
         """Connect the device's transports without reading frames (a door): its status, and the reports that
         carry its ε spent to the server's Devices and Privacy views (the last one at :meth:`shutdown`).
 
         Over gRPC the forwarder sends the reports; over MQTT a thread of its own publishes one every
         ``mqtt.report_interval_s`` (every second until the first one is taken), as :meth:`run`'s loop does.
+        The MQTT client id gets ``client_suffix``: a ``peep-edge run`` of the same device keeps its own.
         """
-        self._start_transports()
+        self._start_transports(client_suffix=client_suffix)
         interval = self.cfg.mqtt.report_interval_s
         self._reporting = self.mqtt_link is not None and interval > 0
         if not self._reporting:
