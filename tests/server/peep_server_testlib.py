@@ -268,6 +268,10 @@ class EventCollector:
         self._done = threading.Event()
         from peep.v1 import recognition_pb2
 
+        # An earlier test's Identify/Verify decision is committed (and so streamed) up to a second after its
+        # call: commit it now, so that it is before this subscriber's start.
+        server.services.ingestor.decisions.flush()
+        self._before = server.services.events.n_subscribers
         self._call = server.stub().StreamEvents(
             recognition_pb2.StreamEventsRequest(site=site), metadata=DEVICE, timeout=20
         )
@@ -287,7 +291,7 @@ class EventCollector:
 
         self._thread.start()
         deadline = time.monotonic() + 5
-        while self.server.services.events.n_subscribers == 0 and time.monotonic() < deadline:
+        while self.server.services.events.n_subscribers <= self._before and time.monotonic() < deadline:
             time.sleep(0.02)
         return self
 

@@ -384,4 +384,3 @@ def test_a_door_fusing_soft_traits_is_decided_by_verify_fused_and_charges_the_cl
     assert fused.accepted and face.accepted  # the subject's best-scoring held-out template
     assert fused.score != face.score  # a fused score, not the face's probability
     assert h.odometer(a).epsilon_spent == pytest.approx(before + EPSILON)  # age (weight > 0) queried, charged
-

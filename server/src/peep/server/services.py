@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -39,7 +40,7 @@ from peep.server.bundles.catalog import BundleCatalog
 from peep.server.config import ResolvedSecrets, ServerConfig, resolve_secrets
 from peep.server.ingest.auth import DeviceRegistry
 from peep.server.ingest.contacts import DeviceContacts
-from peep.server.ingest.events import ClusterRelay, EventBus
+from peep.server.ingest.events import EventBus
 from peep.server.ingest.ingestor import Ingestor
 from peep.server.ingest.reports import DeviceReportBook
 from peep.server.ingest.validation import TemplateValidator
@@ -51,7 +52,7 @@ from peep.server.recognition.registry import AnyRegistry, DatabaseModelRegistry,
 from peep.server.recognition.trainer import Trainer, TrainingBusy, TrainResult
 from peep.server.recognition.watch import ChangeWatcher
 from peep.server.storage import KeptCounts, Store, open_store
-from peep.server.storage.base import ERASURES_CHANNEL, MODELS_CHANNEL
+from peep.server.storage.base import ERASURES_CHANNEL, EVENTS_CHANNEL, MODELS_CHANNEL
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +156,11 @@ class Services:
         self.secrets = secrets if secrets is not None else resolve_secrets(config)
         self.metrics = metrics or ServerMetrics()
         db_password = self.secrets.db_password.get_secret_value() if self.secrets.db_password else None
-        self.store = store if store is not None else open_store(config.storage, password=db_password)
+        rid = config.cluster.replica_id
+        app_name = f"peep-server-{rid}" if rid else "peep-server"  # tells replicas apart in pg_stat_activity
+        self.store = (
+            store if store is not None else open_store(config.storage, password=db_password, application_name=app_name)
+        )
         self.bundles = BundleCatalog(
             self.store, startup.pinned_key(config), trusted_models=config.bundle.trusted_descriptor_models
         )
@@ -190,10 +195,14 @@ class Services:
             admin_token_sha256=self.secrets.admin_token_sha256,
             admin_common_names=config.auth.admin_common_names,
         )
-        self.events = EventBus()
-        self.relay: ClusterRelay | None = None
-        if self.clustered and config.cluster.events:
-            self.relay = ClusterRelay(self.events, self.store.connect).start()  # type: ignore[attr-defined]
+        #: The replica that decides, kept with each decision ("" for a single server).
+        self.origin = (config.cluster.replica_id or socket.gethostname()) if self.clustered else ""
+        self.events = EventBus(
+            self.store.decisions,
+            self.store.last_decision_id,
+            origin=self.origin if self.clustered and not config.cluster.events else None,
+            check_interval=config.cluster.check_interval_s,
+        ).start()
         self.ingestor = Ingestor(
             self.store,
             self.validator,
@@ -206,6 +215,7 @@ class Services:
             background_prefix=config.training.background_prefix,
             recall_tracks=self.clustered,
             keep=config.recognition.keep,
+            origin=self.origin,
         )
         #: Devices' reports sent over gRPC (the MQTT bridge keeps the retained ones).
         self.device_reports = DeviceReportBook(self.store)
@@ -226,7 +236,11 @@ class Services:
         if self.clustered:
             self.watcher = ChangeWatcher(
                 self.store.connect,  # type: ignore[attr-defined]
-                {MODELS_CHANNEL: self._model_notified, ERASURES_CHANNEL: self._erasure_notified},
+                {
+                    MODELS_CHANNEL: self._model_notified,
+                    ERASURES_CHANNEL: self._erasure_notified,
+                    EVENTS_CHANNEL: lambda _payload: self.events.committed(),
+                },
                 on_check=self._check_changes,
                 interval=config.cluster.check_interval_s,
                 name="peep-models",
@@ -239,6 +253,7 @@ class Services:
         self.recogniser.refresh_erasures()
 
     def _check_changes(self) -> None:
+        self.events.committed()  # after a reconnection: read the decisions committed while not listening
         self.recogniser.refresh_erasures()
         self.recogniser.reload()
 
@@ -466,10 +481,8 @@ class Services:
         self.trainer.cancel(timeout=5.0)
         if self.watcher is not None:
             self.watcher.stop()
-        if self.relay is not None:
-            self.relay.stop()
-        self.events.close()
         self.ingestor.close()
+        self.events.close()
         for fn in self._close_hooks:
             try:
                 fn()

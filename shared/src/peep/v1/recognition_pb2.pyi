@@ -209,13 +209,15 @@ class PublishBundleResponse(_message.Message):
     def __init__(self, bundle_id: _Optional[str] = ...) -> None: ...
 
 class StreamEventsRequest(_message.Message):
-    __slots__ = ("site",)
+    __slots__ = ("site", "after_seq")
     SITE_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
     site: str
-    def __init__(self, site: _Optional[str] = ...) -> None: ...
+    after_seq: int
+    def __init__(self, site: _Optional[str] = ..., after_seq: _Optional[int] = ...) -> None: ...
 
 class RecognitionEvent(_message.Message):
-    __slots__ = ("event_id", "time", "site", "device_id", "message_id", "track_id", "purpose", "subject", "unknown", "probability", "claimed_subject", "accepted", "model_version", "releases_fused")
+    __slots__ = ("event_id", "time", "site", "device_id", "message_id", "track_id", "purpose", "subject", "unknown", "probability", "claimed_subject", "accepted", "model_version", "releases_fused", "seq")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
     SITE_FIELD_NUMBER: _ClassVar[int]
@@ -230,6 +232,7 @@ class RecognitionEvent(_message.Message):
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     RELEASES_FUSED_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
     event_id: str
     time: _timestamp_pb2.Timestamp
     site: str
@@ -244,7 +247,8 @@ class RecognitionEvent(_message.Message):
     accepted: bool
     model_version: str
     releases_fused: int
-    def __init__(self, event_id: _Optional[str] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., site: _Optional[str] = ..., device_id: _Optional[str] = ..., message_id: _Optional[str] = ..., track_id: _Optional[str] = ..., purpose: _Optional[_Union[_template_pb2.Purpose, str]] = ..., subject: _Optional[str] = ..., unknown: _Optional[bool] = ..., probability: _Optional[float] = ..., claimed_subject: _Optional[str] = ..., accepted: _Optional[bool] = ..., model_version: _Optional[str] = ..., releases_fused: _Optional[int] = ...) -> None: ...
+    seq: int
+    def __init__(self, event_id: _Optional[str] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., site: _Optional[str] = ..., device_id: _Optional[str] = ..., message_id: _Optional[str] = ..., track_id: _Optional[str] = ..., purpose: _Optional[_Union[_template_pb2.Purpose, str]] = ..., subject: _Optional[str] = ..., unknown: _Optional[bool] = ..., probability: _Optional[float] = ..., claimed_subject: _Optional[str] = ..., accepted: _Optional[bool] = ..., model_version: _Optional[str] = ..., releases_fused: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class DeviceReportRequest(_message.Message):
     __slots__ = ("device_id", "site", "report")

@@ -168,7 +168,9 @@ class RecognitionServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def StreamEvents(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Decisions as they are committed, in the order of their seq. A client that lost its stream
+        (a replica gone behind a balancer) resumes with after_seq = the last seq it received.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

@@ -1,23 +1,29 @@
-"""Recognition events: fan-out to gRPC ``StreamEvents`` subscribers and sinks (MQTT).
+"""Recognition events: the log of decisions streamed to ``StreamEvents`` subscribers, and the sinks (MQTT).
 
-Publishing never blocks the recognition path: each subscriber has a bounded
-queue and a slow subscriber loses its oldest events (counted in
-``Subscription.dropped``) rather than slowing ingest.
+Every decision is committed to the database (``recognition_events``) before
+anyone hears of it, and its row id is the event's ``seq``: increasing in commit
+order (:meth:`peep.server.storage.base.SqlStore._lock_events`), shared by every
+replica on one PostgreSQL database. Subscribers are fed by one reader per
+process (:class:`EventBus`) that reads the rows above the last id it
+delivered, whenever this process commits decisions, when another replica
+says it did (``NOTIFY peep_events``, :class:`~peep.server.recognition.watch.ChangeWatcher`),
+and every ``check_interval`` seconds. A replica whose database connections
+were cut reads on from its last id once they are back: nothing committed
+meanwhile is passed over, and each event reaches a subscriber once, in
+``seq`` order. A subscriber may start from a ``seq`` (``after_seq``): the
+kept events above it first, read from the database, then on.
 
-Replicas on one PostgreSQL relay their events to each other
-(:class:`ClusterRelay`, ``cluster.events``): a replica sends the events it
-publishes, in publishing order, as ``NOTIFY peep_events`` (several per
-notification), and offers the other replicas' events to its own subscribers,
-with the same site and device filters. PostgreSQL delivers notifications in
-commit order, so a subscriber on any replica sees each replica's events, and so
-each device's, in the order they were published. Sinks (the MQTT events topic)
-get only the replica's own events: the replica that made a recognition
-publishes it there once.
+Publishing never blocks the recognition path: a subscriber's queue is
+bounded, and one that falls behind by more than it holds re-reads from its
+last ``seq`` rather than losing events (``Subscription.reread``) or slowing
+ingest. Sinks (the MQTT events topic) get this process's own decisions at
+once, before they are committed when the Identify and Verify calls decide
+(their rows are written in batches, off the calls' path).
 """
 
 from __future__ import annotations
 
-import base64
+import collections
 import json
 import logging
 import queue
@@ -87,18 +93,28 @@ def event_json_bytes(ev: recognition_pb2.RecognitionEvent) -> bytes:
 
 
 class Subscription:
-    """One StreamEvents client: iterate with :meth:`get`.
+    """One ``StreamEvents`` client (or the console's feed): iterate with :meth:`get`.
 
-    Receives the events of ``site`` (every site when empty) and, when ``device_id``
-    is set, only those of that device's templates.
+    Receives the events of ``site`` (every site when empty) and, when
+    ``device_id`` is set, only those of that device's templates, each once and
+    in ``seq`` order, starting after ``after`` (see the module docstring).
     """
 
-    def __init__(self, bus: EventBus, site: str, maxsize: int, device_id: str = "") -> None:
+    def __init__(self, bus: EventBus, site: str, maxsize: int, device_id: str = "", *, after: int, catch_up: bool):
         self._bus = bus
         self.site = site
         self.device_id = device_id
+        #: The seq of the last event handed out (or the point it starts after).
+        self.after = after
         self.queue: queue.Queue[recognition_pb2.RecognitionEvent | None] = queue.Queue(maxsize)
+        self._backlog: collections.deque[recognition_pb2.RecognitionEvent] = collections.deque()
+        self._page = max(1, min(maxsize, 500))
+        #: Events dropped from the full queue (each then read again from the database).
         self.dropped = 0
+        self._dropped_read = -1 if catch_up else 0  # != dropped: read from the database before the queue
+        #: Times this subscriber caught up from the database (a resume, or having fallen behind).
+        self.reread = 0
+        self._catching = False
         self.closed = False
 
     def offer(self, ev: recognition_pb2.RecognitionEvent) -> None:
@@ -106,12 +122,46 @@ class Subscription:
             return
         self.dropped += put_dropping_oldest(self.queue, ev)
 
-    def get(self, timeout: float) -> recognition_pb2.RecognitionEvent | None:
-        """Next event, or None on timeout / when closed."""
+    def _catch_up(self) -> bool:
+        """Read the kept events after :attr:`after` into the backlog; False when the database failed."""
+        mark = self.dropped
         try:
-            return self.queue.get(timeout=timeout)
-        except queue.Empty:
-            return None
+            self._backlog.extend(self._bus.read(self.after, site=self.site, device_id=self.device_id, limit=self._page))
+        except Exception as exc:
+            log.warning("events not read from the database; retrying", extra={"error": str(exc)[:200]})
+            return False
+        if not self._backlog:
+            self._dropped_read = mark  # caught up: what the queue holds from here follows on
+            self._catching = False
+        return True
+
+    def get(self, timeout: float) -> recognition_pb2.RecognitionEvent | None:
+        """The next event, or None on timeout / when closed."""
+        while not self.closed:
+            if self._backlog:
+                ev = self._backlog.popleft()
+                if ev.seq > self.after:
+                    self.after = ev.seq
+                    return ev
+                continue
+            if self._dropped_read != self.dropped:
+                if not self._catching:
+                    self._catching = True
+                    self.reread += 1
+                if self._catch_up():
+                    continue
+                self._bus.wait_stopping(min(timeout, 1.0))
+                return None
+            try:
+                ev = self.queue.get(timeout=timeout)
+            except queue.Empty:
+                return None
+            if ev is None:
+                return None
+            if ev.seq > self.after:
+                self.after = ev.seq
+                return ev
+        return None
 
     def close(self) -> None:
         self.closed = True
@@ -122,22 +172,145 @@ class Subscription:
             pass
 
 
+Reader = Callable[..., list[tuple[int, Any]]]
+
+
 class EventBus:
-    def __init__(self, *, queue_size: int = 1000) -> None:
+    """The process's reader of the log of decisions, its subscribers and its sinks (see the module docstring).
+
+    Parameters
+    ----------
+    read : callable
+        ``read(since_id=, limit=, site=, device_id=, origin=)`` -> ``[(id, DecisionRecord)]`` oldest first
+        (:meth:`peep.server.storage.Store.decisions`).
+    last_id : callable
+        The largest id in the log (:meth:`peep.server.storage.Store.last_decision_id`).
+    origin : str or None
+        Stream only the decisions of this replica (``cluster.events = false``); None: every replica's.
+    queue_size : int
+        Events a subscriber's queue holds before it re-reads from the database.
+    check_interval : float
+        Seconds between reads when nothing said a decision was committed (a missed notification).
+    """
+
+    def __init__(
+        self,
+        read: Reader,
+        last_id: Callable[[], int],
+        *,
+        origin: str | None = None,
+        queue_size: int = 1000,
+        check_interval: float = 2.0,
+    ) -> None:
+        if not check_interval > 0:
+            raise ValueError(f"check_interval: expected seconds > 0, received {check_interval!r}")
+        self._read = read
+        self._last_id = last_id
+        self.origin = origin or None
         self._subs: list[Subscription] = []
         self._sinks: list[Callable[[recognition_pb2.RecognitionEvent], None]] = []
         self._lock = threading.Lock()
         self._queue_size = queue_size
+        self.check_interval = float(check_interval)
+        #: The seq of the last event read from the log (None: not reading, nobody subscribed).
+        self.cursor: int | None = None
+        self.read_events = 0
+        self.read_failures = 0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
         self.closed = False
-        self.relay: ClusterRelay | None = None
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------ sinks
 
     def add_sink(self, fn: Callable[[recognition_pb2.RecognitionEvent], None]) -> None:
         self._sinks.append(fn)
 
-    def subscribe(self, site: str = "", *, device_id: str = "") -> Subscription:
-        """Events of ``site`` ("" = all sites), only ``device_id``'s when given (the caller decides who sees what)."""
-        sub = Subscription(self, site, self._queue_size, device_id)
+    def publish(self, ev: recognition_pb2.RecognitionEvent) -> None:
+        """Hand this process's decision to the sinks (subscribers read it from the log once committed)."""
+        for fn in self._sinks:
+            try:
+                fn(ev)
+            except Exception:
+                log.exception("event sink failed")
+
+    # ------------------------------------------------------------ the log
+
+    def committed(self) -> None:
+        """Decisions were committed (here, or another replica said so): read the log."""
+        self._wake.set()
+
+    def read(self, after: int, *, site: str = "", device_id: str = "", limit: int = 500) -> list[Event]:
+        """The kept events after seq ``after`` (of ``site`` / ``device_id`` when given), oldest first."""
+        rows = self._read(since_id=after, limit=limit, site=site, device_id=device_id, origin=self.origin)
+        return [rec.to_event(seq) for seq, rec in rows]
+
+    def last_seq(self) -> int:
+        """The largest seq in the log (a subscriber may not resume after a later one)."""
+        return int(self._last_id())
+
+    def start(self) -> EventBus:
+        self._thread = threading.Thread(target=self._run, name="peep-events", daemon=True)
+        self._thread.start()
+        return self
+
+    def wait_stopping(self, timeout: float) -> bool:
+        return self._stop.wait(timeout)
+
+    def _run(self) -> None:
+        backoff = 0.2
+        while not self._stop.is_set():
+            self._wake.wait(self.check_interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            with self._lock:
+                if not self._subs:
+                    self.cursor = None  # nobody listening: no reads; the next subscriber starts from the end
+                    continue
+                since = self.cursor
+            if since is None:
+                continue
+            try:
+                events = self.read(since, limit=1000)
+            except Exception as exc:  # the database: keep the cursor, read on from it once it answers
+                self.read_failures += 1
+                log.warning("events not read from the database; retrying", extra={"error": str(exc)[:200]})
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+                self._wake.set()
+                continue
+            backoff = 0.2
+            if not events:
+                continue
+            if len(events) == 1000:
+                self._wake.set()  # more to read
+            with self._lock:
+                if self.cursor != since:  # the subscribers left and came back meanwhile: they start later
+                    continue
+                self.cursor = events[-1].seq
+                subs = list(self._subs)
+            self.read_events += len(events)
+            for ev in events:
+                for s in subs:
+                    s.offer(ev)
+
+    # ------------------------------------------------------------ subscribers
+
+    def subscribe(self, site: str = "", *, device_id: str = "", after_seq: int = 0) -> Subscription:
+        """Events of ``site`` ("" = all sites), only ``device_id``'s when given (the caller decides who sees what).
+
+        ``after_seq`` 0: the events committed from now on; N: the kept events whose seq is above N first.
+        """
+        last = self.last_seq()  # "now": what is committed, whether or not the reader has read it yet
         with self._lock:
+            if self.cursor is None:
+                self.cursor = last  # the reader is idle while there is nobody: it reads on from here
+            start = max(self.cursor, last)
+            resume = 0 < after_seq < start
+            sub = Subscription(
+                self, site, self._queue_size, device_id, after=after_seq if after_seq else start, catch_up=resume
+            )
             self._subs.append(sub)
         return sub
 
@@ -150,141 +323,14 @@ class EventBus:
     def n_subscribers(self) -> int:
         return len(self._subs)
 
-    @property
-    def active(self) -> bool:
-        """Whether anyone would receive an event (skip building events otherwise)."""
-        return bool(self._subs or self._sinks or self.relay is not None)
-
-    def publish(self, ev: recognition_pb2.RecognitionEvent) -> None:
-        with self._lock:
-            subs = list(self._subs)
-        for s in subs:
-            s.offer(ev)
-        for fn in self._sinks:
-            try:
-                fn(ev)
-            except Exception:
-                log.exception("event sink failed")
-        if self.relay is not None:
-            self.relay.send(ev)
-
-    def deliver_remote(self, ev: recognition_pb2.RecognitionEvent) -> None:
-        """Offer another replica's event to this replica's subscribers (not to the sinks)."""
-        with self._lock:
-            subs = list(self._subs)
-        for s in subs:
-            s.offer(ev)
-
     def close(self) -> None:
-        """Wake every subscriber (shutdown)."""
+        """Wake every subscriber and stop reading (shutdown)."""
         self.closed = True
+        self._stop.set()
+        self._wake.set()
         with self._lock:
             subs = list(self._subs)
         for s in subs:
             s.close()
-
-
-EVENTS_CHANNEL = "peep_events"
-_PAYLOAD_MAX = 7000  # PostgreSQL refuses a NOTIFY payload of 8000 bytes or more
-
-
-class ClusterRelay:
-    """Relay events between replicas through PostgreSQL ``NOTIFY peep_events`` (see module docstring).
-
-    Parameters
-    ----------
-    bus : EventBus
-        Attached to it: its events are sent, the other replicas' delivered to its subscribers.
-    connect : callable returning a psycopg connection (autocommit)
-    queue_size : int
-        Events waiting to be sent; beyond it the oldest are dropped (``dropped``), never ingest slowed.
-    """
-
-    def __init__(self, bus: EventBus, connect: Callable[[], Any], *, queue_size: int = 10_000) -> None:
-        from peep.server.recognition.watch import ChangeWatcher
-
-        self.origin = uuid.uuid4().hex[:16]
-        self.bus = bus
-        self._connect = connect
-        self._out: queue.Queue[recognition_pb2.RecognitionEvent] = queue.Queue(queue_size)
-        self._stop = threading.Event()
-        self.sent = 0
-        self.received = 0
-        self.dropped = 0
-        self.watcher = ChangeWatcher(connect, {EVENTS_CHANNEL: self._received}, interval=60.0, name="peep-events-in")
-        self._sender = threading.Thread(target=self._send_loop, name="peep-events-out", daemon=True)
-        bus.relay = self
-
-    def start(self) -> ClusterRelay:
-        self.watcher.start()
-        self._sender.start()
-        return self
-
-    def send(self, ev: recognition_pb2.RecognitionEvent) -> None:
-        self.dropped += put_dropping_oldest(self._out, ev)
-
-    def _payloads(self, events: list[recognition_pb2.RecognitionEvent]) -> list[str]:
-        out: list[str] = []
-        lines: list[str] = []
-        size = len(self.origin)
-        for ev in events:
-            line = base64.b64encode(ev.SerializeToString()).decode()
-            if lines and size + len(line) + 1 > _PAYLOAD_MAX:
-                out.append("\n".join([self.origin, *lines]))
-                lines, size = [], len(self.origin)
-            lines.append(line)
-            size += len(line) + 1
-        if lines:
-            out.append("\n".join([self.origin, *lines]))
-        return out
-
-    def _send_loop(self) -> None:
-        conn: Any = None
-        while not self._stop.is_set() or not self._out.empty():
-            try:
-                first = self._out.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            batch = [first]
-            while len(batch) < 1000:
-                try:
-                    batch.append(self._out.get_nowait())
-                except queue.Empty:
-                    break
-            for attempt in range(3):
-                try:
-                    if conn is None or conn.closed or conn.broken:
-                        conn = self._connect()
-                    with conn.transaction():  # one commit: the batch's notifications stay in order
-                        for payload in self._payloads(batch):
-                            conn.execute("SELECT pg_notify(%s, %s)", (EVENTS_CHANNEL, payload))
-                    self.sent += len(batch)
-                    break
-                except Exception as exc:
-                    conn = None
-                    if attempt == 2 or self._stop.is_set():
-                        self.dropped += len(batch)
-                        log.warning("events not relayed to the other replicas", extra={"error": str(exc)})
-                        break
-                    self._stop.wait(0.5)
-        if conn is not None:
-            conn.close()
-
-    def _received(self, payload: str) -> None:
-        origin, _, rest = payload.partition("\n")
-        if origin == self.origin or not rest:
-            return  # this replica's own: its subscribers had them when they were published
-        for line in rest.split("\n"):
-            try:
-                ev = recognition_pb2.RecognitionEvent.FromString(base64.b64decode(line))
-            except Exception:
-                log.warning("unreadable event from another replica dropped")
-                continue
-            self.received += 1
-            self.bus.deliver_remote(ev)
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._sender.is_alive():
-            self._sender.join(timeout)
-        self.watcher.stop(timeout)
+        if self._thread is not None:
+            self._thread.join(5.0)

@@ -13,8 +13,10 @@ times and the release's ε, no template: it answers a redelivery DUPLICATE
 long after the template is gone), the enrolment templates, the decisions, the
 kept templates and, on replicas, a track's release for fusion by another
 replica (``track_memory``, expiring with the fusion window). Events are
-published after the commit, and callers acknowledge after this returns: an
-acknowledged template has its decision committed exactly once.
+published after the commit (``StreamEvents`` subscribers read them from the
+committed log, :mod:`peep.server.ingest.events`), and callers acknowledge
+after this returns: an acknowledged template has its decision committed
+exactly once.
 """
 
 from __future__ import annotations
@@ -115,11 +117,21 @@ class DecisionWriter:
     a commit every 50 ms the Identify p99 rose by ~0.6 ms on a 2-core box, the
     commits competing with the calls; once a second it was level with no
     writer). A full queue (the database down for long) drops the oldest
-    (``dropped``); a crash loses at most what is queued.
+    (``dropped``); a crash loses at most what is queued. ``on_written`` is
+    called after each commit (the events' reader reads the log then: a
+    ``StreamEvents`` subscriber hears of these decisions within ``interval``).
     """
 
-    def __init__(self, store: Store, *, max_queue: int = 10_000, interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        max_queue: int = 10_000,
+        interval: float = 1.0,
+        on_written: Callable[[], None] | None = None,
+    ) -> None:
         self.store = store
+        self.on_written = on_written
         self.interval = interval
         self.dropped = 0
         self.written = 0
@@ -150,6 +162,8 @@ class DecisionWriter:
             try:
                 self.store.add_decisions(batch)
                 self.written += len(batch)
+                if self.on_written is not None:
+                    self.on_written()
             except Exception as exc:  # the callers had their answers; these decisions are not kept
                 self.dropped += len(batch)
                 log.warning("decisions not kept", extra={"n": len(batch), "error": str(exc)[:200]})
@@ -193,6 +207,8 @@ class Ingestor:
     keep : {"none", "recognised", "all"}
         Identify/verify templates written to ``templates`` after their decision
         (``recognition.keep``).
+    origin : str
+        This replica's id, kept with each decision ("" for a single server).
     """
 
     def __init__(
@@ -210,6 +226,7 @@ class Ingestor:
         background_prefix: str = "background:",
         recall_tracks: bool = False,
         keep: str = "none",
+        origin: str = "",
     ) -> None:
         if keep not in KEEP_CHOICES:
             raise ValueError(f"keep: expected one of {', '.join(KEEP_CHOICES)}, received {keep!r}")
@@ -226,8 +243,9 @@ class Ingestor:
         self.background_prefix = background_prefix
         self.recall_tracks = recall_tracks
         self.keep = keep
+        self.origin = origin
         #: The Identify and Verify calls' decisions, kept off their path.
-        self.decisions = DecisionWriter(store)
+        self.decisions = DecisionWriter(store, on_written=events.committed)
 
     # ------------------------------------------------------------ checks
 
@@ -362,7 +380,7 @@ class Ingestor:
         decided = [_Decided(i, valid[i]) for i in fresh if valid[i].purpose in ("identify", "verify")]
         if recognise and decided:
             self._decide(decided)
-        decisions = [DecisionRecord.from_event(d.event) for d in decided if d.event is not None]
+        decisions = [DecisionRecord.from_event(d.event, origin=self.origin) for d in decided if d.event is not None]
         kept = [
             TemplateRecord.from_message(
                 d.valid.message, d.valid.values, received_at=now, decided_subject=d.recognised_as
@@ -372,9 +390,13 @@ class Ingestor:
         ]
         tracks = self._track_rows(decided, now) if recognise else []
         new = self.store.commit_ingest(IngestBatch(ledger, [*templates, *kept], decisions, tracks))
+        published = 0
         for d in decided:
             if d.event is not None and new[d.index]:
                 self._publish(d.event, d.valid.purpose)
+                published += 1
+        if published:
+            self.events.committed()
         return new
 
     def _keeps(self, d: _Decided) -> bool:
@@ -516,7 +538,7 @@ class Ingestor:
     def record_decision(self, v: ValidTemplate, *, purpose: int | None = None, **fields: object) -> None:
         """Keep and publish a decision made outside ingest (the Identify and Verify calls; ``v`` is not kept)."""
         ev = self.decision_event(v, purpose=purpose, **fields)
-        self.decisions.put(DecisionRecord.from_event(ev))
+        self.decisions.put(DecisionRecord.from_event(ev, origin=self.origin))
         self._publish(ev, v.purpose)
 
     def close(self) -> None:

@@ -40,7 +40,7 @@ from typing import Any, Protocol, get_args, get_type_hints
 import numpy as np
 from numpy.typing import NDArray
 from peep.core import wire
-from peep.v1 import template_pb2
+from peep.v1 import recognition_pb2, template_pb2
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,10 +239,11 @@ class DecisionRecord:
     probability: float
     model_version: str
     releases_fused: int
+    origin: str = ""  # the replica that decided (cluster.replica_id); "" for a single server
 
     @classmethod
-    def from_event(cls, ev: Any) -> DecisionRecord:
-        """The row of a :class:`peep.v1.recognition_pb2.RecognitionEvent`."""
+    def from_event(cls, ev: Any, *, origin: str = "") -> DecisionRecord:
+        """The row of a :class:`peep.v1.recognition_pb2.RecognitionEvent` decided by replica ``origin``."""
         verify = ev.purpose == template_pb2.PURPOSE_VERIFY
         return cls(
             event_id=ev.event_id,
@@ -259,7 +260,29 @@ class DecisionRecord:
             probability=float(ev.probability),
             model_version=ev.model_version,
             releases_fused=int(ev.releases_fused or 1),
+            origin=origin,
         )
+
+    def to_event(self, seq: int = 0) -> Any:
+        """The :class:`peep.v1.recognition_pb2.RecognitionEvent` this row keeps, ``seq`` its id in the log."""
+        ev = recognition_pb2.RecognitionEvent(
+            event_id=self.event_id,
+            site=self.site,
+            device_id=self.device_id,
+            message_id=self.message_id,
+            track_id=self.track_id,
+            purpose=wire.PURPOSES.get(self.purpose, 0),  # type: ignore[arg-type]
+            subject=self.subject,
+            unknown=self.unknown,
+            probability=self.probability,
+            claimed_subject=self.claimed_subject,
+            accepted=bool(self.accepted),
+            model_version=self.model_version,
+            releases_fused=self.releases_fused,
+            seq=seq,
+        )
+        ev.time.FromNanoseconds(round(self.at * 1e9))
+        return ev
 
     @property
     def key(self) -> tuple[str, str]:
@@ -471,8 +494,17 @@ class Store(Protocol):
         """Keep decisions made outside ingest (the Identify and Verify calls)."""
         ...
 
-    def decisions(self, *, since_id: int = 0, limit: int = 1000) -> list[tuple[int, DecisionRecord]]:
-        """Kept decisions with an id above ``since_id``, oldest first, with their ids."""
+    def decisions(
+        self, *, since_id: int = 0, limit: int = 1000, site: str = "", device_id: str = "", origin: str | None = None
+    ) -> list[tuple[int, DecisionRecord]]:
+        """Kept decisions with an id above ``since_id``, oldest first, with their ids.
+
+        Only those of ``site`` / ``device_id`` / replica ``origin`` when given ("" / None: any).
+        """
+        ...
+
+    def last_decision_id(self) -> int:
+        """The largest id of a kept decision (0: none yet)."""
         ...
 
     def track_memory(self, tracks: Sequence[tuple[str, str]], *, now: float) -> list[TrackRelease]:
@@ -582,8 +614,12 @@ def template_keys(store: Store, refs: Sequence[str], field: str = "message_ids")
     return keys
 
 
-def open_store(config: object, *, password: str | None = None) -> Store:
-    """Open (and migrate) the store described by a :class:`~peep.server.config.StorageConfig`."""
+def open_store(config: object, *, password: str | None = None, application_name: str = "peep-server") -> Store:
+    """Open (and migrate) the store described by a :class:`~peep.server.config.StorageConfig`.
+
+    ``application_name``: what PostgreSQL shows for this process's connections (``pg_stat_activity``),
+    unless ``storage.dsn`` names one.
+    """
     from peep.server.config import StorageConfig
 
     if not isinstance(config, StorageConfig):
@@ -594,7 +630,7 @@ def open_store(config: object, *, password: str | None = None) -> Store:
         return SqliteStore(config.path)
     from peep.server.storage.postgres import PostgresStore
 
-    return PostgresStore(config.dsn, password=password, pool_size=config.pool_size)
+    return PostgresStore(config.dsn, password=password, pool_size=config.pool_size, application_name=application_name)
 
 
 __all__ = [

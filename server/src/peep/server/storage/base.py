@@ -39,6 +39,8 @@ from peep.server.storage.migrations import MIGRATIONS, SCHEMA_TABLE
 #: LISTEN/NOTIFY channels (PostgreSQL): a promotion (payload: the version) and an erasure (no payload).
 MODELS_CHANNEL = "peep_models"
 ERASURES_CHANNEL = "peep_erasures"
+#: Notified when decisions commit: the other replicas read the log of decisions from their last id.
+EVENTS_CHANNEL = "peep_events"
 
 
 class Cursor(Protocol):
@@ -298,6 +300,7 @@ class SqlStore(ABC):
             if decisions:  # last: the events lock is held from here to the commit only
                 self._lock_events(conn)
                 self._executemany(conn, _INSERT_DECISION.format(p=self._sql.param), decisions)
+                self._notify(conn, EVENTS_CHANNEL, "")
         return [first[e.key] == i and e.key in new for i, e in enumerate(batch.ledger)]
 
     def count_received(self, *, device_id: str | None = None) -> int:
@@ -316,12 +319,24 @@ class SqlStore(ABC):
         with self._transaction() as conn:
             self._lock_events(conn)
             self._executemany(conn, _INSERT_DECISION.format(p=self._sql.param), [d.row() for d in records])
+            self._notify(conn, EVENTS_CHANNEL, "")
 
-    def decisions(self, *, since_id: int = 0, limit: int = 1000) -> list[tuple[int, DecisionRecord]]:
+    def decisions(
+        self, *, since_id: int = 0, limit: int = 1000, site: str = "", device_id: str = "", origin: str | None = None
+    ) -> list[tuple[int, DecisionRecord]]:
         p = self._sql.param
-        q = f"SELECT id, {', '.join(DECISION_COLUMNS)} FROM recognition_events WHERE id > {p} ORDER BY id LIMIT {p}"
+        where = [f"id > {p}"]
+        params: list[object] = [since_id]
+        for column, value in (("site", site), ("device_id", device_id), ("origin", origin)):
+            if value:
+                where.append(f"{column} = {p}")
+                params.append(value)
+        q = (
+            f"SELECT id, {', '.join(DECISION_COLUMNS)} FROM recognition_events WHERE {' AND '.join(where)} "
+            f"ORDER BY id LIMIT {p}"
+        )
         with self._session() as conn:
-            rows = conn.execute(q, (since_id, limit)).fetchall()
+            rows = conn.execute(q, (*params, limit)).fetchall()
         out = []
         for r in rows:
             d = dict(zip(DECISION_COLUMNS, r[1:], strict=True))
@@ -329,6 +344,11 @@ class SqlStore(ABC):
             d["accepted"] = None if d["accepted"] is None else bool(d["accepted"])
             out.append((int(r[0]), DecisionRecord(**d)))
         return out
+
+    def last_decision_id(self) -> int:
+        with self._session() as conn:
+            row = conn.execute("SELECT MAX(id) FROM recognition_events").fetchone()
+        return int(row[0]) if row and row[0] is not None else 0
 
     def track_memory(self, tracks: Sequence[tuple[str, str]], *, now: float) -> list[TrackRelease]:
         rows: list[TrackRelease] = []

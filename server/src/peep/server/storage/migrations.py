@@ -227,6 +227,11 @@ _REPLICAS = [
 ]
 
 
+# Migration 12: which replica made each decision (its cluster.replica_id; "" for a single server), so a
+# replica with cluster.events = false can stream only its own from the shared log of decisions.
+_DECISION_ORIGIN = ["ALTER TABLE recognition_events ADD COLUMN origin TEXT NOT NULL DEFAULT ''"]
+
+
 def _render(dialect: Dialect, statements: list[str]) -> list[str]:
     return [s.format(real=dialect.real, blob=dialect.blob) for s in statements]
 
@@ -245,6 +250,7 @@ MIGRATIONS: dict[str, list[list[str]]] = {
         _render(d, _forget(d)),
         _render(d, _KEY_ID),
         _render(d, _REPLICAS),
+        _render(d, _DECISION_ORIGIN),
     ]
     for d in (SQLITE, POSTGRES)
 }

@@ -59,6 +59,8 @@ class PostgresStore(SqlStore):
         From ``storage.password`` (env/credential reference).
     pool_size : int
         Connections kept open (callers beyond that wait).
+    application_name : str, optional
+        Shown for its connections in ``pg_stat_activity`` (unless ``dsn`` sets one).
     """
 
     dialect = POSTGRES.name
@@ -66,10 +68,18 @@ class PostgresStore(SqlStore):
     _source = "storage.dsn"
 
     def __init__(
-        self, dsn: str, *, password: str | None = None, pool_size: int = 4, connect_timeout: float = 10.0
+        self,
+        dsn: str,
+        *,
+        password: str | None = None,
+        pool_size: int = 4,
+        connect_timeout: float = 10.0,
+        application_name: str | None = None,
     ) -> None:
         self.dsn = dsn
         self._kwargs: dict[str, object] = {"autocommit": True, "connect_timeout": max(1, int(connect_timeout))}
+        if application_name and "application_name" not in dsn:
+            self._kwargs["application_name"] = application_name[:63]
         if password is not None:
             self._kwargs["password"] = password
         self._pool: queue.LifoQueue[psycopg.Connection] = queue.LifoQueue()

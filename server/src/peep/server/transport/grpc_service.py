@@ -7,7 +7,9 @@ template, or a device calling an admin method -> ``PERMISSION_DENIED``; no
 model yet, or a template of another bundle/domain than the model's ->
 ``FAILED_PRECONDITION``; a training already running -> ``ABORTED``; a claimed
 subject the serving model does not know, or an unknown bundle ->
-``NOT_FOUND``; over a stream limit -> ``RESOURCE_EXHAUSTED``.
+``NOT_FOUND``; over a stream limit -> ``RESOURCE_EXHAUSTED``; a
+``StreamEvents`` resuming after a seq the server never gave ->
+``OUT_OF_RANGE``.
 Handlers never let an exception escape as ``UNKNOWN``: anything unexpected is
 logged and answered ``INTERNAL``, and the server keeps serving.
 
@@ -20,6 +22,9 @@ Streaming RPCs run on threads of their own within per-caller and global
 limits and end when idle (:mod:`peep.server.transport.limits`), so open
 streams cannot starve unary calls. ``StreamEvents`` shows a device only the
 events of its registered site (``grpc.device_events``); an admin sees all.
+Its events come from the database's log of decisions, each with its ``seq``:
+a client that lost its stream (its replica gone behind a balancer) calls
+again with ``after_seq`` and receives what it missed, once, in order.
 
 ``IngestStream`` commits every ``grpc.stream_batch`` templates in one
 transaction and acknowledges each message id in the summary (ACCEPTED,
@@ -53,7 +58,7 @@ from peep.server.recognition.fitting import PRESETS, TrainingError
 from peep.server.recognition.recogniser import ModelMismatch, ModelUnavailable
 from peep.server.recognition.trainer import TrainingBusy
 from peep.server.services import NoSuchSubject, Services
-from peep.server.storage import template_keys
+from peep.server.storage import StoreError, template_keys
 from peep.server.transport.limits import StreamLimiter, quote, server_options
 from peep.v1 import qbbs_pb2, recognition_pb2, recognition_pb2_grpc, template_pb2
 
@@ -396,7 +401,20 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
         self, request: recognition_pb2.StreamEventsRequest, context: grpc.ServicerContext
     ) -> Iterator[recognition_pb2.RecognitionEvent]:
         site, device_id = self._event_scope(request.site)  # checked here, before the stream starts
-        sub = self.s.events.subscribe(site, device_id=device_id)
+        after = int(request.after_seq)
+        try:
+            last = self.s.events.last_seq() if after else 0
+            if after > last:
+                # Ids never run backwards: a larger one is another database's (or made up); resuming from it
+                # would pass over events, so the client is told to start afresh.
+                context.abort(
+                    grpc.StatusCode.OUT_OF_RANGE,
+                    f"after_seq: expected at most {last} (the last event's seq), received {after}; "
+                    "resume from the last seq this server sent, or 0 for events from now on",
+                )
+            sub = self.s.events.subscribe(site, device_id=device_id, after_seq=after)
+        except StoreError as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"StreamEvents: the database did not answer ({_details(exc)})")
         context.add_callback(sub.close)
         return self._events(sub, context)
 
