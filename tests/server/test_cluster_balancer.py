@@ -3,13 +3,15 @@
 Real processes: three replicas on one private PostgreSQL schema, HAProxy (Debian's 2.6) with the shipped file,
 its paths and addresses swapped for the test's (peep.server.bench.cluster.Balancer), terminating TLS and
 speaking HTTP/2 over TLS to the replicas, checking each replica's ``/healthz``. Every client — the admin's
-enrolment and training, ten device processes streaming templates — uses the balancer's one address. One
-replica is SIGKILLed under load and restarted: the balancer shows it out and back, and every template is
-taken and decided exactly once.
+enrolment and training, ten device processes streaming templates, an event subscriber — uses the balancer's
+one address. The replica holding the subscriber's stream is SIGKILLed under load and restarted: the balancer
+shows it out and back, every template is taken and decided exactly once, and the subscriber, calling again
+with its last seq, receives every decision once and in order.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import threading
@@ -69,6 +71,7 @@ def balanced(tmp_path, pki, keypair, bundle_dir, pg_dsn):
         conf = d / "server.toml"
         conf.write_text(to_toml(cfg))
         replicas.append(Replica(name, conf, gport, env, mqtt=False))
+        replicas[-1].metrics_port = mport  # type: ignore[attr-defined]
         ports.append((f"replica-{name}", gport, mport))
     balancer = Balancer(tmp_path / "haproxy", cert=pki.server_cert, key=pki.server_key, ca=pki.client_ca,
                         replicas=ports)  # fmt: skip
@@ -86,11 +89,25 @@ def balanced(tmp_path, pki, keypair, bundle_dir, pg_dsn):
             r.stop(signal.SIGKILL, 10)
 
 
+def _open_streams(replica: Any) -> int:
+    """The replica's ``peep_grpc_streams`` gauge (streaming calls open), from its metrics listener."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{replica.metrics_port}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("peep_grpc_streams "):
+                return int(float(line.split()[1]))
+    return 0
+
+
 def test_ten_devices_through_the_balancer_and_a_replica_killed_every_template_decided_once(
     balanced, pg_dsn, templates, tmp_path, pki
 ):
+    """The replica killed is the one holding an event subscriber's stream: the subscriber, following through the
+    balancer, calls again with its last seq and receives every decision once, in order."""
+    from peep.server.transport.follow import EventFollower
+
     replicas, balancer = balanced
-    b = replicas[1]
     ca = str(pki.client_ca)
     stub = grpc_stub(balancer.port, ca)
     assert stub.IngestStream(iter(templates.enrolment_messages()), metadata=ADMIN, timeout=120).rejected == 0
@@ -110,43 +127,70 @@ def test_ten_devices_through_the_balancer_and_a_replica_killed_every_template_de
         write_frames(frames, [m.SerializeToString() for m in msgs])
         # Every device at the balancer's one address, in chunks of 100 (a failed chunk is resent to it).
         specs.append(DeviceSpec(dev, "grpc", str(frames), ports=[balancer.port], token=TOKENS[dev], ca=ca, chunk=100))
+
+    # An admin's event subscriber at the balancer's address; the replica it landed on is the one killed.
+    follower = EventFollower(lambda: stub, site=SITE, metadata=ADMIN, backoff=(0.1, 1.0))
+    followed: list[Any] = []
+
+    def follow() -> None:
+        for ev in follower:
+            if (ev.device_id, ev.message_id) in expected:
+                followed.append(ev)
+
+    following = threading.Thread(target=follow, daemon=True)
+    following.start()
+    assert wait_for(lambda: sum(_open_streams(r) for r in replicas) == 1, 10), "the subscriber's stream did not open"
+    victim = next(r for r in replicas if _open_streams(r) == 1)
+    name = f"replica-{victim.name}"
+    others = [f"replica-{r.name}" for r in replicas if r is not victim]
     seen: dict[str, Any] = {}
 
     def taken() -> int:
         return count_stored(pg_dsn) - taken_before
 
-    def kill_and_restart_b() -> None:
+    def kill_and_restart() -> None:
         assert wait_for(lambda: taken() >= N_TEMPLATES // 3, 120), "no progress before the kill"
         seen["at_kill"] = taken()
-        b.stop(signal.SIGKILL)
+        seen["followed_at_kill"] = len(followed)
+        victim.stop(signal.SIGKILL)
         t0 = time.monotonic()
-        assert wait_for(lambda: balancer.servers()["replica-b"].startswith("DOWN"), 10), balancer.servers()
+        assert wait_for(lambda: balancer.servers()[name].startswith("DOWN"), 10), balancer.servers()
         seen["out_after_s"] = time.monotonic() - t0
         seen["while_out"] = balancer.servers()
-        b.start()  # the same replica id
+        victim.start()  # the same replica id
         t1 = time.monotonic()
-        assert wait_for(lambda: balancer.servers()["replica-b"] == "UP", 15), balancer.servers()
+        assert wait_for(lambda: balancer.servers()[name] == "UP", 15), balancer.servers()
         seen["back_after_s"] = time.monotonic() - t1
 
     t0 = time.monotonic()
-    reports = run_devices(specs, taken, during=kill_and_restart_b)
+    reports = run_devices(specs, taken, during=kill_and_restart)
     assert wait_for(lambda: taken() >= N_TEMPLATES, 120), f"{taken()} of {N_TEMPLATES}"
     time.sleep(1.0)  # anything late would show now
     keys = [k for k in stored_keys(pg_dsn) if k in expected]
     decided = [k for k in decided_keys(pg_dsn) if k in expected]
+    assert wait_for(lambda: len(followed) >= N_TEMPLATES, 30), f"the subscriber has {len(followed)} of {N_TEMPLATES}"
+    time.sleep(1.0)  # a repeat would show now
+    follower.stop()
+    following.join(5)
     print(
         f"\n{N_TEMPLATES} templates from {len(CAMERAS)} devices through HAProxy in {time.monotonic() - t0:.1f} s; "
-        f"replica-b killed after {seen['at_kill']}, out of the balancer after {seen['out_after_s']:.1f} s "
-        f"({seen['while_out']}), back {seen['back_after_s']:.1f} s after its restart; chunks resent "
-        f"{sum(r['retries'] for r in reports)}, answered duplicate {sum(r['duplicates'] for r in reports)}"
+        f"{name} (the subscriber's) killed after {seen['at_kill']}, out of the balancer after "
+        f"{seen['out_after_s']:.1f} s ({seen['while_out']}), back {seen['back_after_s']:.1f} s after its restart; "
+        f"chunks resent {sum(r['retries'] for r in reports)}, answered duplicate "
+        f"{sum(r['duplicates'] for r in reports)}; the subscriber had {seen['followed_at_kill']} events at the kill, "
+        f"called again {follower.reconnects} time(s), received {len(followed)}, repeats {follower.repeated}"
     )
     assert seen["at_kill"] < N_TEMPLATES, "the kill was not mid-stream"
-    assert seen["while_out"]["replica-a"] == seen["while_out"]["replica-c"] == "UP"
+    assert all(seen["while_out"][o] == "UP" for o in others)
     assert sum(r["rejected"] for r in reports) == 0
     assert len(keys) == len(set(keys)) == N_TEMPLATES and set(keys) == expected  # every template taken once
     assert len(decided) == len(set(decided)) == N_TEMPLATES and set(decided) == expected  # and decided once
+    # The subscriber lost its stream with its replica and resumed through the balancer: every event once, in order.
+    assert follower.reconnects >= 1 and follower.repeated == 0
+    assert [(e.device_id, e.message_id) for e in followed] == [k for k in decided_keys(pg_dsn) if k in expected]
+    assert all(y.seq > x.seq for x, y in itertools.pairwise(followed))
     # The balancer spread the calls over the three (per call, not per connection: ten devices, three replicas).
-    calls = {name: int(row.get("req_tot") or row.get("stot") or 0) for name, row in balancer.stats().items()}
+    calls = {n: int(row.get("req_tot") or row.get("stot") or 0) for n, row in balancer.stats().items()}
     print(f"calls per replica through the balancer: {calls}")
     assert all(n > 0 for n in calls.values()), calls
 

@@ -518,7 +518,7 @@ def decided_keys(dsn: str) -> list[tuple[str, str]]:
     import psycopg
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        q = "SELECT device_id, message_id FROM recognition_events WHERE message_id != ''"
+        q = "SELECT device_id, message_id FROM recognition_events WHERE message_id != '' ORDER BY id"
         return [(str(d), str(m)) for d, m in conn.execute(q)]
 
 
