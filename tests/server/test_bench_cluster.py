@@ -50,6 +50,10 @@ def test_quick_cluster_section(pg_admin, monkeypatch):
     if haproxy_missing() is None:
         assert tb["sent"] == tb["decided"] > 0 and tb["duplicates"] == tb["lost"] == 0, tb
         assert all(n > 0 for n in tb["calls_per_replica"].values()), tb
+        # The killed replica held the subscriber's stream: it called again with its last seq and missed nothing.
+        ev = tb["events_followed"]
+        assert ev["received"] == ev["distinct"] == ev["expected"] == tb["sent"] and ev["repeats"] == 0, ev
+        assert ev["in_commit_order"] and ev["called_again"] >= 1 and ev["lag_ms"]["p50"] is not None, ev
     else:
         assert tb == {"error": haproxy_missing()}
     cpu = out["server_cpu_s_per_1k"]

@@ -31,6 +31,7 @@ from peep.server.bench.cluster import (
     free_port,
     grpc_stub,
     haproxy_missing,
+    open_streams,
     run_devices,
     serving_version,
     stored_keys,
@@ -89,17 +90,6 @@ def balanced(tmp_path, pki, keypair, bundle_dir, pg_dsn):
             r.stop(signal.SIGKILL, 10)
 
 
-def _open_streams(replica: Any) -> int:
-    """The replica's ``peep_grpc_streams`` gauge (streaming calls open), from its metrics listener."""
-    import urllib.request
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{replica.metrics_port}/metrics", timeout=5) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith("peep_grpc_streams "):
-                return int(float(line.split()[1]))
-    return 0
-
-
 def test_ten_devices_through_the_balancer_and_a_replica_killed_every_template_decided_once(
     balanced, pg_dsn, templates, tmp_path, pki
 ):
@@ -139,8 +129,10 @@ def test_ten_devices_through_the_balancer_and_a_replica_killed_every_template_de
 
     following = threading.Thread(target=follow, daemon=True)
     following.start()
-    assert wait_for(lambda: sum(_open_streams(r) for r in replicas) == 1, 10), "the subscriber's stream did not open"
-    victim = next(r for r in replicas if _open_streams(r) == 1)
+    assert wait_for(lambda: sum(open_streams(r.metrics_port) for r in replicas) == 1, 10), (
+        "the subscriber's stream did not open"
+    )
+    victim = next(r for r in replicas if open_streams(r.metrics_port) == 1)
     name = f"replica-{victim.name}"
     others = [f"replica-{r.name}" for r in replicas if r is not victim]
     seen: dict[str, Any] = {}

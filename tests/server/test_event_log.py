@@ -215,3 +215,50 @@ def test_stream_events_resumes_over_grpc_and_refuses_a_seq_it_never_gave(trained
         )))  # fmt: skip
     assert err.value.code() == grpc.StatusCode.OUT_OF_RANGE
     assert "after_seq: expected at most" in err.value.details() and str(ahead) in err.value.details()
+
+
+# --------------------------------------------------------------------------- peep events
+
+
+def test_peep_events_prints_each_event_with_its_seq_and_resumes_after_one(trained_server, templates, tmp_path):
+    import json
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from peep_server_testlib import ADMIN_TOKEN, DEVICE, SITE
+
+    peep = shutil.which("peep", path=str(Path(sys.executable).parent))
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(trained_server.pki.ca_pem)
+    token = tmp_path / "admin.token"
+    token.write_text(ADMIN_TOKEN + "\n")
+    base = [peep, "events", "--server", f"localhost:{trained_server.port}", "--ca", str(ca), "--site", SITE]
+    msgs = [templates.message(int(i), track_id=f"cli-{k}") for k, i in enumerate(templates.test[320:323])]
+    trained_server.services.ingestor.decisions.flush()
+    before = trained_server.services.events.n_subscribers
+    proc = subprocess.Popen([*base, "--token-file", str(token), "--count", "3"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert _wait(lambda: trained_server.services.events.n_subscribers > before, 20), "peep events did not call"
+        assert trained_server.stub().IngestStream(iter(msgs), metadata=DEVICE, timeout=10).accepted == 3
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0
+    lines = [json.loads(x) for x in out.splitlines()]
+    assert [d["message_id"] for d in lines] == [m.message_id for m in msgs]
+    assert lines[0]["seq"] < lines[1]["seq"] < lines[2]["seq"] and lines[0]["site"] == SITE
+    # An earlier run's seq: the two after it, read back from the database.
+    again = subprocess.run([*base, "--token-file", str(token), "--after-seq", str(lines[0]["seq"]), "--count", "2"],
+                           capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert [json.loads(x)["seq"] for x in again.stdout.splitlines()] == [lines[1]["seq"], lines[2]["seq"]]
+    # A wrong token ends it (calling again would not help); a missing file is a usage error naming the option.
+    token.write_text("not-the-token\n")
+    bad = subprocess.run([*base, "--token-file", str(token)], capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 1 and "UNAUTHENTICATED" in bad.stderr
+    missing = subprocess.run(
+        [*base, "--token-file", str(tmp_path / "nope")], capture_output=True, text=True, timeout=30
+    )
+    assert missing.returncode == 2 and "--token-file: expected a readable file" in missing.stderr

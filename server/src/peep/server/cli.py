@@ -22,6 +22,7 @@ COMMANDS = (
     "bundle",
     "serve",
     "mqtt",
+    "events",
     "train",
     "erase",
     "retention",

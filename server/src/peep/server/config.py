@@ -850,8 +850,9 @@ class ClusterConfig(_Model):
     events: bool = Field(
         default=True,
         description=(
-            "recognition events of every replica reach the StreamEvents subscribers of every replica "
-            "(PostgreSQL NOTIFY peep_events); false: a subscriber sees only its own replica's"
+            "recognition events of every replica reach the StreamEvents subscribers of every replica (each "
+            "replica reads the database's log of decisions, woken by PostgreSQL NOTIFY peep_events); false: a "
+            "subscriber sees only the decisions its own replica made"
         ),
     )
 

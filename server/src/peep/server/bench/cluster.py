@@ -21,10 +21,13 @@ replica, as a per-call load balancer does). Measured in one run:
 ``through_balancer``
     The gRPC devices through HAProxy with the shipped ``deploy/cluster/haproxy.cfg``
     (:class:`Balancer`; where ``haproxy`` is installed, else an ``error`` saying so),
-    replica B SIGKILLed a third of the way and restarted: ``sent``, ``decided``
-    (each (device, message id) once), ``duplicates`` (decided more than once),
-    ``lost`` (never decided), how soon the balancer took B out and back in, and
-    the calls each replica answered.
+    the replica holding an event subscriber's stream SIGKILLed a third of the way
+    and restarted: ``sent``, ``decided`` (each (device, message id) once),
+    ``duplicates`` (decided more than once), ``lost`` (never decided), how soon
+    the balancer took the replica out and back in, the calls each replica
+    answered, and ``events_followed``: what the subscriber, calling again with
+    its last ``seq`` through the balancer, received (once each, in commit order?)
+    and its lag.
 ``server_cpu_s_per_1k``
     Process CPU seconds of the replicas per 1,000 templates: ``decided`` (a phase
     with the model: identified, decision kept; per replica and in all) and
@@ -49,6 +52,7 @@ configuration, persistent sessions and a replica SIGKILLed mid-stream.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -66,6 +70,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+log = logging.getLogger(__name__)
 PEEP = shutil.which("peep", path=str(Path(sys.executable).parent)) or "peep"
 DEFAULT_DSN = "host=127.0.0.1 port=5432 dbname=postgres user=postgres connect_timeout=3"
 DEFAULT_BROKER = "127.0.0.1:1883"
@@ -543,6 +550,17 @@ def count_stored(dsn: str) -> int:
         return int(row[0]) if row else 0
 
 
+def open_streams(metrics_port: int) -> int:
+    """A replica's ``peep_grpc_streams`` gauge (its streaming calls open), read from its metrics listener."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("peep_grpc_streams "):
+                return int(float(line.split()[1]))
+    return 0
+
+
 def grpc_stub(port: int, ca: str | None) -> Any:
     import grpc
     from peep.v1 import recognition_pb2_grpc
@@ -746,7 +764,9 @@ def run(quick: bool = False) -> dict[str, Any]:
                 balancer = Balancer(tmp / "haproxy", cert=tls.server_cert, key=tls.server_key, ca=tls.ca_cert,
                                     replicas=backends).start()  # fmt: skip
                 # After the promotion: with a model, every template is decided (and the decisions counted).
-                balanced = _through_balancer(balancer, replicas, bundle, tmp, dsn, per_phase // 2, str(tls.ca_cert))
+                balanced = _through_balancer(
+                    balancer, replicas, metrics_ports, bundle, tmp, dsn, per_phase // 2, str(tls.ca_cert)
+                )
             return {
                 "replicas": n_replicas,
                 "ingest_per_s_1": one["rate"],
@@ -781,14 +801,19 @@ def run(quick: bool = False) -> dict[str, Any]:
             admin.close()
 
 
-def _through_balancer(balancer: Balancer, replicas: list[Replica], bundle: Any, tmp: Path, dsn: str, n: int,
-                      ca: str) -> dict[str, Any]:  # fmt: skip
-    """The gRPC devices through the shipped HAProxy configuration, replica B SIGKILLed and restarted mid-way.
+def _through_balancer(balancer: Balancer, replicas: list[Replica], metrics_ports: list[int], bundle: Any, tmp: Path,
+                      dsn: str, n: int, ca: str) -> dict[str, Any]:  # fmt: skip
+    """The gRPC devices through the shipped HAProxy configuration, a replica SIGKILLed and restarted mid-way.
 
-    ``sent``; ``decided``: (device, message id) pairs in the decisions table, each counted once; ``duplicates``:
-    pairs decided more than once (0 expected); ``lost``: sent, never decided.
+    The replica killed is the one holding an admin's ``StreamEvents`` subscriber, which follows through the
+    balancer (:class:`~peep.server.transport.follow.EventFollower`). ``sent``; ``decided``: (device, message id)
+    pairs in the decisions table, each counted once; ``duplicates``: pairs decided more than once (0 expected);
+    ``lost``: sent, never decided; ``events_followed``: what the subscriber received (``received`` of
+    ``expected``, ``repeats``, ``in_commit_order``, calls made again, and the lag from decision to receipt, which
+    includes the outage for the events decided while it had no stream).
     """
     from peep.server.bench.server import _templates
+    from peep.server.transport.follow import EventFollower
     from peep.v1 import template_pb2
 
     devices = _DEVICES[1::2]  # the gRPC half of the devices
@@ -800,25 +825,47 @@ def _through_balancer(balancer: Balancer, replicas: list[Replica], bundle: Any, 
         write_frames(frames, payloads)
         specs.append(DeviceSpec(d, "grpc", str(frames), ports=[balancer.port], token=_token(d), ca=ca, chunk=100))
     decided_before = count_decided(dsn)
-    b = replicas[1]
+    stub = grpc_stub(balancer.port, ca)
+    follower = EventFollower(lambda: stub, metadata=[("authorization", f"Bearer {_ADMIN}")], backoff=(0.1, 1.0))
+    followed: list[tuple[Any, float]] = []
+
+    def follow() -> None:
+        try:
+            for ev in follower:
+                if (ev.device_id, ev.message_id) in expected:
+                    followed.append((ev, time.time()))
+        except Exception as exc:  # reported below as fewer received
+            log.warning("bench: the event follower stopped", extra={"error": str(exc)[:200]})
+
+    following = threading.Thread(target=follow, name="bench-follower", daemon=True)
+    following.start()
+    if not wait_for(lambda: sum(open_streams(mp) for mp in metrics_ports) >= 1, 10):
+        raise RuntimeError("through the balancer: the event subscriber's stream did not open")
+    victim, name = next(
+        ((r, f"replica-{r.name}") for r, mp in zip(replicas, metrics_ports, strict=True) if open_streams(mp) >= 1)
+    )
     seen: dict[str, Any] = {}
 
-    def kill_and_restart_b() -> None:
+    def kill_and_restart() -> None:
         if not wait_for(lambda: count_decided(dsn) - decided_before >= len(expected) // 3, 120):
             raise RuntimeError("through the balancer: no progress before the kill")
-        b.stop(signal.SIGKILL)
+        victim.stop(signal.SIGKILL)
         t0 = time.monotonic()
-        wait_for(lambda: balancer.servers().get("replica-b", "").startswith("DOWN"), 10)
+        wait_for(lambda: balancer.servers().get(name, "").startswith("DOWN"), 10)
         seen["out_after_s"] = round(time.monotonic() - t0, 2)
-        b.start()
+        victim.start()
         t1 = time.monotonic()
-        wait_for(lambda: balancer.servers().get("replica-b") == "UP", 15)
+        wait_for(lambda: balancer.servers().get(name) == "UP", 15)
         seen["back_after_s"] = round(time.monotonic() - t1, 2)
 
     t0 = time.time()
-    reports = run_devices(specs, lambda: count_decided(dsn) - decided_before, during=kill_and_restart_b)
+    reports = run_devices(specs, lambda: count_decided(dsn) - decided_before, during=kill_and_restart)
     wait_for(lambda: count_decided(dsn) - decided_before >= len(expected), 60)
     decided = [k for k in decided_keys(dsn) if k in expected]
+    wait_for(lambda: len(followed) >= len(expected), 30)
+    follower.stop()
+    following.join(5)
+    lag = np.array([1000 * (at - (ev.time.seconds + ev.time.nanos * 1e-9)) for ev, at in followed])
     calls = {name: int(row.get("req_tot") or row.get("stot") or 0) for name, row in balancer.stats().items()}
     return {
         "sent": len(expected),
@@ -828,9 +875,24 @@ def _through_balancer(balancer: Balancer, replicas: list[Replica], bundle: Any, 
         "seconds": round(time.time() - t0, 3),
         "resent_chunks": sum(r.get("retries", 0) for r in reports),
         "answered_duplicate": sum(r.get("duplicates", 0) for r in reports),
-        "replica_b_killed": {
+        "replica_killed": {
+            "name": victim.name,
+            "why": "it held the event subscriber's stream",
             "out_of_the_balancer_after_s": seen.get("out_after_s"),
             "back_after_restart_s": seen.get("back_after_s"),
+        },
+        "events_followed": {
+            "expected": len(expected),
+            "received": len(followed),
+            "distinct": len({(ev.device_id, ev.message_id) for ev, _ in followed}),
+            "repeats": follower.repeated,
+            "in_commit_order": [(ev.device_id, ev.message_id) for ev, _ in followed] == decided,
+            "called_again": follower.reconnects,
+            "lag_ms": {
+                "p50": round(float(np.percentile(lag, 50)), 1) if lag.size else None,
+                "p95": round(float(np.percentile(lag, 95)), 1) if lag.size else None,
+                "max": round(float(lag.max()), 1) if lag.size else None,
+            },
         },
         "calls_per_replica": calls,
         "balancer": "HAProxy, deploy/cluster/haproxy.cfg (paths and addresses swapped)",

@@ -48,6 +48,8 @@ class EventFollower:
         Start after this seq (0: from now on).
     backoff : (float, float)
         First and longest wait between calls (s), doubled after each call that failed at once.
+    on_lost : callable, optional
+        ``on_lost(status code name, details)`` each time a stream is lost, before calling again.
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class EventFollower:
         metadata: Sequence[tuple[str, str]] = (),
         after_seq: int = 0,
         backoff: tuple[float, float] = (0.2, 5.0),
+        on_lost: Callable[[str, str], None] | None = None,
     ) -> None:
         if after_seq < 0:
             raise ValueError(f"after_seq: expected a seq >= 0, received {after_seq!r}")
@@ -67,6 +70,7 @@ class EventFollower:
         #: The seq of the last event handed out: where a new stream starts after.
         self.last_seq = int(after_seq)
         self._backoff = backoff
+        self._on_lost = on_lost
         self._stop = threading.Event()
         self._call: Any = None
         #: Streams opened again after one was lost.
@@ -106,10 +110,11 @@ class EventFollower:
                     return
                 if code in FATAL:
                     raise
-                log.info(
-                    "event stream lost; calling again",
-                    extra={"code": str(code), "after_seq": self.last_seq, "details": str(exc.details())[:200]},
-                )
+                details = str(exc.details())[:200] if hasattr(exc, "details") else ""
+                log.info("event stream lost; calling again",
+                         extra={"code": str(code), "after_seq": self.last_seq, "details": details})  # fmt: skip
+                if self._on_lost is not None:
+                    self._on_lost(code.name if code is not None else "UNKNOWN", details)
             finally:
                 self._call = None
             if received:
