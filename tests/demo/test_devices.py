@@ -25,8 +25,8 @@ def test_a_device_that_fails_is_named_with_its_reason():
         ],
         lambda *m: seen.append(m),
     )
-    assert result["cam-9"] == {"ok": False, "error": "ValueError: device job kind: expected 'camera', 'desk' or 'door', "
-                               "received 'projector'"}  # fmt: skip
+    expected = "ValueError: device job kind: expected 'camera', 'desk' or 'door', received 'projector'"
+    assert result["cam-9"] == {"ok": False, "error": expected}
     assert not result["desk-9"]["ok"] and "ValidationError" in result["desk-9"]["error"]
     assert "device.id" in result["desk-9"]["error"]
     assert seen == []
