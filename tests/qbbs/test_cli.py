@@ -145,6 +145,9 @@ def test_admin_commands(tmp_path, capsys):
     assert [e["op"] for e in entries] == ["query"] * 3 and entries[0]["requester"] == "cli"
     assert main(["qbbs", "erase", "--config", cfg, "--subject", "bob"]) == 0
     assert "erased 2" in capsys.readouterr().out
+    # Again, or a mistyped id: nothing to erase is an error, not a silent success.
+    assert main(["qbbs", "erase", "--config", cfg, "--subject", "bob"]) == 1
+    assert "no soft traits of 'bob' are stored; nothing erased" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

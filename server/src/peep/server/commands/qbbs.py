@@ -265,5 +265,9 @@ def odometer(args: argparse.Namespace) -> int:
 def erase(args: argparse.Namespace) -> int:
     with _module(args) as module:
         n = module.erase(args.subject)
+    if n == 0:
+        # A mistyped id must not read as done: say nothing was there (the spend ledger is untouched either way).
+        print(f"peep qbbs erase: no soft traits of {args.subject[:64]!r} are stored; nothing erased", file=sys.stderr)
+        return 1
     print(f"erased {n} soft trait(s) of {args.subject!r}")
     return 0
