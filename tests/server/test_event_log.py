@@ -262,3 +262,21 @@ def test_peep_events_prints_each_event_with_its_seq_and_resumes_after_one(traine
         [*base, "--token-file", str(tmp_path / "nope")], capture_output=True, text=True, timeout=30
     )
     assert missing.returncode == 2 and "--token-file: expected a readable file" in missing.stderr
+
+
+def test_stream_events_with_the_database_away_is_unavailable_and_the_server_serves_on(trained_server, monkeypatch):
+    from peep_server_testlib import ADMIN, SITE
+
+    def gone() -> int:
+        raise OSError("connection to server at 10.0.0.9 failed: password=hunter2")
+
+    stub = trained_server.stub()
+    monkeypatch.setattr(trained_server.services.events, "_last_id", gone)
+    with pytest.raises(grpc.RpcError) as err:
+        next(iter(stub.StreamEvents(recognition_pb2.StreamEventsRequest(site=SITE, after_seq=1), metadata=ADMIN,
+                                    timeout=5)))  # fmt: skip
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "database did not answer" in err.value.details() and "hunter2" not in err.value.details()
+    monkeypatch.undo()
+    status = stub.GetModelStatus(recognition_pb2.ModelStatusRequest(), metadata=ADMIN, timeout=5)
+    assert status.model_version

@@ -58,7 +58,7 @@ from peep.server.recognition.fitting import PRESETS, TrainingError
 from peep.server.recognition.recogniser import ModelMismatch, ModelUnavailable
 from peep.server.recognition.trainer import TrainingBusy
 from peep.server.services import NoSuchSubject, Services
-from peep.server.storage import StoreError, template_keys
+from peep.server.storage import template_keys
 from peep.server.transport.limits import StreamLimiter, quote, server_options
 from peep.v1 import qbbs_pb2, recognition_pb2, recognition_pb2_grpc, template_pb2
 
@@ -404,17 +404,19 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
         after = int(request.after_seq)
         try:
             last = self.s.events.last_seq() if after else 0
-            if after > last:
-                # Ids never run backwards: a larger one is another database's (or made up); resuming from it
-                # would pass over events, so the client is told to start afresh.
-                context.abort(
-                    grpc.StatusCode.OUT_OF_RANGE,
-                    f"after_seq: expected at most {last} (the last event's seq), received {after}; "
-                    "resume from the last seq this server sent, or 0 for events from now on",
-                )
-            sub = self.s.events.subscribe(site, device_id=device_id, after_seq=after)
-        except StoreError as exc:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"StreamEvents: the database did not answer ({_details(exc)})")
+            sub = self.s.events.subscribe(site, device_id=device_id, after_seq=after) if after <= last else None
+        except Exception as exc:  # the database (StoreError, or the driver's own error mid-query)
+            # The details stay in the log: a driver's message can name hosts, a DSN its password.
+            log.warning("StreamEvents: the database did not answer", extra={"error": str(exc)[:200]})
+            context.abort(grpc.StatusCode.UNAVAILABLE, "StreamEvents: the server's database did not answer; call again")
+        if sub is None:
+            # Ids never run backwards: a larger one is another database's (or made up); resuming from it would
+            # pass over events, so the client is told to start afresh.
+            context.abort(
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"after_seq: expected at most {last} (the last event's seq), received {after}; "
+                "resume from the last seq this server sent, or 0 for events from now on",
+            )
         context.add_callback(sub.close)
         return self._events(sub, context)
 
