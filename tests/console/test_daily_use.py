@@ -87,6 +87,49 @@ def test_live_filters_by_decision_and_says_what_probability_means(console):
         assert c.get("/live", params={"before": "-1"}).status_code == 400
 
 
+def test_live_filter_choices_are_read_in_the_background_not_on_each_page(console, monkeypatch):
+    """Reading the sites and devices of every kept decision is a scan of a month of them: Live's pages take the
+    background reading (joined with the feed's and the configured devices), and never scan themselves."""
+    import dataclasses
+
+    web = console.server.app.console.console
+    cs = _store(console)
+    scans = {"n": 0}
+    read = cs.recognition_sites_and_devices
+
+    def counted() -> tuple[list[str], list[str]]:
+        scans["n"] += 1
+        return read()
+
+    monkeypatch.setattr(cs, "recognition_sites_and_devices", counted)
+    # A decision of a site and device nothing configured names and the feed never saw (an old one, say).
+    old = dataclasses.replace(_decision_row(), site="annex-old", device_id="cam-gone")
+    cs.store.add_decisions([old])
+    with console.login("olga") as c:
+        for _ in range(3):
+            page = c.get("/live").text
+            assert "annex-old" not in page  # not until the background reading
+        assert scans["n"] == 0  # no page scanned
+        web.choices.refresh()  # what the thread does every ten minutes
+        page = c.get("/live").text
+        assert '<option value="annex-old"' in page and '<option value="cam-gone"' in page
+        # A filter in use stays selectable, whether or not a reading has seen it.
+        page = c.get("/live", params={"site": "annex-new"}).text
+        assert '<option value="annex-new" selected>' in page
+
+
+def _decision_row() -> Any:
+    import uuid
+
+    from peep.server.storage import DecisionRecord
+
+    return DecisionRecord(
+        event_id=uuid.uuid4().hex, at=time.time() - 7 * 86400, site="lobby", device_id="cam-2", message_id="old-1",
+        track_id="", purpose="identify", subject="", claimed_subject="", unknown=True, accepted=None,
+        probability=0.2, model_version="v000001", releases_fused=1,
+    )  # fmt: skip
+
+
 def test_alerts_are_grouped_per_device_and_hour_and_acknowledged_in_bulk(console):
     """Alerts are written as the feed writes them (whether the shared server's model still calls the synthetic
     stranger unknown depends on what earlier tests enrolled; the feed's path is the browser test's)."""

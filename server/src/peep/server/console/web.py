@@ -50,7 +50,14 @@ from peep.core.wire import ID_PATTERN, check_subject_id
 from peep.server.console import accounts, plots
 from peep.server.console.accounts import Throttled
 from peep.server.console.feed import LiveEvent, LiveFeed
-from peep.server.console.store import DECISIONS, ConsoleStore, Recognition, Session, SharedLoginThrottle
+from peep.server.console.store import (
+    DECISIONS,
+    ConsoleStore,
+    KeptChoices,
+    Recognition,
+    Session,
+    SharedLoginThrottle,
+)
 from peep.server.console.text import shown
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -299,6 +306,8 @@ class ConsoleApp:
         self.services = services
         self.store = store or ConsoleStore(services.store)
         self.feed = feed or LiveFeed(services.events, self.store, size=cfg.recent_events).start()
+        #: Live's filter choices from the kept decisions, read in the background (a scan of every one).
+        self.choices = KeptChoices(self.store.recognition_sites_and_devices).start()
         self.qbbs = qbbs
         self.device_status = device_status
         self.device_reports = device_reports
@@ -337,6 +346,7 @@ class ConsoleApp:
 
     def close(self) -> None:
         self.stopping = True
+        self.choices.stop()
         self.feed.stop()
 
     # ------------------------------------------------------------ the rules every request passes
@@ -581,11 +591,12 @@ class ConsoleApp:
         alert_page = self._number(ctx, "alerts") or 0
         now = time.time()
         since = now - PERIODS[period] if PERIODS[period] else None
-        kept_sites, kept_devices = self.store.recognition_sites_and_devices()
+        kept_sites, kept_devices = self.choices.get()
         feed_sites, feed_devices = self.feed.sites_and_devices()
         configured = {d.id: d.site for d in self.services.config.auth.devices}
-        sites = sorted(set(kept_sites) | set(feed_sites) | {s for s in configured.values() if s})
-        devices = sorted(set(kept_devices) | set(feed_devices) | set(configured))
+        # The filter in use stays selectable (a link may name a site the last reading had not seen yet).
+        sites = sorted(set(kept_sites) | set(feed_sites) | {s for s in configured.values() if s} | {site} - {""})
+        devices = sorted(set(kept_devices) | set(feed_devices) | set(configured) | {device} - {""})
         events = self.store.recognitions(
             since=since, site=site, device_id=device, decision=decision, before_id=before, limit=RECOGNITIONS_PAGE
         )
