@@ -280,3 +280,42 @@ def test_stream_events_with_the_database_away_is_unavailable_and_the_server_serv
     monkeypatch.undo()
     status = stub.GetModelStatus(recognition_pb2.ModelStatusRequest(), metadata=ADMIN, timeout=5)
     assert status.model_version
+
+
+def test_the_oldest_kept_seq_comes_back_from_the_store_after_retention(store):
+    store.add_decisions([_decision(i) for i in range(6)])
+    ids = [seq for seq, _ in store.decisions(since_id=0)]
+    assert store.first_decision_id() == ids[0] and store.last_decision_id() == ids[-1]
+    assert store.delete_decisions_before(1_700_000_003.0) == 3  # the first three are past retention
+    assert store.first_decision_id() == ids[3]
+
+
+def test_a_resume_past_what_the_server_keeps_is_told_so(trained_server, templates, monkeypatch):
+    """A client back after longer than recognition.events_days: the server says its oldest kept seq, and the
+    follower reports the stretch it may have missed (rather than implying nothing happened)."""
+    from peep.server.transport.follow import EventFollower
+    from peep_server_testlib import ADMIN, DEVICE, SITE
+
+    stub = trained_server.stub()
+    msg = templates.message(int(templates.test[330]), track_id="gap-0")
+    trained_server.services.ingestor.decisions.flush()  # an earlier call's decision, committed before this one
+    assert stub.IngestStream(iter([msg]), metadata=DEVICE, timeout=10).accepted == 1
+    last = trained_server.services.store.last_decision_id()
+    kept = {"oldest": last - 1}  # as if retention had deleted everything before the newest two
+    monkeypatch.setattr(trained_server.services.events, "_first_id", lambda: kept["oldest"])
+    gaps: list = []
+    follower = EventFollower(
+        lambda: stub, site=SITE, metadata=ADMIN, after_seq=5, on_gap=lambda a, o: gaps.append((a, o))
+    )
+    got = []
+    for ev in follower:
+        got.append(ev)
+        if ev.message_id == msg.message_id:
+            break
+    follower.stop()
+    assert gaps == [(5, last - 1)] and follower.gaps == gaps
+    # Resuming from a seq the server still keeps after: nothing reported.
+    follower = EventFollower(lambda: stub, site=SITE, metadata=ADMIN, after_seq=last - 1)
+    first = next(iter(follower))
+    follower.stop()
+    assert (first.seq, first.message_id) == (last, msg.message_id) and follower.gaps == []

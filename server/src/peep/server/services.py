@@ -200,6 +200,7 @@ class Services:
         self.events = EventBus(
             self.store.decisions,
             self.store.last_decision_id,
+            self.store.first_decision_id,
             origin=self.origin if self.clustered and not config.cluster.events else None,
             check_interval=config.cluster.check_interval_s,
         ).start()

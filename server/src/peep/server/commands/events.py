@@ -77,6 +77,12 @@ def events(args: argparse.Namespace) -> int:
         site=args.site,
         metadata=[("authorization", f"Bearer {token.decode(errors='replace')}")],
         after_seq=args.after_seq,
+        on_gap=lambda after, oldest: print(
+            f"peep events: the server no longer keeps every event after seq {after} (its oldest is {oldest}: "
+            "recognition.events_days or an erasure deleted older ones); events between may be missing",
+            file=sys.stderr,
+            flush=True,
+        ),
         on_lost=lambda code, details: print(
             f"peep events: stream lost ({code}: {details[:200]}); calling again after seq {follower.last_seq}",
             file=sys.stderr,

@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 
 Event = recognition_pb2.RecognitionEvent
 
+#: Initial metadata of a resumed ``StreamEvents`` (``after_seq`` > 0): the oldest seq the server still keeps
+#: ("0": none kept). A client whose last seq is older than it by more than one may have missed deleted events.
+OLDEST_SEQ_KEY = "peep-oldest-seq"
+
 
 def put_dropping_oldest(q: queue.Queue[Any], item: Any) -> int:
     """Put ``item`` on the bounded ``q`` without blocking, dropping the oldest items to make room.
@@ -185,6 +189,8 @@ class EventBus:
         (:meth:`peep.server.storage.Store.decisions`).
     last_id : callable
         The largest id in the log (:meth:`peep.server.storage.Store.last_decision_id`).
+    first_id : callable, optional
+        The smallest id still kept (:meth:`peep.server.storage.Store.first_decision_id`).
     origin : str or None
         Stream only the decisions of this replica (``cluster.events = false``); None: every replica's.
     queue_size : int
@@ -197,6 +203,7 @@ class EventBus:
         self,
         read: Reader,
         last_id: Callable[[], int],
+        first_id: Callable[[], int] | None = None,
         *,
         origin: str | None = None,
         queue_size: int = 1000,
@@ -206,6 +213,7 @@ class EventBus:
             raise ValueError(f"check_interval: expected seconds > 0, received {check_interval!r}")
         self._read = read
         self._last_id = last_id
+        self._first_id = first_id
         self.origin = origin or None
         self._subs: list[Subscription] = []
         self._sinks: list[Callable[[recognition_pb2.RecognitionEvent], None]] = []
@@ -248,6 +256,10 @@ class EventBus:
     def last_seq(self) -> int:
         """The largest seq in the log (a subscriber may not resume after a later one)."""
         return int(self._last_id())
+
+    def first_seq(self) -> int:
+        """The smallest seq still kept (older ones deleted by retention or an erasure); 0: none kept or unknown."""
+        return int(self._first_id()) if self._first_id is not None else 0
 
     def start(self) -> EventBus:
         self._thread = threading.Thread(target=self._run, name="peep-events", daemon=True)

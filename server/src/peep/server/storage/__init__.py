@@ -507,6 +507,10 @@ class Store(Protocol):
         """The largest id of a kept decision (0: none yet)."""
         ...
 
+    def first_decision_id(self) -> int:
+        """The smallest id of a kept decision (0: none kept)."""
+        ...
+
     def track_memory(self, tracks: Sequence[tuple[str, str]], *, now: float) -> list[TrackRelease]:
         """Unexpired remembered releases of the ``(device_id, track_id)`` pairs, in no particular order."""
         ...

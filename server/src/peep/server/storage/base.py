@@ -350,6 +350,11 @@ class SqlStore(ABC):
             row = conn.execute("SELECT MAX(id) FROM recognition_events").fetchone()
         return int(row[0]) if row and row[0] is not None else 0
 
+    def first_decision_id(self) -> int:
+        with self._session() as conn:
+            row = conn.execute("SELECT MIN(id) FROM recognition_events").fetchone()
+        return int(row[0]) if row and row[0] is not None else 0
+
     def track_memory(self, tracks: Sequence[tuple[str, str]], *, now: float) -> list[TrackRelease]:
         rows: list[TrackRelease] = []
         p = self._sql.param

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import grpc
+from peep.server.ingest.events import OLDEST_SEQ_KEY
 from peep.v1 import recognition_pb2
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,9 @@ class EventFollower:
         First and longest wait between calls (s), doubled after each call that failed at once.
     on_lost : callable, optional
         ``on_lost(status code name, details)`` each time a stream is lost, before calling again.
+    on_gap : callable, optional
+        ``on_gap(last seq, oldest kept seq)`` when a resumed stream says the server no longer keeps every event
+        after the last seq (deleted by ``recognition.events_days`` or an erasure): some may be missing.
     """
 
     def __init__(
@@ -61,6 +65,7 @@ class EventFollower:
         after_seq: int = 0,
         backoff: tuple[float, float] = (0.2, 5.0),
         on_lost: Callable[[str, str], None] | None = None,
+        on_gap: Callable[[int, int], None] | None = None,
     ) -> None:
         if after_seq < 0:
             raise ValueError(f"after_seq: expected a seq >= 0, received {after_seq!r}")
@@ -71,6 +76,9 @@ class EventFollower:
         self.last_seq = int(after_seq)
         self._backoff = backoff
         self._on_lost = on_lost
+        self._on_gap = on_gap
+        #: (last seq, oldest kept seq) of each resume past what the server still keeps.
+        self.gaps: list[tuple[int, int]] = []
         self._stop = threading.Event()
         self._call: Any = None
         #: Streams opened again after one was lost.
@@ -85,6 +93,18 @@ class EventFollower:
         if call is not None:
             call.cancel()
 
+    def _check_kept(self, metadata: Sequence[tuple[str, Any]] | None) -> None:
+        value = dict(metadata or ()).get(OLDEST_SEQ_KEY)
+        if value is None or not str(value).isdigit():
+            return  # a server that does not say
+        oldest = int(value)
+        if oldest > self.last_seq + 1:
+            self.gaps.append((self.last_seq, oldest))
+            log.warning("events after the last seq are no longer all kept; some may be missing",
+                        extra={"after_seq": self.last_seq, "oldest_kept": oldest})  # fmt: skip
+            if self._on_gap is not None:
+                self._on_gap(self.last_seq, oldest)
+
     def __iter__(self) -> Iterator[recognition_pb2.RecognitionEvent]:
         wait = self._backoff[0]
         first = True
@@ -96,6 +116,8 @@ class EventFollower:
             received = 0
             try:
                 self._call = self._stub().StreamEvents(request, metadata=self.metadata)
+                if self.last_seq:
+                    self._check_kept(self._call.initial_metadata())
                 for ev in self._call:
                     if ev.seq and ev.seq <= self.last_seq:
                         self.repeated += 1  # never handed out twice (a server keeping its promise sends none)

@@ -51,6 +51,7 @@ from peep.server import startup
 from peep.server.bundles.catalog import bundle_files_message, files_from_message
 from peep.server.config import ServerConfig
 from peep.server.ingest.auth import HEALTH_PREFIXES, REFLECTION_PREFIXES, AuthInterceptor, current_identity
+from peep.server.ingest.events import OLDEST_SEQ_KEY
 from peep.server.ingest.ingestor import REJECTED, PermissionRefused, Sender
 from peep.server.ingest.reports import ReportTooFrequent
 from peep.server.ingest.validation import Rejection
@@ -404,6 +405,7 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
         after = int(request.after_seq)
         try:
             last = self.s.events.last_seq() if after else 0
+            oldest = self.s.events.first_seq() if after else 0
             sub = self.s.events.subscribe(site, device_id=device_id, after_seq=after) if after <= last else None
         except Exception as exc:  # the database (StoreError, or the driver's own error mid-query)
             # The details stay in the log: a driver's message can name hosts, a DSN its password.
@@ -417,6 +419,9 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
                 f"after_seq: expected at most {last} (the last event's seq), received {after}; "
                 "resume from the last seq this server sent, or 0 for events from now on",
             )
+        if after:
+            # What a resuming client needs to tell "nothing happened" from "it was deleted meanwhile".
+            context.send_initial_metadata(((OLDEST_SEQ_KEY, str(oldest)),))
         context.add_callback(sub.close)
         return self._events(sub, context)
 
