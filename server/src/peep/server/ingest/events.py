@@ -179,6 +179,18 @@ class Subscription:
 Reader = Callable[..., list[tuple[int, Any]]]
 
 
+class SeqAhead(Exception):
+    """A subscriber asked to start after a seq the log never reached (another database's, or made up).
+
+    Ids never run backwards, so starting from it would pass over events: the client must start afresh.
+    """
+
+    def __init__(self, after_seq: int, last: int) -> None:
+        super().__init__(f"after_seq: expected at most {last} (the last event's seq), received {after_seq}")
+        self.after_seq = after_seq
+        self.last = last
+
+
 class EventBus:
     """The process's reader of the log of decisions, its subscribers and its sinks (see the module docstring).
 
@@ -313,8 +325,11 @@ class EventBus:
         """Events of ``site`` ("" = all sites), only ``device_id``'s when given (the caller decides who sees what).
 
         ``after_seq`` 0: the events committed from now on; N: the kept events whose seq is above N first.
+        Raises :class:`SeqAhead` when N is above the last seq in the log.
         """
         last = self.last_seq()  # "now": what is committed, whether or not the reader has read it yet
+        if after_seq > last:
+            raise SeqAhead(after_seq, last)
         with self._lock:
             if self.cursor is None:
                 self.cursor = last  # the reader is idle while there is nobody: it reads on from here

@@ -51,7 +51,7 @@ from peep.server import startup
 from peep.server.bundles.catalog import bundle_files_message, files_from_message
 from peep.server.config import ServerConfig
 from peep.server.ingest.auth import HEALTH_PREFIXES, REFLECTION_PREFIXES, AuthInterceptor, current_identity
-from peep.server.ingest.events import OLDEST_SEQ_KEY
+from peep.server.ingest.events import OLDEST_SEQ_KEY, SeqAhead
 from peep.server.ingest.ingestor import REJECTED, PermissionRefused, Sender
 from peep.server.ingest.reports import ReportTooFrequent
 from peep.server.ingest.validation import Rejection
@@ -404,21 +404,17 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
         site, device_id = self._event_scope(request.site)  # checked here, before the stream starts
         after = int(request.after_seq)
         try:
-            last = self.s.events.last_seq() if after else 0
-            oldest = self.s.events.first_seq() if after else 0
-            sub = self.s.events.subscribe(site, device_id=device_id, after_seq=after) if after <= last else None
+            oldest = self.s.events.first_seq() if after else 0  # before subscribing: a failure leaves nothing open
+            sub = self.s.events.subscribe(site, device_id=device_id, after_seq=after)
+        except SeqAhead as exc:
+            context.abort(
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"{exc}; resume from the last seq this server sent, or 0 for events from now on",
+            )
         except Exception as exc:  # the database (StoreError, or the driver's own error mid-query)
             # The details stay in the log: a driver's message can name hosts, a DSN its password.
             log.warning("StreamEvents: the database did not answer", extra={"error": str(exc)[:200]})
             context.abort(grpc.StatusCode.UNAVAILABLE, "StreamEvents: the server's database did not answer; call again")
-        if sub is None:
-            # Ids never run backwards: a larger one is another database's (or made up); resuming from it would
-            # pass over events, so the client is told to start afresh.
-            context.abort(
-                grpc.StatusCode.OUT_OF_RANGE,
-                f"after_seq: expected at most {last} (the last event's seq), received {after}; "
-                "resume from the last seq this server sent, or 0 for events from now on",
-            )
         if after:
             # What a resuming client needs to tell "nothing happened" from "it was deleted meanwhile".
             context.send_initial_metadata(((OLDEST_SEQ_KEY, str(oldest)),))
