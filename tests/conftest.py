@@ -76,6 +76,15 @@ def keypair(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="session")
+def decision_keys(tmp_path_factory: pytest.TempPathFactory):
+    """The server's decision key (signs what doors deciding over MQTT act on): (private, public, key path, pub path)."""
+    from peep.core.bundle import load_private_key, load_public_key, write_keypair
+
+    key_path, pub_path = write_keypair(tmp_path_factory.mktemp("keys") / "decisions")
+    return load_private_key(key_path), load_public_key(pub_path), key_path, pub_path
+
+
+@pytest.fixture(scope="session")
 def bundle_dir(tmp_path_factory: pytest.TempPathFactory, lfw_background, keypair) -> Path:
     """A signed nc=128 bundle built from the background population."""
     from peep.server.bundles.build import build_bundle

@@ -11,6 +11,7 @@ MODULES = [
     "peep.core.accounting", "peep.core.bounding", "peep.core.eigenfaces", "peep.core.features",
     "peep.core.mechanisms", "peep.core.sampling", "peep.core.statistics", "peep.core.release", "peep.core.wire",
     "peep.core.topics", "peep.core.logs", "peep.core.configfile", "peep.core.projections.fisherfaces",
+    "peep.core.signing",
 ]  # fmt: skip
 
 

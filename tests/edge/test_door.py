@@ -206,14 +206,16 @@ def test_command_lock_runs_argument_lists(tmp_path):
         CommandLock([], ["true"])
 
 
-def test_door_configuration_builds_each_lock_and_names_what_is_missing(make_config, tmp_path):
+def test_door_configuration_builds_each_lock_and_names_what_is_missing(make_config, tmp_path, edge_keys):
     from gpiozero.pins.mock import MockFactory
     from peep.edge.config import load_config
     from peep.edge.door import build_lock
     from peep.edge.errors import ConfigError
 
-    # make_config's device talks MQTT only: its door's decision comes over MQTT.
-    cfg = load_config(make_config(door={"enabled": True, "gpio_pin": 22, "decision": "mqtt"})).door
+    # make_config's device talks MQTT only (the local broker: no TLS, no password): its door's decision comes
+    # over MQTT, signed by the server's decision key, on a broker it accepts only when told to.
+    signed = {"decision_public_key": str(edge_keys["pub_path"]), "insecure_broker": True}
+    cfg = load_config(make_config(door={"enabled": True, "gpio_pin": 22, "decision": "mqtt"} | signed)).door
     factory = MockFactory()
     lock = build_lock(cfg, pin_factory=factory)
     assert isinstance(lock, GpioLock)
@@ -222,7 +224,7 @@ def test_door_configuration_builds_each_lock_and_names_what_is_missing(make_conf
     lock.close()
     sent: list[tuple[str, str]] = []
     door = {"enabled": True, "decision": "mqtt", "lock": "mqtt-relay", "relay_convention": "shelly",
-            "relay_name": "shelly1-front"}  # fmt: skip
+            "relay_name": "shelly1-front"} | signed  # fmt: skip
     shelly = load_config(make_config("s.toml", door=door)).door
     relay = build_lock(shelly, publish=lambda t, p: sent.append((t, p)))
     relay.energise()
@@ -243,10 +245,21 @@ def test_door_configuration_builds_each_lock_and_names_what_is_missing(make_conf
                 load_config(make_config("m.toml", door=door, mqtt={"enabled": False}, grpc={"enabled": True}))
             continue
         with pytest.raises(ConfigError, match=match):
-            load_config(make_config("x.toml", door={"decision": "mqtt"} | door))
+            load_config(make_config("x.toml", door={"decision": "mqtt"} | signed | door))
+    # Deciding over MQTT: only on decisions signed by the server's key, and on an open broker only when told to.
+    with pytest.raises(ConfigError, match="door.decision_public_key: expected the server's decision key"):
+        load_config(make_config("k.toml", door={"enabled": True, "decision": "mqtt", "insecure_broker": True}))
+    with pytest.raises(ConfigError, match="door.decision: expected a broker connection with TLS and credentials for "
+                       "decision = 'mqtt', received no TLS and no credentials"):  # fmt: skip
+        load_config(make_config("o.toml", door={"enabled": True, "decision": "mqtt",
+                                                "decision_public_key": str(edge_keys["pub_path"])}))  # fmt: skip
+    with pytest.raises(ConfigError, match="received no credentials"):
+        load_config(make_config("p.toml", door={"enabled": True, "decision": "mqtt",
+                                                "decision_public_key": str(edge_keys["pub_path"])},
+                                mqtt={"tls": True, "port": 8883}))  # fmt: skip
     # Fusing soft traits: only where the device releases them, and the answer is the server's VerifyFused.
     with pytest.raises(ConfigError, match="door.fuse_soft_traits: expected soft.enabled and door.decision = 'grpc'"):
-        load_config(make_config("f.toml", door={"enabled": True, "decision": "mqtt", "fuse_soft_traits": True}))
+        load_config(make_config("f.toml", door={"enabled": True, "decision": "mqtt", "fuse_soft_traits": True} | signed))
     fused = {"enabled": True, "decision": "grpc", "fuse_soft_traits": True}
     cfg = load_config(make_config("f2.toml", door=fused, grpc={"enabled": True, "target": "localhost:1"},
                                   soft={"enabled": True}))  # fmt: skip
@@ -260,10 +273,22 @@ def test_door_configuration_builds_each_lock_and_names_what_is_missing(make_conf
 
 
 class FakeVerifier:
-    """Answers as configured and keeps what it was sent (the real one is gRPC Verify)."""
+    """Answers as configured and keeps what it was sent (the real one is gRPC Verify).
 
-    def __init__(self, accepted: bool = True, error: Exception | None = None) -> None:
+    ``known``: the subjects its claim check says the server knows (None: every one); ``check_error`` raised
+    by the claim check instead.
+    """
+
+    def __init__(self, accepted: bool = True, error: Exception | None = None, *, known: set[str] | None = None,
+                 check_error: Exception | None = None) -> None:  # fmt: skip
         self.accepted, self.error, self.sent = accepted, error, []
+        self.known, self.check_error, self.checked = known, check_error, []
+
+    def check_claim(self, claim, timeout_s):
+        self.checked.append(claim.subject)
+        if self.check_error is not None:
+            raise self.check_error
+        return self.known is None or claim.subject in self.known
 
     def verify(self, payload, claim, timeout_s):
         from peep.core.wire import decode_template
@@ -466,3 +491,164 @@ def test_a_door_reports_what_it_spent_over_mqtt(make_config, one_person_video, s
         agent.shutdown(drain_timeout=0)
         sub.loop_stop()
         sub.disconnect()
+
+
+# --------------------------------------------------------------------------- what an attacker at the door tries
+
+
+def _session(agent, pipeline, verifier, **ctl_kw):
+    from peep.edge.door_session import DoorSession
+
+    lock = RecordingLock()
+    ctl = DoorController("cam-1", lock, open_s=0.05, decision_timeout_s=30.0, **ctl_kw)
+    return DoorSession(pipeline, agent.accountant, ctl, verifier, face_timeout_s=10.0), ctl, lock
+
+
+def _door_spends(agent) -> list:
+    return [e for e in agent.accountant.ledger.entries() if e.key.startswith("door:")]
+
+
+def test_a_claim_for_a_subject_the_server_does_not_know_releases_nothing(door_agent, one_person_video):
+    """The server is asked first, with no template: a made-up id costs the face at the door nothing."""
+    agent, pipeline = door_agent
+    verifier = FakeVerifier(known={"alice"})
+    session, ctl, lock = _session(agent, pipeline, verifier)
+    out = session.handle("Made_Up_Person", _frames(one_person_video["path"]))
+    assert not out.opened and out.reason == "unknown_subject" and "nothing was released" in out.detail
+    assert verifier.checked == ["Made_Up_Person"] and verifier.sent == [] and _door_spends(agent) == []
+    assert session.handle("alice", _frames(one_person_video["path"])).opened  # a known one is verified
+    assert len(verifier.sent) == 1 and len(_door_spends(agent)) == 1
+    ctl.close()
+
+
+def test_a_flood_of_made_up_ids_is_throttled_at_once_and_releases_nothing(door_agent, one_person_video):
+    """500 ids typed in a burst: max_claims_per_minute are asked about (all unknown), the rest refused at once."""
+    from peep.edge.door_session import serve_claims
+
+    agent, pipeline = door_agent
+    verifier = FakeVerifier(known={"alice"})
+    session, ctl, lock = _session(agent, pipeline, verifier, max_claims_per_minute=10)
+    outcomes: list = []
+    t0 = time.monotonic()
+    opened = serve_claims(session, [f"Made_Up_{i}\n" for i in range(500)], _frames(one_person_video["path"]),
+                          on_outcome=outcomes.append)  # fmt: skip
+    elapsed = time.monotonic() - t0
+    ctl.close()
+    reasons = [o.reason for o in outcomes]
+    assert opened == 0 and reasons.count("unknown_subject") == 10 and reasons.count("throttled") == 490
+    assert verifier.sent == [] and _door_spends(agent) == [] and "open" not in lock.events
+    assert elapsed < 5.0  # refused, not queued: no face was looked for
+    assert ctl.refusals["throttled"] == 490
+
+
+def test_the_door_and_each_subject_spend_within_their_hourly_budgets_across_a_restart(door_agent, one_person_video):
+    from peep.edge.door import DoorBudget
+
+    agent, pipeline = door_agent
+    budget = DoorBudget(door_epsilon=48.0, subject_epsilon=32.0)  # three releases, two per subject (ε 16 each)
+    verifier = FakeVerifier()
+    session, ctl, lock = _session(agent, pipeline, verifier)
+    session.budget = budget
+    outs = [session.handle(s, _frames(one_person_video["path"])) for s in ("alice", "alice", "alice", "bob", "carol")]
+    assert [o.opened for o in outs] == [True, True, False, True, False]
+    assert [o.reason for o in outs if not o.opened] == ["subject_budget", "door_budget"]
+    assert "of 32 spent on this subject" in outs[2].detail and "nothing was released" in outs[2].detail
+    assert len(_door_spends(agent)) == 3 and budget.spent() == pytest.approx(48.0, rel=1e-3)
+    assert ctl.refusals["subject_budget"] == 1 and ctl.refusals["door_budget"] == 1
+    # After a restart the door's window is read back from the ledger: still spent.
+    again = DoorBudget(door_epsilon=48.0, subject_epsilon=32.0,
+                       spent=agent.accountant.ledger.recent("door:", time.time() - 3600))  # fmt: skip
+    assert again.spent() == pytest.approx(48.0, rel=1e-3) and again.refusal("dave", 16.0)[0] == "door_budget"
+    # An hour later the window has passed.
+    later = DoorBudget(door_epsilon=48.0, subject_epsilon=32.0, clock=lambda: time.time() + 3601,
+                       spent=agent.accountant.ledger.recent("door:", time.time() - 3600))  # fmt: skip
+    assert later.refusal("dave", 16.0) is None
+    ctl.close()
+
+
+def test_an_outage_never_locks_a_subject_out_and_spends_nothing_while_the_server_cannot_be_asked(
+    door_agent, one_person_video
+):
+    from peep.edge.door_session import VerifierUnavailable
+
+    agent, pipeline = door_agent
+    down = FakeVerifier(check_error=VerifierUnavailable("CheckClaim: UNAVAILABLE: connection refused"))
+    session, ctl, lock = _session(agent, pipeline, down, lockout_failures=3)
+    outs = [session.handle("alice", _frames(one_person_video["path"])) for _ in range(5)]
+    assert [o.reason for o in outs] == ["unreachable"] * 5 and _door_spends(agent) == []
+    # The server answers the check but the decision is lost on the way back: ε was spent, still no lock-out.
+    session.verifier = FakeVerifier(error=VerifierUnavailable("Verify: UNAVAILABLE: connection reset"))
+    outs = [session.handle("alice", _frames(one_person_video["path"])) for _ in range(4)]
+    assert [o.reason for o in outs] == ["unreachable"] * 4 and len(_door_spends(agent)) == 4
+    session.verifier = FakeVerifier(accepted=True)  # the server back
+    assert session.handle("alice", _frames(one_person_video["path"])).opened
+    ctl.close()
+
+
+def test_only_the_servers_refusals_count_towards_a_lock_out(door):
+    ctl, clock, _lock, _ = door  # lockout_failures = 3
+    ctl.max_claims_per_minute = 100
+    for reason in ("unreachable", "timeout", "no_face", "malformed", "unreachable"):
+        c = ctl.claim("alice")
+        ctl.fail(c, reason)
+        clock.t += 1.0
+    for _ in range(3):  # deadlines passing without an answer
+        ctl.claim("alice")
+        clock.t += 3.0
+        assert ctl.expire().reason == "timeout"
+    assert isinstance(ctl.claim("alice"), Claim)
+    clock.t += 3.0
+    ctl.expire()
+    for _ in range(3):  # three refusals by the server
+        c = ctl.claim("alice")
+        assert isinstance(c, Claim), c
+        ctl.decide(_ok(c, accepted=False))
+    assert ctl.claim("alice").reason == "locked_out"
+
+
+def test_claims_beyond_the_rate_are_throttled_then_taken_again(door):
+    ctl, clock, _lock, _ = door
+    ctl.max_claims_per_minute = 3
+    for i in range(3):
+        c = ctl.claim(f"s{i}")
+        ctl.fail(c, "unknown_subject")
+        clock.t += 1.0
+    out = ctl.claim("alice")
+    assert not isinstance(out, Claim) and out.reason == "throttled" and ctl.refusals["throttled"] == 1
+    clock.t += 58.0  # the first of the three is a minute old
+    assert isinstance(ctl.claim("alice"), Claim)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 4096])
+def test_an_over_long_claim_line_is_dropped_whole_from_a_stream_and_logged_with_its_length(chunk, caplog):
+    """``Kofi_Annan`` and 102,400 spaces and a tail is no claim for Kofi_Annan, however the bytes arrive."""
+    import logging
+    import os
+
+    from peep.edge.door_session import fd_claim_lines, read_claims
+
+    padding = 2_000 if chunk == 1 else 102_400  # a byte at a time: a shorter line, still far over the bound
+    first = b"Kofi_Annan" + b" " * padding + b"tail"
+    payload = first + b"\nalice\n"
+    r, w = os.pipe()
+
+    def write() -> None:
+        for i in range(0, len(payload), chunk):
+            os.write(w, payload[i : i + chunk])
+        os.close(w)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    with caplog.at_level(logging.WARNING, logger="peep.edge.door"):
+        got = list(read_claims(fd_claim_lines(r, poll_s=0.05)))
+    writer.join(10)
+    os.close(r)
+    assert got == ["alice"]
+    lengths = [rec.peep_fields["length"] for rec in caplog.records if rec.getMessage() == "door_claim_malformed"]
+    assert lengths == [len(first)], lengths
+
+
+def test_an_over_long_line_from_any_iterable_is_dropped_not_cut():
+    from peep.edge.door_session import read_claims
+
+    assert list(read_claims(["Kofi_Annan" + " " * 102_400 + "tail", "bob"])) == ["bob"]

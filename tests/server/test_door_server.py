@@ -73,9 +73,11 @@ def test_a_claim_is_answered_by_the_servers_verify_and_a_dead_server_keeps_it_lo
         # A decision came back over TLS for this claim: opened, or rejected by the server's threshold.
         assert out.opened or out.reason == "rejected", out
         assert session.last_timing.stages["verify"] > 0
-        # A claim for a name the server does not know: the server refuses it (an answer, not an outage).
+        # A claim for a name the server does not know: refused on the server's word before anything is released.
+        released = len(agent.accountant.ledger.entries())
         out = session.handle("Nobody_Enrolled", _frames(video))
-        assert not out.opened and out.reason == "rejected" and "NOT_FOUND: claimed_subject" in out.detail, out
+        assert not out.opened and out.reason == "unknown_subject" and "nothing was released" in out.detail, out
+        assert len(agent.accountant.ledger.entries()) == released
         # A deadline shorter than the call: the claim times out, locked.
         ctl.decision_timeout_s = 0.001
         out = session.handle(name, _frames(video))
@@ -85,7 +87,8 @@ def test_a_claim_is_answered_by_the_servers_verify_and_a_dead_server_keeps_it_lo
         dead = make_channel(agent.cfg.grpc.model_copy(update={"target": "localhost:1"}))
         session.verifier = GrpcVerifier(dead, agent.grpc_token)
         out = session.handle(name, _frames(video))
-        assert not out.opened and out.reason == "unreachable" and "UNAVAILABLE" in out.detail
+        assert not out.opened and out.reason == "unreachable" and "CheckClaim" in out.detail, out
+        assert len(agent.accountant.ledger.entries()) == released + 1  # only the first claim released
         dead.close()
         ctl.close()
         states = [p.state for p in pins.pin(17).states]
@@ -116,6 +119,8 @@ def test_peep_edge_door_reads_claims_and_drives_a_command_lock(
         f"open_command = {json.dumps([sys.executable, '-c', script, 'open'])}\n"
         f"close_command = {json.dumps([sys.executable, '-c', script, 'locked'])}\n"
         "open_s = 0.2\ndecision_timeout_s = 10.0\n"
+        # peep-raw at ε 8 costs 4,409 per template: budgets that admit a few claims.
+        "epsilon_per_hour = 100000.0\nsubject_epsilon_per_hour = 100000.0\n"
     )
     (tmp_path / "door.toml").write_text(cfg_text)
     claims = tmp_path / "claims.txt"
@@ -136,23 +141,23 @@ def test_peep_edge_door_reads_claims_and_drives_a_command_lock(
     monkeypatch.setattr(trained_server.services.device_reports, "min_interval_s", 0.0)
     assert edge_main(["door", "--config", str(tmp_path / "door.toml"), "--claims", str(claims)]) == 0
     metrics = made[0].metrics
-    assert metrics.value("peep_edge_door_refusals_total", reason="rejected") >= 1
+    assert metrics.value("peep_edge_door_refusals_total", reason="unknown_subject") == 1
     out = capsys.readouterr().out
-    assert f"claim {name}: " in out and "claim Nobody_Enrolled: locked (rejected)" in out
+    assert f"claim {name}: " in out and "claim Nobody_Enrolled: locked (unknown_subject)" in out
     assert "\x1b" not in out  # a malformed claim is never echoed
     events = log.read_text().split()
     assert events[0] == "locked" and events[-1] == "locked"  # locked at start and at the end
     assert events.count("open") == (1 if f"claim {name}: opened" in out else 0)
     assert agent_cfg.device.id == "cam-1"
     # What the door spent reached the server (its report, the Devices and Privacy views' source): the
-    # releases of the claims that found a face, at the door's per-template ε.
+    # release of the one claim for a known subject, at the door's per-template ε.
     report, _ = trained_server.services.device_reports.latest()["cam-1"]
     from peep.edge.ledger import SqliteLedger
 
     ledger = SqliteLedger(agent_cfg.device.state_dir / "ledger.sqlite3")
     spent = ledger.entries()
     ledger.close()
-    assert report.releases == len(spent) >= 2 and report.epsilon_vector_spent == pytest.approx(
+    assert report.releases == len(spent) == 1 and report.epsilon_vector_spent == pytest.approx(
         sum(e.epsilon for e in spent)
     )
 
@@ -161,9 +166,10 @@ def test_peep_edge_door_reads_claims_and_drives_a_command_lock(
 
 
 class MqttDoor:
-    """Door cam-1 deciding over MQTT: its own connection (the device's credentials), a recording lock."""
+    """Door cam-1 deciding over MQTT: its own connection (the device's credentials), a recording lock, the
+    server's decision key pinned."""
 
-    def __init__(self, agent: Agent, broker, *, timeout_s: float = 4.0) -> None:
+    def __init__(self, agent: Agent, broker, public_key, *, timeout_s: float = 4.0) -> None:
         from peep.edge.config import MqttConfig
         from peep.edge.door_session import MqttVerifier
         from peep.edge.transport.mqtt import MqttLink
@@ -177,7 +183,7 @@ class MqttDoor:
         self.link = MqttLink(mcfg, client_id=f"door-cam-1-{uuid.uuid4().hex[:6]}", site=SITE, device_id="cam-1",
                              password=DEVICE_PASSWORDS["cam-1"], publish_status=False,
                              on_event=lambda ev: self.verifier.on_event(ev))  # fmt: skip
-        self.verifier = MqttVerifier(self.link, self.ctl)
+        self.verifier = MqttVerifier(self.link, self.ctl, public_key=public_key, site=SITE)
         self.session = DoorSession(agent.open(), agent.accountant, self.ctl, self.verifier, face_timeout_s=5.0)
         self.link.start()
         assert self.link.wait_connected(10)
@@ -221,17 +227,48 @@ def _template_of(server_side, deadline_s: float = 10.0):
     return decode_template(payload)
 
 
-def _decision(msg, **kw) -> bytes:
+def _decision(msg, key=None, **kw) -> bytes:
+    """The server's decision on ``msg`` as JSON, with ``kw`` replacing fields; signed by ``key`` (what it says)."""
+    from peep.core.signing import door_statement, sign_statement
+
     event = {"event_id": uuid.uuid4().hex, "site": SITE, "device_id": msg.device_id, "message_id": msg.message_id,
              "track_id": msg.track_id, "purpose": "verify", "claimed_subject": msg.subject, "accepted": True,
              "probability": 0.97, "model_version": "v000001"} | kw  # fmt: skip
+    if key is not None and isinstance(event["accepted"], bool):  # what cannot be read is not signed either
+        statement = door_statement("verify", site=SITE, device_id=event["device_id"], nonce=event["message_id"],
+                                   subject=event["claimed_subject"], verdict=event["accepted"])  # fmt: skip
+        event["signature"] = sign_statement(key, statement)
     return json.dumps(event).encode()
 
 
+def answer_claim_checks(server_side, key, known: bool = True) -> None:
+    """Let the test's server account answer every door's claim check (signed with ``key``), as the server does."""
+    from peep.core.signing import door_statement, sign_statement
+
+    server_side.subscribe("devices/peep/v1/+/+/claims")
+    record = server_side.c.on_message
+
+    def on_message(c, u, m):
+        if not m.topic.endswith("/claims"):
+            record(c, u, m)
+            return
+        q = json.loads(m.payload)
+        _, _, _, site, device, _ = m.topic.split("/")
+        answer = {"kind": "claim_check", "nonce": q["nonce"], "device_id": device, "site": site,
+                  "claimed_subject": q["claimed_subject"], "known": known, "model_version": "v000001"}  # fmt: skip
+        statement = door_statement("claim_check", site=site, device_id=device, nonce=q["nonce"],
+                                   subject=q["claimed_subject"], verdict=known)  # fmt: skip
+        answer["signature"] = sign_statement(key, statement)
+        c.publish(f"devices/peep/v1/{site}/{device}/events", json.dumps(answer), qos=1)
+
+    server_side.c.on_message = on_message
+
+
 def test_over_mqtt_only_the_servers_decision_for_this_claim_opens_and_only_once(
-    shipped_broker, tmp_path, keypair, bundle_dir, pki, claim_video
+    shipped_broker, tmp_path, keypair, bundle_dir, pki, claim_video, decision_keys
 ):
-    """The test plays the server (its broker account); the door is the device cam-1 with its own credential.
+    """The test plays the server (its broker account and decision key); the door is the device cam-1 with its
+    own credential.
 
     Malformed decisions, decisions for another claim, another door or another subject, a forged decision from
     another device's credential, a replay, and no decision at all leave it locked; the one accepted decision
@@ -240,28 +277,30 @@ def test_over_mqtt_only_the_servers_decision_for_this_claim_opens_and_only_once(
     from peep_broker_testlib import DEVICE_PASSWORDS, SERVER_PASSWORD, Client, wait_for
 
     video, name = claim_video
+    key = decision_keys[0]
     agent = _mqtt_door_agent(tmp_path, keypair, bundle_dir, pki)
-    door = MqttDoor(agent, shipped_broker)
+    door = MqttDoor(agent, shipped_broker, decision_keys[1])
     server_side = Client(shipped_broker.srv_port, "peep-server", SERVER_PASSWORD, shipped_broker.ca).connect()
     intruder = Client(shipped_broker.dev_port, "cam-2", DEVICE_PASSWORDS["cam-2"], shipped_broker.ca).connect()
     events = f"devices/peep/v1/{SITE}/cam-1/events"
     try:
         server_side.subscribe("devices/peep/v1/+/cam-1/templates")
+        answer_claim_checks(server_side, key)
         # 1. Everything wrong, then nothing: locked, timeout.
         t, done = door.claim_in_background(name, video)
         msg = _template_of(server_side)
         assert msg.subject == name and msg.purpose == 3
         wrong = [
-            b"{not json", b"[]", _decision(msg, accepted="yes"), _decision(msg, probability=float("nan")),
-            _decision(msg, message_id=uuid.uuid4().hex),  # another claim
-            _decision(msg, device_id="cam-2"),  # another door
-            _decision(msg, claimed_subject="someone_else"),  # another subject
+            b"{not json", b"[]", _decision(msg, key, accepted="yes"), _decision(msg, key, probability=float("nan")),
+            _decision(msg, key, message_id=uuid.uuid4().hex),  # another claim
+            _decision(msg, key, device_id="cam-2"),  # another door
+            _decision(msg, key, claimed_subject="someone_else"),  # another subject
         ]  # fmt: skip
         for payload in wrong:
             server_side.c.publish(events, payload, qos=1).wait_for_publish(5)
         # A device credential writing cam-1's decision (the nonce known): the broker refuses it.
-        forged = [intruder.c.publish(f"peep/v1/{SITE}/cam-1/events", _decision(msg), qos=1),
-                  intruder.c.publish(f"peep/v1/{SITE}/cam-2/events", _decision(msg), qos=1)]  # fmt: skip
+        forged = [intruder.c.publish(f"peep/v1/{SITE}/cam-1/events", _decision(msg, key), qos=1),
+                  intruder.c.publish(f"peep/v1/{SITE}/cam-2/events", _decision(msg, key), qos=1)]  # fmt: skip
         assert wait_for(lambda: all(f.mid in intruder.acks for f in forged), 10)
         assert [intruder.acks[f.mid] for f in forged] == [0x87, 0x87]  # Not authorized
         t.join(20)
@@ -273,15 +312,15 @@ def test_over_mqtt_only_the_servers_decision_for_this_claim_opens_and_only_once(
         # 2. The accepted decision for the waiting claim: opened, once; its replay opens nothing.
         t, done = door.claim_in_background(name, video)
         msg = _template_of(server_side)
-        server_side.c.publish(events, _decision(msg), qos=1).wait_for_publish(5)
+        server_side.c.publish(events, _decision(msg, key), qos=1).wait_for_publish(5)
         t.join(20)
         assert done["out"].opened and door.lock.opened == 1
-        server_side.c.publish(events, _decision(msg), qos=1).wait_for_publish(5)
+        server_side.c.publish(events, _decision(msg, key), qos=1).wait_for_publish(5)
         assert wait_for(lambda: door.outcomes[-1].reason == "replayed", 10), door.outcomes[-1]
         # 3. A replayed decision of the last claim while a new claim waits: still locked (the new claim times out).
         t, done = door.claim_in_background(name, video)
         new_msg = _template_of(server_side)
-        server_side.c.publish(events, _decision(msg), qos=1).wait_for_publish(5)
+        server_side.c.publish(events, _decision(msg, key), qos=1).wait_for_publish(5)
         t.join(20)
         assert new_msg.message_id != msg.message_id
         assert done["out"].reason == "timeout" and door.lock.opened == 1
@@ -293,14 +332,16 @@ def test_over_mqtt_only_the_servers_decision_for_this_claim_opens_and_only_once(
         agent.shutdown(drain_timeout=0)
 
 
-def test_over_mqtt_the_broker_down_keeps_it_locked(shipped_broker, tmp_path, keypair, bundle_dir, pki, claim_video):
+def test_over_mqtt_the_broker_down_keeps_it_locked(
+    shipped_broker, tmp_path, keypair, bundle_dir, pki, claim_video, decision_keys
+):
     import signal
 
     from peep_broker_testlib import wait_for
 
     video, name = claim_video
     agent = _mqtt_door_agent(tmp_path, keypair, bundle_dir, pki)
-    door = MqttDoor(agent, shipped_broker, timeout_s=3.0)
+    door = MqttDoor(agent, shipped_broker, decision_keys[1], timeout_s=3.0)
     try:
         shipped_broker.stop(signal.SIGKILL)
         assert wait_for(lambda: not door.link.connected.is_set(), 10)
@@ -313,17 +354,19 @@ def test_over_mqtt_the_broker_down_keeps_it_locked(shipped_broker, tmp_path, key
 
 
 def test_over_mqtt_a_real_server_decides_the_claim(
-    shipped_broker, tmp_path, keypair, bundle_dir, pki, claim_video, templates, monkeypatch
+    shipped_broker, tmp_path, keypair, bundle_dir, pki, claim_video, templates, monkeypatch, decision_keys
 ):
-    """The server on the same broker (its own account, the shipped ACL), enrolled and trained: the decision it
-    publishes on cam-1's events topic names the claim's nonce and the door acts on it; a claim for a subject it
-    does not know is decided too (rejected), never opened."""
+    """The server on the same broker (its own account, the shipped ACL, its decision key), enrolled and trained:
+    it answers the door's claim check, and the decision it publishes on cam-1's events topic names the claim's
+    nonce, signed, and the door acts on it; a claim for a subject it does not know is refused before anything is
+    released."""
     from peep.v1 import recognition_pb2
     from peep_broker_testlib import SERVER_PASSWORD
     from peep_server_testlib import ADMIN, base_config, start_server, tls_section
 
     monkeypatch.setenv("PEEP_TEST_MQTT_PASSWORD", SERVER_PASSWORD)
-    mqtt = shipped_broker.server_mqtt_section(client_id=f"peep-door-{uuid.uuid4().hex[:6]}")
+    mqtt = shipped_broker.server_mqtt_section(client_id=f"peep-door-{uuid.uuid4().hex[:6]}",
+                                              decision_signing_key=str(decision_keys[2]))  # fmt: skip
     cfg = base_config(tmp_path, keypair[3], bundle_dir, mqtt=mqtt, grpc={"tls": tls_section(pki)})
     srv = start_server(cfg, pki, tmp_path, mqtt_wait=15)
     video, name = claim_video
@@ -333,12 +376,15 @@ def test_over_mqtt_a_real_server_decides_the_claim(
         assert stub.IngestStream(iter(templates.enrolment_messages()), metadata=ADMIN, timeout=60).rejected == 0
         assert stub.Train(recognition_pb2.TrainRequest(), metadata=ADMIN, timeout=300).model_version == "v000001"
         agent = _mqtt_door_agent(tmp_path, keypair, bundle_dir, pki)
-        door = MqttDoor(agent, shipped_broker, timeout_s=10.0)
+        door = MqttDoor(agent, shipped_broker, decision_keys[1], timeout_s=10.0)
         out = door.session.handle(name, _frames(video))
         assert out.opened or out.reason == "rejected", out  # the server's decision, whichever it was
         assert door.lock.opened == int(out.opened)
+        assert door.ctl.refusals["forged"] == 0  # the server's decision and claim check verified
+        released = len(agent.accountant.ledger.entries())
         out = door.session.handle("Nobody_Enrolled", _frames(video))
-        assert not out.opened and out.reason in ("rejected", "timeout"), out
+        assert not out.opened and out.reason == "unknown_subject", out
+        assert len(agent.accountant.ledger.entries()) == released  # nothing released for it
     finally:
         if door is not None:
             door.close()

@@ -135,6 +135,9 @@ class Agent:
         self.environ = os.environ if environ is None else environ
         self.metrics = metrics or EdgeMetrics()
         self.stop_event = threading.Event()
+        #: A door deciding over MQTT on a broker without TLS or credentials (door.insecure_broker): its report
+        #: says so, and the console shows it.
+        self.insecure_broker = False
         self.forwarders: list[Forwarder] = []
         self.mqtt_link: Any = None
         self.spool: Spool | None = None
@@ -442,7 +445,7 @@ class Agent:
         self._housekeeping = threading.Thread(target=loop, name="peep-spool-housekeeping", daemon=True)
         self._housekeeping.start()
 
-    def _start_transports(self, *, enroll: bool = False, client_suffix: str = "") -> None:
+    def _start_transports(self, *, enroll: bool = False, client_suffix: str = "", events: bool = True) -> None:
         cfg = self.cfg
         assert self.spool is not None
         if cfg.mqtt.enabled:
@@ -457,6 +460,7 @@ class Agent:
                 metrics=self.metrics,
                 on_bundle=None if (enroll or not cfg.bundle.accept_updates) else self._bundle_updates.put,
                 publish_status=not enroll,
+                subscribe_events=events,
             )
             fwd = MqttForwarder(
                 self.mqtt_link,
@@ -491,9 +495,10 @@ class Agent:
 
         Over gRPC the forwarder sends the reports; over MQTT a thread of its own publishes one every
         ``mqtt.report_interval_s`` (every second until the first one is taken), as :meth:`run`'s loop does.
-        The MQTT client id gets ``client_suffix``: a ``peep-edge run`` of the same device keeps its own.
+        The MQTT client id gets ``client_suffix``: a ``peep-edge run`` of the same device keeps its own. This
+        connection does not read the events topic: the door's own connection does (:func:`open_door`).
         """
-        self._start_transports(client_suffix=client_suffix)
+        self._start_transports(client_suffix=client_suffix, events=False)
         interval = self.cfg.mqtt.report_interval_s
         self._reporting = self.mqtt_link is not None and interval > 0
         if not self._reporting:

@@ -141,7 +141,7 @@ def _door(args: argparse.Namespace) -> int:
     from peep.edge.agent import Agent
     from peep.edge.capture import open_source
     from peep.edge.config import load_config
-    from peep.edge.door_session import open_door, serve_claims, socket_claims
+    from peep.edge.door_session import fd_claim_lines, open_door, path_claim_lines, serve_claims, socket_claims
 
     cfg = load_config(args.config)
     if not cfg.door.enabled:
@@ -150,6 +150,11 @@ def _door(args: argparse.Namespace) -> int:
         raise ConfigError(f"--face-timeout: expected 0 < seconds <= 30, received {args.face_timeout}")
     setup_logging(level=cfg.log.level, fmt=cfg.log.format)
     agent = Agent(cfg)
+    stop = agent.stop_event
+    # Before anything can block: SIGTERM (systemd's stop) and SIGINT end every wait within half a second and
+    # the door closes, releasing its lock. A handler that only sets the event: the waits poll it.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: agent.request_stop())
 
     def report(outcome: Any) -> None:
         if outcome.opened:
@@ -159,30 +164,36 @@ def _door(args: argparse.Namespace) -> int:
         state = "opened" if outcome.opened else f"locked ({outcome.reason})"
         print(f"claim {outcome.claim.subject if outcome.claim else '?'}: {state}", flush=True)
 
+    claims: Any
+    try:
+        if args.claims == "-":
+            claims = fd_claim_lines(sys.stdin.fileno(), stop=stop)
+        elif args.claims.startswith("unix:"):
+            claims = socket_claims(args.claims[len("unix:") :], stop=stop)
+        else:
+            claims = path_claim_lines(args.claims, stop=stop)
+    except OSError as exc:
+        raise EdgeError(f"--claims: cannot read {args.claims[:200]!r}: {exc.strerror or exc}") from None
     # Every outcome, including decisions refused while no claim of theirs waits (another claim's, replayed).
     door = open_door(agent, on_outcome=report, face_timeout_s=args.face_timeout)
     agent.start_transports()  # its reports: what the door spent reaches the server
     if door.link is not None and not door.link.connected.is_set():
         print(f"door {cfg.device.id}: the MQTT broker is not reachable yet; claims stay locked until it is",
               flush=True)  # fmt: skip
+    if getattr(agent, "insecure_broker", False):
+        weak = " and ".join(cfg.broker_weaknesses())
+        print(f"door {cfg.device.id}: WARNING: deciding over MQTT on a broker with {weak} (door.insecure_broker = "
+              "true); only the server's signature protects the decisions", file=sys.stderr, flush=True)  # fmt: skip
     controller = door.controller
-    frames = open_source(cfg.capture.source, max_fps=cfg.capture.max_fps, stop=agent.stop_event)
-    signal.signal(signal.SIGTERM, lambda *_: agent.request_stop())
-    claims: Any
-    if args.claims == "-":
-        claims = sys.stdin
-    elif args.claims.startswith("unix:"):
-        claims = socket_claims(args.claims[len("unix:") :], stop=agent.stop_event)
-    else:
-        claims = open(args.claims, encoding="utf-8", errors="replace")
+    frames = open_source(cfg.capture.source, max_fps=cfg.capture.max_fps, stop=stop)
+    opened = 0
     try:
         opened = serve_claims(door.session, claims, frames.read)
     finally:
         door.close()
         frames.close()
         agent.shutdown(drain_timeout=5.0)
-        if claims is not sys.stdin:
-            claims.close()  # a file, or the socket's generator (which removes the socket)
+        claims.close()  # the source's generator: closes its descriptor, or removes the socket
     refused = {k: v for k, v in controller.refusals.items() if v}
     print(f"door {cfg.device.id}: {controller.opened} opened, refused {refused or 'none'}")
     # A locked door is the door working: the exit code says the door ran, not what it decided.

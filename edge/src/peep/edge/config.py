@@ -415,8 +415,59 @@ class DoorConfig(_Section):
     decision_timeout_s: float = Field(
         default=5.0, gt=0.0, le=60.0, description="seconds from a claim to its deadline; no decision by then: locked"
     )
-    lockout_failures: int = Field(default=5, ge=1, le=1000, description="failed claims that lock a subject out")
+    lockout_failures: int = Field(
+        default=5,
+        ge=1,
+        le=1000,
+        description=(
+            "claims the server refused (it verified the face and said no) that lock a subject out; an outage "
+            "(unreachable, timeout) or no face never counts"
+        ),
+    )
     lockout_window_s: float = Field(default=300.0, gt=0.0, le=86400.0, description="the lock-out's window")
+    max_claims_per_minute: int = Field(
+        default=10,
+        ge=1,
+        le=600,
+        description=(
+            "claims taken in any 60 s; more are refused at once (throttled) before anything is asked or released, "
+            "so a flood of badge reads is dropped, not queued"
+        ),
+    )
+    epsilon_per_hour: float = Field(
+        default=1600.0,
+        gt=0.0,
+        le=1e7,
+        description=(
+            "per-vector ε the door may release in any hour (all its VERIFY templates, soft traits included; "
+            "kept in the ledger, so a restart does not reset it); a claim that would pass it is refused "
+            "(door_budget). The default is 100 claims an hour at ε 16"
+        ),
+    )
+    subject_epsilon_per_hour: float = Field(
+        default=96.0,
+        gt=0.0,
+        le=1e7,
+        description=(
+            "per-vector ε the door may release in any hour for claims of one subject (six claims at ε 16); a "
+            "claim that would pass it is refused (subject_budget). Counted in memory: a restart forgets it"
+        ),
+    )
+    decision_public_key: ConfigPath | None = Field(
+        default=None,
+        description=(
+            "decision = 'mqtt': the public half (PEM) of the server's mqtt.decision_signing_key. The door acts "
+            "only on decisions and claim checks signed by it, so a client that can write the events topic still "
+            "cannot forge one"
+        ),
+    )
+    insecure_broker: bool = Field(
+        default=False,
+        description=(
+            "decision = 'mqtt' on a broker connection without TLS or without credentials: refused unless this is "
+            "true (then warned at every start and shown on the console). Decisions stay signed either way"
+        ),
+    )
 
     @model_validator(mode="after")
     def _lock_is_complete(self) -> DoorConfig:
@@ -462,6 +513,19 @@ class EdgeConfig(_Section):
             raise ValueError("door.decision: expected grpc.enabled for decision = 'grpc', received grpc disabled")
         if self.door.enabled and self.door.decision == "mqtt" and not self.mqtt.enabled:
             raise ValueError("door.decision: expected mqtt.enabled for decision = 'mqtt', received mqtt disabled")
+        if self.door.enabled and self.door.decision == "mqtt":
+            if self.door.decision_public_key is None:
+                raise ValueError(
+                    "door.decision_public_key: expected the server's decision key (the public half of its "
+                    "mqtt.decision_signing_key) for decision = 'mqtt', received none"
+                )
+            weak = self.broker_weaknesses()
+            if weak and not self.door.insecure_broker:
+                raise ValueError(
+                    f"door.decision: expected a broker connection with TLS and credentials for decision = 'mqtt', "
+                    f"received {' and '.join(weak)}; a client on such a broker can read every claim and write "
+                    "decisions (set door.insecure_broker = true to run anyway: decisions are still signed)"
+                )
         fusable = self.soft.enabled and self.door.decision == "grpc"
         if self.door.enabled and self.door.fuse_soft_traits and not fusable:
             raise ValueError(
@@ -485,6 +549,17 @@ class EdgeConfig(_Section):
     @property
     def mqtt_client_id(self) -> str:
         return self.mqtt.client_id or f"peep-edge-{self.device.site}-{self.device.id}"
+
+    def broker_weaknesses(self) -> list[str]:
+        """What the broker connection lacks (``"no TLS"``, ``"no credentials"``); empty when it has both.
+
+        Credentials are a password (``mqtt.password_env``/``password_credential``) or a client certificate.
+        """
+        m = self.mqtt
+        weak = [] if m.tls else ["no TLS"]
+        if not (m.password_env or m.password_credential or (m.tls and m.cert_file)):
+            weak.append("no credentials")
+        return weak
 
 
 def parse_config(data: dict[str, Any], *, base_dir: Path | None = None) -> EdgeConfig:

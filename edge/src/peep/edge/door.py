@@ -4,8 +4,14 @@ Fail-secure is the rule everything here follows: the lock is driven open only by
 with an *accepted* decision for the *current* claim, on *this* door, before the claim's deadline. Anything
 else — no decision in time, a decision for another claim or another door, a replayed one, one that cannot
 be read, a server or broker that cannot be reached — leaves it locked, with the reason logged and counted.
-A subject whose claims failed ``lockout_failures`` times within ``lockout_window_s`` cannot claim again
-until the window has passed (a claim brute force stops there).
+A subject whose claims the server refused ``lockout_failures`` times within ``lockout_window_s`` cannot
+claim again until the window has passed (a claim brute force stops there); an outage, a missed deadline or no
+face never counts, so a server away cannot lock genuine people out.
+
+What a door may release is bounded like a camera's (:class:`DoorBudget`): at most
+``max_claims_per_minute`` claims are taken (a flood of badge reads is refused at once, ``throttled``, not
+queued), and ε per hour for the whole door and for each claimed subject; a claim that would pass either is
+refused before anything is released.
 
 Locks (:class:`Lock`): a GPIO output through ``gpiozero`` (:class:`GpioLock`, extra ``peep-edge[door]``),
 an MQTT relay in the Tasmota / Shelly / Home Assistant convention (:class:`MqttRelayLock`), or a command
@@ -44,7 +50,18 @@ REFUSAL_REASONS = (
     "locked_out",  # the subject failed too often lately
     "no_face",  # no usable face appeared in time
     "busy",  # a claim is already waiting for its decision
+    "throttled",  # more claims than door.max_claims_per_minute
+    "unknown_subject",  # the serving model does not know the claimed subject: nothing was released
+    "door_budget",  # the claim would pass the door's ε per hour
+    "subject_budget",  # the claim would pass the claimed subject's ε per hour
+    "forged",  # a decision or claim check not signed by the server's decision key
 )
+
+#: Subjects whose refusals or spends a door remembers at once (beyond it the oldest is forgotten).
+MAX_TRACKED_SUBJECTS = 10_000
+
+#: The only refusals that count towards a subject's lock-out: the server verified the face and said no.
+LOCKOUT_REASONS = frozenset({"rejected"})
 
 
 class Lock(Protocol):
@@ -210,7 +227,9 @@ class DoorController:
     decision_timeout_s : float
         Seconds from a claim to its deadline: a decision after it is refused (``timeout``).
     lockout_failures, lockout_window_s
-        A subject with this many failed claims in the window is refused (``locked_out``) until it passes.
+        A subject the server refused this often in the window is refused (``locked_out``) until it passes.
+    max_claims_per_minute : int
+        Claims taken in any 60 s; more are refused at once (``throttled``).
     clock : callable
         Monotonic seconds (injected in tests).
     on_outcome : callable, optional
@@ -226,6 +245,7 @@ class DoorController:
         decision_timeout_s: float = 5.0,
         lockout_failures: int = 5,
         lockout_window_s: float = 300.0,
+        max_claims_per_minute: int = 10,
         clock: Callable[[], float] = time.monotonic,
         on_outcome: Callable[[Outcome], None] | None = None,
     ) -> None:
@@ -235,6 +255,10 @@ class DoorController:
             raise ValueError(f"door.decision_timeout_s: expected 0 < seconds <= 60, received {decision_timeout_s}")
         if lockout_failures < 1:
             raise ValueError(f"door.lockout_failures: expected >= 1, received {lockout_failures}")
+        if max_claims_per_minute < 1:
+            raise ValueError(f"door.max_claims_per_minute: expected >= 1, received {max_claims_per_minute}")
+        self.max_claims_per_minute = int(max_claims_per_minute)
+        self._taken: deque[float] = deque()  # when the claims of the last minute were taken
         self.door, self.lock = door, lock
         self.open_s, self.decision_timeout_s = float(open_s), float(decision_timeout_s)
         self.lockout_failures, self.lockout_window_s = int(lockout_failures), float(lockout_window_s)
@@ -269,6 +293,14 @@ class DoorController:
         """Refuse the current claim if its deadline has passed (``timeout``); call it periodically."""
         return self._reported(self._expire())
 
+    def discard(self, reason: str, detail: str = "") -> Outcome:
+        """Refuse and count a message that is no decision of the waiting claim (``forged``...); it ends nothing."""
+        if reason not in REFUSAL_REASONS:
+            raise ValueError(f"reason: expected one of {', '.join(REFUSAL_REASONS)}, received {reason!r}")
+        with self._lock:
+            outcome = self._refuse(None, reason, detail)
+        return self._reported(outcome)
+
     def _reported(self, result: _R) -> _R:
         if isinstance(result, Outcome):
             self._report(result)
@@ -283,6 +315,14 @@ class DoorController:
                     None, "busy", f"a claim for another subject is waiting until {self._current.deadline:.1f}"
                 )
             self._current = None
+            while self._taken and now - self._taken[0] >= 60.0:
+                self._taken.popleft()
+            if len(self._taken) >= self.max_claims_per_minute:
+                return self._refuse(
+                    Claim(subject, "", self.door, now, now), "throttled",
+                    f"{self.max_claims_per_minute} claims within the last 60 s",
+                )  # fmt: skip
+            self._taken.append(now)
             if self._locked_out(subject, now):
                 claim = Claim(subject, "", self.door, now, now)
                 return self._refuse(claim, "locked_out", f"{self.lockout_failures} failed claims within "
@@ -300,7 +340,8 @@ class DoorController:
             if self._current is not None and self._current.nonce == claim.nonce:
                 self._current = None
                 self._decided.append(claim.nonce)
-            self._count_failure(claim.subject)
+            if reason in LOCKOUT_REASONS:
+                self._count_failure(claim.subject)
             return self._refuse(claim, reason, detail)
 
     def _decide(self, decision: Decision | None) -> Outcome:
@@ -319,7 +360,6 @@ class DoorController:
             self._current = None
             self._decided.append(claim.nonce)
             if now > claim.deadline:
-                self._count_failure(claim.subject)
                 return self._refuse(claim, "timeout", f"decided {now - claim.made_at:.2f} s after the claim")
             if not decision.accepted:
                 self._count_failure(claim.subject)
@@ -340,7 +380,6 @@ class DoorController:
                 return None
             self._current = None
             self._decided.append(claim.nonce)
-            self._count_failure(claim.subject)
             return self._refuse(claim, "timeout", "no decision before the deadline")
 
     # -- the lock -----------------------------------------------------------------------
@@ -377,6 +416,8 @@ class DoorController:
 
     def _count_failure(self, subject: str) -> None:
         self._failures.setdefault(subject, _Failures()).times.append(self.clock())
+        if len(self._failures) > MAX_TRACKED_SUBJECTS:  # the oldest entry goes: memory stays bounded
+            self._failures.pop(next(iter(self._failures)))
 
     def _refuse(self, claim: Claim | None, reason: str, detail: str) -> Outcome:
         self.refusals[reason] += 1
@@ -391,3 +432,80 @@ class DoorController:
                 self.on_outcome(outcome)
             except Exception as exc:  # a failing observer never opens or blocks the door
                 log_event(_log, logging.WARNING, "door_observer_failed", error=str(exc)[:200])
+
+
+class DoorBudget:
+    """ε a door may release per hour: in all, and for claims of one subject (per-vector ε, soft traits included).
+
+    A camera's releases are bounded per track; a door's claims carry no track, and each would otherwise be
+    charged to a key of its own (the claim's nonce), bounded by nothing. Here every release is counted in a
+    sliding window of ``window_s``: for the whole door (seeded from the ledger at start, so a restart does not
+    reset it) and per claimed subject (in memory only: the device keeps no record of who claimed). A claim is
+    checked before anything is released (:meth:`refusal`) and charged once its template is (:meth:`charge`).
+
+    Parameters
+    ----------
+    door_epsilon, subject_epsilon : float
+        Per-vector ε per window for the door and for one subject.
+    window_s : float
+        The window (an hour).
+    clock : callable
+        Wall-clock seconds, the ledger's clock (a window survives a restart).
+    spent : iterable of (time, epsilon), optional
+        The door's releases already recorded (the ledger's entries).
+    """
+
+    def __init__(
+        self,
+        *,
+        door_epsilon: float,
+        subject_epsilon: float,
+        window_s: float = 3600.0,
+        clock: Callable[[], float] = time.time,
+        spent: Sequence[tuple[float, float]] = (),
+    ) -> None:
+        for name, v in (("door.epsilon_per_hour", door_epsilon), ("door.subject_epsilon_per_hour", subject_epsilon)):
+            if not (v > 0 and v < float("inf")):
+                raise ValueError(f"{name}: expected a positive finite per-vector ε, received {v}")
+        self.door_epsilon, self.subject_epsilon = float(door_epsilon), float(subject_epsilon)
+        self.window_s, self.clock = float(window_s), clock
+        now = clock()
+        self._door: deque[tuple[float, float]] = deque(sorted((t, e) for t, e in spent if now - t < window_s))
+        self._subjects: dict[str, deque[tuple[float, float]]] = {}
+        self._lock = threading.Lock()
+
+    def _trim(self, q: deque[tuple[float, float]], now: float) -> float:
+        while q and now - q[0][0] >= self.window_s:
+            q.popleft()
+        return sum(e for _, e in q)
+
+    def spent(self, subject: str | None = None) -> float:
+        """Per-vector ε released within the window, by the door (or for ``subject``)."""
+        with self._lock:
+            now = self.clock()
+            if subject is None:
+                return self._trim(self._door, now)
+            q = self._subjects.get(subject)
+            return 0.0 if q is None else self._trim(q, now)
+
+    def refusal(self, subject: str, cost: float) -> tuple[str, str] | None:
+        """``(reason, detail)`` if releasing ``cost`` for ``subject`` would pass a budget; None if it fits."""
+        door, mine = self.spent(), self.spent(subject)
+        if door + cost > self.door_epsilon * (1 + 1e-9):
+            return "door_budget", (f"ε {door:g} of {self.door_epsilon:g} spent in the last {self.window_s:g} s; a "
+                                   f"release costs {cost:g}")  # fmt: skip
+        if mine + cost > self.subject_epsilon * (1 + 1e-9):
+            return "subject_budget", (f"ε {mine:g} of {self.subject_epsilon:g} spent on this subject's claims in "
+                                      f"the last {self.window_s:g} s; a release costs {cost:g}")  # fmt: skip
+        return None
+
+    def charge(self, subject: str, cost: float) -> None:
+        """Count a release of ``cost`` for ``subject``."""
+        with self._lock:
+            now = self.clock()
+            self._door.append((now, cost))
+            q = self._subjects.pop(subject, None) or deque()
+            q.append((now, cost))
+            self._subjects[subject] = q  # most recent last: the oldest goes first when the map is full
+            while len(self._subjects) > MAX_TRACKED_SUBJECTS:
+                self._subjects.pop(next(iter(self._subjects)))

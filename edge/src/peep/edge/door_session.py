@@ -3,24 +3,31 @@
 :class:`DoorSession` joins the agent's pipeline (detector, descriptor, mechanism, site key, ledger) to a
 :class:`~peep.edge.door.DoorController`:
 
-1. the controller opens a claim (or refuses it: busy, locked out);
-2. frames are read for at most ``face_timeout_s``; the largest detected face is kept (size stands for
+1. the controller opens a claim (or refuses it: busy, throttled, locked out);
+2. the claim must fit the door's ε per hour, in all and for the claimed subject (:class:`DoorBudget`), and
+   the server is asked, without a template, whether its serving model knows the subject (``CheckClaim``
+   over gRPC, the ``claims`` topic over MQTT). A made-up id, a budget spent or a server that cannot be
+   asked ends the claim here: nothing of the face at the door is released;
+3. frames are read for at most ``face_timeout_s``; the largest detected face is kept (size stands for
    quality: the tracker's best frame is the nearest and most frontal one in practice), and reading stops
    early once ``settle_frames`` frames in a row showed no larger one;
-3. that face becomes one VERIFY template for the claimed subject, charged to the device's ledger under
-   ``door:<the claim's nonce>`` like any release (one release per claim, within ``privacy.track_budget``;
-   a key per subject would refuse a person's third claim for ever, and would keep who claimed in the
-   ledger), but sent by the verifier in the call, never spooled;
-4. the verifier's decision — over gRPC the answer to this call, over MQTT the server's message naming the
-   claim's nonce (the template's message id) — is handed to the controller, which opens only for an
+4. that face becomes one VERIFY template for the claimed subject, charged to the device's ledger under
+   ``door:<the claim's nonce>`` like any release (and to the hourly budgets), but sent by the verifier in
+   the call, never spooled;
+5. the verifier's decision — over gRPC the answer to this call, over MQTT the server's signed message naming
+   the claim's nonce (the template's message id) — is handed to the controller, which opens only for an
    accepted one in time. A verifier that cannot be reached, or an answer that cannot be read, ends the
    claim locked.
+
+A stop (SIGTERM) ends every wait — for a claim on any source, for a face, for an answer — within a fraction
+of a second, the claim in progress locked.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hmac
+import json
 import logging
 import math
 import os
@@ -31,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from peep.core.imaging import FaceBox, primary_face
-from peep.edge.door import Claim, Decision, DoorController, Outcome
+from peep.edge.door import Claim, Decision, DoorBudget, DoorController, Outcome
 from peep.edge.logs import log_event
 
 _log = logging.getLogger("peep.edge.door")
@@ -47,10 +54,22 @@ class VerifierTimeout(VerifierUnavailable):
 
 class VerifierRefused(RuntimeError):
     """The server answered, refusing the claim itself (unknown subject, a template it will not score, a
-    device without the right): ``rejected``, counted towards the subject's lock-out."""
+    device without the right): ``rejected`` after a release, ``unknown_subject`` on a claim check."""
+
+
+class DoorStopping(VerifierUnavailable):
+    """The door is stopping (SIGTERM): the waiting claim ends locked."""
 
 
 class Verifier(Protocol):
+    def check_claim(self, claim: Claim, timeout_s: float) -> bool:
+        """Whether the server's serving model knows ``claim.subject``, asked with no template.
+
+        Raises :class:`VerifierUnavailable` when no answer can come and :class:`VerifierRefused` when the server
+        refused the question itself.
+        """
+        ...
+
     def verify(self, payload: bytes, claim: Claim, timeout_s: float) -> Decision:
         """The server's decision on ``payload`` (a VERIFY template whose message id is ``claim.nonce``).
 
@@ -60,47 +79,77 @@ class Verifier(Protocol):
         ...
 
 
+#: Longest wait for a claim check: a server that does not answer in this time is treated as away.
+CHECK_TIMEOUT_S = 3.0
+
+
 class GrpcVerifier:
     """``RecognitionService.Verify`` over the device's gRPC channel (TLS, its bearer token).
 
     The answer is bound to the claim because it is the answer to this call on this channel. ``fused``: the
     QBBS module's ``VerifyFused`` instead, the face fused with the soft traits the template carries (the
     device's own LDP age and gender releases); the server charges the trait queries to the claimed subject's
-    odometer.
+    odometer. The claim check is ``CheckClaim``, waiting for the channel to be ready (a server just back is
+    asked, not written off). Every call is cancelled when ``stop`` is set.
     """
 
-    def __init__(self, channel: Any, token: str | None, *, fused: bool = False) -> None:
+    def __init__(self, channel: Any, token: str | None, *, fused: bool = False,
+                 stop: threading.Event | None = None) -> None:  # fmt: skip
         from peep.v1 import qbbs_pb2_grpc, recognition_pb2_grpc
 
         self.fused = fused
+        self.stop = stop
         self._stub = recognition_pb2_grpc.RecognitionServiceStub(channel)  # type: ignore[no-untyped-call]
         self._qbbs = qbbs_pb2_grpc.QbbsServiceStub(channel)  # type: ignore[no-untyped-call]
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
 
-    def verify(self, payload: bytes, claim: Claim, timeout_s: float) -> Decision:
+    def _call(self, name: str, method: Any, request: Any, timeout_s: float, *, wait_for_ready: bool = False) -> Any:
+        """``method(request)`` within ``timeout_s``, cancelled when ``stop`` is set; errors as Verifier errors."""
         import grpc
-        from peep.core.wire import decode_template
-        from peep.v1 import qbbs_pb2, recognition_pb2
 
-        template = decode_template(payload)
-        timeout = max(timeout_s, 0.001)
+        future = method.future(request, metadata=self._metadata, timeout=max(timeout_s, 0.001),
+                               wait_for_ready=wait_for_ready)  # fmt: skip
         try:
-            if self.fused:
-                fused = self._qbbs.VerifyFused(
-                    qbbs_pb2.QbbsVerifyRequest(template=template, claimed_subject=claim.subject),
-                    metadata=self._metadata, timeout=timeout,
-                )  # fmt: skip
-                return Decision(claim.nonce, claim.door, claim.subject, bool(fused.accepted), float(fused.fused_score))
-            request = recognition_pb2.VerifyRequest(template=template, claimed_subject=claim.subject)
-            resp = self._stub.Verify(request, metadata=self._metadata, timeout=timeout)
+            while True:
+                if self.stop is not None and self.stop.is_set():
+                    future.cancel()
+                    raise DoorStopping(f"{name}: the door is stopping")
+                try:
+                    return future.result(timeout=0.2)
+                except grpc.FutureTimeoutError:
+                    continue
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
-            detail = f"Verify: {code.name if code else 'error'}: {str(exc.details() or '')[:200]}"
+            detail = f"{name}: {code.name if code else 'error'}: {str(exc.details() or '')[:200]}"
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise VerifierTimeout(detail) from None
             if code in _REFUSALS:
                 raise VerifierRefused(detail) from None
             raise VerifierUnavailable(detail) from None
+        except grpc.FutureCancelledError:
+            raise DoorStopping(f"{name}: cancelled, the door is stopping") from None
+
+    def check_claim(self, claim: Claim, timeout_s: float) -> bool:
+        from peep.v1 import recognition_pb2
+
+        request = recognition_pb2.CheckClaimRequest(claimed_subject=claim.subject)
+        try:
+            return bool(self._call("CheckClaim", self._stub.CheckClaim, request, timeout_s, wait_for_ready=True).known)
+        except VerifierTimeout as exc:  # asked, nothing came back: the server is away, not slow to decide
+            raise VerifierUnavailable(str(exc)) from None
+
+    def verify(self, payload: bytes, claim: Claim, timeout_s: float) -> Decision:
+        from peep.core.wire import decode_template
+        from peep.v1 import qbbs_pb2, recognition_pb2
+
+        template = decode_template(payload)
+        if self.fused:
+            fused = self._call("VerifyFused", self._qbbs.VerifyFused,
+                               qbbs_pb2.QbbsVerifyRequest(template=template, claimed_subject=claim.subject),
+                               timeout_s)  # fmt: skip
+            return Decision(claim.nonce, claim.door, claim.subject, bool(fused.accepted), float(fused.fused_score))
+        request = recognition_pb2.VerifyRequest(template=template, claimed_subject=claim.subject)
+        resp = self._call("Verify", self._stub.Verify, request, timeout_s)
         return Decision(claim.nonce, claim.door, claim.subject, bool(resp.accepted), float(resp.score))
 
 
@@ -112,6 +161,7 @@ def decision_from_event(event: Any) -> Decision | None:
     """The decision in a verify event of the device's events topic (the server's JSON); None if unreadable.
 
     Every field is checked for its type and bounded: a message that is not exactly a decision opens nothing.
+    Its signature is checked apart (:meth:`MqttVerifier.on_event`).
     """
     if not isinstance(event, dict):
         return None
@@ -126,34 +176,85 @@ def decision_from_event(event: Any) -> Decision | None:
     return Decision(str(nonce), str(door), str(subject), accepted, float(score))
 
 
+@dataclass(frozen=True)
+class _CheckAnswer:
+    nonce: str
+    door: str
+    subject: str
+    known: bool
+
+
+def _claim_check_from_event(event: dict[str, Any]) -> _CheckAnswer | None:
+    nonce, door, subject, known = (event.get(k) for k in ("nonce", "device_id", "claimed_subject", "known"))
+    if not all(isinstance(v, str) and 0 < len(v) <= _MAX_DECISION_ID for v in (nonce, door, subject)):
+        return None
+    if not isinstance(known, bool):
+        return None
+    return _CheckAnswer(str(nonce), str(door), str(subject), known)
+
+
 class MqttVerifier:
     """Decisions over MQTT: the template on the device's templates topic, the answer on its events topic.
 
-    The broker's ACL (deploy/mosquitto/acl) lets only the server write a device's events topic, and the claim's
-    nonce is the VERIFY template's message id, which the server's decision names. The verifier hands back
-    only a decision naming the waiting claim's nonce, door and subject; every other message on the topic
-    while the door is in use (a decision for another claim or door, a replayed or unreadable one) goes to the
-    controller, which refuses and counts it without ending the waiting claim. Identification events (the
-    device's camera work) are not decisions and are ignored.
+    Three things bind an answer to the claim: the claim's nonce (the VERIFY template's message id, which the
+    server's decision names), the broker's ACL (deploy/mosquitto/acl: only the server writes a device's events
+    topic), and the server's signature (:mod:`peep.core.signing`, checked against ``public_key``), which a
+    client without the server's key cannot produce whatever the broker lets through. The verifier hands back
+    only a signed decision naming the waiting claim's nonce, door and subject; every other message on the topic
+    while the door is in use (unsigned or wrongly signed: ``forged``; for another claim or door, replayed, or
+    unreadable) goes to the controller, which refuses and counts it without ending the waiting claim.
+    Identification events (the device's camera work) are not decisions and are ignored.
+
+    The claim check goes to the device's ``claims`` topic as ``{"nonce", "claimed_subject"}``; its signed
+    answer (``kind = "claim_check"``) comes back on the events topic.
 
     Parameters
     ----------
     link : MqttLink
         The device's connection; route its ``on_event`` to :meth:`on_event`.
     controller : DoorController
+    public_key : Ed25519PublicKey
+        The server's decision key (``door.decision_public_key``).
+    site : str
+        This door's site (part of what the server signs).
+    stop : threading.Event, optional
+        Set when the door stops: a waiting claim ends at once.
     """
 
-    def __init__(self, link: Any, controller: DoorController) -> None:
+    def __init__(self, link: Any, controller: DoorController, *, public_key: Any, site: str,
+                 stop: threading.Event | None = None) -> None:  # fmt: skip
         self._link, self.controller = link, controller
+        self.public_key, self.site, self.stop = public_key, site, stop
         self._cv = threading.Condition()
         self._waiting: Claim | None = None
         self._answer: Decision | None = None
+        self._checking: Claim | None = None
+        self._check_answer: _CheckAnswer | None = None
+
+    def _signed(self, kind: Any, *, door: str, nonce: str, subject: str, verdict: bool, signature: Any) -> bool:
+        from peep.core.signing import door_statement, verify_statement
+
+        try:
+            statement = door_statement(kind, site=self.site, device_id=door, nonce=nonce, subject=subject,
+                                       verdict=verdict)  # fmt: skip
+        except (TypeError, ValueError):
+            return False
+        return verify_statement(self.public_key, statement, signature)
 
     def on_event(self, event: Any) -> None:
         """One message of the events topic (paho's network thread)."""
         if isinstance(event, dict) and event.get("purpose") in ("identify", "unspecified"):
             return
+        if isinstance(event, dict) and event.get("kind") == "claim_check":
+            self._on_claim_check(event)
+            return
         decision = decision_from_event(event)
+        if decision is not None and not self._signed(
+            "verify", door=decision.door, nonce=decision.nonce, subject=decision.subject, verdict=decision.accepted,
+            signature=event.get("signature") if isinstance(event, dict) else None,
+        ):  # fmt: skip
+            self.controller.discard("forged", "a decision not signed by the server's decision key")
+            return
         with self._cv:
             w = self._waiting
             if (
@@ -166,30 +267,77 @@ class MqttVerifier:
                 return
         self.controller.decide(decision)
 
-    def verify(self, payload: bytes, claim: Claim, timeout_s: float) -> Decision:
+    def _on_claim_check(self, event: dict[str, Any]) -> None:
+        answer = _claim_check_from_event(event)
+        if answer is None:
+            self.controller.discard("malformed", "a claim check answer that cannot be read")
+            return
+        if not self._signed("claim_check", door=answer.door, nonce=answer.nonce, subject=answer.subject,
+                            verdict=answer.known, signature=event.get("signature")):  # fmt: skip
+            self.controller.discard("forged", "a claim check answer not signed by the server's decision key")
+            return
+        with self._cv:
+            c = self._checking
+            if (
+                c is not None and self._check_answer is None and hmac.compare_digest(answer.nonce, c.nonce)
+                and answer.door == c.door and answer.subject == c.subject
+            ):  # fmt: skip
+                self._check_answer = answer
+                self._cv.notify_all()
+        # An answer for no waiting check (late, or another claim's) decides nothing: dropped.
+
+    def _publish(self, topic: str, payload: bytes, deadline: float, what: str) -> None:
         import paho.mqtt.client as mqtt
 
+        if not self._link.connected.is_set():
+            raise VerifierUnavailable("the MQTT broker is not connected")
+        info = self._link.client.publish(topic, payload, qos=1, retain=False)
+        if info.rc != mqtt.MQTT_ERR_SUCCESS:
+            raise VerifierUnavailable(f"the MQTT client refused the {what}: {mqtt.error_string(info.rc)}")
+        try:
+            info.wait_for_publish(max(deadline - time.monotonic(), 0.001))
+        except (RuntimeError, ValueError) as exc:
+            raise VerifierUnavailable(f"the MQTT broker dropped the {what}: {exc}") from None
+        if not info.is_published():
+            raise VerifierUnavailable(f"the MQTT broker did not acknowledge the {what} before the deadline")
+
+    def _wait(self, ready: Callable[[], bool], deadline: float, what: str) -> None:
+        """Wait (holding ``_cv``) until ``ready()``; a stop or the deadline ends the wait with an error."""
+        while not ready():
+            if self.stop is not None and self.stop.is_set():
+                raise DoorStopping("the door is stopping")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise VerifierTimeout(f"no {what} on the events topic before the deadline")
+            self._cv.wait(min(remaining, 0.2))
+
+    def check_claim(self, claim: Claim, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            self._checking, self._check_answer = claim, None
+        try:
+            question = json.dumps({"nonce": claim.nonce, "claimed_subject": claim.subject}).encode()
+            self._publish(self._link.topics.claims(self.site, claim.door), question, deadline, "claim check")
+            with self._cv:
+                try:
+                    self._wait(lambda: self._check_answer is not None, deadline, "answer to the claim check")
+                except VerifierTimeout as exc:  # nobody answered: the server is away
+                    raise VerifierUnavailable(str(exc)) from None
+                assert self._check_answer is not None
+                return self._check_answer.known
+        finally:
+            with self._cv:
+                self._checking = None
+
+    def verify(self, payload: bytes, claim: Claim, timeout_s: float) -> Decision:
         deadline = time.monotonic() + timeout_s
         with self._cv:
             self._waiting, self._answer = claim, None
         try:
-            if not self._link.connected.is_set():
-                raise VerifierUnavailable("the MQTT broker is not connected")
-            info = self._link.client.publish(self._link.templates_topic, payload, qos=1, retain=False)
-            if info.rc != mqtt.MQTT_ERR_SUCCESS:
-                raise VerifierUnavailable(f"the MQTT client refused the template: {mqtt.error_string(info.rc)}")
-            try:
-                info.wait_for_publish(max(deadline - time.monotonic(), 0.001))
-            except (RuntimeError, ValueError) as exc:
-                raise VerifierUnavailable(f"the MQTT broker dropped the template: {exc}") from None
-            if not info.is_published():
-                raise VerifierUnavailable("the MQTT broker did not acknowledge the template before the deadline")
+            self._publish(self._link.templates_topic, payload, deadline, "template")
             with self._cv:
-                while self._answer is None:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise VerifierTimeout("no decision on the events topic before the deadline")
-                    self._cv.wait(remaining)
+                self._wait(lambda: self._answer is not None, deadline, "decision")
+                assert self._answer is not None
                 return self._answer
         finally:
             with self._cv:
@@ -245,6 +393,10 @@ class DoorSession:
         Stop looking once this many frames in a row showed no larger face.
     device_key : str, optional
         The accountant's device-wide key, charged too when the device has a budget.
+    budget : DoorBudget, optional
+        The door's ε per hour, in all and per claimed subject; None: only the ledger's own budgets apply.
+    stop : threading.Event, optional
+        Set when the door stops (SIGTERM): a claim in progress ends at once, locked.
     """
 
     def __init__(
@@ -257,6 +409,8 @@ class DoorSession:
         face_timeout_s: float = 3.0,
         settle_frames: int = 5,
         device_key: str | None = None,
+        budget: DoorBudget | None = None,
+        stop: threading.Event | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.pipeline, self.accountant, self.controller, self.verifier = pipeline, accountant, controller, verifier
@@ -266,22 +420,48 @@ class DoorSession:
             device_key,
             clock,
         )
+        self.budget, self.stop = budget, stop
         self.last_timing = DoorTiming()
 
+    def _stopping(self) -> bool:
+        return self.stop is not None and self.stop.is_set()
+
     def handle(self, subject: str, read_frame: Callable[[], Any]) -> Outcome:
-        """Run one claim for ``subject``, reading frames with ``read_frame()`` (None: the source ended)."""
+        """Run one claim for ``subject``, reading frames with ``read_frame()`` (None: the source ended).
+
+        Nothing is released for a claim refused before its face is taken: throttled, locked out, over a budget,
+        for a subject the server does not know, or while the server cannot be asked.
+        """
         timing = DoorTiming()
         self.last_timing = timing
         claim = self.controller.claim(subject)
         if not isinstance(claim, Claim):
             return claim
         t0 = time.perf_counter()
+        p = self.pipeline
+        cost = float(p.release_cost)
+        if self.budget is not None:
+            over = self.budget.refusal(subject, cost)
+            if over is not None:
+                return self.controller.fail(claim, over[0], f"{over[1]}; nothing was released")
+        try:
+            known = self.verifier.check_claim(claim, min(max(claim.deadline - self.clock(), 0.001), CHECK_TIMEOUT_S))
+        except VerifierUnavailable as exc:
+            late = self.clock() >= claim.deadline  # the claim's own deadline passed: a timeout, not an outage
+            return self.controller.fail(claim, "timeout" if late else "unreachable", f"{exc}; nothing was released")
+        except VerifierRefused as exc:
+            return self.controller.fail(claim, "unknown_subject", f"{exc}; nothing was released")
+        timing.add("check", time.perf_counter() - t0)
+        if not known:
+            why = "the serving model does not know the claimed subject; nothing was released"
+            return self.controller.fail(claim, "unknown_subject", why)
         best = self._best_face(read_frame, timing)
+        if self._stopping():
+            return self.controller.fail(claim, "unreachable", "the door is stopping; nothing was released")
         if best is None:
             return self.controller.fail(claim, "no_face", f"no face within {self.face_timeout_s:g} s")
         frame, box = best
         t1 = time.perf_counter()
-        p = self.pipeline
         key = f"door:{claim.nonce[:16]}"
 
         def spend(eps: float, coord: float, message_id: str) -> None:
@@ -289,6 +469,8 @@ class DoorSession:
                 if k is not None:
                     self.accountant.spend(k, eps, p.delta, epsilon_coordinate=coord, purpose="verify",
                                           message_id=message_id)  # fmt: skip
+            if self.budget is not None:
+                self.budget.charge(subject, eps)
 
         # The claim's nonce is the template's id: the server's decision names it (over MQTT, the only binding).
         before = {k: p.timer.seconds.get(k, 0.0) for k in _RELEASE_STAGES}
@@ -331,7 +513,7 @@ class DoorSession:
         deadline = self.clock() + self.face_timeout_s
         best: tuple[Any, FaceBox] | None = None
         calm = 0
-        while self.clock() < deadline and calm < self.settle_frames:
+        while self.clock() < deadline and calm < self.settle_frames and not self._stopping():
             t = time.perf_counter()
             frame = read_frame()
             timing.add("capture", time.perf_counter() - t)
@@ -374,34 +556,67 @@ def open_door(
     settle_frames: int = 5,
     connect_timeout_s: float | None = None,
 ) -> DoorRig:
-    """The door of ``agent``'s ``[door]`` section: its lock, controller, verifier and session.
+    """The door of ``agent``'s ``[door]`` section: its lock, controller, budget, verifier and session.
 
-    Over ``door.decision = "grpc"`` a channel to the server; over ``"mqtt"`` (or for an MQTT relay lock) a
-    connection of its own to the broker (its own client id: the device's ``run`` may hold the usual one; no
-    status or last will). A broker not reachable yet is no error: claims end ``unreachable`` until it is.
+    Over ``door.decision = "grpc"`` a channel to the server (reconnecting within a second of the server's
+    return); over ``"mqtt"`` (or for an MQTT relay lock) a connection of its own to the broker (its own client
+    id: the device's ``run`` may hold the usual one; no status or last will). A broker not reachable yet is no
+    error: claims end ``unreachable`` until it is. A door deciding over MQTT on a broker without TLS or
+    credentials (``door.insecure_broker``) says so in its log at every start and in its report.
 
     Parameters
     ----------
     agent : Agent
-        The device's agent (opened here).
+        The device's agent (opened here); its ``stop_event`` ends a claim in progress.
     pin_factory : gpiozero pin factory, optional
         For a GPIO lock (tests and the demo: ``MockFactory()``).
     on_outcome : callable, optional
         Every outcome, including decisions refused while no claim of theirs waits.
+
+    Raises
+    ------
+    ConfigError
+        When one release costs more than ``door.epsilon_per_hour`` or ``door.subject_epsilon_per_hour`` allows
+        (the door could never open), or the decision key cannot be read.
     """
     from peep.edge.door import build_lock
+    from peep.edge.errors import ConfigError
 
     cfg = agent.cfg
+    d = cfg.door
     pipeline = agent.open()
+    cost = float(pipeline.release_cost)
+    for name, value in (("door.epsilon_per_hour", d.epsilon_per_hour),
+                        ("door.subject_epsilon_per_hour", d.subject_epsilon_per_hour)):  # fmt: skip
+        if cost > value:
+            raise ConfigError([(name, f"expected at least one release's per-vector ε ({cost:g}: the template "
+                                      f"and its soft traits), received {value:g}")])  # fmt: skip
+    public_key = None
+    if d.decision == "mqtt":
+        from peep.core.bundle import load_public_key
+        from peep.core.exceptions import BundleError
+
+        try:
+            public_key = load_public_key(d.decision_public_key)
+        except BundleError as exc:
+            raise ConfigError([("door.decision_public_key", str(exc))]) from None
+        weak = cfg.broker_weaknesses()
+        if weak:
+            agent.insecure_broker = True
+            log_event(_log, logging.WARNING, "door_insecure_broker", door=cfg.device.id, host=cfg.mqtt.host,
+                      weaknesses=weak, detail="door.insecure_broker = true: a client on this broker can read every "
+                      "claim and write to the events topic; only the server's signature stands between it and the "
+                      "lock")  # fmt: skip
     link = channel = None
     publish = None
     holder: list[MqttVerifier] = []
-    if cfg.door.lock == "mqtt-relay" or cfg.door.decision == "mqtt":
+    if d.lock == "mqtt-relay" or d.decision == "mqtt":
         from peep.edge.transport.mqtt import MqttLink
 
         link = MqttLink(cfg.mqtt, client_id=f"{cfg.mqtt_client_id}-door", site=cfg.device.site,
                         device_id=cfg.device.id, password=agent.mqtt_password, publish_status=False,
-                        on_event=lambda ev: holder[0].on_event(ev) if holder else None)  # fmt: skip
+                        on_event=lambda ev: holder[0].on_event(ev) if holder else None,
+                        subscribe_events=d.decision == "mqtt")  # fmt: skip
         link.start()
         link.wait_connected(cfg.mqtt.connect_timeout_s if connect_timeout_s is None else connect_timeout_s)
         mqtt_link = link
@@ -412,48 +627,179 @@ def open_door(
             if not info.is_published():
                 raise RuntimeError(f"the broker did not take {topic}")
 
-    d = cfg.door
     controller = DoorController(cfg.device.id, build_lock(d, publish=publish, pin_factory=pin_factory),
                                 open_s=d.open_s, decision_timeout_s=d.decision_timeout_s,
                                 lockout_failures=d.lockout_failures, lockout_window_s=d.lockout_window_s,
-                                on_outcome=on_outcome)  # fmt: skip
+                                max_claims_per_minute=d.max_claims_per_minute, on_outcome=on_outcome)  # fmt: skip
+    window_s = 3600.0
+    ledger = agent.accountant.ledger
+    since = time.time() - window_s  # the ledger's clock: the window survives a restart
+    if hasattr(ledger, "recent"):
+        spent = ledger.recent("door:", since)
+    else:
+        spent = [(e.time, e.epsilon) for e in ledger.entries() if e.key.startswith("door:") and e.time >= since]
+    budget = DoorBudget(door_epsilon=d.epsilon_per_hour, subject_epsilon=d.subject_epsilon_per_hour,
+                        window_s=window_s, spent=spent)  # fmt: skip
+    stop = getattr(agent, "stop_event", None)
     verifier: Verifier
     if d.decision == "mqtt":
-        verifier = MqttVerifier(link, controller)
+        verifier = MqttVerifier(link, controller, public_key=public_key, site=cfg.device.site, stop=stop)
         holder.append(verifier)
     else:
         from peep.edge.transport.grpc import make_channel
 
-        channel = make_channel(cfg.grpc)
-        verifier = GrpcVerifier(channel, agent.grpc_token, fused=d.fuse_soft_traits)
+        channel = make_channel(cfg.grpc, reconnect_max_s=1.0)
+        verifier = GrpcVerifier(channel, agent.grpc_token, fused=d.fuse_soft_traits, stop=stop)
     session = DoorSession(pipeline, agent.accountant, controller, verifier, face_timeout_s=face_timeout_s,
-                          settle_frames=settle_frames, device_key=agent.device_key)  # fmt: skip
+                          settle_frames=settle_frames, device_key=agent.device_key, budget=budget,
+                          stop=stop)  # fmt: skip
     return DoorRig(session, controller, link, channel)
 
 
 # --------------------------------------------------------------------------- claim sources
 
-#: Longest line a claim source reads (a badge number or a subject id is far shorter): the rest is dropped.
+#: Longest line a claim source takes, in bytes (a badge number or a subject id is far shorter): a longer line
+#: is dropped whole, never cut to a claim.
 MAX_CLAIM_LINE = 256
+
+
+def _log_too_long(length: int) -> None:
+    log_event(_log, logging.WARNING, "door_claim_malformed", length=length, reason="too long")
+
+
+class ClaimLineSplitter:
+    """Byte chunks in, claim lines out: a line longer than :data:`MAX_CLAIM_LINE` bytes is dropped whole.
+
+    Whatever the source (a terminal, a serial port, a FIFO, a socket), an over-long line is never cut down to
+    its first bytes — ``alice`` and 100 kB of padding is no claim for ``alice`` — and it is logged with its
+    real length (never its content), however many chunks it spanned. At most :data:`MAX_CLAIM_LINE` bytes are
+    held at a time.
+
+    Examples
+    --------
+    >>> s = ClaimLineSplitter()
+    >>> s.feed(b"alice\\nbo"), s.feed(b"b\\n" + b"x" * 300), s.feed(b"x\\ncarol\\n"), s.dropped
+    ([b'alice'], [b'bob'], [b'carol'], [301])
+    """
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._dropping: int | None = None  # bytes so far of an over-long line being dropped
+        #: The lengths of the lines dropped (the last 100).
+        self.dropped: list[int] = []
+
+    def _drop(self, length: int) -> None:
+        self.dropped = [*self.dropped[-99:], length]
+        _log_too_long(length)
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The complete lines ``chunk`` ends (without their line break)."""
+        out: list[bytes] = []
+        data = self._buf + chunk
+        while (i := data.find(b"\n")) >= 0:
+            line, data = data[:i], data[i + 1 :]
+            if self._dropping is not None:
+                self._drop(self._dropping + len(line))
+                self._dropping = None
+            elif len(line) > MAX_CLAIM_LINE:
+                self._drop(len(line))
+            else:
+                out.append(line)
+        if self._dropping is not None:
+            self._dropping += len(data)
+            data = b""
+        elif len(data) > MAX_CLAIM_LINE:
+            self._dropping, data = len(data), b""
+        self._buf = data
+        return out
+
+    def end(self) -> list[bytes]:
+        """The last line of a source that ended without a line break."""
+        if self._dropping is not None:
+            self._drop(self._dropping)
+            self._dropping = None
+            return []
+        rest, self._buf = self._buf, b""
+        return [rest] if rest else []
 
 
 def read_claims(lines: Any) -> Any:
     """Subject ids from a line source (a keyboard-wedge reader, a serial port, stdin, a socket's stream).
 
-    Each line is one claim: stripped, bounded to :data:`MAX_CLAIM_LINE` characters, checked as a subject id
-    (NFC, no control or bidi characters); a malformed line is logged by its length, never echoed, and skipped.
+    Each line is one claim: stripped, checked as a subject id (NFC, no control or bidi characters); a line
+    longer than :data:`MAX_CLAIM_LINE` bytes, or malformed, is logged by its length, never echoed, and skipped.
     """
     from peep.core.exceptions import WireError
     from peep.core.wire import check_subject_id
 
     for raw in lines:
-        line = (raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw))[:MAX_CLAIM_LINE].strip()
+        data = raw if isinstance(raw, bytes) else str(raw).encode("utf-8", "replace")
+        if len(data.rstrip(b"\r\n")) > MAX_CLAIM_LINE:
+            _log_too_long(len(data.rstrip(b"\r\n")))
+            continue
+        line = data.decode("utf-8", "replace").strip()
         if not line:
             continue
         try:
             yield check_subject_id(line, "claim")
         except WireError:
             log_event(_log, logging.WARNING, "door_claim_malformed", length=len(line))
+
+
+def fd_claim_lines(fd: int, *, stop: threading.Event | None = None, poll_s: float = 0.5) -> Any:
+    """Claim lines read from the file descriptor ``fd`` (stdin, a serial port, a FIFO, a file) until it ends.
+
+    The descriptor is polled, never read while empty, so a door waiting for a claim sees ``stop`` within
+    ``poll_s`` (SIGTERM while nobody types: the door ends and releases its lock). Lines go through a
+    :class:`ClaimLineSplitter`.
+    """
+    import select
+
+    splitter = ClaimLineSplitter()
+    while stop is None or not stop.is_set():
+        try:
+            ready, _, _ = select.select([fd], [], [], poll_s)
+        except InterruptedError:  # pragma: no cover  (retried by Python since PEP 475; kept for old kernels)
+            continue
+        if not ready:
+            continue
+        try:
+            chunk = os.read(fd, 4096)
+        except BlockingIOError:
+            continue
+        if not chunk:
+            yield from splitter.end()
+            return
+        yield from splitter.feed(chunk)
+
+
+def path_claim_lines(path: str, *, stop: threading.Event | None = None) -> Any:
+    """Claim lines from a path: a serial device, a FIFO (kept open across writers) or a file (ends at its end).
+
+    Raises
+    ------
+    OSError
+        When ``path`` cannot be opened (before the first line is asked for: the caller names the option).
+    """
+    import stat
+
+    st = os.stat(path)
+    if stat.S_ISFIFO(st.st_mode):
+        # Read and write: the FIFO never reaches end-of-file when an access controller closes and reopens it,
+        # and opening it does not block until the first writer (which would hold up a SIGTERM).
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK)
+    elif stat.S_ISCHR(st.st_mode):
+        fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK)
+    else:
+        fd = os.open(path, os.O_RDONLY)
+
+    def lines() -> Any:
+        try:
+            yield from fd_claim_lines(fd, stop=stop)
+        finally:
+            os.close(fd)
+
+    return lines()
 
 
 def socket_claims(path: str | os.PathLike[str], *, stop: threading.Event | None = None) -> Any:
@@ -494,33 +840,30 @@ def socket_claims(path: str | os.PathLike[str], *, stop: threading.Event | None 
 
 
 def _lines(conn: Any, stop: threading.Event | None) -> Any:
-    """Lines of one connection; a line longer than :data:`MAX_CLAIM_LINE` bytes is dropped whole (logged)."""
+    """Lines of one connection, through a :class:`ClaimLineSplitter` (over-long lines dropped whole, logged)."""
     conn.settimeout(0.5)  # a connection left open and silent must not keep a stopping door waiting
-    buf, dropping = b"", False
+    splitter = ClaimLineSplitter()
     while stop is None or not stop.is_set():
         try:
             chunk = conn.recv(4096)
         except TimeoutError:
             continue
         if not chunk:
+            yield from splitter.end()
             return
-        buf += chunk
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
-            if dropping or len(line) > MAX_CLAIM_LINE:
-                log_event(_log, logging.WARNING, "door_claim_malformed", length=len(line), reason="too long")
-            else:
-                yield line
-            dropping = False
-        if len(buf) > MAX_CLAIM_LINE:  # no end of line within the bound: this line is dropped
-            buf, dropping = b"", True
+        yield from splitter.feed(chunk)
 
 
 def serve_claims(session: DoorSession, claims: Any, read_frame: Callable[[], Any],
                  on_outcome: Callable[[Outcome], None] | None = None) -> int:  # fmt: skip
-    """Handle every claim of ``claims`` in turn (a claim waits for the previous one); returns how many opened."""
+    """Handle every claim of ``claims`` in turn (a claim waits for the previous one); returns how many opened.
+
+    Ends when the source ends or the session's ``stop`` is set (the claim in progress, if any, ends locked).
+    """
     opened = 0
     for subject in read_claims(claims):
+        if session.stop is not None and session.stop.is_set():
+            break
         outcome = session.handle(subject, read_frame)
         opened += int(outcome.opened)
         if on_outcome is not None:

@@ -174,6 +174,19 @@ class SqliteLedger:
             for r in rows
         ]
 
+    def recent(self, prefix: str, since: float) -> list[tuple[float, float]]:
+        """``(time, per-vector ε)`` of the spends of keys starting with ``prefix`` recorded at ``since`` or later.
+
+        What a door's hourly budget is seeded from at start, without reading the whole ledger.
+        """
+        pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT time, epsilon FROM spends WHERE key LIKE ? ESCAPE '\\' AND time >= ? ORDER BY id",
+                (pattern, since),
+            ).fetchall()
+        return [(float(t), float(e)) for t, e in rows]
+
     def lifetime(self) -> tuple[float, float, int]:
         """Device lifetime spend over all release keys (``device:`` cap keys excluded).
 

@@ -598,11 +598,25 @@ class MqttConfig(_Model):
         description="reject templates from devices missing from auth.devices (when that list is non-empty)",
     )
     tls: MqttTlsConfig | None = None
+    decision_signing_key: Path | None = Field(
+        default=None,
+        description=(
+            "Ed25519 private key (PEM, from 'peep keys generate'; mode 0600, the same file on every replica) that "
+            "signs what doors deciding over MQTT act on: each VERIFY decision and each claim check on a device's "
+            "events topic. Doors pin its public half (door.decision_public_key) and refuse anything unsigned, so a "
+            "broker without the shipped ACL is not the last line. Unset: nothing is signed and such doors stay locked"
+        ),
+    )
 
     @field_validator("password", mode="before")
     @classmethod
     def check_secret(cls, v: Any) -> Any:
         return _parse_secret_ref(v)
+
+    @field_validator("decision_signing_key", mode="after")
+    @classmethod
+    def check_paths(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        return _resolve_path(v, info)
 
 
 class TrainingConfig(_Model):

@@ -45,6 +45,7 @@ from peep.server.ingest.ingestor import Ingestor
 from peep.server.ingest.reports import DeviceReportBook
 from peep.server.ingest.validation import TemplateValidator
 from peep.server.metrics import ServerMetrics
+from peep.server.recognition.claims import ClaimChecker
 from peep.server.recognition.fitting import Progress, TrainingError
 from peep.server.recognition.fusion import TrackFusion
 from peep.server.recognition.recogniser import Recogniser
@@ -218,6 +219,8 @@ class Services:
             keep=config.recognition.keep,
             origin=self.origin,
         )
+        #: Doors' questions before they release anything: is the claimed subject enrolled?
+        self.claim_checks = ClaimChecker(self.recogniser, background_prefix=config.training.background_prefix)
         #: Devices' reports sent over gRPC (the MQTT bridge keeps the retained ones).
         self.device_reports = DeviceReportBook(self.store)
         #: Each device's last authenticated gRPC contact and open calls (in memory, this replica's).

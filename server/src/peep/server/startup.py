@@ -12,6 +12,8 @@ the key, with exit code 2):
   files and check them the way the transports use them
   (:func:`peep.core.tlsfiles.tls_context`: a certificate in the certificate
   file, an unencrypted key that belongs to it, CA certificates in the CA file);
+- :func:`decision_signing_key` reads ``mqtt.decision_signing_key`` (the
+  Ed25519 key that signs what doors deciding over MQTT act on);
 - :func:`check` runs all of them plus the secrets
   (:func:`~peep.server.config.resolve_secrets`) and the places the server
   writes (``storage.path``, ``training.model_dir``), and raises one
@@ -30,14 +32,22 @@ import ssl
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from peep.core.bundle import EigenfaceBundle, load_public_key, read_bundle_files
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from peep.core.bundle import EigenfaceBundle, load_private_key, load_public_key, read_bundle_files
 from peep.core.configfile import Problem
 from peep.core.exceptions import BundleError
 from peep.core.tlsfiles import TlsFileError, read_pem, tls_context
 from peep.server.config import ConfigError, ResolvedSecrets, ServerConfig, resolve_secrets
 
-__all__ = ["check", "configured_bundle", "grpc_tls_material", "mqtt_tls_context", "pinned_key", "writable_dir"]
+__all__ = [
+    "check",
+    "configured_bundle",
+    "decision_signing_key",
+    "grpc_tls_material",
+    "mqtt_tls_context",
+    "pinned_key",
+    "writable_dir",
+]
 
 SOURCE = "configuration"
 
@@ -102,6 +112,17 @@ def mqtt_tls_context(config: ServerConfig) -> ssl.SSLContext | None:
         raise _error(exc.key, exc.message) from None
 
 
+def decision_signing_key(config: ServerConfig) -> Ed25519PrivateKey | None:
+    """The key that signs what doors deciding over MQTT act on (``mqtt.decision_signing_key``); None when unset."""
+    path = config.mqtt.decision_signing_key
+    if path is None:
+        return None
+    try:
+        return load_private_key(path)
+    except BundleError as exc:
+        raise _error("mqtt.decision_signing_key", str(exc).replace("signing key ", "", 1)) from None
+
+
 def _bundle_step(config: ServerConfig) -> Callable[[], object]:
     def step() -> None:
         try:
@@ -163,6 +184,7 @@ def check(
     steps: list[Callable[[], object]] = [_bundle_step(config), lambda: grpc_tls_material(config)]
     if config.mqtt.enabled if mqtt is None else mqtt:
         steps.append(lambda: mqtt_tls_context(config))
+        steps.append(lambda: decision_signing_key(config))
     for step in steps:
         try:
             step()

@@ -7,6 +7,7 @@ reaches the server)::
     <root>/<site>/<device>/templates    device -> server, protobuf, QoS 1
     <root>/<site>/<device>/status       device, retained "online"/"offline" (last will)
     <root>/<site>/<device>/events       server -> device, recognition events (JSON)
+    <root>/<site>/<device>/claims       door -> server, "is this subject enrolled?" (JSON, no template)
     <root>/bundle                       server, retained signed bundle announcement
     <root>/deadletter                   server, refused templates (JSON, never the payload)
 
@@ -137,6 +138,10 @@ class TopicScheme:
         """Where the server publishes recognition events for one device."""
         return self.device(site, device_id, "events")
 
+    def claims(self, site: str, device_id: str) -> str:
+        """Where a door asks whether a claimed subject is enrolled before it releases anything."""
+        return self.device(site, device_id, "claims")
+
     @property
     def bundle(self) -> str:
         """The retained, signed bundle announcement."""
@@ -152,6 +157,11 @@ class TopicScheme:
     def templates_filter(self) -> str:
         """Every device's templates: ``<root>/+/+/templates``."""
         return f"{self.root}/+/+/templates"
+
+    def shared_claims_filter(self, group: str) -> str:
+        """``$share/<group>/<root>/+/+/claims``: one replica of ``group`` answers each door's claim check."""
+        check_share_group(group, field="share_group")
+        return f"$share/{group}/{self.root}/+/+/claims"
 
     def shared_templates_filter(self, group: str) -> str:
         """``$share/<group>/<root>/+/+/templates``: replicas in ``group`` split the templates."""

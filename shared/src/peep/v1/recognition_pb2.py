@@ -26,15 +26,15 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from peep.v1 import template_pb2 as peep_dot_v1_dot_template__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19peep/v1/recognition.proto\x12\x07peep.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16peep/v1/template.proto\"V\n\tIngestAck\x12\x12\n\nmessage_id\x18\x01 \x01(\t\x12%\n\x06status\x18\x02 \x01(\x0e\x32\x15.peep.v1.IngestStatus\x12\x0e\n\x06reason\x18\x03 \x01(\t\"i\n\rIngestSummary\x12 \n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x12.peep.v1.IngestAck\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\r\x12\x12\n\nduplicates\x18\x03 \x01(\r\x12\x10\n\x08rejected\x18\x04 \x01(\r\"N\n\x0fIdentifyRequest\x12,\n\x08template\x18\x01 \x01(\x0b\x32\x1a.peep.v1.PerturbedTemplate\x12\r\n\x05top_k\x18\x02 \x01(\r\"1\n\tCandidate\x12\x0f\n\x07subject\x18\x01 \x01(\t\x12\x13\n\x0bprobability\x18\x02 \x01(\x01\"s\n\x10IdentifyResponse\x12&\n\ncandidates\x18\x01 \x03(\x0b\x32\x12.peep.v1.Candidate\x12\x0f\n\x07subject\x18\x02 \x01(\t\x12\x0f\n\x07unknown\x18\x03 \x01(\x08\x12\x15\n\rmodel_version\x18\x04 \x01(\t\"V\n\rVerifyRequest\x12,\n\x08template\x18\x01 \x01(\x0b\x32\x1a.peep.v1.PerturbedTemplate\x12\x17\n\x0f\x63laimed_subject\x18\x02 \x01(\t\"o\n\x0eVerifyResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\r\n\x05score\x18\x02 \x01(\x01\x12\x11\n\tthreshold\x18\x03 \x01(\x01\x12\x12\n\ntarget_far\x18\x04 \x01(\x01\x12\x15\n\rmodel_version\x18\x05 \x01(\t\"j\n\x13\x45nrolSubjectRequest\x12\x0f\n\x07subject\x18\x01 \x01(\t\x12-\n\ttemplates\x18\x02 \x03(\x0b\x32\x1a.peep.v1.PerturbedTemplate\x12\x13\n\x0bmessage_ids\x18\x03 \x03(\t\":\n\x14\x45nrolSubjectResponse\x12\x0f\n\x07subject\x18\x01 \x01(\t\x12\x11\n\ttemplates\x18\x02 \x01(\r\"2\n\x0cTrainRequest\x12\x0e\n\x06preset\x18\x01 \x01(\t\x12\x12\n\nbackground\x18\x02 \x01(\x08\"}\n\rTrainResponse\x12\x15\n\rmodel_version\x18\x01 \x01(\t\x12\x0f\n\x07started\x18\x02 \x01(\x08\x12\x1b\n\x13validation_accuracy\x18\x03 \x01(\x01\x12\x13\n\x0bn_templates\x18\x04 \x01(\r\x12\x12\n\nn_subjects\x18\x05 \x01(\r\"\x14\n\x12ModelStatusRequest\"\x8f\x02\n\x0bModelStatus\x12\x15\n\rmodel_version\x18\x01 \x01(\t\x12.\n\ntrained_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nn_subjects\x18\x03 \x01(\r\x12\x13\n\x0bn_templates\x18\x04 \x01(\r\x12\x1b\n\x13validation_accuracy\x18\x05 \x01(\x01\x12\x19\n\x11unknown_threshold\x18\x06 \x01(\x01\x12\x18\n\x10verify_threshold\x18\x07 \x01(\x01\x12\x10\n\x08training\x18\x08 \x01(\x08\x12\x19\n\x11training_progress\x18\t \x01(\x01\x12\x11\n\tbundle_id\x18\n \x01(\t\"7\n\x13\x45raseSubjectRequest\x12\x0f\n\x07subject\x18\x01 \x01(\t\x12\x0f\n\x07retrain\x18\x02 \x01(\x08\"e\n\x14\x45raseSubjectResponse\x12\x19\n\x11templates_deleted\x18\x01 \x01(\r\x12\x1b\n\x13soft_traits_deleted\x18\x02 \x01(\r\x12\x15\n\rmodel_version\x18\x03 \x01(\t\"%\n\x10GetBundleRequest\x12\x11\n\tbundle_id\x18\x01 \x01(\t\"+\n\nBundleFile\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\"D\n\x0b\x42undleFiles\x12\x11\n\tbundle_id\x18\x01 \x01(\t\x12\"\n\x05\x66iles\x18\x02 \x03(\x0b\x32\x13.peep.v1.BundleFile\"*\n\x15PublishBundleResponse\x12\x11\n\tbundle_id\x18\x01 \x01(\t\"6\n\x13StreamEventsRequest\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x04\"\xd6\x02\n\x10RecognitionEvent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04site\x18\x03 \x01(\t\x12\x11\n\tdevice_id\x18\x04 \x01(\t\x12\x12\n\nmessage_id\x18\x05 \x01(\t\x12\x10\n\x08track_id\x18\x06 \x01(\t\x12!\n\x07purpose\x18\x07 \x01(\x0e\x32\x10.peep.v1.Purpose\x12\x0f\n\x07subject\x18\x08 \x01(\t\x12\x0f\n\x07unknown\x18\t \x01(\x08\x12\x13\n\x0bprobability\x18\n \x01(\x01\x12\x17\n\x0f\x63laimed_subject\x18\x0b \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x0c \x01(\x08\x12\x15\n\rmodel_version\x18\r \x01(\t\x12\x16\n\x0ereleases_fused\x18\x0e \x01(\r\x12\x0b\n\x03seq\x18\x0f \x01(\x04\"F\n\x13\x44\x65viceReportRequest\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x0c\n\x04site\x18\x02 \x01(\t\x12\x0e\n\x06report\x18\x03 \x01(\x0c\"&\n\x0f\x44\x65viceReportAck\x12\x13\n\x0breceived_at\x18\x01 \x01(\x01*\x82\x01\n\x0cIngestStatus\x12\x1d\n\x19INGEST_STATUS_UNSPECIFIED\x10\x00\x12\x1a\n\x16INGEST_STATUS_ACCEPTED\x10\x01\x12\x1b\n\x17INGEST_STATUS_DUPLICATE\x10\x02\x12\x1a\n\x16INGEST_STATUS_REJECTED\x10\x03\x32\xbf\x06\n\x12RecognitionService\x12\x38\n\x06Ingest\x12\x1a.peep.v1.PerturbedTemplate\x1a\x12.peep.v1.IngestAck\x12\x44\n\x0cIngestStream\x12\x1a.peep.v1.PerturbedTemplate\x1a\x16.peep.v1.IngestSummary(\x01\x12?\n\x08Identify\x12\x18.peep.v1.IdentifyRequest\x1a\x19.peep.v1.IdentifyResponse\x12\x39\n\x06Verify\x12\x16.peep.v1.VerifyRequest\x1a\x17.peep.v1.VerifyResponse\x12K\n\x0c\x45nrolSubject\x12\x1c.peep.v1.EnrolSubjectRequest\x1a\x1d.peep.v1.EnrolSubjectResponse\x12\x36\n\x05Train\x12\x15.peep.v1.TrainRequest\x1a\x16.peep.v1.TrainResponse\x12\x43\n\x0eGetModelStatus\x12\x1b.peep.v1.ModelStatusRequest\x1a\x14.peep.v1.ModelStatus\x12K\n\x0c\x45raseSubject\x12\x1c.peep.v1.EraseSubjectRequest\x1a\x1d.peep.v1.EraseSubjectResponse\x12<\n\tGetBundle\x12\x19.peep.v1.GetBundleRequest\x1a\x14.peep.v1.BundleFiles\x12\x45\n\rPublishBundle\x12\x14.peep.v1.BundleFiles\x1a\x1e.peep.v1.PublishBundleResponse\x12I\n\x0cStreamEvents\x12\x1c.peep.v1.StreamEventsRequest\x1a\x19.peep.v1.RecognitionEvent0\x01\x12\x46\n\x0cReportDevice\x12\x1c.peep.v1.DeviceReportRequest\x1a\x18.peep.v1.DeviceReportAckb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19peep/v1/recognition.proto\x12\x07peep.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16peep/v1/template.proto\"V\n\tIngestAck\x12\x12\n\nmessage_id\x18\x01 \x01(\t\x12%\n\x06status\x18\x02 \x01(\x0e\x32\x15.peep.v1.IngestStatus\x12\x0e\n\x06reason\x18\x03 \x01(\t\"i\n\rIngestSummary\x12 \n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x12.peep.v1.IngestAck\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\r\x12\x12\n\nduplicates\x18\x03 \x01(\r\x12\x10\n\x08rejected\x18\x04 \x01(\r\"N\n\x0fIdentifyRequest\x12,\n\x08template\x18\x01 \x01(\x0b\x32\x1a.peep.v1.PerturbedTemplate\x12\r\n\x05top_k\x18\x02 \x01(\r\"1\n\tCandidate\x12\x0f\n\x07subject\x18\x01 \x01(\t\x12\x13\n\x0bprobability\x18\x02 \x01(\x01\"s\n\x10IdentifyResponse\x12&\n\ncandidates\x18\x01 \x03(\x0b\x32\x12.peep.v1.Candidate\x12\x0f\n\x07subject\x18\x02 \x01(\t\x12\x0f\n\x07unknown\x18\x03 \x01(\x08\x12\x15\n\rmodel_version\x18\x04 \x01(\t\"V\n\rVerifyRequest\x12,\n\x08template\x18\x01 \x01(\x0b\x32\x1a.peep.v1.PerturbedTemplate\x12\x17\n\x0f\x63laimed_subject\x18\x02 \x01(\t\"o\n\x0eVerifyResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\r\n\x05score\x18\x02 \x01(\x01\x12\x11\n\tthreshold\x18\x03 \x01(\x01\x12\x12\n\ntarget_far\x18\x04 \x01(\x01\x12\x15\n\rmodel_version\x18\x05 \x01(\t\",\n\x11\x43heckClaimRequest\x12\x17\n\x0f\x63laimed_subject\x18\x01 \x01(\t\":\n\x12\x43heckClaimResponse\x12\r\n\x05known\x18\x01 \x01(\x08\x12\x15\n\rmodel_version\x18\x02 \x01(\t\"j\n\x13\x45nrolSubjectRequest\x12\x0f\n\x07subject\x18\x01 \x01(\t\x12-\n\ttemplates\x18\x02 \x03(\x0b\x32\x1a.peep.v1.PerturbedTemplate\x12\x13\n\x0bmessage_ids\x18\x03 \x03(\t\":\n\x14\x45nrolSubjectResponse\x12\x0f\n\x07subject\x18\x01 \x01(\t\x12\x11\n\ttemplates\x18\x02 \x01(\r\"2\n\x0cTrainRequest\x12\x0e\n\x06preset\x18\x01 \x01(\t\x12\x12\n\nbackground\x18\x02 \x01(\x08\"}\n\rTrainResponse\x12\x15\n\rmodel_version\x18\x01 \x01(\t\x12\x0f\n\x07started\x18\x02 \x01(\x08\x12\x1b\n\x13validation_accuracy\x18\x03 \x01(\x01\x12\x13\n\x0bn_templates\x18\x04 \x01(\r\x12\x12\n\nn_subjects\x18\x05 \x01(\r\"\x14\n\x12ModelStatusRequest\"\x8f\x02\n\x0bModelStatus\x12\x15\n\rmodel_version\x18\x01 \x01(\t\x12.\n\ntrained_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nn_subjects\x18\x03 \x01(\r\x12\x13\n\x0bn_templates\x18\x04 \x01(\r\x12\x1b\n\x13validation_accuracy\x18\x05 \x01(\x01\x12\x19\n\x11unknown_threshold\x18\x06 \x01(\x01\x12\x18\n\x10verify_threshold\x18\x07 \x01(\x01\x12\x10\n\x08training\x18\x08 \x01(\x08\x12\x19\n\x11training_progress\x18\t \x01(\x01\x12\x11\n\tbundle_id\x18\n \x01(\t\"7\n\x13\x45raseSubjectRequest\x12\x0f\n\x07subject\x18\x01 \x01(\t\x12\x0f\n\x07retrain\x18\x02 \x01(\x08\"e\n\x14\x45raseSubjectResponse\x12\x19\n\x11templates_deleted\x18\x01 \x01(\r\x12\x1b\n\x13soft_traits_deleted\x18\x02 \x01(\r\x12\x15\n\rmodel_version\x18\x03 \x01(\t\"%\n\x10GetBundleRequest\x12\x11\n\tbundle_id\x18\x01 \x01(\t\"+\n\nBundleFile\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\x0c\"D\n\x0b\x42undleFiles\x12\x11\n\tbundle_id\x18\x01 \x01(\t\x12\"\n\x05\x66iles\x18\x02 \x03(\x0b\x32\x13.peep.v1.BundleFile\"*\n\x15PublishBundleResponse\x12\x11\n\tbundle_id\x18\x01 \x01(\t\"6\n\x13StreamEventsRequest\x12\x0c\n\x04site\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x04\"\xd6\x02\n\x10RecognitionEvent\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12(\n\x04time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04site\x18\x03 \x01(\t\x12\x11\n\tdevice_id\x18\x04 \x01(\t\x12\x12\n\nmessage_id\x18\x05 \x01(\t\x12\x10\n\x08track_id\x18\x06 \x01(\t\x12!\n\x07purpose\x18\x07 \x01(\x0e\x32\x10.peep.v1.Purpose\x12\x0f\n\x07subject\x18\x08 \x01(\t\x12\x0f\n\x07unknown\x18\t \x01(\x08\x12\x13\n\x0bprobability\x18\n \x01(\x01\x12\x17\n\x0f\x63laimed_subject\x18\x0b \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x0c \x01(\x08\x12\x15\n\rmodel_version\x18\r \x01(\t\x12\x16\n\x0ereleases_fused\x18\x0e \x01(\r\x12\x0b\n\x03seq\x18\x0f \x01(\x04\"F\n\x13\x44\x65viceReportRequest\x12\x11\n\tdevice_id\x18\x01 \x01(\t\x12\x0c\n\x04site\x18\x02 \x01(\t\x12\x0e\n\x06report\x18\x03 \x01(\x0c\"&\n\x0f\x44\x65viceReportAck\x12\x13\n\x0breceived_at\x18\x01 \x01(\x01*\x82\x01\n\x0cIngestStatus\x12\x1d\n\x19INGEST_STATUS_UNSPECIFIED\x10\x00\x12\x1a\n\x16INGEST_STATUS_ACCEPTED\x10\x01\x12\x1b\n\x17INGEST_STATUS_DUPLICATE\x10\x02\x12\x1a\n\x16INGEST_STATUS_REJECTED\x10\x03\x32\x86\x07\n\x12RecognitionService\x12\x38\n\x06Ingest\x12\x1a.peep.v1.PerturbedTemplate\x1a\x12.peep.v1.IngestAck\x12\x44\n\x0cIngestStream\x12\x1a.peep.v1.PerturbedTemplate\x1a\x16.peep.v1.IngestSummary(\x01\x12?\n\x08Identify\x12\x18.peep.v1.IdentifyRequest\x1a\x19.peep.v1.IdentifyResponse\x12\x39\n\x06Verify\x12\x16.peep.v1.VerifyRequest\x1a\x17.peep.v1.VerifyResponse\x12\x45\n\nCheckClaim\x12\x1a.peep.v1.CheckClaimRequest\x1a\x1b.peep.v1.CheckClaimResponse\x12K\n\x0c\x45nrolSubject\x12\x1c.peep.v1.EnrolSubjectRequest\x1a\x1d.peep.v1.EnrolSubjectResponse\x12\x36\n\x05Train\x12\x15.peep.v1.TrainRequest\x1a\x16.peep.v1.TrainResponse\x12\x43\n\x0eGetModelStatus\x12\x1b.peep.v1.ModelStatusRequest\x1a\x14.peep.v1.ModelStatus\x12K\n\x0c\x45raseSubject\x12\x1c.peep.v1.EraseSubjectRequest\x1a\x1d.peep.v1.EraseSubjectResponse\x12<\n\tGetBundle\x12\x19.peep.v1.GetBundleRequest\x1a\x14.peep.v1.BundleFiles\x12\x45\n\rPublishBundle\x12\x14.peep.v1.BundleFiles\x1a\x1e.peep.v1.PublishBundleResponse\x12I\n\x0cStreamEvents\x12\x1c.peep.v1.StreamEventsRequest\x1a\x19.peep.v1.RecognitionEvent0\x01\x12\x46\n\x0cReportDevice\x12\x1c.peep.v1.DeviceReportRequest\x1a\x18.peep.v1.DeviceReportAckb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'peep.v1.recognition_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_INGESTSTATUS']._serialized_start=2254
-  _globals['_INGESTSTATUS']._serialized_end=2384
+  _globals['_INGESTSTATUS']._serialized_start=2360
+  _globals['_INGESTSTATUS']._serialized_end=2490
   _globals['_INGESTACK']._serialized_start=95
   _globals['_INGESTACK']._serialized_end=181
   _globals['_INGESTSUMMARY']._serialized_start=183
@@ -49,38 +49,42 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_VERIFYREQUEST']._serialized_end=624
   _globals['_VERIFYRESPONSE']._serialized_start=626
   _globals['_VERIFYRESPONSE']._serialized_end=737
-  _globals['_ENROLSUBJECTREQUEST']._serialized_start=739
-  _globals['_ENROLSUBJECTREQUEST']._serialized_end=845
-  _globals['_ENROLSUBJECTRESPONSE']._serialized_start=847
-  _globals['_ENROLSUBJECTRESPONSE']._serialized_end=905
-  _globals['_TRAINREQUEST']._serialized_start=907
-  _globals['_TRAINREQUEST']._serialized_end=957
-  _globals['_TRAINRESPONSE']._serialized_start=959
-  _globals['_TRAINRESPONSE']._serialized_end=1084
-  _globals['_MODELSTATUSREQUEST']._serialized_start=1086
-  _globals['_MODELSTATUSREQUEST']._serialized_end=1106
-  _globals['_MODELSTATUS']._serialized_start=1109
-  _globals['_MODELSTATUS']._serialized_end=1380
-  _globals['_ERASESUBJECTREQUEST']._serialized_start=1382
-  _globals['_ERASESUBJECTREQUEST']._serialized_end=1437
-  _globals['_ERASESUBJECTRESPONSE']._serialized_start=1439
-  _globals['_ERASESUBJECTRESPONSE']._serialized_end=1540
-  _globals['_GETBUNDLEREQUEST']._serialized_start=1542
-  _globals['_GETBUNDLEREQUEST']._serialized_end=1579
-  _globals['_BUNDLEFILE']._serialized_start=1581
-  _globals['_BUNDLEFILE']._serialized_end=1624
-  _globals['_BUNDLEFILES']._serialized_start=1626
-  _globals['_BUNDLEFILES']._serialized_end=1694
-  _globals['_PUBLISHBUNDLERESPONSE']._serialized_start=1696
-  _globals['_PUBLISHBUNDLERESPONSE']._serialized_end=1738
-  _globals['_STREAMEVENTSREQUEST']._serialized_start=1740
-  _globals['_STREAMEVENTSREQUEST']._serialized_end=1794
-  _globals['_RECOGNITIONEVENT']._serialized_start=1797
-  _globals['_RECOGNITIONEVENT']._serialized_end=2139
-  _globals['_DEVICEREPORTREQUEST']._serialized_start=2141
-  _globals['_DEVICEREPORTREQUEST']._serialized_end=2211
-  _globals['_DEVICEREPORTACK']._serialized_start=2213
-  _globals['_DEVICEREPORTACK']._serialized_end=2251
-  _globals['_RECOGNITIONSERVICE']._serialized_start=2387
-  _globals['_RECOGNITIONSERVICE']._serialized_end=3218
+  _globals['_CHECKCLAIMREQUEST']._serialized_start=739
+  _globals['_CHECKCLAIMREQUEST']._serialized_end=783
+  _globals['_CHECKCLAIMRESPONSE']._serialized_start=785
+  _globals['_CHECKCLAIMRESPONSE']._serialized_end=843
+  _globals['_ENROLSUBJECTREQUEST']._serialized_start=845
+  _globals['_ENROLSUBJECTREQUEST']._serialized_end=951
+  _globals['_ENROLSUBJECTRESPONSE']._serialized_start=953
+  _globals['_ENROLSUBJECTRESPONSE']._serialized_end=1011
+  _globals['_TRAINREQUEST']._serialized_start=1013
+  _globals['_TRAINREQUEST']._serialized_end=1063
+  _globals['_TRAINRESPONSE']._serialized_start=1065
+  _globals['_TRAINRESPONSE']._serialized_end=1190
+  _globals['_MODELSTATUSREQUEST']._serialized_start=1192
+  _globals['_MODELSTATUSREQUEST']._serialized_end=1212
+  _globals['_MODELSTATUS']._serialized_start=1215
+  _globals['_MODELSTATUS']._serialized_end=1486
+  _globals['_ERASESUBJECTREQUEST']._serialized_start=1488
+  _globals['_ERASESUBJECTREQUEST']._serialized_end=1543
+  _globals['_ERASESUBJECTRESPONSE']._serialized_start=1545
+  _globals['_ERASESUBJECTRESPONSE']._serialized_end=1646
+  _globals['_GETBUNDLEREQUEST']._serialized_start=1648
+  _globals['_GETBUNDLEREQUEST']._serialized_end=1685
+  _globals['_BUNDLEFILE']._serialized_start=1687
+  _globals['_BUNDLEFILE']._serialized_end=1730
+  _globals['_BUNDLEFILES']._serialized_start=1732
+  _globals['_BUNDLEFILES']._serialized_end=1800
+  _globals['_PUBLISHBUNDLERESPONSE']._serialized_start=1802
+  _globals['_PUBLISHBUNDLERESPONSE']._serialized_end=1844
+  _globals['_STREAMEVENTSREQUEST']._serialized_start=1846
+  _globals['_STREAMEVENTSREQUEST']._serialized_end=1900
+  _globals['_RECOGNITIONEVENT']._serialized_start=1903
+  _globals['_RECOGNITIONEVENT']._serialized_end=2245
+  _globals['_DEVICEREPORTREQUEST']._serialized_start=2247
+  _globals['_DEVICEREPORTREQUEST']._serialized_end=2317
+  _globals['_DEVICEREPORTACK']._serialized_start=2319
+  _globals['_DEVICEREPORTACK']._serialized_end=2357
+  _globals['_RECOGNITIONSERVICE']._serialized_start=2493
+  _globals['_RECOGNITIONSERVICE']._serialized_end=3395
 # @@protoc_insertion_point(module_scope)

@@ -94,6 +94,20 @@ class VerifyResponse(_message.Message):
     model_version: str
     def __init__(self, accepted: _Optional[bool] = ..., score: _Optional[float] = ..., threshold: _Optional[float] = ..., target_far: _Optional[float] = ..., model_version: _Optional[str] = ...) -> None: ...
 
+class CheckClaimRequest(_message.Message):
+    __slots__ = ("claimed_subject",)
+    CLAIMED_SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    claimed_subject: str
+    def __init__(self, claimed_subject: _Optional[str] = ...) -> None: ...
+
+class CheckClaimResponse(_message.Message):
+    __slots__ = ("known", "model_version")
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    model_version: str
+    def __init__(self, known: _Optional[bool] = ..., model_version: _Optional[str] = ...) -> None: ...
+
 class EnrolSubjectRequest(_message.Message):
     __slots__ = ("subject", "templates", "message_ids")
     SUBJECT_FIELD_NUMBER: _ClassVar[int]

@@ -55,6 +55,11 @@ class RecognitionServiceStub:
                 request_serializer=peep_dot_v1_dot_recognition__pb2.VerifyRequest.SerializeToString,
                 response_deserializer=peep_dot_v1_dot_recognition__pb2.VerifyResponse.FromString,
                 _registered_method=True)
+        self.CheckClaim = channel.unary_unary(
+                '/peep.v1.RecognitionService/CheckClaim',
+                request_serializer=peep_dot_v1_dot_recognition__pb2.CheckClaimRequest.SerializeToString,
+                response_deserializer=peep_dot_v1_dot_recognition__pb2.CheckClaimResponse.FromString,
+                _registered_method=True)
         self.EnrolSubject = channel.unary_unary(
                 '/peep.v1.RecognitionService/EnrolSubject',
                 request_serializer=peep_dot_v1_dot_recognition__pb2.EnrolSubjectRequest.SerializeToString,
@@ -123,6 +128,14 @@ class RecognitionServiceServicer:
 
     def Verify(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CheckClaim(self, request, context):
+        """Device (a door): whether the serving model knows a claimed subject, asked before any
+        template is released, so a claim for a made-up id costs the person at the door nothing.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -205,6 +218,11 @@ def add_RecognitionServiceServicer_to_server(servicer, server):
                     servicer.Verify,
                     request_deserializer=peep_dot_v1_dot_recognition__pb2.VerifyRequest.FromString,
                     response_serializer=peep_dot_v1_dot_recognition__pb2.VerifyResponse.SerializeToString,
+            ),
+            'CheckClaim': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckClaim,
+                    request_deserializer=peep_dot_v1_dot_recognition__pb2.CheckClaimRequest.FromString,
+                    response_serializer=peep_dot_v1_dot_recognition__pb2.CheckClaimResponse.SerializeToString,
             ),
             'EnrolSubject': grpc.unary_unary_rpc_method_handler(
                     servicer.EnrolSubject,
@@ -355,6 +373,33 @@ class RecognitionService:
             '/peep.v1.RecognitionService/Verify',
             peep_dot_v1_dot_recognition__pb2.VerifyRequest.SerializeToString,
             peep_dot_v1_dot_recognition__pb2.VerifyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckClaim(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/peep.v1.RecognitionService/CheckClaim',
+            peep_dot_v1_dot_recognition__pb2.CheckClaimRequest.SerializeToString,
+            peep_dot_v1_dot_recognition__pb2.CheckClaimResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -41,13 +41,21 @@ _log = logging.getLogger("peep.edge.grpc")
 _AUTH_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 
 
-def make_channel(cfg: GrpcConfig) -> grpc.Channel:
-    """A channel to ``cfg.target`` (TLS unless disabled explicitly)."""
+def make_channel(cfg: GrpcConfig, *, reconnect_max_s: float | None = None) -> grpc.Channel:
+    """A channel to ``cfg.target`` (TLS unless disabled explicitly).
+
+    ``reconnect_max_s`` caps the wait between reconnection attempts (default ``grpc.retry_max_s``). A door
+    sets it to a second: with gRPC's growing backoff a claim made seconds after the server came back found
+    the channel still waiting out its last backoff, and ended ``unreachable``.
+    """
+    backoff_ms = int((cfg.retry_max_s if reconnect_max_s is None else reconnect_max_s) * 1000)
     options: list[tuple[str, Any]] = [
         ("grpc.keepalive_time_ms", 30_000),
         ("grpc.keepalive_timeout_ms", 10_000),
-        ("grpc.max_reconnect_backoff_ms", int(cfg.retry_max_s * 1000)),
+        ("grpc.max_reconnect_backoff_ms", backoff_ms),
     ]
+    if reconnect_max_s is not None:
+        options.append(("grpc.initial_reconnect_backoff_ms", min(backoff_ms, 1000)))
     if not cfg.tls:
         log_event(
             _log,

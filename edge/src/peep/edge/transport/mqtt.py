@@ -81,6 +81,9 @@ class MqttLink:
     publish_status : bool
         Publish ``online``/``offline`` and set the last will (off for ``enroll``,
         which runs next to the agent).
+    subscribe_events : bool
+        Read (and log) the device's events topic. Off for the door's agent connection, which only carries its
+        status and reports: the door's own connection reads the events, and two readers logged each twice.
     """
 
     def __init__(
@@ -95,8 +98,10 @@ class MqttLink:
         on_bundle: Callable[[bytes], None] | None = None,
         on_event: Callable[[dict[str, Any] | None], None] | None = None,
         publish_status: bool = True,
+        subscribe_events: bool = True,
     ) -> None:
         self.cfg = cfg
+        self._subscribe_events = subscribe_events
         self.client_id = client_id
         self.metrics = metrics or EdgeMetrics()
         self.topics = TopicScheme(cfg.topic_prefix)
@@ -199,10 +204,11 @@ class MqttLink:
         )
         if self._publish_status:
             client.publish(self.status_topic, b"online", qos=1, retain=True)
-        subs = [(self.events_topic, 1)]
+        subs = [(self.events_topic, 1)] if self._subscribe_events else []
         if self._on_bundle is not None:
             subs.append((self.bundle_topic, 1))
-        client.subscribe(subs)
+        if subs:
+            client.subscribe(subs)
         self.connected.set()
         self._notify()
 

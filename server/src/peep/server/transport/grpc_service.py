@@ -55,6 +55,7 @@ from peep.server.ingest.events import OLDEST_SEQ_KEY, SeqAhead
 from peep.server.ingest.ingestor import REJECTED, PermissionRefused, Sender
 from peep.server.ingest.reports import ReportTooFrequent
 from peep.server.ingest.validation import Rejection
+from peep.server.recognition.claims import ClaimChecksTooFrequent
 from peep.server.recognition.fitting import PRESETS, TrainingError
 from peep.server.recognition.recogniser import ModelMismatch, ModelUnavailable
 from peep.server.recognition.trainer import TrainingBusy
@@ -97,7 +98,7 @@ def _guard(fn: F) -> F:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, _details(exc))
         except TrainingBusy as exc:
             context.abort(grpc.StatusCode.ABORTED, _details(exc))
-        except ReportTooFrequent as exc:
+        except (ReportTooFrequent, ClaimChecksTooFrequent) as exc:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, _details(exc))
         except NotFound as exc:
             context.abort(grpc.StatusCode.NOT_FOUND, _details(exc))
@@ -246,6 +247,15 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
             target_far=v.target_far,
             model_version=v.model_version,
         )
+
+    @_guard
+    def CheckClaim(
+        self, request: recognition_pb2.CheckClaimRequest, context: grpc.ServicerContext
+    ) -> recognition_pb2.CheckClaimResponse:
+        claimed = check_subject_id(request.claimed_subject, "claimed_subject")
+        identity = current_identity()
+        answer = self.s.claim_checks.check(identity.name if identity is not None else "", claimed)
+        return recognition_pb2.CheckClaimResponse(known=answer.known, model_version=answer.model_version)
 
     @_guard
     def ReportDevice(

@@ -58,6 +58,20 @@ Dead letters
     ``peep_ingest_rejected{transport="mqtt",reason=...}``.
 Events
     Recognition events as JSON on ``<root>/<site>/<device>/events`` (QoS 1).
+    With ``mqtt.decision_signing_key`` every VERIFY decision carries the
+    server's Ed25519 signature (:mod:`peep.core.signing`): a door deciding
+    over MQTT acts on nothing else, whatever the broker lets through.
+Claim checks
+    A door asks whether a claimed subject is enrolled before it releases a
+    template: JSON ``{"nonce", "claimed_subject"}`` on
+    ``<root>/<site>/<device>/claims``, consumed through the share group (one
+    replica answers) at QoS 0 (a question nobody answered in time is the
+    door's ``unreachable``, never queued for later). The answer, signed like a
+    decision, goes to the device's events topic: ``{"kind": "claim_check",
+    "nonce", "device_id", "site", "claimed_subject", "known",
+    "model_version", "signature"}``. Only a registered device at its site is
+    answered, within :class:`~peep.server.recognition.claims.ClaimChecker`'s
+    rate.
 Bundle
     The current bundle as a retained ``BundleFiles`` message on
     ``<root>/bundle`` (re-announced after every (re)connect), unless it exceeds
@@ -85,13 +99,14 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
-from peep.core.bundle import EigenfaceBundle
+from peep.core.bundle import EigenfaceBundle, load_private_key
 from peep.core.exceptions import TopicError
 from peep.core.reports import DeviceReport, ReportError, parse_device_report
+from peep.core.signing import door_statement, sign_statement
 from peep.core.topics import TopicScheme
 from peep.server.bundles.catalog import bundle_files_message
 from peep.server.config import MqttConfig
-from peep.server.ingest.events import event_json_bytes
+from peep.server.ingest.events import event_json_bytes, event_to_json
 from peep.server.ingest.ingestor import REJECTED, Sender
 from peep.server.ingest.validation import Rejection
 from peep.server.services import Services
@@ -102,6 +117,8 @@ log = logging.getLogger(__name__)
 #: MQTT v5 DISCONNECT reason "Session taken over": another client connected with our client id.
 _SESSION_TAKEN_OVER = 0x8E
 _STATUSES = (b"online", b"offline")
+#: Largest claim check read (a nonce and a subject id are far shorter).
+MAX_CLAIM_CHECK_BYTES = 1024
 
 
 def default_client_id(hostname: str | None = None) -> str:
@@ -151,6 +168,16 @@ class MqttBridge:
         self.templates_filter = self.topics.shared_templates_filter(config.share_group)
         self.status_filter = f"{self.topics.root}/+/+/status"
         self.report_filter = f"{self.topics.root}/+/+/report"
+        self.claims_filter = self.topics.shared_claims_filter(config.share_group)
+        self._decision_key = None
+        if config.decision_signing_key is not None:
+            # startup.check has read it already (naming the key on failure); a bridge built without it still
+            # says which setting is wrong.
+            try:
+                self._decision_key = load_private_key(config.decision_signing_key)
+            except Exception as exc:
+                raise ValueError(f"mqtt.decision_signing_key: {exc}") from None
+        self.claim_checks = {"answered": 0, "refused": 0}
         self._statuses: dict[str, tuple[str, float]] = {}
         self._reports: dict[str, tuple[DeviceReport, float]] = {}
         self._status_lock = threading.Lock()
@@ -383,7 +410,7 @@ class MqttBridge:
             check()
             time.sleep(0.05)
         check()
-        c.unsubscribe([self.templates_filter, self.status_filter, self.report_filter])
+        c.unsubscribe([self.templates_filter, self.status_filter, self.report_filter, self.claims_filter])
         deadline = time.monotonic() + timeout_s
         last, seen = time.monotonic(), -1
         while time.monotonic() < deadline:
@@ -460,6 +487,8 @@ class MqttBridge:
             # QoS 0: they are never queued for this session while the server is away.
             subs.append((self.status_filter, SubscribeOptions(qos=0, retainAsPublished=True)))
             subs.append((self.report_filter, SubscribeOptions(qos=0, retainAsPublished=True)))
+            # Doors' claim checks: one replica of the group answers; QoS 0, never queued for a replica away.
+            subs.append((self.claims_filter, SubscribeOptions(qos=0)))
         client.subscribe(subs)
         extra = {
             "client_id": self.connection_client_id(index),
@@ -515,6 +544,8 @@ class MqttBridge:
                 self._check_status(msg)
             elif msg.topic.endswith("/report"):
                 self._record_report(msg)
+            elif msg.topic.endswith("/claims"):
+                self._answer_claim_check(msg)
             return
         self._take(client, int(userdata), msg)
 
@@ -729,7 +760,68 @@ class MqttBridge:
     def publish_event(self, ev: recognition_pb2.RecognitionEvent) -> None:
         if not self._connected.is_set():
             return
-        self.client.publish(self.topics.events(ev.site, ev.device_id), event_json_bytes(ev), qos=1)
+        if self._decision_key is not None and ev.purpose == template_pb2.PURPOSE_VERIFY and ev.claimed_subject:
+            doc = event_to_json(ev)
+            statement = door_statement("verify", site=ev.site, device_id=ev.device_id, nonce=ev.message_id,
+                                       subject=ev.claimed_subject, verdict=bool(ev.accepted))  # fmt: skip
+            doc["signature"] = sign_statement(self._decision_key, statement)
+            payload = json.dumps(doc, separators=(",", ":")).encode()
+        else:
+            payload = event_json_bytes(ev)
+        self.client.publish(self.topics.events(ev.site, ev.device_id), payload, qos=1)
+
+    def _answer_claim_check(self, msg: mqtt.MQTTMessage) -> None:
+        """Answer a door's "is this subject enrolled?" on its events topic (see the module docstring).
+
+        A question from a topic that is not a registered device's at its site, or that is not exactly a nonce and
+        a subject id, gets no answer (the door ends the claim ``unreachable``); it is logged by size only.
+        """
+        from peep.core.exceptions import WireError
+        from peep.core.wire import check_subject_id
+        from peep.server.recognition.claims import ClaimChecksTooFrequent
+        from peep.server.recognition.recogniser import ModelUnavailable
+
+        reason = None
+        try:
+            where = self.topics.parse(msg.topic, leaf="claims")
+        except TopicError:
+            return
+        devices = self.s.devices
+        if len(devices) and not devices.is_registered(where.device_id):
+            reason = "unknown_device"
+        elif len(devices) and devices.site_of(where.device_id) not in (None, where.site):
+            reason = "wrong_site"
+        elif len(msg.payload) > MAX_CLAIM_CHECK_BYTES:
+            reason = "too_large"
+        else:
+            try:
+                doc = json.loads(bytes(msg.payload))
+                nonce, subject = doc["nonce"], doc["claimed_subject"]
+                if not (isinstance(nonce, str) and re.fullmatch(r"[0-9a-f]{32}", nonce) and isinstance(subject, str)):
+                    raise ValueError("expected a 32-hex nonce and a subject id")
+                subject = check_subject_id(subject, "claimed_subject")
+                answer = self.s.claim_checks.check(where.device_id, subject)
+            except (ValueError, KeyError, TypeError, WireError):
+                reason = "bad_payload"
+            except ClaimChecksTooFrequent:
+                reason = "too_frequent"
+            except ModelUnavailable:
+                reason = "no_model"
+        if reason is not None:
+            self.claim_checks["refused"] += 1
+            log.warning("mqtt claim check refused", extra={"device": where.device_id, "reason": reason,
+                                                           "size": len(msg.payload)})  # fmt: skip
+            return
+        out: dict[str, Any] = {"kind": "claim_check", "nonce": nonce, "device_id": where.device_id,
+                               "site": where.site, "claimed_subject": subject, "known": answer.known,
+                               "model_version": answer.model_version}  # fmt: skip
+        if self._decision_key is not None:
+            statement = door_statement("claim_check", site=where.site, device_id=where.device_id, nonce=nonce,
+                                       subject=subject, verdict=answer.known)  # fmt: skip
+            out["signature"] = sign_statement(self._decision_key, statement)
+        self.claim_checks["answered"] += 1
+        self._publisher().publish(self.topics.events(where.site, where.device_id),
+                                  json.dumps(out, separators=(",", ":")), qos=1)  # fmt: skip
 
     def publish_bundle(self, bundle: EigenfaceBundle) -> None:
         payload = bundle_files_message(bundle).SerializeToString(deterministic=True)
