@@ -259,7 +259,9 @@ def test_door_configuration_builds_each_lock_and_names_what_is_missing(make_conf
                                 mqtt={"tls": True, "port": 8883}))  # fmt: skip
     # Fusing soft traits: only where the device releases them, and the answer is the server's VerifyFused.
     with pytest.raises(ConfigError, match="door.fuse_soft_traits: expected soft.enabled and door.decision = 'grpc'"):
-        load_config(make_config("f.toml", door={"enabled": True, "decision": "mqtt", "fuse_soft_traits": True} | signed))
+        load_config(
+            make_config("f.toml", door={"enabled": True, "decision": "mqtt", "fuse_soft_traits": True} | signed)
+        )
     fused = {"enabled": True, "decision": "grpc", "fuse_soft_traits": True}
     cfg = load_config(make_config("f2.toml", door=fused, grpc={"enabled": True, "target": "localhost:1"},
                                   soft={"enabled": True}))  # fmt: skip
@@ -512,7 +514,7 @@ def test_a_claim_for_a_subject_the_server_does_not_know_releases_nothing(door_ag
     """The server is asked first, with no template: a made-up id costs the face at the door nothing."""
     agent, pipeline = door_agent
     verifier = FakeVerifier(known={"alice"})
-    session, ctl, lock = _session(agent, pipeline, verifier)
+    session, ctl, _lock = _session(agent, pipeline, verifier)
     out = session.handle("Made_Up_Person", _frames(one_person_video["path"]))
     assert not out.opened and out.reason == "unknown_subject" and "nothing was released" in out.detail
     assert verifier.checked == ["Made_Up_Person"] and verifier.sent == [] and _door_spends(agent) == []
@@ -547,7 +549,7 @@ def test_the_door_and_each_subject_spend_within_their_hourly_budgets_across_a_re
     agent, pipeline = door_agent
     budget = DoorBudget(door_epsilon=48.0, subject_epsilon=32.0)  # three releases, two per subject (ε 16 each)
     verifier = FakeVerifier()
-    session, ctl, lock = _session(agent, pipeline, verifier)
+    session, ctl, _lock = _session(agent, pipeline, verifier)
     session.budget = budget
     outs = [session.handle(s, _frames(one_person_video["path"])) for s in ("alice", "alice", "alice", "bob", "carol")]
     assert [o.opened for o in outs] == [True, True, False, True, False]
@@ -573,7 +575,7 @@ def test_an_outage_never_locks_a_subject_out_and_spends_nothing_while_the_server
 
     agent, pipeline = door_agent
     down = FakeVerifier(check_error=VerifierUnavailable("CheckClaim: UNAVAILABLE: connection refused"))
-    session, ctl, lock = _session(agent, pipeline, down, lockout_failures=3)
+    session, ctl, _lock = _session(agent, pipeline, down, lockout_failures=3)
     outs = [session.handle("alice", _frames(one_person_video["path"])) for _ in range(5)]
     assert [o.reason for o in outs] == ["unreachable"] * 5 and _door_spends(agent) == []
     # The server answers the check but the decision is lost on the way back: ε was spent, still no lock-out.
@@ -652,3 +654,232 @@ def test_an_over_long_line_from_any_iterable_is_dropped_not_cut():
     from peep.edge.door_session import read_claims
 
     assert list(read_claims(["Kofi_Annan" + " " * 102_400 + "tail", "bob"])) == ["bob"]
+
+
+def _door_command_config(make_config, tmp_path, video: str, **door) -> tuple:
+    """A door deciding over gRPC (a server that is not there), its lock a command writing to a log."""
+    import json
+
+    log = tmp_path / "lock.log"
+    script = f"import sys; open({str(log)!r}, 'a').write(sys.argv[1] + '\\n')"
+    section = {"enabled": True, "decision": "grpc", "lock": "command",
+               "open_command": [sys.executable, "-c", script, "open"],
+               "close_command": [sys.executable, "-c", script, "locked"]} | door  # fmt: skip
+    cfg = make_config("door.toml", privacy={"mechanism": "privunit", "epsilon": 16.0, "track_budget": 1e6},
+                      capture={"source": video, "max_fps": 10.0}, mqtt={"enabled": False},
+                      grpc={"enabled": True, "target": "127.0.0.1:1", "tls": False, "report_interval_s": 0},
+                      door=section)  # fmt: skip
+    assert json  # the lists above are written as TOML arrays by make_config
+    return cfg, log
+
+
+def _wait_for(pred, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return pred()
+
+
+@pytest.mark.parametrize("while_", ["idle", "claim"])
+def test_sigterm_ends_the_door_promptly_from_an_open_idle_stdin_and_from_a_claim(
+    make_config, tmp_path, one_person_video, while_
+):
+    """Under systemd a stop is SIGTERM, then SIGKILL (which skips releasing the lock): the door must end first."""
+    import signal
+    import subprocess
+
+    cfg, log = _door_command_config(make_config, tmp_path, one_person_video["path"])
+    cmd = [sys.executable, "-m", "peep.edge.cli", "door", "--config", str(cfg), "--claims", "-"]
+    with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        try:
+            assert _wait_for(lambda: log.exists() and "locked" in log.read_text(), 60), "the door did not start"
+            time.sleep(0.5)  # the door is waiting for a claim on stdin, which stays open
+            if while_ == "claim":
+                proc.stdin.write(b"alice\n")  # asked about a server that is not there: waits for it to come back
+                proc.stdin.flush()
+                time.sleep(0.8)
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(timeout=10)
+            took = time.monotonic() - t0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            stdout, stderr = proc.communicate()
+    out = stdout.decode()
+    assert rc == 0 and took < 5.0, (rc, took, out, stderr.decode()[-2000:])
+    assert log.read_text().split() == ["locked", "locked"]  # locked at start, released on the way out
+    assert "stopped after 0 opening(s)" in out
+
+
+# --------------------------------------------------------------------------- deciding over an open broker
+
+
+class OpenBrokerServer:
+    """The test's stand-in for the server on the shared, anonymous broker (no ACL: anyone may write anything).
+
+    Answers the door's claim checks signed with ``key`` (``known``) and records the templates it releases.
+    """
+
+    def __init__(self, host: str, port: int, site: str, device: str, key, *, known: bool = True) -> None:
+        import json
+
+        import paho.mqtt.client as mqtt
+        from peep.core.signing import door_statement, sign_statement
+
+        self.templates: list[bytes] = []
+        self.events = f"peep/v1/{site}/{device}/events"
+        ready = threading.Event()
+
+        def on_message(c, u, m):
+            if m.topic.endswith("/templates"):
+                self.templates.append(bytes(m.payload))
+                return
+            q = json.loads(m.payload)
+            statement = door_statement("claim_check", site=site, device_id=device, nonce=q["nonce"],
+                                       subject=q["claimed_subject"], verdict=known)  # fmt: skip
+            answer = {"kind": "claim_check", "nonce": q["nonce"], "device_id": device, "site": site,
+                      "claimed_subject": q["claimed_subject"], "known": known,
+                      "signature": sign_statement(key, statement)}  # fmt: skip
+            c.publish(self.events, json.dumps(answer), qos=1)
+
+        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"{device}-server")
+        self.c.on_message = on_message
+        self.c.on_subscribe = lambda *a: ready.set()
+        self.c.connect(host, port)
+        self.c.subscribe([(f"peep/v1/{site}/{device}/templates", 1), (f"peep/v1/{site}/{device}/claims", 1)])
+        self.c.loop_start()
+        assert ready.wait(5)
+
+    def nonce(self, timeout: float = 20.0) -> str:
+        """The message id of the next template the door releases (what an eavesdropper reads: the claim's nonce)."""
+        from peep.core.wire import decode_template
+
+        assert _wait_for(lambda: self.templates, timeout), "no template released"
+        return decode_template(self.templates.pop(0)).message_id
+
+    def publish(self, payload: bytes) -> None:
+        self.c.publish(self.events, payload, qos=1).wait_for_publish(5)
+
+    def close(self) -> None:
+        self.c.loop_stop()
+        self.c.disconnect()
+
+
+def _signed_decision(key, site: str, device: str, nonce: str, subject: str, accepted: bool = True) -> bytes:
+    import json
+
+    from peep.core.signing import door_statement, sign_statement
+
+    event = {"site": site, "device_id": device, "message_id": nonce, "purpose": "verify", "claimed_subject": subject,
+             "accepted": accepted, "probability": 0.99}  # fmt: skip
+    if key is not None:
+        event["signature"] = sign_statement(key, door_statement("verify", site=site, device_id=device, nonce=nonce,
+                                                                subject=subject, verdict=accepted))  # fmt: skip
+    return json.dumps(event).encode()
+
+
+@pytest.fixture
+def open_broker_door(make_config, tmp_path, one_person_video, system_broker):
+    """A door deciding over MQTT on the shared broker (anonymous, plaintext, no ACL), insecure_broker = true."""
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+    from gpiozero.pins.mock import MockFactory
+    from peep.core.bundle import generate_keypair
+    from peep.edge.agent import Agent
+    from peep.edge.config import load_config
+    from peep.edge.door_session import open_door
+
+    private, public = generate_keypair()
+    (tmp_path / "decisions.pub").write_bytes(public)
+    device = f"door-{uuid.uuid4().hex[:6]}"
+    cfg = make_config("door.toml", device={"id": device, "site": "edgetest"},
+                      privacy={"mechanism": "privunit", "epsilon": 16.0, "track_budget": 1e6},
+                      capture={"source": one_person_video["path"], "max_fps": 0.0},
+                      door={"enabled": True, "decision": "mqtt", "decision_timeout_s": 6.0, "insecure_broker": True,
+                            "decision_public_key": str(tmp_path / "decisions.pub"), "open_s": 0.2})  # fmt: skip
+    agent = Agent(load_config(cfg), environ={})
+    pins = MockFactory()
+    outcomes: list = []
+    door = open_door(agent, pin_factory=pins, on_outcome=outcomes.append, face_timeout_s=10.0)
+    server = OpenBrokerServer(*system_broker, "edgetest", device, load_pem_private_key(private, password=None))
+    yield agent, door, server, pins.pin(17), outcomes, load_pem_private_key(private, password=None)
+    server.close()
+    door.close()
+    agent.shutdown(drain_timeout=0)
+
+
+def test_on_an_open_broker_a_forged_decision_opens_nothing_and_the_servers_signed_one_does(
+    open_broker_door, one_person_video
+):
+    """The attack: a client reads the claim's nonce on the templates topic and publishes "accepted" first."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    agent, door, server, pin, _outcomes, key = open_broker_door
+    assert agent.insecure_broker  # said at start, and in its report
+    device, site = agent.cfg.device.id, agent.cfg.device.site
+    done: dict = {}
+
+    def claim() -> None:
+        done["out"] = door.session.handle("alice", _frames(one_person_video["path"]))
+
+    t = threading.Thread(target=claim)
+    t.start()
+    nonce = server.nonce()
+    server.publish(_signed_decision(None, site, device, nonce, "alice"))  # unsigned
+    server.publish(_signed_decision(Ed25519PrivateKey.generate(), site, device, nonce, "alice"))  # another key
+    t.join(20)
+    # The relay board is active low (the default): energised would be a low pin, and it never was.
+    assert done["out"].reason == "timeout" and all(s.state for s in pin.states[1:])  # [0]: the mock pin, unset
+    assert door.controller.refusals["forged"] == 2 and door.controller.opened == 0
+    # The server's own signed decision for the next claim opens it.
+    t = threading.Thread(target=claim)
+    t.start()
+    server.publish(_signed_decision(key, site, device, server.nonce(), "alice"))
+    t.join(20)
+    assert done["out"].opened and door.controller.opened == 1 and not all(s.state for s in pin.states[1:])
+
+
+def test_on_an_open_broker_a_forged_claim_check_releases_nothing(open_broker_door, one_person_video):
+    """A forged "known" for a made-up id would make the door release a template: unsigned, it is refused."""
+    import json
+
+    agent, door, server, *_ = open_broker_door
+    server.c.unsubscribe(f"peep/v1/{agent.cfg.device.site}/{agent.cfg.device.id}/claims")  # the server is away
+    time.sleep(0.3)
+    forger_stop = threading.Event()
+
+    def forge() -> None:
+        import paho.mqtt.client as mqtt
+
+        c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"forger-{uuid.uuid4().hex[:6]}")
+        c.on_message = lambda cl, u, m: cl.publish(server.events, json.dumps(
+            {"kind": "claim_check", "nonce": json.loads(m.payload)["nonce"], "device_id": agent.cfg.device.id,
+             "site": agent.cfg.device.site, "claimed_subject": "Made_Up", "known": True}), qos=1)  # fmt: skip
+        c.connect(*door.link.cfg.host.split(":")[:1], door.link.cfg.port)
+        c.subscribe(f"peep/v1/{agent.cfg.device.site}/{agent.cfg.device.id}/claims", qos=1)
+        c.loop_start()
+        forger_stop.wait(30)
+        c.loop_stop()
+        c.disconnect()
+
+    threading.Thread(target=forge, daemon=True).start()
+    time.sleep(0.5)
+    out = door.session.handle("Made_Up", _frames(one_person_video["path"]))
+    forger_stop.set()
+    assert out.reason == "unreachable" and door.controller.refusals["forged"] >= 1, out
+    assert server.templates == [] and [e for e in agent.accountant.ledger.entries() if e.key.startswith("door:")] == []
+
+
+def test_each_event_is_logged_once_by_a_door_with_its_agent_connection_up(open_broker_door, caplog):
+    import logging
+
+    agent, _door, server, *_ = open_broker_door
+    agent.start_transports()  # the agent's own connection (status, reports) beside the door's
+    assert _wait_for(lambda: agent.mqtt_link.connected.is_set(), 10)
+    time.sleep(0.3)
+    with caplog.at_level(logging.INFO):
+        server.publish(b'{"purpose": "identify", "subject": "alice", "device_id": "x"}')
+        time.sleep(1.0)
+    assert sum(r.getMessage() == "recognition_event" for r in caplog.records) == 1

@@ -87,7 +87,8 @@ class _ScoreClock:
         return inside[-1] if inside else None
 
 
-def _server(work: Path, bundle_dir: Path, pub: Path, tokens: dict[str, str], admin: str, mqtt: bool) -> Any:
+def _server(work: Path, bundle_dir: Path, pub: Path, tokens: dict[str, str], admin: str, mqtt: bool,
+            decision_key: Path) -> Any:  # fmt: skip
     from peep.server.app import ServerApp
     from peep.server.config import parse_config, token_sha256
     from peep.server.pki import make_local_pki
@@ -102,7 +103,8 @@ def _server(work: Path, bundle_dir: Path, pub: Path, tokens: dict[str, str], adm
         "auth": {"admin_token_sha256": token_sha256(admin),
                  "devices": [{"id": d, "site": site, "token_sha256": token_sha256(t)} for d, t in tokens.items()]},
         "mqtt": {"enabled": mqtt, "host": "127.0.0.1", "port": 1883, "username": "", "share_group": f"peep-{site}",
-                 "client_id": f"peep-{site}-server", "session_expiry_s": 0, "clear_retained": False},
+                 "client_id": f"peep-{site}-server", "session_expiry_s": 0, "clear_retained": False,
+                 "decision_signing_key": str(decision_key)},
         "training": {"model_dir": str(work / "models"), "preset": "lda"},
         "metrics": {"enabled": False},
         "logging": {"format": "text", "level": "warning"},
@@ -139,7 +141,7 @@ def _enrol_and_train(app: Any, pki: Any, admin: str, bundle: Any, enrolled: Any,
 
 
 def _door_config(work: Path, bundle_dir: Path, pub: Path, pki: Any, site: str, port: int, video: Path,
-                 decision: str) -> dict[str, Any]:  # fmt: skip
+                 decision: str, decision_pub: Path) -> dict[str, Any]:  # fmt: skip
     return {
         "device": {"id": _DOOR, "site": site, "state_dir": str(work / f"door-{decision}")},
         "bundle": {"path": str(bundle_dir), "public_key": str(pub), "accept_updates": False},
@@ -150,8 +152,13 @@ def _door_config(work: Path, bundle_dir: Path, pub: Path, pki: Any, site: str, p
                  "ca_file": str(pki.ca_cert), "token_env": "PEEP_BENCH_DOOR_TOKEN"},
         "metrics": {"port": 0},
         "log": {"level": "warning", "format": "text"},
+        # The bench's claims come seconds apart: its door takes them all (throttle and budgets above them). The
+        # local broker has no TLS and no password, which a door deciding over MQTT must be told to accept; its
+        # decisions are signed all the same.
         "door": {"enabled": True, "decision": decision, "lock": "gpio", "open_s": 0.2, "decision_timeout_s": 5.0,
-                 "lockout_failures": 1000},
+                 "lockout_failures": 1000, "max_claims_per_minute": 600, "epsilon_per_hour": 1e7,
+                 "subject_epsilon_per_hour": 1e7, "decision_public_key": str(decision_pub),
+                 "insecure_broker": decision == "mqtt"},
     }  # fmt: skip
 
 
@@ -256,6 +263,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="peep-door-bench-") as tmp:
         work = Path(tmp)
         key, pub = write_keypair(work / "bench")
+        decision_key, decision_pub = write_keypair(work / "decisions")
         from peep.edge.testing import lfw_people
 
         encoder = descriptor_encoder("dlib-resnet")
@@ -296,7 +304,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             token, admin = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
             if len(here) > 1:
                 os.sched_setaffinity(0, set(sorted(here)[1:]))  # the server off the door's core
-            app, pki, site = _server(bwork, bwork / "bundle", pub, {_DOOR: token}, admin, mqtt)
+            app, pki, site = _server(bwork, bwork / "bundle", pub, {_DOOR: token}, admin, mqtt, decision_key)
             try:
                 _enrol_and_train(app, pki, admin, bundle, enrolled.subset(enrol_mask), background)
                 scores = _ScoreClock(app.services.recogniser)
@@ -307,7 +315,7 @@ def run(quick: bool = False) -> dict[str, Any]:
                         continue
                     spec = {"work": str(bwork), "token": token, "video": str(script.video), "claims": claims,
                             "config": _door_config(bwork, bwork / "bundle", pub, pki, site, app.port,
-                                                   script.video, decision)}  # fmt: skip
+                                                   script.video, decision, decision_pub)}  # fmt: skip
                     child = _run_child(spec)
                     stages = _stages(child["claims"], scores)
                     f2l = stages["stages_ms"].get("face_to_lock", {})

@@ -113,7 +113,7 @@ def run_door(job: DeviceJob) -> dict[str, Any]:
     from peep.edge.agent import Agent
     from peep.edge.capture import VideoSource
     from peep.edge.config import EdgeConfig
-    from peep.edge.door import Claim, Decision, DoorController, GpioLock
+    from peep.edge.door import Claim, Decision, DoorBudget, DoorController, GpioLock
     from peep.edge.door_session import DoorSession, GrpcVerifier
     from peep.edge.transport.grpc import make_channel
 
@@ -131,7 +131,9 @@ def run_door(job: DeviceJob) -> dict[str, Any]:
     d = cfg.door
     ctl = DoorController(job.device_id, GpioLock(pin, active_high=True, pin_factory=pins), open_s=d.open_s,
                          decision_timeout_s=d.decision_timeout_s, lockout_failures=d.lockout_failures,
-                         lockout_window_s=d.lockout_window_s)  # fmt: skip
+                         lockout_window_s=d.lockout_window_s,
+                         max_claims_per_minute=d.max_claims_per_minute)  # fmt: skip
+    budget = DoorBudget(door_epsilon=d.epsilon_per_hour, subject_epsilon=d.subject_epsilon_per_hour)
     channel = make_channel(cfg.grpc)
     frames = VideoSource(job.work["video"], kind="file")
     window = FrameWindow(frames)
@@ -140,7 +142,7 @@ def run_door(job: DeviceJob) -> dict[str, Any]:
     try:
         session = DoorSession(pipeline, agent.accountant, ctl, GrpcVerifier(channel, agent.grpc_token),
                               face_timeout_s=job.work.get("face_timeout_s", 3.0),
-                              settle_frames=job.work.get("settle_frames", 3))  # fmt: skip
+                              settle_frames=job.work.get("settle_frames", 3), budget=budget)  # fmt: skip
         last_accepted: Decision | None = None
         for c in job.work["claims"]:
             window.start, window.stop = c["start"], c["stop"]
@@ -165,7 +167,8 @@ def run_door(job: DeviceJob) -> dict[str, Any]:
         ctl.close()
         ctl = DoorController(job.device_id, GpioLock(pin, active_high=True, pin_factory=pins), open_s=d.open_s,
                              decision_timeout_s=d.decision_timeout_s, lockout_failures=d.lockout_failures,
-                             lockout_window_s=d.lockout_window_s)  # fmt: skip
+                             lockout_window_s=d.lockout_window_s,
+                             max_claims_per_minute=d.max_claims_per_minute)  # fmt: skip
         session.controller = ctl
 
         def decided(decision_of: Any) -> str:
@@ -182,6 +185,23 @@ def run_door(job: DeviceJob) -> dict[str, Any]:
         check("an accepted decision for another subject", "mismatch",
               lambda: decided(lambda c: Decision(c.nonce, c.door, "someone-else", True)))  # fmt: skip
         check("a decision that cannot be read", "malformed", lambda: decided(lambda c: None))
+        # A badge for nobody enrolled (a made-up id): refused on the server's word before any release.
+        first_claim = job.work["claims"][0] if job.work["claims"] else None
+        if first_claim is not None:
+
+            def made_up() -> str:
+                again = VideoSource(job.work["video"], kind="file")
+                w = FrameWindow(again)
+                w.start, w.stop = first_claim["start"], first_claim["stop"]
+                before = len(agent.accountant.ledger.entries())
+                try:
+                    out = session.handle(f"made-up-{secrets.token_hex(4)}", w.read)
+                finally:
+                    again.close()
+                released = len(agent.accountant.ledger.entries()) - before
+                return out.reason if released == 0 else f"{out.reason}, {released} released"
+
+            check("a claim for a subject nobody enrolled", "unknown_subject", made_up)
         # The real path with the server out of reach, and with a deadline no answer can meet.
         first = job.work["claims"][0] if job.work["claims"] else None
         if first is not None:  # the first claim's stretch of video again, from a reader of its own

@@ -811,8 +811,11 @@ class Demo:
         per_subject: dict[str, int] = {}
         for a in script.appearances:
             per_subject[str(a.claim)] = per_subject.get(str(a.claim), 0) + 1
+        # Likewise its throttle and hourly budgets: weeks of claims in twenty seconds would pass the defaults
+        # (ten claims a minute, ε 1,600 an hour, 96 per subject); the ε the door spent is in the summary.
         door = DoorConfig(enabled=True, lock="gpio", decision="grpc", open_s=0.05, decision_timeout_s=5.0,
-                          lockout_failures=max(per_subject.values(), default=0) + 1)  # fmt: skip
+                          lockout_failures=max(per_subject.values(), default=0) + 1, max_claims_per_minute=600,
+                          epsilon_per_hour=1e7, subject_epsilon_per_hour=1e7)  # fmt: skip
         cfg = cfg.model_copy(update={"door": door})
         claims = [{"subject": a.claim, "genuine": a.claim == a.person, "start": a.start, "stop": a.stop}
                   for a in script.appearances]  # fmt: skip
