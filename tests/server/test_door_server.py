@@ -391,3 +391,145 @@ def test_over_mqtt_a_real_server_decides_the_claim(
         if agent is not None:
             agent.shutdown(drain_timeout=0)
         srv.app.stop(0)
+
+
+# --------------------------------------------------------------------------- an attacker at the badge reader
+
+
+def test_a_flood_of_made_up_ids_on_stdin_releases_nothing_and_never_drives_the_lock(
+    trained_server, tmp_path, keypair, bundle_dir, pki, claim_video, data_home
+):
+    """500 made-up ids typed into ``peep-edge door``'s stdin in one burst, a real server deciding: a few are
+    asked about (unknown: nothing released), the rest throttled at once; the lock is never driven."""
+    import os
+    import subprocess
+    import time
+
+    from peep.edge.ledger import SqliteLedger
+
+    video, _ = claim_video
+    cfg = _door_agent(tmp_path, keypair, bundle_dir, pki, trained_server.port).cfg
+    log = tmp_path / "lock.log"
+    script = f"import sys; open({str(log)!r}, 'a').write(sys.argv[1] + '\\n')"
+    text = (tmp_path / "door.toml").read_text().replace('source = "0"', f'source = "{video}"')
+    text += (
+        '\n[door]\nenabled = true\nlock = "command"\n'
+        f"open_command = {json.dumps([sys.executable, '-c', script, 'open'])}\n"
+        f"close_command = {json.dumps([sys.executable, '-c', script, 'locked'])}\n"
+        # The defaults but the hourly budgets: this test's peep-raw at ε 8 costs 4,409 per template.
+        "epsilon_per_hour = 20000.0\nsubject_epsilon_per_hour = 10000.0\n"
+    )
+    (tmp_path / "door.toml").write_text(text)
+    flood = "".join(f"Made_Up_{i:03d}\n" for i in range(500)).encode()
+    env = os.environ | {"DOOR_TOKEN": DEVICE_TOKENS["cam-1"]}
+    cmd = [sys.executable, "-m", "peep.edge.cli", "door", "--config", str(tmp_path / "door.toml"), "--claims", "-"]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, input=flood, capture_output=True, env=env, timeout=120)
+    took = time.monotonic() - t0
+    out = proc.stdout.decode()
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    lines = [ln for ln in out.splitlines() if ln.startswith("claim ")]
+    assert len(lines) == 500 and sum("(throttled)" in ln for ln in lines) == 490, out[-2000:]
+    assert sum("(unknown_subject)" in ln for ln in lines) == 10
+    ledger = SqliteLedger(cfg.device.state_dir / "ledger.sqlite3")
+    spent = ledger.entries()
+    ledger.close()
+    assert spent == []  # no template of the face at the door, ε 0 of the door's hourly 20,000
+    assert log.read_text().split() == ["locked", "locked"]  # released at start and at the end, never driven
+    print(f"500 made-up ids: {took:.1f} s with start-up; 10 asked about, 490 throttled, 0 released")
+
+
+def test_an_outage_locks_nobody_out_and_the_first_claim_after_it_is_decided(
+    tmp_path, keypair, bundle_dir, pki, claim_video, templates
+):
+    """Five claims while the server is down end unreachable, spend nothing, count nothing towards the lock-out;
+    a claim made as soon as the server listens again is decided, not unreachable."""
+    import socket
+    import time
+
+    from peep.edge.door_session import DoorSession, GrpcVerifier
+    from peep.v1 import recognition_pb2
+    from peep_server_testlib import ADMIN, base_config, free_port, start_server, tls_section
+
+    port = free_port()
+    cfg = base_config(tmp_path, keypair[3], bundle_dir, grpc={"tls": tls_section(pki), "listen": f"127.0.0.1:{port}"})
+    srv = start_server(cfg, pki, tmp_path)
+    stub = srv.stub()
+    assert stub.IngestStream(iter(templates.enrolment_messages()), metadata=ADMIN, timeout=60).rejected == 0
+    stub.Train(recognition_pb2.TrainRequest(), metadata=ADMIN, timeout=300)
+    video, name = claim_video
+    agent = _door_agent(tmp_path, keypair, bundle_dir, pki, port)
+    pipeline = agent.open()
+    channel = make_channel(agent.cfg.grpc, reconnect_max_s=1.0)  # as open_door makes it
+    ctl = DoorController("cam-1", _CountingLock(), open_s=0.05, decision_timeout_s=5.0, lockout_failures=5)
+    session = DoorSession(pipeline, agent.accountant, ctl, GrpcVerifier(channel, agent.grpc_token),
+                          face_timeout_s=5.0)  # fmt: skip
+    try:
+        first = session.handle(name, _frames(video))
+        assert first.opened or first.reason == "rejected", first
+        srv.app.stop(0)
+        released = len(agent.accountant.ledger.entries())
+        outs = [session.handle(name, _frames(video)) for _ in range(5)]
+        assert [o.reason for o in outs] == ["unreachable"] * 5, outs
+        assert len(agent.accountant.ledger.entries()) == released  # nothing released while it could not be asked
+        srv = start_server(cfg, pki, tmp_path)
+        assert srv.port == port
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            pass
+        t0 = time.monotonic()
+        again = session.handle(name, _frames(video))
+        assert again.opened or again.reason == "rejected", again  # decided: not unreachable, not locked out
+        took = time.monotonic() - t0
+        print(f"first claim after the server's return decided in {took:.2f} s ({again.reason or 'opened'})")
+    finally:
+        ctl.close()
+        channel.close()
+        agent.shutdown(drain_timeout=0)
+        srv.app.stop(0)
+
+
+def test_over_mqtt_the_server_answers_claim_checks_signed_and_ignores_what_is_not_one(
+    shipped_broker, tmp_path, keypair, bundle_dir, pki, templates, monkeypatch, decision_keys
+):
+    """A door's question on its claims topic: answered on its events topic, signed with the server's decision key;
+    a question that is not one (unreadable, another shape, too large) gets no answer and is counted."""
+    from peep.core.signing import door_statement, verify_statement
+    from peep.v1 import recognition_pb2
+    from peep_broker_testlib import DEVICE_PASSWORDS, SERVER_PASSWORD, Client, wait_for
+    from peep_server_testlib import ADMIN, base_config, start_server, tls_section
+
+    monkeypatch.setenv("PEEP_TEST_MQTT_PASSWORD", SERVER_PASSWORD)
+    mqtt = shipped_broker.server_mqtt_section(client_id=f"peep-door-{uuid.uuid4().hex[:6]}",
+                                              decision_signing_key=str(decision_keys[2]))  # fmt: skip
+    srv = start_server(base_config(tmp_path, keypair[3], bundle_dir, mqtt=mqtt, grpc={"tls": tls_section(pki)}),
+                       pki, tmp_path, mqtt_wait=15)  # fmt: skip
+    door = Client(shipped_broker.dev_port, "cam-1", DEVICE_PASSWORDS["cam-1"], shipped_broker.ca).connect()
+    try:
+        stub = srv.stub()
+        assert stub.IngestStream(iter(templates.enrolment_messages()), metadata=ADMIN, timeout=60).rejected == 0
+        stub.Train(recognition_pb2.TrainRequest(), metadata=ADMIN, timeout=300)
+        door.subscribe(f"peep/v1/{SITE}/cam-1/events")
+        claims = f"peep/v1/{SITE}/cam-1/claims"
+        enrolled = str(templates.subjects[0])
+        bridge = srv.app.mqtt
+        for payload in (b"{not json", b'{"nonce": "zz", "claimed_subject": "alice"}', b"x" * 5000,
+                        json.dumps({"nonce": "a" * 32, "claimed_subject": "bad\x1b[2J"}).encode()):  # fmt: skip
+            door.c.publish(claims, payload, qos=1).wait_for_publish(5)
+        assert wait_for(lambda: bridge.claim_checks["refused"] == 4, 10), bridge.claim_checks
+        asked = {"b" * 32: enrolled, "c" * 32: "Nobody_Enrolled"}
+        for nonce, subject in asked.items():
+            door.c.publish(claims, json.dumps({"nonce": nonce, "claimed_subject": subject}), qos=1)
+        assert wait_for(lambda: len(door.messages) >= 2, 10)
+        answers = {a["nonce"]: a for a in (json.loads(p) for _, p, _ in door.messages)}
+        assert set(answers) == set(asked)  # the four that were not questions got no answer
+        for nonce, subject in asked.items():
+            a = answers[nonce]
+            assert a["kind"] == "claim_check" and a["claimed_subject"] == subject
+            assert a["known"] == (subject == enrolled)
+            statement = door_statement("claim_check", site=SITE, device_id="cam-1", nonce=nonce, subject=subject,
+                                       verdict=a["known"])  # fmt: skip
+            assert verify_statement(decision_keys[1], statement, a["signature"])
+            assert not verify_statement(keypair[1], statement, a["signature"])  # another key's check fails
+    finally:
+        door.close()
+        srv.app.stop(0)

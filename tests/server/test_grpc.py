@@ -400,3 +400,38 @@ def test_admin_token_is_not_a_device(fresh, templates):
     ack = fresh.stub().Ingest(templates.message(0, device_id="cam-2"), metadata=auth(ADMIN_TOKEN), timeout=5)
     assert ack.status == recognition_pb2.INGEST_STATUS_ACCEPTED
     assert ADMIN != DEVICE
+
+
+# --------------------------------------------------------------------------- a door's claim check
+
+
+def test_check_claim_says_whether_the_serving_model_knows_a_subject_and_nothing_more(trained_server, templates):
+    stub = trained_server.stub()
+    version = trained_server.services.recogniser.model.version
+    enrolled = str(templates.subjects[0])
+    for subject, known in ((enrolled, True), ("Nobody_Enrolled", False), ("background:1", False)):
+        r = stub.CheckClaim(recognition_pb2.CheckClaimRequest(claimed_subject=subject), metadata=CAM2, timeout=5)
+        assert (r.known, r.model_version) == (known, version), subject
+    code, details = _code(stub.CheckClaim, recognition_pb2.CheckClaimRequest(claimed_subject="bad\x1b[2Jid"),
+                          metadata=CAM2, timeout=5)  # fmt: skip
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("claimed_subject")
+    assert "\x1b" not in details  # never echoed
+    code, _ = _code(stub.CheckClaim, recognition_pb2.CheckClaimRequest(claimed_subject=enrolled), timeout=5)
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_check_claim_is_rate_limited_per_device(trained_server):
+    """A device cannot list the enrolled people by asking at wire speed: a burst, then a few a second."""
+    stub = trained_server.stub()
+    checker = trained_server.services.claim_checks
+    codes = []
+    for i in range(int(checker.burst) + 10):
+        try:
+            stub.CheckClaim(recognition_pb2.CheckClaimRequest(claimed_subject=f"Guess_{i}"), metadata=CAM2, timeout=5)
+            codes.append("ok")
+        except grpc.RpcError as exc:
+            codes.append(exc.code().name)
+            assert "claim checks: expected at most" in exc.details()
+    assert codes.count("RESOURCE_EXHAUSTED") >= 5 and codes[0] == "ok", codes
+    time.sleep(1.0)  # the bucket refills
+    stub.CheckClaim(recognition_pb2.CheckClaimRequest(claimed_subject="Guess_again"), metadata=CAM2, timeout=5)

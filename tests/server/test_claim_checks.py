@@ -1,0 +1,54 @@
+"""The claim checker's rules on its own (the RPC and the MQTT answer are tested against a real server)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from peep.server.recognition.claims import ClaimChecker, ClaimChecksTooFrequent
+from peep.server.recognition.recogniser import ModelUnavailable
+
+
+class FakeRecogniser:
+    def __init__(self, classes, masked=()):
+        self.model = SimpleNamespace(class_index={c: i for i, c in enumerate(classes)}, version="v000007")
+        self.masked = set(masked)
+
+    def require_model(self):
+        if self.model is None:
+            raise ModelUnavailable("no model has been trained yet")
+        return self.model
+
+    def is_masked(self, subject, model):
+        return subject in self.masked
+
+
+def test_known_means_enrolled_not_background_and_not_erased_since():
+    rec = FakeRecogniser(["alice", "bob", "background:"], masked=["bob"])
+    checker = ClaimChecker(rec, background_prefix="background:")
+    assert [checker.check("door-1", s).known for s in ("alice", "bob", "background:", "carol")] == [
+        True, False, False, False,
+    ]  # fmt: skip
+    assert checker.check("door-1", "alice").model_version == "v000007"
+    rec.model = None
+    with pytest.raises(ModelUnavailable):
+        checker.check("door-1", "alice")
+
+
+def test_each_device_has_its_own_bucket_which_refills():
+    now = [0.0]
+    checker = ClaimChecker(FakeRecogniser(["alice"]), rate_per_s=2.0, burst=3, clock=lambda: now[0])
+    for _ in range(3):
+        checker.check("door-1", "alice")
+    with pytest.raises(ClaimChecksTooFrequent, match="at most 2 a second .* from 'door-1'"):
+        checker.check("door-1", "alice")
+    checker.check("door-2", "alice")  # another device is not held up
+    now[0] += 0.5  # one token back
+    checker.check("door-1", "alice")
+    with pytest.raises(ClaimChecksTooFrequent):
+        checker.check("door-1", "alice")
+
+
+def test_parameters_are_checked():
+    with pytest.raises(ValueError, match="rate_per_s, burst"):
+        ClaimChecker(FakeRecogniser([]), rate_per_s=0)
