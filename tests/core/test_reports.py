@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from peep.core.reports import MAX_REPORT_BYTES, DeviceReport, ReportError, parse_device_report
@@ -56,3 +57,19 @@ def test_a_budget_may_be_absent_but_not_anything_else():
     assert parse_device_report(_doc(track_budget_vector=None)).track_budget_vector is None
     with pytest.raises(ReportError, match="releases"):
         parse_device_report(_doc(releases=None))
+
+
+def test_insecure_broker_is_optional_false_when_absent_and_sent_only_when_true():
+    """A door deciding over MQTT on a broker without TLS or credentials says so; every older report stays valid."""
+    assert "insecure_broker" not in json.loads(GOOD.to_json())  # a server that predates the key still reads it
+    assert parse_device_report(GOOD.to_json()).insecure_broker is False
+    warned = replace(GOOD, insecure_broker=True)
+    assert json.loads(warned.to_json())["insecure_broker"] is True
+    assert parse_device_report(warned.to_json()) == warned
+    assert parse_device_report(_doc(insecure_broker=False)).insecure_broker is False
+
+
+@pytest.mark.parametrize("value", ["true", 1, 0, None, [True], {"tls": False}])
+def test_insecure_broker_must_be_a_json_boolean(value):
+    with pytest.raises(ReportError, match=r"^insecure_broker: expected true or false .*received "):
+        parse_device_report(_doc(insecure_broker=value))

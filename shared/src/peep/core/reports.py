@@ -20,6 +20,14 @@ Payload (UTF-8 JSON object, at most :data:`MAX_REPORT_BYTES`)::
 ``epsilon_vector_per_release`` is the face's per-vector ε plus the soft
 traits' (what one release costs its track); the budgets are per-vector ε
 (``null``: none configured).
+
+``insecure_broker`` (optional, ``true`` or ``false``; absent means ``false``):
+the device is a door deciding claims over MQTT on a broker connection
+without TLS or without credentials, which its configuration allowed
+explicitly (``door.insecure_broker = true``): whoever can reach that broker
+can read its claims and block or delay its decisions. A device sends the key
+only when it is true, so its reports stay readable by servers that predate
+it.
 """
 
 from __future__ import annotations
@@ -53,8 +61,11 @@ _KEYS = frozenset(
         "releases",
         "epsilon_vector_spent",
         "suppressed",
+        "insecure_broker",
     }
 )
+#: Keys a report may leave out, and their values then (a report older than the key is still one).
+_OPTIONAL_FALSE = frozenset({"insecure_broker"})
 
 
 class ReportError(ValueError):
@@ -76,6 +87,8 @@ class DeviceReport:
     releases: int
     epsilon_vector_spent: float
     suppressed: Mapping[str, int] = field(default_factory=dict)
+    #: A door deciding over MQTT on a broker without TLS or credentials (``door.insecure_broker``).
+    insecure_broker: bool = False
 
     @property
     def n_suppressed(self) -> int:
@@ -85,6 +98,9 @@ class DeviceReport:
         """The payload a device publishes (compact JSON, within :data:`MAX_REPORT_BYTES`)."""
         doc = {"v": 1, **{k: getattr(self, k) for k in sorted(_KEYS - {"v"})}}
         doc["suppressed"] = dict(self.suppressed)
+        for key in _OPTIONAL_FALSE:
+            if not doc[key]:
+                del doc[key]  # left out when false: a server older than the key refuses unknown ones
         out = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
         if len(out) > MAX_REPORT_BYTES:
             raise ReportError(f"report: expected at most {MAX_REPORT_BYTES} bytes, built {len(out)}")
@@ -105,6 +121,13 @@ def _count(value: Any, key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_NUMBER:
         raise ReportError(f"{key}: expected a whole number in [0, {MAX_NUMBER:g}], received {repr(value)[:40]}")
     return int(value)
+
+
+def _flag(doc: Mapping[str, Any], key: str) -> bool:
+    v = doc.get(key, False)
+    if not isinstance(v, bool):
+        raise ReportError(f"{key}: expected true or false (or the key left out), received {repr(v)[:40]}")
+    return v
 
 
 def _name(value: Any, key: str, pattern: re.Pattern[str]) -> str:
@@ -150,4 +173,5 @@ def parse_device_report(payload: bytes) -> DeviceReport:
         releases=_count(doc.get("releases"), "releases"),
         epsilon_vector_spent=float(_number(doc, "epsilon_vector_spent") or 0.0),
         suppressed=suppressed,
+        insecure_broker=_flag(doc, "insecure_broker"),
     )
