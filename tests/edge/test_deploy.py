@@ -10,10 +10,10 @@ from peep.edge.config import load_config
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 
-def unit() -> configparser.ConfigParser:
+def unit(name: str = "peep-edge.service") -> configparser.ConfigParser:
     cp = configparser.ConfigParser(strict=False, interpolation=None)
     cp.optionxform = str  # type: ignore[assignment,method-assign]
-    cp.read_string((DEPLOY / "systemd" / "peep-edge.service").read_text())
+    cp.read_string((DEPLOY / "systemd" / name).read_text())
     return cp
 
 
@@ -44,6 +44,7 @@ def test_mosquitto_acl_binds_devices_to_their_own_prefix():
             ("write", f"{root}/+/%u/templates"),
             ("write", f"{root}/+/%u/status"),
             ("write", f"{root}/+/%u/report"),
+            ("write", f"{root}/+/%u/claims"),  # a door's question before it releases anything
             ("read", f"{root}/+/%u/events"),
             ("read", f"{root}/bundle"),
         ]
@@ -84,3 +85,18 @@ def test_the_example_door_configuration_is_a_keyed_fail_secure_door():
     assert cfg.grpc.enabled and not cfg.mqtt.enabled and cfg.grpc.token_credential == "grpc-token"
     assert cfg.privacy.site_key is not None and cfg.privacy.mechanism == "privunit"
     assert 0 < cfg.door.open_s <= 5 and cfg.door.decision_timeout_s <= 10 and not cfg.bundle.accept_updates
+
+
+def test_the_door_unit_stops_it_with_sigterm_before_systemd_would_kill_it():
+    """SIGKILL skips releasing the lock: the door's unit gives it longer than its stop takes (the agent's 5 s
+    drain and the lock released), and reads claims from a socket of its own runtime directory."""
+    svc = unit("peep-edge-door.service")["Service"]
+    assert svc["User"] == "peep-edge" and svc["KillSignal"] == "SIGTERM"
+    assert int(svc["TimeoutStopSec"]) >= 15 and svc["RestartPreventExitStatus"] == "2"
+    assert "peep-edge door --config /etc/peep-edge/door.toml" in svc["ExecStart"]
+    runtime = svc["RuntimeDirectory"]
+    assert f"--claims unix:/run/{runtime}/door.sock" in svc["ExecStart"]
+    assert svc["NoNewPrivileges"] == "yes" and svc["CapabilityBoundingSet"] == ""
+    cfg = load_config(DEPLOY / "edge" / "door.toml")
+    assert cfg.device.state_dir == Path("/var/lib/") / svc["StateDirectory"]
+    assert svc["LoadCredential"].startswith(f"{cfg.grpc.token_credential}:")
