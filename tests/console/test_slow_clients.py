@@ -1,8 +1,10 @@
-"""Slow clients cannot lock operators out of the console: a deadline for each request, and connection limits
-that close the longest-waiting connection rather than refuse a new one.
+"""Slow clients cannot lock operators out of the console: a deadline for each TLS handshake and each request,
+and connection limits, counted from accept, that close the longest-waiting connection rather than refuse a new
+one.
 
-Two servers of their own (no model: the pages asked for need none): ``quick`` with a 2 s deadline to watch it
-act, ``crowded`` with a 30 s one so that only the limits can make room while the flood lasts.
+Servers of their own (no model: the pages asked for need none): ``quick`` with a 2 s request deadline to watch
+it act, ``crowded`` with a 30 s one so that only the limits can make room while the flood lasts, ``handshaking``
+with a 3 s handshake deadline and small limits.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +24,7 @@ from console_fixtures import PASSWORDS, ROLES, login_token
 from peep_server_testlib import RunningServer, base_config, make_pki, start_server, tls_section
 
 QUICK_TIMEOUT_S = 2.0
+HANDSHAKE_TIMEOUT_S = 3.0
 #: Requests of the operator that must get through the flood, each within this many seconds.
 ANSWER_S = 2.0
 #: Client and server ends of the flood's connections, with room for the rest of the process.
@@ -48,8 +51,11 @@ class Listener:
 
     def connect(self, source: str = "127.0.0.1") -> ssl.SSLSocket:
         """A connection that has completed TLS and sent nothing."""
-        raw = socket.create_connection(("127.0.0.1", self.console.port), timeout=10, source_address=(source, 0))
-        return self.ctx.wrap_socket(raw, server_hostname="localhost")
+        return self.ctx.wrap_socket(self.connect_tcp(source), server_hostname="localhost")
+
+    def connect_tcp(self, source: str = "127.0.0.1") -> socket.socket:
+        """A TCP connection that has not begun TLS."""
+        return socket.create_connection(("127.0.0.1", self.console.port), timeout=10, source_address=(source, 0))
 
 
 @contextmanager
@@ -96,7 +102,22 @@ def crowded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Listener]:
         yield listener
 
 
-def _closed_after(sock: ssl.SSLSocket, limit: float, *, dribble: bytes = b"", every: float = 0.5) -> float:
+@pytest.fixture(scope="module")
+def handshaking(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Listener]:
+    # A request deadline longer than the tests: only the handshake deadline and the limits close connections.
+    with _listener(
+        tmp_path_factory,
+        tls_handshake_timeout_s=HANDSHAKE_TIMEOUT_S,
+        header_timeout_s=30.0,
+        max_connections=32,
+        max_connections_per_address=16,
+    ) as listener:
+        yield listener
+
+
+def _closed_after(
+    sock: ssl.SSLSocket | socket.socket, limit: float, *, dribble: bytes = b"", every: float = 0.5
+) -> float:
     """Seconds until the server closes ``sock`` (at most ``limit``), sending ``dribble`` a byte at a time."""
     start = time.monotonic()
     sock.settimeout(every)
@@ -113,6 +134,19 @@ def _closed_after(sock: ssl.SSLSocket, limit: float, *, dribble: bytes = b"", ev
         except OSError:  # reset or aborted mid-TLS: closed all the same
             break
     return time.monotonic() - start
+
+
+def _is_closed(sock: socket.socket) -> bool:
+    """Whether the server has closed ``sock`` (which it never sends anything on before closing)."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except OSError:  # reset: the server aborted it
+        return True
+    finally:
+        sock.settimeout(10)
 
 
 def _read_response(sock: ssl.SSLSocket) -> bytes:
@@ -174,7 +208,7 @@ class _Dribbler(threading.Thread):
                 return
 
 
-def _close_all(socks: list[ssl.SSLSocket]) -> None:
+def _close_all(socks: Sequence[socket.socket]) -> None:
     for s in socks:
         try:
             s.close()
@@ -310,6 +344,64 @@ def test_a_flood_from_many_addresses_does_not_lock_the_operator_out(crowded):
         _close_all(socks)
 
 
+# --------------------------------------------------------------------------- the TLS handshake
+
+
+def test_connections_that_never_begin_tls_count_toward_the_limits_from_accept(handshaking):
+    """Raw TCP connections that send nothing fill an address's share and then the whole listener: each one over a
+    limit closes the longest waiting at once, and the operator (another address) still logs in and opens Live."""
+    guard = handshaking.guard
+    assert _wait_for(lambda: guard.open == 0, 10), guard.open
+    before = dict(guard.closed)
+    per_address, total = guard.max_connections_per_address, guard.max_connections
+    first = [handshaking.connect_tcp("127.0.0.2") for _ in range(per_address + 24)]
+    second = [handshaking.connect_tcp("127.0.0.3") for _ in range(per_address + 24)]
+    third = [handshaking.connect_tcp("127.0.0.4") for _ in range(8)]
+    socks = first + second + third
+    try:
+        # Each address over its share lost its oldest 24; the third address's 8 then closed the oldest 8 of all.
+        expected_open = first[24 + 8 :] + second[24:] + third
+        assert _wait_for(lambda: guard.open == total, 2), guard.open
+        assert _wait_for(lambda: sum(_is_closed(s) for s in socks) == len(socks) - total, 2)
+        assert not any(_is_closed(s) for s in expected_open)
+        assert guard.closed["evicted"] - before["evicted"] == 24 + 24 + 8
+        took = _operator_gets_in(handshaking)
+        assert guard.closed["handshake_timeout"] == before["handshake_timeout"], "the flood outlived the operator"
+        assert max(took) < ANSWER_S
+        _grpc_serving(handshaking)
+        assert guard.closed["refused"] == before["refused"]
+    finally:
+        _close_all(socks)
+    assert _wait_for(lambda: guard.open == 0, 2 * HANDSHAKE_TIMEOUT_S), guard.open
+
+
+@pytest.mark.parametrize(
+    "dribble",
+    [b"", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 32],
+    ids=["silent", "client-hello-a-byte-at-a-time"],
+)
+def test_a_connection_that_does_not_finish_its_handshake_is_closed_after_the_handshake_timeout(handshaking, dribble):
+    guard = handshaking.guard
+    assert _wait_for(lambda: guard.open == 0, 10), guard.open
+    before = guard.closed["handshake_timeout"]
+    start = time.monotonic()
+    socks = [handshaking.connect_tcp() for _ in range(5)]
+    try:
+        assert _wait_for(lambda: guard.open == 5, 2), guard.open
+        _closed_after(socks[0], limit=4 * HANDSHAKE_TIMEOUT_S, dribble=dribble, every=0.3)
+        took = time.monotonic() - start
+        assert HANDSHAKE_TIMEOUT_S - 0.3 < took < HANDSHAKE_TIMEOUT_S + 1.5, took
+        left = start + HANDSHAKE_TIMEOUT_S + 1.5 - time.monotonic()
+        assert _wait_for(lambda: all(_is_closed(s) for s in socks), left)
+    finally:
+        _close_all(socks)
+    assert guard.closed["handshake_timeout"] == before + 5
+    assert guard.open == 0
+    assert handshaking.server.services.metrics.value(
+        "peep_console_connections_closed_total", {"reason": "handshake_timeout"}
+    ) == float(guard.closed["handshake_timeout"])
+
+
 # --------------------------------------------------------------------------- the bookkeeping
 
 
@@ -327,7 +419,11 @@ def test_the_longest_waiting_connection_makes_room_and_a_new_one_is_refused_only
 
     reasons: list[str] = []
     guard = ConnectionGuard(
-        header_timeout_s=10, max_connections=4, max_connections_per_address=2, on_close=reasons.append
+        header_timeout_s=10,
+        handshake_timeout_s=5,
+        max_connections=4,
+        max_connections_per_address=2,
+        on_close=reasons.append,
     )
     a1, a2, a3, a4 = (_Conn("10.0.0.1") for _ in range(4))
     for c in (a1, a2):
@@ -351,9 +447,10 @@ def test_the_longest_waiting_connection_makes_room_and_a_new_one_is_refused_only
     guard.release(a1)
     guard.release(a1)
     guard.timed_out(c1)
-    assert guard.open == 2 and guard.waiting == 0
-    assert dict(guard.closed) == {"evicted": 2, "refused": 1, "header_timeout": 1}
-    assert sorted(reasons) == ["evicted", "evicted", "header_timeout", "refused"]
+    guard.timed_out(d1, "handshake_timeout")
+    assert guard.open == 1 and guard.waiting == 0
+    assert dict(guard.closed) == {"evicted": 2, "refused": 1, "header_timeout": 1, "handshake_timeout": 1}
+    assert sorted(reasons) == ["evicted", "evicted", "handshake_timeout", "header_timeout", "refused"]
 
 
 def test_the_limits_are_checked():

@@ -921,8 +921,18 @@ class ConsoleConfig(_Model):
         ge=1.0,
         le=300.0,
         description=(
-            "a connection must deliver a whole request (head and form) within this many seconds of connecting or "
-            "of its previous response, else it is closed; a request once received (a Live event stream) is not cut"
+            "a connection must deliver a whole request (head and form) within this many seconds of its TLS "
+            "handshake or of its previous response, else it is closed; a request once received (a Live event "
+            "stream) is not cut"
+        ),
+    )
+    tls_handshake_timeout_s: float = Field(
+        default=5.0,
+        ge=1.0,
+        le=60.0,
+        description=(
+            "a connection must complete its TLS handshake within this many seconds of being accepted, else it is "
+            "closed; until then it counts toward max_connections and max_connections_per_address like any other"
         ),
     )
     max_connections: int = Field(

@@ -22,7 +22,8 @@
 ``/healthz`` (same listener)
     ``200 SERVING`` or, while the server drains, ``503 NOT_SERVING``: a load balancer's HTTP/1.1 check.
 ``peep_console_connections_closed_total{reason}``
-    connections the console's listener closed before they delivered a request (header_timeout: not within
+    connections the console's listener closed before they delivered a request (handshake_timeout: TLS not
+    done within ``console.tls_handshake_timeout_s``; header_timeout: no request within
     ``console.header_timeout_s``; evicted: the longest waiting, to make room under
     ``console.max_connections_per_address`` / ``console.max_connections``; refused: new ones over a limit
     while every connection was busy with a request).
@@ -83,7 +84,8 @@ class ServerMetrics:
         )
         self.console_connections_closed = Counter(
             "peep_console_connections_closed",
-            "Console connections closed before delivering a request (header_timeout, evicted, refused)",
+            "Console connections closed before delivering a request "
+            "(handshake_timeout, header_timeout, evicted, refused)",
             ["reason"],
             registry=r,
         )

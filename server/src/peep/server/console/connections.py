@@ -4,10 +4,16 @@ uvicorn has no deadline for a request's head: its keep-alive timer starts only a
 byte received cancels it, and its ``limit_concurrency`` counts every open connection, so connections that
 finish TLS and then send nothing (or a byte now and then) make every other request answer 503 for as long
 as they stay open. Here each connection gets ``console.header_timeout_s`` to deliver a whole request (head
-and body: the console takes small forms only) after it connects or after its previous response; once a
+and body: the console takes small forms only) after its TLS handshake or after its previous response; once a
 request has arrived the connection belongs to its handler, so a Live event stream runs as long as it likes.
 The number of connections is bounded per client address and in all (``console.max_connections_per_address``,
 ``console.max_connections``).
+
+A TLS listener would hand a connection to its protocol only once the handshake is done, so connections that
+never finish it would be neither counted nor timed (asyncio gives them 60 s). The listener therefore accepts
+plain TCP: the guard admits each connection at accept, gives it ``console.tls_handshake_timeout_s`` for the
+handshake, which :class:`GuardedH11Protocol` then runs itself (:meth:`asyncio.loop.start_tls`), and counts it
+until it closes.
 
 Everything here runs on the listener's event loop, so the bookkeeping needs no lock.
 """
@@ -16,13 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ssl
 from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 #: Why connections were closed, the keys of :attr:`ConnectionGuard.closed`.
-REASONS = ("header_timeout", "evicted", "refused")
+REASONS = ("handshake_timeout", "header_timeout", "evicted", "refused")
 
 
 class ConnectionGuard:
@@ -31,8 +38,10 @@ class ConnectionGuard:
     Parameters
     ----------
     header_timeout_s : float
-        A connection must deliver a whole request within this many seconds of connecting or of its previous
-        response.
+        A connection must deliver a whole request within this many seconds of its TLS handshake or of its
+        previous response.
+    handshake_timeout_s : float
+        A connection must complete its TLS handshake within this many seconds of being accepted.
     max_connections : int
         Open connections in all.
     max_connections_per_address : int
@@ -50,11 +59,13 @@ class ConnectionGuard:
         self,
         *,
         header_timeout_s: float,
+        handshake_timeout_s: float,
         max_connections: int,
         max_connections_per_address: int,
         on_close: Callable[[str], None] | None = None,
     ) -> None:
         self.header_timeout_s = header_timeout_s
+        self.handshake_timeout_s = handshake_timeout_s
         self.max_connections = max_connections
         self.max_connections_per_address = max_connections_per_address
         self.closed: collections.Counter[str] = collections.Counter({reason: 0 for reason in REASONS})
@@ -72,7 +83,7 @@ class ConnectionGuard:
 
     @property
     def waiting(self) -> int:
-        """Open connections waiting for a request."""
+        """Open connections waiting for a request (or still in their TLS handshake)."""
         return len(self._waiting)
 
     def admit(self, conn: GuardedH11Protocol) -> bool:
@@ -97,7 +108,8 @@ class ConnectionGuard:
         return True
 
     def wait(self, conn: GuardedH11Protocol) -> bool:
-        """``conn`` begins to wait for a request (to the back of the queue); False if it is no longer open."""
+        """``conn`` begins to wait for its handshake or a request (to the back of the queue); False if it is no
+        longer open."""
         if conn not in self._open:
             return False
         self.busy(conn)
@@ -127,10 +139,10 @@ class ConnectionGuard:
         else:
             del self._per_address[conn.address]
 
-    def timed_out(self, conn: GuardedH11Protocol) -> None:
-        """``conn`` did not deliver its request in time."""
+    def timed_out(self, conn: GuardedH11Protocol, reason: str = "header_timeout") -> None:
+        """``conn`` did not complete its handshake (``reason`` handshake_timeout) or deliver its request in time."""
         self.release(conn)
-        self._closing("header_timeout")
+        self._closing(reason)
 
     def _evict(self, queue: dict[GuardedH11Protocol, None]) -> bool:
         victim = next(iter(queue), None)
@@ -148,30 +160,90 @@ class ConnectionGuard:
 
 
 class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol under a :class:`ConnectionGuard` (subclassed per listener by :func:`guarded_protocol`).
+    """uvicorn's h11 protocol under a :class:`ConnectionGuard`, running the TLS handshake itself.
 
-    Relies on uvicorn's ``H11Protocol`` internals (checked against uvicorn 0.54): ``self.cycle`` is the
-    current request's cycle, ``cycle.more_body`` turns false when the whole body has arrived,
-    ``cycle.response_complete`` when the response has been written, and ``on_response_complete`` runs then.
+    Subclassed per listener by :func:`guarded_protocol`, for a listener that accepts plain TCP: the connection
+    is admitted at accept, the handshake runs under its own deadline, and uvicorn's protocol starts on the TLS
+    transport. Relies on uvicorn's ``H11Protocol`` internals (checked against uvicorn 0.54): its
+    ``connection_made`` sets up the connection from the transport it is given, ``self.connections`` is the set
+    uvicorn's shutdown walks, ``self.cycle`` is the current request's cycle, ``cycle.more_body`` turns false
+    when the whole body has arrived, ``cycle.response_complete`` when the response has been written, and
+    ``on_response_complete`` runs then. Relies on asyncio's ``start_tls`` (not uvloop's: the listener runs
+    the asyncio loop) delivering data and loss to the protocol as soon as the handshake is done, before
+    ``start_tls`` returns.
     """
 
     guard: ConnectionGuard
+    ssl_context: ssl.SSLContext
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.address = ""
         self._deadline: asyncio.TimerHandle | None = None
+        #: The TCP transport while the handshake runs; None once TLS is up or the connection is gone.
+        self._tcp: asyncio.Transport | None = None
+        self._tls_up = False
+        #: Request bytes that arrived between the end of the handshake and uvicorn's taking over.
+        self._early = bytearray()
+        # Held here: the event loop keeps only a weak reference to a running task.
+        self._handshake: asyncio.Task[None] | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self.address = self.client[0] if self.client else ""
+        peer = transport.get_extra_info("peername")
+        self.address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         if not self.guard.admit(self):
-            # abort, not close: a graceful TLS close would wait up to 30 s for the client's close_notify.
             transport.abort()
             return
+        # Until start_tls has taken the transport over, bytes of the handshake must not reach this protocol.
+        transport.pause_reading()
+        self._tcp = transport
+        # uvicorn's shutdown closes the connections in this set: a handshake in progress too.
+        self.connections.add(self)
+        self.guard.wait(self)
+        self._deadline = self.loop.call_later(self.guard.handshake_timeout_s, self._timed_out, "handshake_timeout")
+        self._handshake = self.loop.create_task(self._start_tls(transport))
+
+    async def _start_tls(self, tcp: asyncio.Transport) -> None:
+        if self._tcp is None:  # closed before this task first ran (evicted, or the client left)
+            return
+        tls: asyncio.Transport | None
+        try:
+            tls = await self.loop.start_tls(
+                tcp,
+                self,
+                self.ssl_context,
+                server_side=True,
+                # Only a backstop: the guard's deadline closes the connection first and counts it.
+                ssl_handshake_timeout=2 * self.guard.handshake_timeout_s,
+            )
+        except OSError:  # not TLS, a reset, a client's alert: nothing to answer, no one to tell
+            tls = None
+        except BaseException:
+            self._forget()
+            raise
+        if tls is None or self._tcp is None or tls.is_closing():
+            # Failed, or closed while it ran (evicted, timed out, the client left).
+            self._forget()
+            return
+        self._tcp = None
+        self._tls_up = True
+        self._cancel_deadline()
+        super().connection_made(tls)
         self._wait()
+        if self._early:
+            early, self._early = bytes(self._early), bytearray()
+            super().data_received(early)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._tls_up:
+            self._early += data
+            return
+        super().data_received(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self._tls_up:  # uvicorn's side of the connection was never set up
+            self._forget()
+            return
         super().connection_lost(exc)
         self._cancel_deadline()
         self.guard.release(self)
@@ -189,28 +261,45 @@ class GuardedH11Protocol(H11Protocol):
         self._wait()
         super().on_response_complete()
 
+    def shutdown(self) -> None:
+        if not self._tls_up:
+            self.drop()
+            return
+        super().shutdown()
+
     def drop(self) -> None:
-        """Close the connection at once (the guard has already forgotten it)."""
+        """Close the connection at once (the guard has already forgotten it, or is about to)."""
         self._cancel_deadline()
-        self.transport.abort()
+        transport = self.transport if self._tls_up else self._tcp
+        if transport is not None:
+            # abort, not close: a graceful TLS close would wait up to 30 s for the client's close_notify.
+            transport.abort()
+
+    def _forget(self) -> None:
+        """The connection ended before TLS was up: forget it everywhere."""
+        self._tcp = None
+        self._cancel_deadline()
+        self.connections.discard(self)
+        self.guard.release(self)
 
     def _wait(self) -> None:
         self._cancel_deadline()
         if self.guard.wait(self):
-            self._deadline = self.loop.call_later(self.guard.header_timeout_s, self._header_timeout)
+            self._deadline = self.loop.call_later(self.guard.header_timeout_s, self._timed_out, "header_timeout")
 
     def _cancel_deadline(self) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
 
-    def _header_timeout(self) -> None:
+    def _timed_out(self, reason: str) -> None:
         self._deadline = None
-        self.guard.timed_out(self)
+        self.guard.timed_out(self, reason)
         # Also ends a connection whose graceful close is still waiting for the client's close_notify.
-        self.transport.abort()
+        self.drop()
 
 
-def guarded_protocol(guard: ConnectionGuard) -> type[GuardedH11Protocol]:
-    """A protocol class for ``uvicorn.Config(http=...)`` whose connections ``guard`` keeps."""
-    return type("ConsoleH11Protocol", (GuardedH11Protocol,), {"guard": guard})
+def guarded_protocol(guard: ConnectionGuard, ssl_context: ssl.SSLContext) -> type[GuardedH11Protocol]:
+    """A protocol class for ``uvicorn.Config(http=...)`` of a plain-TCP listener: ``guard`` keeps its
+    connections, which speak TLS with ``ssl_context``."""
+    return type("ConsoleH11Protocol", (GuardedH11Protocol,), {"guard": guard, "ssl_context": ssl_context})

@@ -1,9 +1,11 @@
 """The console's HTTPS listener: uvicorn in a thread of the ``peep serve`` process.
 
 Bound before it starts (``console.listen`` with port 0 picks a free port, as gRPC does), with the gRPC
-listener's certificate and key (``grpc.tls``), TLS 1.2 or newer (uvicorn's default context). It stops
-within a couple of seconds: open event streams notice ``stopping`` and end. Connections that do not deliver
-a request in time, or that crowd others out, are closed (:mod:`~peep.server.console.connections`).
+listener's certificate and key (``grpc.tls``), TLS 1.2 or newer. uvicorn listens on plain TCP and each
+connection runs its own TLS handshake, so that connections are counted and timed from accept. It stops
+within a couple of seconds: open event streams notice ``stopping`` and end. Connections that do not finish
+the handshake or deliver a request in time, or that crowd others out, are closed
+(:mod:`~peep.server.console.connections`).
 """
 
 from __future__ import annotations
@@ -86,21 +88,25 @@ class ConsoleServer:
             raise ValueError("console: expected grpc.tls (the console serves HTTPS only)")
         sock = _bind(cfg.console.listen)
         self.host, self.port = sock.getsockname()[:2]
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(str(tls.cert), str(tls.key))
         closed = self.console.services.metrics.console_connections_closed
         self.guard = ConnectionGuard(
             header_timeout_s=cfg.console.header_timeout_s,
+            handshake_timeout_s=cfg.console.tls_handshake_timeout_s,
             max_connections=cfg.console.max_connections,
             max_connections_per_address=cfg.console.max_connections_per_address,
             on_close=lambda reason: closed.labels(reason).inc(),
         )
         config = uvicorn.Config(
             _quiet_disconnects(self.console.app),
-            http=guarded_protocol(self.guard),
+            # No ssl_certfile: the protocol runs TLS itself, after the guard has admitted the connection.
+            http=guarded_protocol(self.guard, context),
+            # The protocol relies on asyncio's start_tls (uvloop's is another implementation).
+            loop="asyncio",
             # No upgrade: a WebSocket connection would leave the guard's bookkeeping (the console has none).
             ws="none",
-            ssl_certfile=str(tls.cert),
-            ssl_keyfile=str(tls.key),
-            ssl_version=ssl.PROTOCOL_TLS_SERVER,
             lifespan="off",
             log_level="warning",
             access_log=False,
