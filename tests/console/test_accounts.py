@@ -72,6 +72,43 @@ def test_weak_new_passwords_are_refused_with_the_estimators_reason(password, rea
     assert reason in message and password not in message and len(message) < 500
 
 
+SPRAYING = "password: expected more than a season, month, greeting or name (of this console, a site or the account) "
+
+
+@pytest.mark.parametrize(
+    ("password", "pattern"),
+    [
+        ("Summer2026!!", "a season with a year"),
+        ("Winter2025!!", "a season with a year"),
+        ("Welcome2026!!", "a greeting with a year"),
+        ("October 2025 !!", "a month with a year"),
+        ("Summ3r-2026!", "a season with a year"),  # letters written as digits
+        ("Peep2026!!!!", "a name with a year"),  # the product
+        ("Lobby2026!!!", "a name with a year"),  # a site
+        ("Alice.M2026!!", "a name with a year"),  # the account
+        ("Spring-2026-Peep", "a season and a name with a year"),
+        ("hello-operator-##", "a greeting and a name with digits or symbols"),
+    ],
+)
+def test_spraying_patterns_the_estimator_lets_through_are_refused_naming_the_pattern(password, pattern):
+    score, _ = accounts.password_strength(password, name="alice.m", sites=["lobby"])
+    assert score >= accounts.MIN_STRENGTH  # the estimator alone would take each of them
+    with pytest.raises(AccountError) as e:
+        accounts.check_new_password(password, name="alice.m", sites=["lobby"])
+    message = str(e.value)
+    assert message.startswith(SPRAYING) and message.endswith(f"; received {pattern}"), message
+    assert password.lower() not in message.lower() and "2026" not in message and "2025" not in message
+
+
+@pytest.mark.parametrize(
+    "password",
+    ["ochre lantern tundra whistle marmalade", "Qu4rtz-Summer-Fjord!", "Summer93847561029384!"],
+    ids=["passphrase", "a-season-among-other-words", "a-season-and-much-padding"],
+)
+def test_a_strong_password_with_or_near_a_listed_word_is_accepted(password):
+    assert accounts.check_new_password(password, name="alice.m", sites=["lobby"]) == password
+
+
 def test_long_random_passphrases_and_one_time_passwords_are_accepted():
     import secrets
     import string

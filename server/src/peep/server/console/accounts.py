@@ -5,8 +5,11 @@ the strength estimator :mod:`zxcvbn` (pure Python, in the ``console`` extra) for
 
 A new password must be 12-256 characters, not the account name, and hard to guess: a score of at least
 :data:`MIN_STRENGTH` of 0-4 by zxcvbn (dictionaries of common passwords, names and words; keyboard
-patterns, repeats, sequences, dates; the account name and the console's own words), the estimator's
-warning and suggestion given as the reason for a refusal.
+patterns, repeats, sequences, dates; the account name, the console's own words, the sites' names and
+:data:`SPRAY_WORDS`), the estimator's warning and suggestion given as the reason for a refusal. The
+estimator scores ``Summer2026!!`` 3, yet a season, month or greeting, or the name of the product, a site
+or the account, padded with a year and a symbol or two is what password-spraying lists try first: such a
+password is refused too, saying which kind of word and padding it is made of (:func:`spray_pattern`).
 
 Passwords are hashed with scrypt (RFC 7914, :func:`hashlib.scrypt`), a memory-hard KDF: ``N = 2**15``,
 ``r = 8``, ``p = 1`` (128·r·N = 32 MiB and about 0.1 s per hash on one core), a 16-byte random salt and
@@ -23,6 +26,7 @@ import hmac
 import re
 import secrets
 import threading
+from collections.abc import Sequence
 from typing import Final, Literal
 
 Role = Literal["admin", "operator", "enrol"]
@@ -48,8 +52,26 @@ MIN_PASSWORD: Final = 12
 #: Least zxcvbn score (0-4) of a new password: 3, an estimated 10^8 guesses or more, is what zxcvbn calls
 #: safely unguessable (moderate protection offline against a slow hash, which scrypt is).
 MIN_STRENGTH: Final = 3
-#: Words a guesser tries first against this console, besides the account name.
+#: Words a guesser tries first against this console, besides the account name and the sites' names.
 CONTEXT_WORDS: Final = ("peep", "console", "operator", "admin", "enrol")
+#: The words password-spraying lists start from, by kind (the kind is what a refusal names).
+SPRAY_WORDS: Final[dict[str, tuple[str, ...]]] = {
+    "a season": ("spring", "summer", "autumn", "fall", "winter"),
+    "a month": (
+        "january", "february", "march", "april", "may", "june",
+        "july", "august", "september", "october", "november", "december",
+    ),
+    "a greeting": ("welcome", "hello"),
+}  # fmt: skip
+#: Most digits, symbols and spaces around such words that still make a spraying pattern (a year and a few
+#: symbols); with more, the estimator alone decides.
+MAX_SPRAY_PADDING: Final = 10
+#: Characters that stand for letters in such words (zxcvbn's substitutions).
+_LEET: Final = {
+    "4": "a", "@": "a", "8": "b", "(": "c", "{": "c", "[": "c", "<": "c", "3": "e", "6": "g", "9": "g",
+    "1": "il", "!": "i", "|": "il", "7": "lt", "0": "o", "$": "s", "5": "s", "+": "t", "%": "x", "2": "z",
+}  # fmt: skip
+_YEAR = re.compile(r"(?:19|20)\d\d")
 #: Leading characters of a password the estimator reads: its time grows steeply with length (a second at
 #: 72 characters, a minute at 256), and 64 characters that are hard to guess make a password that is.
 _ESTIMATED_CHARS: Final = 64
@@ -91,12 +113,13 @@ def check_role(role: object) -> Role:
     return role
 
 
-def check_new_password(password: str, *, name: str = "") -> str:
+def check_new_password(password: str, *, name: str = "", sites: Sequence[str] = ()) -> str:
     """``password`` if it is acceptable as an account's new password, else :class:`AccountError`.
 
-    Acceptable: :data:`MIN_PASSWORD`-:data:`MAX_PASSWORD` characters, not the account name ``name``, and a
-    strength of at least :data:`MIN_STRENGTH` by :func:`password_strength`. The error names the field and,
-    for a weak password, gives the estimator's reason; it never quotes the password.
+    Acceptable: :data:`MIN_PASSWORD`-:data:`MAX_PASSWORD` characters, not the account name ``name``, a
+    strength of at least :data:`MIN_STRENGTH` by :func:`password_strength`, and not a spraying pattern
+    (:func:`spray_pattern`). The error names the field and, for a weak password, gives the estimator's
+    reason or the pattern's kind; it never quotes the password.
 
     Parameters
     ----------
@@ -104,6 +127,8 @@ def check_new_password(password: str, *, name: str = "") -> str:
         The password the account chose.
     name : str, optional
         The account's name (refused as the password, and a word the estimator treats as guessable).
+    sites : sequence of str, optional
+        The deployment's site names (guessable words too).
 
     Returns
     -------
@@ -116,26 +141,100 @@ def check_new_password(password: str, *, name: str = "") -> str:
         )
     if name and password.lower() == name.lower():
         raise AccountError("password: expected something other than the account name")
-    score, reason = password_strength(password, name=name)
+    score, reason = password_strength(password, name=name, sites=sites)
     if score < MIN_STRENGTH:
         raise AccountError(
             f"password: expected one hard to guess (strength {MIN_STRENGTH} of 4 or more), "
             f"received one of strength {score}: {reason or _NO_ADVICE}"
         )
+    pattern = spray_pattern(password, name=name, sites=sites)
+    if pattern:
+        raise AccountError(
+            "password: expected more than a season, month, greeting or name (of this console, a site or the "
+            f"account) padded with digits and symbols, which password-spraying lists try first; received {pattern}"
+        )
     return password
 
 
-def password_strength(password: str, *, name: str = "") -> tuple[int, str]:
+def _own_words(name: str, sites: Sequence[str]) -> list[str]:
+    """This console's, the sites' and the account's names, and the account name's parts."""
+    return [*CONTEXT_WORDS, *sites, *([name, *re.split(r"[._@-]+", name)] if name else [])]
+
+
+def _guessable_words(name: str, sites: Sequence[str]) -> dict[str, list[str]]:
+    """The words a spraying list starts from, by kind: :data:`SPRAY_WORDS`, then ``a name`` (each of
+    :func:`_own_words` and each run of three or more letters in one)."""
+    own = _own_words(name, sites)
+    names = {run.casefold() for w in own for run in re.findall(r"[^\W\d_]{3,}", w)}
+    names |= {w.casefold() for w in own if len(w) >= 3}
+    return {**{kind: list(words) for kind, words in SPRAY_WORDS.items()}, "a name": sorted(names)}
+
+
+def spray_pattern(password: str, *, name: str = "", sites: Sequence[str] = ()) -> str:
+    """What spraying pattern ``password`` is ('' for none): its letters are guessable words only.
+
+    Guessable words are :data:`SPRAY_WORDS` and the console's, the sites' and the account's names (letters
+    may be written as digits or symbols, ``Summ3r``); around them at most :data:`MAX_SPRAY_PADDING` digits,
+    symbols and spaces. The answer names the kinds of word and of padding, never the password's text.
+
+    >>> spray_pattern("Summer2026!!")
+    'a season with a year'
+    >>> spray_pattern("W3lcome-Lobby-7", sites=["lobby"])
+    'a greeting and a name with digits or symbols'
+    >>> spray_pattern("Qu4rtz-Summer-Fjord!")
+    ''
+    """
+    text = password[:_ESTIMATED_CHARS].casefold()
+    words = _guessable_words(name, sites)
+    # best[i]: the kinds of word that cover text[:i] with the least padding (None: not coverable).
+    best: list[tuple[int, frozenset[str]] | None] = [None] * (len(text) + 1)
+    best[0] = (0, frozenset())
+    for i in range(len(text)):
+        here = best[i]
+        if here is None:
+            continue
+        padding, kinds = here
+        if not text[i].isalpha():
+            _better(best, i + 1, (padding + 1, kinds))
+        for kind, options in words.items():
+            for word in options:
+                if _spelt(text, i, word):
+                    _better(best, i + len(word), (padding, kinds | {kind}))
+    end = best[len(text)]
+    if end is None or not end[1] or end[0] > MAX_SPRAY_PADDING:
+        return ""
+    found = [k for k in words if k in end[1]]
+    rest = "".join(c for c in text if not c.isalpha())
+    around = "a year" if _YEAR.search(rest) else "digits or symbols" if rest.strip() else ""
+    return " and ".join(found) + (f" with {around}" if around else "")
+
+
+def _better(best: list[tuple[int, frozenset[str]] | None], at: int, candidate: tuple[int, frozenset[str]]) -> None:
+    current = best[at]
+    if current is None or candidate[0] < current[0]:
+        best[at] = candidate
+
+
+def _spelt(text: str, at: int, word: str) -> bool:
+    """Whether ``text[at:]`` begins with ``word``, letters or their stand-ins (:data:`_LEET`)."""
+    if at + len(word) > len(text):
+        return False
+    return all(c == w or w in _LEET.get(c, "") for c, w in zip(text[at : at + len(word)], word, strict=True))
+
+
+def password_strength(password: str, *, name: str = "", sites: Sequence[str] = ()) -> tuple[int, str]:
     """The zxcvbn score (0-4) of ``password`` and, when it is weak, why (the estimator's warning and advice).
 
-    The account name, its parts and :data:`CONTEXT_WORDS` count as guessable words. Only the first
-    :data:`_ESTIMATED_CHARS` characters are read.
+    The account name, its parts, the sites' names, :data:`CONTEXT_WORDS` and :data:`SPRAY_WORDS` count as
+    guessable words. Only the first :data:`_ESTIMATED_CHARS` characters are read.
 
     Parameters
     ----------
     password : str
     name : str, optional
         The account's name.
+    sites : sequence of str, optional
+        The deployment's site names.
 
     Returns
     -------
@@ -148,7 +247,7 @@ def password_strength(password: str, *, name: str = "") -> tuple[int, str]:
         raise RuntimeError(
             "password strength: expected the zxcvbn package (install peep-server[console]), received none"
         ) from exc
-    words = [*CONTEXT_WORDS, *([name, *re.split(r"[._@-]+", name)] if name else [])]
+    words = [*_own_words(name, sites), *(w for kind in SPRAY_WORDS.values() for w in kind)]
     with _ESTIMATOR_LOCK:
         result = zxcvbn(password[:_ESTIMATED_CHARS], user_inputs=[w for w in words if w])
     feedback = result.get("feedback") or {}
