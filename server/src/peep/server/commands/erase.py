@@ -1,6 +1,8 @@
 """``peep erase --config server.toml --subject ID [--no-retrain]``: erase a subject.
 
 Exit code 1, with nothing changed, when nothing holds the subject (:class:`~peep.server.services.NoSuchSubject`).
+Each erasure and each refusal (an invalid id, a subject nothing holds) is written to the console's audit log as
+done by ``cli`` from ``local``, with the outcomes the console's own erasure records.
 """
 
 from __future__ import annotations
@@ -67,17 +69,27 @@ def erase(args: argparse.Namespace) -> int:
     from peep.core.wire import check_subject_id
     from peep.server.services import NoSuchSubject
 
+    config = load(args)
     try:
         check_subject_id(args.subject, "--subject")
     except WireError as exc:
+        # The store is opened for the record alone: Services would load models for an id that names nothing.
+        _audit_alone(config, args.subject[:128], "refused: invalid subject")
         raise UsageError(str(exc)) from None  # exit code 2
-    s = services(load(args))
+    s = services(config)
     try:
         hooks = _qbbs_hooks(s)
         r = s.erase_subject(args.subject, retrain=not args.no_retrain)
     except NoSuchSubject as exc:
+        _audit(s.store, exc.subject, "refused: no such subject")
         print(f"peep erase: {exc}", file=sys.stderr, flush=True)
         return 1
+    else:
+        _audit(
+            s.store, r.subject,
+            f"templates {r.templates_deleted}, soft traits {r.soft_traits_deleted}, "
+            f"model {r.model_version or '-'}, purged {','.join(r.versions_purged) or '-'}",
+        )  # fmt: skip
     finally:
         s.close()
     say(
@@ -87,6 +99,40 @@ def erase(args: argparse.Namespace) -> int:
         + (f"; purged old versions {', '.join(r.versions_purged)}" if r.versions_purged else "")
     )
     return 0
+
+
+def _audit(store: Any, target: str, outcome: str) -> None:
+    """Record the erasure or refusal in the console's audit log (who erased what is an admin's question whichever
+    way it was asked); a log that cannot be written is said, not fatal: the erasure's outcome stands."""
+    from peep.server.console.store import ConsoleStore
+
+    try:
+        ConsoleStore(store).audit("cli", "erase", target, outcome, "local")
+    except Exception as exc:  # whatever the backend's driver raises
+        _unrecorded(exc)
+
+
+def _audit_alone(config: Any, target: str, outcome: str) -> None:
+    from peep.server.config import resolve_secrets
+    from peep.server.storage import open_store
+
+    try:
+        secrets = resolve_secrets(config)
+        pw = secrets.db_password.get_secret_value() if secrets.db_password else None
+        store = open_store(config.storage, password=pw)
+    except Exception as exc:  # a secret, or whatever the backend's driver raises
+        _unrecorded(exc)
+        return
+    try:
+        _audit(store, target, outcome)
+    finally:
+        store.close()
+
+
+def _unrecorded(exc: Exception) -> None:
+    print(
+        f"peep erase: could not write the console's audit log ({type(exc).__name__}: {str(exc)[:200]})", file=sys.stderr
+    )
 
 
 def _qbbs_hooks(s: Any) -> int:
