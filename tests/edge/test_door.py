@@ -817,7 +817,8 @@ def test_on_an_open_broker_a_forged_decision_opens_nothing_and_the_servers_signe
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     agent, door, server, pin, _outcomes, key = open_broker_door
-    assert agent.insecure_broker  # said at start, and in its report
+    assert agent.insecure_broker and agent.report().insecure_broker  # said at start, and in its report
+    assert b'"insecure_broker":true' in agent.report().to_json().replace(b" ", b"")
     device, site = agent.cfg.device.id, agent.cfg.device.site
     done: dict = {}
 

@@ -321,6 +321,7 @@ class Agent:
             releases=int(n),
             epsilon_vector_spent=float(vec),
             suppressed={str(k): int(v) for k, v in sorted(suppressed.items())[:MAX_REASONS]},
+            insecure_broker=self.insecure_broker,
         )
 
     def publish_report(self) -> bool:
