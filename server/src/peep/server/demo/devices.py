@@ -189,16 +189,18 @@ def run_door(job: DeviceJob) -> dict[str, Any]:
         first_claim = job.work["claims"][0] if job.work["claims"] else None
         if first_claim is not None:
 
+            ledger = session.accountant.ledger
+
             def made_up() -> str:
                 again = VideoSource(job.work["video"], kind="file")
                 w = FrameWindow(again)
                 w.start, w.stop = first_claim["start"], first_claim["stop"]
-                before = len(agent.accountant.ledger.entries())
+                before = len(ledger.entries())
                 try:
                     out = session.handle(f"made-up-{secrets.token_hex(4)}", w.read)
                 finally:
                     again.close()
-                released = len(agent.accountant.ledger.entries()) - before
+                released = len(ledger.entries()) - before
                 return out.reason if released == 0 else f"{out.reason}, {released} released"
 
             check("a claim for a subject nobody enrolled", "unknown_subject", made_up)
