@@ -384,3 +384,36 @@ def test_a_door_fusing_soft_traits_is_decided_by_verify_fused_and_charges_the_cl
     assert fused.accepted and face.accepted  # the subject's best-scoring held-out template
     assert fused.score != face.score  # a fused score, not the face's probability
     assert h.odometer(a).epsilon_spent == pytest.approx(before + EPSILON)  # age (weight > 0) queried, charged
+
+
+def test_a_doors_fused_claim_is_one_release_in_the_ingest_ledger_however_often_it_is_asked(hosted, templates):
+    """``VerifyFused`` decides the template in memory and keeps none of it, but the door released it: one ledger row
+    (ids, times, its ε and its soft traits'), by gRPC, from the door's own credential; the same template verified
+    again (``Verify``, a retried ``VerifyFused``) is the same release, not another."""
+    import secrets
+    import sqlite3
+
+    h = hosted
+    a = h.subjects[0]
+    nonce = secrets.token_hex(16)
+    age = {"trait": "age", "value": _synthetic_traits(0)["age"], "epsilon": 1.0, "mechanism": "bounded-laplace"}
+    msg = templates.message(_pick(h, templates, a, a, best=True), purpose="verify", subject=a, message_id=nonce,
+                            track_id=f"door-{nonce[:12]}", soft_traits=[age])  # fmt: skip
+    before = h.srv.services.store.count_received(device_id="cam-1")
+    h.verify(msg, a, {})
+    h.verify(msg, a, {})
+    h.rec.Verify(recognition_pb2.VerifyRequest(template=msg, claimed_subject=a), metadata=DEVICE, timeout=5)
+    assert h.srv.services.ingestor.decisions.flush()
+    assert h.srv.services.store.count_received(device_id="cam-1") == before + 1
+    con = sqlite3.connect(h.cfg["storage"]["path"])
+    try:
+        row = con.execute(
+            "SELECT purpose, epsilon_vector, epsilon_traits, transport, sent_by FROM ingest_ledger "
+            "WHERE device_id = 'cam-1' AND message_id = ?",
+            (nonce,),
+        ).fetchone()
+        kept = con.execute("SELECT COUNT(*) FROM templates WHERE message_id = ?", (nonce,)).fetchone()
+    finally:
+        con.close()
+    assert row == ("verify", pytest.approx(msg.mechanism.epsilon_vector), pytest.approx(1.0), "grpc", "device")
+    assert kept == (0,)  # decided, then forgotten

@@ -483,7 +483,7 @@ def test_migration_from_schema_1_keeps_every_row_and_keys_by_device(kind, tmp_pa
     target, rows = _schema_v1(kind, tmp_path, lambda: request.getfixturevalue("pg_dsn"))
     store = SqliteStore(target) if kind == "sqlite" else PostgresStore(target, pool_size=2)
     try:
-        assert store.schema_version() == latest(kind) == 12
+        assert store.schema_version() == latest(kind) == 13
         assert store.count_templates() == 6
         assert [store.get_template(r.message_id, device_id="cam-1") for r in rows] == rows
         # every stored template is in the ledger (a redelivery of one stays a duplicate once templates are
@@ -492,6 +492,10 @@ def test_migration_from_schema_1_keeps_every_row_and_keys_by_device(kind, tmp_pa
         with direct(store) as conn:
             traits = dict(conn.execute("SELECT message_id, epsilon_traits FROM ingest_ledger").fetchall())
         assert traits == {r.message_id: (1.0 if i % 2 else 0.0) for i, r in enumerate(rows)}
+        # how those rows arrived was not recorded then: "" for both, never a guess
+        with direct(store) as conn:
+            origins = conn.execute("SELECT DISTINCT transport, sent_by FROM ingest_ledger").fetchall()
+        assert [tuple(o) for o in origins] == [("", "")]
         assert store.enrolment_set("eb-1", ["peep-raw"]).message_ids == ["m00000", "m00001", "m00002"]
         # the old rows still de-duplicate their own device's resends; another device's id is new now
         again = store.insert_templates([rows[4], record(4, purpose="identify", device="cam-2")])
@@ -518,7 +522,7 @@ def test_migration_from_schema_1_keeps_every_row_and_keys_by_device(kind, tmp_pa
         store.close()
     reopened = SqliteStore(target) if kind == "sqlite" else PostgresStore(target, pool_size=1)
     try:
-        assert reopened.schema_version() == 12 and reopened.count_templates() == 7
+        assert reopened.schema_version() == 13 and reopened.count_templates() == 7
     finally:
         reopened.close()
 

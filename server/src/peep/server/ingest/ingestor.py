@@ -17,6 +17,14 @@ published after the commit (``StreamEvents`` subscribers read them from the
 committed log, :mod:`peep.server.ingest.events`), and callers acknowledge
 after this returns: an acknowledged template has its decision committed
 exactly once.
+
+A template decided by a call instead (``Identify``, ``Verify``, QBBS
+``VerifyFused``: a door's claim) gets the same ledger row, written with the
+call's decision off the call's path (:meth:`Ingestor.record_release`), so
+every release a device makes is counted, whichever way it came. Each row says
+how it came (``grpc`` or ``mqtt``) and whose credential sent it (the device's
+own, or the administrator's, who enrols public background faces in a desk's
+name).
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from peep.server.ingest.auth import DeviceRegistry, Identity, Undecodable
@@ -107,13 +115,27 @@ class Sender:
     topic_site: str | None = None
     topic_device: str | None = None
 
+    @property
+    def transport(self) -> str:
+        """``mqtt`` (a topic), ``grpc`` (an identity), or "" (neither: refused by :meth:`Ingestor.authorise`)."""
+        if self.topic_device is not None:
+            return "mqtt"
+        return "grpc" if self.identity is not None else ""
+
+    @property
+    def sent_by(self) -> str:
+        """``admin`` for the administrator's credential, else ``device`` (its own credential or its topic)."""
+        return "admin" if self.identity is not None and self.identity.is_admin else "device"
+
 
 class DecisionWriter:
-    """Keeps the decisions of the Identify and Verify calls, off the calls' path: queued, written in batches.
+    """Keeps the decisions of the Identify and Verify calls, and their templates' ledger rows, off the calls' path.
 
     A single-row commit per call would add about half a millisecond to every
     Identify (SQLite, measured); the caller already has its answer, so its
-    decision is written by this thread within ``interval`` seconds (one: with
+    decision and its template's ledger row (insert-if-absent: a message id the
+    ledger holds is not counted twice) are written by this thread within
+    ``interval`` seconds (one: with
     a commit every 50 ms the Identify p99 rose by ~0.6 ms on a 2-core box, the
     commits competing with the calls; once a second it was level with no
     writer). A full queue (the database down for long) drops the oldest
@@ -135,7 +157,9 @@ class DecisionWriter:
         self.interval = interval
         self.dropped = 0
         self.written = 0
-        self._queue: queue.Queue[DecisionRecord] = queue.Queue(max_queue)
+        #: Ledger rows handed to the store (duplicates of rows it held included: those it did not add).
+        self.ledgered = 0
+        self._queue: queue.Queue[DecisionRecord | LedgerEntry] = queue.Queue(max_queue)
         self._stop = threading.Event()
         self._idle = threading.Event()
         self._idle.set()
@@ -145,6 +169,11 @@ class DecisionWriter:
     def put(self, record: DecisionRecord) -> None:
         self._idle.clear()
         self.dropped += put_dropping_oldest(self._queue, record)
+
+    def put_ledger(self, entry: LedgerEntry) -> None:
+        """Queue the ledger row of a template decided outside ingest (see :meth:`Ingestor.record_release`)."""
+        self._idle.clear()
+        self.dropped += put_dropping_oldest(self._queue, entry)
 
     def _run(self) -> None:
         while not (self._stop.is_set() and self._queue.empty()):
@@ -159,14 +188,24 @@ class DecisionWriter:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            try:
-                self.store.add_decisions(batch)
-                self.written += len(batch)
-                if self.on_written is not None:
-                    self.on_written()
-            except Exception as exc:  # the callers had their answers; these decisions are not kept
-                self.dropped += len(batch)
-                log.warning("decisions not kept", extra={"n": len(batch), "error": str(exc)[:200]})
+            ledger = [x for x in batch if isinstance(x, LedgerEntry)]
+            decisions = [x for x in batch if not isinstance(x, LedgerEntry)]
+            if ledger:
+                try:
+                    self.store.commit_ingest(IngestBatch(ledger))
+                    self.ledgered += len(ledger)
+                except Exception as exc:  # the callers had their answers; these releases go uncounted
+                    self.dropped += len(ledger)
+                    log.warning("ledger rows not kept", extra={"n": len(ledger), "error": str(exc)[:200]})
+            if decisions:
+                try:
+                    self.store.add_decisions(decisions)
+                    self.written += len(decisions)
+                    if self.on_written is not None:
+                        self.on_written()
+                except Exception as exc:  # the callers had their answers; these decisions are not kept
+                    self.dropped += len(decisions)
+                    log.warning("decisions not kept", extra={"n": len(decisions), "error": str(exc)[:200]})
             if self._queue.empty():
                 self._idle.set()
 
@@ -309,10 +348,14 @@ class Ingestor:
         return bool(self.background_prefix) and subject.startswith(self.background_prefix)
 
     def check(self, msg: template_pb2.PerturbedTemplate, sender: Sender) -> ValidTemplate:
-        """Validate then authorise (validation first: its message names the malformed field)."""
+        """Validate then authorise (validation first: its message names the malformed field).
+
+        The template returned records how it arrived (``transport``, ``sent_by``): its ledger row keeps that,
+        so the console tells a device's own releases from what the administrator sent in its name.
+        """
         valid = self.validator.validate(msg)
         self.authorise(msg, sender)
-        return valid
+        return replace(valid, transport=sender.transport, sent_by=sender.sent_by)
 
     # ------------------------------------------------------------ ingest
 
@@ -364,7 +407,10 @@ class Ingestor:
         if not valid:
             return []
         now = self.clock()
-        ledger = [LedgerEntry.from_message(v.message, received_at=now) for v in valid]
+        ledger = [
+            LedgerEntry.from_message(v.message, received_at=now, transport=v.transport, sent_by=v.sent_by)
+            for v in valid
+        ]
         known = self.store.seen([e.key for e in ledger])
         fresh: list[int] = []
         taken: set[tuple[str, str]] = set()
@@ -534,6 +580,18 @@ class Ingestor:
     def _publish(self, ev: recognition_pb2.RecognitionEvent, purpose: str) -> None:
         self.events.publish(ev)
         self.metrics.events.labels(purpose).inc()
+
+    def record_release(self, v: ValidTemplate) -> None:
+        """Count a template decided outside ingest (the Identify, Verify and VerifyFused calls) in the ledger.
+
+        Its ledger row (ids, times, ε, how it arrived; never its values) is queued with the calls' decisions
+        and written within :attr:`DecisionWriter.interval`, off the call's path, so that a door's VERIFY
+        release is counted on the console like any camera's. Idempotent: a ``(device_id, message_id)`` the
+        ledger holds (a camera's template verified again against a claim, a retried call) adds nothing.
+        """
+        self.decisions.put_ledger(
+            LedgerEntry.from_message(v.message, received_at=self.clock(), transport=v.transport, sent_by=v.sent_by)
+        )
 
     def record_decision(self, v: ValidTemplate, *, purpose: int | None = None, **fields: object) -> None:
         """Keep and publish a decision made outside ingest (the Identify and Verify calls; ``v`` is not kept)."""

@@ -116,13 +116,17 @@ class _Domain:
 
 @dataclass(frozen=True, slots=True)
 class ValidTemplate:
-    """A template that passed every check."""
+    """A template that passed every check (and, once authorised, how it arrived: ``transport``, ``sent_by``)."""
 
     message: template_pb2.PerturbedTemplate
     values: NDArray[np.float32]
     bundle: EigenfaceBundle
     kind: str
     purpose: str
+    #: ``grpc`` or ``mqtt``; "" until :meth:`~peep.server.ingest.ingestor.Ingestor.check` authorised its sender.
+    transport: str = ""
+    #: ``device`` or ``admin`` (whose credential sent it); "" until authorised.
+    sent_by: str = ""
 
 
 def _close(a: float, b: float) -> bool:

@@ -148,15 +148,21 @@ class QbbsRegistrar:
         )
 
     def _check_template(self, context: grpc.ServicerContext, template: Any) -> None:
-        """The ingest checks: validation (Rejection, a WireError: INVALID_ARGUMENT), then who may send it."""
+        """The ingest checks: validation (Rejection, a WireError: INVALID_ARGUMENT), then who may send it.
+
+        A template that passes is counted in the ingest ledger (``Ingestor.record_release``), so a door's fused
+        claims show on the console's Devices page like its other releases.
+        """
         import grpc
         from peep.server.ingest.auth import current_identity
         from peep.server.ingest.ingestor import PermissionRefused, Sender
 
         try:
-            self.services.ingestor.check(template, Sender(identity=current_identity()))
+            valid = self.services.ingestor.check(template, Sender(identity=current_identity()))
         except PermissionRefused as exc:
             context.abort(grpc.StatusCode.PERMISSION_DENIED, f"VerifyFused: {exc}")
+        # A door fusing soft traits releases this template for its claim: counted like any release.
+        self.services.ingestor.record_release(valid)
 
 
 def _requester(context: grpc.ServicerContext) -> str:

@@ -172,7 +172,9 @@ class LedgerEntry:
 
     Ids are random (a device's message id, its per-run track id); the rest
     describes the release's privacy cost (its mechanism and ε), which the
-    console sums per device. Nothing here is derived from the face.
+    console sums per device, and how it arrived (``transport``, ``sent_by``),
+    which tells a device's own releases from what the administrator sent in
+    its name. Nothing here is derived from the face.
     """
 
     device_id: str
@@ -187,9 +189,27 @@ class LedgerEntry:
     epsilon_vector: float
     #: ε of the soft-trait releases that came with the template (their sum; sequential composition).
     epsilon_traits: float
+    #: How it arrived: ``grpc`` or ``mqtt`` ("" for rows received before this was recorded).
+    transport: str = ""
+    #: Whose credential sent it: ``device`` (the device's own, or its MQTT topic) or ``admin`` ("" before recorded).
+    sent_by: str = ""
 
     @classmethod
-    def from_message(cls, msg: template_pb2.PerturbedTemplate, *, received_at: float) -> LedgerEntry:
+    def from_message(
+        cls, msg: template_pb2.PerturbedTemplate, *, received_at: float, transport: str = "", sent_by: str = ""
+    ) -> LedgerEntry:
+        """The ledger row of ``msg``: its ids, times and ε, never its values.
+
+        Parameters
+        ----------
+        msg : PerturbedTemplate
+        received_at : float
+            Unix time of receipt.
+        transport : {"grpc", "mqtt", ""}
+            How it arrived.
+        sent_by : {"device", "admin", ""}
+            Whose credential sent it.
+        """
         m = msg.mechanism
         return cls(
             device_id=msg.device_id,
@@ -203,6 +223,8 @@ class LedgerEntry:
             epsilon_coordinate=m.epsilon_coordinate,
             epsilon_vector=m.epsilon_vector,
             epsilon_traits=float(sum(t.epsilon for t in msg.soft_traits)),
+            transport=transport,
+            sent_by=sent_by,
         )
 
     @property

@@ -232,6 +232,16 @@ _REPLICAS = [
 _DECISION_ORIGIN = ["ALTER TABLE recognition_events ADD COLUMN origin TEXT NOT NULL DEFAULT ''"]
 
 
+# Migration 13: how each ledger row arrived (transport: grpc or mqtt) and whose credential sent it (sent_by:
+# device or admin), so that the console shows a device's own transport and counts what the administrator
+# enrolled in a device's name (public background faces) apart from the device's own releases. Rows from
+# before are "" (not recorded) in both.
+_LEDGER_ORIGIN = [
+    "ALTER TABLE ingest_ledger ADD COLUMN transport TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE ingest_ledger ADD COLUMN sent_by TEXT NOT NULL DEFAULT ''",
+]
+
+
 def _render(dialect: Dialect, statements: list[str]) -> list[str]:
     return [s.format(real=dialect.real, blob=dialect.blob) for s in statements]
 
@@ -251,6 +261,7 @@ MIGRATIONS: dict[str, list[list[str]]] = {
         _render(d, _KEY_ID),
         _render(d, _REPLICAS),
         _render(d, _DECISION_ORIGIN),
+        _render(d, _LEDGER_ORIGIN),
     ]
     for d in (SQLITE, POSTGRES)
 }

@@ -39,7 +39,10 @@ _INSERT = (
     f"SELECT * FROM unnest({', '.join(f'%s::{_ARRAY_TYPES[c.value_type]}[]' for c in TEMPLATE_COLUMNS)}) "
     "ON CONFLICT (device_id, message_id) DO NOTHING RETURNING device_id, message_id"
 )
-_LEDGER_TYPES = ("text", "text", "text", "float8", "text", "text", "text", "text", "float8", "float8", "float8")
+_LEDGER_TYPES = (
+    *("text", "text", "text", "float8", "text", "text", "text", "text", "float8", "float8", "float8"),
+    *("text", "text"),  # transport, sent_by (migration 13)
+)
 assert len(_LEDGER_TYPES) == len(LEDGER_COLUMNS)
 _INSERT_LEDGER = (
     f"INSERT INTO ingest_ledger ({', '.join(LEDGER_COLUMNS)}) "

@@ -184,6 +184,8 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
         if not template.ByteSize():
             raise Rejection("missing_template", "template: expected a PerturbedTemplate, received none")
         valid = self.s.ingestor.check(template, self._sender())
+        # Counted like an ingested release (a door's claim is one), whether or not it can be decided below.
+        self.s.ingestor.record_release(valid)
         self.s.recogniser.check_compatible(template.bundle_id, valid.kind, key_id=template.key_id)
         return valid
 
