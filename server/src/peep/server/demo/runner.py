@@ -1167,8 +1167,8 @@ def _door_lines(door: dict[str, Any] | None) -> list[str]:
     eps = door.get("epsilon")
     if eps:
         lines.append(
-            f"                      ε spent at the door: {eps['releases']} releases (each claim that found a face, and "
-            "two fail-secure checks), "
+            f"                      ε spent at the door: {eps['releases']} releases (each claim that found a face; "
+            "the fail-secure checks release nothing), "
             f"ε per vector {eps['epsilon_vector_per_release']:g} and per coordinate "
             f"{eps['epsilon_coordinate_per_release']:g} each, {eps['epsilon_vector_spent']:,.0f} per vector in all"
         )
