@@ -29,6 +29,20 @@ def _door_agent(tmp_path, keypair, bundle_dir, pki, port: int) -> Agent:
     return Agent(load_config(cfg), environ={"DOOR_TOKEN": DEVICE_TOKENS["cam-1"]})
 
 
+def _command_lock_door(tmp_path, video, door_keys: str = ""):
+    """Turn the door.toml _door_agent wrote into a door on ``video`` whose lock is a command writing to a log."""
+    log = tmp_path / "lock.log"
+    script = f"import sys; open({str(log)!r}, 'a').write(sys.argv[1] + '\\n')"
+    text = (tmp_path / "door.toml").read_text().replace('source = "0"', f'source = "{video}"')
+    text += (
+        '\n[door]\nenabled = true\nlock = "command"\n'
+        f"open_command = {json.dumps([sys.executable, '-c', script, 'open'])}\n"
+        f"close_command = {json.dumps([sys.executable, '-c', script, 'locked'])}\n" + door_keys
+    )
+    (tmp_path / "door.toml").write_text(text)
+    return log
+
+
 def _frames(video: str, limit: int = 40):
     from peep.edge.capture import VideoSource
 
@@ -111,18 +125,9 @@ def test_peep_edge_door_reads_claims_and_drives_a_command_lock(
     compose_video(video, [FaceTrack(image=photo, start=0, stop=150, x0=200, y0=120, amplitude=10, period_frames=50)],
                   n_frames=150, fps=10.0)  # fmt: skip
     agent_cfg = _door_agent(tmp_path, keypair, bundle_dir, pki, trained_server.port).cfg
-    log = tmp_path / "lock.log"
-    script = f"import sys; open({str(log)!r}, 'a').write(sys.argv[1] + '\\n')"
-    cfg_text = (tmp_path / "door.toml").read_text().replace('source = "0"', f'source = "{video}"')
-    cfg_text += (
-        '\n[door]\nenabled = true\nlock = "command"\n'
-        f"open_command = {json.dumps([sys.executable, '-c', script, 'open'])}\n"
-        f"close_command = {json.dumps([sys.executable, '-c', script, 'locked'])}\n"
-        "open_s = 0.2\ndecision_timeout_s = 10.0\n"
-        # peep-raw at ε 8 costs 4,409 per template: budgets that admit a few claims.
-        "epsilon_per_hour = 100000.0\nsubject_epsilon_per_hour = 100000.0\n"
-    )
-    (tmp_path / "door.toml").write_text(cfg_text)
+    # peep-raw at ε 8 costs 4,409 per template: budgets that admit a few claims.
+    log = _command_lock_door(tmp_path, video, "open_s = 0.2\ndecision_timeout_s = 10.0\n"
+                             "epsilon_per_hour = 100000.0\nsubject_epsilon_per_hour = 100000.0\n")  # fmt: skip
     claims = tmp_path / "claims.txt"
     claims.write_text(f"{name}\nNobody_Enrolled\nbad\x1b[2Jclaim\n")
     monkeypatch.setenv("DOOR_TOKEN", DEVICE_TOKENS["cam-1"])
@@ -409,17 +414,8 @@ def test_a_flood_of_made_up_ids_on_stdin_releases_nothing_and_never_drives_the_l
 
     video, _ = claim_video
     cfg = _door_agent(tmp_path, keypair, bundle_dir, pki, trained_server.port).cfg
-    log = tmp_path / "lock.log"
-    script = f"import sys; open({str(log)!r}, 'a').write(sys.argv[1] + '\\n')"
-    text = (tmp_path / "door.toml").read_text().replace('source = "0"', f'source = "{video}"')
-    text += (
-        '\n[door]\nenabled = true\nlock = "command"\n'
-        f"open_command = {json.dumps([sys.executable, '-c', script, 'open'])}\n"
-        f"close_command = {json.dumps([sys.executable, '-c', script, 'locked'])}\n"
-        # The defaults but the hourly budgets: this test's peep-raw at ε 8 costs 4,409 per template.
-        "epsilon_per_hour = 20000.0\nsubject_epsilon_per_hour = 10000.0\n"
-    )
-    (tmp_path / "door.toml").write_text(text)
+    # The defaults but the hourly budgets: this test's peep-raw at ε 8 costs 4,409 per template.
+    log = _command_lock_door(tmp_path, video, "epsilon_per_hour = 20000.0\nsubject_epsilon_per_hour = 10000.0\n")
     flood = "".join(f"Made_Up_{i:03d}\n" for i in range(500)).encode()
     env = os.environ | {"DOOR_TOKEN": DEVICE_TOKENS["cam-1"]}
     cmd = [sys.executable, "-m", "peep.edge.cli", "door", "--config", str(tmp_path / "door.toml"), "--claims", "-"]
