@@ -881,3 +881,30 @@ def test_each_event_is_logged_once_by_a_door_with_its_agent_connection_up(open_b
         server.publish(b'{"purpose": "identify", "subject": "alice", "device_id": "x"}')
         time.sleep(1.0)
     assert sum(r.getMessage() == "recognition_event" for r in caplog.records) == 1
+
+
+def test_a_fifo_stays_open_across_writers_and_a_stop_ends_the_wait(tmp_path):
+    """An access controller may close and reopen the FIFO between claims; a stop ends the wait within the poll."""
+    import os
+
+    from peep.edge.door_session import path_claim_lines, read_claims
+
+    fifo = tmp_path / "claims.fifo"
+    os.mkfifo(fifo)
+    stop = threading.Event()
+    got: list[str] = []
+    ended = threading.Event()
+
+    def read() -> None:
+        got.extend(read_claims(path_claim_lines(str(fifo), stop=stop)))
+        ended.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    for line in (b"alice\n", b"bob\n"):  # two writers, one after the other
+        with open(fifo, "wb") as w:
+            w.write(line)
+        time.sleep(0.2)
+    assert _wait_for(lambda: got == ["alice", "bob"], 5) and not ended.is_set()  # no end of file between writers
+    t0 = time.monotonic()
+    stop.set()
+    assert ended.wait(3) and time.monotonic() - t0 < 1.5
