@@ -908,3 +908,22 @@ def test_a_fifo_stays_open_across_writers_and_a_stop_ends_the_wait(tmp_path):
     t0 = time.monotonic()
     stop.set()
     assert ended.wait(3) and time.monotonic() - t0 < 1.5
+
+
+def test_validate_config_refuses_a_door_that_could_never_open_or_cannot_read_its_decision_key(
+    make_config, tmp_path, one_person_video, capsys
+):
+    from peep.edge.cli import main
+
+    cfg, _ = _door_command_config(make_config, tmp_path, one_person_video["path"], subject_epsilon_per_hour=8.0)
+    assert main(["run", "--config", str(cfg), "--validate-config"]) == 2
+    err = capsys.readouterr().err
+    assert "door.subject_epsilon_per_hour: expected at least one release's per-vector ε (15.9999" in err
+    bad_key = tmp_path / "not-a-key.pub"
+    bad_key.write_text("not a key")
+    cfg = make_config("mqtt-door.toml", privacy={"mechanism": "privunit", "epsilon": 16.0, "track_budget": 1e6},
+                      capture={"source": one_person_video["path"]},
+                      door={"enabled": True, "decision": "mqtt", "insecure_broker": True,
+                            "decision_public_key": str(bad_key)})  # fmt: skip
+    assert main(["run", "--config", str(cfg), "--validate-config"]) == 2
+    assert "door.decision_public_key: expected an Ed25519 public key in PEM" in capsys.readouterr().err

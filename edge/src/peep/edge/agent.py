@@ -254,7 +254,7 @@ class Agent:
         verified against it, the mechanism on that bundle, the soft-trait extra,
         the budgets, the secrets, the TLS files of each enabled transport
         (:mod:`peep.edge.startup`, which the transports load theirs from), the
-        state directory and the detector. Each problem is a
+        state directory, a door's budgets and decision key, and the detector. Each problem is a
         :class:`~peep.edge.errors.ConfigError` naming its key.
         """
         cfg = self.cfg
@@ -301,6 +301,8 @@ class Agent:
         if cfg.grpc.enabled:
             startup.grpc_tls_material(cfg.grpc)
         startup.check_state_dir(cfg.device.state_dir)
+        if cfg.door.enabled:
+            startup.check_door(cfg.door, release_epsilon_vector=cost.total_vector)
         self.detector = build_detector(cfg.detector)
         self._prepared = True
 

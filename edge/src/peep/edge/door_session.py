@@ -580,26 +580,13 @@ def open_door(
         (the door could never open), or the decision key cannot be read.
     """
     from peep.edge.door import build_lock
-    from peep.edge.errors import ConfigError
+    from peep.edge.startup import check_door
 
     cfg = agent.cfg
     d = cfg.door
     pipeline = agent.open()
-    cost = float(pipeline.release_cost)
-    for name, value in (("door.epsilon_per_hour", d.epsilon_per_hour),
-                        ("door.subject_epsilon_per_hour", d.subject_epsilon_per_hour)):  # fmt: skip
-        if cost > value:
-            raise ConfigError([(name, f"expected at least one release's per-vector ε ({cost:g}: the template "
-                                      f"and its soft traits), received {value:g}")])  # fmt: skip
-    public_key = None
+    public_key = check_door(d, release_epsilon_vector=float(pipeline.release_cost))
     if d.decision == "mqtt":
-        from peep.core.bundle import load_public_key
-        from peep.core.exceptions import BundleError
-
-        try:
-            public_key = load_public_key(d.decision_public_key)
-        except BundleError as exc:
-            raise ConfigError([("door.decision_public_key", str(exc))]) from None
         weak = cfg.broker_weaknesses()
         if weak:
             agent.insecure_broker = True

@@ -1,4 +1,4 @@
-"""Start-up checks of the agent's files that are not the bundle: TLS material and the state directory.
+"""Start-up checks of the agent's files that are not the bundle: TLS material, the state directory, a door's.
 
 :meth:`peep.edge.agent.Agent.prepare` runs them (so ``peep-edge run
 --validate-config`` does), and the transports take their TLS material from
@@ -17,12 +17,13 @@ from __future__ import annotations
 import os
 import ssl
 from pathlib import Path
+from typing import Any
 
 from peep.core.tlsfiles import PemFile, TlsFileError, read_pem, tls_context
-from peep.edge.config import GrpcConfig, MqttConfig
+from peep.edge.config import DoorConfig, GrpcConfig, MqttConfig
 from peep.edge.errors import ConfigError
 
-__all__ = ["check_state_dir", "grpc_tls_material", "mqtt_tls_context"]
+__all__ = ["check_door", "check_state_dir", "grpc_tls_material", "mqtt_tls_context"]
 
 
 def _files(section: str, cfg: MqttConfig | GrpcConfig) -> dict[str, PemFile | None]:
@@ -73,3 +74,25 @@ def check_state_dir(state_dir: Path) -> None:
             [("device.state_dir", f"expected a writable directory (or one that can be created), received "
               f"{str(state_dir)!r} ({why})")]
         )  # fmt: skip
+
+
+def check_door(door: DoorConfig, *, release_epsilon_vector: float) -> Any:
+    """A door's budgets against one release, and its decision key: the server's public key (or None over gRPC).
+
+    A budget below one release's per-vector ε (the template and its soft traits) would refuse every claim;
+    a decision key that cannot be read would leave an MQTT door acting on nothing.
+    """
+    for name, value in (("door.epsilon_per_hour", door.epsilon_per_hour),
+                        ("door.subject_epsilon_per_hour", door.subject_epsilon_per_hour)):  # fmt: skip
+        if release_epsilon_vector > value:
+            raise ConfigError([(name, f"expected at least one release's per-vector ε ({release_epsilon_vector:g}: "
+                                      f"the template and its soft traits), received {value:g}")])  # fmt: skip
+    if door.decision != "mqtt" or door.decision_public_key is None:
+        return None
+    from peep.core.bundle import load_public_key
+    from peep.core.exceptions import BundleError
+
+    try:
+        return load_public_key(door.decision_public_key)
+    except BundleError as exc:
+        raise ConfigError([("door.decision_public_key", str(exc))]) from None
