@@ -361,9 +361,10 @@ def test_empty_summaries(cs: ConsoleStore):
     assert cs.epsilon_by_device_hour(0.0) == []
 
 
-def received(sql: Any, records: list[Any], *, traits: float = 0.0) -> None:
+def received(sql: Any, records: list[Any], *, traits: float = 0.0, transport: str = "grpc",
+             sent_by: str = "device") -> None:  # fmt: skip
     """Take ``records`` as ingest does: one ledger entry each (ids, times, ε, ``traits`` the ε of the soft-trait
-    releases that came with each); the templates are not kept."""
+    releases that came with each, how it arrived and whose credential sent it); the templates are not kept."""
     from peep.server.storage import IngestBatch, LedgerEntry
 
     entries = [
@@ -371,6 +372,7 @@ def received(sql: Any, records: list[Any], *, traits: float = 0.0) -> None:
             device_id=r.device_id, message_id=r.message_id, site=r.site, received_at=r.received_at, purpose=r.purpose,
             track_id=r.track_id, bundle_id=r.bundle_id, mechanism_kind=r.mechanism_kind,
             epsilon_coordinate=r.epsilon_coordinate, epsilon_vector=r.epsilon_vector, epsilon_traits=traits,
+            transport=transport, sent_by=sent_by,
         )
         for r in records
     ]  # fmt: skip
@@ -412,6 +414,41 @@ def test_every_epsilon_sum_is_the_whole_spend_templates_and_soft_traits(cs: Cons
     assert d.epsilon_vector_total == pytest.approx(3 * 18.0) and d.epsilon_traits_total == pytest.approx(3 * 2.0)
     assert d.epsilon_vector_max_track == pytest.approx(2 * 18.0)
     assert cs.epsilon_by_device_hour(base - 1.0) == [("cam-1", H0, pytest.approx(54.0))]
+
+
+def test_devices_count_what_the_administrator_sent_in_a_devices_name_apart_and_name_each_transport(
+    cs: ConsoleStore, sql: Any
+):
+    """A desk's own enrolments against the background the administrator enrolled through it, a camera on MQTT with
+    rows from before the transport was recorded, and a device the administrator alone sent for."""
+    base = H0 * HOUR
+    own = [record(i, received_at=base + i, device="desk-1", purpose="enroll", eps_vector=16.0) for i in range(3)]
+    received(sql, own, traits=2.0)
+    # later than the desk's own and on its track id: in neither its last release, its totals nor its track's
+    background = [record(10 + i, received_at=base + 100 + i, device="desk-1", purpose="enroll", eps_vector=16.0)
+                  for i in range(5)]  # fmt: skip
+    received(sql, background, sent_by="admin")
+    received(sql, [record(20 + i, received_at=base + 5 + i, device="cam-3", eps_vector=4.0) for i in range(2)],
+             transport="mqtt")  # fmt: skip
+    received(sql, [record(30, received_at=base + 7, device="cam-3", eps_vector=4.0)], transport="", sent_by="")
+    received(sql, [record(40, received_at=base + 9, device="desk-2", eps_vector=16.0)], sent_by="admin")
+    by = {d.device_id: d for d in cs.devices()}
+    assert list(by) == ["cam-3", "desk-1", "desk-2"]
+    desk = by["desk-1"]
+    assert (desk.releases, desk.last_release, dict(desk.transports)) == (3, base + 2, {"grpc": 3})
+    assert desk.epsilon_vector_total == pytest.approx(3 * 18.0) and desk.epsilon_traits_total == pytest.approx(6.0)
+    assert desk.epsilon_vector_max_track == pytest.approx(3 * 18.0)
+    assert (desk.admin_releases, desk.admin_epsilon_vector_total) == (5, pytest.approx(5 * 16.0))
+    cam = by["cam-3"]
+    assert (cam.releases, dict(cam.transports), cam.admin_releases) == (3, {"mqtt": 2, "": 1}, 0)
+    alone = by["desk-2"]
+    assert (alone.releases, alone.last_release, alone.epsilon_vector_total, dict(alone.transports)) == (0, None, 0, {})
+    assert (alone.admin_releases, alone.mechanism_kind) == (1, "peep-raw")
+    # the chart and its span: the devices' own spend only
+    per = cs.epsilon_by_device_hour(base - 1.0)
+    assert {d for d, _, _ in per} == {"cam-3", "desk-1"}
+    assert sum(e for d, _, e in per if d == "desk-1") == pytest.approx(desk.epsilon_vector_total)
+    assert cs.ledger_span(base - 1.0) == (base, base + 7)
 
 
 def test_subjects_count_enrolment_templates_by_name(cs: ConsoleStore, sql: Any):

@@ -274,14 +274,23 @@ class ServerApp:
 
         return statuses
 
-    def _device_reports(self) -> dict[str, tuple[Any, float]]:
-        """Each device's latest report, retained on MQTT or sent over gRPC, whichever arrived last."""
-        out = self.services.device_reports.latest()
+    def _device_reports(self) -> dict[str, tuple[Any, float, str]]:
+        """Each device's latest report, retained on MQTT or sent over gRPC, whichever arrived last.
+
+        Returns
+        -------
+        dict of str to (DeviceReport, float, str)
+            ``(report, received_at, via)``, ``via`` the transport it came by (``mqtt`` or ``grpc``), which the
+            console shows as the device's own.
+        """
+        out: dict[str, tuple[Any, float, str]] = {
+            device: (report, at, "grpc") for device, (report, at) in self.services.device_reports.latest().items()
+        }
         mqtt_reports = getattr(self.mqtt, "device_reports", None)
         if callable(mqtt_reports):
             for device, (report, at) in mqtt_reports().items():
                 if device not in out or at >= out[device][1]:
-                    out[device] = (report, at)
+                    out[device] = (report, at, "mqtt")
         return out
 
     def _retention_loop(self) -> None:

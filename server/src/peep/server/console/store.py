@@ -3,7 +3,8 @@
 Written once for SQLite and PostgreSQL on the store's own primitives (``_session``, ``_transaction`` and
 its :class:`~peep.server.storage.dialect.Dialect`), like the rest of :mod:`peep.server.storage`, so
 replicas on one PostgreSQL share accounts, sessions and acknowledgements. The read-only summaries the
-pages show (devices, subjects, ε spent) are here too: they are plain aggregates over ``templates``.
+pages show (devices, subjects, ε spent) are here too: they are plain aggregates over the ingest ledger and
+``templates``.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from peep.server.storage.base import SqlStore
@@ -105,21 +106,38 @@ class AuditEntry:
 
 @dataclass(frozen=True)
 class DeviceSummary:
+    """One device's releases as the ingest ledger counts them (the Devices and Privacy pages).
+
+    ``releases``, the ε sums and ``last_release`` are the device's own: what it sent with its own
+    credential or on its own MQTT topic. What the administrator sent in its name (public background
+    faces enrolled through a desk) is counted apart, in ``admin_releases`` and ``admin_epsilon_vector_total``:
+    the device released none of it and its own ledger holds none of it.
+    """
+
     device_id: str
     site: str
     releases: int
     epsilon_vector_total: float
     epsilon_vector_max_track: float
-    last_release: float
+    #: The latest of its own releases (Unix time); None when the administrator sent all there is.
+    last_release: float | None
     bundle_id: str
     mechanism_kind: str
     epsilon_coordinate: float
     epsilon_vector: float
     #: The soft-trait releases' share of ``epsilon_vector_total`` (which is the whole spend: templates + traits).
     epsilon_traits_total: float = 0.0
+    #: ``{transport: releases}`` of its own releases (``grpc``, ``mqtt``; "" for rows from before it was recorded).
+    transports: Mapping[str, int] = field(default_factory=dict)
+    #: Templates sent in its name with the administrator's credential (e.g. ``peep-edge enroll-background``).
+    admin_releases: int = 0
+    #: Their ε per vector (templates + soft traits), not in ``epsilon_vector_total``.
+    admin_epsilon_vector_total: float = 0.0
 
 
 _ACCOUNTS = "SELECT name, role, password_hash, must_change, disabled, created_at FROM console_users"
+#: ``ingest_ledger.sent_by`` of rows sent with the administrator's credential (the ingestor's ``Sender.sent_by``).
+ADMIN = "admin"
 
 
 def _account(row: Any, *, with_hash: bool = True) -> Account:
@@ -543,15 +561,20 @@ class ConsoleStore:
 
         From the ingest ledger (every received template's ids, times and ε, kept for the de-duplication
         window), not from templates: identify/verify templates are decided and forgotten. Every ε sum is the
-        whole spend: the template's and its soft-trait releases' (sequential composition).
+        whole spend: the template's and its soft-trait releases' (sequential composition). The sums, the track
+        and the latest release count the device's own releases; what the administrator sent in its name is
+        summed apart (:class:`DeviceSummary`). The mechanism shown is that of the device's latest row.
         """
+        own = f"sent_by != '{ADMIN}'"
+        # One scan for the counts, sums and transports (a month of a busy site's rows): grouped by how each row
+        # came and whose credential sent it, then added up here.
         q = (
-            "SELECT device_id, COUNT(*), SUM(epsilon_vector + epsilon_traits), MAX(received_at), "
-            "SUM(epsilon_traits) FROM ingest_ledger GROUP BY device_id ORDER BY device_id"
+            "SELECT device_id, transport, sent_by, COUNT(*), SUM(epsilon_vector + epsilon_traits), MAX(received_at), "
+            "SUM(epsilon_traits) FROM ingest_ledger GROUP BY device_id, transport, sent_by"
         )
         q_track = (
             "SELECT device_id, MAX(total) FROM (SELECT device_id, track_id, SUM(epsilon_vector + epsilon_traits) "
-            "AS total FROM ingest_ledger GROUP BY device_id, track_id) t GROUP BY device_id"
+            f"AS total FROM ingest_ledger WHERE {own} GROUP BY device_id, track_id) t GROUP BY device_id"
         )
         q_last = (
             "SELECT t.device_id, t.site, t.bundle_id, t.mechanism_kind, t.epsilon_coordinate, t.epsilon_vector "
@@ -559,25 +582,47 @@ class ConsoleStore:
             "GROUP BY device_id) m ON m.device_id = t.device_id AND m.last = t.received_at"
         )
         with self.store._session() as conn:
-            rows = conn.execute(q).fetchall()
+            groups = conn.execute(q).fetchall()
             per_track = {str(d): float(v or 0.0) for d, v in conn.execute(q_track)}
             last = {str(r[0]): r for r in conn.execute(q_last)}
+        own_rows: dict[str, list[Any]] = {}  # device: [releases, Σ ε, latest, Σ ε traits]
+        transports: dict[str, dict[str, int]] = {}
+        admin: dict[str, list[Any]] = {}  # device: [releases, Σ ε]
+        for d, transport, sent_by, n, eps, at, traits in groups:
+            dev = str(d)
+            if sent_by == ADMIN:
+                a = admin.setdefault(dev, [0, 0.0])
+                a[0] += int(n)
+                a[1] += float(eps or 0.0)
+                continue
+            o = own_rows.setdefault(dev, [0, 0.0, None, 0.0])
+            o[0] += int(n)
+            o[1] += float(eps or 0.0)
+            o[2] = float(at) if o[2] is None else max(o[2], float(at))
+            o[3] += float(traits or 0.0)
+            by_transport = transports.setdefault(dev, {})
+            by_transport[str(transport)] = by_transport.get(str(transport), 0) + int(n)
         out = []
-        for d, n, eps, at, traits in rows:
-            ln = last.get(str(d), (d, "", "", "", 0.0, 0.0))
+        for d in sorted(set(own_rows) | set(admin)):
+            n, eps, at, traits = own_rows.get(d, (0, 0.0, None, 0.0))
+            ln = last.get(d, (d, "", "", "", 0.0, 0.0))
+            by_admin = admin.get(d, (0, 0.0))
             out.append(
                 DeviceSummary(
-                    str(d),
+                    d,
                     str(ln[1]),
                     int(n),
-                    float(eps or 0.0),
-                    per_track.get(str(d), 0.0),
-                    float(at),
+                    float(eps),
+                    per_track.get(d, 0.0),
+                    at,
                     str(ln[2]),
                     str(ln[3]),
                     float(ln[4]),
                     float(ln[5]),
-                    float(traits or 0.0),
+                    float(traits),
+                    transports.get(d, {}),
+                    int(by_admin[0]),
+                    float(by_admin[1]),
                 )
             )
         return out
@@ -623,19 +668,26 @@ class ConsoleStore:
     def epsilon_by_device_hour(self, since: float, *, bucket_s: float = 3600.0) -> list[tuple[str, int, float]]:
         """(device, bucket index, ε per vector spent in it: templates + soft traits) since ``since``.
 
-        The bucket of a time ``t`` is ``floor(t / bucket_s)`` (hours by default).
+        The bucket of a time ``t`` is ``floor(t / bucket_s)`` (hours by default). The device's own releases
+        only, as in :meth:`devices`.
         """
         b = self._bucket("received_at", bucket_s)
         q = (
             f"SELECT device_id, {b} AS h, SUM(epsilon_vector + epsilon_traits) FROM ingest_ledger "
-            f"WHERE received_at >= {self._p} GROUP BY device_id, {b} ORDER BY h"
+            f"WHERE received_at >= {self._p} AND sent_by != '{ADMIN}' GROUP BY device_id, {b} ORDER BY h"
         )
         with self.store._session() as conn:
             return [(str(d), int(h), float(e)) for d, h, e in conn.execute(q, (since,))]
 
     def ledger_span(self, since: float) -> tuple[float, float] | None:
-        """(first, last) receipt time in the ledger since ``since``, or None when it is empty."""
-        q = f"SELECT MIN(received_at), MAX(received_at) FROM ingest_ledger WHERE received_at >= {self._p}"
+        """(first, last) receipt time of devices' own releases in the ledger since ``since``, or None when none.
+
+        The span :meth:`epsilon_by_device_hour` charts (what the administrator sent is not in that chart).
+        """
+        q = (
+            "SELECT MIN(received_at), MAX(received_at) FROM ingest_ledger "
+            f"WHERE received_at >= {self._p} AND sent_by != '{ADMIN}'"
+        )
         with self.store._session() as conn:
             row = conn.execute(q, (since,)).fetchone()
         return None if row is None or row[0] is None else (float(row[0]), float(row[1]))
