@@ -927,3 +927,23 @@ def test_validate_config_refuses_a_door_that_could_never_open_or_cannot_read_its
                             "decision_public_key": str(bad_key)})  # fmt: skip
     assert main(["run", "--config", str(cfg), "--validate-config"]) == 2
     assert "door.decision_public_key: expected an Ed25519 public key in PEM" in capsys.readouterr().err
+
+
+def test_a_claim_whose_deadline_passed_before_its_face_was_taken_releases_nothing(door_agent, one_person_video):
+    from peep.edge.door_session import DoorSession
+
+    agent, pipeline = door_agent
+
+    class SlowCheck(FakeVerifier):
+        def check_claim(self, claim, timeout_s):
+            time.sleep(0.3)  # the answer comes, but after the claim's deadline
+            return True
+
+    verifier = SlowCheck()
+    ctl = DoorController("cam-1", RecordingLock(), open_s=0.05, decision_timeout_s=0.2)
+    out = DoorSession(pipeline, agent.accountant, ctl, verifier, face_timeout_s=5.0).handle(
+        "alice", _frames(one_person_video["path"])
+    )
+    ctl.close()
+    assert out.reason == "timeout" and "nothing was released" in out.detail
+    assert verifier.sent == [] and _door_spends(agent) == []

@@ -460,6 +460,9 @@ class DoorSession:
             return self.controller.fail(claim, "unreachable", "the door is stopping; nothing was released")
         if best is None:
             return self.controller.fail(claim, "no_face", f"no face within {self.face_timeout_s:g} s")
+        if self.clock() >= claim.deadline:  # no decision could come in time: releasing would buy nothing
+            return self.controller.fail(claim, "timeout", "the claim's deadline passed before its face was taken; "
+                                        "nothing was released")  # fmt: skip
         frame, box = best
         t1 = time.perf_counter()
         key = f"door:{claim.nonce[:16]}"
