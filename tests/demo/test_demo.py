@@ -166,13 +166,45 @@ def test_the_server_keeps_nothing_of_the_strangers_it_decided(demo_run):
         # what those rows hold: ids, times, the release's ε; the decision, its probability, the model
         ledger_cols = [r[1] for r in con.execute("PRAGMA table_info(ingest_ledger)")]
         assert ledger_cols == ["device_id", "message_id", "site", "received_at", "purpose", "track_id", "bundle_id",
-                               "mechanism_kind", "epsilon_coordinate", "epsilon_vector", "epsilon_traits"]  # fmt: skip
+                               "mechanism_kind", "epsilon_coordinate", "epsilon_vector", "epsilon_traits",
+                               "transport", "sent_by"]  # fmt: skip
         q = "SELECT subject, unknown FROM recognition_events WHERE message_id = ?"
         for mid in strangers:
             for subject, unknown in con.execute(q, (mid,)):
                 assert unknown == 0 or subject == ""  # an unknown decision names nobody
     finally:
         con.close()
+
+
+def test_the_ledger_counts_each_devices_own_releases_by_the_transport_they_came_by(demo_run):
+    """Every camera's releases with its own transport, the door's claims (decided by ``Verify``, then forgotten)
+    as the door's releases, and the public background the admin credential enrolled through desk-1 apart."""
+    out, s = demo_run
+    con = sqlite3.connect(out / "server" / "peep.db")
+    try:
+        rows = con.execute(
+            "SELECT device_id, purpose, transport, sent_by, COUNT(*), SUM(epsilon_vector + epsilon_traits) "
+            "FROM ingest_ledger GROUP BY device_id, purpose, transport, sent_by"
+        ).fetchall()
+    finally:
+        con.close()
+    by = {(d, purpose, transport, sent_by): (n, eps) for d, purpose, transport, sent_by, n, eps in rows}
+    for cam, dev in s["edge"]["devices"].items():
+        assert {k[1:] for k in by if k[0] == cam} == {("identify", dev["transport"], "device")}
+        n, eps = by[(cam, "identify", dev["transport"], "device")]
+        assert n == dev["releases"] and eps == pytest.approx(dev["epsilon_vector_spent"])
+    # Every claim the server answered is a release of the door's in the ledger; a release that never reached the
+    # server would be in the door's own ledger only (the fail-secure checks release nothing), so that is the most
+    # the server can count.
+    door = s["door"]["epsilon"]
+    answered = sum(r["opened"] or r["reason"] == "rejected" for r in json.loads((out / "door.json").read_text()))
+    n, eps = by[("door-1", "verify", "grpc", "device")]
+    assert {k[1:] for k in by if k[0] == "door-1"} == {("verify", "grpc", "device")}
+    assert 0 < answered <= n <= door["releases"]
+    assert eps == pytest.approx(n * door["epsilon_vector_per_release"])
+    assert by[("desk-1", "enroll", "grpc", "admin")][0] == s["kept_templates"]["background"] > 0
+    own = sum(n for (d, purpose, _, sent_by), (n, _) in by.items() if purpose == "enroll" and sent_by == "device")
+    assert own == s["kept_templates"]["enrolment"]
 
 
 def test_usage_errors_name_the_option(capsys):
@@ -257,6 +289,22 @@ def test_demo_console_stays_up_on_the_demos_data(tmp_path: Path, data_home: str)
                 track = re.search(r'class="eps-track">([0-9.,]+)', row.group(0))
                 most = edge["max_epsilon_vector_per_track"]
                 assert track and float(track.group(1).replace(",", "")) == pytest.approx(most, rel=1e-3), most
+            # The door's claims are its releases, from the ledger: at least every claim the server answered, at
+            # most what the door's own ledger spent, each at the run's per-template ε.
+            door = summary["door"]["epsilon"]
+            claims = json.loads((tmp_path / "run" / "door.json").read_text())
+            answered = sum(r["opened"] or r["reason"] == "rejected" for r in claims)
+            row = re.search(r"<tr>\s*<td>door-1</td>.*?</tr>", devices, re.S)
+            assert row and "releases: gRPC" in row.group(0), devices[:3000]
+            n = int(re.search(r'class="releases">([0-9,]+)', row.group(0)).group(1).replace(",", ""))
+            assert 0 < answered <= n <= door["releases"]
+            total = re.search(r'class="eps-total">([0-9.,]+)', row.group(0))
+            spent = n * door["epsilon_vector_per_release"]
+            assert total and float(total.group(1).replace(",", "")) == pytest.approx(spent)
+            # The background the admin credential enrolled through desk-1 is not the desk's own.
+            row = re.search(r"<tr>\s*<td>desk-1</td>.*?</tr>", devices, re.S)
+            background = summary["kept_templates"]["background"]
+            assert row and f"and {background} sent in its name with the administrator" in row.group(0)
             # Every device the server heard from has a status (gRPC contacts here: --mqtt off), never "unknown".
             rows = re.findall(r"<tr>\s*<td>([^<]+)</td>.*?</tr>", devices, re.S)
             statuses = re.findall(r'class="status-([^"]+)"', devices)

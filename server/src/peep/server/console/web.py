@@ -36,7 +36,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -184,6 +184,20 @@ def _time_cell(t: float | None) -> Markup:
     return Markup(f'<time datetime="{iso}">{text}</time>')
 
 
+#: How a release or a report arrived, as the Devices page names it ("": a ledger row from before it was recorded).
+TRANSPORT_NAMES = {"grpc": "gRPC", "mqtt": "MQTT", "": "not recorded"}
+
+
+def _transports(counts: Mapping[str, int]) -> list[tuple[str, int]]:
+    """``[(name, releases)]`` of a device's own releases per transport, the most used first.
+
+    >>> _transports({"mqtt": 39, "": 2, "grpc": 5})
+    [('MQTT', 39), ('gRPC', 5), ('not recorded', 2)]
+    """
+    named = [(TRANSPORT_NAMES.get(t, t), int(n)) for t, n in counts.items() if n]
+    return sorted(named, key=lambda tn: (-tn[1], tn[0]))
+
+
 def _clock(t: float | None) -> str:
     if t is None or not math.isfinite(t) or t <= 0:
         return "–"
@@ -283,10 +297,12 @@ class ConsoleApp:
     qbbs : QbbsModule, optional
         The hosted QBBS module, for the odometer on the Privacy page.
     device_status : callable, optional
-        ``() -> {device_id: (status, since)}`` from the retained MQTT statuses.
+        ``() -> {device_id: (status, since, via)}``: the retained MQTT statuses (``via`` ``mqtt``) and the
+        gRPC contacts (``grpc``); a source that gives ``(status, since)`` only is shown without a ``via``.
     device_reports : callable, optional
-        ``() -> {device_id: (DeviceReport, received_at)}``: the devices' own reports over MQTT
-        (suppressed releases, the budgets in their configuration).
+        ``() -> {device_id: (DeviceReport, received_at, via)}``: the devices' own reports (suppressed
+        releases, the budgets in their configuration, an insecure broker), ``via`` ``mqtt`` (retained) or
+        ``grpc`` (``ReportDevice``); ``(DeviceReport, received_at)`` is shown without a ``via``.
     """
 
     def __init__(
@@ -296,8 +312,8 @@ class ConsoleApp:
         store: ConsoleStore | None = None,
         feed: LiveFeed | None = None,
         qbbs: Any = None,
-        device_status: Callable[[], dict[str, tuple[str, float]]] | None = None,
-        device_reports: Callable[[], dict[str, tuple[Any, float]]] | None = None,
+        device_status: Callable[[], dict[str, tuple[Any, ...]]] | None = None,
+        device_reports: Callable[[], dict[str, tuple[Any, ...]]] | None = None,
     ) -> None:
         cfg = services.config.console
         if cfg is None:
@@ -543,7 +559,8 @@ class ConsoleApp:
         try:
             if new != again:
                 raise accounts.AccountError("again: expected the new password twice, received two different ones")
-            accounts.check_new_password(new, name=name)
+            sites = sorted({d.site for d in self.services.config.auth.devices if d.site})
+            accounts.check_new_password(new, name=name, sites=sites)
             if accounts.verify_password(new, account.password_hash):
                 raise accounts.AccountError("new: expected a password other than the current one")
         except accounts.AccountError as exc:
@@ -778,7 +795,8 @@ class ConsoleApp:
         status = self.device_status() if self.device_status else {}
         reports = self.device_reports() if self.device_reports else {}
         rows = []
-        for dev in sorted(set(summaries) | set(configured) | set(status)):
+        # A device known only by its report is listed too: its report may carry a warning.
+        for dev in sorted(set(summaries) | set(configured) | set(status) | set(reports)):
             s = summaries.get(dev)
             c = configured.get(dev)
             st = status.get(dev)
@@ -791,17 +809,27 @@ class ConsoleApp:
                     "enrolment_desk": bool(c and c.enrolment_desk),
                     "status": st[0] if st else ("never seen" if self.device_status else "not watched"),
                     "status_since": st[1] if st else None,
-                    "status_via": (st[2] if len(st) > 2 else "mqtt") if st else "",
+                    # How the status was learnt, when the source says; never assumed.
+                    "status_via": st[2] if st and len(st) > 2 else "",
                     "s": s,
+                    "transports": _transports(s.transports) if s else [],
                     "report": rep[0] if rep else None,
                     "report_at": rep[1] if rep else None,
+                    "report_via": rep[2] if rep and len(rep) > 2 else "",
+                    "insecure_broker": bool(rep and getattr(rep[0], "insecure_broker", False)),
                 }
             )
         plot = plots.lines(*self._epsilon_series(time.time()), y_label="Σ ε per vector")
         return self._page(
             ctx,
             "devices.html",
-            {"rows": rows, "plot": Markup(plot), "watched": self.device_status, "reported": self.device_reports},
+            {
+                "rows": rows,
+                "plot": Markup(plot),
+                "watched": self.device_status,
+                "reported": self.device_reports,
+                "insecure": [r["id"] for r in rows if r["insecure_broker"]],
+            },
         )
 
     def _epsilon_series(self, now: float) -> tuple[str, list[str], dict[str, list[float]]]:
