@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -60,6 +61,15 @@ def _is_topic(received: str, ours: str) -> bool:
     False
     """
     return received == ours or received.endswith("/" + ours)
+
+
+def _nodelay(client: mqtt.Client, userdata: Any, sock: Any) -> None:
+    """TCP_NODELAY: a small publish right after an acknowledgement (a door's claim check after the last
+    decision's PUBACK) otherwise waits for the broker's delayed ACK, about 40 ms (Nagle's algorithm)."""
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except (OSError, AttributeError):  # not a TCP socket (a test's fake), or the option is not there
+        pass
 
 
 class MqttLink:
@@ -140,6 +150,7 @@ class MqttLink:
         c.on_disconnect = self._handle_disconnect
         c.on_publish = self._handle_publish
         c.on_message = self._handle_message
+        c.on_socket_open = _nodelay
         self.client = c
 
     # -- lifecycle ----------------------------------------------------------------
