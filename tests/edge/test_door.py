@@ -707,6 +707,7 @@ def test_sigterm_ends_the_door_promptly_from_an_open_idle_stdin_and_from_a_claim
             stdout, stderr = proc.communicate()
     out = stdout.decode()
     assert rc == 0 and took < 5.0, (rc, took, out, stderr.decode()[-2000:])
+    print(f"SIGTERM while {while_}: exited {rc} after {took:.2f} s")
     assert log.read_text().split() == ["locked", "locked"]  # locked at start, released on the way out
     assert "stopped after 0 opening(s)" in out
 
