@@ -554,7 +554,8 @@ def test_the_door_and_each_subject_spend_within_their_hourly_budgets_across_a_re
     outs = [session.handle(s, _frames(one_person_video["path"])) for s in ("alice", "alice", "alice", "bob", "carol")]
     assert [o.opened for o in outs] == [True, True, False, True, False]
     assert [o.reason for o in outs if not o.opened] == ["subject_budget", "door_budget"]
-    assert "of 32 spent on this subject" in outs[2].detail and "nothing was released" in outs[2].detail
+    assert "per-vector ε 31.9999 of 32 spent on this subject" in outs[2].detail, outs[2].detail
+    assert "(per-coordinate ε 15.9999 a release); nothing was released" in outs[2].detail
     assert len(_door_spends(agent)) == 3 and budget.spent() == pytest.approx(48.0, rel=1e-3)
     assert ctl.refusals["subject_budget"] == 1 and ctl.refusals["door_budget"] == 1
     # After a restart the door's window is read back from the ledger: still spent.

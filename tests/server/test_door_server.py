@@ -432,6 +432,7 @@ def test_a_flood_of_made_up_ids_on_stdin_releases_nothing_and_never_drives_the_l
     spent = ledger.entries()
     ledger.close()
     assert spent == []  # no template of the face at the door, ε 0 of the door's hourly 20,000
+    assert "ε spent by this device in all: 0 releases, per vector 0, per coordinate 0" in out
     assert log.read_text().split() == ["locked", "locked"]  # released at start and at the end, never driven
     print(f"500 made-up ids: {took:.1f} s with start-up; 10 asked about, 490 throttled, 0 released")
 

@@ -138,6 +138,8 @@ class Agent:
         #: A door deciding over MQTT on a broker without TLS or credentials (door.insecure_broker): its report
         #: says so, and the console shows it.
         self.insecure_broker = False
+        #: A door's pinned decision key (the server's, door.decision_public_key), read by :meth:`prepare`.
+        self.door_decision_key: Any = None
         self.forwarders: list[Forwarder] = []
         self.mqtt_link: Any = None
         self.spool: Spool | None = None
@@ -302,7 +304,7 @@ class Agent:
             startup.grpc_tls_material(cfg.grpc)
         startup.check_state_dir(cfg.device.state_dir)
         if cfg.door.enabled:
-            startup.check_door(cfg.door, release_epsilon_vector=cost.total_vector)
+            self.door_decision_key = startup.check_door(cfg.door, release_epsilon_vector=cost.total_vector)
         self.detector = build_detector(cfg.detector)
         self._prepared = True
 

@@ -187,15 +187,21 @@ def _door(args: argparse.Namespace) -> int:
     controller = door.controller
     frames = open_source(cfg.capture.source, max_fps=cfg.capture.max_fps, stop=stop)
     opened = 0
+    spent = (0.0, 0.0, 0)
     try:
         opened = serve_claims(door.session, claims, frames.read)
     finally:
         door.close()
         frames.close()
+        if agent.ledger is not None:
+            spent = agent.ledger.lifetime()  # before shutdown closes it
         agent.shutdown(drain_timeout=5.0)
         claims.close()  # the source's generator: closes its descriptor, or removes the socket
     refused = {k: v for k, v in controller.refusals.items() if v}
     print(f"door {cfg.device.id}: {controller.opened} opened, refused {refused or 'none'}")
+    vec, coord, n = spent
+    print(f"door {cfg.device.id}: ε spent by this device in all: {n} releases, per vector {vec:,.4g}, per "
+          f"coordinate {coord:,.4g}")  # fmt: skip
     # A locked door is the door working: the exit code says the door ran, not what it decided.
     print(f"door {cfg.device.id} stopped after {opened} opening(s)", flush=True)
     return 0

@@ -492,11 +492,11 @@ class DoorBudget:
         """``(reason, detail)`` if releasing ``cost`` for ``subject`` would pass a budget; None if it fits."""
         door, mine = self.spent(), self.spent(subject)
         if door + cost > self.door_epsilon * (1 + 1e-9):
-            return "door_budget", (f"ε {door:g} of {self.door_epsilon:g} spent in the last {self.window_s:g} s; a "
-                                   f"release costs {cost:g}")  # fmt: skip
+            return "door_budget", (f"per-vector ε {door:g} of {self.door_epsilon:g} spent in the last "
+                                   f"{self.window_s:g} s; a release costs {cost:g}")  # fmt: skip
         if mine + cost > self.subject_epsilon * (1 + 1e-9):
-            return "subject_budget", (f"ε {mine:g} of {self.subject_epsilon:g} spent on this subject's claims in "
-                                      f"the last {self.window_s:g} s; a release costs {cost:g}")  # fmt: skip
+            return "subject_budget", (f"per-vector ε {mine:g} of {self.subject_epsilon:g} spent on this subject's "
+                                      f"claims in the last {self.window_s:g} s; a release costs {cost:g}")  # fmt: skip
         return None
 
     def charge(self, subject: str, cost: float) -> None:

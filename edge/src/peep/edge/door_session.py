@@ -446,7 +446,9 @@ class DoorSession:
         if self.budget is not None:
             over = self.budget.refusal(subject, cost)
             if over is not None:
-                return self.controller.fail(claim, over[0], f"{over[1]}; nothing was released")
+                coord = float(p.epsilon_coordinate)
+                return self.controller.fail(claim, over[0], f"{over[1]} (per-coordinate ε {coord:g} a release); "
+                                            "nothing was released")  # fmt: skip
         try:
             known = self.verifier.check_claim(claim, min(max(claim.deadline - self.clock(), 0.001), CHECK_TIMEOUT_S))
         except VerifierUnavailable as exc:
@@ -586,12 +588,11 @@ def open_door(
         (the door could never open), or the decision key cannot be read.
     """
     from peep.edge.door import build_lock
-    from peep.edge.startup import check_door
 
     cfg = agent.cfg
     d = cfg.door
-    pipeline = agent.open()
-    public_key = check_door(d, release_epsilon_vector=float(pipeline.release_cost))
+    pipeline = agent.open()  # its prepare() checked the door's budgets and read its decision key
+    public_key = agent.door_decision_key
     if d.decision == "mqtt":
         weak = cfg.broker_weaknesses()
         if weak:
