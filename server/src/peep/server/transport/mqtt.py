@@ -100,15 +100,18 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 from peep.core.bundle import EigenfaceBundle, load_private_key
-from peep.core.exceptions import TopicError
+from peep.core.exceptions import TopicError, WireError
 from peep.core.reports import DeviceReport, ReportError, parse_device_report
 from peep.core.signing import door_statement, sign_statement
 from peep.core.topics import TopicScheme
+from peep.core.wire import check_subject_id
 from peep.server.bundles.catalog import bundle_files_message
 from peep.server.config import MqttConfig
 from peep.server.ingest.events import event_json_bytes, event_to_json
 from peep.server.ingest.ingestor import REJECTED, Sender
 from peep.server.ingest.validation import Rejection
+from peep.server.recognition.claims import ClaimChecksTooFrequent
+from peep.server.recognition.recogniser import ModelUnavailable
 from peep.server.services import Services
 from peep.v1 import recognition_pb2, template_pb2
 
@@ -119,6 +122,8 @@ _SESSION_TAKEN_OVER = 0x8E
 _STATUSES = (b"online", b"offline")
 #: Largest claim check read (a nonce and a subject id are far shorter).
 MAX_CLAIM_CHECK_BYTES = 1024
+#: A claim's nonce: 128 random bits in hex (peep.edge.door.Claim).
+_NONCE = re.compile(r"[0-9a-f]{32}")
 
 
 def default_client_id(hostname: str | None = None) -> str:
@@ -776,11 +781,6 @@ class MqttBridge:
         A question from a topic that is not a registered device's at its site, or that is not exactly a nonce and
         a subject id, gets no answer (the door ends the claim ``unreachable``); it is logged by size only.
         """
-        from peep.core.exceptions import WireError
-        from peep.core.wire import check_subject_id
-        from peep.server.recognition.claims import ClaimChecksTooFrequent
-        from peep.server.recognition.recogniser import ModelUnavailable
-
         reason = None
         try:
             where = self.topics.parse(msg.topic, leaf="claims")
@@ -797,7 +797,7 @@ class MqttBridge:
             try:
                 doc = json.loads(bytes(msg.payload))
                 nonce, subject = doc["nonce"], doc["claimed_subject"]
-                if not (isinstance(nonce, str) and re.fullmatch(r"[0-9a-f]{32}", nonce) and isinstance(subject, str)):
+                if not (isinstance(nonce, str) and _NONCE.fullmatch(nonce) and isinstance(subject, str)):
                     raise ValueError("expected a 32-hex nonce and a subject id")
                 subject = check_subject_id(subject, "claimed_subject")
                 answer = self.s.claim_checks.check(where.device_id, subject)
