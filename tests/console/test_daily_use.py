@@ -201,7 +201,7 @@ def test_enrolment_picks_a_listed_track(console):
 
 
 def test_numbers_and_times_are_readable_and_the_chart_draws_a_short_run(console):
-    from peep.server.console.web import format_number
+    from peep.server.console.render import format_number
 
     assert format_number(23660.0) == "23,660" and format_number(2.5) == "2.5" and format_number(0.1234567) == "0.1235"
     # a camera's own releases: the fixture's enrolments were sent with the admin credential, in no device's chart

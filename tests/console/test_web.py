@@ -385,7 +385,7 @@ def test_a_session_may_hold_only_a_few_live_streams(console):
     import time
     from contextlib import ExitStack
 
-    from peep.server.console.web import MAX_STREAMS_PER_SESSION
+    from peep.server.console.http import MAX_STREAMS_PER_SESSION
 
     def status_of_a_new_stream(c) -> int:
         with c.stream("GET", "/live/events") as r:

@@ -90,7 +90,7 @@ def test_the_demos_door_claims_went_through_the_door_path_and_every_fail_secure_
 
 
 def test_the_lockout_replay_refuses_as_the_door_would():
-    from peep.server.demo.runner import door_summary
+    from peep.server.demo.summary import door_summary
 
     def row(subject, genuine, opened, reason=""):
         return {"subject": subject, "genuine": genuine, "opened": opened, "reason": reason,

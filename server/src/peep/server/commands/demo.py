@@ -27,7 +27,7 @@ def _max_faces(text: str) -> int | None:
 
 
 def register(sub: Any) -> None:
-    from peep.server.demo.runner import DemoOptions as DemoDefaults
+    from peep.server.demo.options import DemoOptions as DemoDefaults
     from peep.server.recognition.fitting import PRESETS
 
     p = sub.add_parser(

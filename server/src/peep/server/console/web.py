@@ -36,20 +36,30 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
 
-from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 from peep.core.exceptions import WireError
 from peep.core.wire import ID_PATTERN, check_subject_id
 from peep.server.console import accounts, plots
 from peep.server.console.accounts import Throttled
 from peep.server.console.feed import LiveEvent, LiveFeed
+from peep.server.console.http import (
+    LOGIN_COOKIE,
+    MAX_BODY,
+    MAX_FIELDS,
+    MAX_STREAMS,
+    MAX_STREAMS_PER_SESSION,
+    SESSION_COOKIE,
+    Ctx,
+    Refused,
+    SecurityHeaders,
+)
+from peep.server.console.render import _time, _transports, template_environment
 from peep.server.console.store import (
     DECISIONS,
     ConsoleStore,
@@ -72,153 +82,12 @@ from starlette.responses import (
 )
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp
 
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
-SESSION_COOKIE = "__Host-peep_session"
-LOGIN_COOKIE = "__Host-peep_login"
-#: Largest request body accepted (forms only: the console takes no uploads).
-MAX_BODY = 16 * 1024
-MAX_FIELDS = 16
-#: Live event streams open at once, per session and in all.
-MAX_STREAMS_PER_SESSION = 4
-MAX_STREAMS = 256
-CSP = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
-    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
-)
-SECURITY_HEADERS = [
-    (b"content-security-policy", CSP.encode()),
-    (b"x-content-type-options", b"nosniff"),
-    (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"same-origin"),
-    (b"cache-control", b"no-store"),
-    (b"strict-transport-security", b"max-age=31536000"),
-    (b"cross-origin-opener-policy", b"same-origin"),
-    (b"permissions-policy", b"camera=(), microphone=(), geolocation=()"),
-]
-
-
-def _local_location(value: bytes) -> bytes:
-    """A redirect's target as a path on this console.
-
-    Starlette builds some redirects (a trailing slash, a static folder) from the request's ``Host``
-    header, which the client chooses: a foreign ``Host`` would send the operator's browser to that host.
-    A path resolves against the address the browser actually used.
-    """
-    parts = urlsplit(value.decode("latin-1"))
-    if not parts.scheme and not parts.netloc:
-        return value
-    path = "/" + parts.path.lstrip("/")  # "//evil" is a host too
-    return (path + (f"?{parts.query}" if parts.query else "")).encode("latin-1")
-
-
-class SecurityHeaders:
-    """ASGI middleware adding :data:`SECURITY_HEADERS` to every response (static files and errors too), and
-    keeping every redirect on the console (:func:`_local_location`)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = [(k, _local_location(v) if k.lower() == b"location" else v)
-                           for k, v in message.get("headers", [])]  # fmt: skip
-                names = {k.lower() for k, _ in headers}
-                message["headers"] = headers + [h for h in SECURITY_HEADERS if h[0] not in names]
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
-
-
-class Refused(Exception):
-    """A request refused with ``status`` and a message (shown escaped).
-
-    ``session`` is set once the request's session is known, so the refusal is shown on a page with the
-    account's navigation.
-    """
-
-    def __init__(self, status: int, message: str) -> None:
-        self.status = status
-        self.session: Session | None = None
-        super().__init__(message)
-
-
-@dataclass
-class Ctx:
-    """One request as a handler sees it."""
-
-    request: Request
-    session: Session | None
-    form: dict[str, str] = field(default_factory=dict)
-    address: str = ""
-    session_id: str = ""
-
-    @property
-    def actor(self) -> str:
-        return self.session.name if self.session else "-"
-
-
 Handler = Callable[[Ctx], Response]
-
-
-def _time(t: float | None) -> str:
-    if t is None or not math.isfinite(t) or t <= 0:
-        return "–"
-    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _time_cell(t: float | None) -> Markup:
-    """A time as a ``<time>`` element (kept on one line by the style sheet; the text is digits only)."""
-    text = _time(t)
-    if text == "–":
-        return Markup("–")
-    iso = datetime.fromtimestamp(float(t), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")  # type: ignore[arg-type]
-    return Markup(f'<time datetime="{iso}">{text}</time>')
-
-
-#: How a release or a report arrived, as the Devices page names it ("": a ledger row from before it was recorded).
-TRANSPORT_NAMES = {"grpc": "gRPC", "mqtt": "MQTT", "": "not recorded"}
-
-
-def _transports(counts: Mapping[str, int]) -> list[tuple[str, int]]:
-    """``[(name, releases)]`` of a device's own releases per transport, the most used first.
-
-    >>> _transports({"mqtt": 39, "": 2, "grpc": 5})
-    [('MQTT', 39), ('gRPC', 5), ('not recorded', 2)]
-    """
-    named = [(TRANSPORT_NAMES.get(t, t), int(n)) for t, n in counts.items() if n]
-    return sorted(named, key=lambda tn: (-tn[1], tn[0]))
-
-
-def _clock(t: float | None) -> str:
-    if t is None or not math.isfinite(t) or t <= 0:
-        return "–"
-    return datetime.fromtimestamp(t, UTC).strftime("%H:%M:%S")
-
-
-def format_number(v: float | None) -> str:
-    """A number as an operator reads it: thousands separated, at most 4 significant digits after the point.
-
-    >>> format_number(23660.0), format_number(16.0), format_number(0.1234567), format_number(1234.5678)
-    ('23,660', '16', '0.1235', '1,234.6')
-    """
-    if v is None:
-        return "–"
-    x = float(v)
-    if not math.isfinite(x):
-        return str(x)
-    if x == int(x) and abs(x) < 1e15:
-        return f"{int(x):,}"
-    digits = max(1, 4 - (math.floor(math.log10(abs(x))) + 1))
-    return f"{x:,.{digits}f}".rstrip("0").rstrip(".")
 
 
 #: The Devices chart's buckets: (longest span of data, bucket width) in seconds, the first that fits.
@@ -257,31 +126,6 @@ def _query(params: dict[str, str]) -> str:
 def _local_back(back: str, prefix: str) -> bool:
     """Whether ``back`` is a path of this console under ``prefix`` (never another host: ``//x`` or ``\\x``)."""
     return back.startswith(prefix) and len(back) < 300 and "//" not in back and "\\" not in back
-
-
-def _finalize(value: Any) -> Any:
-    # Every printed value goes through shown() (bidi and controls made visible), then the autoescaper.
-    if value is None:
-        return ""
-    if isinstance(value, Markup):
-        return value
-    if isinstance(value, str):
-        return shown(value)
-    return value
-
-
-def template_environment() -> Environment:
-    env = Environment(
-        loader=FileSystemLoader(HERE / "templates"),
-        autoescape=select_autoescape(default=True, default_for_string=True),
-        finalize=_finalize,
-        auto_reload=False,
-    )
-    env.filters["time"] = _time_cell
-    env.filters["clock"] = _clock
-    env.filters["eps"] = format_number
-    env.filters["pct"] = lambda v: "–" if v is None else f"{100 * float(v):.1f} %"
-    return env
 
 
 class ConsoleApp:

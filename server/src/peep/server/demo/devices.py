@@ -188,7 +188,6 @@ def run_door(job: DeviceJob) -> dict[str, Any]:
         # A badge for nobody enrolled (a made-up id): refused on the server's word before any release.
         first_claim = job.work["claims"][0] if job.work["claims"] else None
         if first_claim is not None:
-
             ledger = session.accountant.ledger
 
             def made_up() -> str:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 import resource
 import secrets
@@ -46,6 +45,7 @@ import numpy as np
 from peep.core import wire
 from peep.core.bundle import EigenfaceBundle, load_private_key, load_public_key, write_keypair
 from peep.core.release import TemplateReleaser
+from peep.server.demo.options import DemoOptions
 from peep.server.demo.scenario import (
     CameraScript,
     Scenario,
@@ -55,6 +55,7 @@ from peep.server.demo.scenario import (
     door_script,
     link_folder,
 )
+from peep.server.demo.summary import _door_epsilon, _ledger_totals, _stranger_keys, door_summary
 from peep.server.errors import UsageError
 from peep.server.progress import Progress
 from peep.v1 import qbbs_pb2, qbbs_pb2_grpc, recognition_pb2, recognition_pb2_grpc
@@ -74,64 +75,6 @@ _OUT_MARKER = ".peep-demo"
 _DESKS = ("desk-1", "desk-2")
 # The door: a camera with a badge reader, asking the server's Verify (the verify right every device has).
 _DOOR = "door-1"
-
-
-@dataclass
-class DemoOptions:
-    """What ``peep demo`` runs (CLI options map one to one)."""
-
-    out: Path
-    data_home: str | None = None
-    subjects: int = 10
-    enrol_images: int = 20
-    probe_images: int = 6
-    # 60 never-enrolled people: one stranger is 1.7 points of rejection (30 made it 3.3, and runs of
-    # the same seed varied by ±5 points from the secure noise alone).
-    strangers: int = 60
-    cameras: int = 3
-    # The audit's frontier at a per-template ε of 16 or less (docs/AUDIT.md): privunit on dlib's
-    # ResNet descriptor reduced to K = 16 by a whitened PCA of the public background's
-    # descriptors, shrinkage LDA (Fisherfaces K = 24 at ε = 32 was the default before).
-    mechanism: str = "privunit"
-    epsilon: float = 16.0
-    delta: float | None = None
-    projection: str = "dlib-resnet"
-    components: int = 16
-    mirror: bool | None = None
-    preset: str = "lda"
-    # Strangers named at most 10 % of the time on the public background: over seeds 0-11 at ε = 16,
-    # 90.3 % rejected for 88.5 % of enrolled captures identified (0.2 gave 72 % / 95 %; docs/DEMO.md).
-    identify_far: float = 0.1
-    # Verification calibrated for 1 % FAR on held-out enrolment templates; measured on the captures with
-    # every capture claimed as every other subject (~530 impostor claims): 0.0-1.1 %, mean 0.4 % (seeds 0-11).
-    verify_far: float = 0.01
-    # The bundle's public faces: LFW people with 5 to this many images who are neither enrolled nor strangers
-    # (None: every such person). 9 fits it on the background population's people alone: 1,279 faces instead
-    # of 3,851, 2.5 fewer minutes on a first run, and over seeds 0-5 identification 93.3 % of 356 captures
-    # (86.2 % with all), rejection 90.2 % of 358 (89.9 %), FAR 0.5 % of 3,204 claims (0.3 %); docs/DEMO.md.
-    public_max_faces: int | None = 9
-    soft: bool = True
-    qbbs_epsilon: float = 1.0
-    mqtt: str = "auto"  # auto | on | off
-    seed: int = 0
-    fps: float = 15.0
-    visible_frames: int = 20
-    # Longer than the tracker's max_age_s (1 s at 15 fps): the next person starts a new track.
-    gap_frames: int = 20
-    background_templates: int = 1500
-    # Leave the server and its operator console running on the demo's data (peep demo --console).
-    console: bool = False
-    # The server's recognition.keep: identify/verify templates are decided, then forgotten by default.
-    keep: str = "none"
-    # A fresh site key for the run (<out>/keys/template.key): the devices and the administrator's background
-    # enrolment rotate every template by it; the server sees key ids only. Not for mechanisms a rotation
-    # would clip (the demo then runs unkeyed and says so).
-    site_key: bool = True
-    # A door (peep.edge.door): every held-out photo shown at it twice, with the person's own badge and with
-    # another subject's, through the real door path; the lock a mock GPIO pin.
-    door: bool = True
-    door_visible_frames: int = 10
-    door_gap_frames: int = 1
 
 
 def _cpu_s() -> float:
@@ -1025,217 +968,9 @@ class Demo:
         }
 
 
-def door_summary(
-    rows: list[dict[str, Any]],
-    checks: list[dict[str, Any]],
-    *,
-    pin_openings: int,
-    lockout: tuple[int, float] | None = None,
-) -> dict[str, Any]:
-    """The summary's ``door`` from the door's claims and fail-secure checks (:func:`peep.server.demo.devices.run_door`).
-
-    ``p50_ms``/``p95_ms``/``worst_ms``: from the chosen face to the lock (its release, the server's Verify over
-    TLS, driving the pin), over the claims that reached the server; the time spent looking for the best face
-    is ``face_search_p50_ms``. ``lockout`` (failures, window seconds): a lock-out replayed on the claims in
-    order, ``lockout_would_refuse`` counting the genuine and impostor claims it would have refused (the demo's
-    claims come seconds apart; see ``Demo._door``).
-    """
-    genuine = [r for r in rows if r["genuine"]]
-    impostor = [r for r in rows if not r["genuine"]]
-    lat = np.array([r["face_to_lock_ms"] for r in rows if r["face_to_lock_ms"] is not None], dtype=float)
-    search = np.array([r["stages_ms"].get("capture", 0.0) + r["stages_ms"].get("detect", 0.0) for r in rows])
-    refusals: dict[str, int] = {}
-    for r in rows:
-        if not r["opened"]:
-            refusals[r["reason"]] = refusals.get(r["reason"], 0) + 1
-
-    def q(a: np.ndarray, p: float) -> float | None:
-        return float(np.percentile(a, p)) if a.size else None
-
-    replayed: dict[str, Any] = {}
-    if lockout is not None:
-        replayed = {"lockout_would_refuse": _lockout_replay(rows, *lockout), "lockout_replayed": list(lockout)}
-
-    return {
-        "genuine": len(genuine),
-        "genuine_opened": sum(bool(r["opened"]) for r in genuine),
-        "impostor": len(impostor),
-        "impostor_opened": sum(bool(r["opened"]) for r in impostor),
-        "p50_ms": q(lat, 50),
-        "p95_ms": q(lat, 95),
-        "worst_ms": float(lat.max()) if lat.size else None,
-        "face_search_p50_ms": q(search, 50),
-        "fail_secure_checks": sum(bool(c["held"]) for c in checks),
-        "fail_secure_run": len(checks),
-        "fail_secure_failed": [c["check"] for c in checks if not c["held"]],
-        "refusals": refusals,
-        # Driven by the mock GPIO pin's own record: equal to the openings above, or the door misbehaved.
-        "pin_openings": pin_openings,
-        **replayed,
-    }
-
-
-def _lockout_replay(rows: list[dict[str, Any]], failures: int, window_s: float) -> dict[str, int]:
-    """How many genuine and impostor claims a lock-out of ``failures`` in ``window_s`` would have refused.
-
-    The claims in the order they were made (each row's ``claim_to_lock`` stage spaced them; the demo's
-    whole door run is shorter than any sensible window, so every earlier failure counts), with the door's
-    rule: a refused claim counts, an opening clears the subject's count, a locked-out claim is not made.
-    """
-    streak: dict[str, int] = {}
-    refused = {"genuine": 0, "impostor": 0}
-    for r in rows:
-        s = r["subject"]
-        if streak.get(s, 0) >= failures:
-            refused["genuine" if r["genuine"] else "impostor"] += 1
-            continue
-        if r["opened"]:
-            streak.pop(s, None)
-        elif r["reason"] != "locked_out":
-            streak[s] = streak.get(s, 0) + 1
-    return refused
-
-
-def _door_epsilon(state_dir: Path) -> dict[str, Any]:
-    """What a door's ledger recorded (``door:<nonce>`` keys): a release per claim that found a face, including the
-    fail-secure checks that release one."""
-    from peep.edge.ledger import SqliteLedger
-
-    path = state_dir / "ledger.sqlite3"
-    spends = []
-    if path.is_file():
-        ledger = SqliteLedger(path)
-        try:
-            spends = [e for e in ledger.entries() if e.key.startswith("door:")]
-        finally:
-            ledger.close()
-    return {
-        "releases": len(spends),
-        "epsilon_vector_spent": sum(e.epsilon for e in spends),
-        "epsilon_coordinate_per_release": max((e.epsilon_coordinate for e in spends), default=0.0),
-        "epsilon_vector_per_release": max((e.epsilon for e in spends), default=0.0),
-    }
-
-
-def _stranger_keys(releases: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
-    return [(r["device"], mid) for mid, r in releases.items() if r["person"] is not None and not r["enrolled"]]
-
-
-def _ledger_totals(state_dir: Path) -> dict[str, float]:
-    """Per-vector ε a device's persistent ledger recorded (total and the largest track)."""
-    from peep.edge.ledger import SqliteLedger
-
-    path = state_dir / "ledger.sqlite3"
-    if not path.is_file():
-        return {"epsilon_vector": 0.0, "max_per_track": 0.0}
-    ledger = SqliteLedger(path)
-    try:
-        per_key: dict[str, float] = {}
-        for spend in ledger.entries():
-            per_key[spend.key] = per_key.get(spend.key, 0.0) + spend.epsilon
-    finally:
-        ledger.close()
-    tracks = [v for k, v in per_key.items() if k.startswith("track:")]
-    device = [v for k, v in per_key.items() if k.startswith("device:")]
-    return {
-        "epsilon_vector": sum(device) if device else sum(tracks),
-        "max_per_track": max(tracks) if tracks else 0.0,
-    }
-
-
 def run_demo(opts: DemoOptions, *, say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the demo; returns the summary (also written to ``OUT/summary.json``)."""
     return Demo(opts, say=say).run()
 
 
-def _door_lines(door: dict[str, Any] | None) -> list[str]:
-    if not door:
-        return []
-
-    def frac(n: int, d: int) -> str:
-        return f"{n} of {d}" + (f" ({100 * n / d:.1f} %)" if d else "")
-
-    failed = door.get("fail_secure_failed") or []
-    p50, p95 = door.get("p50_ms"), door.get("p95_ms")
-    lines = [
-        f"  door                genuine claims opened {frac(door['genuine_opened'], door['genuine'])}, impostor "
-        f"claims opened {frac(door['impostor_opened'], door['impostor'])}; face to lock p50 "
-        f"{p50 if p50 is None else round(p50)} ms, p95 {p95 if p95 is None else round(p95)} ms; fail-secure "
-        f"checks held {door['fail_secure_checks']} of {door.get('fail_secure_run', door['fail_secure_checks'])}"
-        + (f" — FAILED: {', '.join(failed)}" if failed else ""),
-    ]
-    eps = door.get("epsilon")
-    if eps:
-        lines.append(
-            f"                      ε spent at the door: {eps['releases']} releases (each claim that found a face; "
-            "the fail-secure checks release nothing), "
-            f"ε per vector {eps['epsilon_vector_per_release']:g} and per coordinate "
-            f"{eps['epsilon_coordinate_per_release']:g} each, {eps['epsilon_vector_spent']:,.0f} per vector in all"
-        )
-    lw = door.get("lockout_would_refuse")
-    if lw:
-        lines.append(
-            f"                      the default lock-out ({door['lockout_replayed'][0]} failures) on these claims, "
-            f"seconds apart, would have refused {lw['genuine']} genuine and {lw['impostor']} impostor claims"
-        )
-    return lines
-
-
-def summary_lines(s: dict[str, Any]) -> list[str]:
-    """The human summary printed at the end."""
-    p, ident, ver, edge = s["privacy"], s["identification"], s["verification"], s["edge"]
-    every = ver.get("face_every_impostor", {})
-
-    def pct(v: float | None) -> str:
-        return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f} %"
-
-    steps = ", ".join(f"{k.split(' (')[0]}: {v:.0f}s" for k, v in s["steps_s"].items())
-    kept = s.get("kept", {})
-    kt = s.get("kept_templates", {"enrolment": 0, "background": 0, "recognised": 0, "strangers": 0})
-    eps_dev = ", ".join(
-        f"{d}: {v['epsilon_vector_spent']:,.0f} ({v['releases']} releases, {v['transport']})"
-        for d, v in edge["devices"].items()
-    )
-    return [
-        "",
-        "PEEP demo summary",
-        f"  mechanism           {p['mechanism']}, ε = {p['epsilon_parameter']:g}: "
-        f"ε per coordinate {p['epsilon_coordinate']:,.4g}, ε per vector {p['epsilon_vector']:,.4g}"
-        + (f", δ = {p['delta']:g}" if p["delta"] else "")
-        + (
-            f"; site key {p['site_key_id']} (the server holds its id only)" if p.get("site_key_id") else "; no site key"
-        ),
-        f"  bundle              {s['bundle'].get('projection', 'eigenfaces')}, nc = {s['bundle']['n_components']}"
-        + (
-            f", fitted on {s['bundle']['public_faces']} public faces of {s['bundle']['public_people']} people"
-            if s["bundle"].get("public_faces")
-            else ""
-        ),
-        f"  identification      {pct(ident['accuracy'])} of {ident['enrolled_templates']} captures of enrolled people "
-        f"(called unknown: {pct(ident['enrolled_called_unknown'])}; "
-        f"{ident.get('fused_decisions', 0)} decisions fused with their track's previous release)",
-        f"  unknown rejection   {pct(ident['unknown_rejection_rate'])} of {ident['stranger_templates']} "
-        "captures of never-enrolled people",
-        f"  verification        face alone: GAR {pct(ver['face']['gar'])}, FAR {pct(ver['face']['far'])}; "
-        f"fused with soft traits: GAR {pct(ver['fused']['gar'])}, FAR {pct(ver['fused']['far'])} "
-        f"({ver['claims']} claims); face alone against every other subject: FAR {pct(every.get('far'))} of "
-        f"{every.get('claims', 0)} impostor claims",
-        *_door_lines(s.get("door")),
-        f"  ε spent per device  (per vector) {eps_dev}",
-        f"  kept by the server  templates: enrolment {kt['enrolment']}, background {kt['background']}, "
-        f"recognised {kt['recognised']}, strangers {kt['strangers']} (recognition.keep = {kept.get('keep', '?')}); "
-        f"{kept.get('decisions', 0)} decisions ({kept.get('unknown_decisions', 0)} unknown), "
-        f"{kept.get('ledger_entries', 0)} ledger entries (message ids and times, no template)",
-        f"  QBBS                ε {ver['qbbs_epsilon_per_answer']:g} per answer; per subject max "
-        f"{max(ver['qbbs_epsilon_per_subject'].values(), default=0):g} (odometer); fused threshold "
-        f"{ver['fused_threshold']:.3g} (calibrated for 1 % FAR on simulated public-population impostors)",
-        f"  throughput          {edge['templates']} templates from {edge['frames']} frames in "
-        f"{edge['edge_seconds']:.1f} s ({edge['templates_per_s']:.1f} templates/s, "
-        f"{edge['frames_per_s']:.0f} frames/s over {len(edge['devices'])} agents)",
-        f"  model               {s['model']['model_version']}: {s['model']['n_templates']} templates, "
-        f"validation accuracy {s['model']['validation_accuracy']:.3f}",
-        f"  wall time           {s['wall_s']:.0f} s ({steps})",
-    ]
-
-
-__all__ = ["DemoOptions", "run_demo", "summary_lines"]
+__all__ = ["Demo", "DemoOptions", "run_demo"]
