@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
+from peep.core.decision import accept_claims
 from peep.server.ingest.auth import DeviceRegistry, Identity, Undecodable
 from peep.server.ingest.events import EventBus, new_event, put_dropping_oldest
 from peep.server.ingest.validation import Rejection, TemplateValidator, ValidTemplate
@@ -516,9 +517,9 @@ class Ingestor:
                 )
         if ver:
             m, scores = self.recogniser.verify_scores(X[ver], [ok[i].valid.message.subject for i in ver], model=model)
-            for i, score in zip(ver, scores, strict=True):
+            verdicts = accept_claims(scores, m.verify_threshold)
+            for i, score, accepted in zip(ver, scores, verdicts.tolist(), strict=True):
                 msg = ok[i].valid.message
-                accepted = bool(score > m.verify_threshold)
                 ok[i].recognised_as = msg.subject if accepted else None
                 ok[i].event = self.decision_event(
                     ok[i].valid,

@@ -151,6 +151,7 @@ from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
+from peep.core.decision import threshold_at_far, threshold_at_fpir
 from peep.server.recognition.fusion import fused_background_scores
 
 log = logging.getLogger(__name__)
@@ -789,27 +790,6 @@ def _fit_mlp(
     return Pipeline(steps), epochs
 
 
-def _threshold_far(impostor: NDArray[np.float64], far: float) -> float:
-    """Smallest t with mean(impostor > t) <= far (verification accepts iff score > t)."""
-    if impostor.size == 0:
-        return 0.5
-    return float(np.quantile(impostor, 1.0 - far, method="higher"))
-
-
-def _threshold_accept(scores: NDArray[np.float64], far: float) -> float:
-    """Smallest t with mean(scores >= t) <= far (identification accepts iff best score >= t).
-
-    With ``n`` scores at most ``floor(far · n)`` of them reach ``t``: ``t`` is
-    just above the ``(n − floor(far · n))``-th smallest score.
-    """
-    s = np.sort(np.asarray(scores, dtype=np.float64))
-    n = s.size
-    if n == 0:
-        return 0.0
-    k = min(int(np.floor(far * n + 1e-9)), n - 1)
-    return float(np.nextafter(s[n - k - 1], np.inf))
-
-
 def _rate_upper95(k: int, n: int) -> float:
     """One-sided 95 % Clopper-Pearson upper bound of a rate observed as ``k`` of ``n``."""
     from scipy.stats import beta
@@ -1033,13 +1013,13 @@ def fit_recogniser(
     for r in np.flatnonzero(gen_rows):
         imp_mask[r, pos[int(yv[r])]] = False
     impostor = Pk[imp_mask]
-    verify_threshold = _threshold_far(impostor, target_far)
+    verify_threshold = threshold_at_far(impostor, target_far)
     genuine_best = best_known[gen_rows]
     bg_best = best_known[~gen_rows]
     unknown: dict[str, Any]
     if bg_best.size:
         fpir = target_far if identify_far is None else identify_far
-        unknown_threshold = _threshold_accept(bg_best, fpir)
+        unknown_threshold = threshold_at_fpir(bg_best, fpir)
         accepted = int(np.sum(bg_best >= unknown_threshold))
         unknown = {
             "rule": "background-far",
@@ -1072,7 +1052,7 @@ def fit_recogniser(
         pairing = np.random.default_rng(random_state + 1)  # its own stream: the fit's draws stay as they were
         fused_bg = fused_background_scores(P[~gen_rows], subj[va][~gen_rows], known, priors, pairing)
         if fused_bg.size >= MIN_FUSED_PAIRS:
-            unknown_threshold_fused = _threshold_accept(fused_bg, fpir)
+            unknown_threshold_fused = threshold_at_fpir(fused_bg, fpir)
             unknown["fused_pairs"] = int(fused_bg.size)
             unknown["fused_accepted_rate"] = float(np.mean(fused_bg >= unknown_threshold_fused))
         else:

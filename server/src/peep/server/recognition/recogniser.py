@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+from peep.core.decision import accept_claims, claim_scores, identify_open_set
 from peep.core.mechanisms import mechanism_class
 from peep.server.recognition.fitting import onnx_session
 from peep.server.recognition.fusion import TrackFusion, fuse_pairs
@@ -339,20 +340,20 @@ class Recogniser:
     ) -> list[Identification]:
         """Identify each row of ``values`` (shape (n, nc))."""
         m, P = self.probabilities(values, model)
+        decided = identify_open_set(P, m.known, m.unknown_threshold)
         Pk = P[:, m.known]
         k = max(1, min(int(top_k), Pk.shape[1]))
         order = np.argsort(-Pk, axis=1, kind="stable")[:, :k]
         out = []
         for i in range(Pk.shape[0]):
             cands = [(m.classes[m.known[j]], float(Pk[i, j])) for j in order[i]]
-            best = cands[0][1]
-            unknown = best < m.unknown_threshold
+            unknown = bool(decided.unknown[i])
             out.append(
                 Identification(
                     candidates=cands,
-                    subject="" if unknown else cands[0][0],
-                    unknown=bool(unknown),
-                    probability=best,
+                    subject="" if unknown else m.classes[decided.best_class[i]],
+                    unknown=unknown,
+                    probability=float(decided.probability[i]),
                     model_version=m.version,
                 )
             )
@@ -402,19 +403,17 @@ class Recogniser:
             if later:  # a track's later releases: decided from both, in one batch
                 P[later] = fuse_pairs(np.vstack(previous), P[later], m.priors)
                 threshold[later], fused[later] = m.unknown_threshold_fused, 2
-        Pk = P[:, m.known]
-        best_j = np.argmax(Pk, axis=1)
-        best = Pk[np.arange(n), best_j]
-        unknown = best < threshold
+        decided = identify_open_set(P, m.known, threshold)
         out = []
         for i in range(n):
-            name = m.classes[m.known[best_j[i]]]
+            name = m.classes[decided.best_class[i]]
+            unknown = bool(decided.unknown[i])
             out.append(
                 Identification(
-                    candidates=[(name, float(best[i]))],
-                    subject="" if unknown[i] else name,
-                    unknown=bool(unknown[i]),
-                    probability=float(best[i]),
+                    candidates=[(name, float(decided.probability[i]))],
+                    subject="" if unknown else name,
+                    unknown=unknown,
+                    probability=float(decided.probability[i]),
                     model_version=m.version,
                     releases_fused=int(fused[i]),
                 )
@@ -430,14 +429,13 @@ class Recogniser:
         """Score of each row's claim: probability of the claimed subject (0 when not enrolled)."""
         m, P = self.probabilities(values, model)
         idx = np.array([m.class_index.get(c, -1) for c in claimed], dtype=np.intp)
-        scores = np.where(idx >= 0, P[np.arange(P.shape[0]), np.maximum(idx, 0)], 0.0)
-        return m, scores.astype(np.float64)
+        return m, claim_scores(P, idx)
 
     def verify(self, values: ArrayLike, claimed_subject: str) -> Verification:
         m, s = self.verify_scores(np.asarray(values, dtype=np.float32).reshape(1, -1), [claimed_subject])
         score = float(s[0])
         return Verification(
-            accepted=score > m.verify_threshold,
+            accepted=bool(accept_claims([score], m.verify_threshold)[0]),
             score=score,
             threshold=m.verify_threshold,
             target_far=m.target_far,
