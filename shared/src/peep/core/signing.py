@@ -84,3 +84,16 @@ def verify_statement(public_key: Ed25519PublicKey, statement: bytes, signature: 
     except InvalidSignature:
         return False
     return True
+
+
+def sign_document(private_key: Ed25519PrivateKey, domain: bytes, document: bytes) -> str:
+    """Base64 Ed25519 signature of ``domain + b"\\n" + document`` (the domain keeps one kind of signed
+    document from passing as another, e.g. a device model's manifest as a door statement)."""
+    if not domain or b"\n" in domain:
+        raise ValueError(f"domain: expected a non-empty single line, received {domain!r:.80}")
+    return sign_statement(private_key, domain + b"\n" + document)
+
+
+def verify_document(public_key: Ed25519PublicKey, domain: bytes, document: bytes, signature: object) -> bool:
+    """Whether ``signature`` is the pinned key's :func:`sign_document` signature of ``document``; never raises."""
+    return verify_statement(public_key, domain + b"\n" + document, signature)

@@ -16,7 +16,7 @@ import unicodedata
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -24,7 +24,7 @@ from numpy.typing import ArrayLike, NDArray
 from peep.core.exceptions import WireError
 from peep.core.mechanisms.registry import mechanism_class, mechanism_classes
 from peep.core.topics import ID_PATTERN as ID_PATTERN
-from peep.v1 import template_pb2
+from peep.v1 import recognition_pb2, template_pb2
 
 PerturbedTemplate = template_pb2.PerturbedTemplate
 MechanismInfo = template_pb2.MechanismInfo
@@ -391,6 +391,9 @@ def validate_template(msg: template_pb2.PerturbedTemplate, *, n_components: int 
             f"subject: expected NFC-normalised text (the form check_subject_id returns), received {msg.subject[:64]!r}"
         )
     check_capture_time(msg)
+    if msg.HasField("decision"):
+        validate_decision(msg)
+        return np.zeros(0, dtype=np.float32)
     if not msg.HasField("mechanism"):
         raise WireError("mechanism: expected the mechanism description, received none")
     info = msg.mechanism
@@ -422,6 +425,111 @@ def validate_template(msg: template_pb2.PerturbedTemplate, *, n_components: int 
         raise WireError(f"values: expected finite numbers, received {vals[idx]} at index {idx}")
     check_soft_traits(msg.soft_traits)
     return vals
+
+
+#: Opaque class ids of a device model (:func:`peep.core.devicemodel.class_id`): 24 lower-case hex digits.
+CLASS_ID_PATTERN: Final = re.compile(r"^[0-9a-f]{24}$")
+#: The label mechanisms a decision may name.
+LABEL_MECHANISMS: Final = ("k-rr",)
+#: Most frames a device may say it fused into one decision.
+MAX_FRAMES_FUSED: Final = 100_000
+
+
+def make_decision(
+    *,
+    device_id: str,
+    site: str,
+    bundle_id: str,
+    key_id: str,
+    model_serial: int,
+    model_version: str,
+    purpose: str,
+    label: str = "",
+    epsilon_label: float = 0.0,
+    labels: int = 0,
+    subject: str = "",
+    accepted: bool = False,
+    frames_fused: int = 1,
+    track_id: str = "",
+    capture_time: float | None = None,
+    message_id: str | None = None,
+) -> template_pb2.PerturbedTemplate:
+    """A validated release carrying a device's decision instead of a template.
+
+    ``purpose = "identify"``: ``label`` is the opaque class id released by k-ary randomized response at
+    ``epsilon_label`` over ``labels`` outputs ("" = unknown). ``purpose = "verify"``: a door's access
+    record, ``subject`` the claimed subject and ``accepted`` whether the door opened.
+    """
+    if purpose not in ("identify", "verify"):
+        raise WireError(f"purpose: expected 'identify' or 'verify' for a decision, received {purpose!r}")
+    msg = template_pb2.PerturbedTemplate(
+        message_id=message_id or new_message_id(),
+        device_id=device_id,
+        site=site,
+        bundle_id=bundle_id,
+        purpose=PURPOSES[purpose],  # type: ignore[arg-type]
+        subject=check_subject_id(subject, "subject") if subject else "",
+        track_id=track_id,
+        key_id=key_id,
+    )
+    msg.capture_time.FromNanoseconds(int((time.time() if capture_time is None else capture_time) * 1e9))
+    d = msg.decision
+    d.model_serial = int(model_serial)
+    d.model_version = model_version
+    d.frames_fused = int(frames_fused)
+    if purpose == "identify":
+        d.label = label
+        d.label_mechanism = LABEL_MECHANISMS[0]
+        d.epsilon_label = float(epsilon_label)
+        d.labels = int(labels)
+    else:
+        d.accepted = bool(accepted)
+    validate_template(msg)
+    return msg
+
+
+def validate_decision(msg: template_pb2.PerturbedTemplate) -> None:
+    """The rules of a release that carries a decision (:func:`make_decision`); :class:`WireError` naming the field.
+
+    A decision carries nothing derived from the face but its label: no values, no mechanism of a template,
+    no soft trait. An identification's label went through a named label mechanism at a bounded ε; a door's
+    access record has no label, only the claimed subject and whether the door opened.
+    """
+    d = msg.decision
+    if len(msg.values) or msg.HasField("mechanism") or len(msg.soft_traits):
+        raise WireError("decision: expected no values, mechanism or soft traits beside a decision, received some")
+    purpose = purpose_name(msg.purpose)
+    if d.model_serial < 1:
+        raise WireError(
+            f"decision.model_serial: expected the serial of a device model (>= 1), received {d.model_serial}"
+        )
+    if not ID_PATTERN.match(d.model_version):
+        raise WireError(f"decision.model_version: expected a model version, received {d.model_version[:64]!r}")
+    if not 1 <= d.frames_fused <= MAX_FRAMES_FUSED:
+        raise WireError(f"decision.frames_fused: expected 1-{MAX_FRAMES_FUSED}, received {d.frames_fused}")
+    if purpose == "identify":
+        if d.label_mechanism not in LABEL_MECHANISMS:
+            raise WireError(
+                f"decision.label_mechanism: expected one of {', '.join(LABEL_MECHANISMS)} for an identification, "
+                f"received {d.label_mechanism[:64]!r}"
+            )
+        if not (MIN_EPSILON <= d.epsilon_label <= 40.0):
+            raise WireError(
+                f"decision.epsilon_label: expected {MIN_EPSILON:g} <= ε <= 40, received {d.epsilon_label:g}"
+            )
+        if not 2 <= d.labels <= 1 << 20:
+            raise WireError(f"decision.labels: expected 2-{1 << 20} outputs, received {d.labels}")
+        if d.label and not CLASS_ID_PATTERN.match(d.label):
+            raise WireError(
+                f"decision.label: expected an opaque class id or empty (unknown), received {d.label[:64]!r}"
+            )
+        if d.accepted:
+            raise WireError("decision.accepted: expected false for an identification, received true")
+    elif purpose == "verify":
+        if d.label or d.label_mechanism or d.epsilon_label or d.labels:
+            raise WireError("decision.label: expected no label for a door's access record, received one")
+    else:
+        raise WireError(f"purpose: expected 'identify' or 'verify' for a decision, received {purpose!r}")
 
 
 def check_capture_time(msg: template_pb2.PerturbedTemplate) -> float:
@@ -503,3 +611,37 @@ def check_soft_traits(traits: Iterable[template_pb2.SoftTraitRelease]) -> None:
                 f"{list(SOFT_TRAIT_RANGES[name])} ± {SOFT_TRAIT_NOISE_SCALES:g} Laplace scales at epsilon="
                 f"{t.epsilon:g}), received {t.value:g}"
             )
+
+
+def device_model_message(files: Mapping[str, bytes], serial: int) -> recognition_pb2.DeviceModelFiles:
+    """A signed device model's files (:mod:`peep.core.devicemodel`) as the message that carries them."""
+    msg = recognition_pb2.DeviceModelFiles(serial=int(serial))
+    for name in sorted(files):
+        msg.files.add(name=name, content=files[name])
+    return msg
+
+
+def device_model_files(msg: recognition_pb2.DeviceModelFiles, *, max_bytes: int) -> dict[str, bytes]:
+    """The files of a received device model message; :class:`WireError` for duplicates, bad names or size."""
+    out: dict[str, bytes] = {}
+    total = 0
+    for f in msg.files:
+        if not ID_PATTERN.match(f.name) or f.name in out:
+            raise WireError(f"files.name: expected distinct file names, received {f.name[:64]!r}")
+        total += len(f.content)
+        if total > max_bytes:
+            raise WireError(f"files: expected at most {max_bytes} bytes in all, received more")
+        out[f.name] = bytes(f.content)
+    return out
+
+
+def decode_device_model(data: bytes, *, max_bytes: int) -> tuple[int, dict[str, bytes]]:
+    """``(serial, files)`` of an encoded :class:`DeviceModelFiles` (an MQTT payload); :class:`WireError` if not one."""
+    if not isinstance(data, bytes | bytearray | memoryview) or len(data) > max_bytes + 4096:
+        raise WireError(f"payload: expected a device model of at most {max_bytes} bytes")
+    msg = recognition_pb2.DeviceModelFiles()
+    try:
+        msg.ParseFromString(bytes(data))
+    except DecodeError as exc:
+        raise WireError(f"payload: expected a serialised peep.v1.DeviceModelFiles, parsing failed ({exc})") from exc
+    return int(msg.serial), device_model_files(msg, max_bytes=max_bytes)

@@ -216,6 +216,26 @@ class BundleFiles(_message.Message):
     files: _containers.RepeatedCompositeFieldContainer[BundleFile]
     def __init__(self, bundle_id: _Optional[str] = ..., files: _Optional[_Iterable[_Union[BundleFile, _Mapping]]] = ...) -> None: ...
 
+class GetDeviceModelRequest(_message.Message):
+    __slots__ = ("bundle_id", "key_id", "have_serial")
+    BUNDLE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    HAVE_SERIAL_FIELD_NUMBER: _ClassVar[int]
+    bundle_id: str
+    key_id: str
+    have_serial: int
+    def __init__(self, bundle_id: _Optional[str] = ..., key_id: _Optional[str] = ..., have_serial: _Optional[int] = ...) -> None: ...
+
+class DeviceModelFiles(_message.Message):
+    __slots__ = ("serial", "files", "unchanged")
+    SERIAL_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    UNCHANGED_FIELD_NUMBER: _ClassVar[int]
+    serial: int
+    files: _containers.RepeatedCompositeFieldContainer[BundleFile]
+    unchanged: bool
+    def __init__(self, serial: _Optional[int] = ..., files: _Optional[_Iterable[_Union[BundleFile, _Mapping]]] = ..., unchanged: _Optional[bool] = ...) -> None: ...
+
 class PublishBundleResponse(_message.Message):
     __slots__ = ("bundle_id",)
     BUNDLE_ID_FIELD_NUMBER: _ClassVar[int]

@@ -100,6 +100,11 @@ class RecognitionServiceStub:
                 request_serializer=peep_dot_v1_dot_recognition__pb2.DeviceReportRequest.SerializeToString,
                 response_deserializer=peep_dot_v1_dot_recognition__pb2.DeviceReportAck.FromString,
                 _registered_method=True)
+        self.GetDeviceModel = channel.unary_unary(
+                '/peep.v1.RecognitionService/GetDeviceModel',
+                request_serializer=peep_dot_v1_dot_recognition__pb2.GetDeviceModelRequest.SerializeToString,
+                response_deserializer=peep_dot_v1_dot_recognition__pb2.DeviceModelFiles.FromString,
+                _registered_method=True)
 
 
 class RecognitionServiceServicer:
@@ -196,6 +201,14 @@ class RecognitionServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetDeviceModel(self, request, context):
+        """Device: the newest signed device model for its bundle and site key (files as a bundle's),
+        or unchanged when it already holds it. A device verifies it against its pinned key.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RecognitionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -263,6 +276,11 @@ def add_RecognitionServiceServicer_to_server(servicer, server):
                     servicer.ReportDevice,
                     request_deserializer=peep_dot_v1_dot_recognition__pb2.DeviceReportRequest.FromString,
                     response_serializer=peep_dot_v1_dot_recognition__pb2.DeviceReportAck.SerializeToString,
+            ),
+            'GetDeviceModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetDeviceModel,
+                    request_deserializer=peep_dot_v1_dot_recognition__pb2.GetDeviceModelRequest.FromString,
+                    response_serializer=peep_dot_v1_dot_recognition__pb2.DeviceModelFiles.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -616,6 +634,33 @@ class RecognitionService:
             '/peep.v1.RecognitionService/ReportDevice',
             peep_dot_v1_dot_recognition__pb2.DeviceReportRequest.SerializeToString,
             peep_dot_v1_dot_recognition__pb2.DeviceReportAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetDeviceModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/peep.v1.RecognitionService/GetDeviceModel',
+            peep_dot_v1_dot_recognition__pb2.GetDeviceModelRequest.SerializeToString,
+            peep_dot_v1_dot_recognition__pb2.DeviceModelFiles.FromString,
             options,
             channel_credentials,
             insecure,

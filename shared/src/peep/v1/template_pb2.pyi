@@ -82,7 +82,7 @@ class SoftTraitRelease(_message.Message):
     def __init__(self, kind: _Optional[_Union[SoftTraitKind, str]] = ..., value: _Optional[float] = ..., epsilon: _Optional[float] = ..., mechanism: _Optional[str] = ...) -> None: ...
 
 class PerturbedTemplate(_message.Message):
-    __slots__ = ("message_id", "device_id", "site", "capture_time", "bundle_id", "mechanism", "purpose", "subject", "track_id", "values", "soft_traits", "key_id")
+    __slots__ = ("message_id", "device_id", "site", "capture_time", "bundle_id", "mechanism", "purpose", "subject", "track_id", "values", "soft_traits", "key_id", "decision")
     MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     SITE_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +95,7 @@ class PerturbedTemplate(_message.Message):
     VALUES_FIELD_NUMBER: _ClassVar[int]
     SOFT_TRAITS_FIELD_NUMBER: _ClassVar[int]
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
     message_id: str
     device_id: str
     site: str
@@ -107,4 +108,25 @@ class PerturbedTemplate(_message.Message):
     values: _containers.RepeatedScalarFieldContainer[float]
     soft_traits: _containers.RepeatedCompositeFieldContainer[SoftTraitRelease]
     key_id: str
-    def __init__(self, message_id: _Optional[str] = ..., device_id: _Optional[str] = ..., site: _Optional[str] = ..., capture_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., bundle_id: _Optional[str] = ..., mechanism: _Optional[_Union[MechanismInfo, _Mapping]] = ..., purpose: _Optional[_Union[Purpose, str]] = ..., subject: _Optional[str] = ..., track_id: _Optional[str] = ..., values: _Optional[_Iterable[float]] = ..., soft_traits: _Optional[_Iterable[_Union[SoftTraitRelease, _Mapping]]] = ..., key_id: _Optional[str] = ...) -> None: ...
+    decision: DecisionRelease
+    def __init__(self, message_id: _Optional[str] = ..., device_id: _Optional[str] = ..., site: _Optional[str] = ..., capture_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., bundle_id: _Optional[str] = ..., mechanism: _Optional[_Union[MechanismInfo, _Mapping]] = ..., purpose: _Optional[_Union[Purpose, str]] = ..., subject: _Optional[str] = ..., track_id: _Optional[str] = ..., values: _Optional[_Iterable[float]] = ..., soft_traits: _Optional[_Iterable[_Union[SoftTraitRelease, _Mapping]]] = ..., key_id: _Optional[str] = ..., decision: _Optional[_Union[DecisionRelease, _Mapping]] = ...) -> None: ...
+
+class DecisionRelease(_message.Message):
+    __slots__ = ("model_serial", "model_version", "label", "label_mechanism", "epsilon_label", "labels", "accepted", "frames_fused")
+    MODEL_SERIAL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    LABEL_MECHANISM_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_LABEL_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FUSED_FIELD_NUMBER: _ClassVar[int]
+    model_serial: int
+    model_version: str
+    label: str
+    label_mechanism: str
+    epsilon_label: float
+    labels: int
+    accepted: bool
+    frames_fused: int
+    def __init__(self, model_serial: _Optional[int] = ..., model_version: _Optional[str] = ..., label: _Optional[str] = ..., label_mechanism: _Optional[str] = ..., epsilon_label: _Optional[float] = ..., labels: _Optional[int] = ..., accepted: _Optional[bool] = ..., frames_fused: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,178 @@
+"""Signed device models: built, verified, and refused by name when they are not for this device."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.serialization import load_pem_private_key
+from peep.core import wire
+from peep.core.bundle import generate_keypair
+from peep.core.devicemodel import (
+    CALIBRATION,
+    MANIFEST,
+    MODEL,
+    SIGNATURE,
+    DeviceModelError,
+    build_device_model_files,
+    class_id,
+    verify_device_model_files,
+)
+from peep.core.exceptions import WireError
+
+
+def _key():
+    return load_pem_private_key(generate_keypair()[0], password=None)
+
+
+KEY = _key()
+SUBJECTS = ["alice", "bob", ""]
+
+
+def _files(key=KEY, **kw):
+    args = dict(
+        onnx=b"onnx-bytes",
+        calibration=np.random.default_rng(0).standard_normal((40, 8)).astype(np.float32),
+        subjects=SUBJECTS,
+        background_index=2,
+        serial=7,
+        model_version="v0003",
+        bundle_id="eb-0123456789abcdef0123",
+        key_id="sk-0011223344556677",
+        n_components=8,
+        trained_at=1_700_000_000.0,
+        signing_key=key,
+        erased=["bob"],
+    )
+    args.update(kw)
+    return build_device_model_files(**args)
+
+
+def test_a_model_for_this_device_verifies_and_lists_no_subject_name():
+    files = _files()
+    m = verify_device_model_files(
+        files, KEY.public_key(), bundle_id="eb-0123456789abcdef0123", key_id="sk-0011223344556677", newer_than=6
+    )
+    assert m.serial == 7 and m.calibration.shape == (40, 8) and m.n_components == 8
+    blob = b"".join(files.values())
+    assert b"alice" not in blob and b"bob" not in blob
+    assert m.column_of("alice") == 0
+    assert m.column_of("bob") == -1  # erased since training: never accepted
+    assert m.column_of("mallory") == -1
+    assert m.known.tolist() == [0]
+    assert m.classes[0] == class_id(m.class_salt, "alice")
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda f: f.__setitem__(MODEL, b"other"), MODEL),
+        (lambda f: f.__setitem__(CALIBRATION, f[CALIBRATION][:-4] + b"\0\0\0\0"), CALIBRATION),
+        (lambda f: f.__setitem__(MANIFEST, f[MANIFEST].replace(b'"serial": 7', b'"serial": 9')), "signature"),
+        (lambda f: f.pop(SIGNATURE), "files"),
+        (lambda f: f.__setitem__(SIGNATURE, b"{not json"), "signature"),
+        (lambda f: f.__setitem__("extra.bin", b""), "files"),
+    ],
+)
+def test_a_tampered_or_incomplete_model_is_refused_by_name(change, field):
+    files = _files()
+    change(files)
+    with pytest.raises(DeviceModelError) as err:
+        verify_device_model_files(files, KEY.public_key())
+    assert err.value.field == field, str(err.value)
+
+
+def test_another_key_bundle_site_key_or_an_older_serial_is_refused_by_name():
+    files = _files()
+    cases = [
+        (dict(), _key().public_key(), "signature"),
+        (dict(bundle_id="eb-ffffffffffffffffffff"), KEY.public_key(), "bundle_id"),
+        (dict(key_id="sk-ffffffffffffffff"), KEY.public_key(), "key_id"),
+        (dict(key_id=""), KEY.public_key(), "key_id"),
+        (dict(newer_than=7), KEY.public_key(), "serial"),
+        (dict(newer_than=8), KEY.public_key(), "serial"),
+    ]
+    for kwargs, pub, field in cases:
+        with pytest.raises(DeviceModelError) as err:
+            verify_device_model_files(files, pub, **kwargs)
+        assert err.value.field == field, (kwargs, str(err.value))
+
+
+def test_salts_make_ids_unlinkable_across_models():
+    a = json.loads(_files()[MANIFEST])
+    b = json.loads(_files()[MANIFEST])
+    assert a["classes"][0] != b["classes"][0]
+
+
+def test_bad_calibration_is_refused_when_building():
+    with pytest.raises(DeviceModelError, match="calibration"):
+        _files(calibration=np.zeros((3, 5), np.float32))
+    with pytest.raises(DeviceModelError, match="calibration"):
+        _files(calibration=np.full((3, 8), np.nan, np.float32))
+
+
+def test_device_model_files_travel_as_one_message():
+    files = _files()
+    msg = wire.device_model_message(files, 7)
+    serial, back = wire.decode_device_model(msg.SerializeToString(), max_bytes=1 << 20)
+    assert serial == 7 and back == files
+    with pytest.raises(WireError, match="payload"):
+        wire.decode_device_model(b"\xff\xff\xff", max_bytes=1 << 20)
+    with pytest.raises(WireError, match="files"):
+        wire.decode_device_model(msg.SerializeToString(), max_bytes=100)
+
+
+def _decision(**kw):
+    args = dict(
+        device_id="cam-1",
+        site="hq",
+        bundle_id="eb-0123456789abcdef0123",
+        key_id="sk-0011223344556677",
+        model_serial=7,
+        model_version="v0003",
+        purpose="identify",
+        label="0" * 24,
+        epsilon_label=8.0,
+        labels=11,
+        track_id="t1",
+    )
+    args.update(kw)
+    return wire.make_decision(**args)
+
+
+def test_a_decision_carries_no_template_and_round_trips():
+    msg = _decision()
+    back = wire.decode_template(wire.encode_template(msg))
+    assert back.decision.label == "0" * 24 and len(back.values) == 0 and not back.HasField("mechanism")
+    door = _decision(purpose="verify", label="", subject="alice", accepted=True)
+    assert wire.decode_template(wire.encode_template(door)).decision.accepted
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        (dict(label="Alice"), "decision.label"),
+        (dict(epsilon_label=0.0), "decision.epsilon_label"),
+        (dict(epsilon_label=float("nan")), "decision.epsilon_label"),
+        (dict(labels=1), "decision.labels"),
+        (dict(model_serial=0), "decision.model_serial"),
+        (dict(frames_fused=0), "decision.frames_fused"),
+        (dict(purpose="enroll"), "purpose"),
+        (dict(purpose="verify", label="", subject=""), "subject"),
+    ],
+)
+def test_bad_decisions_are_refused_by_name(kw, field):
+    with pytest.raises(WireError, match=field):
+        _decision(**kw)
+
+
+def test_a_decision_with_a_template_beside_it_is_refused():
+    msg = _decision()
+    msg.values.extend([0.5] * 8)
+    with pytest.raises(WireError, match="decision"):
+        wire.validate_template(msg)
+    door = _decision(purpose="verify", label="", subject="alice")
+    door.decision.label = "0" * 24
+    with pytest.raises(WireError, match="decision.label"):
+        wire.validate_template(door)
