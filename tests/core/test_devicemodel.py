@@ -176,3 +176,12 @@ def test_a_decision_with_a_template_beside_it_is_refused():
     door.decision.label = "0" * 24
     with pytest.raises(WireError, match="decision.label"):
         wire.validate_template(door)
+
+
+def test_a_model_expires_and_says_when():
+    files = _files(issued_at=1000.0, valid_s=60.0)
+    m = verify_device_model_files(files, KEY.public_key())
+    assert m.expires_at == 1060.0
+    assert not m.expired(now=1059.0) and m.expired(now=1060.0)
+    with pytest.raises(DeviceModelError, match="valid_s"):
+        _files(valid_s=0)

@@ -108,8 +108,10 @@ class DeviceModel:
     n_components : int
     fpir, far : float
         Targets of the device's thresholds (identification, claims).
-    issued_at, trained_at : float
-        Unix times.
+    issued_at, trained_at, expires_at : float
+        Unix times. A device refuses to decide with an expired model: the server re-issues a live model
+        (a new serial) well before it expires, so a device that cannot hear from it for longer -- or whose
+        site key was retired, or from which the newest model was withheld -- stops deciding.
     onnx : bytes
     calibration : ndarray of float32, shape (n_public, n_components)
         Clean unkeyed projections of public faces the model never saw.
@@ -130,6 +132,7 @@ class DeviceModel:
     far: float
     issued_at: float
     trained_at: float
+    expires_at: float
     onnx: bytes = field(repr=False)
     calibration: NDArray[np.float32] = field(repr=False)
     manifest: dict[str, Any] = field(repr=False)
@@ -157,6 +160,10 @@ class DeviceModel:
             return -1
         return -1 if i == self.background_index else i
 
+    def expired(self, now: float | None = None) -> bool:
+        """Whether the model may no longer decide."""
+        return (time.time() if now is None else now) >= self.expires_at
+
     def age_s(self, now: float | None = None) -> float:
         """Seconds since the model it came from was trained."""
         return max(0.0, (time.time() if now is None else now) - self.trained_at)
@@ -181,6 +188,7 @@ def build_device_model_files(
     salt: bytes | None = None,
     extra: Mapping[str, Any] | None = None,
     issued_at: float | None = None,
+    valid_s: float = 7 * 86400.0,
 ) -> dict[str, bytes]:
     """All files of a signed device model, in memory.
 
@@ -200,6 +208,8 @@ def build_device_model_files(
         16 random bytes by default; tests pass one.
     extra : mapping, optional
         More manifest fields (e.g. the preset's name).
+    valid_s : float
+        Seconds from ``issued_at`` to ``expires_at``.
     """
     cal = np.asarray(calibration, dtype=np.float32)
     if cal.ndim != 2 or cal.shape[1] != n_components or cal.shape[0] < 1:
@@ -210,6 +220,9 @@ def build_device_model_files(
         raise DeviceModelError("calibration: expected finite projections, received NaN or infinity")
     if serial < 1:
         raise DeviceModelError(f"serial: expected a positive integer, received {serial!r}")
+    if not valid_s > 0:
+        raise DeviceModelError(f"valid_s: expected a positive number of seconds, received {valid_s!r}")
+    issued = float(time.time() if issued_at is None else issued_at)
     salt = os.urandom(_SALT_BYTES) if salt is None else salt
     ids = ["" if i == background_index else class_id(salt, s) for i, s in enumerate(subjects)]
     cal_bytes = _npy(cal)
@@ -228,7 +241,8 @@ def build_device_model_files(
         "targets": {"fpir": float(fpir), "far": float(far)},
         "calibration": {"faces": int(cal.shape[0])},
         "trained_at": float(trained_at),
-        "issued_at": float(time.time() if issued_at is None else issued_at),
+        "issued_at": issued,
+        "expires_at": issued + float(valid_s),
         "files": {MODEL: _sha256(onnx), CALIBRATION: _sha256(cal_bytes)},
     }
     manifest_bytes = _canonical(manifest)
@@ -302,6 +316,7 @@ def verify_device_model_files(
             far=float(m["targets"]["far"]),
             issued_at=float(m["issued_at"]),
             trained_at=float(m["trained_at"]),
+            expires_at=float(m["expires_at"]),
             onnx=files[MODEL],
             calibration=np.zeros((0, 0), np.float32),
             manifest=m,

@@ -142,6 +142,7 @@ predictions disagree with scikit-learn's, and the trainer
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import warnings
@@ -1285,6 +1286,9 @@ def model_meta(
         "preset": fitted.preset.describe(),
         "metrics": fitted.metrics,
         "trained_at": time.time(),
+        # Keys the opaque class ids of the device models made from this version (peep.core.devicemodel):
+        # the server maps a device's released label back to a subject with it; devices never see names.
+        "device_class_salt": os.urandom(16).hex(),
     }
 
 
