@@ -8,7 +8,12 @@ reaches the server)::
     <root>/<site>/<device>/status       device, retained "online"/"offline" (last will)
     <root>/<site>/<device>/events       server -> device, recognition events (JSON)
     <root>/<site>/<device>/claims       door -> server, "is this subject enrolled?" (JSON, no template)
+    <root>/<site>/<device>/model_request  device -> server, GetDeviceModelRequest (protobuf): its bundle,
+                                        site key id and the serial it holds
+    <root>/<site>/<device>/model        server -> device, the answer: DeviceModelFiles (QoS 1, not retained)
     <root>/bundle                       server, retained signed bundle announcement
+    <root>/model                        server, every device model it issues: DeviceModelFiles (QoS 1, not
+                                        retained; a device keeps only a newer one for its bundle and key)
     <root>/deadletter                   server, refused templates (JSON, never the payload)
 
 Servers consume templates through the MQTT v5 shared subscription
@@ -142,10 +147,23 @@ class TopicScheme:
         """Where a door asks whether a claimed subject is enrolled before it releases anything."""
         return self.device(site, device_id, "claims")
 
+    def model_request(self, site: str, device_id: str) -> str:
+        """Where a device asks for the newest device model of its bundle and site key (:mod:`peep.core.devicemodel`)."""
+        return self.device(site, device_id, "model_request")
+
+    def model(self, site: str, device_id: str) -> str:
+        """Where the server answers one device's model request (only that device may read it)."""
+        return self.device(site, device_id, "model")
+
     @property
     def bundle(self) -> str:
         """The retained, signed bundle announcement."""
         return f"{self.root}/bundle"
+
+    @property
+    def model_broadcast(self) -> str:
+        """Every signed device model as it is issued (not retained: a device that missed one asks)."""
+        return f"{self.root}/model"
 
     @property
     def deadletter(self) -> str:
@@ -162,6 +180,11 @@ class TopicScheme:
         """``$share/<group>/<root>/+/+/claims``: one replica of ``group`` answers each door's claim check."""
         check_share_group(group, field="share_group")
         return f"$share/{group}/{self.root}/+/+/claims"
+
+    def shared_model_requests_filter(self, group: str) -> str:
+        """``$share/<group>/<root>/+/+/model_request``: one replica of ``group`` answers each device's request."""
+        check_share_group(group, field="share_group")
+        return f"$share/{group}/{self.root}/+/+/model_request"
 
     def shared_templates_filter(self, group: str) -> str:
         """``$share/<group>/<root>/+/+/templates``: replicas in ``group`` split the templates."""
