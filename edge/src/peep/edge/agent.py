@@ -51,7 +51,7 @@ from peep.core.accounting import PrivacyAccountant, ReleaseCost, Spend
 from peep.core.bundle import EigenfaceBundle, load_public_key, write_bundle_files
 from peep.core.exceptions import BudgetError, BundleError, WireError
 from peep.core.release import TemplateReleaser
-from peep.core.reports import MAX_REASONS, DeviceReport, ReportError
+from peep.core.reports import DECISION_KEYS, MAX_REASONS, DeviceReport, ReportError
 from peep.core.sitekey import SiteKey, SiteKeyError
 from peep.core.wire import check_subject_id
 from peep.edge import startup
@@ -140,6 +140,10 @@ class Agent:
         self.insecure_broker = False
         #: A door's pinned decision key (the server's, door.decision_public_key), read by :meth:`prepare`.
         self.door_decision_key: Any = None
+        #: Decision mode: the deployer's key device models must verify against, the held models and the decider.
+        self.model_public_key: Any = None
+        self.model_store: Any = None
+        self.decisions: Any = None
         self.forwarders: list[Forwarder] = []
         self.mqtt_link: Any = None
         self.spool: Spool | None = None
@@ -305,6 +309,8 @@ class Agent:
         startup.check_state_dir(cfg.device.state_dir)
         if cfg.door.enabled:
             self.door_decision_key = startup.check_door(cfg.door, release_epsilon_vector=cost.total_vector)
+        if cfg.decides_on_device:
+            self.model_public_key = startup.check_decision_mode(cfg)
         self.detector = build_detector(cfg.detector)
         self._prepared = True
 
@@ -326,7 +332,14 @@ class Agent:
             epsilon_vector_spent=float(vec),
             suppressed={str(k): int(v) for k, v in sorted(suppressed.items())[:MAX_REASONS]},
             insecure_broker=self.insecure_broker,
+            decision=self._decision_report(),
         )
+
+    def _decision_report(self) -> dict[str, Any] | None:
+        if self.decisions is None:
+            return None
+        d = self.decisions.describe()
+        return {k: d.get(k) for k in DECISION_KEYS}
 
     def publish_report(self) -> bool:
         """Publish :meth:`report` on the device's report topic; False when not connected (the next one follows)."""
@@ -493,6 +506,14 @@ class Agent:
             )
             gfwd.start()
             self.forwarders.append(gfwd)
+            if self.model_store is not None and not enroll:
+                from peep.edge.decide import GrpcModelPuller
+                from peep.edge.transport.grpc import make_channel
+
+                self._model_channel = make_channel(cfg.grpc)
+                GrpcModelPuller(self._model_channel, self.grpc_token, self.model_store,
+                                interval_s=cfg.recognition.model_check_s,
+                                stop=self._housekeeping_stop).start()  # fmt: skip
 
     def start_transports(self, *, client_suffix: str = "-door-agent") -> None:
         """Connect the device's transports without reading frames (a door): its status, and the reports that
@@ -526,18 +547,47 @@ class Agent:
         if not self._prepared:
             self.prepare()
         self.accountant = self._open_state(budgets=budgets)
+        if self.cfg.decides_on_device:
+            self._open_decisions()
         self.pipeline = self._build_pipeline(self.accountant)
         return self.pipeline
+
+    def _open_decisions(self) -> None:
+        """The held device models (state folder) and the decider a camera or a door decides with."""
+        from peep.edge.decide import DecisionSource, ModelStore
+
+        cfg = self.cfg
+        self.model_store = ModelStore(
+            cfg.device.state_dir / "device-model",
+            self.model_public_key,
+            bundle_id=self.releaser.bundle_id,
+            key_id=self.releaser.key_id,
+        )
+        held = self.model_store.load()
+        camera = cfg.recognition.decide == "device"
+        self.decisions = DecisionSource(
+            self.model_store,
+            domain=self.releaser.output,
+            site_key=self.site_key,
+            epsilon_label=cfg.recognition.epsilon_label if camera else None,
+            fuse_frames=cfg.recognition.fuse_frames,
+        )
+        log_event(_log, logging.INFO if held is not None else logging.WARNING, "device_model_held",
+                  serial=held.serial if held is not None else None,
+                  detail="" if held is not None else "no valid device model yet: a door stays locked and a camera "
+                  "releases nothing until one arrives")  # fmt: skip
 
     def _build_pipeline(self, accountant: PrivacyAccountant) -> FramePipeline:
         cfg = self.cfg
         assert self.spool is not None
         p = cfg.privacy
+        camera = cfg.recognition.decide == "device"
         policy = ReleasePolicy(
             accountant=accountant,
             releases_per_window=p.releases_per_window,
             window_s=p.window_seconds,
-            min_hits=p.min_track_frames,
+            # Deciding on the device fuses a track's last frames: it waits until it has them.
+            min_hits=max(p.min_track_frames, cfg.recognition.fuse_frames) if camera else p.min_track_frames,
             cost_epsilon=self.cost.total_vector,
             cost_delta=self.cost.delta,
             device_key=self.device_key,
@@ -564,6 +614,7 @@ class Agent:
             metrics=self.metrics,
             on_release=self.on_release,
             encoder=self.encoder,
+            decisions=self.decisions if camera else None,
         )
 
     # ------------------------------------------------------------------ bundle updates
@@ -772,6 +823,9 @@ class Agent:
         for f in self.forwarders:
             f.stop(drain, join=False)
         self._housekeeping_stop.set()
+        channel = getattr(self, "_model_channel", None)
+        if channel is not None:
+            channel.close()
         for f in self.forwarders:
             f.join(drain + 10.0)
         if self._housekeeping is not None:

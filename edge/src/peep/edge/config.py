@@ -377,11 +377,13 @@ class DoorConfig(_Section):
     """A door this device opens on a verified claim (fail-secure: see peep.edge.door)."""
 
     enabled: bool = False
-    decision: Literal["grpc", "mqtt"] = Field(
+    decision: Literal["grpc", "mqtt", "device"] = Field(
         default="grpc",
         description=(
-            "how the server's decision comes back: the answer to the device's gRPC Verify call, or the server's "
-            "message on the device's MQTT events topic naming the claim's nonce (which only the server may write)"
+            "who decides a claim: the server, answering the device's gRPC Verify call or by its signed message on "
+            "the device's MQTT events topic naming the claim's nonce; or 'device': this device, with the site's "
+            "signed device model on its clean projection (no template released, no round trip; works while the "
+            "server is away; locked without a valid model)"
         ),
     )
     fuse_soft_traits: bool = Field(
@@ -482,6 +484,44 @@ class DoorConfig(_Section):
         return self
 
 
+class RecognitionConfig(_Section):
+    """Where a camera's identifications are decided (docs/DECISIONS.md)."""
+
+    decide: Literal["server", "device"] = Field(
+        default="server",
+        description=(
+            "'server': release a perturbed template per track window and let the server decide; 'device': decide "
+            "here with the site's signed device model on the clean projection and release only the label, "
+            "randomised at epsilon_label (without a valid model the camera releases nothing)"
+        ),
+    )
+    epsilon_label: float = Field(
+        default=8.0,
+        gt=0.0,
+        le=40.0,
+        description=(
+            "ε of one decision's label (k-ary randomized response over the model's subjects plus unknown); "
+            "per appearance, per coordinate and per vector alike"
+        ),
+    )
+    fuse_frames: int = Field(
+        default=3,
+        ge=1,
+        le=30,
+        description="frames of a track whose clean projections are averaged before deciding (no ε: nothing leaves)",
+    )
+    model_public_key: ConfigPath | None = Field(
+        default=None,
+        description="Ed25519 public key (PEM) every device model must verify against (default: bundle.public_key)",
+    )
+    model_check_s: float = Field(
+        default=300.0,
+        ge=1.0,
+        le=86400.0,
+        description="seconds between two asks for a newer device model over gRPC (MQTT also hears it at once)",
+    )
+
+
 class EdgeConfig(_Section):
     """The whole agent configuration (one TOML file)."""
 
@@ -498,6 +538,12 @@ class EdgeConfig(_Section):
     metrics: MetricsConfig = MetricsConfig()
     log: LogConfig = LogConfig()
     door: DoorConfig = DoorConfig()
+    recognition: RecognitionConfig = RecognitionConfig()
+
+    @property
+    def decides_on_device(self) -> bool:
+        """Whether this device needs a device model: a camera deciding itself, or a door deciding itself."""
+        return self.recognition.decide == "device" or (self.door.enabled and self.door.decision == "device")
 
     @model_validator(mode="after")
     def _checks(self) -> EdgeConfig:

@@ -41,7 +41,7 @@ _R = TypeVar("_R")
 
 #: Why a claim did not open the door (the values of ``peep_edge_door_refusals_total{reason}``).
 REFUSAL_REASONS = (
-    "rejected",  # the server verified the face and said no
+    "rejected",  # the face was verified (by the server, or on the device) and the answer was no
     "timeout",  # no decision before the claim's deadline
     "unreachable",  # the server or broker could not be asked
     "malformed",  # a decision that cannot be read
@@ -55,6 +55,7 @@ REFUSAL_REASONS = (
     "door_budget",  # the claim would pass the door's ε per hour
     "subject_budget",  # the claim would pass the claimed subject's ε per hour
     "forged",  # a decision or claim check not signed by the server's decision key
+    "no_model",  # deciding on the device without a valid device model: the door stays locked
 )
 
 #: Subjects whose refusals or spends a door remembers at once (beyond it the oldest is forgotten).

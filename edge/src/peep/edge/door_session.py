@@ -415,6 +415,7 @@ class DoorSession:
         budget: DoorBudget | None = None,
         stop: threading.Event | None = None,
         clock: Callable[[], float] = time.monotonic,
+        decisions: Any = None,
     ) -> None:
         self.pipeline, self.accountant, self.controller, self.verifier = pipeline, accountant, controller, verifier
         self.face_timeout_s, self.settle_frames, self.device_key, self.clock = (
@@ -424,6 +425,8 @@ class DoorSession:
             clock,
         )
         self.budget, self.stop = budget, stop
+        #: Deciding on the device (peep.edge.decide.DecisionSource): no template, no round trip.
+        self.decisions = decisions
         self.last_timing = DoorTiming()
 
     def _stopping(self) -> bool:
@@ -440,6 +443,8 @@ class DoorSession:
         claim = self.controller.claim(subject)
         if not isinstance(claim, Claim):
             return claim
+        if self.decisions is not None:
+            return self._decide_on_device(claim, read_frame, timing)
         t0 = time.perf_counter()
         p = self.pipeline
         cost = float(p.release_cost)
@@ -516,6 +521,59 @@ class DoorSession:
         log_event(_log, logging.INFO, "door_decided", door=self.controller.door, opened=outcome.opened,
                   reason=outcome.reason, message_id=rel.message_id)  # fmt: skip
         return outcome
+
+    def _decide_on_device(self, claim: Claim, read_frame: Callable[[], Any], timing: DoorTiming) -> Outcome:
+        """A claim decided here, with the device model on the face's clean projection; the record spooled.
+
+        Nothing of the face leaves the door. What is sent, when the server can be reached, is the door's access
+        record: the claimed subject and whether the door opened (its own action, seen by anyone at the door).
+        """
+        t0 = time.perf_counter()
+        decider = self.decisions.decider()
+        if decider is None:
+            return self.controller.fail(claim, "no_model", f"{self.decisions.problem}; the door stays locked")
+        if not decider.knows(claim.subject):
+            return self.controller.fail(claim, "unknown_subject", "the device model does not know the claimed "
+                                        "subject (or they were erased); nothing was looked at")  # fmt: skip
+        best = self._best_face(read_frame, timing)
+        if self._stopping():
+            return self.controller.fail(claim, "unreachable", "the door is stopping")
+        if best is None:
+            return self.controller.fail(claim, "no_face", f"no face within {self.face_timeout_s:g} s")
+        frame, box = best
+        t1 = time.perf_counter()
+        projection = self.pipeline.project_face(frame, box)
+        timing.add("project", time.perf_counter() - t1)
+        t2 = time.perf_counter()
+        verdict = decider.verify(projection[None, :], claim.subject)
+        timing.add("verify", time.perf_counter() - t2)
+        t3 = time.perf_counter()
+        outcome = self.controller.decide(Decision(nonce=claim.nonce, door=self.controller.door,
+                                                  subject=claim.subject, accepted=verdict.accepted,
+                                                  score=verdict.score))  # fmt: skip
+        timing.add("actuate", time.perf_counter() - t3)
+        timing.add("total_after_face", time.perf_counter() - t1)
+        timing.add("claim_to_lock", time.perf_counter() - t0)
+        self._spool_record(claim, outcome.opened, decider)
+        log_event(_log, logging.INFO, "door_decided", door=self.controller.door, opened=outcome.opened,
+                  reason=outcome.reason, decided_on="device", model_serial=decider.model.serial)  # fmt: skip
+        return outcome
+
+    def _spool_record(self, claim: Claim, opened: bool, decider: Any) -> None:
+        """Store-and-forward the access record (sent like a template when the server is there)."""
+        from peep.core.wire import encode_template, make_decision
+
+        p = self.pipeline
+        msg = make_decision(device_id=p.device_id, site=p.site, bundle_id=p.releaser.bundle_id,
+                            key_id=p.releaser.key_id, model_serial=decider.model.serial,
+                            model_version=decider.model.model_version, purpose="verify", subject=claim.subject,
+                            accepted=opened, track_id=f"door-{claim.nonce[:12]}", capture_time=p.clock(),
+                            message_id=claim.nonce)  # fmt: skip
+        try:
+            p.spool.put(message_id=msg.message_id, purpose="verify", payload=encode_template(msg))
+        except Exception as exc:  # a full disk must not change what the door did; the record is lost, and said so
+            log_event(_log, logging.ERROR, "door_record_not_spooled", door=self.controller.door,
+                      error=str(exc)[:200])  # fmt: skip
 
     def _best_face(self, read_frame: Callable[[], Any], timing: DoorTiming) -> tuple[Any, FaceBox] | None:
         deadline = self.clock() + self.face_timeout_s
@@ -635,8 +693,10 @@ def open_door(
     budget = DoorBudget(door_epsilon=d.epsilon_per_hour, subject_epsilon=d.subject_epsilon_per_hour,
                         window_s=window_s, spent=spent)  # fmt: skip
     stop = getattr(agent, "stop_event", None)
-    verifier: Verifier
-    if d.decision == "mqtt":
+    verifier: Verifier | None
+    if d.decision == "device":
+        verifier = None  # the device decides; the access records go out through the agent's spool
+    elif d.decision == "mqtt":
         verifier = MqttVerifier(link, controller, public_key=public_key, site=cfg.device.site, stop=stop)
         holder.append(verifier)
     else:
@@ -644,9 +704,9 @@ def open_door(
 
         channel = make_channel(cfg.grpc, reconnect_max_s=1.0)
         verifier = GrpcVerifier(channel, agent.grpc_token, fused=d.fuse_soft_traits, stop=stop)
-    session = DoorSession(pipeline, agent.accountant, controller, verifier, face_timeout_s=face_timeout_s,
+    session = DoorSession(pipeline, agent.accountant, controller, verifier, face_timeout_s=face_timeout_s,  # type: ignore[arg-type]
                           settle_frames=settle_frames, device_key=agent.device_key, budget=budget,
-                          stop=stop)  # fmt: skip
+                          stop=stop, decisions=agent.decisions if d.decision == "device" else None)  # fmt: skip
     return DoorRig(session, controller, link, channel)
 
 

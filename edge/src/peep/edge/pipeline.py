@@ -24,7 +24,7 @@ from peep.core.exceptions import BudgetError
 from peep.core.imaging import FaceBox, FaceDetector, normalise_face, primary_face
 from peep.core.release import TemplateReleaser
 from peep.core.sitekey import SiteKey
-from peep.core.wire import encode_template, make_template
+from peep.core.wire import encode_template, make_decision, make_template
 from peep.edge.capture import Frame
 from peep.edge.detection import BoxRefiner
 from peep.edge.embedding import DescriptorEncoder
@@ -37,7 +37,7 @@ from peep.edge.tracking import Track, Tracker
 
 _log = logging.getLogger("peep.edge.pipeline")
 
-STAGES = ("decode", "detect", "track", "project", "perturb", "soft", "spool", "publish")
+STAGES = ("decode", "detect", "track", "project", "perturb", "decide", "soft", "spool", "publish")
 
 
 def make_releaser(
@@ -135,8 +135,12 @@ class FramePipeline:
         clock: Callable[[], float] = time.time,
         on_release: Callable[[Released, Frame], None] | None = None,
         encoder: DescriptorEncoder | None = None,
+        decisions: Any = None,
     ) -> None:
         self.device_id = device_id
+        # Decision mode (peep.edge.decide.DecisionSource): release a randomised label per track window, no template.
+        self.decisions = decisions
+        self._track_frames: dict[str, list[Any]] = {}
         self.on_release = on_release
         self.site = site
         self.detector = detector
@@ -173,6 +177,10 @@ class FramePipeline:
         self.cost = ReleaseCost.of(releaser.mechanism, soft_epsilon=self.soft.epsilon if self.soft else 0.0)
         self.policy.cost_epsilon = self.cost.total_vector
         self.policy.cost_delta = self.cost.delta
+        if self.decisions is not None:
+            # A decision's label is the whole release: its ε is what a track window costs.
+            self.policy.cost_epsilon = float(self.decisions.epsilon_label)
+            self.policy.cost_delta = 0.0
         self.metrics.mechanism_epsilon.labels(scope="vector").set(self.epsilon_vector)
         self.metrics.mechanism_epsilon.labels(scope="coordinate").set(self.epsilon_coordinate)
         self.refiner = BoxRefiner(releaser.bundle.normalisation) if self.refine else None
@@ -210,12 +218,93 @@ class FramePipeline:
         tracks = self.tracker.update(boxes, frame.timestamp)
         self.timer.add("track", time.perf_counter() - t1)
         out: list[Released] = []
+        if self.decisions is not None:
+            return self._decide_tracks(frame, tracks)
         for tr in tracks:
             if self.policy.decide(tr, frame.timestamp).allowed:
                 rel = self._release_track(frame, tr)
                 if rel is not None:
                     out.append(rel)
         return out
+
+    # -- decision mode -------------------------------------------------------------
+
+    def project_face(self, frame: Frame, box: FaceBox) -> Any:
+        """The bundle's clean bounded (unkeyed) projection of one face, shape (n_components,); stays here."""
+        if self.refiner is not None:
+            box = self.refiner.refine(frame.image, box)
+        if self.encoder is not None:
+            face: Any = self.encoder.encode(frame.image, box)
+        else:
+            face = normalise_face(frame.image, box, self.releaser.bundle.geometry)
+        return self.releaser.project(face)[0]
+
+    def _decide_tracks(self, frame: Frame, tracks: list[Track]) -> list[Released]:
+        fuse = int(self.decisions.fuse_frames)
+        lead = self.policy.min_hits - fuse  # the frames before a track's first decision that are fused into it
+        out: list[Released] = []
+        alive = {tr.id for tr in tracks}
+        for gone in [k for k in self._track_frames if k not in alive]:
+            del self._track_frames[gone]
+        for tr in tracks:
+            if self.policy.decide(tr, frame.timestamp).allowed:
+                rel = self._decide_track(frame, tr)
+                if rel is not None:
+                    out.append(rel)
+            elif lead < tr.hits < self.policy.min_hits and self.decisions.decider() is not None:
+                t0 = time.perf_counter()
+                self._track_frames.setdefault(tr.id, []).append(self.project_face(frame, tr.box))
+                self.timer.add("project", time.perf_counter() - t0)
+        return out
+
+    def _decide_track(self, frame: Frame, track: Track) -> Released | None:
+        """Decide on a track's fused clean projections and spool the randomised label (one window's release)."""
+        decider = self.decisions.decider()
+        if decider is None:  # no valid model: a camera in decision mode releases nothing
+            self.policy._suppress("no_model")
+            return None
+        t0 = time.perf_counter()
+        frames = self._track_frames.pop(track.id, [])
+        frames.append(self.project_face(frame, track.box))
+        t1 = time.perf_counter()
+        decided = decider.identify(frames[-int(self.decisions.fuse_frames) :])
+        t2 = time.perf_counter()
+        self.timer.add("project", t1 - t0)
+        self.timer.add("decide", t2 - t1)
+        eps = float(decider.labels.epsilon)  # type: ignore[union-attr]
+        msg = make_decision(
+            device_id=self.device_id,
+            site=self.site,
+            bundle_id=self.releaser.bundle_id,
+            key_id=self.releaser.key_id,
+            model_serial=decider.model.serial,
+            model_version=decider.model.model_version,
+            purpose="identify",
+            label=decided.label,
+            epsilon_label=eps,
+            labels=decider.labels.k,  # type: ignore[union-attr]
+            frames_fused=decided.frames_fused,
+            track_id=track.id,
+            capture_time=self.clock(),
+        )
+        try:
+            self.policy.record(track, frame.timestamp, epsilon=eps, delta=0.0, epsilon_coordinate=eps,
+                               message_id=msg.message_id)  # fmt: skip
+        except BudgetError as exc:
+            log_event(_log, logging.WARNING, "release_refused_budget", track=track.id, epsilon_vector=eps,
+                      error=str(exc))  # fmt: skip
+            return None
+        payload = encode_template(msg)
+        self.spool.put(message_id=msg.message_id, purpose="identify", payload=payload)
+        self.timer.add("spool", time.perf_counter() - t2)
+        self.metrics.releases.labels(purpose="identify").inc()
+        log_event(_log, logging.INFO, "decision_release", track=track.id, message_id=msg.message_id,
+                  mechanism="k-rr", epsilon_label=eps, frames_fused=decided.frames_fused,
+                  model_serial=decider.model.serial)  # fmt: skip
+        released = Released(message_id=msg.message_id, track_id=track.id, payload=payload, box=track.box)
+        if self.on_release is not None:
+            self.on_release(released, frame)
+        return released
 
     def _release_track(self, frame: Frame, track: Track) -> Released | None:
         def spend(cost: float, coord: float, message_id: str) -> None:

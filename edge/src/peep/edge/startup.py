@@ -96,3 +96,17 @@ def check_door(door: DoorConfig, *, release_epsilon_vector: float) -> Any:
         return load_public_key(door.decision_public_key)
     except BundleError as exc:
         raise ConfigError([("door.decision_public_key", str(exc))]) from None
+
+
+def check_decision_mode(cfg: Any) -> Any:
+    """The deployer's public key device models must verify against (``recognition.model_public_key``, else the
+    bundle's), for a camera or a door that decides on the device; :class:`ConfigError` naming the key."""
+    from peep.core.bundle import load_public_key
+    from peep.core.exceptions import BundleError
+
+    name = "recognition.model_public_key" if cfg.recognition.model_public_key is not None else "bundle.public_key"
+    path = cfg.recognition.model_public_key or cfg.bundle.public_key
+    try:
+        return load_public_key(path)
+    except BundleError as exc:
+        raise ConfigError([(name, str(exc))]) from None

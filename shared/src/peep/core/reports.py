@@ -28,6 +28,14 @@ explicitly (``door.insecure_broker = true``): whoever can reach that broker
 can read its claims and block or delay its decisions. A device sends the key
 only when it is true, so its reports stay readable by servers that predate
 it.
+
+``decision`` (optional; absent for a device whose server decides): a device
+deciding on its own clean projection with a signed device model says so, with
+the model it holds (``null`` fields: none valid) and the ε of a released label::
+
+    "decision": {"mode": "device", "model_serial": 12, "model_version": "v0007",
+                 "model_trained_at": 1795690000.0, "model_expires_at": 1796294800.0,
+                 "subjects": 10, "epsilon_label": 8.0, "flip_probability": 0.0034}
 """
 
 from __future__ import annotations
@@ -62,7 +70,19 @@ _KEYS = frozenset(
         "epsilon_vector_spent",
         "suppressed",
         "insecure_broker",
+        "decision",
     }
+)
+#: Fields of a report's ``decision`` part.
+DECISION_KEYS = (
+    "mode",
+    "model_serial",
+    "model_version",
+    "model_trained_at",
+    "model_expires_at",
+    "subjects",
+    "epsilon_label",
+    "flip_probability",
 )
 #: Keys a report may leave out, and their values then (a report older than the key is still one).
 _OPTIONAL_FALSE = frozenset({"insecure_broker"})
@@ -89,6 +109,8 @@ class DeviceReport:
     suppressed: Mapping[str, int] = field(default_factory=dict)
     #: A door deciding over MQTT on a broker without TLS or credentials (``door.insecure_broker``).
     insecure_broker: bool = False
+    #: Decision mode and the device model held (see the module docstring); None when the server decides.
+    decision: Mapping[str, Any] | None = None
 
     @property
     def n_suppressed(self) -> int:
@@ -101,6 +123,10 @@ class DeviceReport:
         for key in _OPTIONAL_FALSE:
             if not doc[key]:
                 del doc[key]  # left out when false: a server older than the key refuses unknown ones
+        if self.decision is None:
+            del doc["decision"]
+        else:
+            doc["decision"] = _decision(dict(self.decision))
         out = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
         if len(out) > MAX_REPORT_BYTES:
             raise ReportError(f"report: expected at most {MAX_REPORT_BYTES} bytes, built {len(out)}")
@@ -134,6 +160,31 @@ def _name(value: Any, key: str, pattern: re.Pattern[str]) -> str:
     if not isinstance(value, str) or not pattern.fullmatch(value):
         raise ReportError(f"{key}: expected a short name matching {pattern.pattern}, received {repr(value)[:40]}")
     return value
+
+
+def _decision(part: Any) -> dict[str, Any]:
+    """A report's ``decision`` part, bounded (:class:`ReportError` naming the key)."""
+    if not isinstance(part, dict):
+        raise ReportError(f"decision: expected an object, received {type(part).__name__}")
+    unknown = sorted(str(k)[:32] for k in part if k not in DECISION_KEYS)
+    if unknown:
+        raise ReportError(f"decision: unknown fields {unknown[:4]}")
+    mode = part.get("mode")
+    if mode not in ("device", "server"):
+        raise ReportError(f"decision.mode: expected 'device' or 'server', received {repr(mode)[:20]}")
+    out: dict[str, Any] = {"mode": mode}
+    if part.get("model_serial") is not None:
+        out["model_serial"] = _count(part["model_serial"], "decision.model_serial")
+    if part.get("subjects") is not None:
+        out["subjects"] = _count(part["subjects"], "decision.subjects")
+    if part.get("model_version") is not None:
+        out["model_version"] = _name(part["model_version"], "decision.model_version", _BUNDLE)
+    for key in ("model_trained_at", "model_expires_at", "epsilon_label", "flip_probability"):
+        if part.get(key) is not None:
+            out[key] = _number(part, key)
+    if out.get("flip_probability", 0.0) > 1.0:
+        raise ReportError(f"decision.flip_probability: expected a probability, received {out['flip_probability']}")
+    return out
 
 
 def parse_device_report(payload: bytes) -> DeviceReport:
@@ -174,4 +225,5 @@ def parse_device_report(payload: bytes) -> DeviceReport:
         epsilon_vector_spent=float(_number(doc, "epsilon_vector_spent") or 0.0),
         suppressed=suppressed,
         insecure_broker=_flag(doc, "insecure_broker"),
+        decision=_decision(doc["decision"]) if doc.get("decision") is not None else None,
     )

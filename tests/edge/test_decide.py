@@ -1,0 +1,182 @@
+"""Decision mode on the device: a model trained only on perturbed releases, run on clean projections."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.serialization import load_pem_private_key
+from peep.core import features
+from peep.core.bundle import generate_keypair
+from peep.core.devicemodel import MANIFEST, build_device_model_files, class_id
+from peep.core.mechanisms.registry import make_mechanism
+from peep.core.sitekey import SiteKey
+from peep.edge.decide import DecisionSource, DeviceDecider, ModelStore, NoDeviceModel, fuse_projections
+from peep.server.recognition.fitting import export_onnx, fit_recogniser
+
+K = 16
+BUNDLE = "eb-0123456789abcdef0123"
+
+
+def _unit(X):
+    return X / np.linalg.norm(X, axis=1, keepdims=True)
+
+
+class World:
+    """People on the unit sphere: each a direction plus within-person spread (what projections of photos are)."""
+
+    def __init__(self, seed=0):
+        self.rng = np.random.default_rng(seed)
+
+    def person(self, n):
+        centre = _unit(self.rng.standard_normal((1, K)))
+        return _unit(centre + 0.5 * self.rng.standard_normal((n, K)) / np.sqrt(K))
+
+
+@pytest.fixture(scope="module")
+def rig():
+    world = World(0)
+    key = SiteKey(bytes(range(32)))
+    enrolled = {f"p{i}": world.person(26) for i in range(6)}
+    background = [world.person(6) for _ in range(60)]
+    public = np.vstack([world.person(3) for _ in range(150)])
+    strangers = np.vstack([world.person(1) for _ in range(200)])
+    with features.enabled("seeded-noise"):
+        mech = make_mechanism("privunit", epsilon=16.0, n_components=K, random_state=1)
+        X, subjects = [], []
+        for name, faces in enrolled.items():
+            X.append(mech.release(key.apply(faces[:20])))
+            subjects += [name] * 20
+        for b, faces in enumerate(background):
+            X.append(mech.release(key.apply(faces)))
+            subjects += [f"background:{b}"] * len(faces)
+    fitted = fit_recogniser(np.vstack(X).astype(np.float32), subjects, preset="lda", target_far=0.01)
+    onnx = export_onnx(fitted, K)
+    signer = load_pem_private_key(generate_keypair()[0], password=None)
+    files = build_device_model_files(
+        onnx=onnx, calibration=public.astype(np.float32), subjects=fitted.class_names,
+        background_index=fitted.background_index, serial=5, model_version="v0001", bundle_id=BUNDLE,
+        key_id=key.key_id, n_components=K, trained_at=1.0, signing_key=signer, fpir=0.01, far=0.001,
+        extra={"domain": "unit"},
+    )  # fmt: skip
+    probes = {n: f[20:] for n, f in enrolled.items()}
+    return dict(key=key, files=files, signer=signer, probes=probes, strangers=strangers, fitted=fitted)
+
+
+def _store(tmp_path, rig, **kw):
+    store = ModelStore(tmp_path / "m", rig["signer"].public_key(), bundle_id=BUNDLE, key_id=rig["key"].key_id, **kw)
+    assert store.offer(rig["files"], source="test") is not None
+    return store
+
+
+def _decider(tmp_path, rig, **kw):
+    store = _store(tmp_path, rig)
+    return DeviceDecider(store.current, domain="unit", site_key=rig["key"], **kw)
+
+
+def test_the_device_names_enrolled_people_and_rejects_strangers_on_clean_projections(tmp_path, rig):
+    d = _decider(tmp_path, rig, epsilon_label=None)
+    model = d.model
+    named = wrong = 0
+    total = 0
+    for name, faces in rig["probes"].items():
+        P = d.probabilities(faces)
+        for row in P:
+            total += 1
+            best = d.known[np.argmax(row[d.known])]
+            if row[best] >= d.thresholds.unknown_threshold:
+                if model.classes[best] == model.classes[model.column_of(name)]:
+                    named += 1
+                else:
+                    wrong += 1
+    P = d.probabilities(rig["strangers"])
+    fpir = float(np.mean(P[:, d.known].max(axis=1) >= d.thresholds.unknown_threshold))
+    assert named / total >= 0.9, (named, total)
+    assert fpir <= 0.03  # calibrated at 1 % on other public people
+
+
+def test_a_claim_is_decided_on_the_device(tmp_path, rig):
+    d = _decider(tmp_path, rig, epsilon_label=None)
+    alice, bob = "p0", "p1"
+    genuine = [d.verify(f[None], alice).accepted for f in rig["probes"][alice]]
+    impostor = [d.verify(f[None], alice).accepted for f in rig["probes"][bob]]
+    assert np.mean(genuine) >= 0.8 and not any(impostor)
+    assert not d.verify(rig["probes"][alice][:1], "mallory").known
+
+
+def _files(rig, **kw):
+    args = dict(
+        onnx=rig["files"]["model.onnx"], calibration=np.load(io.BytesIO(rig["files"]["calibration.npy"])),
+        subjects=rig["fitted"].class_names, background_index=rig["fitted"].background_index, serial=6,
+        model_version="v0001", bundle_id=BUNDLE, key_id=rig["key"].key_id, n_components=K, trained_at=1.0,
+        signing_key=rig["signer"],
+    )  # fmt: skip
+    args.update(kw)
+    return build_device_model_files(**args)
+
+
+def test_an_epsilon_label_too_small_for_the_fpir_target_refuses_to_decide(tmp_path, rig):
+    store = _store(tmp_path, rig)
+    with pytest.raises(ValueError, match="fpir"):
+        DeviceDecider(store.current, domain="unit", site_key=rig["key"], epsilon_label=1.0)
+    source = DecisionSource(store, domain="unit", site_key=rig["key"], epsilon_label=1.0)
+    assert source.decider() is None and "fpir" in source.problem
+
+
+def test_the_label_is_randomised_at_epsilon_label_and_only_opaque_ids_leave(tmp_path, rig):
+    # A lenient FPIR target, so that ε 1 (which names a stranger 6 times in 9) may decide at all.
+    store = _store(tmp_path, rig)
+    store.offer(_files(rig, fpir=0.9), source="test")
+    with features.enabled("seeded-noise"):
+        d = DeviceDecider(store.current, domain="unit", site_key=rig["key"], epsilon_label=1.0, random_state=3)
+    labels = [d.identify(rig["probes"]["p0"][:1]).label for _ in range(300)]
+    true_id = d.model.classes[d.model.column_of("p0")]
+    keep = np.mean([lab == true_id for lab in labels])
+    # k-RR over 7 outputs at ε 1: kept with e/(e+6) ≈ 0.31 (if the model names p0 on this probe)
+    assert 0.2 < keep < 0.45
+    assert all(lab == "" or lab in d.model.classes for lab in labels)
+    assert all("p0" not in lab for lab in labels)
+
+
+def test_erased_subjects_are_never_named_nor_accepted(tmp_path, rig):
+    files = _files(rig, erased=["p0"])
+    store = _store(tmp_path, rig)
+    assert store.offer(files, source="test").serial == 6
+    d = DeviceDecider(store.current, domain="unit", site_key=rig["key"], epsilon_label=None)
+    P = d.probabilities(rig["probes"]["p0"])
+    assert np.all(P[:, d.model.classes.index(class_id(d.model.class_salt, "p0"))] == 0)
+    assert not any(d.verify(f[None], "p0").accepted for f in rig["probes"]["p0"])
+
+
+def test_the_store_keeps_the_previous_model_and_takes_only_newer_ones(tmp_path, rig):
+    store = _store(tmp_path, rig)
+    assert store.offer(rig["files"], source="again") is None  # the same serial: nothing to do
+    tampered = dict(rig["files"])
+    tampered[MANIFEST] = tampered[MANIFEST].replace(b'"serial": 5', b'"serial": 50')
+    assert store.offer(tampered, source="mqtt") is None and store.refused == 1
+    assert "signature" in store.last_refusal
+    # A restart reads the held model back, and falls back to the previous one if the current is damaged.
+    again = ModelStore(tmp_path / "m", rig["signer"].public_key(), bundle_id=BUNDLE, key_id=rig["key"].key_id)
+    assert again.load().serial == 5
+    other = ModelStore(tmp_path / "m", rig["signer"].public_key(), bundle_id=BUNDLE, key_id="sk-ffffffffffffffff")
+    assert other.load() is None  # a model for another site key is never used
+
+
+def test_without_a_valid_model_nothing_decides(tmp_path, rig):
+    now = [1e12]
+    store = ModelStore(tmp_path / "m", rig["signer"].public_key(), bundle_id=BUNDLE, key_id=rig["key"].key_id,
+                       clock=lambda: now[0])  # fmt: skip
+    assert store.offer(rig["files"], source="test") is None  # expired already at that clock
+    source = DecisionSource(store, domain="unit", site_key=rig["key"], epsilon_label=8.0)
+    assert source.decider() is None and source.describe()["model_serial"] is None
+    with pytest.raises(NoDeviceModel, match="domain"):
+        DeviceDecider(_store(tmp_path / "x", rig).current, domain="scaled", site_key=None, epsilon_label=None)
+
+
+def test_fusing_frames_stays_on_the_sphere():
+    U = _unit(np.random.default_rng(0).standard_normal((3, K)))
+    f = fuse_projections(U, "unit")
+    assert abs(np.linalg.norm(f) - 1) < 1e-12
+    with pytest.raises(ValueError, match="bounded"):
+        fuse_projections(np.full((2, K), np.nan), "unit")
