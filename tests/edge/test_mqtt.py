@@ -11,6 +11,7 @@ import time
 import urllib.request
 import uuid
 
+import numpy as np
 import pytest
 from peep.core.wire import decode_template
 from peep.edge.agent import Agent
@@ -262,3 +263,88 @@ def test_a_crash_after_the_puback_resends_and_the_next_puback_deletes(system_bro
     spool.close()
     on_disk = b"".join(p.read_bytes() for p in tmp_path.glob("spool.sqlite3*"))
     assert all(f"<<{mid}-{device}>>".encode() not in on_disk for mid in ids)
+
+
+def _random_device_model(bundle, key, *, serial: int, k_subjects: int = 4, key_id: str = ""):
+    """A signed linear device model over random class directions (what a camera decides with), for ``bundle``."""
+    import numpy as np
+    from peep.core.devicemodel import build_device_model_files
+    from peep.server.recognition.fitting import _linear_onnx
+
+    rng = np.random.default_rng(serial)
+    n = bundle.n_components
+    means = rng.standard_normal((k_subjects + 1, n))
+    means /= np.linalg.norm(means, axis=1, keepdims=True)
+    public = rng.standard_normal((300, n))
+    public /= np.linalg.norm(public, axis=1, keepdims=True)
+    return build_device_model_files(
+        onnx=_linear_onnx(20.0 * means.T, np.zeros(k_subjects + 1)), calibration=public.astype(np.float32),
+        subjects=[f"s{i}" for i in range(k_subjects)] + [""], background_index=k_subjects, serial=serial,
+        model_version="v0001", bundle_id=bundle.bundle_id, key_id=key_id, n_components=n, trained_at=time.time(),
+        signing_key=key, fpir=0.2, extra={"domain": "unit"},
+    )  # fmt: skip
+
+
+def test_a_camera_in_decision_mode_asks_for_its_model_on_the_broker_and_publishes_only_labels(
+    system_broker, make_config, crowd_video, collector_factory, h, edge_bundle, edge_keys
+):
+    import paho.mqtt.client as mqtt
+    from peep.core.reports import parse_device_report
+    from peep.core.wire import device_model_message
+    from peep.v1 import recognition_pb2
+
+    device = f"cam-{uuid.uuid4().hex[:8]}"
+    host, port = system_broker
+    base = f"peep/v1/edgetest/{device}"
+    col = collector_factory(host, port, [f"{base}/#"])
+    cfg = load_config(
+        make_config(
+            device={"id": device, "site": "edgetest"},
+            capture={"source": crowd_video["path"], "max_fps": 20.0},
+            privacy={"mechanism": "privunit", "epsilon": 16.0, "track_budget": 1e6, "window_seconds": 2.0,
+                     "min_track_frames": 2},
+            recognition={"decide": "device", "epsilon_label": 8.0, "fuse_frames": 2},
+        )
+    )  # fmt: skip
+    agent = Agent(cfg, environ={})
+    thread, result = h.run_agent_in_thread(agent)
+    assert col.wait_for(lambda: col.payloads("/model_request"), 20), "the camera did not ask for a model"
+    request = recognition_pb2.GetDeviceModelRequest.FromString(col.payloads("/model_request")[0])
+    assert request.bundle_id == edge_bundle.bundle_id and request.have_serial == 0
+    pub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"server-{device}", protocol=mqtt.MQTTv5)
+    pub.connect(host, port)
+    pub.loop_start()
+    try:
+        # A model signed by another key is refused; the deployer's is taken (answered on the device's own topic).
+        forged = _random_device_model(edge_bundle, edge_keys["other_private"], serial=9)
+        pub.publish(f"{base}/model", device_model_message(forged, 9).SerializeToString(), qos=1).wait_for_publish(5)
+        files = _random_device_model(edge_bundle, edge_keys["private"], serial=3)
+        pub.publish(f"{base}/model", device_model_message(files, 3).SerializeToString(), qos=1).wait_for_publish(5)
+        thread.join(120)
+    finally:
+        pub.disconnect()
+        pub.loop_stop()
+    assert result.get("rc") == 0, result
+    assert agent.model_store.serial == 3 and agent.model_store.refused == 1
+    ids = released_ids(agent)
+    assert len(ids) >= 3
+    assert col.wait_for(lambda: len(col.payloads()) >= len(ids), 10)
+    msgs = [decode_template(p) for p in col.payloads()]
+    assert [m.message_id for m in msgs] == ids
+    manifest_ids = set(__import__("json").loads(files["manifest.json"])["classes"]) - {""}
+    for m in msgs:
+        assert len(m.values) == 0 and not m.HasField("mechanism") and not m.soft_traits
+        assert m.decision.label_mechanism == "k-rr" and m.decision.epsilon_label == 8.0 and m.decision.labels == 5
+        assert m.decision.label == "" or m.decision.label in manifest_ids
+        assert m.decision.model_serial == 3 and 1 <= m.decision.frames_fused <= 2
+    from peep.edge.ledger import SqliteLedger
+
+    ledger = SqliteLedger(cfg.ledger_path)
+    try:
+        spent = [s.epsilon for s in ledger.entries() if s.key.startswith("track:")]
+    finally:
+        ledger.close()
+    assert spent == [8.0] * len(ids)  # the label is the whole release
+    report = parse_device_report(col.payloads("/report")[-1])
+    assert report.decision["mode"] == "device" and report.decision["model_serial"] == 3
+    assert report.decision["flip_probability"] == pytest.approx(4 / (np.exp(8.0) + 4), rel=1e-6)

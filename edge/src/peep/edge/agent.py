@@ -479,6 +479,8 @@ class Agent:
                 on_bundle=None if (enroll or not cfg.bundle.accept_updates) else self._bundle_updates.put,
                 publish_status=not enroll,
                 subscribe_events=events,
+                on_model=self._offer_mqtt_model if (self.model_store is not None and not enroll) else None,
+                model_request=self._model_request if (self.model_store is not None and not enroll) else None,
             )
             fwd = MqttForwarder(
                 self.mqtt_link,
@@ -551,6 +553,27 @@ class Agent:
             self._open_decisions()
         self.pipeline = self._build_pipeline(self.accountant)
         return self.pipeline
+
+    def _model_request(self) -> bytes:
+        from peep.v1 import recognition_pb2
+
+        store = self.model_store
+        return recognition_pb2.GetDeviceModelRequest(
+            bundle_id=store.bundle_id, key_id=store.key_id, have_serial=store.serial
+        ).SerializeToString()
+
+    def _offer_mqtt_model(self, payload: bytes) -> None:
+        """A device model heard on the broker: taken only if newer, signed and for this device (else logged)."""
+        from peep.core.devicemodel import MAX_BYTES
+        from peep.core.exceptions import WireError
+        from peep.core.wire import decode_device_model
+
+        try:
+            _, files = decode_device_model(payload, max_bytes=MAX_BYTES)
+        except WireError as exc:
+            log_event(_log, logging.WARNING, "device_model_refused", source="mqtt", error=str(exc)[:200])
+            return
+        self.model_store.offer(files, source="mqtt")
 
     def _open_decisions(self) -> None:
         """The held device models (state folder) and the decider a camera or a door decides with."""

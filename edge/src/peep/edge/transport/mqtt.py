@@ -94,6 +94,12 @@ class MqttLink:
     subscribe_events : bool
         Read (and log) the device's events topic. Off for the door's agent connection, which only carries its
         status and reports: the door's own connection reads the events, and two readers logged each twice.
+    on_model : callable(bytes), optional
+        Device models (decision mode): raw ``DeviceModelFiles`` payloads from the broadcast of every issued
+        model and from the answer to this device's own request.
+    model_request : callable() -> bytes, optional
+        The ``GetDeviceModelRequest`` to publish at every connection (its bundle, key id, the serial it holds),
+        so a device that was away when a model was issued asks for it.
     """
 
     def __init__(
@@ -109,8 +115,12 @@ class MqttLink:
         on_event: Callable[[dict[str, Any] | None], None] | None = None,
         publish_status: bool = True,
         subscribe_events: bool = True,
+        on_model: Callable[[bytes], None] | None = None,
+        model_request: Callable[[], bytes] | None = None,
     ) -> None:
         self.cfg = cfg
+        self._on_model = on_model
+        self._model_request = model_request
         self._subscribe_events = subscribe_events
         self.client_id = client_id
         self.metrics = metrics or EdgeMetrics()
@@ -120,6 +130,8 @@ class MqttLink:
         self.report_topic = self.topics.report(site, device_id)
         self.events_topic = self.topics.events(site, device_id)
         self.bundle_topic = self.topics.bundle
+        self.model_topics = (self.topics.model(site, device_id), self.topics.model_broadcast)
+        self.model_request_topic = self.topics.model_request(site, device_id)
         self._on_bundle = on_bundle
         self._on_event = on_event
         self._publish_status = publish_status
@@ -218,8 +230,13 @@ class MqttLink:
         subs = [(self.events_topic, 1)] if self._subscribe_events else []
         if self._on_bundle is not None:
             subs.append((self.bundle_topic, 1))
+        if self._on_model is not None:
+            subs.extend((t, 1) for t in self.model_topics)
         if subs:
             client.subscribe(subs)
+        if self._on_model is not None and self._model_request is not None:
+            # Subscribed first (paho sends in order): the answer cannot arrive before the subscription.
+            client.publish(self.model_request_topic, self._model_request(), qos=1, retain=False)
         self.connected.set()
         self._notify()
 
@@ -268,6 +285,10 @@ class MqttLink:
         if _is_topic(msg.topic, self.bundle_topic) and self._on_bundle is not None:
             if msg.payload:
                 self._on_bundle(bytes(msg.payload))
+            return
+        if self._on_model is not None and any(_is_topic(msg.topic, t) for t in self.model_topics):
+            if msg.payload:
+                self._on_model(bytes(msg.payload))
             return
         if _is_topic(msg.topic, self.events_topic):
             self.metrics.events.inc()
