@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from peep.core.mechanisms import MECHANISM_KINDS, mechanism_classes
@@ -19,6 +19,12 @@ DEFAULT_FRONTIER_EPSILONS: tuple[float, ...] = (16.0, 64.0, 256.0, 1024.0, 4096.
 #: Kinds the frontier searches: every registered kind that does not duplicate another's noise.
 FRONTIER_MECHANISMS: tuple[str, ...] = tuple(k for k, c in mechanism_classes().items() if c.frontier)
 BASES = ("train", "background")
+#: Presets the open-set section measures by default: shrinkage LDA and the server's default MLP.
+DEFAULT_OPEN_SET_PRESETS: tuple[str, ...] = ("lda", "default")
+#: ε of the device's label mechanism (k-ary randomized response) measured by the open-set section.
+DEFAULT_OPEN_SET_LABEL_EPSILONS: tuple[float, ...] = (2.0, 4.0, 8.0)
+#: FPIR targets of the open-set section (NIST FRVT reports FNIR at FPIR 1 % and 0.1 %).
+DEFAULT_OPEN_SET_FPIR: tuple[float, ...] = (0.01, 0.001)
 NORMALISATIONS = ("detector", "lfw-crop")
 
 
@@ -117,6 +123,32 @@ class AuditConfig:
     site_keys : int
         Sites, each with its own simulated site key, for the template-protection section
         (:mod:`peep.server.audit.protection`); 0 skips it, otherwise at least 2.
+    open_set : bool
+        Measure open-set identification as NIST FRVT does (FNIR at fixed FPIR), the server deciding on a
+        released query and a device deciding on its clean projection and releasing only the label
+        (:mod:`peep.server.audit.open_set`). Its people follow the section's own rule (LFW, independent
+        of ``min_faces``).
+    open_set_enrolled, open_set_enrol_images, open_set_probes : int
+        Enrolled people, enrolment images each (released once each), held-out probes each.
+    open_set_strangers : int
+        One-capture strangers (LFW people with 5 to 9 images).
+    open_set_public_max_images : int
+        Images per background person, at most.
+    open_set_calibration_images : int
+        Images per calibration person (each person weighs alike in the device's thresholds).
+    open_set_components : tuple of int
+        Template dimensions of the section (empty: ``components``).
+    open_set_label_epsilons : tuple of float
+        ε of the device's k-ary randomized response on the label (the row without label noise is always
+        measured).
+    open_set_label_draws : int
+        Independent label releases per decision (the rates are averaged over them).
+    open_set_fpir : tuple of float
+        FPIR targets.
+    open_set_far : float
+        FAR target of door verification.
+    open_set_presets : tuple of str
+        Recogniser presets measured in both modes.
     grid_faces : int
         Faces in the reconstruction image grid.
     progress : bool
@@ -153,6 +185,19 @@ class AuditConfig:
     frontier_projections: tuple[str, ...] = ()
     bystander: bool = True
     site_keys: int = 0
+    open_set: bool = False
+    open_set_enrolled: int = 10
+    open_set_enrol_images: int = 20
+    open_set_probes: int = 6
+    open_set_strangers: int = 134
+    open_set_public_max_images: int = 20
+    open_set_calibration_images: int = 5
+    open_set_components: tuple[int, ...] = ()
+    open_set_label_epsilons: tuple[float, ...] = DEFAULT_OPEN_SET_LABEL_EPSILONS
+    open_set_label_draws: int = 25
+    open_set_fpir: tuple[float, ...] = DEFAULT_OPEN_SET_FPIR
+    open_set_far: float = 0.001
+    open_set_presets: tuple[str, ...] = DEFAULT_OPEN_SET_PRESETS
     grid_faces: int = 6
     progress: bool = True
 
@@ -220,6 +265,7 @@ class AuditConfig:
             self.frontier_components,
         )
         _check(self.grid_faces >= 1, "--grid-faces", ">= 1", self.grid_faces)
+        self._check_open_set()
         if self.sweep_epsilon is not None:
             _check(
                 math.isfinite(self.sweep_epsilon) and self.sweep_epsilon > 0,
@@ -259,6 +305,78 @@ class AuditConfig:
                 "> 5 with --basis background (the background is LFW's people with 5 to min_faces - 1 images)",
                 self.min_faces,
             )
+
+    def _check_open_set(self) -> None:
+        if not self.open_set:
+            # An open-set option without the section would be silently ignored: refuse it by name.
+            for f in fields(self):
+                if f.name.startswith("open_set_") and getattr(self, f.name) != f.default:
+                    _check(False, "--" + f.name.replace("_", "-"), "no value without --open-set", getattr(self, f.name))
+            return
+        _check(
+            self.dataset == "lfw", "--open-set", "--dataset lfw (the section draws its people from LFW)", self.dataset
+        )
+        _check(self.open_set_enrolled >= 2, "--open-set-enrolled", ">= 2 people", self.open_set_enrolled)
+        _check(self.open_set_enrol_images >= 2, "--open-set-enrol-images", ">= 2", self.open_set_enrol_images)
+        _check(self.open_set_probes >= 1, "--open-set-probes", ">= 1", self.open_set_probes)
+        _check(self.open_set_strangers >= 10, "--open-set-strangers", ">= 10 people", self.open_set_strangers)
+        _check(
+            self.open_set_public_max_images >= 1,
+            "--open-set-public-max-images",
+            ">= 1",
+            self.open_set_public_max_images,
+        )
+        _check(
+            1 <= self.open_set_calibration_images <= 5,
+            "--open-set-calibration-images",
+            "1-5 (every 5-9 image person has that many)",
+            self.open_set_calibration_images,
+        )
+        _check(
+            all(n >= 1 for n in self.open_set_components),
+            "--open-set-components",
+            "values >= 1",
+            self.open_set_components,
+        )
+        _check(
+            len(set(self.open_set_components)) == len(self.open_set_components),
+            "--open-set-components",
+            "distinct values",
+            self.open_set_components,
+        )
+        for e in self.open_set_label_epsilons:
+            _check(math.isfinite(e) and 0 < e <= 40, "--open-set-label-epsilons", "values in (0, 40]", e)
+        _check(
+            len(set(self.open_set_label_epsilons)) == len(self.open_set_label_epsilons),
+            "--open-set-label-epsilons",
+            "distinct values",
+            self.open_set_label_epsilons,
+        )
+        _check(self.open_set_label_draws >= 1, "--open-set-label-draws", ">= 1", self.open_set_label_draws)
+        _check(len(self.open_set_fpir) >= 1, "--open-set-fpir", "at least one value", self.open_set_fpir)
+        for t in self.open_set_fpir:
+            _check(0 < t < 0.5, "--open-set-fpir", "values in (0, 0.5)", t)
+        _check(
+            len(set(self.open_set_fpir)) == len(self.open_set_fpir),
+            "--open-set-fpir",
+            "distinct values",
+            self.open_set_fpir,
+        )
+        _check(0 < self.open_set_far < 0.5, "--open-set-far", "a value in (0, 0.5)", self.open_set_far)
+        _check(len(self.open_set_presets) >= 1, "--open-set-presets", "at least one preset", self.open_set_presets)
+        for p in self.open_set_presets:
+            _check(p in PRESETS, "--open-set-presets", f"values among {', '.join(PRESETS)}", p)
+        _check(
+            len(set(self.open_set_presets)) == len(self.open_set_presets),
+            "--open-set-presets",
+            "distinct values",
+            self.open_set_presets,
+        )
+
+    @property
+    def open_set_dimensions(self) -> tuple[int, ...]:
+        """Template dimensions of the open-set section: ``open_set_components``, else ``components``."""
+        return self.open_set_components or (self.components,)
 
     def mirrored(self, projection: str) -> bool:
         """Whether ``projection`` is fitted on mirrored basis faces too (never for descriptor inputs)."""
@@ -352,4 +470,23 @@ class AuditConfig:
             "frontier_projections": list(self.searched_projections),
             "bystander": self.bystander,
             "site_keys": self.site_keys,
+            "open_set": self.open_set,
+            **(
+                {
+                    "open_set_enrolled": self.open_set_enrolled,
+                    "open_set_enrol_images": self.open_set_enrol_images,
+                    "open_set_probes": self.open_set_probes,
+                    "open_set_strangers": self.open_set_strangers,
+                    "open_set_public_max_images": self.open_set_public_max_images,
+                    "open_set_calibration_images": self.open_set_calibration_images,
+                    "open_set_components": list(self.open_set_dimensions),
+                    "open_set_label_epsilons": list(self.open_set_label_epsilons),
+                    "open_set_label_draws": self.open_set_label_draws,
+                    "open_set_fpir": list(self.open_set_fpir),
+                    "open_set_far": self.open_set_far,
+                    "open_set_presets": list(self.open_set_presets),
+                }
+                if self.open_set
+                else {}
+            ),
         }

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 from peep.core.projections import projection_class
-from peep.server.audit import bystander, protection, runner
+from peep.server.audit import bystander, open_set, protection, runner
 from peep.server.audit.basis import BOUNDS_VARIANTS
 from peep.server.audit.bystander import BystanderContext, combine_bystanders
 from peep.server.audit.config import FRONTIER_MECHANISMS, AuditConfig, AuditConfigError
@@ -120,6 +120,14 @@ def run_audit(cfg: AuditConfig, *, command: Sequence[str] | None = None) -> Audi
             f"identities, the projection is fitted on minus one), received {cfg.components}"
         )
     cpu = 0.0
+
+    # 0. the open-set section first: it has its own people and projection, and its usage errors (too many
+    # enrolled people or components for the LFW data home) should come before the long part of the audit.
+    open_set_entries: list[dict[str, Any]] | None = None
+    open_set_info: dict[str, Any] | None = None
+    if cfg.open_set:
+        open_set_entries, open_set_info, c = open_set.run_open_set(cfg)
+        cpu += c
 
     # 1. splits, bases, clean recognisers (and the bystander section's people and bases)
     prep_jobs: list[tuple[Any, tuple[Any, ...]]] = [
@@ -269,6 +277,8 @@ def run_audit(cfg: AuditConfig, *, command: Sequence[str] | None = None) -> Audi
         "bystander": bystanders,
         "bystander_setup": bystander_setup(cfg, data, bystander_contexts) if cfg.bystander else None,
         "template_protection": template_protection,
+        "open_set": open_set_entries,
+        "open_set_setup": open_set_info,
         "timing": {},
         "plots": {},
     }

@@ -3,7 +3,7 @@
 ``peep audit`` validates its document against :data:`AUDIT_SCHEMA` before
 writing it and writes the schema next to it as ``audit.schema.json``.
 
-Conventions: every ``results[]`` and ``bystander[]`` entry (and every sweep/frontier point) holds
+Conventions: every ``results[]``, ``bystander[]`` and ``open_set[]`` entry (and every sweep/frontier point) holds
 means over the repeated splits, and a ``std`` object of the same shape holding
 the standard deviations. ε appears as ``epsilon`` (the mechanism's parameter),
 ``epsilon_coordinate`` and ``epsilon_vector`` (what the release guarantees per
@@ -254,6 +254,72 @@ PROTECTION_SCHEMA: dict[str, Any] = _obj(
     }
 )
 
+_rate_list = {"type": "array", "items": _frac_or_null}
+_eps_label = {
+    "type": ["number", "null"],
+    "exclusiveMinimum": 0,
+    "description": "ε of the device's k-ary randomized response on the decision label (null: no label mechanism)",
+}
+OPEN_SET_SCHEMA: dict[str, Any] = {
+    **_obj(
+        {
+            "mode": {
+                "enum": ["server", "device"],
+                "description": "server: the model decides on a released query; device: on the clean projection, "
+                "releasing only the label",
+            },
+            "preset": {"enum": list(PRESETS), "description": "recogniser preset, fitted by the server's trainer"},
+            "n_components": {"type": "integer", "minimum": 1},
+            "epsilon_template": {**_pos, "description": "the mechanism's ε for every released template"},
+            "epsilon_template_vector": _pos,
+            "epsilon_label": _eps_label,
+            "fpir_target": {**_frac, "description": "the false-positive identification rate aimed at"},
+            "fpir": {**_frac, "description": "share of strangers released (server: decided) as an enrolled subject"},
+            "fnir": {**_frac, "description": "share of probes not released (decided) as their own subject"},
+            "fpir_model": {**_frac, "description": "strangers the model names, before the label mechanism"},
+            "fpir_model_target": _frac,
+            "fpir_floor": {**_frac, "description": "strangers the label mechanism alone names (0 without one)"},
+            "fpir_calibration": _frac,
+            "feasible": {
+                "type": "boolean",
+                "description": "false where fpir_floor >= fpir_target: no threshold meets the target, the row "
+                "uses the threshold without the label accounting",
+            },
+            "threshold": {"type": "number"},
+            "enrolled": {"type": "integer", "minimum": 2},
+            "probes": {"type": "integer", "minimum": 1, "description": "probes per split"},
+            "strangers": {"type": "integer", "minimum": 1, "description": "one-capture strangers per split"},
+            "background_templates": {"type": "number", "minimum": 0},
+            "calibration_faces": {"type": "number", "minimum": 0},
+            "gar_at_far": {**_frac, "description": "door: share of probes' own claims accepted"},
+            "far": {**_frac, "description": "door: share of probes' claims to other enrolled subjects accepted"},
+            "far_target": _frac,
+            "n_repeats": {"type": "integer", "minimum": 1},
+            "std": _obj({"fnir": _frac_or_null, "fpir": _frac_or_null}, extra=True),
+            "per_repeat": _obj({"fnir": _rate_list, "fpir": _rate_list}, extra=True),
+        },
+        (
+            "mode preset n_components epsilon_template epsilon_label fpir_target fpir fnir fpir_model fpir_floor "
+            "feasible enrolled probes strangers n_repeats std per_repeat"
+        ).split(),
+    ),
+    # A server decides on the released template: it has no label mechanism.
+    "if": {"properties": {"mode": {"const": "server"}}},
+    "then": {"properties": {"epsilon_label": {"type": "null"}}},
+}
+_NO_NOISE_SCHEMA: dict[str, Any] = {
+    **_obj(
+        {
+            **OPEN_SET_SCHEMA["properties"],
+            "mode": {"const": "no_noise"},
+            "epsilon_template": {"type": "null"},
+            "epsilon_template_vector": {"type": "null"},
+            "epsilon_label": {"type": "null"},
+        },
+        OPEN_SET_SCHEMA["required"],
+    ),
+}
+
 AUDIT_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$id": "https://peep.invalid/schemas/audit-1.json",
@@ -372,6 +438,41 @@ AUDIT_SCHEMA: dict[str, Any] = {
                 "oneOf": [{"type": "null"}, {"type": "array", "items": PROTECTION_SCHEMA, "minItems": 1}],
                 "description": "per ε with --site-keys: ISO/IEC 24745's properties under site keys and attacks on "
                 "the key (null without)",
+            },
+            "open_set": {
+                "oneOf": [{"type": "null"}, {"type": "array", "items": OPEN_SET_SCHEMA, "minItems": 1}],
+                "description": "with --open-set: FNIR at fixed FPIR (NIST FRVT 1:N) of the server deciding on a "
+                "released query and of a device deciding on its clean projection, releasing only the label (null "
+                "without)",
+            },
+            "open_set_setup": {
+                "oneOf": [
+                    {"type": "null"},
+                    _obj(
+                        {
+                            "rule": {"type": "string"},
+                            "people": {"type": "object"},
+                            "faces": {"type": "object"},
+                            "basis": {"type": "string"},
+                            "label_mechanism": {"type": "object"},
+                            "decision_preset": {
+                                "oneOf": [
+                                    {"type": "null"},
+                                    _obj(
+                                        {
+                                            "winner": {"enum": list(PRESETS)},
+                                            "criterion": {"type": "string"},
+                                            "mean_fnir": {"type": "object", "additionalProperties": _frac},
+                                            "margin": {"type": ["number", "null"]},
+                                        }
+                                    ),
+                                ]
+                            },
+                            "no_noise": {"type": "array", "items": _NO_NOISE_SCHEMA},
+                            "note": {"type": "string"},
+                        }
+                    ),
+                ]
             },
             "timing": _obj(
                 {
