@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from peep.server.audit.open_set_report import open_set_html, plot_open_set
 
 if TYPE_CHECKING:
     from peep.server.audit.pipeline import AuditResult
@@ -25,6 +26,7 @@ PLOTS = {
     "reconstruction_grid": "reconstruction_grid.png",
     "frontier": "frontier.png",
     "bystander": "bystander_linkage.png",
+    "open_set": "open_set_fnir.png",
 }
 
 
@@ -543,6 +545,9 @@ def render_html(audit: dict[str, Any], out: Path) -> str:
             if (out / PLOTS[key]).exists():
                 parts.append(_img(out, PLOTS[key]))
 
+    if audit.get("open_set"):
+        parts.extend(open_set_html(audit, out, PLOTS["open_set"]))
+
     fr = audit.get("frontier")
     if fr:
         parts.append(
@@ -787,6 +792,8 @@ def write_outputs(result: AuditResult, out: Path) -> Path:
         made["frontier"] = PLOTS["frontier"]
     if plot_bystander(audit, out / PLOTS["bystander"]):
         made["bystander"] = PLOTS["bystander"]
+    if plot_open_set(audit, out / PLOTS["open_set"]):
+        made["open_set"] = PLOTS["open_set"]
     audit["plots"] = made
     audit["report"] = "report.html"
     audit = jsonable(audit)
