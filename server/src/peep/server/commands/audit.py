@@ -206,7 +206,102 @@ def register(sub: Any) -> None:
         "the key (insider pairs, the public background, moments alone); privunit, privunit-g or gaussian-l2",
     )
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _register_open_set(p, d)
     p.set_defaults(handler=handler)
+
+
+def _register_open_set(p: Any, d: Any) -> None:
+    """The ``--open-set`` section's options (every one but ``--open-set`` itself needs it)."""
+    from peep.server.recognition.fitting import PRESETS
+
+    g = p.add_argument_group(
+        "open set",
+        "--open-set measures 1:N identification as NIST FRVT does: FNIR (enrolled people's probes not named as "
+        "themselves) at a fixed FPIR (strangers named as someone), for the server deciding on a released query "
+        "(today) and for a device that runs the same model on its clean projection and releases only the decision "
+        "through k-ary randomized response at each --open-set-label-epsilons value (and without label noise). "
+        "Its people follow its own rule, whatever --min-faces: LFW people with at least 26 images enrolled (20 "
+        "enrolment releases at the audited ε, 6 probes each), one-capture strangers from the 5-9 image people, "
+        "calibration people from the same range (5 clean projections each: the device's thresholds) and every "
+        "other public person as background (releases: the model's unknown class); the projection is fitted on "
+        "the public people only. Infeasible rows (the label mechanism alone names more strangers than the "
+        "FPIR target allows) are measured and marked. "
+        "Needs --dataset lfw; writes open_set[] and open_set_setup to audit.json, a plot and a report section.",
+    )
+    g.add_argument("--open-set", action="store_true", help="add the open-set identification section")
+    g.add_argument(
+        "--open-set-enrolled",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"enrolled people per split (default {d.open_set_enrolled})",
+    )
+    g.add_argument(
+        "--open-set-strangers",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"one-capture strangers per split, LFW people with 5-9 images (default {d.open_set_strangers})",
+    )
+    g.add_argument(
+        "--open-set-components",
+        type=_list(int, "--open-set-components"),
+        default=None,
+        metavar="LIST",
+        help="template dimensions K measured, e.g. 16,32 (default: --components)",
+    )
+    g.add_argument(
+        "--open-set-label-epsilons",
+        type=_list(float, "--open-set-label-epsilons"),
+        default=None,
+        metavar="LIST",
+        help="ε of the device's randomized response on the decision label ('none': only the decision without "
+        "label noise, which is always measured) (default "
+        + ",".join(f"{e:g}" for e in d.open_set_label_epsilons)
+        + ")",
+    )
+    g.add_argument(
+        "--open-set-fpir",
+        type=_list(float, "--open-set-fpir"),
+        default=None,
+        metavar="LIST",
+        help="FPIR targets (default " + ",".join(f"{t:g}" for t in d.open_set_fpir) + ")",
+    )
+    g.add_argument(
+        "--open-set-far",
+        type=float,
+        default=None,
+        help=f"FAR target of the door's verification (default {d.open_set_far:g})",
+    )
+    g.add_argument(
+        "--open-set-presets",
+        type=_list(str.strip, "--open-set-presets"),
+        default=None,
+        metavar="LIST",
+        help=f"recogniser presets measured, among {', '.join(PRESETS)} (default "
+        + ",".join(d.open_set_presets)
+        + "; the report names the one with the lower FNIR on clean queries)",
+    )
+    g.add_argument(
+        "--open-set-label-draws",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"independent label releases per decision, averaged (default {d.open_set_label_draws})",
+    )
+
+
+#: ``--open-set-*`` options, named as the AuditConfig fields they set (None on the command line: the default).
+_OPEN_SET_OPTIONS = (
+    "open_set_enrolled",
+    "open_set_strangers",
+    "open_set_components",
+    "open_set_label_epsilons",
+    "open_set_fpir",
+    "open_set_far",
+    "open_set_presets",
+    "open_set_label_draws",
+)
 
 
 def handler(args: argparse.Namespace) -> int:
@@ -214,6 +309,8 @@ def handler(args: argparse.Namespace) -> int:
     from peep.server.audit.pipeline import run_audit
     from peep.server.datasets import DatasetError
 
+    # Only the open-set options given: the config refuses any of them without --open-set, by name.
+    open_set: dict[str, Any] = {f: v for f in _OPEN_SET_OPTIONS if (v := getattr(args, f)) is not None}
     try:
         cfg = AuditConfig(
             dataset=args.dataset,
@@ -247,6 +344,8 @@ def handler(args: argparse.Namespace) -> int:
             bystander=not args.no_bystander,
             site_keys=args.site_keys,
             progress=not args.no_progress,
+            open_set=args.open_set,
+            **open_set,
         )
     except AuditConfigError as exc:
         raise UsageError(str(exc)) from exc
@@ -318,6 +417,26 @@ def command_line(cfg: Any, out: str) -> list[str]:
         cmd.append("--no-bystander")
     if cfg.site_keys:
         cmd += ["--site-keys", str(cfg.site_keys)]
+    if cfg.open_set:
+        cmd += [
+            "--open-set",
+            "--open-set-enrolled",
+            str(cfg.open_set_enrolled),
+            "--open-set-strangers",
+            str(cfg.open_set_strangers),
+            "--open-set-components",
+            join(cfg.open_set_dimensions),
+            "--open-set-label-epsilons",
+            join(cfg.open_set_label_epsilons) or "none",
+            "--open-set-fpir",
+            join(cfg.open_set_fpir),
+            "--open-set-far",
+            f"{cfg.open_set_far:g}",
+            "--open-set-presets",
+            ",".join(cfg.open_set_presets),
+            "--open-set-label-draws",
+            str(cfg.open_set_label_draws),
+        ]
     if cfg.frontier:
         cmd += [
             "--frontier",
@@ -391,6 +510,7 @@ def summary(audit: dict[str, Any]) -> str:
                 f"           renewal: a model under a new key, accuracy {t['renewal_accuracy_new_key']:.3f} on its "
                 f"key's captures, {t['renewal_accuracy_old_key']:.3f} on the old key's"
             )
+    lines += _open_set_summary(audit)
     fr = audit.get("frontier")
     if fr:
         lines.append("  frontier (per-vector ε: best configuration → accuracy; paper mode accuracy)")
@@ -403,6 +523,29 @@ def summary(audit: dict[str, Any]) -> str:
                 f"{p['paper_mode']['accuracy']:.3f}"
             )
     return "\n".join(lines)
+
+
+def _open_set_summary(audit: dict[str, Any]) -> list[str]:
+    """The open-set section's lines: FNIR (FPIR) per mode, preset and ε_label at each FPIR target."""
+    rows = audit.get("open_set")
+    if not rows:
+        return []
+    lines = ["  open set (NIST FRVT 1:N): FNIR (released FPIR) at each FPIR target; * = target infeasible"]
+    for r in rows:
+        label = "" if r["mode"] == "server" else " no label noise" if r["epsilon_label"] is None else (
+            f" ε_label {r['epsilon_label']:g}"
+        )  # fmt: skip
+        door = "" if r.get("gar_at_far") is None else f"; door GAR {r['gar_at_far']:.3f} at FAR {r['far_target']:g}"
+        lines.append(
+            f"  K={r['n_components']} ε={r['epsilon_template']:g} {r['mode']:>6} {r['preset']:<8} FPIR "
+            f"{r['fpir_target']:g}{'' if r['feasible'] else '*'}:{label} FNIR {r['fnir']:.3f} ± {r['std']['fnir']:.3f} "
+            f"(FPIR {r['fpir']:.4f}){door}"
+        )
+    choice = (audit.get("open_set_setup") or {}).get("decision_preset")
+    if choice:
+        margin = "" if choice["margin"] is None else f" by {choice['margin']:.3f}"
+        lines.append(f"  preset for decision mode (lowest FNIR on clean queries): {choice['winner']}{margin}")
+    return lines
 
 
 def _frac(v: float | None) -> str:
