@@ -1,0 +1,167 @@
+"""``peep audit --open-set``: FNIR at fixed FPIR, the server deciding on a release vs a device deciding on its
+clean projection and releasing only the label, on the staged LFW faces.
+
+One small audit through the CLI (Fisherfaces K = 16, PrivUnit ε 16, shrinkage LDA, two splits, the label
+mechanism at ε 8) serves every check; it takes about half a minute on two cores with the faces cached.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from peep.server.audit.schema import validate_audit
+from peep.server.cli import main
+
+CONTRACT = (
+    "mode",
+    "epsilon_template",
+    "epsilon_label",
+    "fpir_target",
+    "fpir",
+    "fnir",
+    "enrolled",
+    "probes",
+    "strangers",
+)
+ARGS = [
+    "--mechanism", "privunit", "--epsilons", "16", "--projection", "fisherfaces", "--basis", "background",
+    "--components", "16", "--repeats", "2", "--hidden", "32", "--sweep-components", "none", "--sweep-images", "none",
+    "--subset-sizes", "3", "--averaging", "1", "--no-bystander", "--jobs", "1",
+]  # fmt: skip
+OPEN_SET = ["--open-set", "--open-set-presets", "lda", "--open-set-label-epsilons", "8"]
+
+
+def _base(data_home: str, out: Path) -> list[str]:
+    return ["audit", "--dataset", "lfw", "--data-home", data_home, "--out", str(out), "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def open_set_audit(data_home: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("open-set")
+    assert main([*_base(data_home, out), *ARGS, *OPEN_SET]) == 0
+    return json.loads((out / "audit.json").read_text()), out
+
+
+def _rows(doc: dict, mode: str, eps_label: float | None) -> dict[float, dict]:
+    return {r["fpir_target"]: r for r in doc["open_set"] if r["mode"] == mode and r["epsilon_label"] == eps_label}
+
+
+def test_open_set_rows_carry_the_contract_fields_and_validate(open_set_audit: tuple[dict, Path]) -> None:
+    doc, out = open_set_audit
+    validate_audit(doc)
+    rows = doc["open_set"]
+    # server: one row per FPIR target; device: no label noise and ε_label 8, per target
+    assert len(rows) == 2 + 2 * 2
+    for r in rows:
+        assert set(CONTRACT) <= set(r), set(CONTRACT) - set(r)
+        assert r["preset"] == "lda" and r["n_components"] == 16 and r["epsilon_template"] == 16.0
+        assert (r["enrolled"], r["probes"], r["strangers"]) == (10, 60, 134)
+        assert len(r["per_repeat"]["fnir"]) == len(r["per_repeat"]["fpir"]) == r["n_repeats"] == 2
+        assert r["fnir"] == pytest.approx(np.mean(r["per_repeat"]["fnir"]))
+    assert {r["epsilon_label"] for r in rows if r["mode"] == "server"} == {None}
+    assert {r["epsilon_label"] for r in rows if r["mode"] == "device"} == {None, 8.0}
+    # the door: on the server's rows and the device's rows without label noise
+    for r in [*_rows(doc, "server", None).values(), *_rows(doc, "device", None).values()]:
+        assert 0.0 <= r["gar_at_far"] <= 1.0 and r["far_target"] == 0.001 and r["far"] <= 0.01
+    setup = doc["open_set_setup"]
+    assert setup["decision_preset"]["winner"] == "lda"
+    assert len(setup["no_noise"]) == 2 and setup["people"]["strangers"] == [134, 134]
+    assert doc["command"][doc["command"].index("--open-set-label-epsilons") + 1] == "8"
+    assert (out / doc["plots"]["open_set"]).read_bytes()[:4] == b"\x89PNG"
+    report = (out / "report.html").read_text()
+    assert "Open-set identification: where the decision is made" in report and "Preset for decision mode" in report
+
+
+def test_device_without_label_noise_beats_the_server(open_set_audit: tuple[dict, Path]) -> None:
+    doc, _ = open_set_audit
+    server, device = _rows(doc, "server", None), _rows(doc, "device", None)
+    assert server.keys() == device.keys() == {0.01, 0.001}
+    for t in server:
+        assert device[t]["fnir"] < server[t]["fnir"], (t, device[t]["fnir"], server[t]["fnir"])
+    # the door too: a claim decided on the clean projection is accepted more often at the same FAR target
+    assert device[0.01]["gar_at_far"] > server[0.01]["gar_at_far"]
+
+
+def test_released_fpir_with_randomized_response_stays_near_the_target(open_set_audit: tuple[dict, Path]) -> None:
+    from peep.core.labels import RandomizedResponse
+
+    doc, _ = open_set_audit
+    rr = RandomizedResponse(11, 8.0)  # 10 enrolled people and unknown: the law only, nothing released
+    rows = _rows(doc, "device", 8.0)
+    at_1 = rows[0.01]
+    assert at_1["feasible"] and at_1["fpir_floor"] == pytest.approx(rr.false_positive_floor)
+    # The threshold leaves room for the strangers the label mechanism names: the model names fewer.
+    assert at_1["fpir_model_target"] < 0.01
+    # 268 strangers over two splits: one stranger is 0.0037; the calibration people are not the strangers.
+    assert at_1["fpir"] <= 0.01 + 0.02, at_1["per_repeat"]["fpir"]
+    # What was released matches the mechanism's law given what the model named (25 draws per decision).
+    m = at_1["fpir_model"]
+    named_stays_named = rr.keep_probability + rr.false_positive_floor - rr.other_probability
+    assert at_1["fpir"] == pytest.approx(m * named_stays_named + (1 - m) * rr.false_positive_floor, abs=0.004)
+    # At FPIR 0.1 % the label mechanism alone (0.33 % of strangers named at ε 8 over 11 labels) is too much.
+    at_01 = rows[0.001]
+    assert not at_01["feasible"] and at_01["fpir_floor"] > 0.001 and at_01["fpir"] >= 0.001
+
+
+def test_people_are_disjoint_and_follow_the_rule(data_home: str) -> None:
+    from peep.server.audit import open_set
+    from peep.server.audit.config import AuditConfig
+
+    cfg = AuditConfig(
+        data_home=data_home, projection="dlib-resnet", open_set=True, progress=False, bystander=False, repeats=2
+    )
+    labels = _population_labels(data_home)
+    counts = np.bincount(labels)
+    splits = [open_set.partition_people(labels, cfg, open_set._rng(cfg, split)) for split in range(2)]
+    assert set(splits[0].people["enrolled"].tolist()) != set(splits[1].people["enrolled"].tolist())
+    for p in splits:
+        groups = [set(p.people[g].tolist()) for g in open_set.GROUPS]
+        assert sum(len(g) for g in groups) == len(set().union(*groups)), "a person in two groups"
+        assert len(groups[0]) == 10 and len(groups[1]) == 134
+        assert (counts[p.people["enrolled"]] >= 26).all()
+        assert ((counts[p.people["strangers"]] >= 5) & (counts[p.people["strangers"]] <= 9)).all()
+        assert ((counts[p.people["calibration"]] >= 5) & (counts[p.people["calibration"]] <= 9)).all()
+        # one capture per stranger; the projection's faces are public people's only
+        assert sorted(labels[p.stranger_rows].tolist()) == sorted(p.people["strangers"].tolist())
+        public = set(labels[p.public_rows].tolist())
+        assert public == groups[2] | groups[3]
+        assert not public & (groups[0] | groups[1])
+        assert set(labels[p.calibration_rows].tolist()) == groups[3]
+        assert (np.bincount(labels[p.calibration_rows])[p.people["calibration"]] == 5).all()
+        assert set(labels[np.concatenate([p.enrol_rows, p.probe_rows])].tolist()) == groups[0]
+        assert not set(p.enrol_rows.tolist()) & set(p.probe_rows.tolist())
+
+
+def _population_labels(data_home: str) -> np.ndarray:
+    from peep.server.datasets import load_dataset
+
+    return np.asarray(load_dataset("lfw", data_home=data_home, min_faces=5).labels, dtype=np.int64)
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--open-set-fpir", "0.01"], "--open-set-fpir: expected no value without --open-set"),
+        (["--open-set-label-epsilons", "8"], "--open-set-label-epsilons: expected no value without --open-set"),
+        (["--open-set", "--open-set-fpir", "0.7"], "--open-set-fpir: expected values in (0, 0.5), received 0.7"),
+        (["--open-set", "--open-set-presets", "lda,nope"], "--open-set-presets: expected values among"),
+        (["--open-set", "--open-set-label-epsilons", "0"], "--open-set-label-epsilons: expected values in (0, 40]"),
+        (["--open-set", "--open-set-enrolled", "1"], "--open-set-enrolled: expected >= 2 people, received 1"),
+        # known only once the LFW people are counted: 41 of them have the 26 images an enrolled person needs
+        (["--open-set", "--open-set-enrolled", "50", "--no-bystander"], "--open-set-enrolled: expected at most 41"),
+    ],
+)
+def test_bad_open_set_options_exit_2_naming_the_option(
+    data_home: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], needle: str
+) -> None:
+    assert main([*_base(data_home, tmp_path / "x"), "--mechanism", "privunit", *extra]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_open_set_needs_lfw(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["audit", "--dataset", str(tmp_path), "--mechanism", "privunit", "--open-set", "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    assert "--open-set: expected --dataset lfw" in capsys.readouterr().err
