@@ -85,7 +85,7 @@ STRANGER_IMAGES = (5, 9)
 # Seed streams of this section: the people partition, the template releases, the label releases.
 _PARTITION_STREAM, _TAG_RELEASE, _TAG_LABEL = 1_001, 1_002, 1_003
 _BACKGROUND_PREFIX = "background:"
-_STD_KEYS = ("fnir", "fpir", "fpir_model", "gar_at_far", "far", "threshold")
+_STD_KEYS = ("fnir", "fpir", "fpir_model", "gar_at_far", "far", "threshold", "rank1_miss")
 
 
 # --------------------------------------------------------------------------- the people
@@ -390,6 +390,15 @@ def _door(P_probe: FloatArray, known: NDArray[np.intp], truth: IntArray, thresho
     return {"gar_at_far": float(np.mean(S[own] > threshold)), "far": float(np.mean(S[~own] > threshold))}
 
 
+def _rank1_miss(P_probe: FloatArray, known: NDArray[np.intp], truth: IntArray) -> float:
+    """Share of probes whose most probable enrolled subject is someone else: FNIR with no threshold at all.
+
+    What is left of FNIR once the open-set threshold is taken away (closed-set rank-1 identification), so
+    a row shows how much of its FNIR is the model's rejection of strangers.
+    """
+    return float(np.mean(np.asarray(P_probe)[:, known].argmax(axis=1) != truth))
+
+
 def _labels(P: FloatArray, known: NDArray[np.intp], threshold: float) -> IntArray:
     """The device's decision as a label: the enrolled column's position, or ``len(known)`` for unknown."""
     d = identify_open_set(P, known, threshold)
@@ -450,6 +459,7 @@ def evaluate_split(
                 "fpir_floor": 0.0,
                 "feasible": True,
                 "threshold": float(fitted.unknown_threshold),
+                "rank1_miss": _rank1_miss(P_probe, known, truth),
                 "far_target": cfg.open_set_far,
                 **_door(P_probe, known, truth, float(fitted.verify_threshold)),
             }
@@ -523,6 +533,7 @@ def _device_rows(
                 "feasible": bool(feasible),
                 "threshold": float(th.unknown_threshold),
                 "fpir_calibration": float(th.fpir_public),
+                "rank1_miss": _rank1_miss(P_probe, known, truth),
             }
             if rr is None:
                 row["far_target"] = cfg.open_set_far
@@ -650,7 +661,8 @@ def setup(cfg: AuditConfig, pop: Population, contexts: Sequence[OpenSetContext])
         "what one release gives in expectation, with less simulation noise",
         "note": "fnir: share of probes not released as their own subject (called unknown or named as someone "
         "else); fpir: share of strangers released as some enrolled subject; fpir_model: the same before the label "
-        "mechanism. Every split has the same numbers of probes and strangers, so the means are pooled rates. "
+        "mechanism; rank1_miss: probes whose most probable enrolled subject is someone else (no threshold). "
+        "Every split has the same numbers of probes and strangers, so the means are pooled rates. "
         "feasible: false where the label mechanism alone names more strangers than the target allows "
         "(fpir_floor >= fpir_target); such rows use the threshold without the label accounting.",
         "decision_preset": None,

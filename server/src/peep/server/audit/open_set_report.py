@@ -140,6 +140,7 @@ def open_set_html(audit: dict[str, Any], out: Path, plot: str) -> list[str]:
         "FPIR",
         "FPIR of the model",
         "label floor",
+        "rank-1 miss",
         "door GAR (FAR) at FAR target",
         "FNIR per split",
     ]
@@ -161,6 +162,7 @@ def open_set_html(audit: dict[str, Any], out: Path, plot: str) -> list[str]:
                 _pm(e, "fpir", nd=4),
                 _f(e["fpir_model"], 4),
                 _f(e["fpir_floor"], 4),
+                _f(e.get("rank1_miss")),
                 door,
                 " ".join(f"{v:.2f}" for v in e["per_repeat"]["fnir"]),
             ]

@@ -286,6 +286,7 @@ OPEN_SET_SCHEMA: dict[str, Any] = {
                 "uses the threshold without the label accounting",
             },
             "threshold": {"type": "number"},
+            "rank1_miss": {**_frac, "description": "probes whose best enrolled subject is someone else (no threshold)"},
             "enrolled": {"type": "integer", "minimum": 2},
             "probes": {"type": "integer", "minimum": 1, "description": "probes per split"},
             "strangers": {"type": "integer", "minimum": 1, "description": "one-capture strangers per split"},
