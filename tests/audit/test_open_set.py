@@ -66,6 +66,8 @@ def test_open_set_rows_carry_the_contract_fields_and_validate(open_set_audit: tu
     # the door: on the server's rows and the device's rows without label noise
     for r in [*_rows(doc, "server", None).values(), *_rows(doc, "device", None).values()]:
         assert 0.0 <= r["gar_at_far"] <= 1.0 and r["far_target"] == 0.001 and r["far"] <= 0.01
+        # a probe whose best subject is someone else is a miss at any threshold
+        assert r["rank1_miss"] <= r["fnir"]
     setup = doc["open_set_setup"]
     assert setup["decision_preset"]["winner"] == "lda"
     assert len(setup["no_noise"]) == 2 and setup["people"]["strangers"] == [134, 134]
