@@ -64,3 +64,30 @@ def test_clean_calibration_accounts_for_the_label_mechanism():
         calibrate_clean(
             P, known, fpir=0.001, far=0.001, label_false_positive=RandomizedResponse(11, 4.0).flip_probability
         )
+
+
+def test_weighted_thresholds_count_people_not_photos():
+    # One person with 20 photos all scoring high, 99 people with one low photo each: by photos, 17 % of the
+    # scores are high; by people (each weighing the same), 1 %.
+    scores = np.r_[np.full(20, 0.9), np.linspace(0.1, 0.5, 99)]
+    people = np.r_[np.zeros(20), np.arange(1, 100)]
+    w = 1.0 / np.bincount(people.astype(int))[people.astype(int)]
+    t = threshold_at_fpir(scores, 0.01, weights=w)
+    assert t <= 0.9  # the one person may be named (1 % of people)
+    assert np.average(scores >= t, weights=w) <= 0.01 + 1e-12
+    assert threshold_at_fpir(scores, 0.01) > 0.9  # by photos they may not
+    t = threshold_at_far(scores, 0.01, weights=w)
+    assert np.average(scores > t, weights=w) <= 0.01 + 1e-12 and t < 0.9
+    # Equal weights: the same identification threshold; a claim threshold that meets the rate exactly (the
+    # unweighted quantile may stop one score short of it).
+    rng = np.random.default_rng(2)
+    s = rng.random(500)
+    assert threshold_at_fpir(s, 0.02, weights=np.ones(500)) == threshold_at_fpir(s, 0.02)
+    tw = threshold_at_far(s, 0.02, weights=np.ones(500))
+    assert tw <= threshold_at_far(s, 0.02) and np.mean(s > tw) == 0.02
+    with pytest.raises(ValueError, match="weights"):
+        threshold_at_far(s, 0.02, weights=np.ones(3))
+    P = rng.dirichlet(np.ones(4), size=200)
+    c = calibrate_clean(P, [0, 1, 2], fpir=0.05, far=0.01, weights=np.ones(200))
+    plain = calibrate_clean(P, [0, 1, 2], fpir=0.05, far=0.01)
+    assert c.unknown_threshold == plain.unknown_threshold and c.far_public <= 0.01

@@ -185,3 +185,13 @@ def test_a_model_expires_and_says_when():
     assert not m.expired(now=1059.0) and m.expired(now=1060.0)
     with pytest.raises(DeviceModelError, match="valid_s"):
         _files(valid_s=0)
+
+
+def test_calibration_people_weigh_the_same_whatever_their_photos():
+    files = _files(calibration_groups=[0] * 30 + list(range(1, 11)))
+    m = verify_device_model_files(files, KEY.public_key())
+    w = m.calibration_weights
+    assert w[:30].sum() == pytest.approx(1.0) and np.all(w[30:] == 1.0)
+    assert np.all(verify_device_model_files(_files(), KEY.public_key()).calibration_weights == 1.0)
+    with pytest.raises(DeviceModelError, match="calibration_groups"):
+        _files(calibration_groups=[0, 1])

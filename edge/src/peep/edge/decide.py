@@ -169,8 +169,9 @@ class DeviceDecider:
         except Exception as exc:  # an ONNX graph that does not take this device's inputs
             raise NoDeviceModel(f"model.onnx: could not score the calibration faces ({str(exc)[:160]})") from None
         self.thresholds: CleanThresholds = calibrate_clean(
-            P_public, self.known, fpir=model.fpir, far=model.far, label_false_positive=floor, label_keep=keep
-        )
+            P_public, self.known, fpir=model.fpir, far=model.far, label_false_positive=floor, label_keep=keep,
+            weights=model.calibration_weights,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ scoring
 

@@ -121,30 +121,60 @@ def accept_claims(scores: ArrayLike, threshold: float) -> NDArray[np.bool_]:
     return np.asarray(scores, dtype=np.float64) > float(threshold)
 
 
-def threshold_at_far(impostor: ArrayLike, far: float) -> float:
+def _weights(weights: ArrayLike | None, n: int) -> FloatArray | None:
+    if weights is None:
+        return None
+    w = np.asarray(weights, dtype=np.float64).reshape(-1)
+    if w.shape[0] != n or not np.all(np.isfinite(w)) or np.any(w < 0) or (n and w.sum() <= 0):
+        raise ValueError(f"weights: expected {n} finite non-negative weights with a positive sum")
+    return w / w.sum() if n else w
+
+
+def _weighted_threshold(s: FloatArray, w: FloatArray, rate: float, *, strict: bool) -> float:
+    """Smallest ``t`` whose tail weight (scores ``> t`` if strict, else ``>= t``) is at most ``rate``."""
+    order = np.argsort(s, kind="stable")
+    s, w = s[order], w[order]
+    # tail[i]: weight of the scores from i upwards. Cut just above the highest score whose tail exceeds the rate.
+    tail = np.cumsum(w[::-1])[::-1]
+    over = np.flatnonzero(tail > rate + 1e-12)
+    if over.size == 0:
+        return float(s[0]) if strict else float(np.nextafter(s[0], -np.inf))
+    i = int(over[-1])
+    return float(s[i]) if strict else float(np.nextafter(s[i], np.inf))
+
+
+def threshold_at_far(impostor: ArrayLike, far: float, *, weights: ArrayLike | None = None) -> float:
     """Smallest ``t`` with ``mean(impostor > t) <= far`` (verification accepts iff ``score > t``).
 
-    Without impostor scores the threshold is 0.5: a claim is accepted only when its subject is the more
-    probable of any two.
+    ``weights`` (one per score, e.g. so that every public person counts the same whatever their number of
+    photos) make it a weighted share. Without impostor scores the threshold is 0.5: a claim is accepted only
+    when its subject is the more probable of any two.
     """
     far = check_real(far, "far", low=0.0, high=1.0)
     s = np.asarray(impostor, dtype=np.float64).reshape(-1)
     if s.size == 0:
         return 0.5
+    w = _weights(weights, s.size)
+    if w is not None:
+        return _weighted_threshold(s, w, far, strict=True)
     return float(np.quantile(s, 1.0 - far, method="higher"))
 
 
-def threshold_at_fpir(best_scores: ArrayLike, fpir: float) -> float:
+def threshold_at_fpir(best_scores: ArrayLike, fpir: float, *, weights: ArrayLike | None = None) -> float:
     """Smallest ``t`` with ``mean(best_scores >= t) <= fpir`` (identification names iff best ``>= t``).
 
     With ``n`` strangers at most ``floor(fpir · n)`` of them reach ``t``: ``t`` is just above the
-    ``(n − floor(fpir · n))``-th smallest score, so the target is resolved to about ``1/n``.
+    ``(n − floor(fpir · n))``-th smallest score, so the target is resolved to about ``1/n``. ``weights``: a
+    weighted share (see :func:`threshold_at_far`).
     """
     fpir = check_real(fpir, "fpir", low=0.0, high=1.0)
     s = np.sort(np.asarray(best_scores, dtype=np.float64).reshape(-1))
     n = s.size
     if n == 0:
         return 0.0
+    w = _weights(weights, n)
+    if w is not None:
+        return _weighted_threshold(np.asarray(best_scores, dtype=np.float64).reshape(-1), w, fpir, strict=False)
     k = min(int(np.floor(fpir * n + 1e-9)), n - 1)
     return float(np.nextafter(s[n - k - 1], np.inf))
 
@@ -189,6 +219,7 @@ def calibrate_clean(
     far: float,
     label_false_positive: float = 0.0,
     label_keep: float = 1.0,
+    weights: ArrayLike | None = None,
 ) -> CleanThresholds:
     """Thresholds for clean queries from the model's probabilities on clean projections of public faces.
 
@@ -206,6 +237,8 @@ def calibrate_clean(
         Of the label mechanism (:class:`peep.core.labels.RandomizedResponse`): the probability that a
         stranger the model calls unknown is released as some enrolled subject, and the probability that a
         label is released as itself. ``0`` and ``1`` (the default): no label mechanism.
+    weights : array-like of shape (n_public,), optional
+        Each public face's weight (e.g. ``1 / photos of that person``, so every person counts the same).
 
     Raises
     ------
@@ -236,17 +269,19 @@ def calibrate_clean(
     model_target = float(min(max(model_target, 0.0), 1.0))
     Pk = arr[:, k]
     best = Pk.max(axis=1)
-    unknown_threshold = threshold_at_fpir(best, model_target)
+    w = _weights(weights, arr.shape[0])
+    unknown_threshold = threshold_at_fpir(best, model_target, weights=w)
     impostor = Pk.reshape(-1)
-    verify_threshold = threshold_at_far(impostor, far)
+    w_imp = None if w is None else np.repeat(w, k.size)
+    verify_threshold = threshold_at_far(impostor, far, weights=w_imp)
     return CleanThresholds(
         unknown_threshold=unknown_threshold,
         verify_threshold=verify_threshold,
         fpir_target=fpir,
         far_target=far,
         fpir_model_target=model_target,
-        fpir_public=float(np.mean(best >= unknown_threshold)),
-        far_public=float(np.mean(impostor > verify_threshold)),
+        fpir_public=float(np.average(best >= unknown_threshold, weights=w)),
+        far_public=float(np.average(impostor > verify_threshold, weights=w_imp)),
         public_faces=int(arr.shape[0]),
         impostor_scores=int(impostor.size),
     )

@@ -149,6 +149,16 @@ class DeviceModel:
     def n_subjects(self) -> int:
         return int(self.known.size)
 
+    @property
+    def calibration_weights(self) -> NDArray[np.float64]:
+        """Each calibration face's weight: one over the photos of its person (every person counts the same)."""
+        groups = self.manifest.get("calibration", {}).get("groups")
+        n = int(self.calibration.shape[0])
+        if not isinstance(groups, list) or len(groups) != n:
+            return np.ones(n)
+        _, inverse, counts = np.unique(np.asarray(groups, dtype=np.int64), return_inverse=True, return_counts=True)
+        return 1.0 / counts[inverse]
+
     def column_of(self, subject: str) -> int:
         """The column of a claimed subject, ``-1`` when the model does not know them (or they were erased)."""
         cid = class_id(self.class_salt, subject)
@@ -189,6 +199,7 @@ def build_device_model_files(
     extra: Mapping[str, Any] | None = None,
     issued_at: float | None = None,
     valid_s: float = 7 * 86400.0,
+    calibration_groups: Sequence[int] | None = None,
 ) -> dict[str, bytes]:
     """All files of a signed device model, in memory.
 
@@ -210,6 +221,9 @@ def build_device_model_files(
         More manifest fields (e.g. the preset's name).
     valid_s : float
         Seconds from ``issued_at`` to ``expires_at``.
+    calibration_groups : sequence of int, optional
+        The public person of each calibration face (any integers): a device weighs every person the same
+        when it sets its thresholds, however many photos each has. Default: every face its own person.
     """
     cal = np.asarray(calibration, dtype=np.float32)
     if cal.ndim != 2 or cal.shape[1] != n_components or cal.shape[0] < 1:
@@ -223,6 +237,11 @@ def build_device_model_files(
     if not valid_s > 0:
         raise DeviceModelError(f"valid_s: expected a positive number of seconds, received {valid_s!r}")
     issued = float(time.time() if issued_at is None else issued_at)
+    groups = None if calibration_groups is None else [int(g) for g in calibration_groups]
+    if groups is not None and len(groups) != cal.shape[0]:
+        raise DeviceModelError(
+            f"calibration_groups: expected one person per calibration face ({cal.shape[0]}), received {len(groups)}"
+        )
     salt = os.urandom(_SALT_BYTES) if salt is None else salt
     ids = ["" if i == background_index else class_id(salt, s) for i, s in enumerate(subjects)]
     cal_bytes = _npy(cal)
@@ -239,7 +258,7 @@ def build_device_model_files(
         "class_salt": salt.hex(),
         "n_components": int(n_components),
         "targets": {"fpir": float(fpir), "far": float(far)},
-        "calibration": {"faces": int(cal.shape[0])},
+        "calibration": {"faces": int(cal.shape[0]), **({"groups": groups} if groups is not None else {})},
         "trained_at": float(trained_at),
         "issued_at": issued,
         "expires_at": issued + float(valid_s),
