@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peep.core import features
 from peep.core.release import TemplateReleaser
+from peep_devicemodel_testlib import calibration_path, model_keys  # noqa: F401 (fixtures)
 from peep_server_testlib import (
     ADMIN,
     MQTT_PREFIX,

@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 #: Track fusion's expired releases are forgotten at most this long after their window ends.
 SWEEP_INTERVAL_S = 1.0
+#: Seconds between two checks that the newest device model is current (issued by whom, and how long ago).
+DEVICE_MODEL_CHECK_S = 30.0
 
 Registrar = Callable[[grpc.Server], None]
 Plugin = Callable[[Services], Registrar | None]
@@ -115,6 +117,7 @@ class ServerApp:
         self.metrics_port = 0
         self._retention: threading.Thread | None = None
         self._sweeper: threading.Thread | None = None
+        self._device_models: threading.Thread | None = None
         #: The operator console (``[console]``), when configured: ``.url``, ``.port``.
         self.console: Any = None
         self.registrars: list[Registrar] = []
@@ -164,6 +167,14 @@ class ServerApp:
         if s.ingestor.fusion is not None:
             self._sweeper = threading.Thread(target=self._sweep_loop, name="peep-fusion-sweep", daemon=True)
             self._sweeper.start()
+        if s.device_models.enabled:
+            # A first issue now (none yet, or the newest is out of date), then one every reissue_s: a device in
+            # touch never holds an expired model.
+            self._device_models = threading.Thread(target=self._device_model_loop, name="peep-device-models",
+                                                   daemon=True)  # fmt: skip
+            self._device_models.start()
+        else:
+            log.info("device models: none issued", extra={"reason": s.device_models.disabled_reason})
         if self.config.recognition.keep == "all":
             log.warning(
                 "recognition.keep = all: the templates of people who never enrolled are written to the database "
@@ -300,6 +311,18 @@ class ServerApp:
             except Exception:
                 log.exception("retention failed")
             if self._stopping.wait(self.config.retention.interval_s):
+                return
+
+    def _device_model_loop(self) -> None:
+        every = min(DEVICE_MODEL_CHECK_S, self.config.training.device_models.reissue_s / 4)
+        reason = "start"
+        while True:
+            try:
+                self.services.device_models.poll(reason=reason)
+                reason = "reissue"
+            except Exception as exc:  # the database away: the next check tries again
+                log.warning("device model check failed", extra={"error": str(exc)[:200]})
+            if self._stopping.wait(every):
                 return
 
     def _sweep_loop(self) -> None:

@@ -46,6 +46,7 @@ from peep.server.ingest.reports import DeviceReportBook
 from peep.server.ingest.validation import TemplateValidator
 from peep.server.metrics import ServerMetrics
 from peep.server.recognition.claims import ClaimChecker
+from peep.server.recognition.devicemodels import DeviceModels
 from peep.server.recognition.fitting import Progress, TrainingError
 from peep.server.recognition.fusion import TrackFusion
 from peep.server.recognition.recogniser import Recogniser
@@ -89,6 +90,8 @@ class KeyRetirement:
     key_id: str
     templates_deleted: int
     versions_purged: list[str] = field(default_factory=list)
+    #: Device models of the key withdrawn (never served or re-issued: the devices' copies expire).
+    device_models_withdrawn: int = 0
 
 
 @dataclass
@@ -188,6 +191,15 @@ class Services:
         else:
             self.registry = ModelRegistry(config.training.model_dir)
             self.recogniser = Recogniser(self.registry, threads=config.training.threads, erasures=self.store.erasures)
+        #: Signed device models of the serving model (none without training.device_models' key and calibration).
+        self.device_models = DeviceModels(
+            config.training.device_models,
+            startup.device_model_material(config),
+            self.store,
+            self.registry,
+            self.recogniser,
+            background_prefix=config.training.background_prefix,
+        )
         self.recogniser.add_listener(lambda m: self.metrics.set_model_version(m.version))
         self.metrics.set_model_version(self.recogniser.model.version if self.recogniser.model else None)
         self.devices = DeviceRegistry(
@@ -263,6 +275,8 @@ class Services:
 
     def _promoted(self) -> None:
         self.recogniser.reload()
+        # Every promotion goes to the devices that decide themselves (the trainer, `peep train`, the Train call).
+        self.device_models.issue("promotion")
 
     # ------------------------------------------------------------ bundles
 
@@ -314,6 +328,7 @@ class Services:
         with self._erase_lock:  # not while an erasure decides which versions to purge
             self.registry.make_current(name)
         self.recogniser.reload()
+        self.device_models.issue("rollback")
         log.info("model version made current", extra={"version": name})
         return name
 
@@ -355,8 +370,13 @@ class Services:
             )
         n = self.store.delete_key_templates(key_id)
         purged = self.registry.purge_key(key_id)
-        log.info("site key retired", extra={"key_id": key_id, "templates": n, "versions": purged})
-        return KeyRetirement(key_id=key_id, templates_deleted=n, versions_purged=purged)
+        withdrawn = self.device_models.withdraw_key(key_id)
+        self.device_models.forget_versions()
+        log.info(
+            "site key retired",
+            extra={"key_id": key_id, "templates": n, "versions": purged, "device_models": withdrawn},
+        )
+        return KeyRetirement(key_id, n, purged, device_models_withdrawn=withdrawn)
 
     def erase_subject(self, subject: str, *, retrain: bool = True) -> ErasureResult:
         """Erase a subject: templates, then soft traits (hooks), then retrain.
@@ -401,6 +421,10 @@ class Services:
             log.info(
                 "subject erased", extra={"templates": n_templates, "soft_traits": n_traits, "decisions": n_decisions}
             )
+            if served:
+                # Devices deciding themselves stop naming the subject now: a new serial of the serving model lists
+                # them among its erased ids, before (and whether or not) a retrained model is promoted.
+                self.device_models.issue("erasure")
             version = model.version if model else ""
             purged: list[str] = []
             needs_training = served or n_templates > 0
@@ -415,6 +439,8 @@ class Services:
                 purged = self.registry.purge_subject(subject)
             elif not served:  # the serving model is already without the subject: only older versions know it
                 purged = self.registry.purge_subject(subject)
+            if purged:
+                self.device_models.forget_versions()
             return ErasureResult(subject, n_templates, n_traits, version, purged, n_decisions)
 
     # ------------------------------------------------------------ retention
@@ -461,6 +487,8 @@ class Services:
         out["alerts"] = self.store.delete_alerts_before(at - rc.events_days_s)
         out["ledger"] = self.store.delete_ledger_before(at - self.config.ingest.ledger_window_s)
         out["track_memory"] = self.store.expire_track_memory(at)
+        # A device model's row checks the decisions made with it for as long as a device may spool one.
+        out["device_models"] = self.device_models.delete_expired_before(at - self.config.ingest.ledger_window_s)
         templates = out["recognised_templates"] + out["unknown_templates"] + out.get("templates", 0)
         self.metrics.retention_deleted.inc(templates)
         if any(out.values()):

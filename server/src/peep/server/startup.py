@@ -14,6 +14,9 @@ the key, with exit code 2):
   file, an unencrypted key that belongs to it, CA certificates in the CA file);
 - :func:`decision_signing_key` reads ``mqtt.decision_signing_key`` (the
   Ed25519 key that signs what doors deciding over MQTT act on);
+- :func:`device_model_material` reads ``training.device_models.signing_key``
+  and ``training.device_models.calibration`` (what signed device models are
+  made with);
 - :func:`check` runs all of them plus the secrets
   (:func:`~peep.server.config.resolve_secrets`) and the places the server
   writes (``storage.path``, ``training.model_dir``), and raises one
@@ -31,6 +34,7 @@ import os
 import ssl
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from peep.core.bundle import EigenfaceBundle, load_private_key, load_public_key, read_bundle_files
@@ -39,10 +43,14 @@ from peep.core.exceptions import BundleError
 from peep.core.tlsfiles import TlsFileError, read_pem, tls_context
 from peep.server.config import ConfigError, ResolvedSecrets, ServerConfig, resolve_secrets
 
+if TYPE_CHECKING:
+    from peep.server.bundles.calibrate import CalibrationSet
+
 __all__ = [
     "check",
     "configured_bundle",
     "decision_signing_key",
+    "device_model_material",
     "grpc_tls_material",
     "mqtt_tls_context",
     "pinned_key",
@@ -123,6 +131,34 @@ def decision_signing_key(config: ServerConfig) -> Ed25519PrivateKey | None:
         raise _error("mqtt.decision_signing_key", str(exc).replace("signing key ", "", 1)) from None
 
 
+def device_model_material(config: ServerConfig) -> tuple[Ed25519PrivateKey, CalibrationSet] | None:
+    """The device models' signing key and calibration set (``training.device_models``); None when either is unset.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``training.device_models.signing_key`` or ``.calibration`` (both when both are wrong).
+    """
+    from peep.server.bundles.calibrate import CalibrationError, load_calibration
+
+    dm = config.training.device_models
+    if dm.signing_key is None or dm.calibration is None:
+        return None
+    problems: list[Problem] = []
+    key = calibration = None
+    try:
+        key = load_private_key(dm.signing_key)
+    except BundleError as exc:
+        problems.append(Problem("training.device_models.signing_key", str(exc).replace("signing key ", "", 1)))
+    try:
+        calibration = load_calibration(dm.calibration)
+    except CalibrationError as exc:
+        problems.append(Problem("training.device_models.calibration", str(exc)))
+    if problems or key is None or calibration is None:
+        raise ConfigError(SOURCE, problems)
+    return key, calibration
+
+
 def _bundle_step(config: ServerConfig) -> Callable[[], object]:
     def step() -> None:
         try:
@@ -181,7 +217,11 @@ def check(
         secrets = resolve_secrets(config, environ)
     except ConfigError as exc:
         problems.extend(exc.errors)
-    steps: list[Callable[[], object]] = [_bundle_step(config), lambda: grpc_tls_material(config)]
+    steps: list[Callable[[], object]] = [
+        _bundle_step(config),
+        lambda: grpc_tls_material(config),
+        lambda: device_model_material(config),
+    ]
     if config.mqtt.enabled if mqtt is None else mqtt:
         steps.append(lambda: mqtt_tls_context(config))
         steps.append(lambda: decision_signing_key(config))

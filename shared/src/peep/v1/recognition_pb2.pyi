@@ -153,7 +153,7 @@ class ModelStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelStatus(_message.Message):
-    __slots__ = ("model_version", "trained_at", "n_subjects", "n_templates", "validation_accuracy", "unknown_threshold", "verify_threshold", "training", "training_progress", "bundle_id")
+    __slots__ = ("model_version", "trained_at", "n_subjects", "n_templates", "validation_accuracy", "unknown_threshold", "verify_threshold", "training", "training_progress", "bundle_id", "device_model_serial", "device_models_status")
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     TRAINED_AT_FIELD_NUMBER: _ClassVar[int]
     N_SUBJECTS_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +164,8 @@ class ModelStatus(_message.Message):
     TRAINING_FIELD_NUMBER: _ClassVar[int]
     TRAINING_PROGRESS_FIELD_NUMBER: _ClassVar[int]
     BUNDLE_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_MODEL_SERIAL_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_MODELS_STATUS_FIELD_NUMBER: _ClassVar[int]
     model_version: str
     trained_at: _timestamp_pb2.Timestamp
     n_subjects: int
@@ -174,7 +176,9 @@ class ModelStatus(_message.Message):
     training: bool
     training_progress: float
     bundle_id: str
-    def __init__(self, model_version: _Optional[str] = ..., trained_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., n_subjects: _Optional[int] = ..., n_templates: _Optional[int] = ..., validation_accuracy: _Optional[float] = ..., unknown_threshold: _Optional[float] = ..., verify_threshold: _Optional[float] = ..., training: _Optional[bool] = ..., training_progress: _Optional[float] = ..., bundle_id: _Optional[str] = ...) -> None: ...
+    device_model_serial: int
+    device_models_status: str
+    def __init__(self, model_version: _Optional[str] = ..., trained_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., n_subjects: _Optional[int] = ..., n_templates: _Optional[int] = ..., validation_accuracy: _Optional[float] = ..., unknown_threshold: _Optional[float] = ..., verify_threshold: _Optional[float] = ..., training: _Optional[bool] = ..., training_progress: _Optional[float] = ..., bundle_id: _Optional[str] = ..., device_model_serial: _Optional[int] = ..., device_models_status: _Optional[str] = ...) -> None: ...
 
 class EraseSubjectRequest(_message.Message):
     __slots__ = ("subject", "retrain")

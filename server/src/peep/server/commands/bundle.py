@@ -1,4 +1,4 @@
-"""``peep bundle build`` and ``peep bundle verify``."""
+"""``peep bundle build``, ``peep bundle verify`` and ``peep bundle calibrate``."""
 
 from __future__ import annotations
 
@@ -6,11 +6,13 @@ import argparse
 import re
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from peep.core.bundle import load_private_key, load_public_key, verify_bundle
 from peep.core.exceptions import BundleError
 from peep.core.imaging import FaceGeometry
+from peep.core.mechanisms import mechanism_kinds
 from peep.core.projections import projection_class, projection_kinds
 from peep.server.errors import UsageError
 
@@ -70,6 +72,38 @@ def register(sub: Any) -> None:
     v.add_argument("bundle_dir")
     v.add_argument("--public-key", required=True)
     v.set_defaults(handler=verify)
+    c = bsub.add_parser(
+        "calibrate",
+        help="project public faces with a bundle as a device does: the calibration set of device models",
+        description="Write clean, unkeyed, bounded projections of public faces (no noise, no site key) that "
+        "every signed device model carries, for devices to set their thresholds on "
+        "(training.device_models.calibration). No person the server trains on may be among them: exclude the "
+        "background population (--exclude) and anyone enrolled.",
+    )
+    c.add_argument("--bundle", required=True, help="the signed bundle directory the devices use")
+    c.add_argument("--public-key", required=True, help="the deployer's public key the bundle verifies against")
+    add_dataset_options(c, min_faces=1)
+    c.add_argument("--max-faces", type=int, default=None, help="only identities with at most N images")
+    c.add_argument("--max-per-person", type=int, default=None, help="at most N faces of one person")
+    c.add_argument(
+        "--people-from", default=None, metavar="FILE", help="only the people named in FILE (one folder name a line)"
+    )
+    c.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="never the people named in FILE (one a line; repeatable): the server's background population "
+        "(enrolled as background:<name>) and anyone enrolled",
+    )
+    c.add_argument(
+        "--mechanism",
+        choices=mechanism_kinds(),
+        default=None,
+        help="the mechanism kind whose domain the server's model is trained on (default: the bundle's)",
+    )
+    c.add_argument("--out", required=True, metavar="FILE.npz", help="the calibration file to write")
+    c.set_defaults(handler=calibrate)
 
 
 def build(args: argparse.Namespace) -> int:
@@ -184,4 +218,63 @@ def verify(args: argparse.Namespace) -> int:
         print(f"peep bundle verify: FAILED: {exc}", file=sys.stderr)
         return 1
     print(f"bundle {manifest.bundle_id}: OK (signed by key {manifest.key_id}, created {manifest.created_at})")
+    return 0
+
+
+def _names(path: str, option: str) -> list[str]:
+    """The people named in ``path``: one a line, blank lines and ``#`` comments ignored."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{option}: expected a readable UTF-8 file of names, received {path!r} ({exc})") from None
+    names = [line.split("#", 1)[0].strip() for line in text.splitlines()]
+    return [n for n in names if n]
+
+
+def calibrate(args: argparse.Namespace) -> int:
+    from peep.core.bundle import EigenfaceBundle
+    from peep.server.bundles.calibrate import CalibrationError, make_calibration, write_calibration
+    from peep.server.datasets import DatasetError
+    from peep.server.progress import progress_printer
+
+    try:
+        pub = load_public_key(args.public_key)
+    except BundleError as exc:
+        raise UsageError(f"--public-key: {exc}") from exc
+    try:
+        bundle = EigenfaceBundle.load(args.bundle, pub)
+    except (BundleError, OSError) as exc:
+        raise UsageError(
+            f"--bundle: expected a bundle signed by the --public-key key, received {args.bundle!r}: {exc}"
+        ) from exc
+    for option, value in (("--max-faces", args.max_faces), ("--max-per-person", args.max_per_person)):
+        if value is not None and value < 1:
+            raise UsageError(f"{option}: expected >= 1, received {value}")
+    people = _names(args.people_from, "--people-from") if args.people_from else None
+    excluded = [n for path in args.exclude for n in _names(path, "--exclude")]
+    t0 = time.perf_counter()
+    try:
+        proj, tags, domain, kind = make_calibration(
+            bundle,
+            args.dataset,
+            mechanism=args.mechanism,
+            data_home=args.data_home,
+            min_faces=args.min_faces,
+            max_faces=args.max_faces,
+            people=people,
+            exclude=excluded,
+            max_per_person=args.max_per_person,
+            progress=progress_printer("detecting and normalising faces"),
+        )
+        out = write_calibration(
+            args.out, projections=proj, people=tags, bundle_id=bundle.bundle_id, domain=domain, mechanism=kind
+        )
+    except (CalibrationError, DatasetError) as exc:
+        raise UsageError(str(exc)) from exc
+    print(
+        f"calibration {out.sha256[:16]} -> {args.out}\n"
+        f"  {out.n_faces} faces of {out.n_people} public people, bundle {bundle.bundle_id}, {domain} ({kind}), "
+        f"nc={out.n_components}; {len(set(excluded))} people excluded; {time.perf_counter() - t0:.1f} s",
+        file=sys.stdout,
+    )
     return 0

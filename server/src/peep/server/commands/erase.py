@@ -30,7 +30,7 @@ def register_retire_key(sub: Any) -> None:
     p = sub.add_parser(
         "retire-key",
         help="after a site key rotation: delete every template released under the old key and every kept model "
-        "trained under it (refused while the serving model uses it)",
+        "trained under it, and withdraw its device models (refused while the serving model uses it)",
     )
     add_config_option(p)
     p.add_argument("--key-id", required=True, help="the old key's public id (sk-...), or 'none' for unkeyed templates")
@@ -59,6 +59,11 @@ def retire_key(args: argparse.Namespace) -> int:
             f"; purged model versions {', '.join(r.versions_purged)}"
             if r.versions_purged
             else "; no kept model used it"
+        )
+        + (
+            f"; {r.device_models_withdrawn} device models withdrawn (never served again; devices' copies expire)"
+            if r.device_models_withdrawn
+            else ""
         )
     )
     return 0

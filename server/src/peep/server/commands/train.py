@@ -30,6 +30,7 @@ def train(args: argparse.Namespace) -> int:
         except TrainingError as exc:
             print(f"peep train: {exc}")
             return 1
+        device_model = device_model_line(s)
     finally:
         s.close()
     if args.json:
@@ -42,6 +43,7 @@ def train(args: argparse.Namespace) -> int:
                     "n_subjects": r.n_subjects,
                     "seconds": r.seconds,
                     "metrics": r.metrics,
+                    "device_model": device_model,
                 },
                 default=str,
             )
@@ -54,4 +56,19 @@ def train(args: argparse.Namespace) -> int:
         summary = calibration_summary(r.metrics)
         if summary:
             say(f"  {summary}")
+        say(f"  {device_model}")
     return 0
+
+
+def device_model_line(s: Any) -> str:
+    """One line on the device model the promotion issued, or why none was."""
+    dm = s.device_models
+    if not dm.enabled:
+        return f"device models: none issued ({dm.disabled_reason})"
+    st = dm.status()
+    newest = st["newest"]
+    if st["last_error"]:
+        return f"device models: none issued for this model ({st['last_error']})"
+    if newest is None:
+        return "device models: none issued yet"
+    return f"device model serial {newest.serial} issued ({newest.subjects} subjects, {newest.erased} erased)"

@@ -52,6 +52,7 @@ from peep.server.config.base import (
 from peep.server.config.console import ConsoleConfig
 from peep.server.config.data import (
     BundleConfig,
+    DeviceModelsConfig,
     IngestConfig,
     RecognitionConfig,
     RetentionConfig,
@@ -73,7 +74,8 @@ from peep.server.config.server import (
 from peep.server.config.transports import ClusterConfig, GrpcConfig, MqttConfig, MqttTlsConfig
 
 __all__ = [
-    "AuthConfig", "BundleConfig", "ClusterConfig", "ConfigError", "ConsoleConfig", "DeviceConfig", "GrpcConfig",
+    "AuthConfig", "BundleConfig", "ClusterConfig", "ConfigError", "ConsoleConfig", "DeviceConfig",
+    "DeviceModelsConfig", "GrpcConfig",
     "IngestConfig", "LoggingConfig", "MechanismKind", "MetricsConfig", "MqttConfig", "MqttTlsConfig",
     "RecognitionConfig", "ResolvedSecrets", "RetentionConfig", "SecretRef", "ServerConfig", "StorageConfig",
     "TlsConfig", "TrainingConfig", "is_loopback_listen", "load_config", "parse_config", "resolve_secrets",

@@ -13,6 +13,7 @@ from pydantic import (
     Field,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 
@@ -74,6 +75,83 @@ class BundleConfig(_Model):
     @classmethod
     def check_paths(cls, v: Path | None, info: ValidationInfo) -> Path | None:
         return _resolve_path(v, info)
+
+
+class DeviceModelsConfig(_Model):
+    """Signed device models, for devices that decide on their own clean projection (none without both files).
+
+    Every promoted recogniser is also issued to them, re-issued on a schedule and at once on an erasure
+    (docs/OPERATIONS.md, "Decisions on the device: issuing device models").
+    """
+
+    signing_key: Path | None = Field(
+        default=None,
+        description=(
+            "Ed25519 private key (PEM, from 'peep keys generate'; mode 0600, the same file on every replica) that "
+            "signs every device model; devices pin its public half (their recognition.model_public_key, by default "
+            "the bundle's key). Unset: no device model is issued, and the server says so at start"
+        ),
+    )
+    calibration: Path | None = Field(
+        default=None,
+        description=(
+            "the calibration set every device model carries: clean, unkeyed projections of public faces no model "
+            "is trained on, written by 'peep bundle calibrate' for the bundle in use. Unset: no device model is "
+            "issued, and the server says so at start"
+        ),
+    )
+    fpir: float = Field(
+        default=0.01,
+        gt=0.0,
+        lt=0.5,
+        description=(
+            "the share of strangers a device's identification may name as someone (after the label mechanism), "
+            "which it sets its own threshold for on the calibration set"
+        ),
+    )
+    far: float = Field(
+        default=0.001,
+        gt=0.0,
+        lt=0.5,
+        description="the share of impostor claims a door deciding on the device may accept",
+    )
+    valid_s: float = Field(
+        default=7 * 86_400.0,
+        ge=600.0,
+        le=365 * 86_400.0,
+        description=(
+            "seconds a device model may decide after it was issued (default 7 days): a device that cannot hear "
+            "from the server for longer, or whose site key was retired, stops deciding"
+        ),
+    )
+    reissue_s: float = Field(
+        default=86_400.0,
+        ge=60.0,
+        le=30 * 86_400.0,
+        description=(
+            "seconds between two issues of the serving model (a new serial, a new expiry; default 1 day), so a "
+            "device in touch never holds an expired one"
+        ),
+    )
+
+    @field_validator("signing_key", "calibration", mode="after")
+    @classmethod
+    def check_paths(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        return _resolve_path(v, info)
+
+    @model_validator(mode="after")
+    def _reissued_before_expiry(self) -> DeviceModelsConfig:
+        if self.reissue_s >= self.valid_s:
+            raise ValueError(
+                f"reissue_s: expected less than valid_s ({self.valid_s:g} s: a device would hold an expired model "
+                f"until the next issue), received {self.reissue_s:g}"
+            )
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        """Whether device models are issued (both a signing key and a calibration set are configured)."""
+        return self.signing_key is not None and self.calibration is not None
 
 
 class TrainingConfig(_Model):
@@ -149,6 +227,11 @@ class TrainingConfig(_Model):
             "many seconds (product rule, its own calibrated unknown threshold; post-processing, no further ε); "
             "0 = decide on each release alone. Per replica: releases of one track taken by two replicas are not fused"
         ),
+    )
+
+    device_models: DeviceModelsConfig = Field(
+        default_factory=DeviceModelsConfig,
+        description="signed device models for devices that decide on their own clean projection",
     )
 
     @field_validator("model_dir", mode="after")

@@ -260,6 +260,11 @@ class Recogniser:
         else:
             self._mask = None
 
+    def erased_at(self, subject: str) -> float | None:
+        """When ``subject`` was erased, as last read (None: not erased); any model trained before never names them."""
+        at = self._erasures.get(subject)
+        return None if at is None else float(at)
+
     def is_masked(self, subject: str, model: LoadedModel) -> bool:
         """Whether ``subject`` was erased after ``model`` was trained (so it never names them)."""
         mask = self._mask if model is self._model else None

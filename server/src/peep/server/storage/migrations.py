@@ -242,6 +242,24 @@ _LEDGER_ORIGIN = [
 ]
 
 
+# Migration 14: the signed device models issued (peep.server.recognition.devicemodels), one row per serial: the
+# serial (strictly increasing, the largest never deleted), the server model it was made from, its bundle and site
+# key, when it was issued and expires, how many of its subjects were erased since training, the calibration set it
+# carries, why it was issued, whether it was withdrawn (its site key retired), and its files (the encoded
+# DeviceModelFiles) while it is the newest of its bundle and key. In the database so that replicas serve one serial.
+_SERIAL = {"sqlite": "INTEGER PRIMARY KEY", "postgres": "BIGINT PRIMARY KEY"}
+
+
+def _device_models(dialect: Dialect) -> list[str]:
+    return [
+        f"CREATE TABLE device_models (serial {_SERIAL[dialect.name]}, model_version TEXT NOT NULL, "
+        "bundle_id TEXT NOT NULL, key_id TEXT NOT NULL, trained_at {real} NOT NULL, issued_at {real} NOT NULL, "
+        "expires_at {real} NOT NULL, subjects INTEGER NOT NULL, erased INTEGER NOT NULL, calibration TEXT NOT NULL, "
+        "reason TEXT NOT NULL, withdrawn_at {real}, payload {blob})",
+        "CREATE INDEX device_models_scope ON device_models (bundle_id, key_id, serial)",
+    ]
+
+
 def _render(dialect: Dialect, statements: list[str]) -> list[str]:
     return [s.format(real=dialect.real, blob=dialect.blob) for s in statements]
 
@@ -262,6 +280,7 @@ MIGRATIONS: dict[str, list[list[str]]] = {
         _render(d, _REPLICAS),
         _render(d, _DECISION_ORIGIN),
         _render(d, _LEDGER_ORIGIN),
+        _render(d, _device_models(d)),
     ]
     for d in (SQLITE, POSTGRES)
 }

@@ -347,6 +347,10 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
         else:
             b = self.s.bundles.current()
             st.bundle_id = b.bundle_id if b else ""
+        dm = self.s.device_models.status()
+        if dm["newest"] is not None:
+            st.device_model_serial = dm["newest"].serial
+        st.device_models_status = (dm["disabled_reason"] or dm["last_error"] or "")[:MAX_DETAILS]
         return st
 
     @_guard
