@@ -45,8 +45,11 @@ def test_mosquitto_acl_binds_devices_to_their_own_prefix():
             ("write", f"{root}/+/%u/status"),
             ("write", f"{root}/+/%u/report"),
             ("write", f"{root}/+/%u/claims"),  # a door's question before it releases anything
+            ("write", f"{root}/+/%u/model_request"),  # a device deciding itself asks for its device model
             ("read", f"{root}/+/%u/events"),
+            ("read", f"{root}/+/%u/model"),  # the answer, only its own
             ("read", f"{root}/bundle"),
+            ("read", f"{root}/model"),  # every signed device model as it is issued (verified, kept only if its own)
         ]
     )
     assert all(len(r) == 3 for r in pattern), "a pattern rule has one access and one topic"

@@ -55,8 +55,14 @@ from peep.server.recognition.trainer import Trainer, TrainingBusy, TrainResult
 from peep.server.recognition.watch import ChangeWatcher
 from peep.server.storage import KeptCounts, Store, open_store
 from peep.server.storage.base import ERASURES_CHANNEL, EVENTS_CHANNEL, MODELS_CHANNEL
+from peep.server.transport.limits import CallerRate
 
 log = logging.getLogger(__name__)
+
+#: A device may ask for a device model in bursts of this many, then once every 1 / MODEL_REQUESTS_PER_S seconds
+#: (a device asks at start, when its broker connection comes back and every few minutes).
+MODEL_REQUEST_BURST = 10
+MODEL_REQUESTS_PER_S = 0.1
 
 ErasureHook = Callable[[str], int]
 #: Whether an erasure hook holds anything of a subject (deletes nothing).
@@ -199,6 +205,11 @@ class Services:
             self.registry,
             self.recogniser,
             background_prefix=config.training.background_prefix,
+        )
+        #: Devices' asks for a device model (gRPC GetDeviceModel and MQTT model_request), per device: an answer
+        #: may be megabytes, and costs the asker nothing.
+        self.device_model_requests = CallerRate(
+            "device model requests", rate_per_s=MODEL_REQUESTS_PER_S, burst=MODEL_REQUEST_BURST
         )
         self.recogniser.add_listener(lambda m: self.metrics.set_model_version(m.version))
         self.metrics.set_model_version(self.recogniser.model.version if self.recogniser.model else None)

@@ -6,8 +6,9 @@ credentials -> ``UNAUTHENTICATED``; a device sending another device's
 template, or a device calling an admin method -> ``PERMISSION_DENIED``; no
 model yet, or a template of another bundle/domain than the model's ->
 ``FAILED_PRECONDITION``; a training already running -> ``ABORTED``; a claimed
-subject the serving model does not know, or an unknown bundle ->
-``NOT_FOUND``; over a stream limit -> ``RESOURCE_EXHAUSTED``; a
+subject the serving model does not know, an unknown bundle, or no device model
+for a bundle and site key -> ``NOT_FOUND``; over a stream limit or a device
+call's rate (claim checks, reports, device models) -> ``RESOURCE_EXHAUSTED``; a
 ``StreamEvents`` resuming after a seq the server never gave ->
 ``OUT_OF_RANGE``.
 Handlers never let an exception escape as ``UNKNOWN``: anything unexpected is
@@ -56,12 +57,13 @@ from peep.server.ingest.ingestor import REJECTED, PermissionRefused, Sender
 from peep.server.ingest.reports import ReportTooFrequent
 from peep.server.ingest.validation import Rejection
 from peep.server.recognition.claims import ClaimChecksTooFrequent
+from peep.server.recognition.devicemodels import NoDeviceModel, check_model_request
 from peep.server.recognition.fitting import PRESETS, TrainingError
 from peep.server.recognition.recogniser import ModelMismatch, ModelUnavailable
 from peep.server.recognition.trainer import TrainingBusy
 from peep.server.services import NoSuchSubject, Services
 from peep.server.storage import template_keys
-from peep.server.transport.limits import StreamLimiter, quote, server_options
+from peep.server.transport.limits import CallsTooFrequent, StreamLimiter, quote, server_options
 from peep.v1 import qbbs_pb2, recognition_pb2, recognition_pb2_grpc, template_pb2
 
 log = logging.getLogger(__name__)
@@ -98,9 +100,9 @@ def _guard(fn: F) -> F:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, _details(exc))
         except TrainingBusy as exc:
             context.abort(grpc.StatusCode.ABORTED, _details(exc))
-        except (ReportTooFrequent, ClaimChecksTooFrequent) as exc:
+        except (ReportTooFrequent, ClaimChecksTooFrequent, CallsTooFrequent) as exc:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, _details(exc))
-        except NotFound as exc:
+        except (NotFound, NoDeviceModel) as exc:
             context.abort(grpc.StatusCode.NOT_FOUND, _details(exc))
         except (Rejection, BundleError, TrainingError, ValueError) as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, _details(exc))
@@ -265,6 +267,18 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
     ) -> recognition_pb2.DeviceReportAck:
         at = self.s.device_reports.accept(current_identity(), request.device_id, request.site, request.report)
         return recognition_pb2.DeviceReportAck(received_at=at)
+
+    @_guard
+    def GetDeviceModel(
+        self, request: recognition_pb2.GetDeviceModelRequest, context: grpc.ServicerContext
+    ) -> recognition_pb2.DeviceModelFiles:
+        # Any registered device (a camera or a door deciding itself) and admins: the interceptor authenticated
+        # the caller. Bounded before the rate is spent, so a malformed ask costs the caller its answer only.
+        check_model_request(request.bundle_id, request.key_id)
+        identity = current_identity()
+        self.s.device_model_requests.admit(identity.name if identity is not None else "")
+        payload = self.s.device_models.answer(request.bundle_id, request.key_id, int(request.have_serial))
+        return recognition_pb2.DeviceModelFiles.FromString(payload)
 
     # ------------------------------------------------------------ admin
 

@@ -72,6 +72,10 @@ Claim checks
     "model_version", "signature"}``. Only a registered device at its site is
     answered, within :class:`~peep.server.recognition.claims.ClaimChecker`'s
     rate.
+Device models
+    Every signed device model the server issues on ``<root>/model``, and a
+    device's ``model_request`` answered on its ``model`` topic (QoS 1, never
+    retained; :mod:`peep.server.transport.mqtt_device_models`).
 Bundle
     The current bundle as a retained ``BundleFiles`` message on
     ``<root>/bundle`` (re-announced after every (re)connect), unless it exceeds
@@ -113,6 +117,7 @@ from peep.server.ingest.validation import Rejection
 from peep.server.recognition.claims import ClaimChecksTooFrequent
 from peep.server.recognition.recogniser import ModelUnavailable
 from peep.server.services import Services
+from peep.server.transport.mqtt_device_models import DeviceModelTopics
 from peep.v1 import recognition_pb2, template_pb2
 
 log = logging.getLogger(__name__)
@@ -174,6 +179,7 @@ class MqttBridge:
         self.status_filter = f"{self.topics.root}/+/+/status"
         self.report_filter = f"{self.topics.root}/+/+/report"
         self.claims_filter = self.topics.shared_claims_filter(config.share_group)
+        self.model_requests_filter = self.topics.shared_model_requests_filter(config.share_group)
         self._decision_key = None
         if config.decision_signing_key is not None:
             # startup.check has read it already (naming the key on failure); a bridge built without it still
@@ -213,6 +219,14 @@ class MqttBridge:
         self.client = self.clients[0]  # also publishes events, dead letters and the bundle
         services.events.add_sink(self.publish_event)
         services.bundles.add_listener(self.publish_bundle)
+        self.device_models = DeviceModelTopics(
+            self.topics,
+            services,
+            publisher=self._publisher,
+            max_packet_size=lambda: self.max_packet_size,
+            connected=self._connected.is_set,
+        )
+        services.device_models.add_listener(self.device_models.broadcast)
 
     def connection_client_id(self, index: int) -> str:
         return self.client_id if index == 0 else f"{self.client_id}-{index}"
@@ -415,7 +429,8 @@ class MqttBridge:
             check()
             time.sleep(0.05)
         check()
-        c.unsubscribe([self.templates_filter, self.status_filter, self.report_filter, self.claims_filter])
+        c.unsubscribe([self.templates_filter, self.status_filter, self.report_filter, self.claims_filter,
+                       self.model_requests_filter])  # fmt: skip
         deadline = time.monotonic() + timeout_s
         last, seen = time.monotonic(), -1
         while time.monotonic() < deadline:
@@ -494,6 +509,8 @@ class MqttBridge:
             subs.append((self.report_filter, SubscribeOptions(qos=0, retainAsPublished=True)))
             # Doors' claim checks: one replica of the group answers; QoS 0, never queued for a replica away.
             subs.append((self.claims_filter, SubscribeOptions(qos=0)))
+            # Devices' asks for a device model: the same (a device that heard nothing asks again).
+            subs.append((self.model_requests_filter, SubscribeOptions(qos=0)))
         client.subscribe(subs)
         extra = {
             "client_id": self.connection_client_id(index),
@@ -551,6 +568,8 @@ class MqttBridge:
                 self._record_report(msg)
             elif msg.topic.endswith("/claims"):
                 self._answer_claim_check(msg)
+            elif msg.topic.endswith("/model_request"):
+                self.device_models.answer(msg.topic, bytes(msg.payload))
             return
         self._take(client, int(userdata), msg)
 
