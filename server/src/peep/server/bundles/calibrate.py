@@ -81,6 +81,12 @@ class CalibrationSet:
         return len(set(self.people))
 
     @property
+    def groups(self) -> list[int]:
+        """The person of each row as an index (what a device model carries instead of the tags)."""
+        index: dict[str, int] = {}
+        return [index.setdefault(p, len(index)) for p in self.people]
+
+    @property
     def n_components(self) -> int:
         return int(self.projections.shape[1])
 

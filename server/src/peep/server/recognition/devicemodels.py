@@ -241,6 +241,8 @@ class DeviceModels:
                     extra={"domain": m.domain, "calibration_sha256": self.calibration.sha256},  # type: ignore[union-attr]
                     issued_at=issued_at,
                     valid_s=self.config.valid_s,
+                    # Each face's person (an index, never the tag): a device weighs every public person the same.
+                    calibration_groups=self.calibration.groups,  # type: ignore[union-attr]
                 )
                 payload = device_model_message(files, serial).SerializeToString(deterministic=True)
                 return IssuedModel(
