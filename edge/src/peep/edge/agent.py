@@ -595,7 +595,7 @@ class Agent:
             epsilon_label=cfg.recognition.epsilon_label if camera else None,
             fuse_frames=cfg.recognition.fuse_frames,
         )
-        log_event(_log, logging.INFO if held is not None else logging.WARNING, "device_model_held",
+        log_event(_log, logging.INFO, "device_model_held",
                   serial=held.serial if held is not None else None,
                   detail="" if held is not None else "no valid device model yet: a door stays locked and a camera "
                   "releases nothing until one arrives")  # fmt: skip

@@ -54,8 +54,16 @@ def register(sub: Any) -> None:
     p.add_argument("--delta", type=float, default=None, help="δ, for kinds that take one (gaussian-l2)")
     p.add_argument("--projection", default=d.projection, choices=projection_kinds(),
                    help=f"what the bundle's projector computes (default {d.projection})")  # fmt: skip
-    p.add_argument("--components", type=int, default=d.components,
-                   help=f"template dimension in the bundle (default {d.components})")  # fmt: skip
+    p.add_argument("--components", type=int, default=None,
+                   help="template dimension in the bundle (default 16 when the server decides, 32 when the "
+                   "devices do)")  # fmt: skip
+    p.add_argument("--decide", choices=["server", "device"], default=d.decide,
+                   help=f"where cameras and the door decide: 'server' (a perturbed template per appearance) or "
+                   f"'device' (the server's signed model on each device's clean projection; only a randomised "
+                   f"label leaves a camera, nothing of the face leaves the door) (default {d.decide})")  # fmt: skip
+    p.add_argument("--epsilon-label", type=float, default=d.epsilon_label,
+                   help=f"with --decide device: ε of a camera's released label, k-ary randomized response "
+                   f"(default {d.epsilon_label:g} per appearance)")  # fmt: skip
     p.add_argument("--mirror", action=argparse.BooleanOptionalAction, default=None,
                    help="fit the projection on mirrored faces too (default: the projection's own default)")  # fmt: skip
     p.add_argument("--preset", default=d.preset, choices=list(PRESETS),
@@ -97,7 +105,7 @@ def handle(args: argparse.Namespace) -> int:
     from peep.server.demo import Demo, DemoOptions, summary_lines
 
     for name in ("subjects", "enrol_images", "probe_images", "cameras", "components"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')}: expected >= 1, received {getattr(args, name)}")
     if args.strangers < 0:
         raise UsageError(f"--strangers: expected >= 0, received {args.strangers}")
@@ -105,6 +113,8 @@ def handle(args: argparse.Namespace) -> int:
         raise UsageError(f"--qbbs-epsilon: expected > 0, received {args.qbbs_epsilon}")
     if not args.epsilon > 0:
         raise UsageError(f"--epsilon: expected > 0, received {args.epsilon}")
+    if not 0 < args.epsilon_label <= 40:
+        raise UsageError(f"--epsilon-label: expected 0 < ε <= 40, received {args.epsilon_label}")
     for name in ("identify_far", "verify_far"):
         if not 0 < getattr(args, name) < 0.5:
             option = "--" + name.replace("_", "-")
@@ -125,6 +135,8 @@ def handle(args: argparse.Namespace) -> int:
         delta=args.delta,
         projection=args.projection,
         components=args.components,
+        decide=args.decide,
+        epsilon_label=args.epsilon_label,
         mirror=args.mirror,
         preset=args.preset,
         identify_far=args.identify_far,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing as mp
 import queue
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -139,17 +140,28 @@ def run_door(job: DeviceJob) -> dict[str, Any]:
     window = FrameWindow(frames)
     rows: list[dict[str, Any]] = []
     checks: list[dict[str, Any]] = []
+    on_device = d.decision == "device"
+    if on_device:  # the door's model comes over gRPC with its transports; no claim before it is held
+        deadline = time.monotonic() + 60.0
+        while agent.decisions.decider() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if agent.decisions.decider() is None:
+            raise RuntimeError(f"the door got no device model in 60 s: {agent.decisions.problem}")
     try:
-        session = DoorSession(pipeline, agent.accountant, ctl, GrpcVerifier(channel, agent.grpc_token),
+        session = DoorSession(pipeline, agent.accountant, ctl,
+                              None if on_device else GrpcVerifier(channel, agent.grpc_token),  # type: ignore[arg-type]
                               face_timeout_s=job.work.get("face_timeout_s", 3.0),
-                              settle_frames=job.work.get("settle_frames", 3), budget=budget)  # fmt: skip
+                              settle_frames=job.work.get("settle_frames", 3), budget=budget,
+                              decisions=agent.decisions if on_device else None)  # fmt: skip
         last_accepted: Decision | None = None
         for c in job.work["claims"]:
             window.start, window.stop = c["start"], c["stop"]
             out = session.handle(c["subject"], window.read)
             st = session.last_timing.stages
-            # From the chosen face to the lock: its detection, the release, the server's answer, the pin.
-            face_to_lock = st.get("release", 0.0) + st.get("verify", 0.0) + st.get("actuate", 0.0)
+            # From the chosen face to the lock: its detection, the release, the server's answer, the pin (on the
+            # device: the projection, the score, the pin).
+            face_to_lock = (st.get("total_after_face", 0.0) if on_device
+                            else st.get("release", 0.0) + st.get("verify", 0.0) + st.get("actuate", 0.0))  # fmt: skip
             rows.append({"subject": c["subject"], "genuine": bool(c["genuine"]), "opened": out.opened,
                          "reason": out.reason, "face_to_lock_ms": 1000 * face_to_lock if "verify" in st else None,
                          "stages_ms": {k: round(1000 * v, 2) for k, v in st.items()}})  # fmt: skip
@@ -203,9 +215,35 @@ def run_door(job: DeviceJob) -> dict[str, Any]:
                 return out.reason if released == 0 else f"{out.reason}, {released} released"
 
             check("a claim for a subject nobody enrolled", "unknown_subject", made_up)
-        # The real path with the server out of reach, and with a deadline no answer can meet.
         first = job.work["claims"][0] if job.work["claims"] else None
-        if first is not None:  # the first claim's stretch of video again, from a reader of its own
+        if first is not None and on_device:
+            # Deciding on the device, the door never waits for the server; without a valid model it stays locked.
+            from peep.edge.decide import DecisionSource, ModelStore
+
+            held = agent.model_store
+
+            def without_model(clock_ahead_s: float) -> str:
+                store = ModelStore(held.root, held.public_key, bundle_id=held.bundle_id, key_id=held.key_id,
+                                   clock=lambda: time.time() + clock_ahead_s)  # fmt: skip
+                if clock_ahead_s == 0.0:
+                    store.root = held.root / "none"  # an empty folder: no model at all
+                store.load()
+                saved = session.decisions
+                session.decisions = DecisionSource(store, domain=saved.domain, site_key=saved.site_key,
+                                                   epsilon_label=None)  # fmt: skip
+                again = VideoSource(job.work["video"], kind="file")
+                w = FrameWindow(again)
+                w.start, w.stop = first["start"], first["stop"]
+                try:
+                    return session.handle(first["subject"], w.read).reason
+                finally:
+                    session.decisions = saved
+                    again.close()
+
+            check("no device model", "no_model", lambda: without_model(0.0))
+            check("an expired device model", "no_model", lambda: without_model(365 * 86400.0))
+        # The real path with the server out of reach, and with a deadline no answer can meet.
+        if first is not None and not on_device:  # the first claim's stretch of video again, from a reader of its own
             dead = make_channel(cfg.grpc.model_copy(update={"target": "localhost:1"}))
 
             def claim_again(verifier: Any, timeout_s: float) -> str:

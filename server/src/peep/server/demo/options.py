@@ -26,7 +26,9 @@ class DemoOptions:
     epsilon: float = 16.0
     delta: float | None = None
     projection: str = "dlib-resnet"
-    components: int = 16
+    # None: 16 when the server decides (a larger K only adds noise to one release), 32 when the devices decide
+    # (they score the clean projection, where a larger K separates people better; docs/OPEN_SET.md).
+    components: int | None = None
     mirror: bool | None = None
     preset: str = "lda"
     # Strangers named at most 10 % of the time on the public background: over seeds 0-11 at ε = 16,
@@ -62,3 +64,19 @@ class DemoOptions:
     door: bool = True
     door_visible_frames: int = 10
     door_gap_frames: int = 1
+    # Where cameras and the door decide (docs/DECISIONS.md): "device" runs the server's signed model on each
+    # device's clean projection and releases only a label (k-RR at epsilon_label); "server" releases templates.
+    decide: str = "server"
+    epsilon_label: float = 8.0
+    # Public people whose clean projections set the devices' thresholds: LFW people with 20+ images who are not
+    # enrolled (all their photos, up to this many each; every person weighs the same on the device) and the
+    # 5-9-image people beyond the first background_people of the background population.
+    calibration_max_faces: int = 20
+    background_people: int = 140
+
+    @property
+    def n_components(self) -> int:
+        """The bundle's K: as given, else the default for where decisions are made."""
+        if self.components is not None:
+            return self.components
+        return 32 if self.decide == "device" else 16

@@ -178,12 +178,15 @@ class Demo:
             scripts = step("composing camera videos", lambda: self._videos(scenario), say)
             cam = step(f"running {len(scripts)} edge agents over their videos", lambda: self._cameras(scripts), say)
             verify = step(
-                "verifying claims: face alone and fused with soft traits", lambda: self._verify(scenario), say
+                "verifying claims: face alone and fused with soft traits"
+                + (" (skipped: no camera template reaches the server)" if o.decide == "device" else ""),
+                lambda: self._verify(scenario),
+                say,
             )
             door = None
             if o.door:
-                door = step("a door: badge claims, the best face, the server's Verify, a mock GPIO lock",
-                            self._door, say)  # fmt: skip
+                how = "the device's own model" if o.decide == "device" else "the server's Verify"
+                door = step(f"a door: badge claims, the best face, {how}, a mock GPIO lock", self._door, say)
             summary = self._summary(scenario, bundle, train, cam, verify, time.perf_counter() - t_start)
             if door is not None:
                 summary["door"] = door
@@ -291,6 +294,7 @@ class Demo:
         o = self.opts
         people = lfw_people(ensure_lfw(o.data_home).parent.parent)
         self.lfw_names = list(people)
+        self.lfw_counts = {n: len(p) for n, p in people.items()}
         # The same detector settings the demo's edge agents run with.
         detector = build_detector(DetectorConfig())
 
@@ -346,7 +350,19 @@ class Demo:
                     people=people,
                 )
 
-        background = public_faces(min(9, self.opts.public_max_faces or 9), scenario.background)
+        self.calibration_people: list[str] = []
+        background_people = list(scenario.background)
+        if self.opts.decide == "device":
+            # The devices' thresholds are set on public people the model never saw: the background class keeps
+            # the first background_people of the (seeded) background population, the rest and the LFW people
+            # with 20+ photos who are not enrolled calibrate.
+            order = np.random.default_rng(self.opts.seed + 5).permutation(len(background_people))
+            shuffled = [background_people[i] for i in order]
+            background_people = sorted(shuffled[: self.opts.background_people])
+            enrolled = {n.replace(" ", "_") for n in scenario.enrolled}
+            frequent = [n for n, c in self.lfw_counts.items() if c >= 20 and n.replace(" ", "_") not in enrolled]
+            self.calibration_people = sorted(shuffled[self.opts.background_people :]) + sorted(frequent)
+        background = public_faces(min(9, self.opts.public_max_faces or 9), background_people)
         self.background_faces = background
         # The bundle is fitted on public faces the demo never uses as a person: the background population
         # and, up to --public-max-faces images each, the LFW people who are neither enrolled nor strangers.
@@ -355,7 +371,7 @@ class Demo:
         self.bundle_dir = self.out / "bundle"
         bundle = build_bundle(
             public,
-            n_components=self.opts.components,
+            n_components=self.opts.n_components,
             signing_key=load_private_key(self.key_path),
             out_dir=self.bundle_dir,
             mechanism_defaults={"kind": self.opts.mechanism, "epsilon": self.opts.epsilon},
@@ -368,7 +384,27 @@ class Demo:
             f"    bundle {bundle.bundle_id}: {bundle.projection_kind}, nc={bundle.n_components}, from "
             f"{public.n_images} faces of {public.n_subjects} public people (none enrolled, none a stranger)"
         )
+        self.calibration_path: Path | None = None
+        if self.opts.decide == "device":
+            self.calibration_path = self._calibration(bundle)
         return bundle
+
+    def _calibration(self, bundle: EigenfaceBundle) -> Path:
+        """The public faces every device model carries (clean, unkeyed): what the devices set thresholds on."""
+        from peep.server.bundles.calibrate import make_calibration, write_calibration
+
+        with Progress("    calibration faces (public people the model never sees)", heartbeat=_HEARTBEAT_S) as bar:
+            projections, people, domain, kind = make_calibration(
+                bundle, "lfw", mechanism=self.opts.mechanism, data_home=self.opts.data_home, min_faces=5,
+                people=self.calibration_people, max_per_person=self.opts.calibration_max_faces, progress=bar.update,
+            )  # fmt: skip
+        path = self.out / "server" / "calibration.npz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        cal = write_calibration(path, projections=projections, people=people, bundle_id=bundle.bundle_id,
+                                domain=domain, mechanism=kind)  # fmt: skip
+        self.say(f"    calibration: {cal.n_faces} clean projections of {cal.n_people} public people, none in the "
+                 "background class, none enrolled, none a stranger")  # fmt: skip
+        return path
 
     def _make_site_key(self, keys: Path) -> None:
         """A new template key for this run, or none (``--no-site-key``, or a mechanism a rotation would clip)."""
@@ -436,6 +472,9 @@ class Demo:
                 "preset": self.opts.preset,
                 "identify_far": self.opts.identify_far,
                 "target_far": self.opts.verify_far,
+                # Deciding on the devices: every promoted model also goes to them, signed by the deployer's key.
+                **({"device_models": {"signing_key": str(self.key_path), "calibration": str(self.calibration_path)}}
+                   if self.calibration_path is not None else {}),
             },
             "recognition": {"keep": self.opts.keep},
             "metrics": {"enabled": False},
@@ -492,6 +531,7 @@ class Demo:
         from peep.edge.config import EdgeConfig
 
         o = self.opts
+        desk = device_id in _DESKS or device_id == _DOOR  # enrolment desks release templates; the door has its own
         bundle = EigenfaceBundle.load(self.bundle_dir, load_public_key(self.pub_path))
         releaser = TemplateReleaser(bundle, kind=o.mechanism, epsilon=o.epsilon, delta=o.delta)
         cost = releaser.mechanism.guarantee.epsilon_vector + (2.0 if soft else 0.0)
@@ -523,6 +563,11 @@ class Demo:
                 },
                 "metrics": {"port": 0},
                 "log": {"level": "warning", "format": "text"},
+                **(
+                    {"recognition": {"decide": "device", "epsilon_label": o.epsilon_label}}
+                    if o.decide == "device" and not desk
+                    else {}
+                ),
             }
         )
 
@@ -756,7 +801,8 @@ class Demo:
             per_subject[str(a.claim)] = per_subject.get(str(a.claim), 0) + 1
         # Likewise its throttle and hourly budgets: weeks of claims in twenty seconds would pass the defaults
         # (ten claims a minute, ε 1,600 an hour, 96 per subject); the ε the door spent is in the summary.
-        door = DoorConfig(enabled=True, lock="gpio", decision="grpc", open_s=0.05, decision_timeout_s=5.0,
+        door = DoorConfig(enabled=True, lock="gpio", decision="device" if self.opts.decide == "device" else "grpc",
+                          open_s=0.05, decision_timeout_s=5.0,
                           lockout_failures=max(per_subject.values(), default=0) + 1, max_claims_per_minute=600,
                           epsilon_per_hour=1e7, subject_epsilon_per_hour=1e7)  # fmt: skip
         cfg = cfg.model_copy(update={"door": door})
@@ -772,11 +818,60 @@ class Demo:
         summary = door_summary(rows, result["fail_secure"], pin_openings=result["pin_openings"],
                                lockout=(DoorConfig().lockout_failures, DoorConfig().lockout_window_s))  # fmt: skip
         summary["epsilon"] = _door_epsilon(self.out / "devices" / _DOOR)
+        summary["decided_on"] = self.opts.decide
         self.say(f"    {summary['genuine_opened']} of {summary['genuine']} genuine claims opened, "
                  f"{summary['impostor_opened']} of {summary['impostor']} impostor claims; face to lock p95 "
                  f"{summary['p95_ms']:.0f} ms; {summary['fail_secure_checks']} of {summary['fail_secure_run']} "
                  "fail-secure checks held")  # fmt: skip
         return summary
+
+    def _identification_per_camera(self) -> dict[str, dict[str, Any]]:
+        """FNIR and FPIR of each camera's releases (the summary's pooled figures, split by device)."""
+        out: dict[str, dict[str, Any]] = {}
+        for mid, r in self.releases.items():
+            ev = self.events.get(mid)
+            if ev is None or r["person"] is None:
+                continue
+            c = out.setdefault(r["device"], {"enrolled": 0, "named": 0, "strangers": 0, "strangers_named": 0})
+            if r["enrolled"]:
+                c["enrolled"] += 1
+                c["named"] += int((not ev.unknown) and ev.subject == r["person"])
+            else:
+                c["strangers"] += 1
+                c["strangers_named"] += int(not ev.unknown)
+        for c in out.values():
+            c["fnir"] = 1.0 - c["named"] / c["enrolled"] if c["enrolled"] else None
+            c["fpir"] = c["strangers_named"] / c["strangers"] if c["strangers"] else None
+        return dict(sorted(out.items()))
+
+    def _epsilon_per_appearance(self) -> dict[str, Any]:
+        """Per-vector ε each appearance cost its person at the cameras: the sum over its releases, from the
+        devices' own ledgers (a release's entry carries its message id)."""
+        from peep.edge.ledger import SqliteLedger
+
+        cost: dict[str, float] = {}
+        for s in self.scripts:
+            path = self.out / "devices" / s.device_id / "ledger.sqlite3"
+            if not path.exists():
+                continue
+            ledger = SqliteLedger(path)
+            try:
+                for e in ledger.entries():
+                    if e.key.startswith("track:") and e.message_id:
+                        cost[e.message_id] = cost.get(e.message_id, 0.0) + float(e.epsilon)
+            finally:
+                ledger.close()
+        per: dict[tuple[str, str], float] = {}
+        for mid, r in self.releases.items():
+            key = (r["device"], str(r["track"]))
+            per[key] = per.get(key, 0.0) + cost.get(mid, 0.0)
+        values = sorted(per.values())
+        return {
+            "appearances": len(values),
+            "mean": float(np.mean(values)) if values else None,
+            "max": values[-1] if values else None,
+            "per_release": sorted({round(v, 6) for v in cost.values()}),
+        }
 
     def _kept(self) -> dict[str, Any]:
         """What the server's database keeps after the run, counted there (``recognition.keep``, default none).
@@ -805,6 +900,13 @@ class Demo:
         }
 
     def _verify(self, scenario: Scenario) -> dict[str, Any]:
+        if self.opts.decide == "device":
+            # No camera template reaches the server to verify (the door verifies on the device, below).
+            none = {"gar": None, "far": None}
+            return {"claims": 0, "skipped": "the cameras decide on the device: no template reaches the server",
+                    "qbbs_epsilon_per_answer": self.opts.qbbs_epsilon, "fused_threshold": None, "face": none,
+                    "face_every_impostor": {"claims": 0, "far": None}, "fused": none, "qbbs_epsilon_per_subject": {},
+                    "traits_clipped_to_range": dict(self.clipped_traits), "rows": []}  # fmt: skip
         rng = np.random.default_rng(self.opts.seed + 7)
         subjects = list(scenario.enrolled)
         rows: list[dict[str, Any]] = []
@@ -914,6 +1016,8 @@ class Demo:
         g = mech.guarantee
         appearances = sum(len(s.appearances) for s in self.scripts)
         kept = self._kept()
+        per_appearance = self._epsilon_per_appearance()
+        per_camera = self._identification_per_camera()
         return {
             "data": {
                 "subjects": len(scenario.enrolled),
@@ -955,6 +1059,13 @@ class Demo:
                 "appearances": appearances,
                 # Decisions fused with the same track's previous release (training.track_fusion_s).
                 "fused_decisions": fused,
+                # Judged as NIST's FRVT judges 1:N: enrolled captures not named as themselves, strangers named.
+                "decided_on": o.decide,
+                "fnir": 1.0 - enrolled_hits / enrolled_n if enrolled_n else None,
+                "fpir": 1.0 - strangers_unknown / strangers_n if strangers_n else None,
+                "epsilon_per_appearance": per_appearance,
+                "per_camera": per_camera,
+                **({"epsilon_label": o.epsilon_label} if o.decide == "device" else {}),
             },
             "verification": {k: v for k, v in verify.items() if k != "rows"},
             "kept_templates": kept["templates"],

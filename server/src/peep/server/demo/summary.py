@@ -145,7 +145,10 @@ def _door_lines(door: dict[str, Any] | None) -> list[str]:
         + (f" — FAILED: {', '.join(failed)}" if failed else ""),
     ]
     eps = door.get("epsilon")
-    if eps:
+    if door.get("decided_on") == "device":
+        lines.append("                      decided on the door with the server's signed model: no template left "
+                     "it; its access records were spooled and sent")  # fmt: skip
+    elif eps:
         lines.append(
             f"                      ε spent at the door: {eps['releases']} releases (each claim that found a face; "
             "the fail-secure checks release nothing), "
@@ -159,6 +162,28 @@ def _door_lines(door: dict[str, Any] | None) -> list[str]:
             f"seconds apart, would have refused {lw['genuine']} genuine and {lw['impostor']} impostor claims"
         )
     return lines
+
+
+def _decided_on(ident: dict[str, Any]) -> str:
+    """Where identification was decided and what one appearance cost its person (per vector)."""
+    per = ident.get("epsilon_per_appearance") or {}
+    cost = (f"; ε per appearance {per['mean']:.3g} (max {per['max']:.3g}, {per['appearances']} appearances)"
+            if per.get("mean") is not None else "")  # fmt: skip
+    if ident.get("decided_on") == "device":
+        return (f"the devices: the server's signed model on each camera's clean projection, a label released by "
+                f"k-ary randomized response at ε {ident.get('epsilon_label', 0):g}, no template{cost}")  # fmt: skip
+    return f"the server, on one perturbed template per appearance{cost}"
+
+
+def _verification_lines(ver: dict[str, Any], every: dict[str, Any], pct: Any) -> list[str]:
+    if ver.get("skipped"):
+        return [f"  verification        skipped: {ver['skipped']}"]
+    return [
+        f"  verification        face alone: GAR {pct(ver['face']['gar'])}, FAR {pct(ver['face']['far'])}; "
+        f"fused with soft traits: GAR {pct(ver['fused']['gar'])}, FAR {pct(ver['fused']['far'])} "
+        f"({ver['claims']} claims); face alone against every other subject: FAR {pct(every.get('far'))} of "
+        f"{every.get('claims', 0)} impostor claims"
+    ]
 
 
 def summary_lines(s: dict[str, Any]) -> list[str]:
@@ -191,24 +216,30 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
             if s["bundle"].get("public_faces")
             else ""
         ),
+        f"  decided on          {_decided_on(ident)}",
         f"  identification      {pct(ident['accuracy'])} of {ident['enrolled_templates']} captures of enrolled people "
         f"(called unknown: {pct(ident['enrolled_called_unknown'])}; "
         f"{ident.get('fused_decisions', 0)} decisions fused with their track's previous release)",
         f"  unknown rejection   {pct(ident['unknown_rejection_rate'])} of {ident['stranger_templates']} "
         "captures of never-enrolled people",
-        f"  verification        face alone: GAR {pct(ver['face']['gar'])}, FAR {pct(ver['face']['far'])}; "
-        f"fused with soft traits: GAR {pct(ver['fused']['gar'])}, FAR {pct(ver['fused']['far'])} "
-        f"({ver['claims']} claims); face alone against every other subject: FAR {pct(every.get('far'))} of "
-        f"{every.get('claims', 0)} impostor claims",
+        f"  as FRVT judges 1:N  FNIR {pct(ident.get('fnir'))}, FPIR {pct(ident.get('fpir'))}"
+        + "".join(f"; {d} {pct(c['fnir'])} / {pct(c['fpir'])}" for d, c in ident.get("per_camera", {}).items()),
+        *_verification_lines(ver, every, pct),
         *_door_lines(s.get("door")),
         f"  ε spent per device  (per vector) {eps_dev}",
         f"  kept by the server  templates: enrolment {kt['enrolment']}, background {kt['background']}, "
         f"recognised {kt['recognised']}, strangers {kt['strangers']} (recognition.keep = {kept.get('keep', '?')}); "
         f"{kept.get('decisions', 0)} decisions ({kept.get('unknown_decisions', 0)} unknown), "
         f"{kept.get('ledger_entries', 0)} ledger entries (message ids and times, no template)",
-        f"  QBBS                ε {ver['qbbs_epsilon_per_answer']:g} per answer; per subject max "
-        f"{max(ver['qbbs_epsilon_per_subject'].values(), default=0):g} (odometer); fused threshold "
-        f"{ver['fused_threshold']:.3g} (calibrated for 1 % FAR on simulated public-population impostors)",
+        *(
+            [
+                f"  QBBS                ε {ver['qbbs_epsilon_per_answer']:g} per answer; per subject max "
+                f"{max(ver['qbbs_epsilon_per_subject'].values(), default=0):g} (odometer); fused threshold "
+                f"{ver['fused_threshold']:.3g} (calibrated for 1 % FAR on simulated public-population impostors)"
+            ]
+            if ver.get("fused_threshold") is not None
+            else []
+        ),
         f"  throughput          {edge['templates']} templates from {edge['frames']} frames in "
         f"{edge['edge_seconds']:.1f} s ({edge['templates_per_s']:.1f} templates/s, "
         f"{edge['frames_per_s']:.0f} frames/s over {len(edge['devices'])} agents)",
