@@ -167,7 +167,7 @@ def test_the_server_keeps_nothing_of_the_strangers_it_decided(demo_run):
         ledger_cols = [r[1] for r in con.execute("PRAGMA table_info(ingest_ledger)")]
         assert ledger_cols == ["device_id", "message_id", "site", "received_at", "purpose", "track_id", "bundle_id",
                                "mechanism_kind", "epsilon_coordinate", "epsilon_vector", "epsilon_traits",
-                               "transport", "sent_by"]  # fmt: skip
+                               "transport", "sent_by", "epsilon_label"]  # fmt: skip
         q = "SELECT subject, unknown FROM recognition_events WHERE message_id = ?"
         for mid in strangers:
             for subject, unknown in con.execute(q, (mid,)):

@@ -483,7 +483,7 @@ def test_migration_from_schema_1_keeps_every_row_and_keys_by_device(kind, tmp_pa
     target, rows = _schema_v1(kind, tmp_path, lambda: request.getfixturevalue("pg_dsn"))
     store = SqliteStore(target) if kind == "sqlite" else PostgresStore(target, pool_size=2)
     try:
-        assert store.schema_version() == latest(kind) == 14
+        assert store.schema_version() == latest(kind) == 15
         assert store.count_templates() == 6
         assert [store.get_template(r.message_id, device_id="cam-1") for r in rows] == rows
         # every stored template is in the ledger (a redelivery of one stays a duplicate once templates are
@@ -522,7 +522,7 @@ def test_migration_from_schema_1_keeps_every_row_and_keys_by_device(kind, tmp_pa
         store.close()
     reopened = SqliteStore(target) if kind == "sqlite" else PostgresStore(target, pool_size=1)
     try:
-        assert reopened.schema_version() == 14 and reopened.count_templates() == 7
+        assert reopened.schema_version() == 15 and reopened.count_templates() == 7
     finally:
         reopened.close()
 

@@ -206,6 +206,8 @@ class Services:
             self.recogniser,
             background_prefix=config.training.background_prefix,
         )
+        # Decisions made on devices are checked against the models issued to them.
+        self.validator.device_models = self.device_models
         #: Devices' asks for a device model (gRPC GetDeviceModel and MQTT model_request), per device: an answer
         #: may be megabytes, and costs the asker nothing.
         self.device_model_requests = CallerRate(

@@ -561,7 +561,8 @@ class ConsoleStore:
 
         From the ingest ledger (every received template's ids, times and ε, kept for the de-duplication
         window), not from templates: identify/verify templates are decided and forgotten. Every ε sum is the
-        whole spend: the template's and its soft-trait releases' (sequential composition). The sums, the track
+        whole spend: the template's, its soft-trait releases' (sequential composition) and, for a decision made on
+        the device, its label's (``epsilon_label``; its template ε are 0). The sums, the track
         and the latest release count the device's own releases; what the administrator sent in its name is
         summed apart (:class:`DeviceSummary`). The mechanism shown is that of the device's latest row.
         """
@@ -569,12 +570,13 @@ class ConsoleStore:
         # One scan for the counts, sums and transports (a month of a busy site's rows): grouped by how each row
         # came and whose credential sent it, then added up here.
         q = (
-            "SELECT device_id, transport, sent_by, COUNT(*), SUM(epsilon_vector + epsilon_traits), MAX(received_at), "
-            "SUM(epsilon_traits) FROM ingest_ledger GROUP BY device_id, transport, sent_by"
+            "SELECT device_id, transport, sent_by, COUNT(*), SUM(epsilon_vector + epsilon_traits + epsilon_label), "
+            "MAX(received_at), SUM(epsilon_traits) FROM ingest_ledger GROUP BY device_id, transport, sent_by"
         )
         q_track = (
-            "SELECT device_id, MAX(total) FROM (SELECT device_id, track_id, SUM(epsilon_vector + epsilon_traits) "
-            f"AS total FROM ingest_ledger WHERE {own} GROUP BY device_id, track_id) t GROUP BY device_id"
+            "SELECT device_id, MAX(total) FROM (SELECT device_id, track_id, "
+            "SUM(epsilon_vector + epsilon_traits + epsilon_label) AS total FROM ingest_ledger "
+            f"WHERE {own} GROUP BY device_id, track_id) t GROUP BY device_id"
         )
         q_last = (
             "SELECT t.device_id, t.site, t.bundle_id, t.mechanism_kind, t.epsilon_coordinate, t.epsilon_vector "
@@ -666,14 +668,14 @@ class ConsoleStore:
             return [(int(h), int(n)) for h, n in conn.execute(q, [since, *params])]
 
     def epsilon_by_device_hour(self, since: float, *, bucket_s: float = 3600.0) -> list[tuple[str, int, float]]:
-        """(device, bucket index, ε per vector spent in it: templates + soft traits) since ``since``.
+        """(device, bucket index, ε per vector spent in it: templates + soft traits + decision labels) since ``since``.
 
         The bucket of a time ``t`` is ``floor(t / bucket_s)`` (hours by default). The device's own releases
         only, as in :meth:`devices`.
         """
         b = self._bucket("received_at", bucket_s)
         q = (
-            f"SELECT device_id, {b} AS h, SUM(epsilon_vector + epsilon_traits) FROM ingest_ledger "
+            f"SELECT device_id, {b} AS h, SUM(epsilon_vector + epsilon_traits + epsilon_label) FROM ingest_ledger "
             f"WHERE received_at >= {self._p} AND sent_by != '{ADMIN}' GROUP BY device_id, {b} ORDER BY h"
         )
         with self.store._session() as conn:

@@ -685,7 +685,7 @@ class ConsoleApp:
         """
         since = now - 7 * 86400
         span = self.store.ledger_span(since)
-        title = "ε per vector spent per device, templates + soft traits (cumulative, last 7 days, UTC)"
+        title = "ε per vector spent per device, templates + soft traits + labels (cumulative, last 7 days, UTC)"
         if span is None:
             return title, [], {}
         width = next((w for limit, w in EPSILON_BUCKETS if span[1] - span[0] <= limit), 86_400.0)

@@ -82,7 +82,10 @@ def event_to_json(ev: recognition_pb2.RecognitionEvent) -> dict[str, Any]:
         "track_id": ev.track_id,
         "purpose": wire.purpose_name(ev.purpose) if ev.purpose else "unspecified",
         "model_version": ev.model_version,
+        "decided_on": ev.decided_on or "server",
     }
+    if ev.decided_on == "device":
+        out.update(epsilon_label=ev.epsilon_label, model_serial=ev.model_serial)
     if ev.purpose == template_pb2.PURPOSE_VERIFY:
         out.update(claimed_subject=ev.claimed_subject, accepted=ev.accepted, probability=ev.probability)
     else:

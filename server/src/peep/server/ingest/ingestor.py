@@ -18,6 +18,13 @@ committed log, :mod:`peep.server.ingest.events`), and callers acknowledge
 after this returns: an acknowledged template has its decision committed
 exactly once.
 
+A device that decides on its own clean projection sends its decision instead of a template (a release whose
+``decision`` is set, checked against the signed device model it names by the validator): it takes the same
+path -- ledger row (charging its label's ε), de-duplication, acknowledgement -- and becomes the same event and
+kept decision, ``decided_on = "device"``, its label mapped back to the subject (or unknown, for a subject
+erased since). Only the device that decided may send it (never the administrator's credential), and there is
+no template to keep.
+
 A template decided by a call instead (``Identify``, ``Verify``, QBBS
 ``VerifyFused``: a door's claim) gets the same ledger row, written with the
 call's decision off the call's path (:meth:`Ingestor.record_release`), so
@@ -301,6 +308,15 @@ class Ingestor:
         ident = sender.identity
         enrol = msg.purpose == template_pb2.PURPOSE_ENROLL
         if ident is not None:
+            if ident.is_admin and msg.HasField("decision"):
+                # A decision is a device's own statement of what it decided (a camera's label, a door's access
+                # record): the administrator's credential, which may send templates in a desk's name, may not
+                # make one up in a device's name.
+                raise PermissionRefused(
+                    "decision_not_from_device",
+                    f"decision: expected the decision of the device that made it, sent with that device's own "
+                    f"credential, received one for {msg.device_id[:64]!r} sent with the admin credential",
+                )
             if ident.is_admin:
                 return
             if msg.device_id != ident.name:
@@ -426,7 +442,10 @@ class Ingestor:
         ]
         decided = [_Decided(i, valid[i]) for i in fresh if valid[i].purpose in ("identify", "verify")]
         if recognise and decided:
-            self._decide(decided)
+            self._decide([d for d in decided if not d.valid.is_decision])
+        for d in decided:
+            if d.valid.is_decision:  # made by the device: recorded whatever `recognise` says
+                self._device_decision(d)
         decisions = [DecisionRecord.from_event(d.event, origin=self.origin) for d in decided if d.event is not None]
         kept = [
             TemplateRecord.from_message(
@@ -447,6 +466,8 @@ class Ingestor:
         return new
 
     def _keeps(self, d: _Decided) -> bool:
+        if d.valid.is_decision:
+            return False  # a decision has no template to keep
         if self.keep == "all":
             return True
         return self.keep == "recognised" and d.recognised_as is not None
@@ -458,7 +479,7 @@ class Ingestor:
         rows = []
         for d in decided:
             m = d.valid.message
-            if d.valid.purpose != "identify" or not m.track_id:
+            if d.valid.purpose != "identify" or not m.track_id or d.valid.is_decision:
                 continue
             rows.append(
                 TrackRelease(
@@ -529,6 +550,32 @@ class Ingestor:
                     model_version=m.version,
                 )
 
+    def _device_decision(self, d: _Decided) -> None:
+        """The event of a device's decision: its label's subject (unknown if erased since), or a door's record."""
+        v = d.valid
+        msg, issued, dec = v.message, v.device_model, v.message.decision
+        fields: dict[str, object] = {
+            "model_version": issued.model_version,
+            "decided_on": "device",
+            "epsilon_label": float(dec.epsilon_label),
+            "model_serial": int(issued.serial),
+        }
+        if v.purpose == "identify":
+            subject = v.label_subject
+            if subject:
+                erased = self.recogniser.erased_at(subject)
+                if erased is not None and erased >= issued.trained_at:
+                    subject = ""  # erased since the model was trained: the label names nobody now
+            d.recognised_as = subject or None
+            d.event = self.decision_event(
+                v, subject=subject, unknown=not subject, probability=0.0, releases_fused=1, **fields
+            )
+        else:
+            d.recognised_as = msg.subject if dec.accepted else None
+            d.event = self.decision_event(
+                v, claimed_subject=msg.subject, accepted=bool(dec.accepted), probability=0.0, **fields
+            )
+
     def _recaller(
         self, msgs: list[template_pb2.PerturbedTemplate], n_components: int
     ) -> Callable[[list[int]], dict[int, np.ndarray]]:
@@ -569,6 +616,7 @@ class Ingestor:
         soft trait, and for an unknown identification no subject.
         """
         msg = v.message
+        fields.setdefault("decided_on", "server")
         return new_event(
             site=msg.site,
             device_id=msg.device_id,

@@ -45,6 +45,15 @@ size limits
     At most :data:`peep.core.wire.MAX_TEMPLATE_BYTES` bytes, at most
     :data:`MAX_SOFT_TRAITS` soft traits; every string and number bounded by
     :func:`peep.core.wire.validate_template` (its docstring lists the bounds).
+a device's decision instead of a template
+    A release whose ``decision`` is set (:func:`peep.core.wire.validate_decision`: no values, no mechanism, a
+    named label mechanism at a bounded ε) names the signed device model that made it. It must be one this
+    server issued (``unknown_model_serial``) and did not withdraw (``withdrawn_model``: its site key was
+    retired), made from the version it says (``model_mismatch``), for the bundle and site key the release
+    carries (``model_mismatch``), not expired before the capture (``expired_model``), from a version the
+    server still keeps (``unknown_model_version``: its label could not be read), and an identification's
+    label must be one of that model's class ids or empty (``unknown_label``). A door's access record names
+    the claimed subject (``invalid_subject``).
 
 Every refusal is a :class:`Rejection` (a :class:`~peep.core.exceptions.WireError`)
 with a short ``reason`` code for metrics/dead letters and a message naming the
@@ -60,6 +69,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -68,6 +78,7 @@ from peep.core.bundle import EigenfaceBundle
 from peep.core.exceptions import WireError
 from peep.core.release import mechanism_for_bounds
 from peep.server.bundles.catalog import BundleCatalog
+from peep.server.storage import ACCESS_RECORD
 from peep.v1 import template_pb2
 
 MAX_SOFT_TRAITS = 16
@@ -127,6 +138,16 @@ class ValidTemplate:
     transport: str = ""
     #: ``device`` or ``admin`` (whose credential sent it); "" until authorised.
     sent_by: str = ""
+    #: A device's decision (``message.decision`` set): the device model that made it (an
+    #: :class:`~peep.server.storage.devicemodels.IssuedModel`) and, for an identification, the subject its label
+    #: stands for ("" for unknown). None for a template.
+    device_model: Any = None
+    label_subject: str = ""
+
+    @property
+    def is_decision(self) -> bool:
+        """Whether this release carries a device's decision instead of a template."""
+        return self.device_model is not None
 
 
 def _close(a: float, b: float) -> bool:
@@ -161,6 +182,9 @@ class TemplateValidator:
         self.max_clock_skew_s = float(max_clock_skew_s)
         self.max_age_s = float(max_age_s)
         self.clock = clock
+        #: The device models decisions are checked against (:class:`~peep.server.recognition.devicemodels.DeviceModels`,
+        #: set by the services once they exist); None: decisions are refused.
+        self.device_models: Any = None
         self._domains: OrderedDict[tuple[str, str, float, float], _Domain | str] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -195,6 +219,8 @@ class TemplateValidator:
         untrusted = self.bundles.untrusted(bundle)
         if untrusted is not None:
             raise Rejection("untrusted_network", f"bundle {bundle.bundle_id}: {untrusted}")
+        if msg.HasField("decision"):
+            return self._validate_decision(msg, bundle)
         nc = bundle.n_components
         if len(msg.values) != nc:
             raise Rejection(
@@ -226,6 +252,79 @@ class TemplateValidator:
             )
         return ValidTemplate(
             message=msg, values=values, bundle=bundle, kind=kind, purpose=wire.purpose_name(msg.purpose)
+        )
+
+    def _validate_decision(self, msg: template_pb2.PerturbedTemplate, bundle: EigenfaceBundle) -> ValidTemplate:
+        """The checks of a device's decision against the model it names (the module docstring's last rule)."""
+        d = msg.decision
+        purpose = wire.purpose_name(msg.purpose)
+        models = self.device_models
+        issued = models.get(int(d.model_serial)) if models is not None else None
+        if issued is None:
+            raise Rejection(
+                "unknown_model_serial",
+                f"decision.model_serial: expected a device model this server issued, received {d.model_serial}",
+            )
+        serial = issued.serial
+        if issued.withdrawn:
+            raise Rejection(
+                "withdrawn_model",
+                f"decision.model_serial: device model {serial} was withdrawn (site key {issued.key_id or 'none'} "
+                "was retired): expected a decision of a model in use, received one of that model",
+            )
+        if d.model_version != issued.model_version:
+            raise Rejection(
+                "model_mismatch",
+                f"decision.model_version: expected {issued.model_version} (what device model {serial} was made "
+                f"from), received {d.model_version[:64]!r}",
+            )
+        if msg.bundle_id != issued.bundle_id:
+            raise Rejection(
+                "model_mismatch",
+                f"bundle_id: expected {issued.bundle_id} (device model {serial}'s bundle), received {msg.bundle_id!r}",
+            )
+        if msg.key_id != issued.key_id:
+            raise Rejection(
+                "model_mismatch",
+                f"key_id: expected {issued.key_id or 'none'} (device model {serial}'s site key), received "
+                f"{msg.key_id[:64] or 'none'}",
+            )
+        captured = msg.capture_time.seconds
+        if captured > issued.expires_at + self.max_clock_skew_s:
+            raise Rejection(
+                "expired_model",
+                f"decision.model_serial: device model {serial} expired at {_iso(int(issued.expires_at))}, expected "
+                f"a decision made before, received one captured at {_iso(captured)}",
+            )
+        subject = ""
+        if purpose == "identify":
+            labels = models.label_map(issued.model_version)
+            if labels is None:
+                raise Rejection(
+                    "unknown_model_version",
+                    f"decision.model_version: {issued.model_version} is no longer kept on this server (pruned, or "
+                    "deleted by an erasure), so its labels cannot be read: the device needs a newer model",
+                )
+            if d.label:
+                if d.label not in labels.subjects:
+                    raise Rejection(
+                        "unknown_label",
+                        f"decision.label: expected one of the class ids of device model {serial} or '' (unknown), "
+                        f"received {d.label[:64]!r}",
+                    )
+                subject = labels.subjects[d.label]
+        elif not msg.subject:
+            raise Rejection(
+                "invalid_subject", "subject: expected the claimed subject of a door's access record, received none"
+            )
+        return ValidTemplate(
+            message=msg,
+            values=np.zeros(0, dtype=np.float32),
+            bundle=bundle,
+            kind=d.label_mechanism or ACCESS_RECORD,
+            purpose=purpose,
+            device_model=issued,
+            label_subject=subject,
         )
 
     def _check_capture_time(self, msg: template_pb2.PerturbedTemplate) -> None:

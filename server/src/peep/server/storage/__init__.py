@@ -193,6 +193,9 @@ class LedgerEntry:
     transport: str = ""
     #: Whose credential sent it: ``device`` (the device's own, or its MQTT topic) or ``admin`` ("" before recorded).
     sent_by: str = ""
+    #: ε of a device's released decision label (k-ary randomized response); 0 for a template and for a door's
+    #: access record. A decision has no template, so its template ε (``epsilon_coordinate``, ``epsilon_vector``) are 0.
+    epsilon_label: float = 0.0
 
     @classmethod
     def from_message(
@@ -211,6 +214,7 @@ class LedgerEntry:
             Whose credential sent it.
         """
         m = msg.mechanism
+        decided = msg.HasField("decision")
         return cls(
             device_id=msg.device_id,
             message_id=msg.message_id,
@@ -219,12 +223,13 @@ class LedgerEntry:
             purpose=wire.purpose_name(msg.purpose),
             track_id=msg.track_id,
             bundle_id=msg.bundle_id,
-            mechanism_kind=wire.mechanism_kind_name(m.kind),
-            epsilon_coordinate=m.epsilon_coordinate,
-            epsilon_vector=m.epsilon_vector,
+            mechanism_kind=decision_mechanism(msg) if decided else wire.mechanism_kind_name(m.kind),
+            epsilon_coordinate=0.0 if decided else m.epsilon_coordinate,
+            epsilon_vector=0.0 if decided else m.epsilon_vector,
             epsilon_traits=float(sum(t.epsilon for t in msg.soft_traits)),
             transport=transport,
             sent_by=sent_by,
+            epsilon_label=float(msg.decision.epsilon_label) if decided else 0.0,
         )
 
     @property
@@ -233,6 +238,15 @@ class LedgerEntry:
 
     def row(self) -> tuple[object, ...]:
         return tuple(getattr(self, f.name) for f in fields(self))
+
+
+#: What the ledger calls the release of a door's access record (the door's own action; no label mechanism).
+ACCESS_RECORD = "access-record"
+
+
+def decision_mechanism(msg: template_pb2.PerturbedTemplate) -> str:
+    """The mechanism a release carrying a decision went through: its label's (``k-rr``), or a door's record."""
+    return msg.decision.label_mechanism or ACCESS_RECORD
 
 
 #: The columns of ``ingest_ledger``, in table order.
@@ -262,6 +276,11 @@ class DecisionRecord:
     model_version: str
     releases_fused: int
     origin: str = ""  # the replica that decided (cluster.replica_id); "" for a single server
+    #: ``server`` (on a perturbed template) or ``device`` (the device's own decision with a device model).
+    decided_on: str = "server"
+    #: A device's decision: its label's ε (0 for a door's access record) and the device model's serial.
+    epsilon_label: float = 0.0
+    model_serial: int = 0
 
     @classmethod
     def from_event(cls, ev: Any, *, origin: str = "") -> DecisionRecord:
@@ -283,6 +302,9 @@ class DecisionRecord:
             model_version=ev.model_version,
             releases_fused=int(ev.releases_fused or 1),
             origin=origin,
+            decided_on=ev.decided_on or "server",
+            epsilon_label=float(ev.epsilon_label),
+            model_serial=int(ev.model_serial),
         )
 
     def to_event(self, seq: int = 0) -> Any:
@@ -302,6 +324,9 @@ class DecisionRecord:
             model_version=self.model_version,
             releases_fused=self.releases_fused,
             seq=seq,
+            decided_on=self.decided_on,
+            epsilon_label=self.epsilon_label,
+            model_serial=self.model_serial,
         )
         ev.time.FromNanoseconds(round(self.at * 1e9))
         return ev

@@ -260,6 +260,19 @@ def _device_models(dialect: Dialect) -> list[str]:
     ]
 
 
+# Migration 15: decisions made on a device (a release carrying a decision instead of a template). The ledger
+# charges such a release the ε of its label (epsilon_label; its template ε are 0: there is no template), and a
+# kept decision says where it was made (decided_on: server or device), its label's ε and the serial of the
+# device model that made it. Rows from before are the server's, with no label.
+def _device_decisions(dialect: Dialect) -> list[str]:
+    return [
+        "ALTER TABLE ingest_ledger ADD COLUMN epsilon_label {real} NOT NULL DEFAULT 0",
+        "ALTER TABLE recognition_events ADD COLUMN decided_on TEXT NOT NULL DEFAULT 'server'",
+        "ALTER TABLE recognition_events ADD COLUMN epsilon_label {real} NOT NULL DEFAULT 0",
+        f"ALTER TABLE recognition_events ADD COLUMN model_serial {_SERIAL[dialect.name].split()[0]} NOT NULL DEFAULT 0",
+    ]
+
+
 def _render(dialect: Dialect, statements: list[str]) -> list[str]:
     return [s.format(real=dialect.real, blob=dialect.blob) for s in statements]
 
@@ -281,6 +294,7 @@ MIGRATIONS: dict[str, list[list[str]]] = {
         _render(d, _DECISION_ORIGIN),
         _render(d, _LEDGER_ORIGIN),
         _render(d, _device_models(d)),
+        _render(d, _device_decisions(d)),
     ]
     for d in (SQLITE, POSTGRES)
 }

@@ -42,6 +42,7 @@ _INSERT = (
 _LEDGER_TYPES = (
     *("text", "text", "text", "float8", "text", "text", "text", "text", "float8", "float8", "float8"),
     *("text", "text"),  # transport, sent_by (migration 13)
+    "float8",  # epsilon_label (migration 15)
 )
 assert len(_LEDGER_TYPES) == len(LEDGER_COLUMNS)
 _INSERT_LEDGER = (

@@ -185,6 +185,12 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
     def _valid(self, template: template_pb2.PerturbedTemplate, context: grpc.ServicerContext) -> Any:
         if not template.ByteSize():
             raise Rejection("missing_template", "template: expected a PerturbedTemplate, received none")
+        if template.HasField("decision"):
+            raise Rejection(
+                "decision_not_a_query",
+                "template: expected a perturbed template to decide on, received a device's decision (send it with "
+                "Ingest or IngestStream)",
+            )
         valid = self.s.ingestor.check(template, self._sender())
         # Counted like an ingested release (a door's claim is one), whether or not it can be decided below.
         self.s.ingestor.record_release(valid)

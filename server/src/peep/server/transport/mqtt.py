@@ -784,7 +784,14 @@ class MqttBridge:
     def publish_event(self, ev: recognition_pb2.RecognitionEvent) -> None:
         if not self._connected.is_set():
             return
-        if self._decision_key is not None and ev.purpose == template_pb2.PURPOSE_VERIFY and ev.claimed_subject:
+        # Only what the server decided is signed: a door's own access record (decided_on "device") is the door's.
+        server_verdict = ev.decided_on != "device"
+        if (
+            self._decision_key is not None
+            and server_verdict
+            and ev.purpose == template_pb2.PURPOSE_VERIFY
+            and ev.claimed_subject
+        ):
             doc = event_to_json(ev)
             statement = door_statement("verify", site=ev.site, device_id=ev.device_id, nonce=ev.message_id,
                                        subject=ev.claimed_subject, verdict=bool(ev.accepted))  # fmt: skip
