@@ -55,7 +55,15 @@ from peep.server.demo.scenario import (
     door_script,
     link_folder,
 )
-from peep.server.demo.summary import _door_epsilon, _ledger_totals, _stranger_keys, door_summary
+from peep.server.demo.summary import (
+    _door_epsilon,
+    _ledger_totals,
+    _stranger_keys,
+    door_summary,
+    epsilon_per_appearance,
+    identification_per_camera,
+)
+from peep.server.demo.verification import verify_claims
 from peep.server.errors import UsageError
 from peep.server.progress import Progress
 from peep.v1 import qbbs_pb2, qbbs_pb2_grpc, recognition_pb2, recognition_pb2_grpc
@@ -825,54 +833,6 @@ class Demo:
                  "fail-secure checks held")  # fmt: skip
         return summary
 
-    def _identification_per_camera(self) -> dict[str, dict[str, Any]]:
-        """FNIR and FPIR of each camera's releases (the summary's pooled figures, split by device)."""
-        out: dict[str, dict[str, Any]] = {}
-        for mid, r in self.releases.items():
-            ev = self.events.get(mid)
-            if ev is None or r["person"] is None:
-                continue
-            c = out.setdefault(r["device"], {"enrolled": 0, "named": 0, "strangers": 0, "strangers_named": 0})
-            if r["enrolled"]:
-                c["enrolled"] += 1
-                c["named"] += int((not ev.unknown) and ev.subject == r["person"])
-            else:
-                c["strangers"] += 1
-                c["strangers_named"] += int(not ev.unknown)
-        for c in out.values():
-            c["fnir"] = 1.0 - c["named"] / c["enrolled"] if c["enrolled"] else None
-            c["fpir"] = c["strangers_named"] / c["strangers"] if c["strangers"] else None
-        return dict(sorted(out.items()))
-
-    def _epsilon_per_appearance(self) -> dict[str, Any]:
-        """Per-vector ε each appearance cost its person at the cameras: the sum over its releases, from the
-        devices' own ledgers (a release's entry carries its message id)."""
-        from peep.edge.ledger import SqliteLedger
-
-        cost: dict[str, float] = {}
-        for s in self.scripts:
-            path = self.out / "devices" / s.device_id / "ledger.sqlite3"
-            if not path.exists():
-                continue
-            ledger = SqliteLedger(path)
-            try:
-                for e in ledger.entries():
-                    if e.key.startswith("track:") and e.message_id:
-                        cost[e.message_id] = cost.get(e.message_id, 0.0) + float(e.epsilon)
-            finally:
-                ledger.close()
-        per: dict[tuple[str, str], float] = {}
-        for mid, r in self.releases.items():
-            key = (r["device"], str(r["track"]))
-            per[key] = per.get(key, 0.0) + cost.get(mid, 0.0)
-        values = sorted(per.values())
-        return {
-            "appearances": len(values),
-            "mean": float(np.mean(values)) if values else None,
-            "max": values[-1] if values else None,
-            "per_release": sorted({round(v, 6) for v in cost.values()}),
-        }
-
     def _kept(self) -> dict[str, Any]:
         """What the server's database keeps after the run, counted there (``recognition.keep``, default none).
 
@@ -900,90 +860,7 @@ class Demo:
         }
 
     def _verify(self, scenario: Scenario) -> dict[str, Any]:
-        if self.opts.decide == "device":
-            # No camera template reaches the server to verify (the door verifies on the device, below).
-            none = {"gar": None, "far": None}
-            return {"claims": 0, "skipped": "the cameras decide on the device: no template reaches the server",
-                    "qbbs_epsilon_per_answer": self.opts.qbbs_epsilon, "fused_threshold": None, "face": none,
-                    "face_every_impostor": {"claims": 0, "far": None}, "fused": none, "qbbs_epsilon_per_subject": {},
-                    "traits_clipped_to_range": dict(self.clipped_traits), "rows": []}  # fmt: skip
-        rng = np.random.default_rng(self.opts.seed + 7)
-        subjects = list(scenario.enrolled)
-        rows: list[dict[str, Any]] = []
-        # Face alone, every capture claimed as every other enrolled subject too: ~9x the impostor claims,
-        # so a FAR of 1 % is resolved (one false accept in 57 claims would already be 1.8 %).
-        every_impostor: list[bool] = []
-        for mid, r in sorted(self.releases.items(), key=lambda kv: (kv[1]["device"], kv[1]["frame"])):
-            if not r["enrolled"]:
-                continue
-            template = wire.decode_template(r["payload"])
-            # The door-side device that captured the face asks; a device may only submit its own templates.
-            md = [("authorization", f"Bearer {self.device_tokens[r['device']]}")]
-            others = [s for s in subjects if s != r["person"]]
-            for claim in others:
-                every_impostor.append(
-                    self.recognition.Verify(
-                        recognition_pb2.VerifyRequest(template=template, claimed_subject=claim), metadata=md, timeout=10
-                    ).accepted
-                )
-            for claim, genuine in ((r["person"], True), (str(rng.choice(others)), False)):
-                face = self.recognition.Verify(
-                    recognition_pb2.VerifyRequest(template=template, claimed_subject=claim),
-                    metadata=md,
-                    timeout=10,
-                )
-                # Height and weight as a door-side sensor would measure them (synthetic, labelled so);
-                # age and gender come from the camera's own LDP release inside the template.
-                truth = self.traits[r["person"]]
-                observed = [
-                    qbbs_pb2.SoftTraitValue(trait=t, value=self._in_range(t, truth[t] + float(rng.normal(0, sd))))
-                    for t, sd in (("height", 4.0), ("weight", 5.0))
-                ]
-                fused = self.qbbs.VerifyFused(
-                    qbbs_pb2.QbbsVerifyRequest(template=template, claimed_subject=claim, observed=observed),
-                    metadata=md,
-                    timeout=10,
-                )
-                rows.append(
-                    {
-                        "message_id": mid,
-                        "genuine": genuine,
-                        "claim": claim,
-                        "face_accepted": face.accepted,
-                        "face_score": face.score,
-                        "fused_accepted": fused.accepted,
-                        "fused_score": fused.fused_score,
-                        "fused_threshold": fused.threshold,
-                        "qbbs_epsilon_spent": fused.epsilon_spent,
-                    }
-                )
-        odometer = {
-            s: self.qbbs.GetOdometer(
-                qbbs_pb2.OdometerRequest(subject=s), metadata=self.admin_md, timeout=10
-            ).epsilon_spent
-            for s in subjects
-        }
-        (self.out / "verification.json").write_text(json.dumps(rows, indent=1) + "\n")
-        g = [r for r in rows if r["genuine"]]
-        i = [r for r in rows if not r["genuine"]]
-
-        def rate(rs: list[dict[str, Any]], key: str) -> float | None:
-            return sum(bool(r[key]) for r in rs) / len(rs) if rs else None
-
-        return {
-            "claims": len(rows),
-            "qbbs_epsilon_per_answer": self.opts.qbbs_epsilon,
-            "fused_threshold": rows[-1]["fused_threshold"] if rows else None,
-            "face": {"gar": rate(g, "face_accepted"), "far": rate(i, "face_accepted")},
-            "face_every_impostor": {
-                "claims": len(every_impostor),
-                "far": sum(every_impostor) / len(every_impostor) if every_impostor else None,
-            },
-            "fused": {"gar": rate(g, "fused_accepted"), "far": rate(i, "fused_accepted")},
-            "qbbs_epsilon_per_subject": odometer,
-            "traits_clipped_to_range": dict(self.clipped_traits),
-            "rows": rows,
-        }
+        return verify_claims(self, scenario)
 
     # ------------------------------------------------------------------ summary
 
@@ -1016,8 +893,8 @@ class Demo:
         g = mech.guarantee
         appearances = sum(len(s.appearances) for s in self.scripts)
         kept = self._kept()
-        per_appearance = self._epsilon_per_appearance()
-        per_camera = self._identification_per_camera()
+        per_appearance = epsilon_per_appearance(self.releases, [s.device_id for s in self.scripts], self.out)
+        per_camera = identification_per_camera(self.releases, self.events)
         return {
             "data": {
                 "subjects": len(scenario.enrolled),

@@ -247,3 +247,53 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
         f"validation accuracy {s['model']['validation_accuracy']:.3f}",
         f"  wall time           {s['wall_s']:.0f} s ({steps})",
     ]
+
+
+def identification_per_camera(releases: dict[str, dict[str, Any]], events: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """FNIR and FPIR of each camera's releases (the summary's pooled figures, split by device)."""
+    per: dict[str, dict[str, Any]] = {}
+    for mid, r in releases.items():
+        ev = events.get(mid)
+        if ev is None or r["person"] is None:
+            continue
+        c = per.setdefault(r["device"], {"enrolled": 0, "named": 0, "strangers": 0, "strangers_named": 0})
+        if r["enrolled"]:
+            c["enrolled"] += 1
+            c["named"] += int((not ev.unknown) and ev.subject == r["person"])
+        else:
+            c["strangers"] += 1
+            c["strangers_named"] += int(not ev.unknown)
+    for c in per.values():
+        c["fnir"] = 1.0 - c["named"] / c["enrolled"] if c["enrolled"] else None
+        c["fpir"] = c["strangers_named"] / c["strangers"] if c["strangers"] else None
+    return dict(sorted(per.items()))
+
+
+def epsilon_per_appearance(releases: dict[str, dict[str, Any]], devices: list[str], out: Path) -> dict[str, Any]:
+    """Per-vector ε each appearance cost its person at the cameras: the sum over its releases, from the
+    devices' own ledgers (a release's entry carries its message id)."""
+    from peep.edge.ledger import SqliteLedger
+
+    cost: dict[str, float] = {}
+    for device in devices:
+        path = out / "devices" / device / "ledger.sqlite3"
+        if not path.exists():
+            continue
+        ledger = SqliteLedger(path)
+        try:
+            for e in ledger.entries():
+                if e.key.startswith("track:") and e.message_id:
+                    cost[e.message_id] = cost.get(e.message_id, 0.0) + float(e.epsilon)
+        finally:
+            ledger.close()
+    per: dict[tuple[str, str], float] = {}
+    for mid, r in releases.items():
+        key = (r["device"], str(r["track"]))
+        per[key] = per.get(key, 0.0) + cost.get(mid, 0.0)
+    values = sorted(per.values())
+    return {
+        "appearances": len(values),
+        "mean": float(sum(values) / len(values)) if values else None,
+        "max": values[-1] if values else None,
+        "per_release": sorted({round(v, 6) for v in cost.values()}),
+    }
