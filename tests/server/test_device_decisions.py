@@ -257,3 +257,29 @@ def test_an_erased_subjects_label_is_recorded_as_unknown(deciding, model, templa
         (ev,) = events.wait()
     assert ev.unknown and ev.subject == "" and ev.decided_on == "device"
     assert not deciding.services.store.names_subject(subject)
+
+
+def test_on_postgresql_a_decision_is_ledgered_and_kept_like_on_sqlite(
+    tmp_path, pki, keypair, bundle_dir, templates, model_keys, calibration_path, pg_dsn
+):
+    """Replicas' store: the registry and the device models in the database, the same ledger ε and event."""
+    srv = start_trained(tmp_path, pki, keypair, bundle_dir, templates, model_keys, calibration_path,
+                        storage={"backend": "postgres", "dsn": pg_dsn, "pool_size": 2})  # fmt: skip
+    try:
+        s = srv.services
+        assert s.clustered and s.store.dialect == "postgres"
+        newest = s.device_models.newest(templates.bundle_id, "")
+        model = verified(newest.payload, model_keys[1], bundle_id=templates.bundle_id, key_id="")
+        subject = str(templates.subjects[templates.train[0]])
+        named, stranger = decision(model, subject=subject), decision(model)
+        summary = srv.stub().IngestStream(iter([named, stranger]), metadata=CAMERA, timeout=10)
+        assert summary.accepted == 2, [a.reason for a in summary.acks]
+        kept = {d.message_id: d for _, d in s.store.decisions(limit=1000)}
+        assert (kept[named.message_id].subject, kept[named.message_id].decided_on) == (subject, "device")
+        assert kept[named.message_id].model_serial == model.serial and kept[stranger.message_id].unknown
+        with s.store._session() as conn:
+            rows = dict(conn.execute("SELECT message_id, epsilon_label FROM ingest_ledger WHERE message_id = ANY(%s)",
+                                     ([named.message_id, stranger.message_id],)).fetchall())  # fmt: skip
+        assert rows == {named.message_id: 8.0, stranger.message_id: 8.0}
+    finally:
+        srv.app.stop(0)
