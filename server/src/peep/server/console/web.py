@@ -47,6 +47,7 @@ from peep.core.exceptions import WireError
 from peep.core.wire import ID_PATTERN, check_subject_id
 from peep.server.console import accounts, plots
 from peep.server.console.accounts import Throttled
+from peep.server.console.devicemodels import issued_view, report_decision
 from peep.server.console.feed import LiveEvent, LiveFeed
 from peep.server.console.http import (
     LOGIN_COOKIE,
@@ -638,6 +639,7 @@ class ConsoleApp:
         configured = {d.id: d for d in self.services.config.auth.devices}
         status = self.device_status() if self.device_status else {}
         reports = self.device_reports() if self.device_reports else {}
+        now = time.time()
         rows = []
         # A device known only by its report is listed too: its report may carry a warning.
         for dev in sorted(set(summaries) | set(configured) | set(status) | set(reports)):
@@ -661,9 +663,10 @@ class ConsoleApp:
                     "report_at": rep[1] if rep else None,
                     "report_via": rep[2] if rep and len(rep) > 2 else "",
                     "insecure_broker": bool(rep and getattr(rep[0], "insecure_broker", False)),
+                    "decision": report_decision(rep[0], now) if rep else None,
                 }
             )
-        plot = plots.lines(*self._epsilon_series(time.time()), y_label="Σ ε per vector")
+        plot = plots.lines(*self._epsilon_series(now), y_label="Σ ε per vector")
         return self._page(
             ctx,
             "devices.html",
@@ -813,6 +816,7 @@ class ConsoleApp:
                 "last_run": max((v["trained_at"] for v in versions), default=None),
                 "presets": list(PRESETS),
                 "default_preset": self.services.config.training.preset,
+                "device_models": issued_view(self.services, time.time()),
                 "message": message,
             },
             status,
