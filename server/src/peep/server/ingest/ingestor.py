@@ -43,6 +43,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 from peep.core.decision import accept_claims
@@ -554,7 +555,7 @@ class Ingestor:
         """The event of a device's decision: its label's subject (unknown if erased since), or a door's record."""
         v = d.valid
         msg, issued, dec = v.message, v.device_model, v.message.decision
-        fields: dict[str, object] = {
+        fields: dict[str, Any] = {
             "model_version": issued.model_version,
             "decided_on": "device",
             "epsilon_label": float(dec.epsilon_label),

@@ -131,7 +131,8 @@ class DeviceModels:
             self.rows = DeviceModelStore(store)
         except TypeError:
             self.rows = None
-        self._key, self.calibration = material if material is not None else (None, None)
+        self._key: Any = material[0] if material is not None else None
+        self.calibration: CalibrationSet | None = material[1] if material is not None else None
         #: Why no device model is issued ("" when they are).
         self.disabled_reason = ""
         if self.rows is None:
@@ -220,11 +221,12 @@ class DeviceModels:
                 )
 
             issued_at = self.clock() if due_at is None else due_at
+            cal = self.calibration
 
             def build(serial: int) -> IssuedModel:
                 files = build_device_model_files(
                     onnx=plan["onnx"],
-                    calibration=self.calibration.projections,  # type: ignore[union-attr]
+                    calibration=cal.projections,
                     subjects=plan["classes"],
                     background_index=plan["background_index"],
                     serial=serial,
@@ -238,11 +240,11 @@ class DeviceModels:
                     far=self.config.far,
                     erased=erased,
                     salt=plan["salt"],
-                    extra={"domain": m.domain, "calibration_sha256": self.calibration.sha256},  # type: ignore[union-attr]
+                    extra={"domain": m.domain, "calibration_sha256": cal.sha256},
                     issued_at=issued_at,
                     valid_s=self.config.valid_s,
                     # Each face's person (an index, never the tag): a device weighs every public person the same.
-                    calibration_groups=self.calibration.groups,  # type: ignore[union-attr]
+                    calibration_groups=cal.groups,
                 )
                 payload = device_model_message(files, serial).SerializeToString(deterministic=True)
                 return IssuedModel(
