@@ -205,6 +205,8 @@ class Services:
             self.registry,
             self.recogniser,
             background_prefix=config.training.background_prefix,
+            # Replicas each hear of a model another issued; only the one that issued it broadcasts it.
+            announce_others=not self.clustered,
         )
         # Decisions made on devices are checked against the models issued to them.
         self.validator.device_models = self.device_models
@@ -289,7 +291,15 @@ class Services:
     def _promoted(self) -> None:
         self.recogniser.reload()
         # Every promotion goes to the devices that decide themselves (the trainer, `peep train`, the Train call).
-        self.device_models.issue("promotion")
+        self._issue_device_model("promotion")
+
+    def _issue_device_model(self, reason: str) -> None:
+        """Issue a device model of the serving one; a failure is logged and never fails what caused it (a
+        promotion, an erasure): the schedule (:meth:`DeviceModels.poll`) issues it once the database answers."""
+        try:
+            self.device_models.issue(reason)
+        except Exception as exc:
+            log.error("device model not issued", extra={"reason": reason, "error": str(exc)[:200]})
 
     # ------------------------------------------------------------ bundles
 
@@ -341,7 +351,7 @@ class Services:
         with self._erase_lock:  # not while an erasure decides which versions to purge
             self.registry.make_current(name)
         self.recogniser.reload()
-        self.device_models.issue("rollback")
+        self._issue_device_model("rollback")
         log.info("model version made current", extra={"version": name})
         return name
 
@@ -437,7 +447,7 @@ class Services:
             if served:
                 # Devices deciding themselves stop naming the subject now: a new serial of the serving model lists
                 # them among its erased ids, before (and whether or not) a retrained model is promoted.
-                self.device_models.issue("erasure")
+                self._issue_device_model("erasure")
             version = model.version if model else ""
             purged: list[str] = []
             needs_training = served or n_templates > 0

@@ -104,8 +104,9 @@ class DeviceModels:
         The serving model and the erasure list.
     background_prefix : str
         ``training.background_prefix``.
-    origin : str
-        Not used for issuing; recorded in logs (which replica issued).
+    announce_others : bool
+        Whether :meth:`poll` announces (broadcasts) a newer model another process issued (``peep train`` beside a
+        single server); replicas leave it to the one that issued it, so a device hears each serial once.
     clock : callable
         Unix time (tests).
     """
@@ -119,12 +120,14 @@ class DeviceModels:
         recogniser: Any,
         *,
         background_prefix: str = "background:",
+        announce_others: bool = True,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
         self.registry = registry
         self.recogniser = recogniser
         self.background_prefix = background_prefix
+        self.announce_others = announce_others
         self.clock = clock
         self.rows: DeviceModelStore | None
         try:
@@ -174,8 +177,8 @@ class DeviceModels:
 
         Out of date: made from another version, with another count of erased subjects, another calibration
         set, or withdrawn; stale: issued ``reissue_s`` ago or more. Decided under the models lock, so replicas
-        polling together issue one model. A model some other process issued (``peep train``, another replica)
-        and this one has not announced is announced here.
+        polling together issue one model. A model some other process issued (``peep train``) and this one has
+        not announced is announced here, unless ``announce_others`` is off (replicas).
         """
         at = self.clock() if now is None else now
         m = self.recogniser.model
@@ -184,7 +187,7 @@ class DeviceModels:
             # ago): re-issuing the one served here would give devices a newer serial of an older choice.
             return None
         model = self._issue(reason, at)
-        if model is None and self.rows is not None and self.enabled:
+        if model is None and self.rows is not None and self.enabled and self.announce_others:
             newest = self.rows.newest(m.bundle_id, m.key_id)
             scope = (m.bundle_id, m.key_id)
             if newest is not None and not newest.withdrawn and newest.serial > self._announced.get(scope, 0):
