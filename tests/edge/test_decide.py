@@ -154,7 +154,7 @@ def test_the_store_keeps_the_previous_model_and_takes_only_newer_ones(tmp_path, 
     assert store.offer(rig["files"], source="again") is None  # the same serial: nothing to do
     tampered = dict(rig["files"])
     tampered[MANIFEST] = tampered[MANIFEST].replace(b'"serial": 5', b'"serial": 50')
-    assert store.offer(tampered, source="mqtt") is None and store.refused == 1
+    assert store.offer(tampered, source="mqtt") is None and store.refused == 1 and store.refusals == {"signature": 1}
     assert "signature" in store.last_refusal
     # A restart reads the held model back, and falls back to the previous one if the current is damaged.
     again = ModelStore(tmp_path / "m", rig["signer"].public_key(), bundle_id=BUNDLE, key_id=rig["key"].key_id)

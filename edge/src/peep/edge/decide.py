@@ -274,6 +274,9 @@ class ModelStore:
         self._current: DeviceModel | None = None
         self._listeners: list[Callable[[DeviceModel], None]] = []
         self.refused = 0
+        #: Refusals by the field that failed (signature, bundle_id, key_id, expires_at, ...): on a shared broker a
+        #: device hears other sites' models too, refused as another bundle or key.
+        self.refusals: dict[str, int] = {}
         self.last_refusal = ""
 
     def add_listener(self, fn: Callable[[DeviceModel], None]) -> None:
@@ -357,6 +360,7 @@ class ModelStore:
                 if exc.field == "serial":  # the one we hold, offered again: nothing to say
                     return None
                 self.refused += 1
+                self.refusals[exc.field] = self.refusals.get(exc.field, 0) + 1
                 self.last_refusal = str(exc)[:200]
                 log_event(_log, logging.WARNING, "device_model_refused", source=source, field=exc.field,
                           error=str(exc)[:200])  # fmt: skip
