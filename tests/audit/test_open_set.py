@@ -121,20 +121,60 @@ def test_people_are_disjoint_and_follow_the_rule(data_home: str) -> None:
     assert set(splits[0].people["enrolled"].tolist()) != set(splits[1].people["enrolled"].tolist())
     for p in splits:
         groups = [set(p.people[g].tolist()) for g in open_set.GROUPS]
+        enrolled, strangers, background, calibration = groups
         assert sum(len(g) for g in groups) == len(set().union(*groups)), "a person in two groups"
-        assert len(groups[0]) == 10 and len(groups[1]) == 134
+        # everyone is somebody: the public is every person neither enrolled nor a stranger
+        assert set().union(*groups) == set(np.unique(labels).tolist())
+        assert len(enrolled) == 10 and len(strangers) == 134
         assert (counts[p.people["enrolled"]] >= 26).all()
         assert ((counts[p.people["strangers"]] >= 5) & (counts[p.people["strangers"]] <= 9)).all()
-        assert ((counts[p.people["calibration"]] >= 5) & (counts[p.people["calibration"]] <= 9)).all()
-        # one capture per stranger; the projection's faces are public people's only
+        # the division of the public follows the shares, dealt per range of numbers of images
+        rare_public = {q for q in background | calibration if counts[q] <= 9}
+        frequent_public = (background | calibration) - rare_public
+        for people, share in (
+            (rare_public, cfg.open_set_background_rare),
+            (frequent_public, cfg.open_set_background_frequent),
+        ):
+            assert abs(len(people & background) - share * len(people)) <= 1
+        # one capture per stranger; every photo of each calibration person; the projection's faces public only
         assert sorted(labels[p.stranger_rows].tolist()) == sorted(p.people["strangers"].tolist())
-        public = set(labels[p.public_rows].tolist())
-        assert public == groups[2] | groups[3]
-        assert not public & (groups[0] | groups[1])
-        assert set(labels[p.calibration_rows].tolist()) == groups[3]
-        assert (np.bincount(labels[p.calibration_rows])[p.people["calibration"]] == 5).all()
-        assert set(labels[np.concatenate([p.enrol_rows, p.probe_rows])].tolist()) == groups[0]
+        assert set(labels[p.calibration_rows].tolist()) == calibration
+        assert (
+            np.bincount(labels[p.calibration_rows], minlength=counts.size)[sorted(calibration)]
+            == counts[sorted(calibration)]
+        ).all()
+        assert set(labels[p.background_rows].tolist()) == background
+        assert np.bincount(labels[p.background_rows]).max() <= cfg.open_set_public_max_images
+        basis = set(labels[p.public_rows].tolist())
+        assert basis == (background if cfg.open_set_basis == "background" else background | calibration)
+        assert not basis & (enrolled | strangers)
+        assert set(labels[np.concatenate([p.enrol_rows, p.probe_rows])].tolist()) == enrolled
         assert not set(p.enrol_rows.tolist()) & set(p.probe_rows.tolist())
+    # the draw of enrolled people, probes and strangers does not depend on how the public is divided
+    other = open_set.partition_people(labels, cfg.with_(open_set_background_rare=0.25), open_set._rng(cfg, 0))
+    assert np.array_equal(other.probe_rows, splits[0].probe_rows)
+    assert np.array_equal(other.stranger_rows, splits[0].stranger_rows)
+
+
+def test_calibration_people_weigh_alike() -> None:
+    from peep.server.audit.open_set import person_weights
+
+    w = person_weights(np.array([7, 7, 7, 7, 3, 9, 9]))
+    assert w.tolist() == pytest.approx([0.25] * 4 + [1.0] + [0.5] * 2)
+    # every person's faces sum to one
+    assert w.sum() == pytest.approx(3.0)
+
+
+def test_deal_share_takes_its_share_alike_in_numbers_of_images() -> None:
+    from peep.server.audit.open_set import deal_share
+
+    persons = np.arange(100) * 3
+    n_images = np.repeat([5, 6, 7, 8, 9], 20)
+    for share in (0.0, 0.25, 0.5, 1.0):
+        taken = deal_share(persons, n_images, share, np.random.default_rng(1))
+        assert abs(taken.sum() - share * 100) <= 1
+        for n in (5, 6, 7, 8, 9):  # each number of images gets its share too
+            assert abs(taken[n_images == n].sum() - share * 20) <= 1
 
 
 def _population_labels(data_home: str) -> np.ndarray:

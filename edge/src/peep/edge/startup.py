@@ -84,7 +84,8 @@ def check_door(door: DoorConfig, *, release_epsilon_vector: float) -> Any:
     """
     for name, value in (("door.epsilon_per_hour", door.epsilon_per_hour),
                         ("door.subject_epsilon_per_hour", door.subject_epsilon_per_hour)):  # fmt: skip
-        if release_epsilon_vector > value:
+        # A door deciding on the device releases nothing of the face: its budgets never come into play.
+        if door.decision != "device" and release_epsilon_vector > value:
             raise ConfigError([(name, f"expected at least one release's per-vector ε ({release_epsilon_vector:g}: "
                                       f"the template and its soft traits), received {value:g}")])  # fmt: skip
     if door.decision != "mqtt" or door.decision_public_key is None:

@@ -134,8 +134,17 @@ class AuditConfig:
         One-capture strangers (LFW people with 5 to 9 images).
     open_set_public_max_images : int
         Images per background person, at most.
-    open_set_calibration_images : int
-        Images per calibration person (each person weighs alike in the device's thresholds).
+    open_set_calibration_images : int or None
+        Images per calibration person, at most (None: every photo; each person weighs alike in the device's
+        thresholds whatever their number of photos).
+    open_set_background_rare, open_set_background_frequent : float
+        Shares of the public people of the strangers' range (5-9 images) and of the other public people
+        (the frequently photographed ones not enrolled) dealt to the model's background class; every other
+        public person calibrates the device's thresholds.
+    open_set_basis : str
+        Whose faces the section's projection is fitted on: ``"background"`` (the background class's people
+        only, so that a calibration face is as unseen by the projection as a stranger's) or ``"public"``
+        (every public person, calibration people included).
     open_set_components : tuple of int
         Template dimensions of the section (empty: ``components``).
     open_set_label_epsilons : tuple of float
@@ -191,7 +200,10 @@ class AuditConfig:
     open_set_probes: int = 6
     open_set_strangers: int = 134
     open_set_public_max_images: int = 20
-    open_set_calibration_images: int = 5
+    open_set_calibration_images: int | None = None
+    open_set_background_rare: float = 1.0
+    open_set_background_frequent: float = 0.0
+    open_set_basis: str = "background"
     open_set_components: tuple[int, ...] = ()
     open_set_label_epsilons: tuple[float, ...] = DEFAULT_OPEN_SET_LABEL_EPSILONS
     open_set_label_draws: int = 25
@@ -327,11 +339,20 @@ class AuditConfig:
             self.open_set_public_max_images,
         )
         _check(
-            1 <= self.open_set_calibration_images <= 5,
+            self.open_set_calibration_images is None or self.open_set_calibration_images >= 1,
             "--open-set-calibration-images",
-            "1-5 (every 5-9 image person has that many)",
+            ">= 1 or none (every photo)",
             self.open_set_calibration_images,
         )
+        _check(
+            self.open_set_basis in ("background", "public"),
+            "--open-set-basis",
+            "background or public",
+            self.open_set_basis,
+        )
+        for name in ("open_set_background_rare", "open_set_background_frequent"):
+            share = getattr(self, name)
+            _check(0.0 <= share <= 1.0, "--" + name.replace("_", "-"), "a share in [0, 1]", share)
         _check(
             all(n >= 1 for n in self.open_set_components),
             "--open-set-components",
@@ -479,6 +500,9 @@ class AuditConfig:
                     "open_set_strangers": self.open_set_strangers,
                     "open_set_public_max_images": self.open_set_public_max_images,
                     "open_set_calibration_images": self.open_set_calibration_images,
+                    "open_set_background_rare": self.open_set_background_rare,
+                    "open_set_background_frequent": self.open_set_background_frequent,
+                    "open_set_basis": self.open_set_basis,
                     "open_set_components": list(self.open_set_dimensions),
                     "open_set_label_epsilons": list(self.open_set_label_epsilons),
                     "open_set_label_draws": self.open_set_label_draws,

@@ -44,16 +44,21 @@ enrolled
 strangers
     ``open_set_strangers`` people with 5 to 9 images, one capture each: never in the basis, never in
     training, never in calibration;
-calibration
-    about half of the other 5-9 image people (dealt in pairs by number of images), the strangers' own
-    population, ``calibration_images`` images each (5: every person weighs alike in the thresholds, as
-    every stranger does in the FPIR): their *clean* projections set the device's thresholds;
 background
-    everyone else who is public (the rest of the 5-9 image people and the frequent people not enrolled),
-    at most ``public_max_images`` images each: their *releases* teach the model "unknown".
+    a share of the other 5-9 image people (``open_set_background_rare``) and of the other public people
+    (the frequently photographed ones not enrolled, ``open_set_background_frequent``), each dealt by number
+    of images, at most ``public_max_images`` images each: their *releases* teach the model "unknown";
+calibration
+    every other public person -- neither enrolled, nor a stranger, nor in the background class -- with every
+    photo (at most ``calibration_images`` when set): their *clean* projections set the device's thresholds,
+    every person weighing alike (``calibrate_clean(weights=1 / photos of the person)``, as a device weighs
+    its model's ``calibration_groups``), as every stranger does in the FPIR.
 
-The projection (and its public bounds) is fitted on the public people's faces only (background and
-calibration), never on an enrolled person's or a stranger's.
+The projection (and its public bounds) is fitted on the background people's faces only (``open_set_basis
+= "background"``, the default), so that a calibration face is as new to the projection as a stranger's or an
+enrolled person's: measured, fitting it on the calibration people's faces as well lets the device set its
+thresholds on faces the whitened projection has seen, whose scores run lower than a stranger's, and the
+released FPIR overshoots the target (most at large K). Never an enrolled person's or a stranger's face.
 """
 
 from __future__ import annotations
@@ -85,7 +90,7 @@ STRANGER_IMAGES = (5, 9)
 # Seed streams of this section: the people partition, the template releases, the label releases.
 _PARTITION_STREAM, _TAG_RELEASE, _TAG_LABEL = 1_001, 1_002, 1_003
 _BACKGROUND_PREFIX = "background:"
-_STD_KEYS = ("fnir", "fpir", "fpir_model", "gar_at_far", "far", "threshold", "rank1_miss")
+_STD_KEYS = ("fnir", "fpir", "fpir_model", "fpir_bound", "gar_at_far", "far", "threshold", "rank1_miss")
 
 
 # --------------------------------------------------------------------------- the people
@@ -102,9 +107,15 @@ class OpenSetPeople:
     enrol_rows, probe_rows : ndarray of int, shape (enrolled · enrol_images,), (enrolled · probes,)
     stranger_rows : ndarray of int, shape (strangers,)
         One capture per stranger.
-    background_rows, calibration_rows : ndarray of int
-        At most ``open_set_public_max_images`` rows per background person, ``open_set_calibration_images``
-        per calibration person.
+    background_rows : ndarray of int
+        At most ``open_set_public_max_images`` rows per background person (their releases: the model's
+        "unknown" class).
+    calibration_rows : ndarray of int
+        Every row of each calibration person (at most ``open_set_calibration_images`` when that is set):
+        their clean projections set the device's thresholds, each person weighing alike.
+    basis_rows : ndarray of int
+        At most ``open_set_public_max_images`` rows of every public person (background and calibration
+        alike): the faces the projection is fitted on, the same whatever the division of the public people.
     """
 
     people: dict[str, IntArray]
@@ -113,11 +124,37 @@ class OpenSetPeople:
     stranger_rows: IntArray
     background_rows: IntArray
     calibration_rows: IntArray
+    basis_rows: IntArray
 
     @property
     def public_rows(self) -> IntArray:
-        """The faces the projection is fitted on: background and calibration, shape (n_public,)."""
-        return np.sort(np.concatenate([self.background_rows, self.calibration_rows]))
+        """The faces the projection is fitted on (:attr:`basis_rows`), shape (n_basis,)."""
+        return self.basis_rows
+
+
+def deal_share(persons: IntArray, n_images: IntArray, share: float, rng: np.random.Generator) -> NDArray[np.bool_]:
+    """Which of ``persons`` go to a group taking ``share`` of them, alike in numbers of images.
+
+    The people are ordered by their number of images (random order among equals) and taken by systematic
+    sampling with a random start: of any run of ``m`` consecutive people about ``share · m`` are taken, so
+    the group and the rest have alike numbers of photos. ``share`` 0 takes nobody, 1 everybody.
+
+    Parameters
+    ----------
+    persons, n_images : ndarray of int, shape (n,)
+        Identities and their numbers of images.
+    share : float
+        In [0, 1].
+    rng : numpy.random.Generator
+    """
+    n = int(persons.size)
+    order = np.lexsort((rng.permutation(n), np.asarray(n_images)))
+    u = float(rng.random())
+    i = np.arange(n, dtype=np.float64)
+    taken_in_order = np.floor((i + 1.0) * share + u) > np.floor(i * share + u)
+    taken = np.zeros(n, dtype=bool)
+    taken[order] = taken_in_order
+    return taken
 
 
 def partition_people(labels: NDArray[np.integer], cfg: AuditConfig, rng: np.random.Generator) -> OpenSetPeople:
@@ -129,7 +166,8 @@ def partition_people(labels: NDArray[np.integer], cfg: AuditConfig, rng: np.rand
         Identity of every face of the population (LFW people with at least 5 images).
     cfg : AuditConfig
         ``open_set_enrolled``, ``open_set_enrol_images``, ``open_set_probes``, ``open_set_strangers``,
-        ``open_set_public_max_images``, ``open_set_calibration_images``.
+        ``open_set_public_max_images``, ``open_set_calibration_images``, ``open_set_background_rare``,
+        ``open_set_background_frequent``.
     rng : numpy.random.Generator
         The split's partition stream.
 
@@ -163,36 +201,58 @@ def partition_people(labels: NDArray[np.integer], cfg: AuditConfig, rng: np.rand
         enrol_rows.append(rows[: cfg.open_set_enrol_images])
         probe_rows.append(rows[cfg.open_set_enrol_images : need])
     stranger_rows = np.array([rng.choice(np.flatnonzero(y == s)) for s in strangers], dtype=np.int64)
-    # Calibration people come from the strangers' own range (LFW's 5-9 image people), so the thresholds are
-    # set on the population the FPIR is measured on; the rest of that range is dealt with them in pairs by
-    # number of images (random order within a pair), and everyone else who is public is background.
-    taken = np.concatenate([enrolled, strangers])
-    rest = rare[~np.isin(rare, strangers)]
-    rest_counts = counts[np.isin(ids, rest)]
-    order = rest[np.lexsort((rng.permutation(rest.size), rest_counts))]
-    halves: dict[str, list[int]] = {"background": [], "calibration": []}
-    for start in range(0, order.size, 2):
-        for g, person in zip(rng.permutation(2), order[start : start + 2], strict=False):
-            halves[("background", "calibration")[int(g)]].append(int(person))
-    halves["background"] += [int(p) for p in ids[~np.isin(ids, np.concatenate([taken, rest]))]]
-    rows_of: dict[str, IntArray] = {}
-    for g, persons in halves.items():
-        cap = cfg.open_set_public_max_images if g == "background" else cfg.open_set_calibration_images
-        picked = [rng.permutation(np.flatnonzero(y == p))[:cap] for p in persons]
-        rows_of[g] = np.sort(np.concatenate(picked)).astype(np.int64) if picked else np.zeros(0, dtype=np.int64)
+    # The public: everyone neither enrolled nor a stranger. The people of the strangers' own range (LFW's
+    # 5-9 image people) and the frequently photographed ones not enrolled are each dealt by number of images,
+    # a share of each to the background class (the model's "unknown"); every other public person calibrates
+    # the device's thresholds.
+    n_of = dict(zip(ids.tolist(), counts.tolist(), strict=True))
+    rare_rest = rare[~np.isin(rare, strangers)]
+    frequent_rest = ids[~np.isin(ids, np.concatenate([enrolled, rare]))]
+    background: list[int] = []
+    calibration: list[int] = []
+    for persons, share in (
+        (rare_rest, cfg.open_set_background_rare),
+        (frequent_rest, cfg.open_set_background_frequent),
+    ):
+        to_bg = deal_share(persons, np.array([n_of[int(p)] for p in persons], dtype=np.int64), share, rng)
+        background += [int(p) for p in persons[to_bg]]
+        calibration += [int(p) for p in persons[~to_bg]]
+    background.sort()
+    calibration.sort()
+    bg_set = set(background)
+    rows_of: dict[str, list[IntArray]] = {"background": [], "calibration": [], "basis": []}
+    for person in sorted(background + calibration):
+        rows = rng.permutation(np.flatnonzero(y == person))
+        if person in bg_set or cfg.open_set_basis == "public":
+            rows_of["basis"].append(rows[: cfg.open_set_public_max_images])
+        if person in bg_set:
+            rows_of["background"].append(rows[: cfg.open_set_public_max_images])
+        else:
+            rows_of["calibration"].append(rows[: cfg.open_set_calibration_images])
+
+    def _rows(parts: list[IntArray]) -> IntArray:
+        return np.sort(np.concatenate(parts)).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+
     return OpenSetPeople(
         people={
             "enrolled": enrolled.astype(np.int64),
             "strangers": strangers.astype(np.int64),
-            "background": np.array(sorted(halves["background"]), dtype=np.int64),
-            "calibration": np.array(sorted(halves["calibration"]), dtype=np.int64),
+            "background": np.array(background, dtype=np.int64),
+            "calibration": np.array(calibration, dtype=np.int64),
         },
         enrol_rows=np.concatenate(enrol_rows).astype(np.int64),
         probe_rows=np.concatenate(probe_rows).astype(np.int64),
         stranger_rows=stranger_rows,
-        background_rows=rows_of["background"],
-        calibration_rows=rows_of["calibration"],
+        background_rows=_rows(rows_of["background"]),
+        calibration_rows=_rows(rows_of["calibration"]),
+        basis_rows=_rows(rows_of["basis"]),
     )
+
+
+def person_weights(people: NDArray[np.integer]) -> FloatArray:
+    """One over the number of faces of each face's person: every person weighs alike, shape (n_faces,)."""
+    _, inverse, n = np.unique(np.asarray(people), return_inverse=True, return_counts=True)
+    return 1.0 / n[inverse.ravel()].astype(np.float64)
 
 
 # --------------------------------------------------------------------------- population and splits
@@ -282,6 +342,7 @@ class OpenSetContext:
     y_enrol: IntArray
     y_probe: IntArray
     background_people: IntArray
+    calibration_people: IntArray
     spaces: list[Space] = field(default_factory=list)
 
 
@@ -318,6 +379,7 @@ def prepare_split(pop: Population, cfg: AuditConfig, split: int) -> OpenSetConte
         y_enrol=pop.labels[people.enrol_rows],
         y_probe=pop.labels[people.probe_rows],
         background_people=pop.labels[people.background_rows],
+        calibration_people=pop.labels[people.calibration_rows],
     )
     X_public = np.asarray(pop.inputs[public], dtype=np.float64)
     for nc in cfg.open_set_dimensions:
@@ -480,6 +542,17 @@ def evaluate_split(
     return rows
 
 
+def any_mechanism_fpir_bound(subjects: int, epsilon_label: float, fnir: float) -> float:
+    """The least FPIR *any* ε-LDP label mechanism releases at a given FNIR: ``subjects · e^−ε · (1 − FNIR)``.
+
+    A mechanism that releases each enrolled subject's own label for their probes with probability ``q`` must,
+    being ε-LDP, release that label for a stranger with probability at least ``e^−ε · q``; summed over the
+    ``subjects`` labels a stranger can be named as, FPIR ≥ subjects · e^−ε · (1 − FNIR). k-ary randomized
+    response meets it up to its normalisation (docs/DECISIONS.md).
+    """
+    return float(min(1.0, subjects * np.exp(-float(epsilon_label)) * (1.0 - float(fnir))))
+
+
 def _device_rows(
     ctx: OpenSetContext,
     cfg: AuditConfig,
@@ -492,12 +565,14 @@ def _device_rows(
     """Rows of a model deciding on clean projections ``Z``, without and with the label mechanism.
 
     Thresholds from :func:`~peep.core.decision.calibrate_clean` on the calibration people's clean
-    projections; door figures on the row without label noise.
+    projections, every person weighing alike (one over their number of faces, as a device weighs its
+    model's ``calibration_groups``); door figures on the row without label noise.
     """
     known = fitted.known_indices
     truth = _columns(fitted, ctx.y_probe)
     P_probe, P_stranger = fitted.predict_proba(Z["probe"]), fitted.predict_proba(Z["stranger"])
     P_cal = fitted.predict_proba(Z["calibration"])
+    w_cal = person_weights(ctx.calibration_people)
     eps_labels = cfg.open_set_label_epsilons if label_epsilons is None else label_epsilons
     rows: list[dict[str, Any]] = []
     for li, eps_label in enumerate((None, *eps_labels)):
@@ -515,21 +590,24 @@ def _device_rows(
                 far=cfg.open_set_far,
                 label_false_positive=floor if feasible else 0.0,
                 label_keep=1.0 if rr is None or not feasible else rr.keep_probability,
+                weights=w_cal,
             )
             lab_p = _labels(P_probe, known, th.unknown_threshold)
             lab_s = _labels(P_stranger, known, th.unknown_threshold)
             draws = 1 if rr is None else cfg.open_set_label_draws
             rel_p = np.tile(lab_p, draws) if rr is None else rr.release(np.tile(lab_p, draws))
             rel_s = np.tile(lab_s, draws) if rr is None else rr.release(np.tile(lab_s, draws))
+            fnir = float(np.mean(rel_p != np.tile(truth, draws)))
             row: dict[str, Any] = {
                 **base,
                 "epsilon_label": eps_label,
                 "fpir_target": t,
-                "fnir": float(np.mean(rel_p != np.tile(truth, draws))),
+                "fnir": fnir,
                 "fpir": float(np.mean(rel_s != known.size)),
                 "fpir_model": float(np.mean(lab_s != known.size)),
                 "fpir_model_target": float(th.fpir_model_target),
                 "fpir_floor": float(floor),
+                "fpir_bound": 0.0 if eps_label is None else any_mechanism_fpir_bound(known.size, eps_label, fnir),
                 "feasible": bool(feasible),
                 "threshold": float(th.unknown_threshold),
                 "fpir_calibration": float(th.fpir_public),
@@ -645,17 +723,35 @@ def setup(cfg: AuditConfig, pop: Population, contexts: Sequence[OpenSetContext])
             f"{cfg.open_set_enrol_images + cfg.open_set_probes} images ({cfg.open_set_enrol_images} enrolment images "
             f"released once each at the template ε, {cfg.open_set_probes} probes each); {cfg.open_set_strangers} "
             f"strangers drawn from the people with {STRANGER_IMAGES[0]}-{STRANGER_IMAGES[1]} images, one capture "
-            "each; calibration people: about half of the other people of that range (dealt in pairs by number of "
-            f"images), {cfg.open_set_calibration_images} images each, clean (the device's thresholds); background "
-            f"people: every other public person, at most {cfg.open_set_public_max_images} images each, released "
-            "once each (the model's unknown class). Independent of --min-faces."
+            "each; the public, everyone else: " + _division(cfg) + " Independent of --min-faces."
         ),
-        "basis": f"{cfg.projection} fitted on the public people's faces (background and calibration) of each split; "
-        "never an enrolled person's or a stranger's",
+        "calibration": {
+            "people": people["calibration"],
+            "faces": faces["calibration"],
+            "of_the_strangers_range": [
+                int(np.sum(np.isin(c.people.people["calibration"], _range_people(pop)))) for c in contexts
+            ],
+            "images_per_person": "every photo"
+            if cfg.open_set_calibration_images is None
+            else f"at most {cfg.open_set_calibration_images}",
+            "weights": "1 / (the person's calibration faces): every calibration person weighs alike in the "
+            "thresholds (calibrate_clean(weights=...)), as a device weighs its model's calibration_groups",
+        },
+        "basis": f"{cfg.projection} fitted per split on "
+        + (
+            "the background people's faces only (at most "
+            f"{cfg.open_set_public_max_images} each), so that a calibration face is as unseen by the projection as "
+            "a stranger's or an enrolled person's"
+            if cfg.open_set_basis == "background"
+            else f"every public person's faces (at most {cfg.open_set_public_max_images} each, calibration people "
+            "included)"
+        )
+        + "; never an enrolled person's or a stranger's",
         "server_threshold": "the server's fit_recogniser with identify_far = the FPIR target: held-out background "
         "people's releases (cross-fitted for linear presets)",
         "device_threshold": "peep.core.decision.calibrate_clean on the calibration people's clean projections, "
-        "accounting for the label mechanism so that the released FPIR meets the target",
+        "every person weighing alike, accounting for the label mechanism so that the released FPIR meets the "
+        "target",
         "label_draws_note": f"each decision is released {cfg.open_set_label_draws} times independently (as many "
         "simulated appearances of the same face, each at epsilon_label) and the rates averaged over the draws: "
         "what one release gives in expectation, with less simulation noise",
@@ -667,6 +763,34 @@ def setup(cfg: AuditConfig, pop: Population, contexts: Sequence[OpenSetContext])
         "(fpir_floor >= fpir_target); such rows use the threshold without the label accounting.",
         "decision_preset": None,
     }
+
+
+def _range_people(pop: Population) -> IntArray:
+    """The population's people with as many images as a stranger has (:data:`STRANGER_IMAGES`)."""
+    ids, counts = np.unique(pop.labels, return_counts=True)
+    return ids[(counts >= STRANGER_IMAGES[0]) & (counts <= STRANGER_IMAGES[1])]
+
+
+def _division(cfg: AuditConfig) -> str:
+    """The rule dividing the public people between the model's background class and calibration, in words."""
+    lo, hi = STRANGER_IMAGES
+
+    def share(x: float) -> str:
+        return {0.0: "none", 1.0: "all"}.get(x, f"a share {x:g}")
+
+    cap = (
+        "every photo"
+        if cfg.open_set_calibration_images is None
+        else f"at most {cfg.open_set_calibration_images} images"
+    )
+    return (
+        f"of the other people with {lo}-{hi} images (the strangers' own range), {share(cfg.open_set_background_rare)} "
+        f"go to the model's background class, and of the other public people (the frequently photographed ones "
+        f"not enrolled), {share(cfg.open_set_background_frequent)} (each dealt by number of images); background "
+        f"people's faces (at most {cfg.open_set_public_max_images} each) are released once each (the model's "
+        f"unknown class). Every other public person is a calibration person: {cap} each, clean, every person "
+        "weighing alike (the device's thresholds)."
+    )
 
 
 def run_open_set(cfg: AuditConfig) -> tuple[list[dict[str, Any]], dict[str, Any], float]:

@@ -87,9 +87,12 @@ the server's model decides, with the server's own unknown threshold (held-out ba
 <b>device</b>: the device runs the same model — trained only on releases, so sending it widens nothing — on its own
 <i>clean</i> projection and releases only the decision through k-ary randomized response at ε_label (none: no label
 mechanism, as a door deciding locally). Its thresholds come from clean projections of public calibration people the
-model never saw, accounting for the label mechanism so that the <i>released</i> FPIR meets the target; where the
-label mechanism alone names more strangers than the target allows (its floor), no threshold can, and the row is
-marked infeasible. Door: every probe claims its own subject and every other enrolled subject; GAR at the verify
+model never saw (every photo of each, every person weighing alike), accounting for the label mechanism so that the
+<i>released</i> FPIR meets the target; where the label mechanism alone names more strangers than the target allows
+(its floor), no threshold can, and the row is marked infeasible. No ε-LDP label mechanism does better: one that
+names each enrolled subject's probes as themselves with probability 1 − FNIR names a stranger as one of the k − 1
+subjects with probability at least (k − 1)·e<sup>−ε</sup>·(1 − FNIR) (the bound column). Door: every probe claims
+its own subject and every other enrolled subject; GAR at the verify
 threshold set for the FAR target.</p>
 """
 
@@ -116,7 +119,8 @@ def open_set_html(audit: dict[str, Any], out: Path, plot: str) -> list[str]:
             f"({_mean(faces.get('enrolment'))} enrolment releases, {_mean(faces.get('probes'))} probes), "
             f"{_mean(people.get('strangers'))} strangers, {_mean(people.get('background'))} background people "
             f"({_mean(faces.get('background'))} releases), {_mean(people.get('calibration'))} calibration people "
-            f"({_mean(faces.get('calibration'))} clean faces). Projection: {setup.get('basis', '')}. "
+            f"({_mean(faces.get('calibration'))} clean faces, each person weighing alike). Projection: "
+            f"{setup.get('basis', '')}. "
             f"{setup.get('label_draws_note', '')}"
         )
         + "</p>"
@@ -139,7 +143,8 @@ def open_set_html(audit: dict[str, Any], out: Path, plot: str) -> list[str]:
         "FNIR",
         "FPIR",
         "FPIR of the model",
-        "label floor",
+        "label floor (k-RR)",
+        "FPIR bound, any ε-LDP label mechanism",
         "rank-1 miss",
         "door GAR (FAR) at FAR target",
         "FNIR per split",
@@ -162,6 +167,7 @@ def open_set_html(audit: dict[str, Any], out: Path, plot: str) -> list[str]:
                 _pm(e, "fpir", nd=4),
                 _f(e["fpir_model"], 4),
                 _f(e["fpir_floor"], 4),
+                _f(e.get("fpir_bound"), 4) + (" &gt; target" if (e.get("fpir_bound") or 0) > e["fpir_target"] else ""),
                 _f(e.get("rank1_miss")),
                 door,
                 " ".join(f"{v:.2f}" for v in e["per_repeat"]["fnir"]),

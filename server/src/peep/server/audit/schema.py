@@ -280,6 +280,11 @@ OPEN_SET_SCHEMA: dict[str, Any] = {
             "fpir_model_target": _frac,
             "fpir_floor": {**_frac, "description": "strangers the label mechanism alone names (0 without one)"},
             "fpir_calibration": _frac,
+            "fpir_bound": {
+                **_frac,
+                "description": "the least FPIR any ε_label-LDP label mechanism releases at this row's FNIR: "
+                "enrolled · e^−ε_label · (1 − FNIR) (0 without a label mechanism)",
+            },
             "feasible": {
                 "type": "boolean",
                 "description": "false where fpir_floor >= fpir_target: no threshold meets the target, the row "
@@ -454,6 +459,13 @@ AUDIT_SCHEMA: dict[str, Any] = {
                             "rule": {"type": "string"},
                             "people": {"type": "object"},
                             "faces": {"type": "object"},
+                            "calibration": _obj(
+                                {
+                                    "people": {"type": "array", "items": {"type": "integer", "minimum": 1}},
+                                    "faces": {"type": "array", "items": {"type": "integer", "minimum": 1}},
+                                    "weights": {"type": "string"},
+                                }
+                            ),
                             "basis": {"type": "string"},
                             "label_mechanism": {"type": "object"},
                             "decision_preset": {

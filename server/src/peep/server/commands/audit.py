@@ -221,10 +221,12 @@ def _register_open_set(p: Any, d: Any) -> None:
         "(today) and for a device that runs the same model on its clean projection and releases only the decision "
         "through k-ary randomized response at each --open-set-label-epsilons value (and without label noise). "
         "Its people follow its own rule, whatever --min-faces: LFW people with at least 26 images enrolled (20 "
-        "enrolment releases at the audited ε, 6 probes each), one-capture strangers from the 5-9 image people, "
-        "calibration people from the same range (5 clean projections each: the device's thresholds) and every "
-        "other public person as background (releases: the model's unknown class); the projection is fitted on "
-        "the public people only. Infeasible rows (the label mechanism alone names more strangers than the "
+        "enrolment releases at the audited ε, 6 probes each), one-capture strangers from the 5-9 image people; "
+        "of the public (everyone else), the background class (releases: the model's unknown class) takes the "
+        "shares --open-set-background-rare and --open-set-background-frequent, and every other public person "
+        "calibrates the device's thresholds with every photo, each person weighing alike; the projection is "
+        "fitted on the background people only. Infeasible rows (the label mechanism alone names more strangers "
+        "than the "
         "FPIR target allows) are measured and marked. "
         "Needs --dataset lfw; writes open_set[] and open_set_setup to audit.json, a plot and a report section.",
     )
@@ -283,6 +285,29 @@ def _register_open_set(p: Any, d: Any) -> None:
         + "; the report names the one with the lower FNIR on clean queries)",
     )
     g.add_argument(
+        "--open-set-background-rare",
+        type=float,
+        default=None,
+        metavar="SHARE",
+        help="share of the public people with 5-9 images (the strangers' range) in the model's background class; "
+        f"the rest calibrate the device's thresholds (default {d.open_set_background_rare:g})",
+    )
+    g.add_argument(
+        "--open-set-background-frequent",
+        type=float,
+        default=None,
+        metavar="SHARE",
+        help="share of the other public people (photographed more often, not enrolled) in the background class; "
+        f"the rest calibrate, with every photo (default {d.open_set_background_frequent:g})",
+    )
+    g.add_argument(
+        "--open-set-basis",
+        choices=("background", "public"),
+        default=None,
+        help="whose faces the projection is fitted on: the background people only (default), so that calibration "
+        "faces are as new to it as strangers', or every public person",
+    )
+    g.add_argument(
         "--open-set-label-draws",
         type=int,
         default=None,
@@ -301,6 +326,9 @@ _OPEN_SET_OPTIONS = (
     "open_set_far",
     "open_set_presets",
     "open_set_label_draws",
+    "open_set_background_rare",
+    "open_set_background_frequent",
+    "open_set_basis",
 )
 
 
@@ -436,6 +464,12 @@ def command_line(cfg: Any, out: str) -> list[str]:
             ",".join(cfg.open_set_presets),
             "--open-set-label-draws",
             str(cfg.open_set_label_draws),
+            "--open-set-background-rare",
+            f"{cfg.open_set_background_rare:g}",
+            "--open-set-background-frequent",
+            f"{cfg.open_set_background_frequent:g}",
+            "--open-set-basis",
+            cfg.open_set_basis,
         ]
     if cfg.frontier:
         cmd += [
