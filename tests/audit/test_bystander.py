@@ -270,3 +270,56 @@ def test_evaluation_is_reproducible_and_keeps_no_template_by_default(small_cfg, 
     assert a["keep_all"]["templates_kept"] == a["n_appearances"] == ctx.people["strangers"].shape[0]
     assert a["n_same_pairs"] / a["n_pairs"] == pytest.approx(a["chance_precision"])
     assert a["epsilon_vector"] == pytest.approx(16 * 16.0)  # peep: per coordinate × nc
+
+
+# --------------------------------------------------------------------------- decision mode
+
+
+def test_label_clusterings_and_their_scores() -> None:
+    from peep.server.audit.bystander import DECISION_METHODS, label_clusterings, score_clustering
+
+    y = np.array([0, 0, 1, 1, 2, 2])
+    released = np.array([3, 3, 0, 0, 3, 1])  # 3 = unknown (three enrolled subjects)
+    c = label_clusterings(released, unknown=3)
+    assert set(c) == set(DECISION_METHODS)
+    # same_label: {0,1,4} unknown, {2,3} subject 0, {5} subject 1 -> linked pairs (0,1) (0,4) (1,4) (2,3)
+    s = score_clustering(c["same_label"], y)
+    assert (s["precision"], s["recall"], s["n_clusters"]) == (pytest.approx(2 / 4), pytest.approx(2 / 3), 3)
+    # same_named_label: every unknown alone -> only (2,3) linked, one person
+    n = score_clustering(c["same_named_label"], y)
+    assert (n["precision"], n["recall"], n["n_clusters"]) == (pytest.approx(1.0), pytest.approx(1 / 3), 5)
+    assert s["threshold"] is None and 0.0 <= s["pair_auc"] <= 1.0
+    # nothing linked: precision undefined (None, not NaN, so results compare and serialise)
+    alone = score_clustering(label_clusterings(np.full(6, 3), unknown=3)["same_named_label"], y)
+    assert alone["precision"] is None and alone["f1"] == 0.0
+
+
+def test_decision_mode_keeps_one_label_per_appearance_released_by_the_mechanisms_law(small_cfg, audit_data) -> None:
+    from peep.core.labels import RandomizedResponse
+    from peep.server.audit.bystander import DECISION_METHODS, evaluate_bystanders, prepare_bystanders
+    from peep.server.audit.runner import job_env
+
+    cfg = small_cfg.with_(components=16)
+    with job_env(cfg):
+        ctx = prepare_bystanders(audit_data, cfg, 0)
+        res = evaluate_bystanders(ctx, cfg, epsilon=16.0, key=(5, 0, 0))
+    dec = res["keep_decision"]
+    assert dec["templates_kept"] == 0 and dec["labels_kept"] == res["n_appearances"]
+    rows = dec["_rows"]
+    assert [r["epsilon_label"] for r in rows] == [None, *cfg.bystander_label_epsilons]
+    k = dec["labels"]
+    assert k == audit_data.n_classes + 1
+    # without a label mechanism the device names about its FPIR target's share of strangers (set on other people)
+    assert rows[0]["named_share"] == rows[0]["named_share_model"] < 0.1
+    for r in rows[1:]:
+        rr = RandomizedResponse(k, r["epsilon_label"])  # the law only
+        m = r["named_share_model"]
+        expected = m * (1.0 - rr.other_probability) + (1.0 - m) * rr.false_positive_floor
+        assert r["named_share"] == pytest.approx(expected, abs=0.05), r
+        assert r["feasible"] == (rr.false_positive_floor < dec["fpir_target"])
+        for method in DECISION_METHODS:
+            scores = r["methods"][method]
+            assert scores["threshold"] is None and scores["f1"] is not None
+    # at ε_label 2 the released labels are mostly noise: linking by them is close to chance
+    low = rows[1]["methods"]["same_label"]
+    assert low["precision"] < 3 * res["chance_precision"]

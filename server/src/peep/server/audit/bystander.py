@@ -38,6 +38,24 @@ audited ε. What the operator holds depends on the server's
     The templates of releases named as an enrolled subject: for strangers, the
     recogniser's false accepts, counted.
 
+decision mode (``keep_decision``)
+    The device decides on its own clean projection with the model the server
+    trained on releases (the recogniser with a background class below) and
+    releases only the decision: one label per appearance through k-ary
+    randomized response at ``epsilon_label`` over the model's enrolled
+    subjects and "unknown" (:class:`peep.core.labels.RandomizedResponse`), its
+    thresholds set as a device sets them (:func:`peep.core.decision.calibrate_clean`
+    on the calibration people's clean projections, every person weighing
+    alike, at the device model's FPIR target, the label mechanism accounted
+    for). What the server receives and keeps of a stranger is that label (an
+    opaque class id of the current device model, or unknown), device, time and
+    a per-run track id: no template, probability or score. The operator's best
+    linker is the released label itself: ``same_label`` puts appearances with
+    one label in one cluster (unknown included), ``same_named_label`` only
+    those released as one enrolled subject (each unknown alone). With one
+    release per appearance the track id links nothing across appearances;
+    time and device are not measured (as above).
+
 Clustering is average-linkage agglomeration on the similarity, stopped at a
 threshold chosen on a disjoint set of *calibration* people (released the same
 way) to maximise the clustering's pairwise F1 there. Pairwise precision is the
@@ -74,6 +92,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 from peep.core.bounding import BundleBounds
+from peep.core.decision import calibrate_clean, identify_open_set
+from peep.core.labels import RandomizedResponse
 from peep.core.projections import projection_class
 from peep.core.release import mechanism_for_bounds
 from peep.server.audit import runner
@@ -88,12 +108,16 @@ IntArray = NDArray[np.int64]
 LINK_METHODS = ("cosine", "parrot_lda", "parrot_plda", "combined")
 #: Event linkers of ``keep = "none"``, in report order.
 EVENT_METHODS = ("probability", "decision_probability")
+#: Label linkers of decision mode (the server keeps one released label per appearance), in report order.
+DECISION_METHODS = ("same_label", "same_named_label")
 #: The three disjoint groups of never-enrolled people.
 GROUPS = ("strangers", "calibration", "public")
 # Seed stream of the people partition (apart from the splits' and candidate sets').
 _PARTITION_STREAM = 77
 # Background ids for the server's training: the prefix marks them as "unknown", never as identities.
 _BACKGROUND_PREFIX = "background:"
+# Seed stream of decision mode's label releases (apart from the template releases of the same job).
+_TAG_LABEL = 91
 
 Similarity = Callable[[FloatArray], FloatArray]
 
@@ -446,6 +470,40 @@ def link_and_score(S_calibration: FloatArray, y_calibration: IntArray, S: FloatA
     }
 
 
+def score_clustering(labels: NDArray[np.integer], y: NDArray[np.integer]) -> dict[str, float | int | None]:
+    """Pairwise scores of a clustering given outright (no similarity, no threshold), against identities ``y``.
+
+    Returns
+    -------
+    dict
+        ``precision``, ``recall``, ``f1`` (None where undefined: precision when nothing is linked),
+        ``threshold`` (None), ``pair_auc`` (the same-cluster indicator as the pair's score, ties half),
+        ``n_clusters`` and ``chance_f1`` (a random clustering with the same cluster sizes).
+    """
+    lab = np.asarray(labels)
+    counts = pair_counts(y, lab)
+    same_cluster = (lab[:, None] == lab[None, :]).astype(np.float64)
+    out: dict[str, float | int | None] = {
+        **pairwise_scores(counts),
+        "threshold": None,
+        "pair_auc": pair_auc(same_cluster, y),
+        "n_clusters": int(np.unique(lab).shape[0]),
+        "chance_f1": random_clustering_f1(counts),
+    }
+    return {k: None if isinstance(v, float) and v != v else v for k, v in out.items()}
+
+
+def label_clusterings(released: IntArray, unknown: int) -> dict[str, IntArray]:
+    """The clusterings of :data:`DECISION_METHODS` from each appearance's released label.
+
+    ``same_label``: one cluster per label, unknown included; ``same_named_label``: one cluster per enrolled
+    label, every appearance released as ``unknown`` a cluster of its own.
+    """
+    r = np.asarray(released, dtype=np.int64)
+    alone = np.arange(r.shape[0], dtype=np.int64) + int(unknown) + 1
+    return {"same_label": r, "same_named_label": np.where(r == unknown, alone, r)}
+
+
 # --------------------------------------------------------------------------- people and releases
 
 
@@ -583,15 +641,93 @@ def fit_server_recogniser(
     )
 
 
+def _person_weights(people: NDArray[np.integer]) -> FloatArray:
+    """One over the number of faces of each face's person (every calibration person weighs alike)."""
+    _, inverse, n = np.unique(np.asarray(people), return_inverse=True, return_counts=True)
+    return 1.0 / n[inverse.ravel()].astype(np.float64)
+
+
+def evaluate_decision_mode(
+    cfg: AuditConfig,
+    fitted: Any,
+    Z_calibration: FloatArray,
+    y_calibration: IntArray,
+    Z_strangers: FloatArray,
+    y_strangers: IntArray,
+    key: Sequence[int],
+) -> dict[str, Any]:
+    """Linkage of the strangers' appearances from the labels a device in decision mode releases.
+
+    The device runs ``fitted`` (trained on releases only) on each appearance's clean projection
+    ``Z_strangers``, sets its thresholds as a device does (:func:`~peep.core.decision.calibrate_clean` on the
+    calibration people's clean projections ``Z_calibration``, each person weighing alike, at the device
+    model's FPIR and FAR targets of :class:`~peep.server.config.DeviceModelsConfig`, the label mechanism
+    accounted for where it can be), and releases the label without a label mechanism and through k-RR at each
+    of ``cfg.bystander_label_epsilons``. One ``_rows`` entry per ε_label (None first): the shares of
+    appearances named before and after the label mechanism, and the :data:`DECISION_METHODS` clusterings'
+    scores.
+    """
+    from peep.server.config import DeviceModelsConfig
+
+    device = DeviceModelsConfig()
+    known = fitted.known_indices
+    unknown = int(known.size)
+    P_cal = fitted.predict_proba(np.asarray(Z_calibration, dtype=np.float32))
+    P_s = fitted.predict_proba(np.asarray(Z_strangers, dtype=np.float32))
+    weights = _person_weights(y_calibration)
+    rows: list[dict[str, Any]] = []
+    for li, eps_label in enumerate((None, *cfg.bystander_label_epsilons)):
+        rr = None
+        if eps_label is not None:
+            rr = RandomizedResponse(
+                unknown + 1, eps_label, random_state=runner.noise_state(cfg, (*key, _TAG_LABEL, li))
+            )
+        floor = 0.0 if rr is None else rr.false_positive_floor
+        feasible = floor < device.fpir
+        th = calibrate_clean(
+            P_cal,
+            known,
+            fpir=device.fpir,
+            far=device.far,
+            label_false_positive=floor if feasible else 0.0,
+            label_keep=1.0 if rr is None or not feasible else rr.keep_probability,
+            weights=weights,
+        )
+        d = identify_open_set(P_s, known, th.unknown_threshold)
+        decided = np.where(d.unknown, unknown, np.searchsorted(known, d.best_class)).astype(np.int64)
+        released = decided if rr is None else np.asarray(rr.release(decided), dtype=np.int64)
+        rows.append(
+            {
+                "epsilon_label": eps_label,
+                "feasible": bool(feasible),
+                "fpir_floor": float(floor),
+                "named_share_model": float(np.mean(decided != unknown)),
+                "named_share": float(np.mean(released != unknown)),
+                "methods": {
+                    m: score_clustering(c, y_strangers) for m, c in label_clusterings(released, unknown).items()
+                },
+            }
+        )
+    return {
+        "templates_kept": 0,
+        "labels_kept": int(np.asarray(y_strangers).shape[0]),
+        "labels": unknown + 1,
+        "fpir_target": float(device.fpir),
+        "_rows": rows,
+    }
+
+
 def evaluate_bystanders(
     ctx: BystanderContext, cfg: AuditConfig, *, epsilon: float, key: Sequence[int]
 ) -> dict[str, Any]:
-    """Linkage of the strangers' appearances at one ε, for ``keep = "all"`` and ``keep = "none"``.
+    """Linkage of the strangers' appearances at one ε, for ``keep = "all"``, ``keep = "none"`` and decision mode.
 
     Every face (enrolled, stranger, calibration, public) is released once
     through the audited mechanism with the audit's noise conventions
     (:func:`peep.server.audit.runner.noise_state`: seeded simulation, or the
-    secure sampler).
+    secure sampler). Decision mode's device model is the recogniser with a
+    background class, deciding on clean projections
+    (:func:`evaluate_decision_mode`).
     """
     rng = runner.noise_state(cfg, key)
     mech = mechanism_for_bounds(ctx.bounds, kind=cfg.mechanism, epsilon=epsilon, delta=cfg.delta, random_state=rng)
@@ -619,6 +755,15 @@ def evaluate_bystanders(
             for m in EVENT_METHODS
         }
         named[variant] = int((d_s >= 0).sum())
+    decision = evaluate_decision_mode(
+        cfg,
+        recognisers["background_class"],
+        dom.forward(ctx.C["calibration"]),
+        y_c,
+        dom.forward(ctx.C["strangers"]),
+        y_s,
+        key,
+    )
     g = mech.guarantee
     return {
         "epsilon": float(epsilon),
@@ -647,6 +792,7 @@ def evaluate_bystanders(
                 "share": named["background_class"] / max(n, 1),
             },
         },
+        "keep_decision": decision,
     }
 
 
@@ -679,7 +825,8 @@ def combine_bystanders(per_repeat: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
     ``keep_all.best`` and ``keep_none.events`` name the method with the
     highest mean F1 and repeat its numbers, so that precision, recall and F1
-    shown together belong to one method.
+    shown together belong to one method; so does each ``keep_decision.per_label``
+    entry's ``best`` (one per ε_label, the decision without a label mechanism first).
     """
     mean, std = runner.aggregate(per_repeat)
     ka, kn = mean["keep_all"], mean["keep_none"]
@@ -701,6 +848,19 @@ def combine_bystanders(per_repeat: Sequence[dict[str, Any]]) -> dict[str, Any]:
         }
         s_methods = s_node.get("methods", {})
         s_node["events"] = {k: s_methods.get(ev, {}).get(k) for k in ("precision", "recall", "f1")}
+    per_label = []
+    for i in range(len(per_repeat[0]["keep_decision"]["_rows"])):
+        rows = [r["keep_decision"]["_rows"][i] for r in per_repeat]
+        m, s = runner.aggregate(rows)
+        dm = _best(m["methods"], DECISION_METHODS)
+        m["best"] = {"method": dm, **{k: m["methods"][dm][k] for k in ("precision", "recall", "f1")}}
+        m["std"] = s
+        m["per_repeat"] = {
+            "f1": [_or_none(r["methods"][dm]["f1"]) for r in rows],
+            "named_share": [float(r["named_share"]) for r in rows],
+        }
+        per_label.append(m)
+    mean["keep_decision"]["per_label"] = per_label
     mean["std"] = std
     mean["n_repeats"] = len(per_repeat)
     mean["per_repeat"] = {
@@ -708,3 +868,7 @@ def combine_bystanders(per_repeat: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "events_f1": [float(r["keep_none"]["methods"][chosen["enrolled_only"]]["f1"]) for r in per_repeat],
     }
     return mean
+
+
+def _or_none(v: Any) -> float | None:
+    return None if v is None or v != v else float(v)

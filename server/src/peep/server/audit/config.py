@@ -23,6 +23,7 @@ BASES = ("train", "background")
 DEFAULT_OPEN_SET_PRESETS: tuple[str, ...] = ("lda", "default")
 #: ε of the device's label mechanism (k-ary randomized response) measured by the open-set section.
 DEFAULT_OPEN_SET_LABEL_EPSILONS: tuple[float, ...] = (2.0, 4.0, 8.0)
+DEFAULT_BYSTANDER_LABEL_EPSILONS: tuple[float, ...] = (2.0, 4.0, 8.0)
 #: FPIR targets of the open-set section (NIST FRVT reports FNIR at FPIR 1 % and 0.1 %).
 DEFAULT_OPEN_SET_FPIR: tuple[float, ...] = (0.01, 0.001)
 NORMALISATIONS = ("detector", "lfw-crop")
@@ -120,6 +121,9 @@ class AuditConfig:
         strangers, calibration and public people drawn from LFW's identities
         outside the audited ones (the background population, or the same
         range of people with ``basis="train"``).
+    bystander_label_epsilons : tuple of float
+        ε of the k-ary randomized response a device in decision mode releases each decision through, in the
+        bystander section's decision mode (the decision without a label mechanism is always measured too).
     site_keys : int
         Sites, each with its own simulated site key, for the template-protection section
         (:mod:`peep.server.audit.protection`); 0 skips it, otherwise at least 2.
@@ -193,6 +197,7 @@ class AuditConfig:
     frontier_components: tuple[int, ...] = (16, 40, 64, 128)
     frontier_projections: tuple[str, ...] = ()
     bystander: bool = True
+    bystander_label_epsilons: tuple[float, ...] = DEFAULT_BYSTANDER_LABEL_EPSILONS
     site_keys: int = 0
     open_set: bool = False
     open_set_enrolled: int = 10
@@ -224,6 +229,14 @@ class AuditConfig:
             except ValueError as exc:
                 raise AuditConfigError(f"--site-keys: {exc}") from None
         _check(len(self.epsilons) >= 1, "--epsilons", "at least one value", self.epsilons)
+        for e in self.bystander_label_epsilons:
+            _check(math.isfinite(e) and 0 < e <= 40, "--bystander-label-epsilons", "values in (0, 40]", e)
+        _check(
+            self.bystander or self.bystander_label_epsilons == DEFAULT_BYSTANDER_LABEL_EPSILONS,  # refused, not ignored
+            "--bystander-label-epsilons",
+            "no value with --no-bystander",
+            self.bystander_label_epsilons,
+        )
         top = mechanism_classes()[self.mechanism].max_epsilon
         for e in self.epsilons:
             _check(math.isfinite(e) and e > 0, "--epsilons", "finite values > 0", e)
@@ -490,6 +503,7 @@ class AuditConfig:
             "frontier_components": list(self.frontier_components),
             "frontier_projections": list(self.searched_projections),
             "bystander": self.bystander,
+            **({"bystander_label_epsilons": list(self.bystander_label_epsilons)} if self.bystander else {}),
             "site_keys": self.site_keys,
             "open_set": self.open_set,
             **(

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from peep.server.audit.bystander_report import bystander_html, plot_bystander
 from peep.server.audit.open_set_report import open_set_html, plot_open_set
 
 if TYPE_CHECKING:
@@ -278,51 +279,6 @@ def plot_frontier(audit: dict[str, Any], path: Path) -> bool:
     return True
 
 
-def plot_bystander(audit: dict[str, Any], path: Path) -> bool:
-    """Pairwise F1 (and precision/recall) of linking strangers' appearances vs ε: keep = all, keep = none, chance."""
-    by = audit.get("bystander")
-    if not by:
-        return False
-    from peep.server.audit.bystander import LINK_METHODS
-
-    plt = _plt()
-    eps = np.array([b["epsilon"] for b in by])
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
-    ax = axes[0]
-    for method in LINK_METHODS:
-        m, _ = _get(by, "keep_all", "methods", method, "f1")
-        ax.plot(eps, m, ls=":", marker=".", lw=1, label=f"keep = all: {method}")
-    m, s = _get(by, "keep_all", "best", "f1")
-    ax.errorbar(eps, m, yerr=s, marker="o", capsize=3, lw=2.5, color="C3", label="keep = all: best method")
-    m, s = _get(by, "keep_none", "events", "f1")
-    ax.errorbar(eps, m, yerr=s, marker="s", capsize=3, lw=2, color="C0", label="keep = none: events only")
-    m, _ = _get(by, "keep_none", "background_class", "events", "f1")
-    ax.plot(eps, m, marker="s", ls="--", lw=1, color="C0", label="keep = none: events, recogniser with background")
-    ch, _ = _get(by, "chance_f1")
-    ax.plot(eps, ch, color="grey", ls="-.", label="chance F1 (everything one cluster)")
-    ax.set_ylabel("pairwise F1 of the clustering (mean ± std)")
-    ax.set_title("Linking a stranger's appearances: F1")
-    ax = axes[1]
-    for path_, label, marker, color in (
-        (("keep_all", "best"), "keep = all, best", "o", "C3"),
-        (("keep_none", "events"), "keep = none, events", "s", "C0"),
-    ):
-        for key, ls in (("precision", "-"), ("recall", "--")):
-            m, s = _get(by, *path_, key)
-            ax.errorbar(eps, m, yerr=s, marker=marker, ls=ls, color=color, capsize=2, label=f"{label}: {key}")
-    cp, _ = _get(by, "chance_precision")
-    ax.plot(eps, cp, color="grey", ls=":", label="chance precision (same-person share of pairs)")
-    ax.set_ylabel("pairwise precision / recall (mean ± std)")
-    ax.set_title("Precision and recall")
-    for a in axes:
-        _eps_axis(a, audit)
-        a.set_ylim(0, 1.02)
-        a.legend(fontsize=7)
-    fig.suptitle(f"Bystanders — {audit['mechanism']['kind']}, nc={audit['components']}")
-    _save(fig, path)
-    return True
-
-
 # --------------------------------------------------------------------------- HTML
 
 
@@ -505,7 +461,7 @@ def render_html(audit: dict[str, Any], out: Path) -> str:
         parts.append(_img(out, PLOTS["reconstruction_grid"]))
 
     if audit.get("bystander"):
-        parts.extend(_bystander_html(audit, out))
+        parts.extend(bystander_html(audit, out, PLOTS["bystander"]))
 
     sw = audit["sweeps"]
     parts.append(
@@ -605,118 +561,6 @@ def render_html(audit: dict[str, Any], out: Path) -> str:
     parts.append(METHOD_HTML)
     parts.append("</body></html>")
     return "\n".join(parts)
-
-
-BYSTANDER_INTRO = """
-<p>A <i>stranger</i> is a person who never enrolled. This section asks what an operator holding everything
-the server kept — its database and its event history — learns about strangers: how well it can tell which of
-their appearances, across cameras and days, are the same person. Each photo of a stranger (LFW people outside
-the audited ones) is one appearance, released once through the audited mechanism at the audited ε. With
-<code>recognition.keep = "all"</code> the server stores every stranger's released template for
-<code>keep_days</code>; the operator links them with the strongest similarities we have (cosine of the
-releases; a <i>parrot</i> metric learned on released templates of public people — LDA, and the PLDA
-likelihood ratio; their combination), clusters them, and is scored by pairwise precision (share of linked
-pairs that are one person) and recall (share of one person's pairs linked). With the default
-<code>keep = "none"</code> no template is kept (<code>templates_kept: 0</code>): template linkage is impossible by
-construction, and what remains is each release's recognition event — site, device, time, decision, the
-recogniser's best enrolled-class probability, model version, and a track id that links the releases of one
-appearance only. Events are linked by that probability (and the decision) the same way. The linking
-threshold is chosen on separate calibration people to maximise pairwise F1 there; chance is the share of
-pairs that are one person (the precision of any clustering that ignores the data) and the F1 of putting every
-appearance in one cluster.</p>
-"""
-
-
-def _bystander_html(audit: dict[str, Any], out: Path) -> list[str]:
-    """Section 3: linkage of strangers' appearances for keep = all and keep = none."""
-    from peep.server.audit.bystander import LINK_METHODS
-
-    by = audit["bystander"]
-    setup = audit.get("bystander_setup") or {}
-    parts = ["<h2>3. Bystanders: linking a stranger's appearances from what the server kept</h2>", BYSTANDER_INTRO]
-    groups = setup.get("groups", {})
-    appearances = setup.get("appearances", {})
-
-    def _counts(g: str) -> str:
-        people, seen = groups.get(g) or [0], appearances.get(g) or [0]
-        return f"{int(np.mean(people))} people ({int(np.mean(seen))} appearances)"
-
-    parts.append(
-        "<p class='note'>"
-        + html.escape(
-            f"Per split: strangers {_counts('strangers')}, calibration {_counts('calibration')}, public "
-            f"{_counts('public')}: disjoint thirds of the never-enrolled people, dealt in threes by number of "
-            f"images. Projection and bounds: {setup.get('basis', '')}."
-        )
-        + " <b>Time and device</b> are not measured: the audit has no deployment timeline, and how much they link "
-        "is decided by a site's traffic (a regular at the same door at the same hour is linkable by time alone, "
-        "whatever the templates); a server keeps events <code>recognition.events_days</code> and, with "
-        '<code>keep = "all"</code>, templates <code>recognition.keep_days</code>.</p>'
-    )
-    head = [
-        "ε",
-        "ε / vector",
-        "strangers (appearances)",
-        "chance precision",
-        "chance F1",
-        "keep = all: best method",
-        "precision",
-        "recall",
-        "F1",
-        "keep = none: events linked by",
-        "precision",
-        "recall",
-        "F1",
-        "events F1, recogniser with background",
-        "keep = recognised: strangers' templates kept (share)",
-    ]
-    rows = []
-    for b in by:
-        best, ev = b["keep_all"]["best"], b["keep_none"]["events"]
-        kr = b["keep_recognised"]
-        rows.append(
-            [
-                _g(b["epsilon"]),
-                _f(b["epsilon_vector"], 1),
-                f"{b['n_strangers']:.0f} ({b['n_appearances']:.0f})",
-                _f(b["chance_precision"], 4),
-                _f(b["chance_f1"], 4),
-                html.escape(best["method"]),
-                _pm(b, "keep_all", "best", "precision"),
-                _pm(b, "keep_all", "best", "recall"),
-                _pm(b, "keep_all", "best", "f1"),
-                html.escape(ev["method"]),
-                _pm(b, "keep_none", "events", "precision"),
-                _pm(b, "keep_none", "events", "recall"),
-                _pm(b, "keep_none", "events", "f1"),
-                _pm(b, "keep_none", "background_class", "events", "f1"),
-                f"{_f(kr['share'])} / {_f(kr['background_class']['share'])}",
-            ]
-        )
-    parts.append(_table(head, rows))
-    parts.append(
-        "<p>Events: the recogniser every other section measures (enrolled subjects only) and, in its own column or "
-        "after the slash, one that also learned the public people as its background class, as a server with an "
-        "enrolled background population does. <i>keep = recognised</i> stores the templates of releases named as an "
-        "enrolled subject: for strangers, the recogniser's false accepts.</p>"
-    )
-    head = ["ε", "ε / vector"] + [f"{m}: F1 (precision / recall)" for m in LINK_METHODS]
-    head += [f"{m}: pair AUC" for m in LINK_METHODS] + ["events: pair AUC"]
-    rows = []
-    for b in by:
-        ms = b["keep_all"]["methods"]
-        row = [_g(b["epsilon"]), _f(b["epsilon_vector"], 1)]
-        row += [
-            f"{_pm(b, 'keep_all', 'methods', m, 'f1')} ({_f(ms[m]['precision'])} / {_f(ms[m]['recall'])})"
-            for m in LINK_METHODS
-        ]
-        row += [_pm(b, "keep_all", "methods", m, "pair_auc") for m in LINK_METHODS]
-        row += [_pm(b, "keep_none", "methods", b["keep_none"]["events"]["method"], "pair_auc")]
-        rows.append(row)
-    parts.append(_table(head, rows))
-    if (out / PLOTS["bystander"]).exists():
-        parts.append(_img(out, PLOTS["bystander"]))
-    return parts
 
 
 METHOD_HTML = """

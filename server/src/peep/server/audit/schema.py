@@ -176,6 +176,27 @@ _events = _obj(
     }
 )
 _kept = _obj({"templates_kept": _count, "share": _frac})
+_BYSTANDER_DECISION_METHODS = ["same_label", "same_named_label"]
+_decision_label = _obj(
+    {
+        "epsilon_label": {
+            "type": ["number", "null"],
+            "exclusiveMinimum": 0,
+            "description": "ε of the k-RR each decision is released through (null: no label mechanism)",
+        },
+        "feasible": {
+            "type": "boolean",
+            "description": "false where k-RR alone names more strangers than the device's FPIR target allows",
+        },
+        "fpir_floor": _frac,
+        "named_share_model": {**_frac, "description": "appearances the device's model names as someone"},
+        "named_share": {**_frac, "description": "appearances released as some enrolled subject's label"},
+        "methods": _methods(_BYSTANDER_DECISION_METHODS),
+        "best": _best(_BYSTANDER_DECISION_METHODS),
+        "std": {"type": "object"},
+        "per_repeat": {"type": "object", "additionalProperties": {"type": "array", "items": _frac_or_null}},
+    }
+)
 
 BYSTANDER_SCHEMA: dict[str, Any] = _obj(
     {
@@ -212,6 +233,15 @@ BYSTANDER_SCHEMA: dict[str, Any] = _obj(
             }
         ),
         "keep_recognised": _obj({"templates_kept": _count, "share": _frac, "background_class": _kept}),
+        "keep_decision": _obj(
+            {
+                "templates_kept": {"const": 0},
+                "labels_kept": {**_count, "description": "one released label per appearance"},
+                "labels": {"type": "integer", "minimum": 2, "description": "enrolled subjects and unknown"},
+                "fpir_target": _frac,
+                "per_label": {"type": "array", "items": _decision_label, "minItems": 1},
+            }
+        ),
         "n_repeats": {"type": "integer", "minimum": 1},
         "std": {"type": "object"},
         "per_repeat": {"type": "object", "additionalProperties": {"type": "array", "items": _frac_or_null}},

@@ -197,6 +197,16 @@ def register(sub: Any) -> None:
         "the audited ones)",
     )
     g.add_argument(
+        "--bystander-label-epsilons",
+        type=_list(float, "--bystander-label-epsilons"),
+        default=None,
+        metavar="LIST",
+        help="the bystander section's decision mode: ε of the k-ary randomized response a device releases each "
+        "decision through (the labels are all the server keeps of a stranger; default "
+        + ",".join(f"{e:g}" for e in d.bystander_label_epsilons)
+        + "; the decision without a label mechanism is measured too)",
+    )
+    g.add_argument(
         "--site-keys",
         type=int,
         default=0,
@@ -370,6 +380,11 @@ def handler(args: argparse.Namespace) -> int:
             frontier_components=tuple(args.frontier_components),
             frontier_projections=tuple(args.frontier_projections),
             bystander=not args.no_bystander,
+            **(
+                {}
+                if args.bystander_label_epsilons is None
+                else {"bystander_label_epsilons": args.bystander_label_epsilons}
+            ),
             site_keys=args.site_keys,
             progress=not args.no_progress,
             open_set=args.open_set,
@@ -443,6 +458,8 @@ def command_line(cfg: Any, out: str) -> list[str]:
         cmd.append("--secure-noise")
     if not cfg.bystander:
         cmd.append("--no-bystander")
+    else:
+        cmd += ["--bystander-label-epsilons", join(cfg.bystander_label_epsilons) or "none"]
     if cfg.site_keys:
         cmd += ["--site-keys", str(cfg.site_keys)]
     if cfg.open_set:
@@ -484,6 +501,16 @@ def command_line(cfg: Any, out: str) -> list[str]:
     return [*cmd, "--out", out]
 
 
+def _decision_summary(labels: list[dict[str, Any]]) -> str:
+    """Decision mode's linkage per ε_label: precision / recall / F1 of the best label linker."""
+    parts = []
+    for r in labels:
+        eps = "no label noise" if r["epsilon_label"] is None else f"ε_label {r['epsilon_label']:g}"
+        best = r["best"]
+        parts.append(f"{eps} {_frac(best['precision'])} / {_frac(best['recall'])} / {_frac(best['f1'])}")
+    return "; ".join(parts)
+
+
 def summary(audit: dict[str, Any]) -> str:
     """A plain-text table of the headline numbers."""
     np_ = audit["no_privacy"]
@@ -520,6 +547,9 @@ def summary(audit: dict[str, Any]) -> str:
                 f"(events, {ev['method']}): {_frac(ev['precision'])} / {_frac(ev['recall'])} / {_frac(ev['f1'])}; "
                 f"chance {b['chance_precision']:.3f}, {b['chance_f1']:.3f}"
             )
+            labels = (b.get("keep_decision") or {}).get("per_label") or []
+            if labels:
+                lines.append("           decision mode, linked by released label: " + _decision_summary(labels))
     tp = audit.get("template_protection")
     if tp:
         lines.append(
