@@ -348,4 +348,6 @@ def test_a_camera_in_decision_mode_asks_for_its_model_on_the_broker_and_publishe
     assert spent == [8.0] * len(ids)  # the label is the whole release
     report = parse_device_report(col.payloads("/report")[-1])
     assert report.decision["mode"] == "device" and report.decision["model_serial"] == 3
+    # The report states what a release costs in this mode (the label), as the ledger charged it.
+    assert report.epsilon_vector_per_release == 8.0 and report.epsilon_vector_spent == pytest.approx(8.0 * len(ids))
     assert report.decision["flip_probability"] == pytest.approx(4 / (np.exp(8.0) + 4), rel=1e-6)

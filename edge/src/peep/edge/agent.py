@@ -325,7 +325,9 @@ class Agent:
             mechanism=p.mechanism,
             epsilon_vector=float(cost.epsilon_vector),
             epsilon_coordinate=float(cost.epsilon_coordinate),
-            epsilon_vector_per_release=float(cost.total_vector),
+            # Deciding on the device, what a camera releases per track window is the label alone (a door in
+            # decision mode releases nothing of the face).
+            epsilon_vector_per_release=self._release_epsilon(float(cost.total_vector)),
             track_budget_vector=p.track_budget,
             device_budget_vector=p.device_budget,
             releases=int(n),
@@ -334,6 +336,14 @@ class Agent:
             insecure_broker=self.insecure_broker,
             decision=self._decision_report(),
         )
+
+    def _release_epsilon(self, template: float) -> float:
+        r = self.cfg.recognition
+        if r.decide == "device":
+            return float(r.epsilon_label)
+        if self.cfg.door.enabled and self.cfg.door.decision == "device":
+            return 0.0
+        return template
 
     def _decision_report(self) -> dict[str, Any] | None:
         if self.decisions is None:
