@@ -4,6 +4,7 @@ answers), real edge agents over composed videos, enrolment, training, identifica
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 
@@ -59,6 +60,17 @@ def test_demo_summary_is_complete_and_consistent(demo_run):
     for subject, spent in ver["qbbs_epsilon_per_subject"].items():
         assert spent == pytest.approx(charged.get(subject, 0.0))
     assert s["model"]["model_version"] == "v000001"
+
+
+def test_the_runs_log_holds_the_per_claim_lines_and_the_summary_counts_them(demo_run):
+    out, s = demo_run
+    log = out / "demo.log"
+    text = log.read_text()
+    # The door's refusals (each impostor claim, each fail-secure check) are in the run's log, not on the terminal.
+    assert "peep.edge.door: door_refused" in text
+    warnings = sum(1 for line in text.splitlines() if re.match(r"^\S+ \S+ warning ", line))
+    assert s["log"]["file"] == str(log) and s["log"]["warnings"] == warnings > 0
+    assert s["log"]["events"]["peep.edge.door: door_refused"] == text.count("peep.edge.door: door_refused")
 
 
 def test_the_demos_door_claims_went_through_the_door_path_and_every_fail_secure_check_held(demo_run):

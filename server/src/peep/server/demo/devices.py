@@ -15,6 +15,7 @@ import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 # How long a device may stay silent before the demo checks that its process is still alive.
@@ -29,13 +30,14 @@ class DeviceJob:
     ``{"subjects": [{"subject": ..., "config": ..., "source": folder, "count": n}, ...]}``) or ``"door"``
     (``work`` = ``{"config": ..., "video": path, "claims": [{"subject", "start", "stop", "genuine"}, ...]}``, see
     :func:`run_door`); configurations are :class:`peep.edge.config.EdgeConfig` dictionaries, ``environ`` holds
-    the device's token.
+    the device's token; ``log_file`` is the run's ``demo.log`` (None: stderr).
     """
 
     device_id: str
     kind: str
     environ: dict[str, str]
     work: dict[str, Any] = field(default_factory=dict)
+    log_file: str | None = None
 
 
 def _suppressed(agent: Any) -> float:
@@ -54,7 +56,12 @@ def _device_main(job: DeviceJob, out: Any) -> None:
     from peep.edge.config import EdgeConfig
     from peep.edge.logs import setup_logging
 
-    setup_logging(level="warning", fmt="text")
+    if job.log_file:
+        from peep.server.demo.logfile import route_logs
+
+        route_logs(Path(job.log_file))
+    else:
+        setup_logging(level="warning", fmt="text")
     try:
         if job.kind == "camera":
 

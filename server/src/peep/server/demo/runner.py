@@ -45,6 +45,7 @@ import numpy as np
 from peep.core import wire
 from peep.core.bundle import EigenfaceBundle, load_private_key, load_public_key, write_keypair
 from peep.core.release import TemplateReleaser
+from peep.server.demo.logfile import LOG_FILE, count_log, route_logs
 from peep.server.demo.options import DemoOptions
 from peep.server.demo.scenario import (
     CameraScript,
@@ -77,7 +78,7 @@ DEVICE_TOKEN_ENV = "PEEP_DEMO_DEVICE_TOKEN"
 # What a run leaves in --out that the next run must not build on (removed when it starts), and the file that
 # marks a folder as the demo's own.
 _RUN_STATE = ("server", "devices", "enrol", "videos", "summary.json", "releases.json", "verification.json",
-              "door.json", "report.html")  # fmt: skip
+              "door.json", "report.html", LOG_FILE)  # fmt: skip
 _OUT_MARKER = ".peep-demo"
 # The site's enrolment desks (the first also stands for the administrator's background enrolment).
 _DESKS = ("desk-1", "desk-2")
@@ -135,6 +136,7 @@ class Demo:
         self.opts = opts
         self.say = say
         self.out = Path(opts.out)
+        self.log_path = self.out / LOG_FILE
         self.timer = StepTimer()
         self.site = f"demo-{secrets.token_hex(2)}"
         self.admin_token = secrets.token_urlsafe(24)
@@ -158,12 +160,11 @@ class Demo:
     # ------------------------------------------------------------------ steps
 
     def run(self) -> dict[str, Any]:
-        from peep.core.logs import setup_logging
-
         o = self.opts
         self._fresh_out()
-        # The edge agents' structured events (with their fields) on stderr, warnings and up.
-        setup_logging(level="warning", fmt="text")
+        # The server's and the devices' structured events (with their fields), warnings and up, in the run's
+        # log: the terminal keeps the progress lines and the summary (errors reach it too).
+        route_logs(self.log_path)
         self.use_mqtt = o.mqtt == "on" or (o.mqtt == "auto" and _broker_reachable())
         if o.mqtt == "on" and not _broker_reachable():
             raise RuntimeError("--mqtt on: no MQTT broker answers on 127.0.0.1:1883")
@@ -205,6 +206,7 @@ class Demo:
                 self._broker_bundle = bundle
             if not (o.console and self.console_password):  # the console keeps the server until close()
                 self.close()
+        summary["log"] = count_log(self.log_path)
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
         # The ground truth of what the cameras released (who was in front of which camera when; never a
         # template): what the summary's figures and kept_templates.strangers are counted against.
@@ -595,7 +597,7 @@ class Demo:
             cfg = self._edge_config(desk, "grpc", str(folder), soft=False)
             work[desk].append({"subject": subject, "config": cfg.model_dump(mode="json"), "source": str(folder),
                                "count": len(images)})  # fmt: skip
-        jobs = [DeviceJob(d, "desk", {DEVICE_TOKEN_ENV: self.device_tokens[d]}, {"subjects": w})
+        jobs = [DeviceJob(d, "desk", {DEVICE_TOKEN_ENV: self.device_tokens[d]}, {"subjects": w}, str(self.log_path))
                 for d, w in work.items() if w]  # fmt: skip
         # A few seconds a subject (a descriptor per photo): a line for each, not a silent minute.
         with Progress("    subjects enrolled", len(scenario.enrolled), heartbeat=_HEARTBEAT_S) as bar:
@@ -737,7 +739,8 @@ class Demo:
         for s in scripts:
             cfg = self._edge_config(s.device_id, s.transport, str(s.video), soft=self.opts.soft)
             jobs.append(DeviceJob(s.device_id, "camera", {DEVICE_TOKEN_ENV: self.device_tokens[s.device_id]},
-                                  {"config": cfg.model_dump(mode="json"), "video": str(s.video)}))  # fmt: skip
+                                  {"config": cfg.model_dump(mode="json"), "video": str(s.video)},
+                                  str(self.log_path)))  # fmt: skip
 
         t0 = time.perf_counter()
         # The videos play for about half a minute: the templates released so far, every few seconds.
@@ -820,7 +823,7 @@ class Demo:
         claims = [{"subject": a.claim, "genuine": a.claim == a.person, "start": a.start, "stop": a.stop}
                   for a in script.appearances]  # fmt: skip
         work = {"config": cfg.model_dump(mode="json"), "video": str(script.video), "claims": claims}
-        job = DeviceJob(_DOOR, "door", {DEVICE_TOKEN_ENV: self.device_tokens[_DOOR]}, work)
+        job = DeviceJob(_DOOR, "door", {DEVICE_TOKEN_ENV: self.device_tokens[_DOOR]}, work, str(self.log_path))
         result = run_devices([job], lambda *_: None)[_DOOR]
         if not result["ok"]:
             raise RuntimeError(f"the door failed: {result['error']}")

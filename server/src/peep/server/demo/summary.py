@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from peep.server.demo.logfile import log_line
 
 
 def door_summary(
@@ -246,6 +247,7 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
         f"  model               {s['model']['model_version']}: {s['model']['n_templates']} templates, "
         f"validation accuracy {s['model']['validation_accuracy']:.3f}",
         f"  wall time           {s['wall_s']:.0f} s ({steps})",
+        *([log_line(s["log"])] if "log" in s else []),
     ]
 
 
