@@ -147,7 +147,7 @@ class PrivacyConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _delta_matches_kind(self) -> PrivacyConfig:
+    def _epsilon_and_delta_fit_the_mechanism(self) -> PrivacyConfig:
         cls = mechanism_class(self.mechanism)
         if self.epsilon > cls.max_epsilon:
             raise ValueError(
