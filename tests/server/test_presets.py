@@ -9,24 +9,27 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from peep.server.recognition.fitting import (
-    DEFAULT_PRESET,
-    PRESETS,
-    AutoPreset,
-    EstimatorPreset,
-    LogisticPreset,
-    MLPPreset,
-    Preset,
-    TrainingCancelled,
-    TrainingError,
     check_onnx_agreement,
     export_onnx,
     fit_recogniser,
-    get_preset,
     linear_parts,
     model_meta,
     onnx_probabilities,
     onnx_session,
     split_groups,
+)
+from peep.server.recognition.presets import (
+    DEFAULT_PRESET,
+    PRESETS,
+    AutoPreset,
+    EstimatorPreset,
+    FitData,
+    LogisticPreset,
+    MLPPreset,
+    Preset,
+    TrainingCancelled,
+    TrainingError,
+    get_preset,
 )
 
 
@@ -86,9 +89,7 @@ def test_reference_preset_is_sklearns_default_mlp():
     for seed, tol in ((0, 1e-2), (1, 3e-3)):
         X, y = _blobs(seed=seed)
         small = replace(ref, hidden_layer_sizes=(16,), tol=tol)
-        pipeline, epochs = small.fit_estimator(
-            X, y, n_classes=4, X_val=None, y_val=None, random_state=seed, progress=None, cancel=None
-        )
+        pipeline, epochs = small.fit_estimator(FitData(X=X, y=y, n_classes=4, random_state=seed))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
             sk = MLPClassifier(hidden_layer_sizes=(16,), tol=tol, random_state=seed).fit(X, y)
@@ -234,10 +235,8 @@ def test_logreg_chooses_c_by_validation_log_loss():
     assert notes["C"] == float(min(losses, key=losses.get)) and notes["C_chosen_by"] == "validation log-loss"
     assert fitted.pipeline.steps[-1][1].C == notes["C"]
     # Without validation templates there is nothing to choose on: the documented fallback.
-    pipe, _ = PRESETS["logreg"].fit_estimator(
-        X, y, n_classes=4, X_val=None, y_val=None, random_state=0, progress=None, cancel=None, notes=(n := {})
-    )
-    assert pipe.steps[-1][1].C == PRESETS["logreg"].fallback_C and n["C_chosen_by"].startswith("fallback")
+    pipe, _ = PRESETS["logreg"].fit_estimator(data := FitData(X=X, y=y, n_classes=4))
+    assert pipe.steps[-1][1].C == PRESETS["logreg"].fallback_C and data.notes["C_chosen_by"].startswith("fallback")
 
 
 def _heavy_noise(seed: int):

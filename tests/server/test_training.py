@@ -14,15 +14,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from peep.server.recognition.fitting import (
-    PRESETS,
-    TrainingCancelled,
-    TrainingError,
     check_onnx_agreement,
     export_onnx,
     fit_recogniser,
     onnx_probabilities,
     onnx_session,
 )
+from peep.server.recognition.presets import PRESETS, TrainingCancelled, TrainingError
 from peep.server.recognition.registry import ModelRegistry
 
 

@@ -24,15 +24,13 @@ from peep.core.mechanisms import mechanism_class
 from peep.server.bundles.catalog import BundleCatalog
 from peep.server.config import TrainingConfig
 from peep.server.recognition.fitting import (
-    PRESETS,
-    Progress,
-    TrainingError,
     calibration_summary,
     check_onnx_agreement,
     export_onnx,
     fit_recogniser,
     model_meta,
 )
+from peep.server.recognition.presets import PRESETS, Progress, TrainingError
 from peep.server.recognition.registry import AnyRegistry
 from peep.server.storage import Store
 
