@@ -8,16 +8,15 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from peep.server.recognition.fitting import (
+from peep.server.recognition.export import (
     check_onnx_agreement,
     export_onnx,
-    fit_recogniser,
     linear_parts,
     model_meta,
     onnx_probabilities,
     onnx_session,
-    split_groups,
 )
+from peep.server.recognition.fitting import fit_recogniser, split_groups
 from peep.server.recognition.presets import (
     DEFAULT_PRESET,
     PRESETS,
@@ -382,11 +381,11 @@ def test_background_people_are_held_out_whole():
 def test_the_calibration_is_summarised_in_one_line_for_peep_train_and_the_log():
     import doctest
 
-    from peep.server.recognition import fitting
+    from peep.server.recognition import thresholds
 
-    assert doctest.testmod(fitting, optionflags=doctest.NORMALIZE_WHITESPACE).failed == 0
+    assert doctest.testmod(thresholds, optionflags=doctest.NORMALIZE_WHITESPACE).failed == 0
     X, subjects, _ = _open_set(3, n_background=300)
-    line = fitting.calibration_summary(fit_recogniser(X, subjects, preset="auto").metrics)
+    line = thresholds.calibration_summary(fit_recogniser(X, subjects, preset="auto").metrics)
     assert line.startswith("auto chose ") and "held-out background templates accepted (target 1.0%" in line
     assert "called unknown" in line and "verify: FAR" in line
 

@@ -20,8 +20,8 @@ def register(sub: Any) -> None:
 
 def train(args: argparse.Namespace) -> int:
     from peep.server.progress import progress_printer
-    from peep.server.recognition.fitting import calibration_summary
     from peep.server.recognition.presets import TrainingError
+    from peep.server.recognition.thresholds import calibration_summary
 
     config = load(args)
     s = services(config)

@@ -11,12 +11,12 @@ around the hook (labels, the validation split, calibration). Adding a
 recogniser is one new entry in :data:`PRESETS`: an :class:`MLPPreset`
 (epoch-wise training: progress, cancellation, early stopping), an
 :class:`EstimatorPreset` (any scikit-learn classifier that
-:func:`peep.server.recognition.fitting.export_onnx` can export, fitted in one
+:func:`peep.server.recognition.export.export_onnx` can export, fitted in one
 call), a :class:`LogisticPreset` or an :class:`AutoPreset` (a choice among
 presets); a new kind of preset is a subclass implementing the hook.
 
 This module is what the configuration reads its choices from, so it imports
-no scikit-learn until a preset is fitted.
+no scikit-learn until a preset is fitted or described.
 
 The registered presets (:data:`DEFAULT_PRESET` is what a server trains
 unless ``training.preset`` says otherwise):
@@ -203,7 +203,7 @@ class Preset:
         -------
         pipeline : fitted scikit-learn estimator with ``predict_proba``
             Columns in class order ``0..n_classes-1``; exportable by
-            :func:`~peep.server.recognition.fitting.export_onnx`.
+            :func:`~peep.server.recognition.export.export_onnx`.
         n_epochs : int
             Passes over the data (1 for a one-call fit).
         """
@@ -314,7 +314,7 @@ class EstimatorPreset(Preset):
     """Any scikit-learn classifier, fitted in one call: ``[StandardScaler,] build(random_state)``.
 
     ``build`` returns an unfitted classifier with ``predict_proba`` that
-    :func:`~peep.server.recognition.fitting.export_onnx` can export: anything
+    :func:`~peep.server.recognition.export.export_onnx` can export: anything
     skl2onnx converts, and linear classifiers
     (:class:`~sklearn.discriminant_analysis.LinearDiscriminantAnalysis`,
     :class:`~sklearn.linear_model.LogisticRegression`), which it writes itself
