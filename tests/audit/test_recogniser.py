@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 from peep.server.audit.config import AuditConfig, AuditConfigError
 from peep.server.config import TrainingConfig
-from peep.server.recognition import fitting
+from peep.server.recognition import fitting, presets
 
 
 def test_the_default_preset_is_the_servers():
-    assert AuditConfig().preset == fitting.DEFAULT_PRESET == TrainingConfig().preset
-    assert AuditConfig().recogniser_preset is fitting.PRESETS[fitting.DEFAULT_PRESET]
+    assert AuditConfig().preset == presets.DEFAULT_PRESET == TrainingConfig().preset
+    assert AuditConfig().recogniser_preset is presets.PRESETS[presets.DEFAULT_PRESET]
     cfg = AuditConfig(preset="reference", hidden=64)
-    assert cfg.recogniser_preset == replace(fitting.PRESETS["reference"], hidden_layer_sizes=(64,))
+    assert cfg.recogniser_preset == replace(presets.PRESETS["reference"], hidden_layer_sizes=(64,))
 
 
 def test_preset_and_hidden_are_checked(monkeypatch):
@@ -24,8 +24,8 @@ def test_preset_and_hidden_are_checked(monkeypatch):
 
     with pytest.raises(AuditConfigError, match=r"--preset: expected one of paper, default, reference"):
         AuditConfig(preset="nope")
-    linear = fitting.EstimatorPreset(name="linear-test", description="test", build=lambda s: LogisticRegression())
-    monkeypatch.setitem(fitting.PRESETS, "linear-test", linear)
+    linear = presets.EstimatorPreset(name="linear-test", description="test", build=lambda s: LogisticRegression())
+    monkeypatch.setitem(presets.PRESETS, "linear-test", linear)
     assert AuditConfig(preset="linear-test").recogniser_preset is linear
     with pytest.raises(AuditConfigError, match="--hidden: expected no value with a preset that is not an MLP"):
         AuditConfig(preset="linear-test", hidden=8)
@@ -50,7 +50,7 @@ def test_utility_comes_from_the_servers_fit_recogniser(monkeypatch, audit_data, 
     server = TrainingConfig()
     assert len(calls) == 2  # the no-privacy recogniser, then the one on perturbed templates
     for c in calls:
-        assert c["preset"] == replace(fitting.PRESETS["reference"], hidden_layer_sizes=(32,))
+        assert c["preset"] == replace(presets.PRESETS["reference"], hidden_layer_sizes=(32,))
         assert c["background_prefix"] == ""
         assert c["validation_fraction"] == server.validation_fraction
         assert c["min_templates_per_subject"] == server.min_templates_per_subject
@@ -68,8 +68,8 @@ def test_audit_json_records_the_preset(tiny_audit):
     _, out, _ = tiny_audit
     doc = json.loads((out / "audit.json").read_text())
     protocol = doc["protocol"]
-    assert protocol["preset"] == doc["config"]["preset"] == fitting.DEFAULT_PRESET
-    assert protocol["recogniser_parameters"]["name"] == fitting.DEFAULT_PRESET
+    assert protocol["preset"] == doc["config"]["preset"] == presets.DEFAULT_PRESET
+    assert protocol["recogniser_parameters"]["name"] == presets.DEFAULT_PRESET
     assert protocol["recogniser_parameters"]["hidden_layer_sizes"] == [32]  # what ran: --hidden 32
     assert "--hidden" in protocol["recogniser"] and "fit_recogniser" in protocol["recogniser_training"]
     assert doc["config"]["hidden"] == 32

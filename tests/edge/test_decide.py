@@ -13,7 +13,8 @@ from peep.core.devicemodel import MANIFEST, build_device_model_files, class_id
 from peep.core.mechanisms.registry import make_mechanism
 from peep.core.sitekey import SiteKey
 from peep.edge.decide import DecisionSource, DeviceDecider, ModelStore, NoDeviceModel, fuse_projections
-from peep.server.recognition.fitting import export_onnx, fit_recogniser
+from peep.server.recognition.export import export_onnx
+from peep.server.recognition.fitting import fit_recogniser
 
 K = 16
 BUNDLE = "eb-0123456789abcdef0123"

@@ -56,7 +56,7 @@ def device_door(make_config, edge_keys):
 def _device_model(agent, pipeline, video, edge_keys, serial=1):
     """A linear model (scaled cosine to each class direction) with alice = the video's face, bob = elsewhere."""
     from peep.core.devicemodel import build_device_model_files
-    from peep.server.recognition.fitting import _linear_onnx
+    from peep.server.recognition.export import _linear_onnx
 
     read = _frames(video["path"], limit=3)
     frame = read()

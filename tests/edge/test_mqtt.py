@@ -269,7 +269,7 @@ def _random_device_model(bundle, key, *, serial: int, k_subjects: int = 4, key_i
     """A signed linear device model over random class directions (what a camera decides with), for ``bundle``."""
     import numpy as np
     from peep.core.devicemodel import build_device_model_files
-    from peep.server.recognition.fitting import _linear_onnx
+    from peep.server.recognition.export import _linear_onnx
 
     rng = np.random.default_rng(serial)
     n = bundle.n_components

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from peep.server.qbbs.evaluation import _train_recogniser, deviation, distortion
 from peep.server.qbbs.queries import QueryPlan
-from peep.server.recognition import fitting
+from peep.server.recognition import fitting, presets
 
 
 def test_deviation_is_the_absolute_gap_between_the_true_value_and_its_estimate():
@@ -51,9 +51,9 @@ def test_the_face_recogniser_is_the_servers_preset(monkeypatch, preset):
     subjects = ["s0002", "s0000", "s0001"]
     kwargs = {} if preset is None else {"preset": preset}
     proba, info = _train_recogniser(X, y, subjects, seed=0, **kwargs)
-    expected = preset or fitting.DEFAULT_PRESET
+    expected = preset or presets.DEFAULT_PRESET
     assert len(calls) == 1 and calls[0]["preset"] == expected and calls[0]["background_prefix"] == ""
-    assert info["preset"] == expected and info["parameters"] == fitting.PRESETS[expected].describe()
+    assert info["preset"] == expected and info["parameters"] == presets.PRESETS[expected].describe()
     P = proba(X)
     assert P.shape == (36, 3)  # columns in the order of ``subjects``
     assert np.mean(P.argmax(axis=1) == y) > 0.9

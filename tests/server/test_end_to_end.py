@@ -8,7 +8,8 @@ back as unknown except for about the false-accept rate the model was calibrated 
 from __future__ import annotations
 
 import numpy as np
-from peep.server.recognition.fitting import fit_recogniser, onnx_probabilities, onnx_session
+from peep.server.recognition.export import onnx_probabilities, onnx_session
+from peep.server.recognition.fitting import fit_recogniser
 from peep.v1 import recognition_pb2
 from peep_server_testlib import DEVICE
 

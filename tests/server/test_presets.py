@@ -8,25 +8,27 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from peep.server.recognition.fitting import (
+from peep.server.recognition.export import (
+    check_onnx_agreement,
+    export_onnx,
+    linear_parts,
+    model_meta,
+    onnx_probabilities,
+    onnx_session,
+)
+from peep.server.recognition.fitting import fit_recogniser, split_groups
+from peep.server.recognition.presets import (
     DEFAULT_PRESET,
     PRESETS,
     AutoPreset,
     EstimatorPreset,
+    FitData,
     LogisticPreset,
     MLPPreset,
     Preset,
     TrainingCancelled,
     TrainingError,
-    check_onnx_agreement,
-    export_onnx,
-    fit_recogniser,
     get_preset,
-    linear_parts,
-    model_meta,
-    onnx_probabilities,
-    onnx_session,
-    split_groups,
 )
 
 
@@ -86,9 +88,7 @@ def test_reference_preset_is_sklearns_default_mlp():
     for seed, tol in ((0, 1e-2), (1, 3e-3)):
         X, y = _blobs(seed=seed)
         small = replace(ref, hidden_layer_sizes=(16,), tol=tol)
-        pipeline, epochs = small.fit_estimator(
-            X, y, n_classes=4, X_val=None, y_val=None, random_state=seed, progress=None, cancel=None
-        )
+        pipeline, epochs = small.fit_estimator(FitData(X=X, y=y, n_classes=4, random_state=seed))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
             sk = MLPClassifier(hidden_layer_sizes=(16,), tol=tol, random_state=seed).fit(X, y)
@@ -234,10 +234,8 @@ def test_logreg_chooses_c_by_validation_log_loss():
     assert notes["C"] == float(min(losses, key=losses.get)) and notes["C_chosen_by"] == "validation log-loss"
     assert fitted.pipeline.steps[-1][1].C == notes["C"]
     # Without validation templates there is nothing to choose on: the documented fallback.
-    pipe, _ = PRESETS["logreg"].fit_estimator(
-        X, y, n_classes=4, X_val=None, y_val=None, random_state=0, progress=None, cancel=None, notes=(n := {})
-    )
-    assert pipe.steps[-1][1].C == PRESETS["logreg"].fallback_C and n["C_chosen_by"].startswith("fallback")
+    pipe, _ = PRESETS["logreg"].fit_estimator(data := FitData(X=X, y=y, n_classes=4))
+    assert pipe.steps[-1][1].C == PRESETS["logreg"].fallback_C and data.notes["C_chosen_by"].startswith("fallback")
 
 
 def _heavy_noise(seed: int):
@@ -383,11 +381,11 @@ def test_background_people_are_held_out_whole():
 def test_the_calibration_is_summarised_in_one_line_for_peep_train_and_the_log():
     import doctest
 
-    from peep.server.recognition import fitting
+    from peep.server.recognition import thresholds
 
-    assert doctest.testmod(fitting, optionflags=doctest.NORMALIZE_WHITESPACE).failed == 0
+    assert doctest.testmod(thresholds, optionflags=doctest.NORMALIZE_WHITESPACE).failed == 0
     X, subjects, _ = _open_set(3, n_background=300)
-    line = fitting.calibration_summary(fit_recogniser(X, subjects, preset="auto").metrics)
+    line = thresholds.calibration_summary(fit_recogniser(X, subjects, preset="auto").metrics)
     assert line.startswith("auto chose ") and "held-out background templates accepted (target 1.0%" in line
     assert "called unknown" in line and "verify: FAR" in line
 

@@ -13,16 +13,9 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from peep.server.recognition.fitting import (
-    PRESETS,
-    TrainingCancelled,
-    TrainingError,
-    check_onnx_agreement,
-    export_onnx,
-    fit_recogniser,
-    onnx_probabilities,
-    onnx_session,
-)
+from peep.server.recognition.export import check_onnx_agreement, export_onnx, onnx_probabilities, onnx_session
+from peep.server.recognition.fitting import fit_recogniser
+from peep.server.recognition.presets import PRESETS, TrainingCancelled, TrainingError
 from peep.server.recognition.registry import ModelRegistry
 
 

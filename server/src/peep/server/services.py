@@ -47,8 +47,8 @@ from peep.server.ingest.validation import TemplateValidator
 from peep.server.metrics import ServerMetrics
 from peep.server.recognition.claims import ClaimChecker
 from peep.server.recognition.devicemodels import DeviceModels
-from peep.server.recognition.fitting import Progress, TrainingError
 from peep.server.recognition.fusion import TrackFusion
+from peep.server.recognition.presets import Progress, TrainingError
 from peep.server.recognition.recogniser import Recogniser
 from peep.server.recognition.registry import AnyRegistry, DatabaseModelRegistry, ModelRegistry
 from peep.server.recognition.trainer import Trainer, TrainingBusy, TrainResult

@@ -8,7 +8,7 @@ from typing import Any
 
 from peep.core.mechanisms import MECHANISM_KINDS, mechanism_classes
 from peep.core.projections import projection_class, projection_kinds
-from peep.server.recognition.fitting import DEFAULT_PRESET, PRESETS, MLPPreset, Preset
+from peep.server.recognition.presets import DEFAULT_PRESET, PRESETS, MLPPreset, Preset
 
 #: ε values of the default audit (7 values, per-coordinate for peep/peep-raw).
 DEFAULT_EPSILONS: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
@@ -71,7 +71,7 @@ class AuditConfig:
     test_size : float
         Fraction of each identity's images held out (0.3 = the paper's 70/30).
     preset : str
-        Recogniser preset from :data:`peep.server.recognition.fitting.PRESETS`,
+        Recogniser preset from :data:`peep.server.recognition.presets.PRESETS`,
         fitted by the server's own :func:`~peep.server.recognition.fitting.fit_recogniser`
         (default: the server's default preset).
     hidden : int or None

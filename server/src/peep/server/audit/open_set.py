@@ -419,7 +419,8 @@ def fit_open_set_model(
     ``identify_far`` the FPIR target (its unknown threshold set on held-out background people's releases).
     """
     from peep.server.config import TrainingConfig
-    from peep.server.recognition.fitting import PRESETS, fit_recogniser
+    from peep.server.recognition.fitting import fit_recogniser
+    from peep.server.recognition.presets import PRESETS
 
     server = TrainingConfig()
     subjects = [str(int(v)) for v in y_enrol] + [f"{_BACKGROUND_PREFIX}{int(v)}" for v in background_people]

@@ -17,7 +17,7 @@ times slower, while two single-threaded processes scale.
 
 Every recogniser the audit measures is fitted by the server's own code:
 :func:`peep.server.recognition.fitting.fit_recogniser` with a preset from
-:data:`~peep.server.recognition.fitting.PRESETS` (``--preset``, default the
+:data:`~peep.server.recognition.presets.PRESETS` (``--preset``, default the
 server's default) and the server's default training parameters, so a
 template's accuracy here is what a server trained on the same templates
 serves (before ONNX export, which the trainer checks agrees).

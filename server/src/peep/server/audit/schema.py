@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from peep.core.mechanisms import mechanism_kinds
-from peep.server.recognition.fitting import PRESETS
+from peep.server.recognition.presets import PRESETS
 
 _num: dict[str, Any] = {"type": "number"}
 _frac: dict[str, Any] = {"type": "number", "minimum": 0, "maximum": 1}
@@ -397,7 +397,7 @@ AUDIT_SCHEMA: dict[str, Any] = {
                     "test_size": _frac,
                     "preset": {
                         "enum": list(PRESETS),
-                        "description": "recogniser preset (peep.server.recognition.fitting.PRESETS), fitted by "
+                        "description": "recogniser preset (peep.server.recognition.presets.PRESETS), fitted by "
                         "the server's fit_recogniser",
                     },
                     "recogniser": {"type": "string", "description": "the preset's description"},

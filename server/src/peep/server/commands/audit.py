@@ -33,7 +33,7 @@ def _list(cast: Callable[[str], Any], option: str) -> Callable[[str], tuple[Any,
 def register(sub: Any) -> None:
     from peep.core.mechanisms import MECHANISM_KINDS
     from peep.server.audit.config import DEFAULT_EPSILONS, DEFAULT_FRONTIER_EPSILONS, AuditConfig
-    from peep.server.recognition.fitting import PRESETS
+    from peep.server.recognition.presets import PRESETS
 
     d = AuditConfig()
     p = sub.add_parser(
@@ -222,7 +222,7 @@ def register(sub: Any) -> None:
 
 def _register_open_set(p: Any, d: Any) -> None:
     """The ``--open-set`` section's options (every one but ``--open-set`` itself needs it)."""
-    from peep.server.recognition.fitting import PRESETS
+    from peep.server.recognition.presets import PRESETS
 
     g = p.add_argument_group(
         "open set",

@@ -28,7 +28,7 @@ def _max_faces(text: str) -> int | None:
 
 def register(sub: Any) -> None:
     from peep.server.demo.options import DemoOptions as DemoDefaults
-    from peep.server.recognition.fitting import PRESETS
+    from peep.server.recognition.presets import PRESETS
 
     p = sub.add_parser(
         "demo",

@@ -43,7 +43,7 @@ def _trait_value(text: str) -> tuple[str, float]:
 
 
 def register(sub: Any) -> None:
-    from peep.server.recognition.fitting import DEFAULT_PRESET, PRESETS
+    from peep.server.recognition.presets import DEFAULT_PRESET, PRESETS
 
     p = sub.add_parser("qbbs", help="soft-biometric query module: evaluation and admin commands")
     q = p.add_subparsers(dest="qbbs_command", metavar="ACTION", required=True)

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from peep.server.commands._config import add_config_option, load, say, services
-from peep.server.recognition.fitting import PRESETS
+from peep.server.recognition.presets import PRESETS
 
 
 def register(sub: Any) -> None:
@@ -20,7 +20,8 @@ def register(sub: Any) -> None:
 
 def train(args: argparse.Namespace) -> int:
     from peep.server.progress import progress_printer
-    from peep.server.recognition.fitting import TrainingError, calibration_summary
+    from peep.server.recognition.presets import TrainingError
+    from peep.server.recognition.thresholds import calibration_summary
 
     config = load(args)
     s = services(config)

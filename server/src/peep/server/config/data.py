@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from peep.core.projections.descriptor import DLIB_RESNET_MODEL_SHA256
 from peep.server.config.base import MechanismKind, SecretRef, _Model, _parse_secret_ref, _resolve_path
-from peep.server.recognition.fitting import DEFAULT_PRESET, PRESETS
+from peep.server.recognition.presets import DEFAULT_PRESET, PRESETS
 from pydantic import (
     Field,
     ValidationInfo,
@@ -157,7 +157,7 @@ class DeviceModelsConfig(_Model):
 class TrainingConfig(_Model):
     preset: str = Field(
         default=DEFAULT_PRESET,
-        description=f"recogniser preset: one of {', '.join(PRESETS)} (peep.server.recognition.fitting.PRESETS)",
+        description=f"recogniser preset: one of {', '.join(PRESETS)} (peep.server.recognition.presets.PRESETS)",
     )
     model_dir: Path = Field(
         default=Path("models"),

@@ -32,7 +32,7 @@ explicitly for this simulation only):
    flips, fused-score change and GAR against the noise-free pipeline).
 
 The face recogniser is the server's: :func:`peep.server.recognition.fitting.fit_recogniser`
-with a preset from :data:`~peep.server.recognition.fitting.PRESETS`
+with a preset from :data:`~peep.server.recognition.presets.PRESETS`
 (``--preset``, default the server's default).
 """
 
@@ -66,7 +66,7 @@ from peep.server.qbbs.traitdata import (
     observe,
     synthetic_anthropometry,
 )
-from peep.server.recognition.fitting import DEFAULT_PRESET
+from peep.server.recognition.presets import DEFAULT_PRESET
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class EvaluateOptions:
     epsilons: Sequence[float] = DEFAULT_SWEEP
     seed: int = 0
     config: QbbsConfig = field(default_factory=QbbsConfig)
-    #: Recogniser preset (:data:`peep.server.recognition.fitting.PRESETS`).
+    #: Recogniser preset (:data:`peep.server.recognition.presets.PRESETS`).
     preset: str = DEFAULT_PRESET
 
 
@@ -631,7 +631,8 @@ def _train_recogniser(
     with the registered ``preset`` (which may early-stop on its own split of
     the training templates) and no background class.
     """
-    from peep.server.recognition.fitting import TrainingError, fit_recogniser
+    from peep.server.recognition.fitting import fit_recogniser
+    from peep.server.recognition.presets import TrainingError
 
     fitted = fit_recogniser(X, [subjects[int(i)] for i in y], preset=preset, background_prefix="", random_state=seed)
     missing = [s for s in subjects if s not in fitted.class_names]

@@ -1,574 +1,56 @@
-"""Training recognisers on perturbed templates only.
+"""Fitting a recogniser on perturbed templates only.
 
-The server never sees a face, so the recogniser learns from what devices
-release: noisy eigenface coefficients. How a recogniser is built and fitted
-is a **preset**: one object in the registry :data:`PRESETS` stating its name,
-its description and how it fits its estimator (:meth:`Preset.fit_estimator`).
 :func:`fit_recogniser` -- what the server's trainer
 (:class:`peep.server.recognition.trainer.Trainer`), ``peep audit`` and
-``peep qbbs evaluate`` all call -- fits any preset, calibrates it and returns
-a :class:`FittedRecogniser`; :func:`export_onnx` turns it into the model the
-server serves. Adding a recogniser is one new entry in :data:`PRESETS`: an
-:class:`MLPPreset` (epoch-wise training: progress, cancellation, early
-stopping), an :class:`EstimatorPreset` (any scikit-learn classifier that
-:func:`export_onnx` can export, fitted in one call), a
-:class:`LogisticPreset` or an :class:`AutoPreset` (a choice among presets).
+``peep qbbs evaluate`` all call -- fits any preset
+(:mod:`peep.server.recognition.presets`), calibrates its thresholds
+(:mod:`peep.server.recognition.thresholds`) and returns a
+:class:`FittedRecogniser`, which
+:func:`peep.server.recognition.export.export_onnx` turns into the model the
+server serves. In steps:
 
-The registered presets (:data:`DEFAULT_PRESET` is what a server trains
-unless ``training.preset`` says otherwise):
-
-``paper``
-    The PEEP paper's configuration: relu, adam, batch 100, hidden layers
-    (512, 1024, 2014, 1024, 512), at most 200 epochs, scikit-learn's stopping
-    rule (training loss not improving by 1e-4 for 10 epochs), raw inputs.
-``default``
-    Tuned on LFW templates: inputs standardised with statistics of the
-    training templates, one hidden layer of 512 relu units, L2 penalty
-    ``alpha`` = 1.0, early stopping on the validation log-loss with the best
-    epoch's weights restored. Smaller and much faster than the paper's network
-    and more accurate on noisy templates, where a five-layer network mostly
-    fits the noise.
-``reference``
-    The recogniser of the audit's reference measurements: scikit-learn's
-    ``MLPClassifier(hidden_layer_sizes=(512,))`` with every other parameter at
-    its default (relu, adam, batch min(200, n), alpha 1e-4, at most 200
-    epochs, scikit-learn's stopping rule, raw inputs). Fitted on the same data
-    it is exactly that estimator (a test pins it).
-``lda``
-    Shrinkage linear discriminant analysis:
-    ``LinearDiscriminantAnalysis(solver="lsqr", shrinkage="auto")``, raw
-    inputs (the Ledoit-Wolf shrinkage target is computed on standardised data
-    inside LDA). One covariance shared by all classes, shrunk towards a
-    diagonal: the noise a mechanism adds is the same for everybody, so a
-    class is its mean plus shared noise, and each mean is averaged over all
-    of a subject's noisy enrolments. No hyperparameter, no randomness.
-``logreg``
-    Standardised inputs, multinomial ``LogisticRegression`` (lbfgs, L2); ``C``
-    chosen from (0.003, 0.01, 0.03, 0.1, 0.3, 1) by validation log-loss
-    (:class:`LogisticPreset`: the best ``C`` moves with the noise).
-``auto``
-    Fits ``lda``, ``logreg`` and ``default`` on the same training part and
-    keeps the one with the best validation accuracy (ties to the earlier);
-    ``metrics["preset_fit"]`` in ``model.json`` names the choice and every
-    candidate's validation accuracy (:class:`AutoPreset`). Costs the sum of
-    the three fits (a few seconds).
-
-Measured (LFW's five people with >= 100 images, detector-normalised, nc = 128
-bundle from the 5-9 image people; 70/30 stratified splits, 5 seeds; both
-presets trained by :func:`fit_recogniser` on the same 70 %, test accuracy on
-the 30 %, mean ± std):
-
-==================  ===============  ===============
-templates           paper            default
-==================  ===============  ===============
-no noise            0.854 ± 0.015    0.896 ± 0.014
-peep-raw, ε = 8     0.811 ± 0.015    0.846 ± 0.008
-peep, ε = 8         0.594 ± 0.020    0.609 ± 0.019
-==================  ===============  ===============
-
-The default wins on every seed (ties once at peep ε = 8) and trains in about
-a second instead of about a minute on this 2-core machine.
-
-The noise-aware presets, measured with ``peep audit --dataset lfw --repeats 3
---sweep-components none --sweep-images none --preset P`` (LFW-5, 3 splits,
-test accuracy mean, balanced accuracy in brackets; majority class 0.465):
-
-=============================  =============  =============  =============  =============
-templates                      lda            logreg         auto           default
-=============================  =============  =============  =============  =============
-eigenfaces nc=128, no noise    0.882 (0.822)  0.901 (0.865)  0.911 (0.883)  0.917 (0.892)
-privunit ε=16, eigenfaces 128  0.452 (0.287)  0.474 (0.242)  0.460 (0.275)  0.469 (0.269)
-privunit ε=64, eigenfaces 128  0.676 (0.551)  0.661 (0.538)  0.654 (0.533)  0.659 (0.536)
-laplace-l1 ε=1024, nc=40       0.827 (0.741)  0.848 (0.795)  0.856 (0.798)  0.869 (0.818)
-peep ε=8, nc=128               0.558 (0.407)  0.547 (0.361)  0.556 (0.388)  0.571 (0.413)
-privunit ε=8, fisherfaces 32   0.590 (0.469)  0.574 (0.428)  0.579 (0.444)  0.565 (0.417)
-privunit ε=16, fisherfaces 32  0.751 (0.689)  0.731 (0.641)  0.751 (0.689)  0.737 (0.650)
-privunit ε=64, fisherfaces 32  0.869 (0.844)  0.856 (0.811)  0.866 (0.833)  0.869 (0.832)
-=============================  =============  =============  =============  =============
-
-(the fisherfaces rows: ``--projection fisherfaces --basis background
---components 32``, measured on the projection while it was being built.)
-On PrivUnit releases of Fisherface templates, ``lda`` is the best recogniser
-(balanced accuracy +0.04 to +0.07 over ``default`` at ε = 8 and 16, a tie at
-64, on every split); on eigenface coefficients with Laplace noise the
-``default`` MLP is (0.04 better than ``lda`` at laplace-l1 ε = 1,024), and
-``auto``'s choice on a validation fifth of ~640 templates is too noisy to
-beat always taking ``default`` there. No preset is at least as good
-everywhere, so :data:`DEFAULT_PRESET` stays ``default``; a deployment
-releasing unit vectors with ``privunit`` should set ``training.preset =
-"lda"``.
-
-Open set. Subjects whose id starts with ``training.background_prefix``
-(default ``"background:"``; the rest of the id names the person) are never
-returned as identities; their templates form one extra *background* class,
-which teaches the model what a face that is not enrolled looks like. A
-template is **unknown** when the largest probability of an enrolled subject
-is below ``unknown_threshold``. The validation split holds out a fifth of
-each enrolled subject's templates and, of the background, whole *people*
-(:func:`split_groups`), so that held-out background templates are of faces
-the model never saw -- what a stranger at the camera is. The threshold is
-then calibrated for the false-accept rate:
-
-* with background templates (``metrics["unknown_calibration"]["rule"] ==
-  "background-far"``): the smallest threshold at which at most
-  ``target_far`` of the held-out background templates are accepted as some
-  enrolled subject. Reported: the accepted share, its one-sided 95 %
-  Clopper-Pearson upper bound (with ``n`` held-out templates the FAR is
-  resolved to about ``1/n``) and the resulting ``enrolled_rejected_rate``
-  (enrolled validation templates called unknown) -- the price of the FAR,
-  which on noisy templates is high (peep-raw ε = 8, LFW-5, FAR 0.01: about
-  0.7 of enrolled captures called unknown; FAR 0.05: about 0.4).
-* without (``"enrolled-reject-rate"``, the former rule, kept as the
-  fallback and said so in the metadata): at most ``unknown_reject_rate`` of
-  the enrolled validation templates fall below it; how often strangers are
-  accepted is then not known.
-
-Verification. The score of a claim is the model's probability of the claimed
-subject. The threshold is set on held-out *impostor* scores -- every
-validation template scored against every enrolled subject it is not,
-held-out background people included -- so that the false-accept rate is at
-most ``target_far``; accept iff ``score > threshold``.
-``metrics["verify_calibration"]`` reports the number of impostor scores
-(and how many came from background templates), the FAR reached and its 95 %
-upper bound.
-
-The fitted pipeline is exported to ONNX (MLPs by skl2onnx, linear models as
-MatMul + Add + Softmax, see :func:`export_onnx`) and served with
-onnxruntime; :func:`check_onnx_agreement` refuses a model whose ONNX
-predictions disagree with scikit-learn's, and the trainer
-(:meth:`peep.server.recognition.trainer.Trainer.train`) does not promote it.
+1. **Classes.** Each enrolled subject with at least
+   ``min_templates_per_subject`` templates is a class. Subjects whose id
+   starts with ``training.background_prefix`` (default ``"background:"``;
+   the rest of the id names the person) are never returned as identities;
+   their templates form one extra *background* class, which teaches the
+   model what a face that is not enrolled looks like.
+2. **Split.** Validation holds out a fifth of each enrolled subject's
+   templates (:func:`split_indices`) and, of the background, whole *people*
+   (:func:`split_groups`), so that held-out background templates are of
+   faces the model never saw -- what a stranger at the camera is.
+3. **Fit.** The preset's hook on the training part, the held-out part given
+   for early stopping or a hyperparameter (:func:`fit_estimator`).
+4. **Held-out scores.** The fitted model's probabilities of the held-out
+   templates; a linear model, which has nothing to stop early, is instead
+   cross-fitted (out-of-fold probabilities of every template) and served
+   fitted on every template.
+5. **Thresholds** on those scores
+   (:func:`~peep.server.recognition.thresholds.calibrate_thresholds`).
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from peep.core.decision import threshold_at_far, threshold_at_fpir
-from peep.server.recognition.fusion import fused_background_scores
-
-log = logging.getLogger(__name__)
-
-Progress = Callable[[int, int], None]
-
-
-class TrainingError(ValueError):
-    """Not enough data to train, or the trained model failed a check (says which)."""
-
-
-class TrainingCancelled(RuntimeError):
-    """Training was stopped (shutdown) before a model was promoted."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Preset:
-    """A recogniser preset: its name, what it is, and how it fits its estimator.
-
-    Subclasses implement :meth:`fit_estimator`; :func:`fit_recogniser` does
-    everything around it (labels, the validation split, calibration).
-    """
-
-    name: str
-    description: str = ""
-
-    def fit_estimator(
-        self,
-        X: NDArray[np.float32],
-        y: NDArray[np.int64],
-        *,
-        n_classes: int,
-        X_val: NDArray[np.float32] | None,
-        y_val: NDArray[np.int64] | None,
-        random_state: int,
-        progress: Progress | None,
-        cancel: threading.Event | None,
-        background_index: int | None = None,
-        notes: dict[str, Any] | None = None,
-    ) -> tuple[Any, int]:
-        """Fit on ``X`` (n, nc) float32 with classes ``0..n_classes-1`` (each present in ``y``).
-
-        ``X_val``/``y_val`` are held-out templates the preset may use for early
-        stopping or to choose a hyperparameter (never for the weights themselves).
-        ``background_index`` is the class of background templates (None: no
-        background class); it is never an identity, so validation accuracy is
-        measured over the other classes (see :func:`known_accuracy`).
-        ``notes``, when given, receives JSON-able facts about the fit (a chosen
-        hyperparameter, candidates' scores); :func:`fit_recogniser` records
-        them as ``metrics["preset_fit"]``.
-
-        Returns
-        -------
-        pipeline : fitted scikit-learn estimator with ``predict_proba``
-            Columns in class order ``0..n_classes-1``; exportable by skl2onnx.
-        n_epochs : int
-            Passes over the data (1 for a one-call fit).
-        """
-        raise NotImplementedError
-
-    def describe(self) -> dict[str, Any]:
-        """JSON-able parameters (``model.json``, ``audit.json``, ``qbbs.json``)."""
-        return {"type": type(self).__name__, **asdict(self)}
-
-
-@dataclass(frozen=True, kw_only=True)
-class MLPPreset(Preset):
-    """``[StandardScaler,] MLPClassifier`` trained epoch by epoch (see :func:`fit_mlp`)."""
-
-    hidden_layer_sizes: tuple[int, ...]
-    activation: str = "relu"
-    solver: str = "adam"
-    batch_size: int = 100
-    max_epochs: int = 200
-    alpha: float = 1e-4
-    learning_rate_init: float = 1e-3
-    standardise: bool = True
-    #: "train-loss": scikit-learn's rule (training loss not better than the best by ``tol`` for more
-    #: than ``patience`` epochs), last weights. "validation": best validation log-loss, weights of that
-    #: epoch restored after ``patience`` epochs without improvement.
-    stopping: Literal["train-loss", "validation"] = "validation"
-    patience: int = 10
-    tol: float = 1e-4
-
-    def fit_estimator(
-        self,
-        X: NDArray[np.float32],
-        y: NDArray[np.int64],
-        *,
-        n_classes: int,
-        X_val: NDArray[np.float32] | None,
-        y_val: NDArray[np.int64] | None,
-        random_state: int,
-        progress: Progress | None,
-        cancel: threading.Event | None,
-        background_index: int | None = None,
-        notes: dict[str, Any] | None = None,
-    ) -> tuple[Any, int]:
-        return _fit_mlp(X, y, preset=self, n_classes=n_classes, X_val=X_val, y_val=y_val,
-                        random_state=random_state, progress=progress, cancel=cancel)  # fmt: skip
-
-
-@dataclass(frozen=True, kw_only=True)
-class EstimatorPreset(Preset):
-    """Any scikit-learn classifier, fitted in one call: ``[StandardScaler,] build(random_state)``.
-
-    ``build`` returns an unfitted classifier with ``predict_proba`` that
-    :func:`export_onnx` can export: anything skl2onnx converts, and linear
-    classifiers (:class:`~sklearn.discriminant_analysis.LinearDiscriminantAnalysis`,
-    :class:`~sklearn.linear_model.LogisticRegression`), which it writes itself
-    as the linear graph they are.
-    """
-
-    build: Callable[[int], Any]
-    standardise: bool = True
-
-    def fit_estimator(
-        self,
-        X: NDArray[np.float32],
-        y: NDArray[np.int64],
-        *,
-        n_classes: int,
-        X_val: NDArray[np.float32] | None,
-        y_val: NDArray[np.int64] | None,
-        random_state: int,
-        progress: Progress | None,
-        cancel: threading.Event | None,
-        background_index: int | None = None,
-        notes: dict[str, Any] | None = None,
-    ) -> tuple[Any, int]:
-        from sklearn.pipeline import Pipeline
-        from sklearn.preprocessing import StandardScaler
-
-        if cancel is not None and cancel.is_set():
-            raise TrainingCancelled("training cancelled")
-        steps: list[tuple[str, Any]] = [("scaler", StandardScaler())] if self.standardise else []
-        steps.append(("clf", self.build(random_state)))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", category=UserWarning)
-            pipeline = Pipeline(steps).fit(np.asarray(X, dtype=np.float32), y)
-        classes = pipeline.steps[-1][1].classes_
-        if not np.array_equal(classes, np.arange(n_classes)):
-            raise TrainingError(f"{self.name}: expected classes 0..{n_classes - 1} after fitting, received {classes}")
-        if progress is not None:
-            progress(1, 1)
-        return pipeline, 1
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "type": type(self).__name__,
-            "name": self.name,
-            "description": self.description,
-            "standardise": self.standardise,
-            "estimator": repr(self.build(0)),
-        }
-
-
-def _shrinkage_lda(random_state: int) -> Any:
-    """Shrinkage LDA: one covariance shared by all classes, Ledoit-Wolf shrunk (deterministic)."""
-    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
-
-    return LinearDiscriminantAnalysis(solver="lsqr", shrinkage="auto")
-
-
-@dataclass(frozen=True, kw_only=True)
-class LogisticPreset(Preset):
-    """``[StandardScaler,] LogisticRegression`` (multinomial), its ``C`` chosen on the validation split.
-
-    One model is fitted on the training part for each ``C`` in ``Cs``; the one
-    with the lowest validation log-loss is kept (log-loss rather than
-    accuracy: on a few hundred noisy validation templates accuracy ties
-    often, and the loss also rewards calibrated probabilities, which the
-    thresholds are set on). Without validation templates ``fallback_C`` is
-    used. ``C`` is scikit-learn's inverse L2 penalty on the *summed* log-loss,
-    so the best value grows with the number of templates and shrinks with
-    the noise: measured on LFW's five people (eigenface unit vectors released
-    by ``privunit``, d = 128, about 640 training templates) the best fixed
-    ``C`` was 0.01 at ε = 16 and 0.1 at ε = 64, and a wrong choice cost up to
-    0.09 accuracy; hence the search rather than one value.
-    """
-
-    Cs: tuple[float, ...] = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
-    fallback_C: float = 0.1
-    max_iter: int = 2000
-    standardise: bool = True
-
-    def fit_estimator(
-        self,
-        X: NDArray[np.float32],
-        y: NDArray[np.int64],
-        *,
-        n_classes: int,
-        X_val: NDArray[np.float32] | None,
-        y_val: NDArray[np.int64] | None,
-        random_state: int,
-        progress: Progress | None,
-        cancel: threading.Event | None,
-        background_index: int | None = None,
-        notes: dict[str, Any] | None = None,
-    ) -> tuple[Any, int]:
-        from sklearn.exceptions import ConvergenceWarning
-        from sklearn.linear_model import LogisticRegression
-        from sklearn.pipeline import Pipeline
-        from sklearn.preprocessing import StandardScaler
-
-        if not self.Cs or any(not (c > 0) for c in self.Cs):
-            raise TrainingError(f"{self.name}: expected Cs to be values > 0, received {self.Cs}")
-        X = np.asarray(X, dtype=np.float32)
-        use_val = X_val is not None and y_val is not None and len(y_val) > 0
-        grid = self.Cs if use_val else (self.fallback_C,)
-        scaler = StandardScaler().fit(X) if self.standardise else None
-        Xt = scaler.transform(X) if scaler is not None else X
-        Xv = None
-        if use_val:
-            assert X_val is not None
-            Xv = scaler.transform(np.asarray(X_val, dtype=np.float32)) if scaler is not None else X_val
-        best: tuple[float, float, Any] | None = None
-        losses: dict[str, float] = {}
-        for i, C in enumerate(grid):
-            if cancel is not None and cancel.is_set():
-                raise TrainingCancelled("training cancelled")
-            clf = LogisticRegression(C=C, max_iter=self.max_iter, random_state=random_state)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", category=ConvergenceWarning)
-                clf.fit(Xt, y)
-            if not np.array_equal(clf.classes_, np.arange(n_classes)):
-                raise TrainingError(
-                    f"{self.name}: expected classes 0..{n_classes - 1} after fitting, received {clf.classes_}"
-                )
-            loss = 0.0
-            if Xv is not None and y_val is not None:
-                loss = _log_loss(np.asarray(clf.predict_proba(Xv), dtype=np.float64), y_val)
-            losses[f"{C:g}"] = loss
-            if best is None or loss < best[0]:
-                best = (loss, C, clf)
-            if progress is not None:
-                progress(i + 1, len(grid))
-        assert best is not None
-        steps: list[tuple[str, Any]] = [("scaler", scaler)] if scaler is not None else []
-        steps.append(("clf", best[2]))
-        if notes is not None:
-            notes["C"] = best[1]
-            notes["C_chosen_by"] = "validation log-loss" if use_val else "fallback (no validation templates)"
-            if use_val:
-                notes["validation_log_loss"] = losses
-        return Pipeline(steps), len(grid)
-
-
-@dataclass(frozen=True, kw_only=True)
-class AutoPreset(Preset):
-    """Fit each of ``candidates`` (registered preset names) and keep the best on the validation split.
-
-    Every candidate is fitted on the same training part; the one with the
-    highest validation accuracy (enrolled validation templates, argmax over
-    enrolled subjects, as ``metrics["validation_accuracy"]``) is kept, ties
-    going to the earlier candidate (listed simplest first). Which one won and
-    every candidate's validation accuracy and log-loss are recorded in
-    ``notes`` (``metrics["preset_fit"]`` in ``model.json``).
-
-    The validation split also chose the MLP's stopping epoch and the logistic
-    regression's ``C``, and is then used for the thresholds, so the chosen
-    model's validation accuracy is slightly optimistic (a maximum of a few
-    noisy estimates); the thresholds are quantiles of scores, which the
-    choice barely moves.
-    """
-
-    candidates: tuple[str, ...] = ("lda", "logreg", "default")
-
-    def fit_estimator(
-        self,
-        X: NDArray[np.float32],
-        y: NDArray[np.int64],
-        *,
-        n_classes: int,
-        X_val: NDArray[np.float32] | None,
-        y_val: NDArray[np.int64] | None,
-        random_state: int,
-        progress: Progress | None,
-        cancel: threading.Event | None,
-        background_index: int | None = None,
-        notes: dict[str, Any] | None = None,
-    ) -> tuple[Any, int]:
-        if not self.candidates:
-            raise TrainingError(f"{self.name}: expected at least one candidate preset, received none")
-        subs: list[Preset] = []
-        for name in self.candidates:
-            sub = get_preset(name)
-            if isinstance(sub, AutoPreset):
-                raise TrainingError(f"{self.name}: expected candidates that are not 'auto' presets, received {name!r}")
-            subs.append(sub)
-        use_val = X_val is not None and y_val is not None and len(y_val) > 0
-        if not use_val:
-            subs = subs[:1]  # nothing to choose on: the first candidate
-        k = len(subs)
-        results: dict[str, dict[str, Any]] = {}
-        best: tuple[float, str, Any, int] | None = None
-        for i, sub in enumerate(subs):
-            if cancel is not None and cancel.is_set():
-                raise TrainingCancelled("training cancelled")
-
-            def step(done: int, total: int, i: int = i) -> None:
-                if progress is not None:  # each candidate is one k-th of the bar
-                    progress(i * 1000 + round(1000 * done / max(total, 1)), k * 1000)
-
-            sub_notes: dict[str, Any] = {}
-            t0 = time.perf_counter()
-            pipeline, epochs = sub.fit_estimator(
-                X, y, n_classes=n_classes, X_val=X_val, y_val=y_val, random_state=random_state,
-                progress=step, cancel=cancel, background_index=background_index, notes=sub_notes,
-            )  # fmt: skip
-            row: dict[str, Any] = {"epochs": epochs, "fit_seconds": time.perf_counter() - t0}
-            acc = -1.0
-            if use_val:
-                assert X_val is not None and y_val is not None
-                P = np.asarray(pipeline.predict_proba(np.asarray(X_val, dtype=np.float32)), dtype=np.float64)
-                acc = known_accuracy(P, y_val, background_index)
-                row["validation_accuracy"] = acc
-                row["validation_log_loss"] = _log_loss(P, y_val)
-            if sub_notes:
-                row["preset_fit"] = sub_notes
-            results[sub.name] = row
-            if best is None or acc > best[0]:
-                best = (acc, sub.name, pipeline, epochs)
-        assert best is not None
-        if notes is not None:
-            notes["chosen"] = best[1]
-            notes["chosen_by"] = "validation accuracy" if use_val else "first candidate (no validation templates)"
-            notes["validation_accuracy"] = {n: r.get("validation_accuracy") for n, r in results.items()}
-            notes["candidates"] = results
-        return best[2], best[3]
-
-
-def _registry(*presets: Preset) -> dict[str, Preset]:
-    out: dict[str, Preset] = {}
-    for p in presets:
-        if p.name in out:
-            raise ValueError(f"preset: expected unique names, received {p.name!r} twice")
-        out[p.name] = p
-    return out
-
-
-#: Every recogniser the server can train, and the audit and the QBBS evaluation measure.
-PRESETS: dict[str, Preset] = _registry(
-    MLPPreset(
-        name="paper",
-        hidden_layer_sizes=(512, 1024, 2014, 1024, 512),
-        batch_size=100,
-        max_epochs=200,
-        alpha=1e-4,
-        standardise=False,
-        stopping="train-loss",
-        patience=10,
-        description="PEEP paper: MLP relu/adam, batch 100, hidden (512, 1024, 2014, 1024, 512), 200 iterations",
-    ),
-    MLPPreset(
-        name="default",
-        hidden_layer_sizes=(512,),
-        batch_size=100,
-        max_epochs=200,
-        alpha=1.0,
-        standardise=True,
-        stopping="validation",
-        patience=10,
-        description=(
-            "tuned: standardised inputs, MLP relu/adam, hidden (512,), alpha 1.0, early stopping on validation log-loss"
-        ),
-    ),
-    MLPPreset(
-        name="reference",
-        hidden_layer_sizes=(512,),
-        batch_size=200,
-        max_epochs=200,
-        alpha=1e-4,
-        standardise=False,
-        stopping="train-loss",
-        patience=10,
-        description=(
-            "the audit's reference recogniser: sklearn MLPClassifier(hidden_layer_sizes=(512,)), other "
-            "parameters default (raw inputs, batch min(200, n), alpha 1e-4, scikit-learn's stopping rule)"
-        ),
-    ),
-    EstimatorPreset(
-        name="lda",
-        build=_shrinkage_lda,
-        standardise=False,  # the Ledoit-Wolf target is computed on standardised data inside LDA already
-        description=(
-            "shrinkage LDA: LinearDiscriminantAnalysis(solver='lsqr', shrinkage='auto'), one Ledoit-Wolf "
-            "shrunk covariance shared by all classes; class means averaged over many noisy templates"
-        ),
-    ),
-    LogisticPreset(
-        name="logreg",
-        description=(
-            "standardised inputs, multinomial LogisticRegression, C in (0.003, 0.01, 0.03, 0.1, 0.3, 1) "
-            "chosen by validation log-loss"
-        ),
-    ),
-    AutoPreset(
-        name="auto",
-        candidates=("lda", "logreg", "default"),
-        description="fits lda, logreg and default on the training part and keeps the best validation accuracy",
-    ),
+from peep.server.recognition.export import linear_parts
+from peep.server.recognition.presets import (
+    DEFAULT_PRESET,
+    FitData,
+    Preset,
+    Progress,
+    TrainingError,
+    get_preset,
+    known_accuracy,
 )
-
-#: The preset a server trains unless ``training.preset`` names another; the audit's and the QBBS evaluation's default.
-DEFAULT_PRESET = "default"
-
-
-def get_preset(preset: Preset | str) -> Preset:
-    """The registered preset called ``preset`` (a :class:`Preset` is returned as is)."""
-    if isinstance(preset, Preset):
-        return preset
-    try:
-        return PRESETS[preset]
-    except KeyError:
-        raise TrainingError(f"preset: expected one of {', '.join(PRESETS)}, received {preset!r}") from None
+from peep.server.recognition.thresholds import Thresholds, calibrate_thresholds
 
 
 @dataclass
@@ -619,6 +101,282 @@ class FittedRecogniser:
         return np.asarray(self.pipeline.predict_proba(np.asarray(X, dtype=np.float32)), dtype=np.float64)
 
 
+def fit_recogniser(
+    X: NDArray[np.float32],
+    subjects: Sequence[str],
+    *,
+    preset: Preset | str = DEFAULT_PRESET,
+    background_prefix: str = "background:",
+    validation_fraction: float = 0.2,
+    target_far: float = 0.01,
+    identify_far: float | None = None,
+    unknown_reject_rate: float = 0.05,
+    min_templates_per_subject: int = 2,
+    random_state: int = 0,
+    progress: Progress | None = None,
+    cancel: threading.Event | None = None,
+    blas_threads: int | None = 1,
+) -> FittedRecogniser:
+    """Train and calibrate a recogniser on perturbed templates.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n_templates, n_components)
+        Perturbed enrolment templates.
+    subjects : sequence of str, length n_templates
+        Enrolment labels; ids starting with ``background_prefix`` form the background class
+        (the part after the prefix names a background person: validation holds out whole people).
+    preset : Preset or str
+        A :class:`~peep.server.recognition.presets.Preset` or the name of one in
+        :data:`~peep.server.recognition.presets.PRESETS`.
+    target_far : float
+        False-accept rate of both thresholds: verification (on validation
+        impostor scores) and, when background templates exist, identification
+        (on held-out background people's templates).
+    identify_far : float, optional
+        False-positive identification rate of the open-set threshold (held-out
+        background people named as someone); ``None`` = ``target_far``.
+    unknown_reject_rate : float
+        Without background templates only: share of enrolled validation templates called unknown.
+    blas_threads : int or None
+        BLAS threads while training (see :func:`fit_estimator`).
+
+    Returns
+    -------
+    FittedRecogniser
+
+    Raises
+    ------
+    TrainingError
+        Fewer than two classes with ``min_templates_per_subject`` templates, or an unknown preset.
+    """
+    p = get_preset(preset)
+    data = _label(X, subjects, background_prefix=background_prefix, min_templates=min_templates_per_subject)
+    # One stream for the split and the cross-fitting's folds, in that order.
+    rng = np.random.default_rng(random_state)
+    split = _split(data, validation_fraction, rng)
+    t0 = time.perf_counter()
+    fit = FitData(
+        X=data.X[split.train],
+        y=data.y[split.train],
+        n_classes=len(data.class_names),
+        X_val=data.X[split.val],
+        y_val=data.y[split.val],
+        background_index=data.background_index,
+        random_state=random_state,
+        progress=progress,
+        cancel=cancel,
+    )
+    pipeline, epochs = fit_estimator(p, fit, blas_threads=blas_threads)
+    held = _held_out_scores(pipeline, data, split, validation_fraction, rng)
+    fit_seconds = time.perf_counter() - t0
+    y_val = data.y[held.val]
+    # Track fusion's product rule divides by the class frequencies of the model served.
+    priors = np.bincount(data.y[held.train], minlength=len(data.class_names)).astype(np.float64)
+    priors = np.maximum(priors, 0.5) / priors.sum()
+    thresholds = calibrate_thresholds(
+        held.P,
+        y_val,
+        data.subjects[held.val],
+        background_index=data.background_index,
+        background_people=held.background_people,
+        class_priors=priors,
+        target_far=target_far,
+        identify_far=identify_far,
+        unknown_reject_rate=unknown_reject_rate,
+        random_state=random_state,
+    )
+    metrics = _metrics(
+        data, held, thresholds, fit.notes, validation_accuracy=known_accuracy(held.P, y_val, data.background_index),
+        epochs=epochs, fit_seconds=fit_seconds,
+    )  # fmt: skip
+    return FittedRecogniser(
+        pipeline=held.pipeline,
+        class_names=data.class_names,
+        background_index=data.background_index,
+        unknown_threshold=thresholds.unknown_threshold,
+        verify_threshold=thresholds.verify_threshold,
+        target_far=target_far,
+        unknown_reject_rate=unknown_reject_rate,
+        metrics=metrics,
+        genuine_scores=thresholds.genuine_scores,
+        impostor_scores=thresholds.impostor_scores,
+        preset=p,
+        n_epochs=epochs,
+        val_probabilities=np.asarray(held.pipeline.predict_proba(data.X[held.val]), dtype=np.float64),
+        val_values=data.X[held.val],
+        class_priors=priors,
+        unknown_threshold_fused=thresholds.unknown_threshold_fused,
+    )
+
+
+def fit_estimator(preset: Preset, data: FitData, *, blas_threads: int | None = 1) -> tuple[Any, int]:
+    """``preset.fit_estimator(data)`` with the BLAS thread pool capped at ``blas_threads`` (None = the library default).
+
+    On a small, busy server, multi-threaded BLAS spins against the serving
+    threads and can make training 10-30x slower.
+    """
+    from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
+
+    with threadpool_limits(limits=blas_threads, user_api="blas"):
+        return preset.fit_estimator(data)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Labelled:
+    """The templates that are trained on, with their classes."""
+
+    X: NDArray[np.float32]  # (n, nc)
+    y: NDArray[np.int64]  # (n,), 0..len(class_names)-1
+    subjects: NDArray[Any]  # (n,), the subject id of each template
+    class_names: list[str]
+    background_index: int | None
+    dropped: list[str]  # enrolled subjects with too few templates
+
+
+def _label(X: NDArray[np.float32], subjects: Sequence[str], *, background_prefix: str, min_templates: int) -> _Labelled:
+    """Step 1: enrolled subjects with ``min_templates`` templates, and the background, as classes."""
+    X = np.asarray(X, dtype=np.float32)
+    subj = np.asarray(list(subjects), dtype=object)
+    if X.ndim != 2 or X.shape[0] != subj.shape[0]:
+        raise TrainingError(f"X: expected shape (n, nc) matching {subj.shape[0]} subjects, received {X.shape}")
+    is_bg = (
+        np.array([s.startswith(background_prefix) for s in subj], dtype=bool)
+        if background_prefix
+        else np.zeros(len(subj), bool)
+    )
+    names, counts = np.unique(subj[~is_bg], return_counts=True)
+    keep_names = [str(n) for n, c in zip(names, counts, strict=True) if c >= min_templates]
+    dropped = [str(n) for n, c in zip(names, counts, strict=True) if c < min_templates]
+    class_names = list(keep_names)
+    background_index: int | None = None
+    if is_bg.sum() >= min_templates:
+        background_index = len(class_names)
+        class_names.append("")
+    if len(keep_names) < 1 or len(class_names) < 2:
+        raise TrainingError(
+            f"enrolment: expected at least two classes (subjects, or one subject plus background templates) with >= "
+            f"{min_templates} templates each, received {len(keep_names)} subject(s) and "
+            f"{int(is_bg.sum())} background templates"
+        )
+    index = {n: i for i, n in enumerate(keep_names)}
+    y = np.full(len(subj), -1, dtype=np.int64)
+    for i, s in enumerate(subj):
+        if is_bg[i]:
+            y[i] = -1 if background_index is None else background_index
+        else:
+            y[i] = index.get(str(s), -1)
+    mask = y >= 0
+    return _Labelled(
+        X=X[mask],
+        y=y[mask],
+        subjects=subj[mask],
+        class_names=class_names,
+        background_index=background_index,
+        dropped=dropped,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Split:
+    train: NDArray[np.intp]
+    val: NDArray[np.intp]
+    background_people: int  # background people held out whole
+
+
+def _split(data: _Labelled, validation_fraction: float, rng: np.random.Generator) -> _Split:
+    """Step 2: enrolled subjects stratified; the background by whole people."""
+    bg = data.background_index
+    enrolled_rows = np.flatnonzero(data.y != (bg if bg is not None else -1))
+    tr_e, va_e = split_indices(data.y[enrolled_rows], validation_fraction, rng)
+    tr, va = enrolled_rows[tr_e], enrolled_rows[va_e]
+    background_people = 0
+    if bg is not None:
+        bg_rows = np.flatnonzero(data.y == bg)
+        groups = data.subjects[bg_rows]
+        tr_b, va_b = split_groups(groups, validation_fraction, rng)
+        background_people = int(np.unique(groups[va_b]).size)
+        tr = np.sort(np.concatenate([tr, bg_rows[tr_b]]))
+        va = np.sort(np.concatenate([va, bg_rows[va_b]]))
+    return _Split(train=tr, val=va, background_people=background_people)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _HeldOut:
+    """The pipeline to serve and the held-out scores its thresholds are set on."""
+
+    pipeline: Any
+    P: NDArray[np.float64]  # (val.size, n_classes)
+    train: NDArray[np.intp]  # rows the served pipeline was fitted on
+    val: NDArray[np.intp]  # rows of P
+    background_people: int
+    calibration: str
+    split_accuracy: float | None  # cross-fitted only: the split model's validation accuracy
+
+
+def _held_out_scores(
+    pipeline: Any, data: _Labelled, split: _Split, validation_fraction: float, rng: np.random.Generator
+) -> _HeldOut:
+    """Step 4: held-out probabilities of the fitted pipeline, or of its configuration cross-fitted if linear."""
+    X, y, bg = data.X, data.y, data.background_index
+    if linear_parts(pipeline) is None or not split.val.size:
+        P = np.asarray(pipeline.predict_proba(X[split.val]), dtype=np.float64)
+        return _HeldOut(
+            pipeline=pipeline, P=P, train=split.train, val=split.val, background_people=split.background_people,
+            calibration="validation-split", split_accuracy=None,
+        )  # fmt: skip
+    split_accuracy = known_accuracy(
+        np.asarray(pipeline.predict_proba(X[split.val]), dtype=np.float64), y[split.val], bg
+    )
+    # A linear model has nothing to stop early: calibrate on out-of-fold scores of its
+    # configuration (whatever the preset chose on the split) and serve it fitted on every template.
+    final, P, folds = _cross_fit(pipeline, X, y, data.subjects, bg, validation_fraction, rng)
+    every = np.arange(y.size)
+    return _HeldOut(
+        pipeline=final,
+        P=P,
+        train=every,
+        val=every,
+        background_people=int(np.unique(data.subjects[y == bg]).size) if bg is not None else split.background_people,
+        calibration=f"cross-fitted ({folds} folds; final model on every template)",
+        split_accuracy=split_accuracy,
+    )
+
+
+def _metrics(
+    data: _Labelled,
+    held: _HeldOut,
+    thresholds: Thresholds,
+    notes: dict[str, Any],
+    *,
+    validation_accuracy: float,
+    epochs: int,
+    fit_seconds: float,
+) -> dict[str, Any]:
+    """``metrics`` of ``model.json``: the fit, the held-out scores and what the thresholds cost."""
+    unknown = thresholds.unknown_calibration
+    metrics: dict[str, Any] = {
+        "validation_accuracy": validation_accuracy,
+        "calibration": held.calibration,
+        **({"split_validation_accuracy": held.split_accuracy} if held.split_accuracy is not None else {}),
+        "validation_templates": int(held.val.size),
+        "training_templates": int(held.train.size),
+        "validation_unknown_rate_enrolled": thresholds.enrolled_rejected_rate,
+        "validation_far": thresholds.far,
+        "validation_frr": thresholds.frr,
+        "unknown_calibration": unknown,
+        "verify_calibration": thresholds.verify_calibration,
+        "epochs": epochs,
+        "fit_seconds": fit_seconds,
+        "dropped_subjects": data.dropped,
+    }
+    if notes:
+        metrics["preset_fit"] = notes
+    if unknown["rule"] == "background-far":
+        metrics["validation_background_accepted_rate"] = unknown["background_accepted_rate"]
+    return metrics
+
+
 def split_indices(
     y: NDArray[np.int64], fraction: float, rng: np.random.Generator
 ) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
@@ -638,166 +396,30 @@ def split_indices(
     return np.sort(np.array(train, dtype=np.intp)), np.sort(np.array(val, dtype=np.intp))
 
 
-def _log_loss(P: NDArray[np.float64], y: NDArray[np.int64]) -> float:
-    p = np.clip(P[np.arange(y.size), y], 1e-12, 1.0)
-    return float(-np.mean(np.log(p)))
+def split_groups(
+    groups: NDArray[Any], fraction: float, rng: np.random.Generator
+) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
+    """Split rows by group: whole groups to validation until about ``fraction`` of the rows are there.
 
-
-def known_accuracy(P: NDArray[np.float64], y: NDArray[np.int64], background_index: int | None) -> float:
-    """Identification accuracy of enrolled templates: argmax over the enrolled classes only.
-
-    Parameters
-    ----------
-    P : ndarray of shape (n, n_classes)
-        Class probabilities.
-    y : ndarray of shape (n,)
-        True classes; rows of class ``background_index`` are not counted.
-    background_index : int or None
-        The background class (never an identity), if any.
+    At least one group goes to validation and at least one stays for
+    training. With a single group the rows themselves are split (at least
+    one each way, as :func:`split_indices`). Returns positions into ``groups``.
     """
-    known = np.array([c for c in range(P.shape[1]) if c != background_index], dtype=np.intp)
-    rows = y != (background_index if background_index is not None else -1)
-    if not rows.any():
-        return 0.0
-    pred = known[P[rows][:, known].argmax(axis=1)]
-    return float(np.mean(pred == y[rows]))
-
-
-def fit_mlp(
-    X: NDArray[np.float32],
-    y: NDArray[np.int64],
-    *,
-    preset: MLPPreset,
-    n_classes: int,
-    X_val: NDArray[np.float32] | None = None,
-    y_val: NDArray[np.int64] | None = None,
-    random_state: int = 0,
-    progress: Progress | None = None,
-    cancel: threading.Event | None = None,
-    blas_threads: int | None = 1,
-) -> tuple[Any, int]:
-    """Train ``[StandardScaler,] MLPClassifier`` epoch by epoch.
-
-    Epochs run through ``partial_fit`` so that progress can be reported and a
-    shutdown can interrupt training; the optimiser state carries over, so the
-    result is what ``fit`` would give with the same stopping rule.
-
-    ``blas_threads`` caps the BLAS thread pool while training (None = the
-    library default): on a small, busy server, multi-threaded BLAS spins
-    against the serving threads and can make training 10-30x slower.
-
-    Returns
-    -------
-    pipeline : sklearn Pipeline
-    n_epochs : int
-    """
-    return _fit_estimator(preset, X, y, n_classes=n_classes, X_val=X_val, y_val=y_val, random_state=random_state,
-                          progress=progress, cancel=cancel, blas_threads=blas_threads)  # fmt: skip
-
-
-def _fit_estimator(
-    preset: Preset,
-    X: NDArray[np.float32],
-    y: NDArray[np.int64],
-    *,
-    blas_threads: int | None,
-    **kwargs: Any,
-) -> tuple[Any, int]:
-    """``preset.fit_estimator`` with the BLAS thread pool capped (see :func:`fit_mlp`)."""
-    from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
-
-    with threadpool_limits(limits=blas_threads, user_api="blas"):
-        return preset.fit_estimator(X, y, **kwargs)
-
-
-def _fit_mlp(
-    X: NDArray[np.float32],
-    y: NDArray[np.int64],
-    *,
-    preset: MLPPreset,
-    n_classes: int,
-    X_val: NDArray[np.float32] | None,
-    y_val: NDArray[np.int64] | None,
-    random_state: int,
-    progress: Progress | None,
-    cancel: threading.Event | None,
-) -> tuple[Any, int]:
-    from sklearn.neural_network import MLPClassifier
-    from sklearn.pipeline import Pipeline
-    from sklearn.preprocessing import StandardScaler
-
-    X = np.asarray(X, dtype=np.float32)
-    steps: list[tuple[str, Any]] = []
-    scaler = None
-    if preset.standardise:
-        scaler = StandardScaler().fit(X)
-        Xt = scaler.transform(X).astype(np.float32)
-        steps.append(("scaler", scaler))
-    else:
-        Xt = X
-    Xv = None
-    if X_val is not None and y_val is not None and len(y_val):
-        Xv = scaler.transform(X_val).astype(np.float32) if scaler is not None else np.asarray(X_val, dtype=np.float32)
-    # A RandomState *instance*: partial_fit re-reads random_state every call,
-    # and an int would replay the same shuffle order each epoch.
-    mlp = MLPClassifier(
-        hidden_layer_sizes=preset.hidden_layer_sizes,
-        activation=preset.activation,
-        solver=preset.solver,
-        batch_size=min(preset.batch_size, len(y)),
-        alpha=preset.alpha,
-        learning_rate_init=preset.learning_rate_init,
-        max_iter=1,
-        shuffle=True,
-        random_state=np.random.RandomState(random_state),
-    )
-    classes = np.arange(n_classes)
-    use_val = preset.stopping == "validation" and Xv is not None
-    best_score = np.inf
-    best_weights: tuple[list[NDArray[Any]], list[NDArray[Any]]] | None = None
-    stall = 0
-    epochs = 0
-    for epoch in range(preset.max_epochs):
-        if cancel is not None and cancel.is_set():
-            raise TrainingCancelled("training cancelled")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", category=UserWarning)
-            mlp.partial_fit(Xt, y, classes=classes)
-        epochs = epoch + 1
-        if use_val:
-            assert Xv is not None and y_val is not None
-            score = _log_loss(mlp.predict_proba(Xv), y_val)
-            if score < best_score - preset.tol:
-                best_score = score
-                stall = 0
-                best_weights = ([c.copy() for c in mlp.coefs_], [b.copy() for b in mlp.intercepts_])
-            else:
-                stall += 1
-        else:
-            # scikit-learn's rule (MLPClassifier._update_no_improvement_count): the best loss follows
-            # every decrease, an epoch counts as a stall unless it beats the best by tol.
-            score = float(mlp.loss_)
-            stall = stall + 1 if score > best_score - preset.tol else 0
-            best_score = min(best_score, score)
-        if progress is not None:
-            progress(epochs, preset.max_epochs)
-        if stall > preset.patience:
+    n = len(groups)
+    ids = np.unique(groups)
+    if ids.size < 2:
+        return split_indices(np.zeros(n, dtype=np.int64), fraction, rng)
+    order = rng.permutation(ids)
+    target = max(1, round(fraction * n))
+    held: list[Any] = []
+    count = 0
+    for g in order[:-1]:
+        if count >= target:
             break
-    if best_weights is not None:
-        mlp.coefs_, mlp.intercepts_ = best_weights
-    if progress is not None:
-        progress(preset.max_epochs, preset.max_epochs)
-    steps.append(("mlp", mlp))
-    return Pipeline(steps), epochs
-
-
-def _rate_upper95(k: int, n: int) -> float:
-    """One-sided 95 % Clopper-Pearson upper bound of a rate observed as ``k`` of ``n``."""
-    from scipy.stats import beta
-
-    if n == 0:
-        return 1.0
-    return 1.0 if k >= n else float(beta.ppf(0.95, k + 1, n - k))
+        held.append(g)
+        count += int(np.sum(groups == g))
+    is_val = np.isin(groups, np.array(held, dtype=groups.dtype))
+    return np.flatnonzero(~is_val).astype(np.intp), np.flatnonzero(is_val).astype(np.intp)
 
 
 def _cross_fit(
@@ -852,479 +474,3 @@ def _cross_fit(
         warnings.simplefilter("ignore", category=UserWarning)
         final = clone(pipeline).fit(X, y)
     return final, P, k
-
-
-def split_groups(
-    groups: NDArray[Any], fraction: float, rng: np.random.Generator
-) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
-    """Split rows by group: whole groups to validation until about ``fraction`` of the rows are there.
-
-    At least one group goes to validation and at least one stays for
-    training. With a single group the rows themselves are split (at least
-    one each way, as :func:`split_indices`). Returns positions into ``groups``.
-    """
-    n = len(groups)
-    ids = np.unique(groups)
-    if ids.size < 2:
-        return split_indices(np.zeros(n, dtype=np.int64), fraction, rng)
-    order = rng.permutation(ids)
-    target = max(1, round(fraction * n))
-    held: list[Any] = []
-    count = 0
-    for g in order[:-1]:
-        if count >= target:
-            break
-        held.append(g)
-        count += int(np.sum(groups == g))
-    is_val = np.isin(groups, np.array(held, dtype=groups.dtype))
-    return np.flatnonzero(~is_val).astype(np.intp), np.flatnonzero(is_val).astype(np.intp)
-
-
-#: Fused background pairs needed to calibrate the fused unknown threshold (fewer: the model never fuses).
-MIN_FUSED_PAIRS = 20
-
-
-def fit_recogniser(
-    X: NDArray[np.float32],
-    subjects: Sequence[str],
-    *,
-    preset: Preset | str = DEFAULT_PRESET,
-    background_prefix: str = "background:",
-    validation_fraction: float = 0.2,
-    target_far: float = 0.01,
-    identify_far: float | None = None,
-    unknown_reject_rate: float = 0.05,
-    min_templates_per_subject: int = 2,
-    random_state: int = 0,
-    progress: Progress | None = None,
-    cancel: threading.Event | None = None,
-    blas_threads: int | None = 1,
-) -> FittedRecogniser:
-    """Train and calibrate a recogniser on perturbed templates.
-
-    Parameters
-    ----------
-    X : ndarray of shape (n_templates, n_components)
-        Perturbed enrolment templates.
-    subjects : sequence of str, length n_templates
-        Enrolment labels; ids starting with ``background_prefix`` form the background class
-        (the part after the prefix names a background person: validation holds out whole people).
-    preset : Preset or str
-        A :class:`Preset` or the name of one in :data:`PRESETS`.
-    target_far : float
-        False-accept rate of both thresholds: verification (on validation
-        impostor scores) and, when background templates exist, identification
-        (on held-out background people's templates).
-    identify_far : float, optional
-        False-positive identification rate of the open-set threshold (held-out
-        background people named as someone); ``None`` = ``target_far``.
-    unknown_reject_rate : float
-        Without background templates only: share of enrolled validation templates called unknown.
-    blas_threads : int or None
-        BLAS threads while training (see :func:`fit_mlp`).
-
-    Returns
-    -------
-    FittedRecogniser
-
-    Raises
-    ------
-    TrainingError
-        Fewer than two classes with ``min_templates_per_subject`` templates, or an unknown preset.
-    """
-    p = get_preset(preset)
-    X = np.asarray(X, dtype=np.float32)
-    subj = np.asarray(list(subjects), dtype=object)
-    if X.ndim != 2 or X.shape[0] != subj.shape[0]:
-        raise TrainingError(f"X: expected shape (n, nc) matching {subj.shape[0]} subjects, received {X.shape}")
-    is_bg = (
-        np.array([s.startswith(background_prefix) for s in subj], dtype=bool)
-        if background_prefix
-        else np.zeros(len(subj), bool)
-    )
-    names, counts = np.unique(subj[~is_bg], return_counts=True)
-    keep_names = [str(n) for n, c in zip(names, counts, strict=True) if c >= min_templates_per_subject]
-    dropped = [str(n) for n, c in zip(names, counts, strict=True) if c < min_templates_per_subject]
-    class_names = list(keep_names)
-    background_index: int | None = None
-    if is_bg.sum() >= min_templates_per_subject:
-        background_index = len(class_names)
-        class_names.append("")
-    if len(keep_names) < 1 or len(class_names) < 2:
-        raise TrainingError(
-            f"enrolment: expected at least two classes (subjects, or one subject plus background templates) with >= "
-            f"{min_templates_per_subject} templates each, received {len(keep_names)} subject(s) and "
-            f"{int(is_bg.sum())} background templates"
-        )
-    index = {n: i for i, n in enumerate(keep_names)}
-    y = np.full(len(subj), -1, dtype=np.int64)
-    for i, s in enumerate(subj):
-        if is_bg[i]:
-            y[i] = -1 if background_index is None else background_index
-        else:
-            y[i] = index.get(str(s), -1)
-    mask = y >= 0
-    X, y, subj = X[mask], y[mask], subj[mask]
-    rng = np.random.default_rng(random_state)
-    # Enrolled subjects: a stratified split. Background: whole people held out, so the held-out
-    # templates are of people the model never saw -- what a stranger at the camera is.
-    enrolled_rows = np.flatnonzero(y != (background_index if background_index is not None else -1))
-    tr_e, va_e = split_indices(y[enrolled_rows], validation_fraction, rng)
-    tr, va = enrolled_rows[tr_e], enrolled_rows[va_e]
-    bg_groups = 0
-    if background_index is not None:
-        bg_rows = np.flatnonzero(y == background_index)
-        groups = subj[bg_rows]
-        tr_b, va_b = split_groups(groups, validation_fraction, rng)
-        bg_groups = int(np.unique(groups[va_b]).size)
-        tr = np.sort(np.concatenate([tr, bg_rows[tr_b]]))
-        va = np.sort(np.concatenate([va, bg_rows[va_b]]))
-    t0 = time.perf_counter()
-    notes: dict[str, Any] = {}
-    pipeline, epochs = _fit_estimator(
-        p, X[tr], y[tr], n_classes=len(class_names), X_val=X[va], y_val=y[va],
-        random_state=random_state, progress=progress, cancel=cancel, blas_threads=blas_threads,
-        background_index=background_index, notes=notes,
-    )  # fmt: skip
-    calibration = "validation-split"
-    split_accuracy: float | None = None
-    if linear_parts(pipeline) is not None and va.size:
-        split_accuracy = known_accuracy(
-            np.asarray(pipeline.predict_proba(X[va]), dtype=np.float64), y[va], background_index
-        )
-        # A linear model has nothing to stop early: calibrate on out-of-fold scores of its
-        # configuration (whatever the preset chose on the split) and serve it fitted on every template.
-        pipeline, P_all, folds = _cross_fit(pipeline, X, y, subj, background_index, validation_fraction, rng)
-        calibration = f"cross-fitted ({folds} folds; final model on every template)"
-        va = tr = np.arange(y.size)
-        P = P_all
-        if background_index is not None:
-            bg_groups = int(np.unique(subj[y == background_index]).size)
-    else:
-        P = np.asarray(pipeline.predict_proba(X[va]), dtype=np.float64)
-    fit_s = time.perf_counter() - t0
-    yv = y[va]
-    known = np.array([i for i in range(len(class_names)) if i != background_index], dtype=np.intp)
-    Pk = P[:, known]
-    best_known = Pk.max(axis=1)
-    gen_rows = yv != (background_index if background_index is not None else -2)
-    genuine = P[gen_rows, yv[gen_rows]]
-    imp_mask = np.ones_like(Pk, dtype=bool)
-    pos = {c: j for j, c in enumerate(known)}
-    for r in np.flatnonzero(gen_rows):
-        imp_mask[r, pos[int(yv[r])]] = False
-    impostor = Pk[imp_mask]
-    verify_threshold = threshold_at_far(impostor, target_far)
-    genuine_best = best_known[gen_rows]
-    bg_best = best_known[~gen_rows]
-    unknown: dict[str, Any]
-    if bg_best.size:
-        fpir = target_far if identify_far is None else identify_far
-        unknown_threshold = threshold_at_fpir(bg_best, fpir)
-        accepted = int(np.sum(bg_best >= unknown_threshold))
-        unknown = {
-            "rule": "background-far",
-            "target_far": fpir,
-            "background_templates": int(bg_best.size),
-            "background_subjects": bg_groups,
-            "background_accepted_rate": accepted / bg_best.size,
-            "background_accepted_upper95": _rate_upper95(accepted, int(bg_best.size)),
-        }
-    else:
-        unknown_threshold = (
-            float(np.quantile(genuine_best, unknown_reject_rate, method="lower")) if genuine_best.size else 0.0
-        )
-        unknown = {
-            "rule": "enrolled-reject-rate",
-            "unknown_reject_rate": unknown_reject_rate,
-            "note": (
-                "no background templates: the threshold lets at most unknown_reject_rate of enrolled validation "
-                "templates be called unknown; how often strangers are accepted is not calibrated"
-            ),
-        }
-    enrolled_rejected = float(np.mean(genuine_best < unknown_threshold)) if genuine_best.size else 0.0
-    unknown["enrolled_rejected_rate"] = enrolled_rejected
-    # Track fusion (recognition/fusion.py): the class frequencies of the served model, and the threshold of a
-    # decision fused from two releases, calibrated on pairs of held-out background people's templates.
-    priors = np.bincount(y[tr], minlength=len(class_names)).astype(np.float64)
-    priors = np.maximum(priors, 0.5) / priors.sum()
-    unknown_threshold_fused: float | None = None
-    if bg_best.size:
-        pairing = np.random.default_rng(random_state + 1)  # its own stream: the fit's draws stay as they were
-        fused_bg = fused_background_scores(P[~gen_rows], subj[va][~gen_rows], known, priors, pairing)
-        if fused_bg.size >= MIN_FUSED_PAIRS:
-            unknown_threshold_fused = threshold_at_fpir(fused_bg, fpir)
-            unknown["fused_pairs"] = int(fused_bg.size)
-            unknown["fused_accepted_rate"] = float(np.mean(fused_bg >= unknown_threshold_fused))
-        else:
-            unknown["fused_pairs"] = int(fused_bg.size)
-            unknown["fused"] = f"off: fewer than {MIN_FUSED_PAIRS} pairs of background templates of one person"
-    far_k = int(np.sum(impostor > verify_threshold))
-    metrics: dict[str, Any] = {
-        "validation_accuracy": known_accuracy(P, yv, background_index),
-        "calibration": calibration,
-        **({"split_validation_accuracy": split_accuracy} if split_accuracy is not None else {}),
-        "validation_templates": int(va.size),
-        "training_templates": int(tr.size),
-        "validation_unknown_rate_enrolled": enrolled_rejected,
-        "validation_far": far_k / impostor.size if impostor.size else 0.0,
-        "validation_frr": float(np.mean(genuine <= verify_threshold)) if genuine.size else 0.0,
-        "unknown_calibration": unknown,
-        "verify_calibration": {
-            "target_far": target_far,
-            "impostor_scores": int(impostor.size),
-            "impostor_scores_background": int(imp_mask[~gen_rows].sum()),
-            "far": far_k / impostor.size if impostor.size else 0.0,
-            "far_upper95": _rate_upper95(far_k, int(impostor.size)),
-        },
-        "epochs": epochs,
-        "fit_seconds": fit_s,
-        "dropped_subjects": dropped,
-    }
-    if notes:
-        metrics["preset_fit"] = notes
-    if bg_best.size:
-        metrics["validation_background_accepted_rate"] = unknown["background_accepted_rate"]
-    return FittedRecogniser(
-        pipeline=pipeline,
-        class_names=class_names,
-        background_index=background_index,
-        unknown_threshold=unknown_threshold,
-        verify_threshold=verify_threshold,
-        target_far=target_far,
-        unknown_reject_rate=unknown_reject_rate,
-        metrics=metrics,
-        genuine_scores=genuine,
-        impostor_scores=impostor,
-        preset=p,
-        n_epochs=epochs,
-        val_probabilities=np.asarray(pipeline.predict_proba(X[va]), dtype=np.float64),
-        val_values=X[va],
-        class_priors=priors,
-        unknown_threshold_fused=unknown_threshold_fused,
-    )
-
-
-# ----------------------------------------------------------------- ONNX
-
-
-def linear_parts(pipeline: Any) -> tuple[NDArray[np.float64], NDArray[np.float64]] | None:
-    """``(W, b)`` with ``predict_proba(X) == softmax(X @ W + b)`` for a linear pipeline, else None.
-
-    A linear pipeline is ``[StandardScaler,] clf`` with ``clf`` a
-    :class:`~sklearn.discriminant_analysis.LinearDiscriminantAnalysis` or
-    :class:`~sklearn.linear_model.LogisticRegression`: their probabilities
-    are the softmax of ``decision_function`` (for two classes the logistic
-    of the single decision ``z``, which is ``softmax([0, z])``). The scaler is
-    folded into ``W`` and ``b``.
-
-    Returns
-    -------
-    W : ndarray of shape (n_features, n_classes)
-    b : ndarray of shape (n_classes,)
-    """
-    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.preprocessing import StandardScaler
-
-    steps = [s for _, s in getattr(pipeline, "steps", [("clf", pipeline)])]
-    clf = steps[-1]
-    if not isinstance(clf, LinearDiscriminantAnalysis | LogisticRegression):
-        return None
-    coef = np.asarray(clf.coef_, dtype=np.float64)
-    icpt = np.asarray(clf.intercept_, dtype=np.float64).reshape(-1)
-    if coef.shape[0] == 1:
-        coef = np.vstack([np.zeros_like(coef), coef])
-        icpt = np.concatenate([[0.0], icpt])
-    W, b = coef.T.copy(), icpt.copy()
-    for step in reversed(steps[:-1]):
-        if not isinstance(step, StandardScaler):
-            return None
-        scale = np.asarray(step.scale_, dtype=np.float64) if step.scale_ is not None else np.ones(W.shape[0])
-        mean = np.asarray(step.mean_, dtype=np.float64) if step.mean_ is not None else np.zeros(W.shape[0])
-        W = W / scale[:, None]
-        b = b - mean @ W
-    if W.shape[1] != len(clf.classes_):
-        return None
-    return W, b
-
-
-def _linear_onnx(W: NDArray[np.float64], b: NDArray[np.float64]) -> bytes:
-    """``values`` (N, d) float32 -> ``probabilities`` = softmax(values · W + b), ``label`` = argmax (int64)."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    d, c = W.shape
-    graph = helper.make_graph(
-        [
-            helper.make_node("MatMul", ["values", "W"], ["z0"]),
-            helper.make_node("Add", ["z0", "b"], ["z"]),
-            helper.make_node("Softmax", ["z"], ["probabilities"], axis=1),
-            helper.make_node("ArgMax", ["z"], ["label"], axis=1, keepdims=0),
-        ],
-        "peep_linear_recogniser",
-        [helper.make_tensor_value_info("values", TensorProto.FLOAT, [None, d])],
-        [
-            helper.make_tensor_value_info("label", TensorProto.INT64, [None]),
-            helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [None, c]),
-        ],
-        initializer=[
-            numpy_helper.from_array(W.astype(np.float32), "W"),
-            numpy_helper.from_array(b.astype(np.float32), "b"),
-        ],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], producer_name="peep")
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    data: bytes = model.SerializeToString()
-    return data
-
-
-def export_onnx(fitted: FittedRecogniser, n_components: int) -> bytes:
-    """The fitted pipeline as ONNX: input ``values`` (N, nc) float32 -> ``label``, ``probabilities`` (N, C).
-
-    Linear pipelines (see :func:`linear_parts`: shrinkage LDA, logistic
-    regression) are written as the graph they are, MatMul + Add + Softmax,
-    with the scaler folded into the weights: skl2onnx's converter for LDA
-    gets two-class probabilities wrong (measured: 2.4e-4 off, beyond
-    :func:`check_onnx_agreement`'s tolerance, for a subject plus background).
-    Everything else (the MLPs) goes through skl2onnx.
-    """
-    parts = linear_parts(fitted.pipeline)
-    if parts is not None:
-        W, b = parts
-        if W.shape[0] != n_components:
-            raise TrainingError(f"onnx: expected a model of {n_components} inputs, received one of {W.shape[0]}")
-        return _linear_onnx(W, b)
-    from skl2onnx import to_onnx
-
-    clf = fitted.pipeline.steps[-1][1]
-    sample = np.zeros((1, n_components), dtype=np.float32)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = to_onnx(
-            fitted.pipeline,
-            sample,
-            options={id(clf): {"zipmap": False}},
-            target_opset={"": 18, "ai.onnx.ml": 3},
-            final_types=None,
-        )
-    graph = model.graph
-    graph.input[0].name, old_in = "values", graph.input[0].name
-    for node in graph.node:
-        node.input[:] = ["values" if n == old_in else n for n in node.input]
-    data: bytes = model.SerializeToString()
-    return data
-
-
-def onnx_session(model: bytes, *, threads: int = 1) -> Any:
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.log_severity_level = 3
-    return ort.InferenceSession(model, sess_options=opts, providers=["CPUExecutionProvider"])
-
-
-def onnx_probabilities(session: Any, X: NDArray[np.float32]) -> NDArray[np.float32]:
-    out = session.run(["probabilities"], {"values": np.ascontiguousarray(X, dtype=np.float32)})[0]
-    return np.asarray(out, dtype=np.float32)
-
-
-def check_onnx_agreement(fitted: FittedRecogniser, model: bytes, *, atol: float = 1e-4) -> dict[str, float]:
-    """Compare onnxruntime with scikit-learn on the validation templates.
-
-    Raises :class:`TrainingError` when a probability differs by more than
-    ``atol`` or a decision (argmax) differs where scikit-learn's top two
-    classes are more than ``10·atol`` apart.
-    """
-    sess = onnx_session(model)
-    X = fitted.val_values
-    P_sk = fitted.val_probabilities
-    P_ox = onnx_probabilities(sess, X).astype(np.float64)
-    if P_ox.shape != P_sk.shape:
-        raise TrainingError(f"onnx: expected probabilities of shape {P_sk.shape}, received {P_ox.shape}")
-    diff = float(np.max(np.abs(P_ox - P_sk))) if P_sk.size else 0.0
-    top2 = np.sort(P_sk, axis=1)[:, -2:] if P_sk.shape[1] >= 2 else np.zeros((len(P_sk), 2))
-    clear = (top2[:, 1] - top2[:, 0]) > 10 * atol
-    disagree = int(np.sum((P_ox.argmax(1) != P_sk.argmax(1)) & clear))
-    if diff > atol or disagree:
-        raise TrainingError(
-            f"onnx: expected the exported model to match scikit-learn within {atol}, received max |dP| = {diff:.3g} "
-            f"and {disagree} differing decisions; not promoted"
-        )
-    return {"onnx_max_abs_diff": diff, "onnx_checked": float(len(X))}
-
-
-def model_meta(
-    fitted: FittedRecogniser,
-    *,
-    bundle_id: str,
-    kinds: Sequence[str],
-    n_components: int,
-    n_templates: int,
-    key_id: str = "",
-) -> dict[str, Any]:
-    """What ``model.json`` records next to the ONNX file (``key_id``: the site key's public id, "" for none)."""
-    return {
-        "format": "peep-model/1",
-        "classes": fitted.class_names,
-        "background_index": fitted.background_index,
-        "unknown_threshold": fitted.unknown_threshold,
-        "unknown_threshold_fused": fitted.unknown_threshold_fused,
-        "class_priors": None if fitted.class_priors is None else [float(v) for v in fitted.class_priors],
-        "verify_threshold": fitted.verify_threshold,
-        "target_far": fitted.target_far,
-        "unknown_reject_rate": fitted.unknown_reject_rate,
-        "bundle_id": bundle_id,
-        "key_id": key_id,
-        "mechanism_kinds": list(kinds),
-        "n_components": n_components,
-        "n_templates": n_templates,
-        "n_subjects": len(fitted.class_names) - (1 if fitted.background_index is not None else 0),
-        "preset": fitted.preset.describe(),
-        "metrics": fitted.metrics,
-        "trained_at": time.time(),
-        # Keys the opaque class ids of the device models made from this version (peep.core.devicemodel):
-        # the server maps a device's released label back to a subject with it; devices never see names.
-        "device_class_salt": os.urandom(16).hex(),
-    }
-
-
-def calibration_summary(metrics: dict[str, Any]) -> str:
-    """One line on what the thresholds cost and (for ``auto``) which preset was chosen, from ``metrics``.
-
-    >>> metrics = {"unknown_calibration": {"rule": "enrolled-reject-rate", "enrolled_rejected_rate": 0.04},
-    ...            "verify_calibration": {"target_far": 0.01, "far": 0.009}}
-    >>> for part in calibration_summary(metrics).split("; "):
-    ...     print(part)
-    unknown: no background templates, 4.0% of enrolled validation templates called unknown (strangers not calibrated)
-    verify: FAR 0.9% (target 1.0%)
-    """
-    parts: list[str] = []
-    chosen = metrics.get("preset_fit", {}).get("chosen")
-    if chosen is not None:
-        accs = metrics["preset_fit"].get("validation_accuracy", {})
-        parts.append(
-            f"auto chose {chosen} ("
-            + ", ".join(f"{n} {a:.3f}" for n, a in accs.items() if a is not None)
-            + " validation accuracy)"
-        )
-    u = metrics.get("unknown_calibration", {})
-    if u.get("rule") == "background-far":
-        parts.append(
-            f"unknown: {100 * u['background_accepted_rate']:.1f}% of {u['background_templates']} held-out background "
-            f"templates accepted (target {100 * u['target_far']:.1f}%, 95% bound "
-            f"{100 * u['background_accepted_upper95']:.1f}%), {100 * u['enrolled_rejected_rate']:.1f}% of enrolled "
-            "validation templates called unknown"
-        )
-    elif u:
-        parts.append(
-            f"unknown: no background templates, {100 * u['enrolled_rejected_rate']:.1f}% of enrolled validation "
-            "templates called unknown (strangers not calibrated)"
-        )
-    v = metrics.get("verify_calibration")
-    if v:
-        parts.append(f"verify: FAR {100 * v['far']:.1f}% (target {100 * v['target_far']:.1f}%)")
-    return "; ".join(parts)

@@ -33,7 +33,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from peep.core.decision import accept_claims, claim_scores, identify_open_set
 from peep.core.mechanisms import mechanism_class
-from peep.server.recognition.fitting import onnx_session
+from peep.server.recognition.export import onnx_session
 from peep.server.recognition.fusion import TrackFusion, fuse_pairs
 from peep.server.recognition.registry import AnyRegistry, RegistryError
 

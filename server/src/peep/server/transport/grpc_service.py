@@ -58,7 +58,7 @@ from peep.server.ingest.reports import ReportTooFrequent
 from peep.server.ingest.validation import Rejection
 from peep.server.recognition.claims import ClaimChecksTooFrequent
 from peep.server.recognition.devicemodels import NoDeviceModel, check_model_request
-from peep.server.recognition.fitting import PRESETS, TrainingError
+from peep.server.recognition.presets import PRESETS, TrainingError
 from peep.server.recognition.recogniser import ModelMismatch, ModelUnavailable
 from peep.server.recognition.trainer import TrainingBusy
 from peep.server.services import NoSuchSubject, Services

@@ -55,7 +55,7 @@ class ModelsPage(Page):
         return out
 
     def models(self, ctx: Ctx, *, message: str = "", status: int = 200) -> Response:
-        from peep.server.recognition.fitting import PRESETS
+        from peep.server.recognition.presets import PRESETS
 
         versions = self._versions()
         plot = plots.bars(
@@ -97,7 +97,7 @@ class ModelsPage(Page):
         )
 
     def train(self, ctx: Ctx) -> Response:
-        from peep.server.recognition.fitting import PRESETS
+        from peep.server.recognition.presets import PRESETS
 
         preset = ctx.form.get("preset", "") or None
         if preset is not None and preset not in PRESETS:
