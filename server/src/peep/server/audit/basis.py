@@ -176,10 +176,6 @@ class Basis:
             return out, out
         return self.decoders["coefficients"].reconstruct(C)
 
-    def faces_from(self, Z: FloatArray, domain_name: str) -> FloatArray:
-        """Flattened faces from values of a release domain (undoing its rescaling where it has one)."""
-        return self.reconstruct_from(Z, domain_name)[0]
-
     def reconstruct_from(self, Z: FloatArray, domain_name: str) -> tuple[FloatArray, FloatArray]:
         """(flattened faces, the projection's inputs for them) from values of a release domain.
 
