@@ -54,7 +54,7 @@ from peep.server.recognition.registry import AnyRegistry, DatabaseModelRegistry,
 from peep.server.recognition.trainer import Trainer, TrainingBusy, TrainResult
 from peep.server.recognition.watch import ChangeWatcher
 from peep.server.storage import KeptCounts, Store, open_store
-from peep.server.storage.base import ERASURES_CHANNEL, EVENTS_CHANNEL, MODELS_CHANNEL
+from peep.server.storage.sql import ERASURES_CHANNEL, EVENTS_CHANNEL, MODELS_CHANNEL
 from peep.server.transport.limits import CallerRate
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from peep.server.storage.base import SqlStore
+from peep.server.storage.sql import SqlStore
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def _account(row: Any, *, with_hash: bool = True) -> Account:
 
 
 class ConsoleStore:
-    """The console's reads and writes on a :class:`~peep.server.storage.base.SqlStore`.
+    """The console's reads and writes on a :class:`~peep.server.storage.sql.SqlStore`.
 
     Parameters
     ----------

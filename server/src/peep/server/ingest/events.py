@@ -2,7 +2,7 @@
 
 Every decision is committed to the database (``recognition_events``) before
 anyone hears of it, and its row id is the event's ``seq``: increasing in commit
-order (:meth:`peep.server.storage.base.SqlStore._lock_events`), shared by every
+order (:meth:`peep.server.storage.sql.SqlStore._lock_events`), shared by every
 replica on one PostgreSQL database. Subscribers are fed by one reader per
 process (:class:`EventBus`) that reads the rows above the last id it
 delivered, whenever this process commits decisions, when another replica

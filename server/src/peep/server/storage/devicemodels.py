@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from peep.server.storage.base import SqlStore
+from peep.server.storage.sql import SqlStore
 
 _COLUMNS = (
     "serial, model_version, bundle_id, key_id, trained_at, issued_at, expires_at, subjects, erased, calibration, "
@@ -84,7 +84,7 @@ def _model(r: Any, payload: bytes | None = None) -> IssuedModel:
 
 
 class DeviceModelStore:
-    """Reads and writes of ``device_models`` on a :class:`~peep.server.storage.base.SqlStore`."""
+    """Reads and writes of ``device_models`` on a :class:`~peep.server.storage.sql.SqlStore`."""
 
     def __init__(self, store: Any) -> None:
         if not isinstance(store, SqlStore):

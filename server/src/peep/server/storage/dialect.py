@@ -1,6 +1,6 @@
 """What differs between the stores' SQLite and PostgreSQL text, and nothing else.
 
-The SQL itself is written once (:mod:`peep.server.storage.base`,
+The SQL itself is written once (:mod:`peep.server.storage.sql`,
 :mod:`peep.server.storage.migrations`); a :class:`Dialect` fills in the
 placeholder, the column types and the form of an ``IN`` list.
 """

@@ -26,8 +26,8 @@ from peep.server.storage import (
     StoreError,
     TemplateRecord,
 )
-from peep.server.storage.base import Connection, SqlStore
 from peep.server.storage.dialect import POSTGRES
+from peep.server.storage.sql import Connection, SqlStore
 
 _LOCK_ID = 0x5EE9_0001  # advisory lock key for migrations
 _MODELS_LOCK_ID = 0x5EE9_0002  # transaction lock: one promotion or version deletion at a time

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from peep.server.storage import COLUMNS, LEDGER_COLUMNS, LedgerEntry, StoreError, TemplateRecord
-from peep.server.storage.base import Connection, SqlStore
 from peep.server.storage.dialect import SQLITE
+from peep.server.storage.sql import Connection, SqlStore
 
 _INSERT = f"INSERT OR IGNORE INTO templates ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 _INSERT_LEDGER = (
