@@ -17,8 +17,8 @@ from peep.server.audit.attacks import (
     shrinkage_prior,
 )
 from peep.server.audit.basis import Domain, fit_basis
-from peep.server.audit.metrics import ssim_batch
-from peep.server.audit.runner import evaluate_release, job_env
+from peep.server.audit.execution import evaluate_release, job_env
+from peep.server.audit.measures import ssim_batch
 
 NO_NOISE = 1e9  # noise scale 1e-9: far below any coefficient
 HUGE_NOISE = 1e-3  # peep: Laplace scale 1000 on [0, 1] coordinates

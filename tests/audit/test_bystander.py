@@ -237,7 +237,7 @@ def test_partition_is_disjoint_balanced_and_by_identity() -> None:
 
 def test_strangers_never_enter_the_background_basis(small_cfg) -> None:
     from peep.server.audit.bystander import prepare_bystanders
-    from peep.server.audit.runner import job_env, load_audit_data
+    from peep.server.audit.execution import job_env, load_audit_data
 
     cfg = small_cfg.with_(basis="background", components=16, background_max_faces=9)
     data = load_audit_data(cfg)
@@ -256,7 +256,7 @@ def test_strangers_never_enter_the_background_basis(small_cfg) -> None:
 
 def test_evaluation_is_reproducible_and_keeps_no_template_by_default(small_cfg, audit_data) -> None:
     from peep.server.audit.bystander import evaluate_bystanders, prepare_bystanders
-    from peep.server.audit.runner import job_env
+    from peep.server.audit.execution import job_env
 
     cfg = small_cfg.with_(components=16)
     with job_env(cfg):
@@ -297,7 +297,7 @@ def test_label_clusterings_and_their_scores() -> None:
 def test_decision_mode_keeps_one_label_per_appearance_released_by_the_mechanisms_law(small_cfg, audit_data) -> None:
     from peep.core.labels import RandomizedResponse
     from peep.server.audit.bystander import DECISION_METHODS, evaluate_bystanders, prepare_bystanders
-    from peep.server.audit.runner import job_env
+    from peep.server.audit.execution import job_env
 
     cfg = small_cfg.with_(components=16)
     with job_env(cfg):

@@ -263,7 +263,7 @@ def test_background_max_faces_must_stay_below_the_audited_people(small_cfg) -> N
 
 
 def test_a_folder_background_excludes_the_audited_identities(data_home: str, tmp_path: Path, small_cfg) -> None:
-    from peep.server.audit.runner import load_audit_data
+    from peep.server.audit.execution import load_audit_data
 
     src = Path(data_home) / "lfw_home" / "lfw_funneled"
     folder = tmp_path / "faces"
@@ -280,7 +280,7 @@ def test_a_folder_background_excludes_the_audited_identities(data_home: str, tmp
 
 
 def test_background_basis_is_shared_by_all_splits(lfw_background, small_cfg) -> None:
-    from peep.server.audit.runner import load_audit_data, make_context
+    from peep.server.audit.execution import load_audit_data, make_context
 
     cfg = small_cfg.with_(basis="background", components=16, background_max_faces=9)
     data = load_audit_data(cfg)

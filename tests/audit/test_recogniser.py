@@ -32,7 +32,7 @@ def test_preset_and_hidden_are_checked(monkeypatch):
 
 
 def test_utility_comes_from_the_servers_fit_recogniser(monkeypatch, audit_data, small_cfg):
-    from peep.server.audit import runner
+    from peep.server.audit import execution
 
     real = fitting.fit_recogniser
     calls: list[dict] = []
@@ -44,9 +44,9 @@ def test_utility_comes_from_the_servers_fit_recogniser(monkeypatch, audit_data, 
 
     monkeypatch.setattr(fitting, "fit_recogniser", spy)
     cfg = small_cfg.with_(preset="reference", hidden=32)
-    with runner.job_env(cfg):
-        ctx, baseline = runner.make_context(audit_data, cfg, 0, n_components=16)
-        private = runner.evaluate_release(ctx, cfg, kind="peep", epsilon=8.0, key=(9,), attacks=False)
+    with execution.job_env(cfg):
+        ctx, baseline = execution.make_context(audit_data, cfg, 0, n_components=16)
+        private = execution.evaluate_release(ctx, cfg, kind="peep", epsilon=8.0, key=(9,), attacks=False)
     server = TrainingConfig()
     assert len(calls) == 2  # the no-privacy recogniser, then the one on perturbed templates
     for c in calls:

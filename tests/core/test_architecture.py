@@ -54,7 +54,7 @@ def test_core_modules_import_only_what_they_may():
 
 def test_importing_core_loads_no_forbidden_module():
     code = (
-        "import sys, peep.core.eigenfaces, peep.core.statistics, peep.core.bounding, peep.core.mechanisms, "
+        "import sys, peep.core.eigenface_model, peep.core.statistics, peep.core.bounding, peep.core.mechanisms, "
         "peep.core.sampling, peep.core.accounting, peep.core.wire, peep.core.bundle, peep.core.imaging;"
         "bad=[m for m in sys.modules if m.split('.')[0] in ('sklearn','grpc','paho','opendp') "
         "or m.startswith(('peep.edge','peep.server'))]; print(','.join(bad))"

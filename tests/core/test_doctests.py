@@ -8,7 +8,7 @@ import importlib
 import pytest
 
 MODULES = [
-    "peep.core.accounting", "peep.core.bounding", "peep.core.eigenfaces", "peep.core.features",
+    "peep.core.accounting", "peep.core.bounding", "peep.core.eigenface_model", "peep.core.features",
     "peep.core.mechanisms", "peep.core.sampling", "peep.core.statistics", "peep.core.release", "peep.core.wire",
     "peep.core.topics", "peep.core.logs", "peep.core.configfile", "peep.core.projections.fisherfaces",
     "peep.core.signing",

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.linalg
-from peep.core.eigenfaces import EigenfaceModel
+from peep.core.eigenface_model import EigenfaceModel
 from peep.core.exceptions import NotFittedError
 from peep.core.statistics import FaceStatistics, merge_all
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from peep.core.bundle import EigenfaceBundle, build_bundle_files, write_bundle_files
 from peep.core.domains import DOMAINS, unit_rows
-from peep.core.eigenfaces import EigenfaceModel
+from peep.core.eigenface_model import EigenfaceModel
 from peep.core.exceptions import BundleError, NotFittedError
 from peep.core.imaging import DEFAULT_GEOMETRY
 from peep.core.projections import EigenfaceProjection, FisherfaceProjection, projection_class, projector_outputs

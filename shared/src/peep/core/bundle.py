@@ -44,7 +44,7 @@ from peep.core.exceptions import BundleError
 from peep.core.imaging import FaceGeometry
 
 if TYPE_CHECKING:
-    from peep.core.eigenfaces import EigenfaceModel
+    from peep.core.eigenface_model import EigenfaceModel
     from peep.core.projections.base import Projection
 
 # The onnx package (graph building/reading) and scipy (via eigenfaces) are

@@ -9,7 +9,7 @@ The source paper's protocol (Moriarty et al.)
     (eigenfaces fitted there): the identity classifier (eigenfaces + RBF SVM
     with Platt posteriors) applied to the anonymised test faces gives the
     identity accuracy and the identity mixture (posterior mass on the true
-    identity, top-k, KL from a random guess; :func:`peep.server.audit.metrics.identity_mixture`);
+    identity, top-k, KL from a random guess; :func:`peep.server.audit.measures.identity_mixture`);
     the attribute classifier (random forest, balanced class weights) applied
     to them gives ``attribute_accuracy.original_model_on_anonymised``.
 
@@ -49,8 +49,8 @@ from peep.server.audit.attacks import (
     quiet_convergence,
 )
 from peep.server.audit.config import AuditConfig
-from peep.server.audit.metrics import classification_metrics, identity_mixture, majority_rate, ssim_batch
-from peep.server.audit.runner import fit_served, proba_full
+from peep.server.audit.execution import fit_served, proba_full
+from peep.server.audit.measures import classification_metrics, identity_mixture, majority_rate, ssim_batch
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -120,7 +120,7 @@ class Eigen:
     """Eigenfaces fitted on one training set; every recogniser of that regime works on its coefficients."""
 
     def __init__(self, images: NDArray[np.floating], n_components: int) -> None:
-        from peep.core.eigenfaces import EigenfaceModel
+        from peep.core.eigenface_model import EigenfaceModel
 
         flat = np.asarray(images, dtype=np.float64).reshape(images.shape[0], -1)
         self.model = EigenfaceModel(n_components=min(n_components, flat.shape[0] - 1)).fit(flat)

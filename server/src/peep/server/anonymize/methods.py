@@ -414,7 +414,7 @@ def upba_basis(
     n_jobs : int
         Threads of the forests (the importances do not depend on it).
     """
-    from peep.core.eigenfaces import EigenfaceModel
+    from peep.core.eigenface_model import EigenfaceModel
     from sklearn.ensemble import RandomForestClassifier
 
     imgs = _images(images)

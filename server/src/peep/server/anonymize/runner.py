@@ -295,7 +295,7 @@ def run_evaluation(opts: AnonymizeOptions) -> dict[str, Any]:
     """Both protocols for every method (and UPBA's sweep); writes anonymize.json, plots and report.html."""
     from peep.server.anonymize.report import write_outputs
     from peep.server.audit.config import AuditConfig
-    from peep.server.audit.runner import n_workers, run_jobs
+    from peep.server.audit.execution import n_workers, run_jobs
 
     wall, cpu0 = time.perf_counter(), time.process_time()
     cfg = AuditConfig(jobs=opts.jobs, progress=opts.progress)

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 from peep.server.audit.basis import Basis, Domain
-from peep.server.audit.metrics import psnr_batch, ssim_batch
+from peep.server.audit.measures import psnr_batch, ssim_batch
 from scipy.spatial.distance import cdist
 
 FloatArray = NDArray[np.float64]
@@ -286,7 +286,7 @@ def linkage_accuracy(
     adversaries: dict[str, Adversary], y_probe: IntArray, candidates: CandidateSet
 ) -> dict[str, float]:
     """Accuracy of each adversary on the probes of ``candidates``, plus ``max`` and chance."""
-    from peep.server.audit.metrics import majority_rate
+    from peep.server.audit.measures import majority_rate
 
     rows = np.isin(y_probe, candidates.classes)
     out: dict[str, float] = {}

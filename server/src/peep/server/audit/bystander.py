@@ -75,7 +75,7 @@ people later walking past the camera); with ``--basis train`` they are the
 split's own. The events come from two recognisers, both the server's
 :func:`~peep.server.recognition.fitting.fit_recogniser` with the audit's preset
 trained on the enrolled people's releases (the split's training part): the
-one every other section measures (:func:`~peep.server.audit.runner.fit_served`:
+one every other section measures (:func:`~peep.server.audit.execution.fit_served`:
 enrolled subjects only, its unknown threshold set so that a share of enrolled
 people is called unknown), and one that also has the public people's releases
 as its background class (a server with an enrolled background population:
@@ -96,10 +96,10 @@ from peep.core.decision import calibrate_clean, identify_open_set
 from peep.core.labels import RandomizedResponse
 from peep.core.projections import projection_class
 from peep.core.release import mechanism_for_bounds
-from peep.server.audit import runner
+from peep.server.audit import execution
 from peep.server.audit.basis import Basis, Domain, fit_basis
 from peep.server.audit.config import AuditConfig, AuditConfigError
-from peep.server.audit.runner import AuditData
+from peep.server.audit.execution import AuditData
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -566,7 +566,7 @@ def _basis_without_strangers(data: AuditData, cfg: AuditConfig, train_idx: IntAr
     """The projection and bounds the releases go through, fitted on no stranger's face."""
     if data.background is None or data.background_labels is None:
         # --basis train: the split's training faces (audited people), as every other section.
-        return runner._fit_basis(data, cfg, train_idx, cfg.components, cfg.projection)
+        return execution._fit_basis(data, cfg, train_idx, cfg.components, cfg.projection)
     keep = ~np.isin(data.background_labels, strangers)
     cls = projection_class(cfg.projection)
     inputs = data.background if cls.input_kind == "pixels" else data.background_descriptors[cls.input_kind]
@@ -592,8 +592,8 @@ def prepare_bystanders(data: AuditData, cfg: AuditConfig, split: int) -> Bystand
             f"audited ones (two strangers, two calibration and two public people), found {n_people}; "
             "pass --no-bystander"
         )
-    seed = runner.split_seed(cfg, split)
-    tr, _ = runner._split(data.labels, cfg.test_size, seed)
+    seed = execution.split_seed(cfg, split)
+    tr, _ = execution._split(data.labels, cfg.test_size, seed)
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, split, _PARTITION_STREAM]))
     groups = partition_people(data.pool_labels, rng)
     basis = _basis_without_strangers(data, cfg, tr, groups["strangers"])
@@ -636,7 +636,7 @@ def fit_server_recogniser(
 ) -> Any:
     """The server's recogniser: enrolled people plus the public people as its background ("unknown") class."""
     subjects = [str(int(v)) for v in y_enrol] + [f"{_BACKGROUND_PREFIX}{int(v)}" for v in y_public]
-    return runner.fit_like_server(
+    return execution.fit_like_server(
         cfg, np.vstack([R_enrol, R_public]), subjects, seed, background_prefix=_BACKGROUND_PREFIX
     )
 
@@ -680,7 +680,7 @@ def evaluate_decision_mode(
         rr = None
         if eps_label is not None:
             rr = RandomizedResponse(
-                unknown + 1, eps_label, random_state=runner.noise_state(cfg, (*key, _TAG_LABEL, li))
+                unknown + 1, eps_label, random_state=execution.noise_state(cfg, (*key, _TAG_LABEL, li))
             )
         floor = 0.0 if rr is None else rr.false_positive_floor
         feasible = floor < device.fpir
@@ -724,12 +724,12 @@ def evaluate_bystanders(
 
     Every face (enrolled, stranger, calibration, public) is released once
     through the audited mechanism with the audit's noise conventions
-    (:func:`peep.server.audit.runner.noise_state`: seeded simulation, or the
+    (:func:`peep.server.audit.execution.noise_state`: seeded simulation, or the
     secure sampler). Decision mode's device model is the recogniser with a
     background class, deciding on clean projections
     (:func:`evaluate_decision_mode`).
     """
-    rng = runner.noise_state(cfg, key)
+    rng = execution.noise_state(cfg, key)
     mech = mechanism_for_bounds(ctx.bounds, kind=cfg.mechanism, epsilon=epsilon, delta=cfg.delta, random_state=rng)
     dom = Domain(cfg.mechanism, ctx.bounds)
     R_enrol = np.asarray(mech.release(dom.forward(ctx.C_enrol)), dtype=np.float64)
@@ -742,7 +742,7 @@ def evaluate_bystanders(
     counts = pair_counts(y_s, np.zeros_like(y_s))
     n = int(y_s.shape[0])
     recognisers = {
-        "enrolled_only": runner.fit_served(cfg, R_enrol, ctx.y_enrol, ctx.seed).fitted,
+        "enrolled_only": execution.fit_served(cfg, R_enrol, ctx.y_enrol, ctx.seed).fitted,
         "background_class": fit_server_recogniser(cfg, R_enrol, ctx.y_enrol, R["public"], y_p, ctx.seed),
     }
     events: dict[str, dict[str, Any]] = {}
@@ -801,7 +801,7 @@ def evaluate_bystanders(
 
 def _prepare_job(data: AuditData, cfg: AuditConfig, split: int) -> tuple[BystanderContext, float]:
     t = time.process_time()
-    with runner.job_env(cfg):
+    with execution.job_env(cfg):
         ctx = prepare_bystanders(data, cfg, split)
     return ctx, time.process_time() - t
 
@@ -810,7 +810,7 @@ def _evaluate_job(
     ctx: BystanderContext, cfg: AuditConfig, epsilon: float, key: Sequence[int]
 ) -> tuple[dict[str, Any], float]:
     t = time.process_time()
-    with runner.job_env(cfg):
+    with execution.job_env(cfg):
         res = evaluate_bystanders(ctx, cfg, epsilon=epsilon, key=key)
     return res, time.process_time() - t
 
@@ -828,7 +828,7 @@ def combine_bystanders(per_repeat: Sequence[dict[str, Any]]) -> dict[str, Any]:
     shown together belong to one method; so does each ``keep_decision.per_label``
     entry's ``best`` (one per ε_label, the decision without a label mechanism first).
     """
-    mean, std = runner.aggregate(per_repeat)
+    mean, std = execution.aggregate(per_repeat)
     ka, kn = mean["keep_all"], mean["keep_none"]
     best = _best(ka["methods"], LINK_METHODS)
     ka["best"] = {"method": best, **{k: ka["methods"][best][k] for k in ("precision", "recall", "f1")}}
@@ -851,7 +851,7 @@ def combine_bystanders(per_repeat: Sequence[dict[str, Any]]) -> dict[str, Any]:
     per_label = []
     for i in range(len(per_repeat[0]["keep_decision"]["_rows"])):
         rows = [r["keep_decision"]["_rows"][i] for r in per_repeat]
-        m, s = runner.aggregate(rows)
+        m, s = execution.aggregate(rows)
         dm = _best(m["methods"], DECISION_METHODS)
         m["best"] = {"method": dm, **{k: m["methods"][dm][k] for k in ("precision", "recall", "f1")}}
         m["std"] = s

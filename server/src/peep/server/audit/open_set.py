@@ -75,7 +75,7 @@ from peep.core.decision import calibrate_clean, identify_open_set
 from peep.core.labels import RandomizedResponse
 from peep.core.projections import projection_class
 from peep.core.release import mechanism_for_bounds
-from peep.server.audit import runner
+from peep.server.audit import execution
 from peep.server.audit.basis import Domain
 from peep.server.audit.config import AuditConfig, AuditConfigError
 
@@ -288,7 +288,7 @@ def load_population(cfg: AuditConfig) -> Population:
     encoder = None if kind == "pixels" else descriptor_encoder(kind)
     norm: Any = cfg.normalisation
     described = "" if encoder is None else f" and their {kind} descriptors"
-    with runner._progress(cfg, f"open set: LFW faces{described} (cached afterwards)") as cb:
+    with execution._progress(cfg, f"open set: LFW faces{described} (cached afterwards)") as cb:
         ds = load_dataset(
             "lfw",
             data_home=cfg.data_home,
@@ -374,7 +374,7 @@ def prepare_split(pop: Population, cfg: AuditConfig, split: int) -> OpenSetConte
     }
     ctx = OpenSetContext(
         split=split,
-        seed=runner.split_seed(cfg, split),
+        seed=execution.split_seed(cfg, split),
         people=people,
         y_enrol=pop.labels[people.enrol_rows],
         y_probe=pop.labels[people.probe_rows],
@@ -478,7 +478,7 @@ def evaluate_split(
     conventions; the releases are the same for every preset (the noise stream is keyed without it).
     """
     sp = ctx.spaces[space]
-    rng = runner.noise_state(cfg, (_TAG_RELEASE, ctx.split, space, eps_index))
+    rng = execution.noise_state(cfg, (_TAG_RELEASE, ctx.split, space, eps_index))
     mech = mechanism_for_bounds(sp.bounds, kind=cfg.mechanism, epsilon=epsilon, delta=cfg.delta, random_state=rng)
     dom = Domain(cfg.mechanism, sp.bounds)
     Z = {g: dom.forward(C) for g, C in sp.C.items()}
@@ -580,7 +580,7 @@ def _device_rows(
         for ti, t in enumerate(cfg.open_set_fpir):
             rr = None
             if eps_label is not None:
-                stream = runner.noise_state(cfg, (_TAG_LABEL, ctx.split, *key, li, ti))
+                stream = execution.noise_state(cfg, (_TAG_LABEL, ctx.split, *key, li, ti))
                 rr = RandomizedResponse(known.size + 1, eps_label, random_state=stream)
             floor = 0.0 if rr is None else rr.false_positive_floor
             feasible = floor < t
@@ -626,14 +626,14 @@ def _device_rows(
 
 def _prepare_job(pop: Population, cfg: AuditConfig, split: int) -> tuple[OpenSetContext, float]:
     t = time.process_time()
-    with runner.job_env(cfg):
+    with execution.job_env(cfg):
         ctx = prepare_split(pop, cfg, split)
     return ctx, time.process_time() - t
 
 
 def _evaluate_job(ctx: OpenSetContext, cfg: AuditConfig, kwargs: dict[str, Any]) -> tuple[list[dict[str, Any]], float]:
     t = time.process_time()
-    with runner.job_env(cfg):
+    with execution.job_env(cfg):
         rows = evaluate_split(ctx, cfg, **kwargs)
     return rows, time.process_time() - t
 
@@ -659,7 +659,7 @@ def combine(per_split: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
     Every split has the same numbers of probes and strangers, so the mean over splits is the pooled rate.
     """
-    mean, std = runner.aggregate(per_split)
+    mean, std = execution.aggregate(per_split)
     mean = {k: mean[k] for k in _FIRST_KEYS if k in mean} | mean
     mean["std"] = {k: std.get(k) for k in _STD_KEYS if k in std}
     mean["n_repeats"] = len(per_split)
@@ -805,7 +805,7 @@ def run_open_set(cfg: AuditConfig) -> tuple[list[dict[str, Any]], dict[str, Any]
                 f"--open-set-components: expected values at most {limit} for {cfg.projection} (the public faces, or "
                 f"for projections that learn identities the public people, minus one), received {nc}"
             )
-    prepared, cpu = runner.run_jobs(
+    prepared, cpu = execution.run_jobs(
         cfg, [(_prepare_job, (pop, cfg, r)) for r in range(cfg.repeats)], "audit: open set, people and projections"
     )
     contexts: list[OpenSetContext] = list(prepared)
@@ -816,7 +816,7 @@ def run_open_set(cfg: AuditConfig) -> tuple[list[dict[str, Any]], dict[str, Any]
                 for preset in cfg.open_set_presets:
                     kw = {"space": s, "epsilon": eps, "eps_index": ei, "preset": preset}
                     jobs.append((_evaluate_job, (ctx, cfg, kw)))
-    results, c = runner.run_jobs(cfg, jobs, "audit: open set, server and device decisions")
+    results, c = execution.run_jobs(cfg, jobs, "audit: open set, server and device decisions")
     cpu += c
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for rows in results:

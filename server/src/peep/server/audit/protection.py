@@ -193,7 +193,7 @@ def evaluate_protection(
     ctx: Any, cfg: AuditConfig, data: Any, *, kind: str, epsilon: float, key: tuple[int, ...]
 ) -> dict[str, Any]:
     """Every property and attack of the section for one split and one ε (module docstring)."""
-    from peep.server.audit.runner import _mechanism, fit_served, noise_state, proba_full
+    from peep.server.audit.execution import _mechanism, fit_served, noise_state, proba_full
 
     t0 = time.process_time()
     basis: Basis = ctx.basis
@@ -329,7 +329,7 @@ def evaluate_protection(
 
 
 def _protection_job(ctx: Any, cfg: AuditConfig, data: Any, epsilon: float, key: tuple[int, ...]) -> tuple[Any, float]:
-    from peep.server.audit.runner import job_env
+    from peep.server.audit.execution import job_env
 
     t = time.process_time()
     with job_env(cfg):

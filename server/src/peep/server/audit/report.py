@@ -16,7 +16,7 @@ from peep.server.audit.bystander_report import bystander_html, plot_bystander
 from peep.server.audit.open_set_report import open_set_html, plot_open_set
 
 if TYPE_CHECKING:
-    from peep.server.audit.pipeline import AuditResult
+    from peep.server.audit.run import AuditResult
 
 PLOTS = {
     "utility_vs_epsilon": "utility_vs_epsilon.png",

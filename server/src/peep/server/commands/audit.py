@@ -344,7 +344,7 @@ _OPEN_SET_OPTIONS = (
 
 def handler(args: argparse.Namespace) -> int:
     from peep.server.audit.config import AuditConfig, AuditConfigError
-    from peep.server.audit.pipeline import run_audit
+    from peep.server.audit.run import run_audit
     from peep.server.datasets import DatasetError
 
     # Only the open-set options given: the config refuses any of them without --open-set, by name.

@@ -34,7 +34,7 @@ class SgapModelError(ValueError):
 
 
 def ssim_per_face(a: NDArray[np.floating[Any]], b: NDArray[np.floating[Any]]) -> NDArray[np.float64]:
-    """SSIM of each pair of faces: the audit's :func:`~peep.server.audit.metrics.ssim_batch` (scikit-image's default).
+    """SSIM of each pair of faces: the audit's :func:`~peep.server.audit.measures.ssim_batch` (scikit-image's default).
 
     Parameters
     ----------
@@ -44,7 +44,7 @@ def ssim_per_face(a: NDArray[np.floating[Any]], b: NDArray[np.floating[Any]]) ->
     -------
     ndarray of shape (n,)
     """
-    from peep.server.audit.metrics import ssim_batch
+    from peep.server.audit.measures import ssim_batch
 
     return ssim_batch(a, b, data_range=1.0)
 

@@ -28,7 +28,7 @@ from numpy.typing import ArrayLike, NDArray
 from peep.core.base import check_is_fitted
 from peep.core.bounding import BundleBounds
 from peep.core.domains import COEFFICIENTS, DomainGraph
-from peep.core.eigenfaces import EigenfaceModel
+from peep.core.eigenface_model import EigenfaceModel
 from peep.core.projections.base import FACES, Projection
 from peep.core.projections.registry import register_projection
 

@@ -4,7 +4,7 @@ The coefficients are the faces' coordinates on the top ``n_components``
 eigenfaces, unbounded; each mechanism then releases them bounded by the
 bundle's public box or radii. The eigenfaces may also come from merged
 partition statistics (Alg. 2, :meth:`EigenfaceProjection.from_model` with
-:meth:`peep.core.eigenfaces.EigenfaceModel.from_statistics`): the merge is exact.
+:meth:`peep.core.eigenface_model.EigenfaceModel.from_statistics`): the merge is exact.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from numpy.typing import ArrayLike, NDArray
 from peep.core.base import check_is_fitted
 from peep.core.bounding import BundleBounds
 from peep.core.domains import COEFFICIENTS, DomainGraph
-from peep.core.eigenfaces import EigenfaceModel
+from peep.core.eigenface_model import EigenfaceModel
 from peep.core.projections.base import FACES, Projection
 from peep.core.projections.registry import register_projection
 

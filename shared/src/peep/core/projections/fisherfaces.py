@@ -3,7 +3,7 @@
 Belhumeur, Hespanha & Kriegman's Fisherfaces, fitted on the bundle's public
 faces and their identity labels only (never on enrolled people):
 
-1. eigenfaces (:class:`~peep.core.eigenfaces.EigenfaceModel`) of the faces,
+1. eigenfaces (:class:`~peep.core.eigenface_model.EigenfaceModel`) of the faces,
    ``n_pca`` of them;
 2. the coefficients whitened by ``1/sqrt(explained variance)``, so the
    faces' total covariance is the identity;
@@ -25,7 +25,7 @@ Distributed fit (PEEP Alg. 2 extended, two passes, both merges exact):
 
 * pass 1: partitions send :class:`~peep.core.statistics.FaceStatistics`;
   the merge gives the eigenfaces
-  (:meth:`~peep.core.eigenfaces.EigenfaceModel.from_statistics`);
+  (:meth:`~peep.core.eigenface_model.EigenfaceModel.from_statistics`);
 * pass 2: with those eigenfaces, partitions send
   :class:`~peep.core.statistics.ClassStatistics` of their faces'
   :meth:`FisherfaceProjection.whitened_coefficients` per identity; the merge
@@ -52,7 +52,7 @@ from peep.core.projections.registry import register_projection
 from peep.core.statistics import ClassStatistics
 
 if TYPE_CHECKING:
-    from peep.core.eigenfaces import EigenfaceModel
+    from peep.core.eigenface_model import EigenfaceModel
 
 __all__ = ["FisherfaceProjection"]
 
@@ -186,7 +186,7 @@ class FisherfaceProjection(Projection):
     # ----------------------------------------------------------------- fitting
 
     def _fit(self, X: NDArray[np.float64], y: NDArray[Any] | None) -> None:
-        from peep.core.eigenfaces import EigenfaceModel
+        from peep.core.eigenface_model import EigenfaceModel
 
         k = check_int(self.n_components, "n_components", low=1)
         n_pca = check_int(self.n_pca, "n_pca", low=1)

@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 from peep.core.projections import projection_class
-from peep.server.audit import bystander, open_set, protection, runner
+from peep.server.audit import bystander, execution, open_set, protection
 from peep.server.audit.basis import BOUNDS_VARIANTS
 from peep.server.audit.bystander import BystanderContext, combine_bystanders
 from peep.server.audit.config import FRONTIER_MECHANISMS, AuditConfig, AuditConfigError
-from peep.server.audit.runner import (
+from peep.server.audit.execution import (
     AuditData,
     RepeatContext,
     aggregate,
@@ -93,7 +93,7 @@ def _component_limit(data: AuditData, cfg: AuditConfig, projection: str | None =
 
 
 def _mechanism_summary(cfg: AuditConfig, ctx: RepeatContext) -> dict[str, Any]:
-    mech = runner._mechanism(cfg, ctx.basis, cfg.mechanism, cfg.epsilons[0], None)  # draws no noise
+    mech = execution._mechanism(cfg, ctx.basis, cfg.mechanism, cfg.epsilons[0], None)  # draws no noise
     per = f"per {mech.epsilon_scope}"
     return {
         "kind": cfg.mechanism,
@@ -131,7 +131,7 @@ def run_audit(cfg: AuditConfig, *, command: Sequence[str] | None = None) -> Audi
 
     # 1. splits, bases, clean recognisers (and the bystander section's people and bases)
     prep_jobs: list[tuple[Any, tuple[Any, ...]]] = [
-        (runner._prepare_job, (data, cfg, r, cfg.components, "bundle", True)) for r in range(cfg.repeats)
+        (execution._prepare_job, (data, cfg, r, cfg.components, "bundle", True)) for r in range(cfg.repeats)
     ]
     if cfg.bystander:
         prep_jobs += [(bystander._prepare_job, (data, cfg, r)) for r in range(cfg.repeats)]
@@ -145,8 +145,8 @@ def run_audit(cfg: AuditConfig, *, command: Sequence[str] | None = None) -> Audi
     jobs: list[tuple[Any, tuple[Any, ...]]] = []
     for r, ctx in enumerate(contexts):
         for i, eps in enumerate(cfg.epsilons):
-            kw = {"kind": cfg.mechanism, "epsilon": eps, "key": (runner._TAG_EVAL, r, i), "keep_grid": r == 0}
-            jobs.append((runner._evaluate_job, (ctx, cfg, kw)))
+            kw = {"kind": cfg.mechanism, "epsilon": eps, "key": (execution._TAG_EVAL, r, i), "keep_grid": r == 0}
+            jobs.append((execution._evaluate_job, (ctx, cfg, kw)))
     n_eval = len(jobs)
     sweep_index: list[tuple[str, int]] = []
     for r, ctx in enumerate(contexts):
@@ -154,15 +154,15 @@ def run_audit(cfg: AuditConfig, *, command: Sequence[str] | None = None) -> Audi
             for j, v in enumerate(values):
                 jobs.append(
                     (
-                        runner._sweep_job,
-                        (data, ctx, cfg, sweep, v, (runner._TAG_SWEEP, r, 0 if sweep == "components" else 1, j)),
+                        execution._sweep_job,
+                        (data, ctx, cfg, sweep, v, (execution._TAG_SWEEP, r, 0 if sweep == "components" else 1, j)),
                     )
                 )
                 sweep_index.append((sweep, v))
     n_sweep = len(sweep_index)
     for r, bctx in enumerate(bystander_contexts):
         for i, eps in enumerate(cfg.epsilons):
-            jobs.append((bystander._evaluate_job, (bctx, cfg, eps, (runner._TAG_BYSTANDER, r, i))))
+            jobs.append((bystander._evaluate_job, (bctx, cfg, eps, (execution._TAG_BYSTANDER, r, i))))
     n_by = len(bystander_contexts) * len(cfg.epsilons)
     if cfg.site_keys:
         for r, ctx in enumerate(contexts):
@@ -240,7 +240,7 @@ def run_audit(cfg: AuditConfig, *, command: Sequence[str] | None = None) -> Audi
         },
         "sampler": sampler_description(cfg),
         "chance": {"majority": float(np.mean([majority(c.y_test) for c in contexts])), "uniform": 1.0 / data.n_classes},
-        "no_privacy": {"per_repeat": runner.per_repeat_values(baselines)}
+        "no_privacy": {"per_repeat": execution.per_repeat_values(baselines)}
         | {
             k: base_mean[k]
             for k in (
@@ -285,7 +285,7 @@ def run_audit(cfg: AuditConfig, *, command: Sequence[str] | None = None) -> Audi
     audit["timing"] = {
         "wall_seconds": time.perf_counter() - t0,
         "cpu_seconds": cpu + (time.process_time() - c0),
-        "workers": runner.n_workers(cfg),
+        "workers": execution.n_workers(cfg),
     }
     grid = _grid(cfg, data, ctx0, evals[: len(cfg.epsilons)])
     return AuditResult(data=audit, grid=grid)
@@ -396,7 +396,7 @@ def run_frontier(data: AuditData, cfg: AuditConfig, limit: int) -> tuple[dict[st
     projections = cfg.searched_projections
     ncs = {p: sorted({min(n, _component_limit(data, cfg, p)) for n in cfg.frontier_components}) for p in projections}
     jobs = [
-        (runner._frontier_group_job, (data, cfg, nc, v, p))
+        (execution._frontier_group_job, (data, cfg, nc, v, p))
         for p in projections
         for nc in ncs[p]
         for v in BOUNDS_VARIANTS
@@ -412,7 +412,7 @@ def run_frontier(data: AuditData, cfg: AuditConfig, limit: int) -> tuple[dict[st
     paper_nc = min(cfg.components, limit)
     configs = {(c["projection"], c["n_components"], c["bounds"]) for c in chosen} | {("eigenfaces", paper_nc, "bundle")}
     prep_jobs = [
-        (runner._prepare_job, (data, cfg, runner._FRONTIER_EVAL_SPLIT + r, nc, v, True, p))
+        (execution._prepare_job, (data, cfg, execution._FRONTIER_EVAL_SPLIT + r, nc, v, True, p))
         for (p, nc, v) in sorted(configs)
         for r in range(cfg.repeats)
     ]
@@ -420,7 +420,7 @@ def run_frontier(data: AuditData, cfg: AuditConfig, limit: int) -> tuple[dict[st
     cpu += c
     ctxs: dict[tuple[str, int, str, int], RepeatContext] = {}
     for (_, (_, _, split, nc, v, _, p)), (ctx, _) in zip(prep_jobs, prepared, strict=True):
-        ctxs[(p, nc, v, split - runner._FRONTIER_EVAL_SPLIT)] = ctx
+        ctxs[(p, nc, v, split - execution._FRONTIER_EVAL_SPLIT)] = ctx
 
     eval_jobs: list[tuple[Any, tuple[Any, ...]]] = []
     labels: list[tuple[int, str]] = []
@@ -431,8 +431,8 @@ def run_frontier(data: AuditData, cfg: AuditConfig, limit: int) -> tuple[dict[st
         )
         for which, (kind, p, nc, v) in enumerate(candidates):
             for r in range(cfg.repeats):
-                kw = {"kind": kind, "target_vector": target, "key": (runner._TAG_FRONTIER_EVAL, ti, which, r)}
-                eval_jobs.append((runner._evaluate_job, (ctxs[(p, nc, v, r)], cfg, kw)))
+                kw = {"kind": kind, "target_vector": target, "key": (execution._TAG_FRONTIER_EVAL, ti, which, r)}
+                eval_jobs.append((execution._evaluate_job, (ctxs[(p, nc, v, r)], cfg, kw)))
                 labels.append((ti, "best" if which == 0 else "paper_mode"))
     evaluated, c = run_jobs(cfg, eval_jobs, "audit: frontier attacks")
     cpu += c

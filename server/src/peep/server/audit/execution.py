@@ -58,7 +58,7 @@ from peep.server.audit.attacks import (
 )
 from peep.server.audit.basis import Basis, Domain, fit_basis
 from peep.server.audit.config import FRONTIER_MECHANISMS, AuditConfig, AuditConfigError
-from peep.server.audit.metrics import (
+from peep.server.audit.measures import (
     classification_metrics,
     identity_mixture,
     majority_rate,
