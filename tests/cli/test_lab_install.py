@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 from peep.server.cli import COMMANDS
-from peep.server.extras import LAB_DEPENDENCIES, LAB_INSTALL, is_lab_module
-
-HINT = f"needs the lab install: {LAB_INSTALL}"
+from peep.server.extras import DEMO_EXTRA_INSTALL, LAB_DEPENDENCIES, LAB_INSTALL, is_lab_module
 
 
 def _peep(*args: str, block: tuple[str, ...], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -41,8 +39,10 @@ def test_help_lists_every_command_and_the_lab_ones_as_needing_the_lab_install(tm
     for command in COMMANDS:
         if " " not in command:
             assert command in lines, f"`peep --help` lost {command}:\n{r.stdout}"
-    for command in ("audit", "anonymize", "bench", "demo", "sgap"):
+    for command in ("audit", "anonymize", "bench", "sgap"):
         assert f"needs the lab install ({LAB_INSTALL})" in lines[command]
+    # The demo runs the edge agent too: its extra brings the lab and peep-edge.
+    assert f"needs the lab install ({DEMO_EXTRA_INSTALL})" in lines["demo"]
     for command in ("serve", "train", "erase", "retention", "events", "keys", "bundle", "console", "qbbs"):
         assert "lab" not in lines[command]
 
@@ -62,7 +62,8 @@ def test_a_lab_command_says_which_install_it_needs(tmp_path, args):
     r = _serving(*args, cwd=tmp_path)
     command = " ".join(args[:2]) if args[0] == "qbbs" else args[0]
     assert r.returncode == 2, r.stderr
-    assert f"peep {command}: {HINT}" in r.stderr
+    install = DEMO_EXTRA_INSTALL if command == "demo" else LAB_INSTALL
+    assert f"peep {command}: needs the lab install: {install}" in r.stderr
     assert "matplotlib" in r.stderr  # which of the lab's dependencies are missing
     assert not (tmp_path / "out").exists()
 

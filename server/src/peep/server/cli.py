@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from peep.server.errors import UsageError
-from peep.server.extras import LAB_INSTALL, is_lab_module, missing_lab_dependencies
+from peep.server.extras import is_lab_module, lab_install, missing_lab_dependencies
 
 #: Sub-commands in help order; each is the module ``peep.server.commands.<words joined by _>``. A command
 #: of two words is an action of the first word's command, whose ``register`` returns its sub-parsers.
@@ -63,7 +63,7 @@ def command_module(command: str) -> str:
 
 def _needs_lab(command: str, missing: Sequence[str], args: argparse.Namespace) -> int:
     print(
-        f"peep {command}: needs the lab install: {LAB_INSTALL} (not installed: {', '.join(missing)})",
+        f"peep {command}: needs the lab install: {lab_install(command)} (not installed: {', '.join(missing)})",
         file=sys.stderr,
     )
     return 2
@@ -71,7 +71,7 @@ def _needs_lab(command: str, missing: Sequence[str], args: argparse.Namespace) -
 
 def _add_lab_placeholder(sub: Any, command: str, missing: Sequence[str]) -> None:
     """A lab command in a serving install: listed, and taking any arguments only to say what to install."""
-    p = sub.add_parser(command.split()[-1], help=f"needs the lab install ({LAB_INSTALL})", add_help=False)
+    p = sub.add_parser(command.split()[-1], help=f"needs the lab install ({lab_install(command)})", add_help=False)
     p.set_defaults(handler=functools.partial(_needs_lab, command, missing), any_arguments=True)
 
 

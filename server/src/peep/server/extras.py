@@ -69,6 +69,11 @@ def missing_lab_dependencies() -> list[str]:
     return [dist for name, dist in LAB_DEPENDENCIES.items() if importlib.util.find_spec(name) is None]
 
 
+def lab_install(command: str) -> str:
+    """The install that a lab ``command`` needs: the lab's, or for ``demo`` the extra that adds the edge agent too."""
+    return DEMO_EXTRA_INSTALL if command == "demo" else LAB_INSTALL
+
+
 def require_edge(what: str) -> None:
     """Raise :class:`UsageError` (exit 2) naming the extra when peep-edge is not installed.
 
