@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -196,26 +196,6 @@ def _cache_dir(data_home: str | None) -> Path | None:
     except OSError:
         return None
     return p if os.access(p, os.W_OK) else None
-
-
-def normalise_files(
-    files: Sequence[Path],
-    *,
-    geometry: FaceGeometry,
-    detector: FaceDetector | None,
-    fixed_box: bool = False,
-    progress: Callable[[int, int], None] | None = None,
-) -> tuple[NDArray[np.float32], NDArray[np.bool_]]:
-    """Detect (or use the fixed LFW box) and normalise every file, in this process, without the cache.
-
-    Returns
-    -------
-    faces : ndarray of shape (n_ok, height, width)
-    ok : ndarray of shape (len(files),), bool
-        Which files yielded a face.
-    """
-    res = process_files(files, geometry=geometry, detector=None if fixed_box else detector, jobs=1, progress=progress)
-    return res.faces, res.ok
 
 
 def load_dataset(
