@@ -247,7 +247,7 @@ def check(
             problems.append(Problem(key, f"expected a directory the server can create and write in, {why}"))
     if config.qbbs is not None:
         try:
-            import peep.server.qbbs.config  # noqa: F401
+            import peep.server.qbbs.hosting  # noqa: F401
         except ModuleNotFoundError:
             problems.append(Problem("qbbs", "the section is set but the QBBS module is not installed"))
     if problems:

@@ -657,7 +657,7 @@ class Demo:
         adult range now and then (33.7 kg with seed 11 stopped the demo); a
         sensor reports its range's end. Counted in the summary.
         """
-        from peep.server.qbbs.config import DEFAULT_TRAITS
+        from peep.server.config.qbbs import DEFAULT_TRAITS
 
         spec = DEFAULT_TRAITS[trait]
         clipped = min(max(value, spec.lower), spec.upper)

@@ -15,8 +15,8 @@ and ``peep erase`` call to host the module in the recognition server (when
 ``server.toml`` has a ``[qbbs]`` table).
 """
 
+from peep.server.config.qbbs import DEFAULT_TRAITS, QbbsConfig, TraitSpec, load_qbbs_config
 from peep.server.qbbs.calibration import Calibration, ObservationNoise
-from peep.server.qbbs.config import DEFAULT_TRAITS, QbbsConfig, TraitSpec, load_config
 from peep.server.qbbs.errors import (
     FaceScoreUnavailableError,
     OdometerExhaustedError,
@@ -63,6 +63,6 @@ __all__ = [
     "VerifyResult",
     "fused_score",
     "gaussian_log_likelihood",
-    "load_config",
+    "load_qbbs_config",
     "server_plugin",
 ]

@@ -5,7 +5,7 @@ Configuration (``server.toml``)
 QBBS is hosted when ``server.toml`` has a ``[qbbs]`` table and not otherwise:
 soft traits are personal data a deployment opts into, so none are stored, and
 no ``QbbsService`` is offered, unless the deployer asks. The table holds the
-fields of :class:`~peep.server.qbbs.config.QbbsConfig` (validated when the
+fields of :class:`~peep.server.config.qbbs.QbbsConfig` (validated when the
 server config loads); ``store_path`` and ``ledger_path`` are required when the
 server hosts the module (in memory they would be lost on restart, and a lost
 ledger resets every subject's ε), relative to ``server.toml``'s directory::
@@ -20,7 +20,7 @@ ledger resets every subject's ε), relative to ``server.toml``'s directory::
     male_fraction = 1.0
     impostor_model = "same-gender"
 
-``[qbbs.population]`` (:class:`~peep.server.qbbs.config.PopulationPrior`)
+``[qbbs.population]`` (:class:`~peep.server.config.qbbs.PopulationPrior`)
 matters once the traits carry weight: at a site narrower than the general
 adult population (one gender, a tight age band) the default calibration
 under-estimates how alike impostors are, and the real FAR exceeds
@@ -183,12 +183,12 @@ def server_config(services: Services) -> Any:
         The table lacks ``store_path`` or ``ledger_path``.
     """
     from peep.server.config import ConfigError
-    from peep.server.qbbs.config import load_config
+    from peep.server.config.qbbs import load_qbbs_config
 
     section = services.config.qbbs
     if section is None:
         return None
-    cfg = load_config(None, **section)  # already validated (and paths resolved) with server.toml
+    cfg = load_qbbs_config(None, **section)  # already validated (and paths resolved) with server.toml
     if services.config.storage.backend == "postgres":
         return cfg  # soft traits and odometer live in the database
     missing = [

@@ -4,7 +4,7 @@
 recognition server's ``create_server(..., extra_servicers=...)`` can host it
 next to ``RecognitionService``::
 
-    module = QbbsModule(load_config("server.toml"), face_scores=recogniser_scores)
+    module = QbbsModule(load_qbbs_config("server.toml"), face_scores=recogniser_scores)
     add_qbbs_servicer(server, module, admin_token=token)
 
 Authentication: admin RPCs (EnrolSoftTraits, Query, GetOdometer) need the
