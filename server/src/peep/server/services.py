@@ -42,6 +42,7 @@ from peep.server.ingest.auth import DeviceRegistry
 from peep.server.ingest.contacts import DeviceContacts
 from peep.server.ingest.events import EventBus
 from peep.server.ingest.ingestor import Ingestor
+from peep.server.ingest.rates import CallerRate
 from peep.server.ingest.reports import DeviceReportBook
 from peep.server.ingest.validation import TemplateValidator
 from peep.server.metrics import ServerMetrics
@@ -55,7 +56,6 @@ from peep.server.recognition.trainer import Trainer, TrainingBusy, TrainResult
 from peep.server.recognition.watch import ChangeWatcher
 from peep.server.storage import KeptCounts, Store, open_store
 from peep.server.storage.base import ERASURES_CHANNEL, EVENTS_CHANNEL, MODELS_CHANNEL
-from peep.server.transport.limits import CallerRate
 
 log = logging.getLogger(__name__)
 

@@ -51,9 +51,11 @@ from peep.core.wire import ID_PATTERN, check_subject_id
 from peep.server import startup
 from peep.server.bundles.catalog import bundle_files_message, files_from_message
 from peep.server.config import ServerConfig
+from peep.server.errors import quote
 from peep.server.ingest.auth import HEALTH_PREFIXES, REFLECTION_PREFIXES, AuthInterceptor, current_identity
 from peep.server.ingest.events import OLDEST_SEQ_KEY, SeqAhead
 from peep.server.ingest.ingestor import REJECTED, PermissionRefused, Sender
+from peep.server.ingest.rates import CallsTooFrequent
 from peep.server.ingest.reports import ReportTooFrequent
 from peep.server.ingest.validation import Rejection
 from peep.server.recognition.claims import ClaimChecksTooFrequent
@@ -63,7 +65,7 @@ from peep.server.recognition.recogniser import ModelMismatch, ModelUnavailable
 from peep.server.recognition.trainer import TrainingBusy
 from peep.server.services import NoSuchSubject, Services
 from peep.server.storage import template_keys
-from peep.server.transport.limits import CallsTooFrequent, StreamLimiter, quote, server_options
+from peep.server.transport.limits import StreamLimiter, server_options
 from peep.v1 import qbbs_pb2, recognition_pb2, recognition_pb2_grpc, template_pb2
 
 log = logging.getLogger(__name__)
