@@ -443,7 +443,7 @@ class Demo:
         return [f"cam-{i + 1}" for i in range(self.opts.cameras)]
 
     def _start_server(self, bundle: EigenfaceBundle) -> None:
-        from peep.server.app import ServerApp, default_plugins
+        from peep.server.app import ServerApp
         from peep.server.config import parse_config
         from peep.server.pki import make_local_pki
 
@@ -500,7 +500,7 @@ class Demo:
             },
         }  # fmt: skip
         self.server_config = cfg
-        self.app = ServerApp(parse_config(cfg), plugins=default_plugins())
+        self.app = ServerApp(parse_config(cfg))  # hosts QBBS: the configuration has [qbbs]
         self.app.start(mqtt_wait=10.0 if self.use_mqtt else None)
         self.app.services.events.add_sink(self._on_event)
         creds = grpc.ssl_channel_credentials(root_certificates=self.pki.ca_cert.read_bytes())
