@@ -243,7 +243,7 @@ class Demo:
         The server's configuration is written next to its database (:meth:`_write_server_config`), so that
         ``peep console add-user --config`` adds accounts on the demo's data while it runs.
         """
-        from peep.server.commands.console import create_account
+        from peep.server.console.accounts import create_account
         from peep.server.console.store import ConsoleStore
 
         console = self.app.console
@@ -257,7 +257,7 @@ class Demo:
         The ports it asked to be chosen (``127.0.0.1:0``) are written as the ones it bound. It holds what the
         running configuration holds: paths, settings and SHA-256 digests of the tokens, never a token.
         """
-        from peep.server.bench.cluster import to_toml
+        from peep.core.configfile import to_toml
 
         cfg = json.loads(json.dumps(self.server_config))  # a copy: the bound ports replace the 0s
         cfg["grpc"]["listen"] = f"127.0.0.1:{self.app.port}"
