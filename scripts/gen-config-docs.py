@@ -102,7 +102,7 @@ def document(title: str, model: type[BaseModel], intro: str) -> list[str]:
 def main() -> int:
     from peep.edge.config import EdgeConfig
     from peep.server.config import ServerConfig
-    from peep.server.qbbs.config import QbbsConfig
+    from peep.server.config.qbbs import QbbsConfig
 
     lines = [
         "# Configuration reference",

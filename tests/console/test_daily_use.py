@@ -233,7 +233,7 @@ def test_a_refusal_is_an_error_on_a_page_with_navigation(console):
 
 
 def test_the_forced_password_change_shows_no_navigation_and_login_says_changed(console):
-    from peep.server.commands.console import create_account
+    from peep.server.console.accounts import create_account
     from peep.server.console.store import ConsoleStore
 
     otp = create_account(ConsoleStore(console.server.services.store), "daily-newbie", "operator")

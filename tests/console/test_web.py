@@ -250,7 +250,7 @@ def test_forms_are_bounded(console):
 
 
 def test_a_one_time_password_must_be_changed_first(console):
-    from peep.server.commands.console import create_account
+    from peep.server.console.accounts import create_account
     from peep.server.console.store import ConsoleStore
 
     otp = create_account(ConsoleStore(console.server.services.store), "newbie", "operator")
@@ -274,7 +274,7 @@ def test_a_weak_new_password_is_refused_with_the_reason(console):
     """/password: common, keyboard, repetitive and name-based passwords are refused (400) with the strength
     estimator's reason, never echoed; the page says what is required; a long passphrase is accepted."""
     from console_fixtures import csrf_of
-    from peep.server.commands.console import create_account
+    from peep.server.console.accounts import create_account
     from peep.server.console.store import ConsoleStore
 
     otp = create_account(ConsoleStore(console.server.services.store), "chooser", "operator")

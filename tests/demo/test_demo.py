@@ -417,9 +417,9 @@ def test_synthetic_traits_stay_inside_the_declared_ranges(tmp_path: Path):
     # seed 11's log-normal weights reach below the adult range (33.7 kg), which the server refuses to enrol:
     # the demo stopped there. The demo now clips to the range and counts what it clipped.
     import numpy as np
+    from peep.server.config.qbbs import DEFAULT_TRAITS
     from peep.server.demo.runner import Demo, DemoOptions
     from peep.server.qbbs.anthropometry import synthetic_anthropometry
-    from peep.server.qbbs.config import DEFAULT_TRAITS
 
     _, weight = synthetic_anthropometry(np.array([0.0, 1.0] * 5), seed=11)
     assert weight.min() < DEFAULT_TRAITS["weight"].lower

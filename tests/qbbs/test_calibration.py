@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from peep.server.config.qbbs import Anthropometry, PopulationPrior
 from peep.server.qbbs import (
     ObservationNoise,
     ParzenScoreModel,
@@ -27,7 +28,6 @@ from peep.server.qbbs.calibration import (
     sample_population,
     simulate_claims,
 )
-from peep.server.qbbs.config import Anthropometry, PopulationPrior
 
 GENUINE = (-0.5, 0.6)  # face-score distributions (mean, sd): overlapping, so the face alone is not enough
 IMPOSTOR = (-2.5, 1.0)

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 from peep.core.exceptions import PrivacyLeakWarning, UnsafeFeatureError
+from peep.server.config.qbbs import DEFAULT_TRAITS
 from peep.server.qbbs import QbbsConfig, QueryPlan, QueryShapeError, QueryStructureChangedError, SumQuery
-from peep.server.qbbs.config import DEFAULT_TRAITS
 from peep.server.qbbs.queries import sensitivity
 
 

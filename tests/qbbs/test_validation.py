@@ -14,7 +14,7 @@ from peep.server.qbbs import (
     TraitValueError,
     UnknownSubjectError,
     UnknownTraitError,
-    load_config,
+    load_qbbs_config,
 )
 
 BAD_VALUES = [
@@ -120,9 +120,9 @@ def test_config_file_errors_name_the_key(tmp_path):
     p = tmp_path / "qbbs.toml"
     p.write_text("[qbbs]\nepsilon = -1\nstore_path = 'data/qbbs.sqlite'\nbogus = 1\n")
     with pytest.raises(ValueError, match=r"qbbs\.epsilon: .*, received -1\n.*qbbs\.bogus: unknown key"):
-        load_config(p)
+        load_qbbs_config(p)
     p.write_text("[qbbs]\nepsilon = 2.0\nstore_path = 'data/qbbs.sqlite'\n")
-    cfg = load_config(p)
+    cfg = load_qbbs_config(p)
     assert cfg.epsilon == 2.0 and cfg.store_path == tmp_path / "data" / "qbbs.sqlite"
     # weights and threshold unset: both calibrated; the fallback weights (for a fixed threshold) sum to 1
     assert cfg.weights is None and cfg.threshold is None and cfg.calibrated and cfg.target_far == 0.01

@@ -19,8 +19,8 @@ import grpc
 import numpy as np
 import pytest
 from peep.core import wire
+from peep.core.configfile import to_toml as to_toml  # one TOML writer for tests, the bench and the demo
 from peep.core.release import TemplateReleaser
-from peep.server.bench.cluster import to_toml as to_toml  # one server.toml writer for tests and the cluster bench
 from peep.server.pki import LocalCA
 
 ADMIN_TOKEN = "admin-" + uuid.uuid4().hex
@@ -307,8 +307,6 @@ def write_edge_config(path: Path, *, port: int, pki: Pki, bundle_dir: Path, pub_
                       privacy: dict[str, Any], grpc: dict[str, Any] | None = None,
                       **sections: dict[str, Any]) -> Path:  # fmt: skip
     """An edge.toml for a device talking gRPC/TLS to a test server on ``port`` (MQTT off)."""
-    from peep.server.bench.cluster import to_toml
-
     cfg: dict[str, Any] = {
         "device": {"id": device_id, "site": SITE, "state_dir": str(path.parent / f"{path.stem}-state")},
         "bundle": {"path": str(bundle_dir), "public_key": str(pub_path)},

@@ -59,7 +59,11 @@ def test_an_unknown_preset_is_refused_naming_the_choices():
 
 def test_the_server_config_takes_its_default_and_choices_from_the_registry():
     from peep.server.config import TrainingConfig
+    from peep.server.config.data import DEFAULT_PRESET as CONFIG_DEFAULT
+    from peep.server.config.data import PRESET_NAMES
 
+    # The configuration holds the names (it must not import recognition): the same, in the registry's order.
+    assert PRESET_NAMES == tuple(PRESETS) and CONFIG_DEFAULT == DEFAULT_PRESET
     assert TrainingConfig().preset == DEFAULT_PRESET
     assert TrainingConfig(preset="reference").preset == "reference"
     with pytest.raises(ValueError, match="expected one of paper, default, reference"):

@@ -13,10 +13,9 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-from peep.server.app import default_plugins
 from peep.server.cli import main
 from peep.server.config import ConfigError, load_config, parse_config
-from peep.server.qbbs import server_plugin
+from peep.server.qbbs import HostedQbbs
 from peep.server.services import Services
 from peep.v1 import qbbs_pb2, qbbs_pb2_grpc, recognition_pb2
 from peep_server_testlib import (
@@ -60,17 +59,17 @@ def _synthetic_traits(k: int) -> dict[str, float]:
 
 
 class Hosted:
-    """A running TLS server hosting QBBS (plus the plugin's registrar, to look at the module)."""
+    """A running TLS server hosting QBBS (``hosted``: what its composition root built, to look at the module)."""
 
-    def __init__(self, srv: Any, registrar: Any, cfg: dict[str, Any], subjects: list[str]) -> None:
-        self.srv, self.registrar, self.cfg, self.subjects = srv, registrar, cfg, subjects
+    def __init__(self, srv: Any, hosted: HostedQbbs, cfg: dict[str, Any], subjects: list[str]) -> None:
+        self.srv, self.hosted, self.cfg, self.subjects = srv, hosted, cfg, subjects
         self.channel = srv.channel()
         self.qbbs = qbbs_pb2_grpc.QbbsServiceStub(self.channel)
         self.rec = srv.stub()
 
     @property
     def module(self) -> Any:
-        return self.registrar.module
+        return self.hosted.module
 
     def enrol(self, subject: str, traits: dict[str, float], metadata: Any = ADMIN) -> Any:
         req = qbbs_pb2.EnrolSoftTraitsRequest(
@@ -92,16 +91,10 @@ class Hosted:
 
 def _start(tmp_path: Any, pki: Any, keypair: Any, bundle_dir: Any, templates: Any, *, train: bool) -> Hosted:
     cfg = base_config(tmp_path, keypair[3], bundle_dir, grpc={"tls": tls_section(pki)}, qbbs=_qbbs_section(tmp_path))
-    made: list[Any] = []
-
-    def plugin(services: Any) -> Any:
-        made.append(server_plugin(services))
-        return made[-1]
-
-    srv = start_server(cfg, pki, tmp_path, plugins=[plugin])
-    assert made and made[0] is not None
+    srv = start_server(cfg, pki, tmp_path)  # the server hosts what its configuration declares: [qbbs]
+    assert isinstance(srv.services.qbbs, HostedQbbs)
     subjects = sorted({str(s) for s in templates.subjects})
-    h = Hosted(srv, made[0], cfg, subjects)
+    h = Hosted(srv, srv.services.qbbs, cfg, subjects)
     if train:
         summary = h.rec.IngestStream(iter(templates.enrolment_messages()), metadata=ADMIN, timeout=60)
         assert summary.rejected == 0
@@ -314,26 +307,33 @@ def test_qbbs_request_strings_are_bounded_where_they_enter(tmp_path, pki, keypai
 
 def _services(tmp_path: Any, keypair: Any, **sections: Any) -> Services:
     cfg = base_config(tmp_path, keypair[3], None, auth={"allow_insecure": True}, **sections)
-    return Services(parse_config(cfg))
+    return Services(parse_config(cfg), host_qbbs=True)  # as `peep serve` and `peep erase` build them
 
 
 def test_without_a_qbbs_table_nothing_is_hosted(tmp_path, keypair):
-    assert server_plugin in default_plugins()  # what `peep serve` and `peep erase` run
     s = _services(tmp_path, keypair)
     try:
-        assert server_plugin(s) is None and s.n_erasure_hooks == 0
+        assert s.qbbs is None and s.n_erasure_hooks == 0
+    finally:
+        s.close()
+    assert not list(tmp_path.glob("qbbs*"))
+
+
+def test_only_a_process_that_asks_hosts_qbbs(tmp_path, keypair):
+    """A one-shot command that neither serves nor erases (``peep train``) does not open the soft-trait store."""
+    cfg = base_config(tmp_path, keypair[3], None, auth={"allow_insecure": True}, qbbs=_qbbs_section(tmp_path))
+    s = Services(parse_config(cfg))
+    try:
+        assert s.qbbs is None and s.n_erasure_hooks == 0
     finally:
         s.close()
     assert not list(tmp_path.glob("qbbs*"))
 
 
 def test_the_hosted_module_needs_its_files(tmp_path, keypair):
-    s = _services(tmp_path, keypair, qbbs={"store_path": str(tmp_path / "q.sqlite")})
-    try:
-        with pytest.raises(ConfigError, match="qbbs.ledger_path: expected a file path"):
-            server_plugin(s)
-    finally:
-        s.close()
+    with pytest.raises(ConfigError, match="qbbs.ledger_path: expected a file path"):
+        _services(tmp_path, keypair, qbbs={"store_path": str(tmp_path / "q.sqlite")})
+    assert not (tmp_path / "peep.db").exists()  # checked before anything was opened
 
 
 def test_the_qbbs_table_is_validated_and_its_paths_resolved_with_server_toml(tmp_path, keypair):
@@ -350,13 +350,12 @@ def test_the_qbbs_table_is_validated_and_its_paths_resolved_with_server_toml(tmp
     conf.write_text(to_toml(cfg))
     loaded = load_config(conf)
     assert loaded.qbbs["store_path"] == str(conf.parent / "state" / "qbbs.sqlite")
-    s = Services(loaded)
+    s = Services(loaded, host_qbbs=True)
     try:
-        registrar = server_plugin(s)
-        assert registrar is not None and s.n_erasure_hooks == 1
-        population = registrar.module.config.population
+        assert s.qbbs is not None and s.n_erasure_hooks == 1
+        population = s.qbbs.module.config.population
         assert (population.male_fraction, population.impostor_model) == (1.0, "same-gender")
-        registrar.module.enrol("alice", {"age": 40.0})
+        s.qbbs.module.enrol("alice", {"age": 40.0})
     finally:
         s.close()
     assert (conf.parent / "state" / "qbbs.sqlite").is_file() and (conf.parent / "state" / "spend.jsonl").is_file()

@@ -483,7 +483,7 @@ def test_migration_from_schema_1_keeps_every_row_and_keys_by_device(kind, tmp_pa
     target, rows = _schema_v1(kind, tmp_path, lambda: request.getfixturevalue("pg_dsn"))
     store = SqliteStore(target) if kind == "sqlite" else PostgresStore(target, pool_size=2)
     try:
-        assert store.schema_version() == latest(kind) == 15
+        assert store.schema_version() == latest(kind) == 16
         assert store.count_templates() == 6
         assert [store.get_template(r.message_id, device_id="cam-1") for r in rows] == rows
         # every stored template is in the ledger (a redelivery of one stays a duplicate once templates are
@@ -522,9 +522,82 @@ def test_migration_from_schema_1_keeps_every_row_and_keys_by_device(kind, tmp_pa
         store.close()
     reopened = SqliteStore(target) if kind == "sqlite" else PostgresStore(target, pool_size=1)
     try:
-        assert reopened.schema_version() == 15 and reopened.count_templates() == 7
+        assert reopened.schema_version() == 16 and reopened.count_templates() == 7
     finally:
         reopened.close()
+
+
+# What the QBBS package created itself on the server's PostgreSQL (and any database), before migration 16 did.
+_QBBS_TABLES_BEFORE = {
+    "sqlite": [
+        "CREATE TABLE IF NOT EXISTS qbbs_soft_traits (subject TEXT NOT NULL, trait TEXT NOT NULL, value REAL NOT NULL, "
+        "enrolled_at REAL NOT NULL, PRIMARY KEY (subject, trait)) WITHOUT ROWID",
+        "CREATE INDEX IF NOT EXISTS qbbs_soft_traits_trait ON qbbs_soft_traits (trait, subject)",
+        "CREATE TABLE IF NOT EXISTS qbbs_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    ],
+    "postgres": [
+        "CREATE TABLE IF NOT EXISTS qbbs_soft_traits (subject TEXT NOT NULL, trait TEXT NOT NULL, "
+        "value DOUBLE PRECISION NOT NULL, enrolled_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (subject, trait))",
+        "CREATE INDEX IF NOT EXISTS qbbs_soft_traits_trait ON qbbs_soft_traits (trait, subject)",
+        "CREATE TABLE IF NOT EXISTS qbbs_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    ],
+}
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+@pytest.mark.parametrize("qbbs_made_its_tables", [True, False], ids=["qbbs-tables", "no-qbbs-tables"])
+def test_migration_16_creates_the_soft_trait_tables_and_keeps_those_qbbs_made(kind, qbbs_made_its_tables, tmp_path,
+                                                                             request):  # fmt: skip
+    """A database at schema 15 (where a hosting server's QBBS may have made its own tables, with soft traits in
+    them) is migrated to 16 with every row kept; a database already at 16 opens as it is."""
+    from peep.server.storage.dialect import POSTGRES, SQLITE
+    from peep.server.storage.migrations import MIGRATIONS, migrate
+
+    dialect = SQLITE if kind == "sqlite" else POSTGRES
+    if kind == "sqlite":
+        target: Any = tmp_path / "at15.db"
+        conn: Any = sqlite3.connect(target, isolation_level=None)
+    else:
+        target = request.getfixturevalue("pg_dsn")
+        conn = psycopg.connect(target, autocommit=True)
+    p = dialect.param
+    try:
+        migrate(conn, MIGRATIONS[kind][:15], dialect, source="test")
+        if qbbs_made_its_tables:
+            for stmt in _QBBS_TABLES_BEFORE[kind]:
+                conn.execute(stmt)
+            conn.execute(f"INSERT INTO qbbs_soft_traits VALUES ({p}, {p}, {p}, {p})", ("alice", "age", 41.0, 5.0))
+            conn.execute(f"INSERT INTO qbbs_meta VALUES ({p}, {p})", ("structure", "f00d"))
+    finally:
+        conn.close()
+    for _ in range(2):  # migrated, then opened at 16
+        store = SqliteStore(target) if kind == "sqlite" else PostgresStore(target, pool_size=1)
+        try:
+            assert store.schema_version() == latest(kind) == 16
+            with direct(store) as conn:
+                traits = [tuple(r) for r in conn.execute("SELECT subject, trait, value FROM qbbs_soft_traits")]
+                meta = [tuple(r) for r in conn.execute("SELECT key, value FROM qbbs_meta")]
+                conn.execute(f"INSERT INTO qbbs_soft_traits VALUES ({p}, {p}, {p}, {p})", ("bob", "age", 1.0, 1.0))
+                conn.execute(f"DELETE FROM qbbs_soft_traits WHERE subject = {p}", ("bob",))
+        finally:
+            store.close()
+        assert traits == ([("alice", "age", 41.0)] if qbbs_made_its_tables else [])
+        assert meta == ([("structure", "f00d")] if qbbs_made_its_tables else [])
+
+
+def test_qbbs_on_a_database_the_server_has_not_migrated_is_refused_naming_the_migration(pg_dsn):
+    """QBBS no longer makes its tables on PostgreSQL: the server's migrations do, when it opens its database."""
+    from peep.server.qbbs import QbbsConfig, QbbsModule
+
+    with pytest.raises(StoreError, match=r"storage.dsn: expected the tables of storage migration 16"):
+        QbbsModule(QbbsConfig(), connect=lambda: psycopg.connect(pg_dsn, autocommit=True))
+    PostgresStore(pg_dsn, pool_size=1).close()  # migrated
+    module = QbbsModule(QbbsConfig(), connect=lambda: psycopg.connect(pg_dsn, autocommit=True))
+    try:
+        module.enrol("carol", {"age": 30.0})
+        assert module.enrolled_traits("carol") == ["age"]
+    finally:
+        module.close()
 
 
 def test_templates_keep_their_site_key_id_and_enrolment_sets_select_by_it(store):

@@ -12,10 +12,27 @@ which returns after SIGTERM/SIGINT once everything has drained:
 
 systemd's ``TimeoutStopSec`` must exceed ``grpc.grace_s`` plus the MQTT drain.
 
-Plugins: a callable ``plugin(services) -> register | None`` where
-``register(grpc_server)`` adds a servicer. :func:`default_plugins` is the QBBS
-service (``peep.server.qbbs.server_plugin``), which hosts the soft-biometric
-query module when ``server.toml`` has a ``[qbbs]`` table.
+What is composed where
+----------------------
+The parts (store, recognition, ingest, device models, the hosted QBBS module
+when ``[qbbs]`` is set, ...) are built and wired by the composition root,
+:class:`~peep.server.services.Services`; a ServerApp given none builds one that
+hosts what the configuration declares (``host_qbbs=True``). What *runs* over
+them belongs to the process, so it is here, started by :meth:`ServerApp.start`
+in this order and stopped by :meth:`ServerApp.stop`:
+
+* the replica registration and its heartbeat thread (``cluster.replica_id``);
+* the gRPC server (:func:`~peep.server.transport.grpc_service.create_server`:
+  RecognitionService, health, reflection, and ``QbbsService`` when
+  ``services.qbbs`` is hosted), then the MQTT bridge and the metrics endpoint;
+* the operator console (``[console]``), given the hosted QBBS module for its
+  odometer and this process's view of device statuses and reports;
+* the loops: retention (from the start: an upgrade forgets at once what the
+  settings no longer allow), track fusion's sweep, and device models' issue
+  schedule.
+
+A one-shot command (``peep train``, ``peep erase``) builds Services and none of
+this. ``extra_servicers`` add more gRPC services behind the same interceptors.
 """
 
 from __future__ import annotations
@@ -44,17 +61,8 @@ SWEEP_INTERVAL_S = 1.0
 DEVICE_MODEL_CHECK_S = 30.0
 
 Registrar = Callable[[grpc.Server], None]
-Plugin = Callable[[Services], Registrar | None]
 #: A device's status for the console: ``(status, since, via)``, see :meth:`ServerApp._device_status`.
 DeviceStatus = tuple[str, float, str]
-
-
-def default_plugins() -> list[Plugin]:
-    """The plugins ``peep serve`` and ``peep erase`` run: the QBBS service (a no-op without ``[qbbs]``)."""
-    # QBBS ships in this wheel: a failing import is a broken install, reported as such, not a missing service.
-    from peep.server.qbbs import server_plugin
-
-    return [server_plugin]
 
 
 class ReplicaIdTaken(RuntimeError):
@@ -81,8 +89,7 @@ class ServerApp:
     config : ServerConfig
     secrets : ResolvedSecrets, optional
     services : Services, optional
-        Built from ``config`` when omitted.
-    plugins : sequence of Plugin
+        Built from ``config`` when omitted, hosting what it declares (``[qbbs]``).
     extra_servicers : sequence of callables adding servicers to the gRPC server
     enable_mqtt : bool, optional
         Overrides ``mqtt.enabled``.
@@ -94,13 +101,11 @@ class ServerApp:
         *,
         secrets: ResolvedSecrets | None = None,
         services: Services | None = None,
-        plugins: Sequence[Plugin] = (),
         extra_servicers: Sequence[Registrar] = (),
         enable_mqtt: bool | None = None,
     ) -> None:
         self.config = config
-        self.services = services or Services(config, secrets=secrets)
-        self._plugins = list(plugins)
+        self.services = services or Services(config, secrets=secrets, host_qbbs=True)
         self._extra = list(extra_servicers)
         self._mqtt_enabled = config.mqtt.enabled if enable_mqtt is None else enable_mqtt
         self._stopping = threading.Event()
@@ -115,7 +120,6 @@ class ServerApp:
         self._device_models: threading.Thread | None = None
         #: The operator console (``[console]``), when configured: ``.url``, ``.port``.
         self.console: Any = None
-        self.registrars: list[Registrar] = []
         #: (replica id, token) while this process holds its cluster.replica_id.
         self._registration: tuple[str, str] | None = None
 
@@ -127,14 +131,8 @@ class ServerApp:
         s = self.services
         self._register_replica()
         bundle_id = s.publish_configured_bundle()
-        registrars = list(self._extra)
-        for plugin in self._plugins:
-            reg = plugin(s)
-            if reg is not None:
-                registrars.append(reg)
-        self.registrars = registrars
         self.server, self.port = create_server(
-            self.config, s, extra_servicers=registrars, stopping=self._stopping.is_set
+            self.config, s, extra_servicers=self._extra, stopping=self._stopping.is_set
         )
         self.server.start()
         if self._mqtt_enabled:
@@ -151,9 +149,11 @@ class ServerApp:
         if self.config.console is not None:
             from peep.server.console import start_console
 
-            qbbs = next((getattr(r, "module", None) for r in registrars if hasattr(r, "module")), None)
             self.console = start_console(
-                s, qbbs=qbbs, device_status=self._device_status(), device_reports=self._device_reports
+                s,
+                qbbs=s.qbbs.module if s.qbbs is not None else None,
+                device_status=self._device_status(),
+                device_reports=self._device_reports,
             )
         # What is kept has a stated end: the retention loop enforces it from the start (a first pass now, so an
         # upgrade forgets what the setting no longer allows), and fusion's memory is swept within its window.

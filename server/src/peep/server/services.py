@@ -1,15 +1,31 @@
-"""The server's parts wired together from one :class:`~peep.server.config.ServerConfig`.
+"""The server's parts wired together from one :class:`~peep.server.config.ServerConfig`: the composition root.
 
-:class:`Services` is what the gRPC servicer, the MQTT consumer, the CLI
-commands (``peep train``, ``peep erase``, ``peep retention``) and the QBBS
-module share. Operations that span parts live here: erasure of a subject
+:class:`Services` builds every part the serving process and the one-shot
+commands share, and passes each the parts it needs: the store, the bundle
+catalogue, validation, the model registry and recogniser, device models,
+ingest, events, claim checks, training, and (``host_qbbs``) the hosted QBBS
+module. Nothing finds a part by looking for it: a part is constructed here or
+passed in. Operations that span parts live here too: erasure of a subject
 (templates, then soft-trait hooks, then retraining) and retention.
 
-Hooks for the QBBS module
--------------------------
-``services.recogniser.verify_score(values, claimed_subject)`` and
-``services.recogniser.validation_scores()``
-    face scores for fusion.
+What *runs* over these parts in ``peep serve`` (the gRPC and MQTT transports,
+metrics, the console and the periodic loops: retention, fusion sweep, device
+models, the replica heartbeat) is :class:`peep.server.app.ServerApp`'s: a
+one-shot command builds Services without starting any of it.
+
+QBBS
+----
+``Services(config, host_qbbs=True)`` with a ``[qbbs]`` table builds
+:class:`~peep.server.qbbs.hosting.HostedQbbs` (``services.qbbs``) on the
+serving recogniser, the ingestor and (PostgreSQL) the database, and wires it
+as below; ``peep serve`` and ``peep erase`` ask for it, a command that neither
+serves nor erases (``peep train``) does not open its store. The gRPC server
+adds its ``QbbsService`` and the console shows its odometer.
+
+Hooks (what a hosted module is wired with)
+------------------------------------------
+``services.recogniser.add_listener(fn)``
+    ``fn(model)`` after each promotion (QBBS refits its face-score densities).
 ``services.add_erasure_hook(fn, holds=...)``
     ``fn(subject) -> int`` deletes that subject's soft traits and returns how
     many; called by every erasure after the templates are gone.
@@ -18,7 +34,7 @@ Hooks for the QBBS module
 ``services.add_close_hook(fn)``
     ``fn()`` releases a hosted module's resources (its store, its ledger) when
     the services close, before the database does.
-``services.validator.validate(template)`` and ``services.ingestor.authorise(template, Sender(identity=...))``
+``services.ingestor.check(template, Sender(identity=...))``
     the same template checks ingest applies.
 ``peep.server.ingest.auth.current_identity()``
     the caller of the RPC being handled.
@@ -33,7 +49,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from peep.server import startup
 from peep.server.bundles.catalog import BundleCatalog
@@ -42,6 +58,7 @@ from peep.server.ingest.auth import DeviceRegistry
 from peep.server.ingest.contacts import DeviceContacts
 from peep.server.ingest.events import EventBus
 from peep.server.ingest.ingestor import Ingestor
+from peep.server.ingest.rates import CallerRate
 from peep.server.ingest.reports import DeviceReportBook
 from peep.server.ingest.validation import TemplateValidator
 from peep.server.metrics import ServerMetrics
@@ -55,7 +72,9 @@ from peep.server.recognition.trainer import Trainer, TrainingBusy, TrainResult
 from peep.server.recognition.watch import ChangeWatcher
 from peep.server.storage import KeptCounts, Store, open_store
 from peep.server.storage.sql import ERASURES_CHANNEL, EVENTS_CHANNEL, MODELS_CHANNEL
-from peep.server.transport.limits import CallerRate
+
+if TYPE_CHECKING:
+    from peep.server.qbbs.hosting import HostedQbbs
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +171,14 @@ class Services:
     store : Store, optional
         Opened from ``config.storage`` when omitted.
     metrics : ServerMetrics, optional
+    host_qbbs : bool, default False
+        Host the QBBS module ``[qbbs]`` configures (``services.qbbs``; ``None`` without the table): what a
+        process that serves or erases does. Its configuration is checked before anything is opened.
+
+    Raises
+    ------
+    peep.server.config.ConfigError
+        With ``host_qbbs``: ``[qbbs]`` lacks the files it needs (:func:`~peep.server.qbbs.hosting.hosted_config`).
     """
 
     def __init__(
@@ -161,7 +188,14 @@ class Services:
         secrets: ResolvedSecrets | None = None,
         store: Store | None = None,
         metrics: ServerMetrics | None = None,
+        host_qbbs: bool = False,
     ) -> None:
+        qbbs_config = None
+        if host_qbbs:
+            # Imported only when asked for: a process that does not host QBBS never loads it.
+            from peep.server.qbbs.hosting import hosted_config
+
+            qbbs_config = hosted_config(config)
         self.config = config
         self.secrets = secrets if secrets is not None else resolve_secrets(config)
         self.metrics = metrics or ServerMetrics()
@@ -276,6 +310,22 @@ class Services:
                 interval=config.cluster.check_interval_s,
                 name="peep-models",
             ).start()
+        #: QBBS hosted in this process (``host_qbbs`` and a ``[qbbs]`` table), else ``None``.
+        self.qbbs: HostedQbbs | None = None
+        if qbbs_config is not None:
+            self.qbbs = self._host_qbbs(qbbs_config)
+
+    def _host_qbbs(self, qbbs_config: Any) -> HostedQbbs:
+        """Build QBBS on the parts it needs and wire it like the other parts (see the module docstring)."""
+        from peep.server.qbbs.hosting import HostedQbbs
+
+        # On PostgreSQL the soft traits and the odometer are in the server's database, shared by replicas.
+        connect = self.store.connect if self.clustered else None  # type: ignore[attr-defined]
+        hosted = HostedQbbs.build(qbbs_config, recogniser=self.recogniser, ingestor=self.ingestor, connect=connect)
+        self.add_close_hook(hosted.close)
+        self.add_erasure_hook(hosted.erase, holds=hosted.holds)
+        self.recogniser.add_listener(hosted.refit)
+        return hosted
 
     def _model_notified(self, _payload: str) -> None:
         self.recogniser.reload()
@@ -358,7 +408,7 @@ class Services:
     # ------------------------------------------------------------ erasure
 
     def add_erasure_hook(self, fn: ErasureHook, *, holds: HoldsHook | None = None) -> None:
-        """Register ``fn(subject) -> n_deleted`` (the QBBS module's soft traits).
+        """Register ``fn(subject) -> n_deleted`` (a hosted module's: QBBS's soft traits).
 
         Parameters
         ----------

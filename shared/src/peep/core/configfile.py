@@ -5,7 +5,7 @@ core does not import pydantic). Around that model both do the same
 things, here:
 
 - :func:`read_toml` reads the file; :class:`ConfigFileError` names the file
-  and says what was expected.
+  and says what was expected. :func:`to_toml` writes one (tools and tests).
 - :func:`resolve_path` resolves a relative path against the config file's
   directory, which the loaders pass to pydantic as validation context under
   :data:`BASE_DIR` (:func:`context_base_dir` reads it back).
@@ -38,6 +38,7 @@ grpc.lisen: unknown key (check the spelling), received 'x'
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -54,6 +55,7 @@ __all__ = [
     "problems_from_errors",
     "read_toml",
     "resolve_path",
+    "to_toml",
 ]
 
 #: Key of the validation context that holds the config file's directory.
@@ -107,6 +109,48 @@ def read_toml(path: str | os.PathLike[str]) -> tuple[dict[str, Any], Path]:
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigFileError(p, f"expected valid TOML, parsing failed ({exc})") from None
     return data, p.resolve().parent
+
+
+def to_toml(cfg: Mapping[str, Any]) -> str:
+    """A configuration file's TOML text from a dict of sections (scalars, lists, sub-tables, arrays of tables).
+
+    The reverse of :func:`read_toml`, for the tools that write a configuration (the bench, the demo, tests);
+    ``None`` values are left out, as TOML has no null.
+
+    >>> print(to_toml({"device": {"id": "cam-1", "port": 1883, "tls": True, "skip": None}}), end="")
+    [device]
+    id = "cam-1"
+    port = 1883
+    tls = true
+    """
+
+    def scalar(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, int | float):
+            return repr(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(scalar(x) for x in v) + "]"
+        return json.dumps(str(v))
+
+    lines: list[str] = []
+
+    def table(name: str, data: Mapping[str, Any]) -> None:
+        lines.append(f"[{name}]")
+        for k, v in data.items():
+            if v is not None and not isinstance(v, dict) and not (isinstance(v, list) and v and isinstance(v[0], dict)):
+                lines.append(f"{k} = {scalar(v)}")
+        for k, v in data.items():
+            if isinstance(v, dict):
+                table(f"{name}.{k}", v)
+            elif isinstance(v, list) and v and isinstance(v[0], dict):
+                for item in v:
+                    lines.append(f"[[{name}.{k}]]")
+                    lines.extend(f"{ik} = {scalar(iv)}" for ik, iv in item.items() if iv is not None)
+
+    for section, data in cfg.items():
+        table(section, data)
+    return "\n".join(lines) + "\n"
 
 
 def resolve_path(value: str | os.PathLike[str], base_dir: str | os.PathLike[str] | None) -> Path:

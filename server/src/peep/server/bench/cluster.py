@@ -71,6 +71,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from peep.core.configfile import to_toml
 
 log = logging.getLogger(__name__)
 PEEP = shutil.which("peep", path=str(Path(sys.executable).parent)) or "peep"
@@ -89,38 +90,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def to_toml(cfg: dict[str, Any]) -> str:
-    """A server.toml from a dict of sections (scalars, lists, sub-tables, arrays of tables)."""
-
-    def scalar(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, int | float):
-            return repr(v)
-        if isinstance(v, list):
-            return "[" + ", ".join(scalar(x) for x in v) + "]"
-        return json.dumps(str(v))
-
-    lines: list[str] = []
-
-    def table(name: str, data: dict[str, Any]) -> None:
-        lines.append(f"[{name}]")
-        for k, v in data.items():
-            if v is not None and not isinstance(v, dict) and not (isinstance(v, list) and v and isinstance(v[0], dict)):
-                lines.append(f"{k} = {scalar(v)}")
-        for k, v in data.items():
-            if isinstance(v, dict):
-                table(f"{name}.{k}", v)
-            elif isinstance(v, list) and v and isinstance(v[0], dict):
-                for item in v:
-                    lines.append(f"[[{name}.{k}]]")
-                    lines.extend(f"{ik} = {scalar(iv)}" for ik, iv in item.items() if iv is not None)
-
-    for section, data in cfg.items():
-        table(section, data)
-    return "\n".join(lines) + "\n"
 
 
 def write_frames(path: Path, payloads: Sequence[bytes]) -> None:

@@ -21,15 +21,15 @@ def load(args: argparse.Namespace) -> ServerConfig:
         raise UsageError(str(exc)) from None
 
 
-def services(config: ServerConfig):  # type: ignore[no-untyped-def]
-    """Services for a one-shot command (secrets resolved; errors are exit 2)."""
+def services(config: ServerConfig, *, host_qbbs: bool = False):  # type: ignore[no-untyped-def]
+    """Services for a one-shot command (secrets resolved; errors are exit 2); ``host_qbbs``: see Services."""
     from peep.server.config import resolve_secrets
     from peep.server.services import Services
 
     try:
         secrets = resolve_secrets(config)
-        return Services(config, secrets=secrets)
-    except ConfigError as exc:  # a secret, or the pinned key (peep.server.startup.pinned_key)
+        return Services(config, secrets=secrets, host_qbbs=host_qbbs)
+    except ConfigError as exc:  # a secret, the pinned key (peep.server.startup.pinned_key), [qbbs]'s files
         raise UsageError(str(exc)) from None
 
 

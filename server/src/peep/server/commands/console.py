@@ -46,25 +46,14 @@ def _store(args: argparse.Namespace) -> Any:
     return ConsoleStore(open_store(config.storage, password=pw))
 
 
-def create_account(store: Any, name: str, role: str) -> str:
-    """Create ``name`` with ``role`` in ``store`` (a ConsoleStore); returns its one-time password."""
-    from peep.server.console import accounts
-
-    try:
-        accounts.check_name(name, "--name")
-        accounts.check_role(role)
-        password = accounts.one_time_password()
-        store.add_account(name, role, accounts.hash_password(password), must_change=True)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    store.audit("cli", "add-user", name, f"role {role}", "local")
-    return password
-
-
 def add_user(args: argparse.Namespace) -> int:
+    from peep.server.console.accounts import create_account
+
     store = _store(args)
     try:
-        password = create_account(store, args.name, args.role)
+        password = create_account(store, args.name, args.role, field="--name")
+    except ValueError as exc:  # the name or role, or an existing account
+        raise UsageError(str(exc)) from None
     finally:
         store.store.close()
     say(f"account {args.name!r} ({args.role}) created; one-time password (shown once, change it at first login):")

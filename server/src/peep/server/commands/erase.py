@@ -81,9 +81,9 @@ def erase(args: argparse.Namespace) -> int:
         # The store is opened for the record alone: Services would load models for an id that names nothing.
         _audit_alone(config, args.subject[:128], "refused: invalid subject")
         raise UsageError(str(exc)) from None  # exit code 2
-    s = services(config)
+    s = services(config, host_qbbs=True)  # the soft traits QBBS holds are erased with the rest
     try:
-        hooks = _qbbs_hooks(s)
+        hooks = s.n_erasure_hooks
         r = s.erase_subject(args.subject, retrain=not args.no_retrain)
     except NoSuchSubject as exc:
         _audit(s.store, exc.subject, "refused: no such subject")
@@ -138,12 +138,3 @@ def _unrecorded(exc: Exception) -> None:
     print(
         f"peep erase: could not write the console's audit log ({type(exc).__name__}: {str(exc)[:200]})", file=sys.stderr
     )
-
-
-def _qbbs_hooks(s: Any) -> int:
-    """Let the QBBS module register its erasure hook (``peep.server.qbbs.server_plugin``)."""
-    from peep.server.app import default_plugins
-
-    for plugin in default_plugins():
-        plugin(s)
-    return int(s.n_erasure_hooks)

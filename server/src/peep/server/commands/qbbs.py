@@ -62,11 +62,11 @@ def register(sub: Any) -> Any:
     return q
 
 
-def _config(path: str) -> Any:
-    from peep.server.qbbs.config import load_config
+def _config(path: str | None, **overrides: Any) -> Any:
+    from peep.server.config.qbbs import load_qbbs_config
 
     try:
-        return load_config(path)
+        return load_qbbs_config(path, **{k: v for k, v in overrides.items() if v is not None})
     except ValueError as exc:
         raise UsageError(f"--config: {exc}") from exc
 

@@ -67,10 +67,10 @@ def register(q: Any) -> None:
 
 
 def _config(path: str | None, **overrides: Any) -> Any:
-    from peep.server.qbbs.config import load_config
+    from peep.server.config.qbbs import load_qbbs_config
 
     try:
-        return load_config(path, **{k: v for k, v in overrides.items() if v is not None})
+        return load_qbbs_config(path, **{k: v for k, v in overrides.items() if v is not None})
     except ValueError as exc:
         raise UsageError(f"--config: {exc}") from exc
 

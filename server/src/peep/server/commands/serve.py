@@ -36,7 +36,7 @@ def serve(args: argparse.Namespace) -> int:
     config = load(args)
     from peep.core.logs import setup_logging
     from peep.server import startup
-    from peep.server.app import ServerApp, default_plugins
+    from peep.server.app import ServerApp
     from peep.server.services import Services
 
     try:
@@ -44,8 +44,11 @@ def serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     setup_logging(level=config.logging.level, fmt=config.logging.format)
-    services = Services(config, secrets=secrets)
-    app = ServerApp(config, services=services, plugins=default_plugins(), enable_mqtt=False if args.no_mqtt else None)
+    try:
+        services = Services(config, secrets=secrets, host_qbbs=True)  # what [qbbs] declares is hosted
+    except ConfigError as exc:  # [qbbs] without the files it needs
+        raise UsageError(str(exc)) from None
+    app = ServerApp(config, services=services, enable_mqtt=False if args.no_mqtt else None)
     return app.run()
 
 

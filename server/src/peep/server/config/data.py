@@ -8,13 +8,19 @@ from typing import Any, Literal
 
 from peep.core.projections.descriptor import DLIB_RESNET_MODEL_SHA256
 from peep.server.config.base import MechanismKind, SecretRef, _Model, _parse_secret_ref, _resolve_path
-from peep.server.recognition.presets import DEFAULT_PRESET, PRESETS
 from pydantic import (
     Field,
     ValidationInfo,
     field_validator,
     model_validator,
 )
+
+#: The recogniser presets ``training.preset`` may name. Names only: the presets themselves are
+#: :data:`peep.server.recognition.fitting.PRESETS`, whose keys tests/server/test_presets.py keeps equal to
+#: these, so that the configuration (the lowest layer) validates a name without importing recognition.
+PRESET_NAMES: tuple[str, ...] = ("paper", "default", "reference", "lda", "logreg", "auto")
+#: What a server trains unless ``training.preset`` says otherwise.
+DEFAULT_PRESET = "default"
 
 
 class StorageConfig(_Model):
@@ -157,7 +163,7 @@ class DeviceModelsConfig(_Model):
 class TrainingConfig(_Model):
     preset: str = Field(
         default=DEFAULT_PRESET,
-        description=f"recogniser preset: one of {', '.join(PRESETS)} (peep.server.recognition.presets.PRESETS)",
+        description=f"recogniser preset: one of {', '.join(PRESET_NAMES)} (peep.server.recognition.presets.PRESETS)",
     )
     model_dir: Path = Field(
         default=Path("models"),
@@ -242,8 +248,8 @@ class TrainingConfig(_Model):
     @field_validator("preset")
     @classmethod
     def _preset(cls, v: str) -> str:
-        if v not in PRESETS:
-            raise ValueError(f"expected one of {', '.join(PRESETS)}")
+        if v not in PRESET_NAMES:
+            raise ValueError(f"expected one of {', '.join(PRESET_NAMES)}")
         return v
 
 

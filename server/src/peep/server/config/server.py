@@ -140,7 +140,7 @@ class ServerConfig(_Model):
         default=None, description="the operator console (HTTPS web page); absent = off"
     )
     qbbs: dict[str, Any] | None = Field(
-        default=None, description="the soft-biometric query module's section (validated by peep.server.qbbs.config)"
+        default=None, description="the soft-biometric query module's section (validated by peep.server.config.qbbs)"
     )
 
     @field_validator("qbbs", mode="after")
@@ -154,7 +154,7 @@ class ServerConfig(_Model):
         for key in ("store_path", "ledger_path"):
             if isinstance(data.get(key), str) and data[key]:
                 data[key] = str(_resolve_path(Path(data[key]), info))
-        from peep.server.qbbs.config import load_config as load_qbbs_config
+        from peep.server.config.qbbs import load_qbbs_config
 
         load_qbbs_config(None, **data)
         return data

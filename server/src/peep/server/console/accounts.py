@@ -27,7 +27,7 @@ import re
 import secrets
 import threading
 from collections.abc import Sequence
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 Role = Literal["admin", "operator", "enrol"]
 ROLES: Final[tuple[Role, ...]] = ("admin", "operator", "enrol")
@@ -306,6 +306,38 @@ def verify_password(password: str, stored: str | None) -> bool:
 def one_time_password() -> str:
     """A random password to hand over once (about 120 bits; the account must change it at first login)."""
     return secrets.token_urlsafe(15)
+
+
+def create_account(
+    store: Any, name: str, role: str, *, field: str = "name", actor: str = "cli", address: str = "local"
+) -> str:
+    """Create ``name`` with ``role`` in ``store`` and a one-time password; returns the password (shown once).
+
+    Accounts are created outside the web console only (``peep console add-user``, ``peep demo``): the account
+    must choose its own password at first login, and only the password's hash is kept. The creation is written
+    to the console's audit log as done by ``actor`` from ``address``.
+
+    Parameters
+    ----------
+    store : ConsoleStore
+    name, role : str
+        Checked by :func:`check_name` (errors name ``field``) and :func:`check_role`.
+    field : str
+        How an error names the account name (``--name`` for the command line).
+    actor, address : str
+        Who created it, and from where, as the audit log records them.
+
+    Raises
+    ------
+    ValueError
+        An unusable name or role (:class:`AccountError`), or an account of that name exists.
+    """
+    check_name(name, field)
+    check_role(role)
+    password = one_time_password()
+    store.add_account(name, role, hash_password(password), must_change=True)
+    store.audit(actor, "add-user", name, f"role {role}", address)
+    return password
 
 
 def new_token() -> str:

@@ -245,7 +245,7 @@ class Demo:
         The server's configuration is written next to its database (:meth:`_write_server_config`), so that
         ``peep console add-user --config`` adds accounts on the demo's data while it runs.
         """
-        from peep.server.commands.console import create_account
+        from peep.server.console.accounts import create_account
         from peep.server.console.store import ConsoleStore
 
         console = self.app.console
@@ -259,7 +259,7 @@ class Demo:
         The ports it asked to be chosen (``127.0.0.1:0``) are written as the ones it bound. It holds what the
         running configuration holds: paths, settings and SHA-256 digests of the tokens, never a token.
         """
-        from peep.server.bench.cluster import to_toml
+        from peep.core.configfile import to_toml
 
         cfg = json.loads(json.dumps(self.server_config))  # a copy: the bound ports replace the 0s
         cfg["grpc"]["listen"] = f"127.0.0.1:{self.app.port}"
@@ -445,7 +445,7 @@ class Demo:
         return [f"cam-{i + 1}" for i in range(self.opts.cameras)]
 
     def _start_server(self, bundle: EigenfaceBundle) -> None:
-        from peep.server.app import ServerApp, default_plugins
+        from peep.server.app import ServerApp
         from peep.server.config import parse_config
         from peep.server.pki import make_local_pki
 
@@ -502,7 +502,7 @@ class Demo:
             },
         }  # fmt: skip
         self.server_config = cfg
-        self.app = ServerApp(parse_config(cfg), plugins=default_plugins())
+        self.app = ServerApp(parse_config(cfg))  # hosts QBBS: the configuration has [qbbs]
         self.app.start(mqtt_wait=10.0 if self.use_mqtt else None)
         self.app.services.events.add_sink(self._on_event)
         creds = grpc.ssl_channel_credentials(root_certificates=self.pki.ca_cert.read_bytes())
@@ -659,7 +659,7 @@ class Demo:
         adult range now and then (33.7 kg with seed 11 stopped the demo); a
         sensor reports its range's end. Counted in the summary.
         """
-        from peep.server.qbbs.config import DEFAULT_TRAITS
+        from peep.server.config.qbbs import DEFAULT_TRAITS
 
         spec = DEFAULT_TRAITS[trait]
         clipped = min(max(value, spec.lower), spec.upper)

@@ -10,13 +10,15 @@ for the fusion, :mod:`peep.server.qbbs.service` for the gRPC service and
 :mod:`peep.server.qbbs.calibration` for the fused threshold (calibrated to a
 target false-accept rate without reading the store),
 :mod:`peep.server.qbbs.evaluation` for ``peep qbbs evaluate`` and
-:mod:`peep.server.qbbs.hosting` for :func:`server_plugin`, which ``peep serve``
-and ``peep erase`` call to host the module in the recognition server (when
-``server.toml`` has a ``[qbbs]`` table).
+:mod:`peep.server.qbbs.hosting` for :class:`HostedQbbs`, the module as the
+recognition server hosts it (built by :class:`peep.server.services.Services`
+for ``peep serve`` and ``peep erase`` when ``server.toml`` has a ``[qbbs]``
+table). Its configuration model is :mod:`peep.server.config.qbbs`, with the
+server's other sections.
 """
 
+from peep.server.config.qbbs import DEFAULT_TRAITS, QbbsConfig, TraitSpec, load_qbbs_config
 from peep.server.qbbs.calibration import Calibration, ObservationNoise
-from peep.server.qbbs.config import DEFAULT_TRAITS, QbbsConfig, TraitSpec, load_config
 from peep.server.qbbs.errors import (
     FaceScoreUnavailableError,
     OdometerExhaustedError,
@@ -28,7 +30,7 @@ from peep.server.qbbs.errors import (
     UnknownTraitError,
 )
 from peep.server.qbbs.face import ClassifierFaceScores, FaceScoreProvider, RecogniserFaceScores, StaticFaceScores
-from peep.server.qbbs.hosting import server_plugin
+from peep.server.qbbs.hosting import HostedQbbs
 from peep.server.qbbs.matcher import ParzenScoreModel, fused_score, gaussian_log_likelihood
 from peep.server.qbbs.module import QbbsModule, QueryResult, TraitScore, VerifyResult
 from peep.server.qbbs.odometer import OdometerReading, PrivacyOdometer
@@ -40,6 +42,7 @@ __all__ = [
     "ClassifierFaceScores",
     "FaceScoreProvider",
     "FaceScoreUnavailableError",
+    "HostedQbbs",
     "ObservationNoise",
     "OdometerExhaustedError",
     "OdometerReading",
@@ -63,6 +66,5 @@ __all__ = [
     "VerifyResult",
     "fused_score",
     "gaussian_log_likelihood",
-    "load_config",
-    "server_plugin",
+    "load_qbbs_config",
 ]

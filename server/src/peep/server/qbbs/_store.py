@@ -10,9 +10,13 @@ created with mode 0600 -- the code-level boundary does not stop someone with
 file access, so deployments keep it owned by the service user.
 
 :class:`_PostgresSoftTraitStore` implements the same methods on PostgreSQL for
-replicas sharing one database: the same two tables, created here
-(only this module may name them) under an advisory lock so that replicas
-starting together create them once.
+replicas sharing one database: the same two tables, in the server's database.
+
+Neither creates its tables: the storage migrations do
+(:mod:`peep.server.storage.migrations`, migration 16), applied by the server
+when it opens its database and here to the SQLite file (its own numbering,
+:data:`~peep.server.storage.migrations.SOFT_TRAIT_MIGRATIONS`), so a schema
+change is one new migration. This module reads and writes them.
 """
 
 from __future__ import annotations
@@ -29,22 +33,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 from peep.server.qbbs.errors import QueryStructureChangedError
+from peep.server.storage import StoreError
+from peep.server.storage.dialect import SQLITE
+from peep.server.storage.migrations import SOFT_TRAIT_MIGRATIONS, SOFT_TRAIT_SCHEMA_TABLE, migrate
 
-#: Table names (the architecture test forbids them anywhere else in the tree).
+#: Table names (the architecture test forbids them anywhere else in the tree but the migrations creating them).
 TRAIT_TABLE = "qbbs_soft_traits"
 META_TABLE = "qbbs_meta"
-
-_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS {TRAIT_TABLE} (
-    subject TEXT NOT NULL,
-    trait TEXT NOT NULL,
-    value REAL NOT NULL,
-    enrolled_at REAL NOT NULL,
-    PRIMARY KEY (subject, trait)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS {TRAIT_TABLE}_trait ON {TRAIT_TABLE} (trait, subject);
-CREATE TABLE IF NOT EXISTS {META_TABLE} (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-"""
 
 
 class _SoftTraitStore:
@@ -73,7 +68,15 @@ class _SoftTraitStore:
             if self.path is not None:
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=FULL")
-            self._db.executescript(_SCHEMA)
+            # A file from before the migrations has the tables and no record: the first one records it.
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                source = f"qbbs.store_path {self.path}" if self.path is not None else "the in-memory soft-trait store"
+                migrate(self._db, SOFT_TRAIT_MIGRATIONS, SQLITE, source=source, table=SOFT_TRAIT_SCHEMA_TABLE)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
 
     def close(self) -> None:
         with self._lock:
@@ -150,22 +153,19 @@ class _SoftTraitStore:
             return int(self._db.execute(f"SELECT COUNT(DISTINCT subject) FROM {TRAIT_TABLE}").fetchone()[0])
 
 
-_PG_SCHEMA = [
-    f"CREATE TABLE IF NOT EXISTS {TRAIT_TABLE} (subject TEXT NOT NULL, trait TEXT NOT NULL, "
-    "value DOUBLE PRECISION NOT NULL, enrolled_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (subject, trait))",
-    f"CREATE INDEX IF NOT EXISTS {TRAIT_TABLE}_trait ON {TRAIT_TABLE} (trait, subject)",
-    f"CREATE TABLE IF NOT EXISTS {META_TABLE} (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-]
-_PG_SCHEMA_LOCK = 0x5EE9_0004
-
-
 class _PostgresSoftTraitStore:
     """The soft-trait table on PostgreSQL (same methods as :class:`_SoftTraitStore`); thread-safe.
 
     Parameters
     ----------
     connect : callable returning a psycopg connection (autocommit)
-        The store keeps one and reconnects when it breaks.
+        To the server's database, migrated (it has the tables); the store keeps one and reconnects when it
+        breaks.
+
+    Raises
+    ------
+    StoreError
+        The database lacks the tables: it was not migrated by this version of the server.
     """
 
     def __init__(self, connect: Callable[[], Any]) -> None:
@@ -173,10 +173,18 @@ class _PostgresSoftTraitStore:
         self._connect = connect
         self._lock = threading.Lock()
         self._conn: Any = None
-        with self._tx() as conn:
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_PG_SCHEMA_LOCK,))
-            for stmt in _PG_SCHEMA:
-                conn.execute(stmt)
+        with self._db() as conn:
+            missing = [
+                t
+                for t in (TRAIT_TABLE, META_TABLE)
+                if conn.execute("SELECT to_regclass(%s)", (t,)).fetchone()[0] is None
+            ]
+        if missing:
+            self.close()
+            raise StoreError(
+                f"storage.dsn: expected the tables of storage migration 16 ({', '.join(missing)} missing); "
+                "the server migrates its database when it opens it: open it with this version first"
+            )
 
     @contextmanager
     def _db(self) -> Iterator[Any]:

@@ -20,23 +20,9 @@ estimates (:mod:`peep.server.qbbs.traitdata`) belong to the lab.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from numpy.typing import NDArray
-
-ANTHROPOMETRY: dict[str, Any] = {
-    "source": (
-        "means: NHANES 2011-2014 adults 20+ (Fryar, Gu, Ogden, Flegal 2016, NCHS Vital Health Stat 3(39)); "
-        "standard deviations and height-weight correlation assumed (typical adult spread)"
-    ),
-    "synthetic": True,
-    "female": {"height_mean_cm": 161.9, "height_sd_cm": 6.8, "weight_mean_kg": 76.4, "weight_sd_kg": 20.0},
-    "male": {"height_mean_cm": 175.9, "height_sd_cm": 7.4, "weight_mean_kg": 88.8, "weight_sd_kg": 19.0},
-    "height_weight_correlation": 0.45,
-    "weight_distribution": "log-normal matched to the mean and SD",
-    "observation_error_sd": {"height_cm": 4.0, "weight_kg": 5.0},
-}
+from peep.server.config.qbbs import ANTHROPOMETRY
 
 
 def synthetic_anthropometry(

@@ -18,7 +18,7 @@ What the calibration may use (all public, or the recogniser's own validation dat
   fitted on (genuine and impostor), resampled with replacement and mapped
   through log P(genuine | s), as the face-only threshold uses them;
 * **trait specs**: declared ranges and widths; the width is the measurement
-  error of an observation (see :mod:`peep.server.qbbs.config`): continuous
+  error of an observation (see :mod:`peep.server.config.qbbs`): continuous
   observed = true + N(0, width²); binary observed = the true bit flipped with
   probability 1/(1 + e^(1/(2·width²))) (the classifier whose log-odds equal
   the width's mismatch penalty, 12 % for width 0.5);
@@ -32,7 +32,7 @@ What the calibration may use (all public, or the recogniser's own validation dat
   Gaussian of a stated variance; observed values are clipped to the declared
   range, as the service does;
 * **a public population model** for true values, declared by the deployer
-  (``[qbbs.population]``, :class:`~peep.server.qbbs.config.PopulationPrior`)
+  (``[qbbs.population]``, :class:`~peep.server.config.qbbs.PopulationPrior`)
   from public knowledge of the site and never computed from the store. The
   default (:data:`POPULATION`) is a general adult population: gender
   Bernoulli(0.5); height (cm) and weight (kg) from the NHANES-based adult
@@ -89,8 +89,7 @@ from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from peep.server.qbbs.anthropometry import ANTHROPOMETRY
-from peep.server.qbbs.config import FACE, Anthropometry, PopulationPrior, TraitSpec
+from peep.server.config.qbbs import ANTHROPOMETRY, FACE, Anthropometry, PopulationPrior, TraitSpec
 from peep.server.qbbs.matcher import ParzenScoreModel, gaussian_log_likelihood
 
 __all__ = [

@@ -54,9 +54,9 @@ from numpy.typing import ArrayLike, NDArray
 from peep.core import features
 from peep.core.mechanisms import LaplaceMechanism
 from peep.core.sampling import check_random_state
-from peep.server.qbbs.anthropometry import ANTHROPOMETRY, synthetic_anthropometry
+from peep.server.config.qbbs import ANTHROPOMETRY, FACE, QbbsConfig
+from peep.server.qbbs.anthropometry import synthetic_anthropometry
 from peep.server.qbbs.calibration import simplex_grid
-from peep.server.qbbs.config import FACE, QbbsConfig
 from peep.server.qbbs.face import PROBA_FLOOR
 from peep.server.qbbs.matcher import ParzenScoreModel, gaussian_log_likelihood
 from peep.server.qbbs.module import QbbsModule

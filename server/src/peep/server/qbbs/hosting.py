@@ -1,11 +1,17 @@
-"""QBBS hosted by the recognition server: ``peep serve`` and ``peep erase`` call :func:`server_plugin`.
+"""QBBS hosted by the recognition server: :class:`HostedQbbs`, built by the composition root.
+
+:class:`~peep.server.services.Services` builds it (``Services(config, host_qbbs=True)``, which ``peep serve``,
+``peep erase`` and :class:`~peep.server.app.ServerApp` ask for) from ``[qbbs]`` with the parts it needs,
+passed in: the serving recogniser, the ingestor, the database. Services then wires it like any of its parts:
+its erasure and close hooks, the refit on promotion; the gRPC server adds its servicer
+(:meth:`HostedQbbs.add_to`) and the console reads its odometer. Nothing looks the module up.
 
 Configuration (``server.toml``)
 -------------------------------
 QBBS is hosted when ``server.toml`` has a ``[qbbs]`` table and not otherwise:
 soft traits are personal data a deployment opts into, so none are stored, and
 no ``QbbsService`` is offered, unless the deployer asks. The table holds the
-fields of :class:`~peep.server.qbbs.config.QbbsConfig` (validated when the
+fields of :class:`~peep.server.config.qbbs.QbbsConfig` (validated when the
 server config loads); ``store_path`` and ``ledger_path`` are required when the
 server hosts the module (in memory they would be lost on restart, and a lost
 ledger resets every subject's ε), relative to ``server.toml``'s directory::
@@ -20,7 +26,7 @@ ledger resets every subject's ε), relative to ``server.toml``'s directory::
     male_fraction = 1.0
     impostor_model = "same-gender"
 
-``[qbbs.population]`` (:class:`~peep.server.qbbs.config.PopulationPrior`)
+``[qbbs.population]`` (:class:`~peep.server.config.qbbs.PopulationPrior`)
 matters once the traits carry weight: at a site narrower than the general
 adult population (one gender, a tight age band) the default calibration
 under-estimates how alike impostors are, and the real FAR exceeds
@@ -30,8 +36,8 @@ calibration keeps the face alone) are not queried and cost no ε.
 
 The same table serves ``peep qbbs enrol|query|odometer|erase --config server.toml``.
 
-What the plugin wires
----------------------
+What the hosting wires
+----------------------
 * face scores: the serving model (:class:`peep.server.recognition.recogniser.ServingFaceScores`,
   log P(claimed | template)); the Parzen densities of P(genuine | s) are
   refitted from the new model's validation scores when a model is promoted
@@ -71,6 +77,7 @@ process.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -79,11 +86,13 @@ from peep.server.qbbs.errors import FaceScoreUnavailableError, QbbsError
 
 if TYPE_CHECKING:
     import grpc
+    from peep.server.config import ServerConfig
+    from peep.server.config.qbbs import QbbsConfig
+    from peep.server.ingest.ingestor import Ingestor
     from peep.server.qbbs.module import QbbsModule
-    from peep.server.recognition.recogniser import ServingFaceScores
-    from peep.server.services import Services
+    from peep.server.recognition.recogniser import Recogniser, ServingFaceScores
 
-__all__ = ["HostedFaceScores", "QbbsRegistrar", "server_plugin"]
+__all__ = ["HostedFaceScores", "HostedQbbs", "hosted_config"]
 
 log = logging.getLogger(__name__)
 
@@ -122,20 +131,102 @@ class HostedFaceScores:
             raise FaceScoreUnavailableError(f"fused verification needs the face score: {exc}") from exc
 
 
-class QbbsRegistrar:
-    """What :func:`server_plugin` returns: ``registrar(grpc_server)`` adds ``QbbsService``.
+class HostedQbbs:
+    """The QBBS module as the server hosts it, and what the server's parts call on it.
+
+    Build it with :meth:`build`; :class:`~peep.server.services.Services` does, and wires :meth:`erase`,
+    :meth:`holds`, :meth:`close` and :meth:`refit` into its erasure, close and promotion hooks.
+
+    Parameters
+    ----------
+    module : QbbsModule
+    ingestor : Ingestor
+        The server's: a fused verification's template passes the same checks as ingest and is counted as a
+        release in its ledger.
 
     Attributes
     ----------
     module : QbbsModule
-        The hosted module (closed with the server's services).
+        The hosted module (the console shows its odometer).
     """
 
-    def __init__(self, services: Services, module: QbbsModule) -> None:
-        self.services = services
+    def __init__(self, module: QbbsModule, ingestor: Ingestor) -> None:
         self.module = module
+        self.ingestor = ingestor
 
-    def __call__(self, server: grpc.Server) -> None:
+    @classmethod
+    def build(
+        cls,
+        config: QbbsConfig,
+        *,
+        recogniser: Recogniser,
+        ingestor: Ingestor,
+        connect: Callable[[], Any] | None = None,
+    ) -> HostedQbbs:
+        """Open the module of ``config`` (from :func:`hosted_config`) on the serving model's face scores.
+
+        Parameters
+        ----------
+        config : QbbsConfig
+        recogniser : Recogniser
+            The serving one: its model gives the face scores (:class:`HostedFaceScores`).
+        ingestor : Ingestor
+        connect : callable returning a psycopg connection, optional
+            The server's PostgreSQL (its migrations made QBBS's tables): soft traits and odometer are kept
+            there, shared by replicas. ``None``: the files ``store_path`` and ``ledger_path``.
+        """
+        from peep.server.qbbs.module import QbbsModule
+        from peep.server.recognition.recogniser import ServingFaceScores
+
+        if connect is not None and (config.store_path is not None or config.ledger_path is not None):
+            log.warning(
+                "QBBS keeps its soft traits and odometer in PostgreSQL (storage.dsn); qbbs.store_path and "
+                "qbbs.ledger_path are not used"
+            )
+        faces = HostedFaceScores(ServingFaceScores(recogniser))
+        module = QbbsModule(config, face_scores=faces, connect=connect)
+        log.info(
+            "QBBS hosted",
+            extra={"traits": sorted(config.traits), "epsilon_cap": config.epsilon_cap, "subjects": module.n_subjects()},
+        )
+        return cls(module, ingestor)
+
+    # ------------------------------------------------------------ what Services wires
+
+    def erase(self, subject: str) -> int:
+        """Delete the subject's soft traits (the odometer's spends stay: they are the audit log); how many."""
+        return int(self.module.erase(subject))
+
+    def holds(self, subject: str) -> bool:
+        """Whether :meth:`erase` would delete anything of ``subject`` (deleting nothing)."""
+        return bool(self.module.enrolled_traits(subject))
+
+    def close(self) -> None:
+        self.module.close()
+
+    def refit(self, model: Any) -> None:
+        """A model was promoted: refit P(genuine | face score) and recalibrate now (the recogniser's listener).
+
+        Eagerly, so the first verification after a promotion does not pay for it (and a model whose
+        validation scores cannot be fitted is reported now); the module refits lazily too, and a stale
+        calibration is redone on the next verification of its shape.
+        """
+        try:
+            parzen = self.module.face_model()
+            log.info(
+                "QBBS: P(genuine | face score) refitted", extra={"model_version": model.version, **parzen.describe()}
+            )
+            self.module.recalibrate()  # logs each calibration
+        except (FaceScoreUnavailableError, QbbsError) as exc:
+            log.warning(
+                "QBBS: P(genuine | face score) not refitted or not recalibrated",
+                extra={"model_version": model.version, "error": str(exc)},
+            )
+
+    # ------------------------------------------------------------ what the gRPC server calls
+
+    def add_to(self, server: grpc.Server) -> None:
+        """Add ``QbbsService`` to the gRPC server, behind its interceptors (authentication, limits)."""
         from peep.server.ingest.auth import authorize_admin
         from peep.server.qbbs.service import add_qbbs_servicer
 
@@ -158,11 +249,11 @@ class QbbsRegistrar:
         from peep.server.ingest.ingestor import PermissionRefused, Sender
 
         try:
-            valid = self.services.ingestor.check(template, Sender(identity=current_identity()))
+            valid = self.ingestor.check(template, Sender(identity=current_identity()))
         except PermissionRefused as exc:
             context.abort(grpc.StatusCode.PERMISSION_DENIED, f"VerifyFused: {exc}")
         # A door fusing soft traits releases this template for its claim: counted like any release.
-        self.services.ingestor.record_release(valid)
+        self.ingestor.record_release(valid)
 
 
 def _requester(context: grpc.ServicerContext) -> str:
@@ -174,22 +265,26 @@ def _requester(context: grpc.ServicerContext) -> str:
     return f"{who} {context.peer()}"
 
 
-def server_config(services: Services) -> Any:
+def hosted_config(config: ServerConfig) -> QbbsConfig | None:
     """The hosted module's :class:`QbbsConfig` from ``[qbbs]``, or ``None`` when the table is absent.
+
+    Reads the configuration only (nothing is opened), so the composition root checks it before it builds
+    anything.
 
     Raises
     ------
     peep.server.config.ConfigError
-        The table lacks ``store_path`` or ``ledger_path``.
+        The table lacks ``store_path`` or ``ledger_path`` (SQLite: QBBS keeps them in files).
     """
     from peep.server.config import ConfigError
-    from peep.server.qbbs.config import load_config
+    from peep.server.config.qbbs import load_qbbs_config
 
-    section = services.config.qbbs
+    section = config.qbbs
     if section is None:
+        log.info("QBBS not hosted: server.toml has no [qbbs] table")
         return None
-    cfg = load_config(None, **section)  # already validated (and paths resolved) with server.toml
-    if services.config.storage.backend == "postgres":
+    cfg = load_qbbs_config(None, **section)  # already validated (and paths resolved) with server.toml
+    if config.storage.backend == "postgres":
         return cfg  # soft traits and odometer live in the database
     missing = [
         (
@@ -204,51 +299,3 @@ def server_config(services: Services) -> Any:
     if missing:
         raise ConfigError("server.toml [qbbs]", missing)
     return cfg
-
-
-def server_plugin(services: Services) -> QbbsRegistrar | None:
-    """Host QBBS in the recognition server (see the module docstring); ``None`` without ``[qbbs]``.
-
-    Builds the module, registers its erasure and close hooks and the Parzen
-    refit on promotion, and returns the registrar that adds ``QbbsService``
-    to the gRPC server.
-    """
-    from peep.server.qbbs.module import QbbsModule
-    from peep.server.recognition.recogniser import ServingFaceScores
-
-    cfg = server_config(services)
-    if cfg is None:
-        log.info("QBBS not hosted: server.toml has no [qbbs] table")
-        return None
-    connect = getattr(services.store, "connect", None) if services.config.storage.backend == "postgres" else None
-    if connect is not None and (cfg.store_path is not None or cfg.ledger_path is not None):
-        log.warning(
-            "QBBS keeps its soft traits and odometer in PostgreSQL (storage.dsn); qbbs.store_path and "
-            "qbbs.ledger_path are not used"
-        )
-    module = QbbsModule(cfg, face_scores=HostedFaceScores(ServingFaceScores(services.recogniser)), connect=connect)
-    services.add_close_hook(module.close)
-    services.add_erasure_hook(module.erase, holds=lambda subject: bool(module.enrolled_traits(subject)))
-
-    def refit(model: Any) -> None:
-        # Eagerly, so the first verification after a promotion does not pay for it (and a model
-        # whose validation scores cannot be fitted is reported now); face_model() refits lazily too,
-        # and a stale calibration is redone on the next verification of its shape.
-        try:
-            parzen = module.face_model()
-            log.info(
-                "QBBS: P(genuine | face score) refitted", extra={"model_version": model.version, **parzen.describe()}
-            )
-            module.recalibrate()  # logs each calibration
-        except (FaceScoreUnavailableError, QbbsError) as exc:
-            log.warning(
-                "QBBS: P(genuine | face score) not refitted or not recalibrated",
-                extra={"model_version": model.version, "error": str(exc)},
-            )
-
-    services.recogniser.add_listener(refit)
-    log.info(
-        "QBBS hosted",
-        extra={"traits": sorted(cfg.traits), "epsilon_cap": cfg.epsilon_cap, "subjects": module.n_subjects()},
-    )
-    return QbbsRegistrar(services, module)

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from peep.server.qbbs.config import FACE
+from peep.server.config.qbbs import FACE
 
 __all__ = ["ParzenScoreModel", "check_weights", "fused_score", "gaussian_log_likelihood"]
 

@@ -43,9 +43,9 @@ from peep.core.exceptions import WireError
 from peep.core.mechanisms import LaplaceMechanism
 from peep.core.sampling import check_random_state
 from peep.core.wire import check_subject_id
+from peep.server.config.qbbs import FACE, QbbsConfig, TraitSpec, load_qbbs_config
 from peep.server.qbbs._store import _PostgresSoftTraitStore, _SoftTraitStore
 from peep.server.qbbs.calibration import Calibration, ObservationNoise, TraitTerm, calibrate
-from peep.server.qbbs.config import FACE, QbbsConfig, TraitSpec, load_config
 from peep.server.qbbs.errors import (
     FaceScoreUnavailableError,
     QbbsError,
@@ -205,7 +205,7 @@ class QbbsModule:
 
     @classmethod
     def from_config_file(cls, path: str | os.PathLike[str], **kwargs: Any) -> QbbsModule:
-        return cls(load_config(path), **kwargs)
+        return cls(load_qbbs_config(path), **kwargs)
 
     def close(self) -> None:
         self._soft_trait_store.close()

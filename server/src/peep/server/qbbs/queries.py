@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from peep.core.exceptions import PrivacyLeakWarning
-from peep.server.qbbs.config import QbbsConfig, TraitSpec
+from peep.server.config.qbbs import QbbsConfig, TraitSpec
 from peep.server.qbbs.errors import QueryShapeError
 
 __all__ = ["QueryPlan", "SumQuery", "sensitivity", "structure_fingerprint"]

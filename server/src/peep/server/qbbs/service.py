@@ -1,10 +1,10 @@
 """gRPC ``peep.v1.QbbsService`` over a :class:`~peep.server.qbbs.module.QbbsModule`.
 
-:func:`add_qbbs_servicer` registers it on any ``grpc.Server``, so the
-recognition server's ``create_server(..., extra_servicers=...)`` can host it
-next to ``RecognitionService``::
+:func:`add_qbbs_servicer` registers it on any ``grpc.Server``: the recognition
+server hosts it next to ``RecognitionService``
+(:meth:`peep.server.qbbs.hosting.HostedQbbs.add_to`), and so can any other::
 
-    module = QbbsModule(load_config("server.toml"), face_scores=recogniser_scores)
+    module = QbbsModule(load_qbbs_config("server.toml"), face_scores=recogniser_scores)
     add_qbbs_servicer(server, module, admin_token=token)
 
 Authentication: admin RPCs (EnrolSoftTraits, Query, GetOdometer) need the

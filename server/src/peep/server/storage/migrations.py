@@ -1,13 +1,24 @@
-"""Numbered schema migrations, one list per SQL dialect.
+"""Numbered schema migrations, one list per SQL dialect, and the one function that applies them.
 
 A migration is applied once, in a transaction, and recorded in
 ``peep_schema``; opening a database whose schema is newer than this software
 knows fails (never guess at an unknown schema). Append new migrations; never
 edit an applied one.
+
+Every table is created here, QBBS's too (the odometer in migration 4, the soft
+traits in migration 16): the server's database on SQLite or PostgreSQL, and
+the file QBBS keeps its soft traits in on a single node
+(:data:`SOFT_TRAIT_MIGRATIONS`, numbered on their own in ``qbbs_schema``), all
+by :func:`migrate`.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from peep.server.storage import StoreError
 from peep.server.storage.dialect import POSTGRES, SQLITE, Dialect
 
 # Written out, not generated from TEMPLATE_COLUMNS: an applied migration must not change when
@@ -273,6 +284,21 @@ def _device_decisions(dialect: Dialect) -> list[str]:
     ]
 
 
+# Migration 16: QBBS's soft traits and its store's metadata (the query structure fixed at the first enrolment),
+# in the database so that replicas on one PostgreSQL read one set. The QBBS package used to create these itself
+# when it opened its store, with IF NOT EXISTS; the same statements here migrate a database where it did without
+# a change. They are also the whole schema of the SQLite file QBBS keeps on a single node (SOFT_TRAIT_MIGRATIONS).
+# Created here only; read and written only by the QBBS package's store (tests/qbbs/test_store_boundary.py).
+def _soft_traits(dialect: Dialect) -> list[str]:
+    without_rowid = " WITHOUT ROWID" if dialect.name == "sqlite" else ""  # (subject, trait) is the only key
+    return [
+        "CREATE TABLE IF NOT EXISTS qbbs_soft_traits (subject TEXT NOT NULL, trait TEXT NOT NULL, "
+        "value {real} NOT NULL, enrolled_at {real} NOT NULL, PRIMARY KEY (subject, trait))" + without_rowid,
+        "CREATE INDEX IF NOT EXISTS qbbs_soft_traits_trait ON qbbs_soft_traits (trait, subject)",
+        "CREATE TABLE IF NOT EXISTS qbbs_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    ]
+
+
 def _render(dialect: Dialect, statements: list[str]) -> list[str]:
     return [s.format(real=dialect.real, blob=dialect.blob) for s in statements]
 
@@ -295,12 +321,60 @@ MIGRATIONS: dict[str, list[list[str]]] = {
         _render(d, _LEDGER_ORIGIN),
         _render(d, _device_models(d)),
         _render(d, _device_decisions(d)),
+        _render(d, _soft_traits(d)),
     ]
     for d in (SQLITE, POSTGRES)
 }
 
 SCHEMA_TABLE = "peep_schema"
 
+#: The SQLite file QBBS keeps its soft traits in on a single node (``qbbs.store_path``, or in memory): migration
+#: 16's tables, numbered on their own and recorded in :data:`SOFT_TRAIT_SCHEMA_TABLE` of that file.
+SOFT_TRAIT_MIGRATIONS: list[list[str]] = [_render(SQLITE, _soft_traits(SQLITE))]
+SOFT_TRAIT_SCHEMA_TABLE = "qbbs_schema"
+
 
 def latest(dialect: str) -> int:
     return len(MIGRATIONS[dialect])
+
+
+def migrate(
+    conn: Any, steps: Sequence[Sequence[str]], dialect: Dialect, *, source: str, table: str = SCHEMA_TABLE
+) -> int:
+    """Apply the migrations of ``steps`` that ``conn``'s database lacks; returns its schema version.
+
+    Run in one transaction the caller holds (with whatever lock keeps other processes' migrations out), so
+    a migration is recorded if and only if all its statements ran.
+
+    Parameters
+    ----------
+    conn : DB-API connection
+        In a transaction.
+    steps : sequence of sequences of str
+        Migration ``i`` (1-based) is ``steps[i - 1]``.
+    dialect : Dialect
+    source : str
+        What an error names: the setting that points at this database.
+    table : str
+        Where the applied versions are recorded.
+
+    Raises
+    ------
+    StoreError
+        The database's schema is newer than ``steps`` knows.
+    """
+    p = dialect.param
+    conn.execute(
+        f"CREATE TABLE IF NOT EXISTS {table} (version INTEGER PRIMARY KEY, applied_at {dialect.real} NOT NULL)"
+    )
+    row = conn.execute(f"SELECT COALESCE(MAX(version), 0) FROM {table}").fetchone()
+    current = int(row[0]) if row else 0
+    if current > len(steps):
+        raise StoreError(
+            f"{source}: schema version {current} is newer than this software's {len(steps)}; upgrade peep-server"
+        )
+    for version in range(current + 1, len(steps) + 1):
+        for stmt in steps[version - 1]:
+            conn.execute(stmt)
+        conn.execute(f"INSERT INTO {table} (version, applied_at) VALUES ({p}, {p})", (version, time.time()))
+    return len(steps)

@@ -34,7 +34,7 @@ from peep.server.storage import (
     stack_blobs,
 )
 from peep.server.storage.dialect import Dialect
-from peep.server.storage.migrations import MIGRATIONS, SCHEMA_TABLE
+from peep.server.storage.migrations import MIGRATIONS, SCHEMA_TABLE, migrate
 
 #: LISTEN/NOTIFY channels (PostgreSQL): a promotion (payload: the version) and an erasure (no payload).
 MODELS_CHANNEL = "peep_models"
@@ -122,27 +122,9 @@ class SqlStore(ABC):
     # ------------------------------------------------------------ schema
 
     def _migrate(self) -> None:
-        p = self._sql.param
-        steps = MIGRATIONS[self.dialect]
         with self._transaction() as conn:
             self._lock_schema(conn)
-            conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {SCHEMA_TABLE} "
-                f"(version INTEGER PRIMARY KEY, applied_at {self._sql.real} NOT NULL)"
-            )
-            row = conn.execute(f"SELECT COALESCE(MAX(version), 0) FROM {SCHEMA_TABLE}").fetchone()
-            current = int(row[0]) if row else 0
-            if current > len(steps):
-                raise StoreError(
-                    f"{self._source}: schema version {current} is newer than this software's {len(steps)}; "
-                    "upgrade peep-server"
-                )
-            for version in range(current + 1, len(steps) + 1):
-                for stmt in steps[version - 1]:
-                    conn.execute(stmt)
-                conn.execute(
-                    f"INSERT INTO {SCHEMA_TABLE} (version, applied_at) VALUES ({p}, {p})", (version, time.time())
-                )
+            migrate(conn, MIGRATIONS[self.dialect], self._sql, source=self._source)
 
     def schema_version(self) -> int:
         with self._session() as conn:

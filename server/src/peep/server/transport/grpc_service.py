@@ -51,9 +51,11 @@ from peep.core.wire import ID_PATTERN, check_subject_id
 from peep.server import startup
 from peep.server.bundles.catalog import bundle_files_message, files_from_message
 from peep.server.config import ServerConfig
+from peep.server.errors import quote
 from peep.server.ingest.auth import HEALTH_PREFIXES, REFLECTION_PREFIXES, AuthInterceptor, current_identity
 from peep.server.ingest.events import OLDEST_SEQ_KEY, SeqAhead
 from peep.server.ingest.ingestor import REJECTED, PermissionRefused, Sender
+from peep.server.ingest.rates import CallsTooFrequent
 from peep.server.ingest.reports import ReportTooFrequent
 from peep.server.ingest.validation import Rejection
 from peep.server.recognition.claims import ClaimChecksTooFrequent
@@ -63,7 +65,7 @@ from peep.server.recognition.recogniser import ModelMismatch, ModelUnavailable
 from peep.server.recognition.trainer import TrainingBusy
 from peep.server.services import NoSuchSubject, Services
 from peep.server.storage import template_keys
-from peep.server.transport.limits import CallsTooFrequent, StreamLimiter, quote, server_options
+from peep.server.transport.limits import StreamLimiter, server_options
 from peep.v1 import qbbs_pb2, recognition_pb2, recognition_pb2_grpc, template_pb2
 
 log = logging.getLogger(__name__)
@@ -517,10 +519,10 @@ def create_server(
     """Build (not start) the gRPC server; returns ``(server, bound port)``.
 
     Registers RecognitionService, health checking (``grpc.health.v1``; the
-    overall status and ``peep.v1.RecognitionService`` SERVING) and, when
+    overall status and ``peep.v1.RecognitionService`` SERVING), ``QbbsService``
+    when the services host QBBS (``services.qbbs``) and, when
     ``grpc.reflection`` is not ``off``, reflection. ``extra_servicers`` are
-    callables that add more services (the QBBS module passes one registering
-    ``QbbsService``); they run behind the same interceptors. The health
+    callables that add more services; they run behind the same interceptors. The health
     servicer is ``server.peep_health`` (call ``enter_graceful_shutdown()`` on
     it at stop), the stream limiter ``server.peep_streams``.
     """
@@ -546,6 +548,8 @@ def create_server(
     # event thread waits for the servicer's lock, which the broadcast holds while waiting for it).
     health_servicer = health.HealthServicer(experimental_non_blocking=False)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if services.qbbs is not None:
+        services.qbbs.add_to(server)
     for add in extra_servicers:
         add(server)
     if g.reflection != "off":
@@ -554,7 +558,7 @@ def create_server(
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME,
         ]
-        if qbbs_pb2.DESCRIPTOR.services_by_name.get("QbbsService") is not None and extra_servicers:
+        if services.qbbs is not None:
             names.append(qbbs_pb2.DESCRIPTOR.services_by_name["QbbsService"].full_name)
         reflection.enable_server_reflection(names, server)
     creds = server_credentials(config)

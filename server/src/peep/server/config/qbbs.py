@@ -1,4 +1,8 @@
-"""Configuration of the soft-biometric query module (pydantic v2, ``extra="forbid"``).
+"""The soft-biometric query module's configuration (pydantic v2, ``extra="forbid"``): ``[qbbs]``.
+
+One of the server's section models, with the others in :mod:`peep.server.config` (so the server's
+configuration validates ``[qbbs]`` without importing the module it configures); the module itself is
+:mod:`peep.server.qbbs`, which also reads a file of its own with :func:`load_qbbs_config`.
 
 The trait set is per deployment: the four defaults (age, gender, height,
 weight) can be narrowed or extended with any trait that has a declared
@@ -80,17 +84,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 from peep.core.configfile import ConfigFileError, problems_from_errors, read_toml, resolve_path
-from peep.server.qbbs.anthropometry import ANTHROPOMETRY
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 __all__ = [
+    "ANTHROPOMETRY",
     "DEFAULT_TRAITS",
     "FALLBACK_FACE_WEIGHT",
     "Anthropometry",
     "PopulationPrior",
     "QbbsConfig",
     "TraitSpec",
-    "load_config",
+    "load_qbbs_config",
 ]
 
 TRAIT_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
@@ -170,6 +174,22 @@ DEFAULT_TRAITS: dict[str, TraitSpec] = {
 }
 
 
+#: The population the calibration simulates by default, and the synthetic height and weight of evaluation
+#: subjects (:mod:`peep.server.qbbs.anthropometry`, which gives the sources): public figures, never the store's.
+ANTHROPOMETRY: dict[str, Any] = {
+    "source": (
+        "means: NHANES 2011-2014 adults 20+ (Fryar, Gu, Ogden, Flegal 2016, NCHS Vital Health Stat 3(39)); "
+        "standard deviations and height-weight correlation assumed (typical adult spread)"
+    ),
+    "synthetic": True,
+    "female": {"height_mean_cm": 161.9, "height_sd_cm": 6.8, "weight_mean_kg": 76.4, "weight_sd_kg": 20.0},
+    "male": {"height_mean_cm": 175.9, "height_sd_cm": 7.4, "weight_mean_kg": 88.8, "weight_sd_kg": 19.0},
+    "height_weight_correlation": 0.45,
+    "weight_distribution": "log-normal matched to the mean and SD",
+    "observation_error_sd": {"height_cm": 4.0, "weight_kg": 5.0},
+}
+
+
 class Anthropometry(BaseModel):
     """Height/weight means and SDs; default female 161.9±6.8 cm, 76.4±20 kg, male 175.9±7.4 cm, 88.8±19 kg.
 
@@ -230,7 +250,7 @@ class PopulationPrior(BaseModel):
     female, male : Anthropometry
         Height/weight means and SDs per gender (the traits ``height`` in cm
         and ``weight`` in kg). Defaults:
-        :data:`peep.server.qbbs.anthropometry.ANTHROPOMETRY`.
+        :data:`ANTHROPOMETRY`.
     impostor_model : {"independent", "same-gender"}
         ``independent`` (default): an impostor is an independent draw from
         the population. ``same-gender``: the impostor has the same gender as
@@ -540,7 +560,7 @@ class QbbsConfig(BaseModel):
         return self.epsilon * self.pairs
 
 
-def load_config(path: str | os.PathLike[str] | None = None, **overrides: Any) -> QbbsConfig:
+def load_qbbs_config(path: str | os.PathLike[str] | None = None, **overrides: Any) -> QbbsConfig:
     """Load a TOML file (its ``[qbbs]`` table if present, else the whole file).
 
     Relative ``store_path``/``ledger_path`` are resolved against the file's
