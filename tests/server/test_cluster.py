@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-from peep.server.recognition.registry import DatabaseModelRegistry, RegistryError
+from peep.server.recognition.model_registry import DatabaseModelRegistry, RegistryError
 from peep.server.storage.postgres import PostgresStore
 from peep.server.storage.sqlite import SqliteStore
 from peep.v1 import recognition_pb2
@@ -65,7 +65,7 @@ def test_database_registry_versions_prune_purge(kind, tmp_path, request):
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres", "directory"])
 def test_registries_roll_back_to_a_kept_version_and_forward(kind, tmp_path, request):
-    from peep.server.recognition.registry import ModelRegistry
+    from peep.server.recognition.model_registry import ModelRegistry
 
     store = None
     if kind == "directory":

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from peep.server.recognition.export import check_onnx_agreement, export_onnx, onnx_probabilities, onnx_session
 from peep.server.recognition.fitting import fit_recogniser
+from peep.server.recognition.model_registry import ModelRegistry
 from peep.server.recognition.presets import PRESETS, TrainingCancelled, TrainingError
-from peep.server.recognition.registry import ModelRegistry
 
 
 def test_paper_preset_is_the_papers_configuration():
@@ -156,7 +156,7 @@ def test_a_killed_writer_leaves_only_garbage_that_is_cleaned(tmp_path):
     code = textwrap.dedent(
         f"""
         import sys, time
-        from peep.server.recognition.registry import ModelRegistry
+        from peep.server.recognition.model_registry import ModelRegistry
         reg = ModelRegistry({str(root)!r})
         with reg.staging() as st:
             (st / "model.onnx").write_bytes(b"half")

@@ -65,9 +65,9 @@ from peep.server.metrics import ServerMetrics
 from peep.server.recognition.claims import ClaimChecker
 from peep.server.recognition.devicemodels import DeviceModels
 from peep.server.recognition.fusion import TrackFusion
+from peep.server.recognition.model_registry import AnyRegistry, DatabaseModelRegistry, ModelRegistry
 from peep.server.recognition.presets import Progress, TrainingError
 from peep.server.recognition.recogniser import Recogniser
-from peep.server.recognition.registry import AnyRegistry, DatabaseModelRegistry, ModelRegistry
 from peep.server.recognition.trainer import Trainer, TrainingBusy, TrainResult
 from peep.server.recognition.watch import ChangeWatcher
 from peep.server.storage import KeptCounts, Store, open_store
@@ -378,7 +378,7 @@ class Services:
         deletes such versions, and one is never served again if any survived.
         Returns the serving version's name.
         """
-        from peep.server.recognition.registry import RegistryError
+        from peep.server.recognition.model_registry import RegistryError
 
         if not isinstance(name, str) or len(name) > 32:
             raise ValueError("version: expected a version name like v000001")

@@ -39,7 +39,7 @@ from peep.core.devicemodel import build_device_model_files, class_id
 from peep.core.wire import ID_PATTERN, device_model_message
 from peep.server.bundles.calibrate import CalibrationSet
 from peep.server.config import DeviceModelsConfig
-from peep.server.recognition.registry import AnyRegistry, RegistryError
+from peep.server.recognition.model_registry import AnyRegistry, RegistryError
 from peep.server.storage.devicemodels import DeviceModelStore, IssuedModel
 from peep.v1 import recognition_pb2
 

@@ -35,7 +35,7 @@ from peep.core.decision import accept_claims, claim_scores, identify_open_set
 from peep.core.mechanisms import mechanism_class
 from peep.server.recognition.export import onnx_session
 from peep.server.recognition.fusion import TrackFusion, fuse_pairs
-from peep.server.recognition.registry import AnyRegistry, RegistryError
+from peep.server.recognition.model_registry import AnyRegistry, RegistryError
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from peep.server.bundles.catalog import BundleCatalog
 from peep.server.config import TrainingConfig
 from peep.server.recognition.export import check_onnx_agreement, export_onnx, model_meta
 from peep.server.recognition.fitting import fit_recogniser
+from peep.server.recognition.model_registry import AnyRegistry
 from peep.server.recognition.presets import PRESETS, Progress, TrainingError
-from peep.server.recognition.registry import AnyRegistry
 from peep.server.recognition.thresholds import calibration_summary
 from peep.server.storage import Store
 
