@@ -23,27 +23,21 @@ miniature, not a simulation.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import resource
-import secrets
-import shlex
 import shutil
-import socket
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import grpc
 import numpy as np
 from peep.core import wire
-from peep.core.bundle import EigenfaceBundle, load_private_key, load_public_key, write_keypair
+from peep.core.bundle import EigenfaceBundle, load_private_key, write_keypair
 from peep.core.release import TemplateReleaser
 from peep.server.demo.logfile import LOG_FILE, count_log, route_logs
 from peep.server.demo.options import DemoOptions
@@ -56,6 +50,25 @@ from peep.server.demo.scenario import (
     door_script,
     link_folder,
 )
+from peep.server.demo.steps.context import (
+    ADMIN_TOKEN_ENV,  # noqa: F401  (importable from here, as before the steps)
+    DESKS,
+    DEVICE_TOKEN_ENV,
+    DOOR,
+    HEARTBEAT_S,
+    RunContext,
+    broker_reachable,
+    camera_ids,
+)
+from peep.server.demo.steps.edge import EdgeConfigs
+from peep.server.demo.steps.server import (
+    DemoServer,
+    IdentificationEvents,
+    add_user_command,  # noqa: F401  (peep demo --console and its test import it from here)
+    clear_broker,
+    open_console,
+    start_server,
+)
 from peep.server.demo.summary import (
     _door_epsilon,
     _ledger_totals,
@@ -67,23 +80,15 @@ from peep.server.demo.summary import (
 from peep.server.demo.verification import verify_claims
 from peep.server.errors import UsageError
 from peep.server.progress import Progress
-from peep.v1 import qbbs_pb2, qbbs_pb2_grpc, recognition_pb2, recognition_pb2_grpc
+from peep.v1 import qbbs_pb2, recognition_pb2
 
 log = logging.getLogger(__name__)
 
-ADMIN_TOKEN_ENV = "PEEP_DEMO_ADMIN_TOKEN"
-# Off a terminal, a long step's progress line at least this often (seconds), so that no step looks stuck.
-_HEARTBEAT_S = 8.0
-DEVICE_TOKEN_ENV = "PEEP_DEMO_DEVICE_TOKEN"
 # What a run leaves in --out that the next run must not build on (removed when it starts), and the file that
 # marks a folder as the demo's own.
 _RUN_STATE = ("server", "devices", "enrol", "videos", "summary.json", "releases.json", "verification.json",
               "door.json", "report.html", LOG_FILE)  # fmt: skip
 _OUT_MARKER = ".peep-demo"
-# The site's enrolment desks (the first also stands for the administrator's background enrolment).
-_DESKS = ("desk-1", "desk-2")
-# The door: a camera with a badge reader, asking the server's Verify (the verify right every device has).
-_DOOR = "door-1"
 
 
 def _cpu_s() -> float:
@@ -108,27 +113,6 @@ class StepTimer:
         return out
 
 
-def add_user_command(config: Path, name: str = "NAME", role: str = "operator") -> str:
-    """The ``peep console add-user`` command line that adds a console account on the demo's data.
-
-    >>> add_user_command(Path("runs/demo 1/server/server.toml"))
-    "peep console add-user --config 'runs/demo 1/server/server.toml' --name NAME --role operator"
-    """
-    return f"peep console add-user --config {shlex.quote(str(config))} --name {shlex.quote(name)} --role {role}"
-
-
-def _broker_reachable(host: str = "127.0.0.1", port: int = 1883) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=1.0):
-            return True
-    except OSError:
-        return False
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 class Demo:
     """One demo run; :meth:`run` returns the summary dict."""
 
@@ -138,24 +122,51 @@ class Demo:
         self.out = Path(opts.out)
         self.log_path = self.out / LOG_FILE
         self.timer = StepTimer()
-        self.site = f"demo-{secrets.token_hex(2)}"
-        self.admin_token = secrets.token_urlsafe(24)
-        # One bearer token per device: the server maps a token to exactly one device id.
-        self.device_tokens = {d: secrets.token_urlsafe(24) for d in [*_DESKS, *self._device_ids(), _DOOR]}
+        self.ctx = RunContext.new(opts, say)
         self.releases: dict[str, dict[str, Any]] = {}  # message_id -> ground truth + payload
         self.lfw_names: list[str] = []  # every LFW person (folder names), listed when choosing people
         self.public_faces_used = (0, 0)  # the bundle's public faces: images, people
         self.clipped_traits: dict[str, int] = {}  # synthetic trait values clipped to their declared range
-        self.events: dict[str, Any] = {}
-        self._events_lock = threading.Lock()
-        self._events_cv = threading.Condition(self._events_lock)
-        self.app: Any = None
+        self._events = IdentificationEvents()
+        #: The running server (None before it started and once closed).
+        self.server: DemoServer | None = None
+        self.edge: EdgeConfigs | None = None
         #: The console admin's one-time password (``--console``), printed once and never stored in clear.
         self.console_password: str | None = None
         #: The server's configuration as a dict (``server.toml``'s sections), once it started.
         self.server_config: dict[str, Any] = {}
         #: The bundle this run announced on the broker: its retained messages are cleared at close().
         self._broker_bundle: EigenfaceBundle | None = None
+
+    @property
+    def site(self) -> str:
+        """The run's site name."""
+        return self.ctx.site
+
+    @property
+    def admin_token(self) -> str:
+        """The administrator's bearer token."""
+        return self.ctx.admin_token
+
+    @property
+    def device_tokens(self) -> dict[str, str]:
+        """Each device's bearer token, by device id."""
+        return self.ctx.device_tokens
+
+    @property
+    def use_mqtt(self) -> bool:
+        """Whether the run uses the broker on 127.0.0.1:1883 (decided when it starts)."""
+        return self.ctx.use_mqtt
+
+    @property
+    def events(self) -> dict[str, Any]:
+        """The server's identification events, by message id."""
+        return self._events.by_message
+
+    @property
+    def app(self) -> Any:
+        """The running server application (None before it started and once closed)."""
+        return self.server.app if self.server is not None else None
 
     # ------------------------------------------------------------------ steps
 
@@ -165,8 +176,8 @@ class Demo:
         # The server's and the devices' structured events (with their fields), warnings and up, in the run's
         # log: the terminal keeps the progress lines and the summary (errors reach it too).
         route_logs(self.log_path)
-        self.use_mqtt = o.mqtt == "on" or (o.mqtt == "auto" and _broker_reachable())
-        if o.mqtt == "on" and not _broker_reachable():
+        self.ctx = replace(self.ctx, use_mqtt=o.mqtt == "on" or (o.mqtt == "auto" and broker_reachable()))
+        if o.mqtt == "on" and not broker_reachable():
             raise RuntimeError("--mqtt on: no MQTT broker answers on 127.0.0.1:1883")
         t_start = time.perf_counter()
         say, step = self.say, self.timer.run
@@ -240,45 +251,10 @@ class Demo:
         marker.write_text("a peep demo output folder: each run replaces its server, devices and enrolments\n")
 
     def _open_console(self) -> dict[str, Any]:
-        """An admin account with a one-time password on the demo's server; the console stays up until close().
-
-        The server's configuration is written next to its database (:meth:`_write_server_config`), so that
-        ``peep console add-user --config`` adds accounts on the demo's data while it runs.
-        """
-        from peep.server.commands.console import create_account
-        from peep.server.console.store import ConsoleStore
-
-        console = self.app.console
-        config = self._write_server_config()
-        self.console_password = create_account(ConsoleStore(self.app.services.store), "admin", "admin")
-        return {"url": console.url, "account": "admin", "ca_cert": str(self.pki.ca_cert), "config": str(config)}
-
-    def _write_server_config(self) -> Path:
-        """Write the configuration the demo's server runs with to ``<out>/server/server.toml`` (mode 0600).
-
-        The ports it asked to be chosen (``127.0.0.1:0``) are written as the ones it bound. It holds what the
-        running configuration holds: paths, settings and SHA-256 digests of the tokens, never a token.
-        """
-        from peep.server.bench.cluster import to_toml
-
-        cfg = json.loads(json.dumps(self.server_config))  # a copy: the bound ports replace the 0s
-        cfg["grpc"]["listen"] = f"127.0.0.1:{self.app.port}"
-        if self.app.console is not None:
-            cfg["console"]["listen"] = f"127.0.0.1:{self.app.console.port}"
-        path = self.out / "server" / "server.toml"
-        header = (
-            "# The server configuration `peep demo --console` runs with, written by the demo.\n"
-            "# grpc.listen and console.listen hold the ports the demo's server bound (it asked for port 0): while\n"
-            "# the demo runs, `peep serve --config` on this file finds them taken; set them, or 0, to serve again.\n"
-            "# Secrets are not in it: auth holds SHA-256 digests of the admin's and the devices' tokens.\n"
-            f"# {add_user_command(path)}\n\n"
-        )
-        # 0600 from the start, and again for a file an earlier run left with another mode.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(header + to_toml(cfg))
-        return path
+        """An admin account with a one-time password on the demo's server; the console stays up until close()."""
+        assert self.server is not None
+        console, self.console_password = open_console(self.server, self.out)
+        return console
 
     def close(self) -> None:
         """Stop the demo's server (and its console), then clear what the run left retained on the broker; idempotent.
@@ -286,12 +262,12 @@ class Demo:
         The broker is cleared only here, after the console: clearing the devices' retained statuses while it
         is shown would take them off its Devices page.
         """
-        if self.app is not None:
-            self.app.stop(1.0)
-            self.app = None
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
         bundle, self._broker_bundle = self._broker_bundle, None
         if bundle is not None:
-            self._clear_broker(bundle)
+            clear_broker(self.site, bundle)
 
     def _scenario(self) -> Scenario:
         import cv2
@@ -349,7 +325,7 @@ class Demo:
             # Minutes on a first run: a line every few seconds even off a terminal, so it never looks stuck.
             # Only the people asked for are read: strangers' and enrolled people's photos are never described
             # here (the cameras and the enrolment desk see them).
-            with Progress(what, heartbeat=_HEARTBEAT_S) as bar:
+            with Progress(what, heartbeat=HEARTBEAT_S) as bar:
                 return load_dataset(
                     "lfw",
                     data_home=self.opts.data_home,
@@ -406,7 +382,7 @@ class Demo:
         """The public faces every device model carries (clean, unkeyed): what the devices set thresholds on."""
         from peep.server.bundles.calibrate import make_calibration, write_calibration
 
-        with Progress("    calibration faces (public people the model never sees)", heartbeat=_HEARTBEAT_S) as bar:
+        with Progress("    calibration faces (public people the model never sees)", heartbeat=HEARTBEAT_S) as bar:
             projections, people, domain, kind = make_calibration(
                 bundle, "lfw", mechanism=self.opts.mechanism, data_home=self.opts.data_home, min_faces=5,
                 people=self.calibration_people, max_per_person=self.opts.calibration_max_faces, progress=bar.update,
@@ -441,155 +417,26 @@ class Demo:
         self.say(f"    site key {self.site_key.key_id} for the devices and the administrator ({path}; the server "
                  "never reads it)")  # fmt: skip
 
-    def _device_ids(self) -> list[str]:
-        return [f"cam-{i + 1}" for i in range(self.opts.cameras)]
-
     def _start_server(self, bundle: EigenfaceBundle) -> None:
-        from peep.server.app import ServerApp, default_plugins
-        from peep.server.config import parse_config
-        from peep.server.pki import make_local_pki
-
-        self.pki = make_local_pki(self.out / "tls")
-        srv = self.out / "server"
-        srv.mkdir(exist_ok=True)
-        # The desks enrol subjects (enrolment right); the cameras may only identify.
-        devices = [
-            {"id": d, "site": self.site, "token_sha256": _sha256(t), "enrolment_desk": d in _DESKS}
-            for d, t in self.device_tokens.items()
-        ]
-        cfg: dict[str, Any] = {
-            "grpc": {
-                "listen": "127.0.0.1:0",
-                "grace_s": 2.0,
-                "tls": {"cert": str(self.pki.server_cert), "key": str(self.pki.server_key)},
-            },
-            "storage": {"backend": "sqlite", "path": str(srv / "peep.db")},
-            "bundle": {"public_key": str(self.pub_path), "dir": str(self.bundle_dir)},
-            "auth": {"admin_token_sha256": _sha256(self.admin_token), "devices": devices},
-            "mqtt": {
-                "enabled": self.use_mqtt,
-                "host": "127.0.0.1",
-                "port": 1883,
-                # No broker user. "" rather than None, which TOML cannot write: the server.toml written for
-                # --console says what the server runs with (an empty user name is no user name).
-                "username": "",
-                "share_group": f"peep-{self.site}",
-                "client_id": f"peep-{self.site}-server",
-                # A one-off server on someone's broker: no session outlives it, and it leaves
-                # other clients' retained statuses under peep/v1 alone.
-                "session_expiry_s": 0,
-                "clear_retained": False,
-            },
-            "training": {
-                "model_dir": str(srv / "models"),
-                "preset": self.opts.preset,
-                "identify_far": self.opts.identify_far,
-                "target_far": self.opts.verify_far,
-                # Deciding on the devices: every promoted model also goes to them, signed by the deployer's key.
-                **({"device_models": {"signing_key": str(self.key_path), "calibration": str(self.calibration_path)}}
-                   if self.calibration_path is not None else {}),
-            },
-            "recognition": {"keep": self.opts.keep},
-            "metrics": {"enabled": False},
-            "logging": {"format": "text", "level": "warning"},
-            # Started with the server, so the Live page holds the demo's recognitions.
-            **({"console": {"listen": "127.0.0.1:0"}} if self.opts.console else {}),
-            "qbbs": {
-                "store_path": str(srv / "soft_traits.db"),
-                "ledger_path": str(srv / "qbbs_spend.jsonl"),
-                "epsilon": self.opts.qbbs_epsilon,
-                "epsilon_cap": 1000.0 * self.opts.qbbs_epsilon,
-            },
-        }  # fmt: skip
-        self.server_config = cfg
-        self.app = ServerApp(parse_config(cfg), plugins=default_plugins())
-        self.app.start(mqtt_wait=10.0 if self.use_mqtt else None)
-        self.app.services.events.add_sink(self._on_event)
-        creds = grpc.ssl_channel_credentials(root_certificates=self.pki.ca_cert.read_bytes())
-        self.channel = grpc.secure_channel(f"localhost:{self.app.port}", creds)
-        grpc.channel_ready_future(self.channel).result(timeout=10)
-        self.recognition = recognition_pb2_grpc.RecognitionServiceStub(self.channel)  # type: ignore[no-untyped-call]
-        self.qbbs = qbbs_pb2_grpc.QbbsServiceStub(self.channel)  # type: ignore[no-untyped-call]
-        self.admin_md = [("authorization", f"Bearer {self.admin_token}")]
-
-    def _clear_broker(self, bundle: EigenfaceBundle) -> None:
-        """Clear what the run left retained: its devices' statuses (its own site) and its bundle announcement.
-
-        The bundle topic is shared by everything under ``peep/v1`` on this broker: it is cleared only
-        while it still holds this run's bundle.
-        """
-        from peep.core.topics import TopicScheme
-        from peep.server.transport.retained import clear_retained, retained_topics
-
-        topics = TopicScheme()
-        try:
-            left = list(retained_topics(f"{topics.root}/{self.site}/#"))
-            held = retained_topics(topics.bundle).get(topics.bundle)
-            if held is not None and recognition_pb2.BundleFiles.FromString(held).bundle_id == bundle.bundle_id:
-                left.append(topics.bundle)
-            clear_retained(left)
-        except Exception as exc:  # the demo's result does not depend on it
-            log.warning("demo: could not clear its retained messages on the broker", extra={"error": str(exc)})
-
-    def _on_event(self, ev: Any) -> None:
-        # Identification events from ingest; Verify calls publish their own events
-        # (with a claimed subject) for the same message ids.
-        if ev.claimed_subject or ev.purpose != wire.PURPOSES["identify"]:
-            return
-        with self._events_cv:
-            self.events.setdefault(ev.message_id, ev)
-            self._events_cv.notify_all()
+        self.server = start_server(self.ctx, self._events, public_key=self.pub_path, bundle_dir=self.bundle_dir,
+                                   signing_key=self.key_path, calibration=self.calibration_path)  # fmt: skip
+        self.server_config = self.server.config
+        self.pki = self.server.pki
+        self.recognition, self.qbbs, self.admin_md = self.server.recognition, self.server.qbbs, self.server.admin_md
+        self.edge = EdgeConfigs(self.ctx, bundle_dir=self.bundle_dir, public_key=self.pub_path,
+                                site_key=self.site_key_path, server_port=self.server.port,
+                                ca_file=self.server.pki.ca_cert)  # fmt: skip
 
     def _edge_config(self, device_id: str, transport: str, source: str, *, soft: bool) -> Any:
-        from peep.edge.config import EdgeConfig
-
-        o = self.opts
-        desk = device_id in _DESKS or device_id == _DOOR  # enrolment desks release templates; the door has its own
-        bundle = EigenfaceBundle.load(self.bundle_dir, load_public_key(self.pub_path))
-        releaser = TemplateReleaser(bundle, kind=o.mechanism, epsilon=o.epsilon, delta=o.delta)
-        cost = releaser.mechanism.guarantee.epsilon_vector + (2.0 if soft else 0.0)
-        return EdgeConfig.model_validate(
-            {
-                "device": {"id": device_id, "site": self.site, "state_dir": str(self.out / "devices" / device_id)},
-                "bundle": {"path": str(self.bundle_dir), "public_key": str(self.pub_path), "accept_updates": False},
-                "privacy": {
-                    "mechanism": o.mechanism,
-                    "epsilon": o.epsilon,
-                    "delta": o.delta or 0.0,
-                    **({"site_key": str(self.site_key_path)} if self.site_key_path else {}),
-                    # One person walking past: at most 2 releases' worth of ε per track.
-                    "track_budget": 2.0 * cost,
-                    "releases_per_window": 1,
-                    "window_seconds": 60.0,
-                    "min_track_frames": 3,
-                },
-                "soft": {"enabled": soft, "age_epsilon": 1.0, "gender_epsilon": 1.0},
-                "capture": {"source": source, "max_fps": 0.0, "reconnect_attempts": 1},
-                "spool": {"synchronous": "normal", "drain_timeout_s": 30.0},
-                "mqtt": {"enabled": transport == "mqtt", "host": "127.0.0.1", "port": 1883, "tls": False},
-                "grpc": {
-                    "enabled": transport == "grpc",
-                    "target": f"localhost:{self.app.port}",
-                    "tls": True,
-                    "ca_file": str(self.pki.ca_cert),
-                    "token_env": DEVICE_TOKEN_ENV,
-                },
-                "metrics": {"port": 0},
-                "log": {"level": "warning", "format": "text"},
-                **(
-                    {"recognition": {"decide": "device", "epsilon_label": o.epsilon_label}}
-                    if o.decide == "device" and not desk
-                    else {}
-                ),
-            }
-        )
+        assert self.edge is not None
+        return self.edge(device_id, transport, source, soft=soft)
 
     def _enrol(self, scenario: Scenario) -> None:
         from peep.server.demo.devices import DeviceJob, run_devices
 
         # Two enrolment desks, each its own edge agent in its own process, share the subjects: on the
         # enrolment right they are alike, and a descriptor per photo keeps one core busy per desk.
-        desks = _DESKS
+        desks = DESKS
         work: dict[str, list[dict[str, Any]]] = {d: [] for d in desks}
         for i, (subject, images) in enumerate(scenario.enrolled.items()):
             desk = desks[i % len(desks)]
@@ -600,7 +447,7 @@ class Demo:
         jobs = [DeviceJob(d, "desk", {DEVICE_TOKEN_ENV: self.device_tokens[d]}, {"subjects": w}, str(self.log_path))
                 for d, w in work.items() if w]  # fmt: skip
         # A few seconds a subject (a descriptor per photo): a line for each, not a silent minute.
-        with Progress("    subjects enrolled", len(scenario.enrolled), heartbeat=_HEARTBEAT_S) as bar:
+        with Progress("    subjects enrolled", len(scenario.enrolled), heartbeat=HEARTBEAT_S) as bar:
             bar.update(0)
             result = run_devices(jobs, lambda _kind, _device, _subject: bar.advance())
         failed = [f"{d}: {r['error']}" for d, r in result.items() if not r["ok"]]
@@ -703,7 +550,7 @@ class Demo:
 
     def _videos(self, scenario: Scenario) -> list[CameraScript]:
         o = self.opts
-        devices = self._device_ids()
+        devices = camera_ids(self.opts)
         transports = ["grpc"] * len(devices)
         if self.use_mqtt:
             transports[-1] = "mqtt"
@@ -715,11 +562,11 @@ class Demo:
         )  # fmt: skip
         self.door_script = None
         if o.door:
-            self.door_script = door_script(scenario, vdir, device_id=_DOOR, visible_frames=o.door_visible_frames,
+            self.door_script = door_script(scenario, vdir, device_id=DOOR, visible_frames=o.door_visible_frames,
                                            gap_frames=o.door_gap_frames, seed=o.seed)  # fmt: skip
         videos = scripts + ([self.door_script] if self.door_script else [])
         # One video per thread: OpenCV's encoder and numpy's blending release the GIL.
-        with Progress("    videos composed", len(videos), heartbeat=_HEARTBEAT_S) as bar, \
+        with Progress("    videos composed", len(videos), heartbeat=HEARTBEAT_S) as bar, \
                 ThreadPoolExecutor(max_workers=min(len(videos), os.cpu_count() or 1)) as pool:  # fmt: skip
             bar.update(0)
             # At the door a person stands (and sways a little) rather than walking past.
@@ -744,7 +591,7 @@ class Demo:
 
         t0 = time.perf_counter()
         # The videos play for about half a minute: the templates released so far, every few seconds.
-        with Progress("    templates released by the cameras", heartbeat=_HEARTBEAT_S) as bar:
+        with Progress("    templates released by the cameras", heartbeat=HEARTBEAT_S) as bar:
             bar.update(0)
 
             def on_release(_kind: str, device: str, value: Any) -> None:
@@ -768,11 +615,7 @@ class Demo:
             log.error("camera %s", e)
         edge_s = time.perf_counter() - t0
         # Every released template must come back as a recognition event.
-        deadline = time.monotonic() + 60.0
-        with self._events_cv:
-            while not set(self.releases) <= set(self.events) and time.monotonic() < deadline:
-                self._events_cv.wait(timeout=0.5)
-        missing = sorted(set(self.releases) - set(self.events))
+        missing = self._events.wait_for(self.releases, 60.0)
         frames = sum(s.n_frames for s in scripts)
         per_device: dict[str, Any] = {}
         for s in scripts:
@@ -804,7 +647,7 @@ class Demo:
 
         script = self.door_script
         assert script is not None
-        cfg = self._edge_config(_DOOR, "grpc", str(script.video), soft=False)
+        cfg = self._edge_config(DOOR, "grpc", str(script.video), soft=False)
         # The demo shows each subject's badge about a dozen times in twenty seconds, half of them by impostors:
         # traffic a real door sees over weeks. The lock-out is set above it, so the figures are the door's
         # verification; the summary says what the default lock-out would have refused (replayed on the
@@ -823,15 +666,15 @@ class Demo:
         claims = [{"subject": a.claim, "genuine": a.claim == a.person, "start": a.start, "stop": a.stop}
                   for a in script.appearances]  # fmt: skip
         work = {"config": cfg.model_dump(mode="json"), "video": str(script.video), "claims": claims}
-        job = DeviceJob(_DOOR, "door", {DEVICE_TOKEN_ENV: self.device_tokens[_DOOR]}, work, str(self.log_path))
-        result = run_devices([job], lambda *_: None)[_DOOR]
+        job = DeviceJob(DOOR, "door", {DEVICE_TOKEN_ENV: self.device_tokens[DOOR]}, work, str(self.log_path))
+        result = run_devices([job], lambda *_: None)[DOOR]
         if not result["ok"]:
             raise RuntimeError(f"the door failed: {result['error']}")
         rows = result["claims"]
         (self.out / "door.json").write_text(json.dumps(rows, indent=1) + "\n")
         summary = door_summary(rows, result["fail_secure"], pin_openings=result["pin_openings"],
                                lockout=(DoorConfig().lockout_failures, DoorConfig().lockout_window_s))  # fmt: skip
-        summary["epsilon"] = _door_epsilon(self.out / "devices" / _DOOR)
+        summary["epsilon"] = _door_epsilon(self.out / "devices" / DOOR)
         summary["decided_on"] = self.opts.decide
         self.say(f"    {summary['genuine_opened']} of {summary['genuine']} genuine claims opened, "
                  f"{summary['impostor_opened']} of {summary['impostor']} impostor claims; face to lock p95 "
