@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from peep.core import wire
 from peep.core.bundle import EigenfaceBundle, load_private_key, write_keypair
 from peep.core.release import TemplateReleaser
 from peep.server.demo.logfile import LOG_FILE, count_log, route_logs
@@ -48,11 +47,9 @@ from peep.server.demo.scenario import (
     choose_people,
     compose_camera_video,
     door_script,
-    link_folder,
 )
 from peep.server.demo.steps.context import (
     ADMIN_TOKEN_ENV,  # noqa: F401  (importable from here, as before the steps)
-    DESKS,
     DEVICE_TOKEN_ENV,
     DOOR,
     HEARTBEAT_S,
@@ -61,6 +58,8 @@ from peep.server.demo.steps.context import (
     camera_ids,
 )
 from peep.server.demo.steps.edge import EdgeConfigs
+from peep.server.demo.steps.enrolment import enrol_at_desks, enrol_background
+from peep.server.demo.steps.enrolment import train as train_model
 from peep.server.demo.steps.server import (
     DemoServer,
     IdentificationEvents,
@@ -69,6 +68,7 @@ from peep.server.demo.steps.server import (
     open_console,
     start_server,
 )
+from peep.server.demo.steps.soft_traits import TraitRange, enrol_soft_traits
 from peep.server.demo.summary import (
     _door_epsilon,
     _ledger_totals,
@@ -80,7 +80,6 @@ from peep.server.demo.summary import (
 from peep.server.demo.verification import verify_claims
 from peep.server.errors import UsageError
 from peep.server.progress import Progress
-from peep.v1 import qbbs_pb2, recognition_pb2
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +125,8 @@ class Demo:
         self.releases: dict[str, dict[str, Any]] = {}  # message_id -> ground truth + payload
         self.lfw_names: list[str] = []  # every LFW person (folder names), listed when choosing people
         self.public_faces_used = (0, 0)  # the bundle's public faces: images, people
-        self.clipped_traits: dict[str, int] = {}  # synthetic trait values clipped to their declared range
+        self.trait_range = TraitRange()
+        self.traits: dict[str, dict[str, float]] = {}  # the subjects' enrolled soft traits
         self._events = IdentificationEvents()
         #: The running server (None before it started and once closed).
         self.server: DemoServer | None = None
@@ -159,6 +159,15 @@ class Demo:
         return self.ctx.use_mqtt
 
     @property
+    def clipped_traits(self) -> dict[str, int]:
+        """How many synthetic trait values were clipped to their declared range, by trait."""
+        return self.trait_range.clipped
+
+    def _in_range(self, trait: str, value: float) -> float:
+        """``value`` clipped to the trait's declared range (counted in :attr:`clipped_traits`)."""
+        return self.trait_range(trait, value)
+
+    @property
     def events(self) -> dict[str, Any]:
         """The server's identification events, by message id."""
         return self._events.by_message
@@ -186,21 +195,23 @@ class Demo:
         step("starting the server (gRPC/TLS on loopback, SQLite, QBBS" + (", MQTT" if self.use_mqtt else "") + ")",
              lambda: self._start_server(bundle), say)  # fmt: skip
         try:
-            step(
-                "enrolling subjects at two enrolment desks (edge agents, enrol mode)",
-                lambda: self._enrol(scenario),
-                say,
-            )
+            server, edge = self.server, self.edge
+            assert server is not None and edge is not None
+            step("enrolling subjects at two enrolment desks (edge agents, enrol mode)",
+                 lambda: enrol_at_desks(self.ctx, edge, scenario), say)  # fmt: skip
             step("enrolling a public background population (admin, teaches 'unknown')",
-                 lambda: self._enrol_background(scenario, bundle), say)  # fmt: skip
-            train = step("training on perturbed templates", self._train, say)
-            step("enrolling soft traits (QBBS)", lambda: self._enrol_soft_traits(scenario), say)
+                 lambda: enrol_background(self.ctx, server, bundle, self.background_faces, self.site_key),
+                 say)  # fmt: skip
+            train = step("training on perturbed templates", lambda: train_model(self.ctx, server), say)
+            self.traits = step("enrolling soft traits (QBBS)",
+                               lambda: enrol_soft_traits(self.ctx, server, scenario, self.trait_range),
+                               say)  # fmt: skip
             scripts = step("composing camera videos", lambda: self._videos(scenario), say)
             cam = step(f"running {len(scripts)} edge agents over their videos", lambda: self._cameras(scripts), say)
             verify = step(
                 "verifying claims: face alone and fused with soft traits"
                 + (" (skipped: no camera template reaches the server)" if o.decide == "device" else ""),
-                lambda: self._verify(scenario),
+                lambda: verify_claims(self.ctx, server, scenario, self.releases, self.traits, self.trait_range),
                 say,
             )
             door = None
@@ -431,123 +442,6 @@ class Demo:
         assert self.edge is not None
         return self.edge(device_id, transport, source, soft=soft)
 
-    def _enrol(self, scenario: Scenario) -> None:
-        from peep.server.demo.devices import DeviceJob, run_devices
-
-        # Two enrolment desks, each its own edge agent in its own process, share the subjects: on the
-        # enrolment right they are alike, and a descriptor per photo keeps one core busy per desk.
-        desks = DESKS
-        work: dict[str, list[dict[str, Any]]] = {d: [] for d in desks}
-        for i, (subject, images) in enumerate(scenario.enrolled.items()):
-            desk = desks[i % len(desks)]
-            folder = link_folder(images, self.out / "enrol" / subject)
-            cfg = self._edge_config(desk, "grpc", str(folder), soft=False)
-            work[desk].append({"subject": subject, "config": cfg.model_dump(mode="json"), "source": str(folder),
-                               "count": len(images)})  # fmt: skip
-        jobs = [DeviceJob(d, "desk", {DEVICE_TOKEN_ENV: self.device_tokens[d]}, {"subjects": w}, str(self.log_path))
-                for d, w in work.items() if w]  # fmt: skip
-        # A few seconds a subject (a descriptor per photo): a line for each, not a silent minute.
-        with Progress("    subjects enrolled", len(scenario.enrolled), heartbeat=HEARTBEAT_S) as bar:
-            bar.update(0)
-            result = run_devices(jobs, lambda _kind, _device, _subject: bar.advance())
-        failed = [f"{d}: {r['error']}" for d, r in result.items() if not r["ok"]]
-        if failed:
-            raise RuntimeError("enrolment desk failed: " + "; ".join(failed))
-        n = sum(len(v) for v in scenario.enrolled.values())
-        self.say(f"    {len(scenario.enrolled)} subjects, {n} enrolment templates (one per photo) "
-                 f"at {len(jobs)} desks")  # fmt: skip
-
-    def _enrol_background(self, scenario: Scenario, bundle: EigenfaceBundle) -> None:
-        # The deployer's public background faces, released exactly as a device would
-        # (same bundle, mechanism and secure sampler) and enrolled by the admin.
-        o = self.opts
-        releaser = TemplateReleaser(bundle, kind=o.mechanism, epsilon=o.epsilon, delta=o.delta,
-                                    site_key=self.site_key)  # fmt: skip
-        faces = self.background_faces
-        take = np.random.default_rng(o.seed + 3).permutation(faces.n_images)[: o.background_templates]
-        faces = faces.subset(np.isin(np.arange(faces.n_images), take))
-        values = releaser.release(faces.inputs(bundle.input_kind))
-        groups: dict[str, list[Any]] = {}
-        for i, (row, label) in enumerate(zip(values, faces.labels, strict=True)):
-            # One background subject per person: validation holds out whole people, and pairs of one
-            # person's templates calibrate the threshold of a decision fused from a track's two releases.
-            subject = f"background:{int(label)}"
-            groups.setdefault(subject, []).append(
-                wire.make_template(row, device_id="desk-1", site=self.site, bundle_id=bundle.bundle_id,
-                                   mechanism=releaser.description, purpose="enroll", subject=subject, track_id=f"bg{i}",
-                                   key_id=releaser.key_id)
-            )  # fmt: skip
-        for subject, msgs in groups.items():
-            self.recognition.EnrolSubject(
-                recognition_pb2.EnrolSubjectRequest(subject=subject, templates=msgs), metadata=self.admin_md, timeout=60
-            )
-        self.say(f"    {len(values)} background templates of {len(groups)} people")
-
-    def _train(self) -> dict[str, Any]:
-        resp = self.recognition.Train(recognition_pb2.TrainRequest(), metadata=self.admin_md, timeout=600)
-        status = self.recognition.GetModelStatus(
-            recognition_pb2.ModelStatusRequest(), metadata=self.admin_md, timeout=10
-        )
-        self.say(f"    model {resp.model_version}: {resp.n_templates} templates, {resp.n_subjects} classes, "
-                 f"validation accuracy {resp.validation_accuracy:.3f}")  # fmt: skip
-        return {
-            "model_version": resp.model_version,
-            "n_templates": resp.n_templates,
-            "n_subjects": resp.n_subjects,
-            "validation_accuracy": resp.validation_accuracy,
-            "unknown_threshold": status.unknown_threshold,
-            "verify_threshold": status.verify_threshold,
-        }
-
-    def _in_range(self, trait: str, value: float) -> float:
-        """``value`` clipped to the trait's declared range, which the server refuses values outside of.
-
-        The synthetic population's tails (a log-normal weight) reach below the
-        adult range now and then (33.7 kg with seed 11 stopped the demo); a
-        sensor reports its range's end. Counted in the summary.
-        """
-        from peep.server.qbbs.config import DEFAULT_TRAITS
-
-        spec = DEFAULT_TRAITS[trait]
-        clipped = min(max(value, spec.lower), spec.upper)
-        if clipped != value:
-            self.clipped_traits[trait] = self.clipped_traits.get(trait, 0) + 1
-        return clipped
-
-    def _enrol_soft_traits(self, scenario: Scenario) -> dict[str, dict[str, float]]:
-        from peep.server.qbbs.traitdata import estimate_age_gender, synthetic_anthropometry
-
-        subjects = list(scenario.enrolled)
-        paths = [str(p) for s in subjects for p in scenario.enrolled[s]]
-        cache = self.out / "cache"
-        cache.mkdir(exist_ok=True)
-        age, p_male = estimate_age_gender(paths, cache_dir=cache)
-        k = 0
-        mean_age, gender = [], []
-        for s in subjects:
-            n = len(scenario.enrolled[s])
-            mean_age.append(float(np.mean(age[k : k + n])))
-            gender.append(1.0 if float(np.mean(p_male[k : k + n])) >= 0.5 else 0.0)
-            k += n
-        height, weight = synthetic_anthropometry(np.asarray(gender), seed=self.opts.seed)
-        self.traits: dict[str, dict[str, float]] = {}
-        for i, s in enumerate(subjects):
-            t = {
-                "age": self._in_range("age", round(mean_age[i], 1)),
-                "gender": gender[i],
-                "height": self._in_range("height", float(height[i])),
-                "weight": self._in_range("weight", float(weight[i])),
-            }
-            self.traits[s] = t
-            self.qbbs.EnrolSoftTraits(
-                qbbs_pb2.EnrolSoftTraitsRequest(
-                    subject=s, traits=[qbbs_pb2.SoftTraitValue(trait=k2, value=v) for k2, v in t.items()]
-                ),
-                metadata=self.admin_md,
-                timeout=30,
-            )
-        return self.traits
-
     def _videos(self, scenario: Scenario) -> list[CameraScript]:
         o = self.opts
         devices = camera_ids(self.opts)
@@ -707,9 +601,6 @@ class Demo:
             "ledger_entries": counts.ledger,
             "track_memory": counts.track_memory,
         }
-
-    def _verify(self, scenario: Scenario) -> dict[str, Any]:
-        return verify_claims(self, scenario)
 
     # ------------------------------------------------------------------ summary
 
