@@ -25,12 +25,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import resource
 import shutil
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -41,22 +39,17 @@ from peep.core.release import TemplateReleaser
 from peep.server.demo.logfile import LOG_FILE, count_log, route_logs
 from peep.server.demo.options import DemoOptions
 from peep.server.demo.scenario import (
-    CameraScript,
     Scenario,
-    camera_scripts,
     choose_people,
-    compose_camera_video,
-    door_script,
 )
+from peep.server.demo.steps.cameras import compose_videos, run_cameras
 from peep.server.demo.steps.context import (
     ADMIN_TOKEN_ENV,  # noqa: F401  (importable from here, as before the steps)
-    DEVICE_TOKEN_ENV,
-    DOOR,
     HEARTBEAT_S,
     RunContext,
     broker_reachable,
-    camera_ids,
 )
+from peep.server.demo.steps.door import door_claims
 from peep.server.demo.steps.edge import EdgeConfigs
 from peep.server.demo.steps.enrolment import enrol_at_desks, enrol_background
 from peep.server.demo.steps.enrolment import train as train_model
@@ -70,10 +63,7 @@ from peep.server.demo.steps.server import (
 )
 from peep.server.demo.steps.soft_traits import TraitRange, enrol_soft_traits
 from peep.server.demo.summary import (
-    _door_epsilon,
-    _ledger_totals,
     _stranger_keys,
-    door_summary,
     epsilon_per_appearance,
     identification_per_camera,
 )
@@ -206,8 +196,11 @@ class Demo:
             self.traits = step("enrolling soft traits (QBBS)",
                                lambda: enrol_soft_traits(self.ctx, server, scenario, self.trait_range),
                                say)  # fmt: skip
-            scripts = step("composing camera videos", lambda: self._videos(scenario), say)
-            cam = step(f"running {len(scripts)} edge agents over their videos", lambda: self._cameras(scripts), say)
+            videos = step("composing camera videos", lambda: compose_videos(self.ctx, scenario), say)
+            self.scripts = scripts = videos.cameras
+            cameras = step(f"running {len(scripts)} edge agents over their videos",
+                           lambda: run_cameras(self.ctx, edge, self._events, scripts), say)  # fmt: skip
+            self.releases, cam = cameras.releases, cameras.edge
             verify = step(
                 "verifying claims: face alone and fused with soft traits"
                 + (" (skipped: no camera template reaches the server)" if o.decide == "device" else ""),
@@ -217,7 +210,10 @@ class Demo:
             door = None
             if o.door:
                 how = "the device's own model" if o.decide == "device" else "the server's Verify"
-                door = step(f"a door: badge claims, the best face, {how}, a mock GPIO lock", self._door, say)
+                assert videos.door is not None
+                door_script = videos.door
+                door = step(f"a door: badge claims, the best face, {how}, a mock GPIO lock",
+                            lambda: door_claims(self.ctx, edge, door_script), say)  # fmt: skip
             summary = self._summary(scenario, bundle, train, cam, verify, time.perf_counter() - t_start)
             if door is not None:
                 summary["door"] = door
@@ -437,144 +433,6 @@ class Demo:
         self.edge = EdgeConfigs(self.ctx, bundle_dir=self.bundle_dir, public_key=self.pub_path,
                                 site_key=self.site_key_path, server_port=self.server.port,
                                 ca_file=self.server.pki.ca_cert)  # fmt: skip
-
-    def _edge_config(self, device_id: str, transport: str, source: str, *, soft: bool) -> Any:
-        assert self.edge is not None
-        return self.edge(device_id, transport, source, soft=soft)
-
-    def _videos(self, scenario: Scenario) -> list[CameraScript]:
-        o = self.opts
-        devices = camera_ids(self.opts)
-        transports = ["grpc"] * len(devices)
-        if self.use_mqtt:
-            transports[-1] = "mqtt"
-        vdir = self.out / "videos"
-        vdir.mkdir(exist_ok=True)
-        scripts = camera_scripts(
-            scenario, vdir, device_ids=devices, transports=transports,
-            visible_frames=o.visible_frames, gap_frames=o.gap_frames, seed=o.seed,
-        )  # fmt: skip
-        self.door_script = None
-        if o.door:
-            self.door_script = door_script(scenario, vdir, device_id=DOOR, visible_frames=o.door_visible_frames,
-                                           gap_frames=o.door_gap_frames, seed=o.seed)  # fmt: skip
-        videos = scripts + ([self.door_script] if self.door_script else [])
-        # One video per thread: OpenCV's encoder and numpy's blending release the GIL.
-        with Progress("    videos composed", len(videos), heartbeat=HEARTBEAT_S) as bar, \
-                ThreadPoolExecutor(max_workers=min(len(videos), os.cpu_count() or 1)) as pool:  # fmt: skip
-            bar.update(0)
-            # At the door a person stands (and sways a little) rather than walking past.
-            jobs = [pool.submit(compose_camera_video, s, fps=o.fps, seed=o.seed,
-                                amplitude=10.0 if s is self.door_script else 60.0) for s in videos]  # fmt: skip
-            for done in as_completed(jobs):
-                done.result()
-                bar.advance()
-        self.scripts = scripts
-        return scripts
-
-    def _cameras(self, scripts: list[CameraScript]) -> dict[str, Any]:
-        from peep.server.demo.devices import DeviceJob, run_devices
-
-        by_device = {s.device_id: s for s in scripts}
-        jobs = []
-        for s in scripts:
-            cfg = self._edge_config(s.device_id, s.transport, str(s.video), soft=self.opts.soft)
-            jobs.append(DeviceJob(s.device_id, "camera", {DEVICE_TOKEN_ENV: self.device_tokens[s.device_id]},
-                                  {"config": cfg.model_dump(mode="json"), "video": str(s.video)},
-                                  str(self.log_path)))  # fmt: skip
-
-        t0 = time.perf_counter()
-        # The videos play for about half a minute: the templates released so far, every few seconds.
-        with Progress("    templates released by the cameras", heartbeat=HEARTBEAT_S) as bar:
-            bar.update(0)
-
-            def on_release(_kind: str, device: str, value: Any) -> None:
-                message_id, frame, track, payload = value
-                who = by_device[device].who(frame)
-                self.releases[message_id] = {
-                    "device": device,
-                    "transport": by_device[device].transport,
-                    "frame": frame,
-                    "track": track,
-                    "person": who.person if who else None,
-                    "enrolled": who.enrolled if who else None,
-                    "payload": payload,
-                }
-                bar.update(len(self.releases))
-
-            result = run_devices(jobs, on_release)
-        # Reported in the summary; the other cameras went on.
-        errors = [f"{d}: {r['error']}" for d, r in result.items() if not r["ok"]]
-        for e in errors:
-            log.error("camera %s", e)
-        edge_s = time.perf_counter() - t0
-        # Every released template must come back as a recognition event.
-        missing = self._events.wait_for(self.releases, 60.0)
-        frames = sum(s.n_frames for s in scripts)
-        per_device: dict[str, Any] = {}
-        for s in scripts:
-            spent = _ledger_totals(self.out / "devices" / s.device_id)
-            per_device[s.device_id] = {
-                "transport": s.transport,
-                "frames": s.n_frames,
-                "appearances": len(s.appearances),
-                "releases": sum(1 for r in self.releases.values() if r["device"] == s.device_id),
-                "suppressed": result.get(s.device_id, {}).get("suppressed"),
-                "epsilon_vector_spent": spent["epsilon_vector"],
-                "max_epsilon_vector_per_track": spent["max_per_track"],
-            }
-        return {
-            "edge_seconds": edge_s,
-            "frames": frames,
-            "frames_per_s": frames / edge_s if edge_s > 0 else None,
-            "templates": len(self.releases),
-            "templates_per_s": len(self.releases) / edge_s if edge_s > 0 else None,
-            "events_missing": missing,
-            "errors": errors,
-            "devices": per_device,
-        }
-
-    def _door(self) -> dict[str, Any]:
-        """The door's claims through the real door path in a device process; the summary's ``door``."""
-        from peep.edge.config import DoorConfig
-        from peep.server.demo.devices import DeviceJob, run_devices
-
-        script = self.door_script
-        assert script is not None
-        cfg = self._edge_config(DOOR, "grpc", str(script.video), soft=False)
-        # The demo shows each subject's badge about a dozen times in twenty seconds, half of them by impostors:
-        # traffic a real door sees over weeks. The lock-out is set above it, so the figures are the door's
-        # verification; the summary says what the default lock-out would have refused (replayed on the
-        # outcomes), and a fail-secure check runs the lock-out itself. The lock opens for 50 ms, shorter
-        # than a claim, so every opening shows on the pin.
-        per_subject: dict[str, int] = {}
-        for a in script.appearances:
-            per_subject[str(a.claim)] = per_subject.get(str(a.claim), 0) + 1
-        # Likewise its throttle and hourly budgets: weeks of claims in twenty seconds would pass the defaults
-        # (ten claims a minute, ε 1,600 an hour, 96 per subject); the ε the door spent is in the summary.
-        door = DoorConfig(enabled=True, lock="gpio", decision="device" if self.opts.decide == "device" else "grpc",
-                          open_s=0.05, decision_timeout_s=5.0,
-                          lockout_failures=max(per_subject.values(), default=0) + 1, max_claims_per_minute=600,
-                          epsilon_per_hour=1e7, subject_epsilon_per_hour=1e7)  # fmt: skip
-        cfg = cfg.model_copy(update={"door": door})
-        claims = [{"subject": a.claim, "genuine": a.claim == a.person, "start": a.start, "stop": a.stop}
-                  for a in script.appearances]  # fmt: skip
-        work = {"config": cfg.model_dump(mode="json"), "video": str(script.video), "claims": claims}
-        job = DeviceJob(DOOR, "door", {DEVICE_TOKEN_ENV: self.device_tokens[DOOR]}, work, str(self.log_path))
-        result = run_devices([job], lambda *_: None)[DOOR]
-        if not result["ok"]:
-            raise RuntimeError(f"the door failed: {result['error']}")
-        rows = result["claims"]
-        (self.out / "door.json").write_text(json.dumps(rows, indent=1) + "\n")
-        summary = door_summary(rows, result["fail_secure"], pin_openings=result["pin_openings"],
-                               lockout=(DoorConfig().lockout_failures, DoorConfig().lockout_window_s))  # fmt: skip
-        summary["epsilon"] = _door_epsilon(self.out / "devices" / DOOR)
-        summary["decided_on"] = self.opts.decide
-        self.say(f"    {summary['genuine_opened']} of {summary['genuine']} genuine claims opened, "
-                 f"{summary['impostor_opened']} of {summary['impostor']} impostor claims; face to lock p95 "
-                 f"{summary['p95_ms']:.0f} ms; {summary['fail_secure_checks']} of {summary['fail_secure_run']} "
-                 "fail-secure checks held")  # fmt: skip
-        return summary
 
     def _kept(self) -> dict[str, Any]:
         """What the server's database keeps after the run, counted there (``recognition.keep``, default none).
