@@ -60,7 +60,7 @@ from peep.server.demo.steps.server import (
     start_server,
 )
 from peep.server.demo.steps.soft_traits import TraitRange, enrol_soft_traits
-from peep.server.demo.verification import verify_claims
+from peep.server.demo.steps.verification import verify_claims
 
 
 def _cpu_s() -> float:
