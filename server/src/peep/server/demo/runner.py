@@ -40,8 +40,8 @@ from peep.server.demo.options import DemoOptions
 from peep.server.demo.steps.bundle import FittedBundle, Keys, keys_and_bundle
 from peep.server.demo.steps.cameras import compose_videos, run_cameras
 from peep.server.demo.steps.context import (
-    ADMIN_TOKEN_ENV,  # noqa: F401  (importable from here, as before the steps)
-    DEVICE_TOKEN_ENV,  # noqa: F401
+    ADMIN_TOKEN_ENV,
+    DEVICE_TOKEN_ENV,
     RunContext,
     broker_reachable,
 )
@@ -54,7 +54,7 @@ from peep.server.demo.steps.results import kept_in_store, summarise
 from peep.server.demo.steps.server import (
     DemoServer,
     IdentificationEvents,
-    add_user_command,  # noqa: F401  (peep demo --console and its test import it from here)
+    add_user_command,
     clear_broker,
     open_console,
     start_server,
@@ -176,8 +176,9 @@ class Demo:
         scenario = people.scenario
         keys, fitted = step("keys and a signed bundle from public background faces",
                             lambda: keys_and_bundle(ctx, people), say)  # fmt: skip
-        server = step("starting the server (gRPC/TLS on loopback, SQLite, QBBS" + (", MQTT" if ctx.use_mqtt else "")
-                      + ")", lambda: self._start_server(keys, fitted), say)  # fmt: skip
+        parts = "SQLite, QBBS" + (", MQTT" if ctx.use_mqtt else "")
+        server = step(f"starting the server (gRPC/TLS on loopback, {parts})",
+                      lambda: self._start_server(keys, fitted), say)  # fmt: skip
         try:
             edge = EdgeConfigs(ctx, bundle_dir=fitted.bundle_dir, public_key=keys.public_key,
                                site_key=keys.site_key_path, server_port=server.port,
@@ -256,4 +257,6 @@ def run_demo(opts: DemoOptions, *, say: Callable[[str], None] = print) -> dict[s
     return Demo(opts, say=say).run()
 
 
-__all__ = ["Demo", "DemoOptions", "run_demo"]
+# add_user_command and the token variables' names: importable from here, as before the steps were apart
+# (``peep demo --console`` prints the command).
+__all__ = ["ADMIN_TOKEN_ENV", "DEVICE_TOKEN_ENV", "Demo", "DemoOptions", "add_user_command", "run_demo"]
