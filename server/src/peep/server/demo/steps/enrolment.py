@@ -1,4 +1,4 @@
-"""The demo's enrolment steps: subjects at the enrolment desks, then the public background population."""
+"""The demo's enrolment steps: subjects at the enrolment desks, the public background population, training."""
 
 from __future__ import annotations
 
