@@ -17,73 +17,50 @@
    weight, labelled so);
 7. a summary (printed, ``summary.json``) and a self-contained ``report.html``.
 
+Each step is a unit of :mod:`peep.server.demo.steps`, called with the run's
+:class:`~peep.server.demo.steps.context.RunContext` and the earlier steps' outputs;
+:meth:`Demo.run` is the list of them.
+
 Noise always comes from the secure sampler: this is a real deployment in
 miniature, not a simulation.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import logging
-import os
 import resource
-import secrets
-import shlex
-import shutil
-import socket
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import grpc
-import numpy as np
-from peep.core import wire
-from peep.core.bundle import EigenfaceBundle, load_private_key, load_public_key, write_keypair
-from peep.core.release import TemplateReleaser
+from peep.core.bundle import EigenfaceBundle
 from peep.server.demo.logfile import LOG_FILE, count_log, route_logs
 from peep.server.demo.options import DemoOptions
-from peep.server.demo.scenario import (
-    CameraScript,
-    Scenario,
-    camera_scripts,
-    choose_people,
-    compose_camera_video,
-    door_script,
-    link_folder,
+from peep.server.demo.steps.bundle import FittedBundle, Keys, keys_and_bundle
+from peep.server.demo.steps.cameras import compose_videos, run_cameras
+from peep.server.demo.steps.context import (
+    ADMIN_TOKEN_ENV,
+    DEVICE_TOKEN_ENV,
+    RunContext,
+    broker_reachable,
 )
-from peep.server.demo.summary import (
-    _door_epsilon,
-    _ledger_totals,
-    _stranger_keys,
-    door_summary,
-    epsilon_per_appearance,
-    identification_per_camera,
+from peep.server.demo.steps.door import door_claims
+from peep.server.demo.steps.edge import EdgeConfigs
+from peep.server.demo.steps.enrolment import enrol_at_desks, enrol_background, train
+from peep.server.demo.steps.output import fresh_out, write_results
+from peep.server.demo.steps.people import choose_from_lfw
+from peep.server.demo.steps.results import kept_in_store, summarise
+from peep.server.demo.steps.server import (
+    DemoServer,
+    IdentificationEvents,
+    add_user_command,
+    clear_broker,
+    open_console,
+    start_server,
 )
-from peep.server.demo.verification import verify_claims
-from peep.server.errors import UsageError
-from peep.server.progress import Progress
-from peep.v1 import qbbs_pb2, qbbs_pb2_grpc, recognition_pb2, recognition_pb2_grpc
-
-log = logging.getLogger(__name__)
-
-ADMIN_TOKEN_ENV = "PEEP_DEMO_ADMIN_TOKEN"
-# Off a terminal, a long step's progress line at least this often (seconds), so that no step looks stuck.
-_HEARTBEAT_S = 8.0
-DEVICE_TOKEN_ENV = "PEEP_DEMO_DEVICE_TOKEN"
-# What a run leaves in --out that the next run must not build on (removed when it starts), and the file that
-# marks a folder as the demo's own.
-_RUN_STATE = ("server", "devices", "enrol", "videos", "summary.json", "releases.json", "verification.json",
-              "door.json", "report.html", LOG_FILE)  # fmt: skip
-_OUT_MARKER = ".peep-demo"
-# The site's enrolment desks (the first also stands for the administrator's background enrolment).
-_DESKS = ("desk-1", "desk-2")
-# The door: a camera with a badge reader, asking the server's Verify (the verify right every device has).
-_DOOR = "door-1"
+from peep.server.demo.steps.soft_traits import TraitRange, enrol_soft_traits
+from peep.server.demo.steps.verification import verify_claims
 
 
 def _cpu_s() -> float:
@@ -108,29 +85,25 @@ class StepTimer:
         return out
 
 
-def add_user_command(config: Path, name: str = "NAME", role: str = "operator") -> str:
-    """The ``peep console add-user`` command line that adds a console account on the demo's data.
-
-    >>> add_user_command(Path("runs/demo 1/server/server.toml"))
-    "peep console add-user --config 'runs/demo 1/server/server.toml' --name NAME --role operator"
-    """
-    return f"peep console add-user --config {shlex.quote(str(config))} --name {shlex.quote(name)} --role {role}"
-
-
-def _broker_reachable(host: str = "127.0.0.1", port: int = 1883) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=1.0):
-            return True
-    except OSError:
-        return False
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 class Demo:
-    """One demo run; :meth:`run` returns the summary dict."""
+    """One demo run; :meth:`run` returns the summary dict.
+
+    The run's server outlives :meth:`run` with ``--console`` (until :meth:`close`); the attributes below
+    are what a caller reads of a run.
+
+    Attributes
+    ----------
+    ctx : RunContext
+        What every step shares: options, output folder, site, tokens, whether MQTT is used.
+    releases : dict of message id -> release
+        What the cameras released, with who was in front of the camera (and the payload).
+    server : DemoServer or None
+        The running server (None before it started and once closed).
+    console_password : str or None
+        The console admin's one-time password (``--console``), printed once and never stored in clear.
+    server_config : dict
+        The server's configuration as a dict (``server.toml``'s sections), once it started.
+    """
 
     def __init__(self, opts: DemoOptions, *, say: Callable[[str], None] = print) -> None:
         self.opts = opts
@@ -138,147 +111,132 @@ class Demo:
         self.out = Path(opts.out)
         self.log_path = self.out / LOG_FILE
         self.timer = StepTimer()
-        self.site = f"demo-{secrets.token_hex(2)}"
-        self.admin_token = secrets.token_urlsafe(24)
-        # One bearer token per device: the server maps a token to exactly one device id.
-        self.device_tokens = {d: secrets.token_urlsafe(24) for d in [*_DESKS, *self._device_ids(), _DOOR]}
-        self.releases: dict[str, dict[str, Any]] = {}  # message_id -> ground truth + payload
-        self.lfw_names: list[str] = []  # every LFW person (folder names), listed when choosing people
-        self.public_faces_used = (0, 0)  # the bundle's public faces: images, people
-        self.clipped_traits: dict[str, int] = {}  # synthetic trait values clipped to their declared range
-        self.events: dict[str, Any] = {}
-        self._events_lock = threading.Lock()
-        self._events_cv = threading.Condition(self._events_lock)
-        self.app: Any = None
-        #: The console admin's one-time password (``--console``), printed once and never stored in clear.
+        self.ctx = RunContext.new(opts, say)
+        self.releases: dict[str, dict[str, Any]] = {}
+        self.trait_range = TraitRange()
+        self._events = IdentificationEvents()
+        self.server: DemoServer | None = None
         self.console_password: str | None = None
-        #: The server's configuration as a dict (``server.toml``'s sections), once it started.
         self.server_config: dict[str, Any] = {}
-        #: The bundle this run announced on the broker: its retained messages are cleared at close().
+        # The bundle this run announced on the broker: its retained messages are cleared at close().
         self._broker_bundle: EigenfaceBundle | None = None
 
-    # ------------------------------------------------------------------ steps
+    @property
+    def site(self) -> str:
+        """The run's site name."""
+        return self.ctx.site
+
+    @property
+    def admin_token(self) -> str:
+        """The administrator's bearer token."""
+        return self.ctx.admin_token
+
+    @property
+    def device_tokens(self) -> dict[str, str]:
+        """Each device's bearer token, by device id."""
+        return self.ctx.device_tokens
+
+    @property
+    def use_mqtt(self) -> bool:
+        """Whether the run uses the broker on 127.0.0.1:1883 (decided when it starts)."""
+        return self.ctx.use_mqtt
+
+    @property
+    def events(self) -> dict[str, Any]:
+        """The server's identification events, by message id."""
+        return self._events.by_message
+
+    @property
+    def app(self) -> Any:
+        """The running server application (None before it started and once closed)."""
+        return self.server.app if self.server is not None else None
+
+    @property
+    def clipped_traits(self) -> dict[str, int]:
+        """How many synthetic trait values were clipped to their declared range, by trait."""
+        return self.trait_range.clipped
+
+    def _in_range(self, trait: str, value: float) -> float:
+        """``value`` clipped to the trait's declared range (counted in :attr:`clipped_traits`)."""
+        return self.trait_range(trait, value)
 
     def run(self) -> dict[str, Any]:
+        """Run every step; returns the summary (also written to ``<out>/summary.json``, with the report)."""
         o = self.opts
-        self._fresh_out()
+        fresh_out(self.out)
         # The server's and the devices' structured events (with their fields), warnings and up, in the run's
         # log: the terminal keeps the progress lines and the summary (errors reach it too).
         route_logs(self.log_path)
-        self.use_mqtt = o.mqtt == "on" or (o.mqtt == "auto" and _broker_reachable())
-        if o.mqtt == "on" and not _broker_reachable():
+        ctx = self.ctx = replace(self.ctx, use_mqtt=o.mqtt == "on" or (o.mqtt == "auto" and broker_reachable()))
+        if o.mqtt == "on" and not broker_reachable():
             raise RuntimeError("--mqtt on: no MQTT broker answers on 127.0.0.1:1883")
         t_start = time.perf_counter()
         say, step = self.say, self.timer.run
-        scenario = step("choosing people from LFW", self._scenario, say)
-        bundle = step("keys and a signed bundle from public background faces", lambda: self._bundle(scenario), say)
-        step("starting the server (gRPC/TLS on loopback, SQLite, QBBS" + (", MQTT" if self.use_mqtt else "") + ")",
-             lambda: self._start_server(bundle), say)  # fmt: skip
+        people = step("choosing people from LFW", lambda: choose_from_lfw(o), say)
+        scenario = people.scenario
+        keys, fitted = step("keys and a signed bundle from public background faces",
+                            lambda: keys_and_bundle(ctx, people), say)  # fmt: skip
+        parts = "SQLite, QBBS" + (", MQTT" if ctx.use_mqtt else "")
+        server = step(f"starting the server (gRPC/TLS on loopback, {parts})",
+                      lambda: self._start_server(keys, fitted), say)  # fmt: skip
         try:
-            step(
-                "enrolling subjects at two enrolment desks (edge agents, enrol mode)",
-                lambda: self._enrol(scenario),
-                say,
-            )
+            edge = EdgeConfigs(ctx, bundle_dir=fitted.bundle_dir, public_key=keys.public_key,
+                               site_key=keys.site_key_path, server_port=server.port,
+                               ca_file=server.pki.ca_cert)  # fmt: skip
+            step("enrolling subjects at two enrolment desks (edge agents, enrol mode)",
+                 lambda: enrol_at_desks(ctx, edge, scenario), say)  # fmt: skip
             step("enrolling a public background population (admin, teaches 'unknown')",
-                 lambda: self._enrol_background(scenario, bundle), say)  # fmt: skip
-            train = step("training on perturbed templates", self._train, say)
-            step("enrolling soft traits (QBBS)", lambda: self._enrol_soft_traits(scenario), say)
-            scripts = step("composing camera videos", lambda: self._videos(scenario), say)
-            cam = step(f"running {len(scripts)} edge agents over their videos", lambda: self._cameras(scripts), say)
-            verify = step(
+                 lambda: enrol_background(ctx, server, fitted.bundle, fitted.background_faces, keys.site_key),
+                 say)  # fmt: skip
+            model = step("training on perturbed templates", lambda: train(ctx, server), say)
+            traits = step("enrolling soft traits (QBBS)",
+                          lambda: enrol_soft_traits(ctx, server, scenario, self.trait_range), say)  # fmt: skip
+            videos = step("composing camera videos", lambda: compose_videos(ctx, scenario), say)
+            cameras = step(f"running {len(videos.cameras)} edge agents over their videos",
+                           lambda: run_cameras(ctx, edge, self._events, videos.cameras), say)  # fmt: skip
+            self.releases = cameras.releases
+            verification = step(
                 "verifying claims: face alone and fused with soft traits"
                 + (" (skipped: no camera template reaches the server)" if o.decide == "device" else ""),
-                lambda: self._verify(scenario),
+                lambda: verify_claims(ctx, server, scenario, cameras.releases, traits, self.trait_range),
                 say,
             )
             door = None
-            if o.door:
+            if videos.door is not None:  # --door
                 how = "the device's own model" if o.decide == "device" else "the server's Verify"
-                door = step(f"a door: badge claims, the best face, {how}, a mock GPIO lock", self._door, say)
-            summary = self._summary(scenario, bundle, train, cam, verify, time.perf_counter() - t_start)
+                door_script = videos.door
+                door = step(f"a door: badge claims, the best face, {how}, a mock GPIO lock",
+                            lambda: door_claims(ctx, edge, door_script), say)  # fmt: skip
+            summary = summarise(
+                ctx, scenario=scenario, fitted=fitted, keys=keys, model=model, scripts=videos.cameras,
+                releases=cameras.releases, events=self.events, edge=cameras.edge, verification=verification,
+                kept=kept_in_store(server.app, cameras.releases), steps_s=self.timer.steps,
+                steps_cpu_s=self.timer.cpu, wall_s=time.perf_counter() - t_start,
+            )  # fmt: skip
             if door is not None:
                 summary["door"] = door
             if o.console:
                 summary["console"] = step("opening the operator console", self._open_console, say)
         finally:
-            if self.use_mqtt:
-                self._broker_bundle = bundle
+            if ctx.use_mqtt:
+                self._broker_bundle = fitted.bundle
             if not (o.console and self.console_password):  # the console keeps the server until close()
                 self.close()
         summary["log"] = count_log(self.log_path)
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
-        # The ground truth of what the cameras released (who was in front of which camera when; never a
-        # template): what the summary's figures and kept_templates.strangers are counted against.
-        truth = [{k: v for k, v in r.items() if k != "payload"} | {"message_id": m} for m, r in self.releases.items()]
-        (self.out / "releases.json").write_text(json.dumps(truth, indent=1) + "\n")
-        from peep.server.demo.report import write_report
-
-        write_report(summary, self.releases, self.events, self.out)
+        write_results(self.out, summary, self.releases, self.events)
         return summary
 
-    def _fresh_out(self) -> None:
-        """Start from nothing in ``--out``: an earlier run's database, device ledgers and spools are removed.
-
-        A second run into the same folder used to enrol on top of the first (twice the templates, the
-        devices' ε added up). Only a folder the demo marked as its own is cleared, and only what the demo
-        writes there; the caches (age/gender estimates) and the bundle's signing key pair stay.
-        """
-        marker = self.out / _OUT_MARKER
-        made = [self.out / d for d in _RUN_STATE]
-        if self.out.exists() and not marker.exists() and any(p.exists() for p in made):
-            raise UsageError(
-                f"--out {self.out}: holds {', '.join(p.name for p in made if p.exists())} but is not a folder an "
-                "earlier peep demo made; choose a new or empty folder"
-            )
-        for p in made:
-            if p.is_dir():
-                shutil.rmtree(p)
-            elif p.exists():
-                p.unlink()
-        self.out.mkdir(parents=True, exist_ok=True)
-        marker.write_text("a peep demo output folder: each run replaces its server, devices and enrolments\n")
+    def _start_server(self, keys: Keys, fitted: FittedBundle) -> DemoServer:
+        self.server = start_server(self.ctx, self._events, public_key=keys.public_key, bundle_dir=fitted.bundle_dir,
+                                   signing_key=keys.signing_key, calibration=fitted.calibration)  # fmt: skip
+        self.server_config = self.server.config
+        return self.server
 
     def _open_console(self) -> dict[str, Any]:
-        """An admin account with a one-time password on the demo's server; the console stays up until close().
-
-        The server's configuration is written next to its database (:meth:`_write_server_config`), so that
-        ``peep console add-user --config`` adds accounts on the demo's data while it runs.
-        """
-        from peep.server.console.accounts import create_account
-        from peep.server.console.store import ConsoleStore
-
-        console = self.app.console
-        config = self._write_server_config()
-        self.console_password = create_account(ConsoleStore(self.app.services.store), "admin", "admin")
-        return {"url": console.url, "account": "admin", "ca_cert": str(self.pki.ca_cert), "config": str(config)}
-
-    def _write_server_config(self) -> Path:
-        """Write the configuration the demo's server runs with to ``<out>/server/server.toml`` (mode 0600).
-
-        The ports it asked to be chosen (``127.0.0.1:0``) are written as the ones it bound. It holds what the
-        running configuration holds: paths, settings and SHA-256 digests of the tokens, never a token.
-        """
-        from peep.core.configfile import to_toml
-
-        cfg = json.loads(json.dumps(self.server_config))  # a copy: the bound ports replace the 0s
-        cfg["grpc"]["listen"] = f"127.0.0.1:{self.app.port}"
-        if self.app.console is not None:
-            cfg["console"]["listen"] = f"127.0.0.1:{self.app.console.port}"
-        path = self.out / "server" / "server.toml"
-        header = (
-            "# The server configuration `peep demo --console` runs with, written by the demo.\n"
-            "# grpc.listen and console.listen hold the ports the demo's server bound (it asked for port 0): while\n"
-            "# the demo runs, `peep serve --config` on this file finds them taken; set them, or 0, to serve again.\n"
-            "# Secrets are not in it: auth holds SHA-256 digests of the admin's and the devices' tokens.\n"
-            f"# {add_user_command(path)}\n\n"
-        )
-        # 0600 from the start, and again for a file an earlier run left with another mode.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(header + to_toml(cfg))
-        return path
+        """An admin account with a one-time password on the demo's server; the console stays up until close()."""
+        assert self.server is not None
+        console, self.console_password = open_console(self.server, self.out)
+        return console
 
     def close(self) -> None:
         """Stop the demo's server (and its console), then clear what the run left retained on the broker; idempotent.
@@ -286,681 +244,12 @@ class Demo:
         The broker is cleared only here, after the console: clearing the devices' retained statuses while it
         is shown would take them off its Devices page.
         """
-        if self.app is not None:
-            self.app.stop(1.0)
-            self.app = None
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
         bundle, self._broker_bundle = self._broker_bundle, None
         if bundle is not None:
-            self._clear_broker(bundle)
-
-    def _scenario(self) -> Scenario:
-        import cv2
-        from peep.core.imaging import primary_face
-        from peep.edge.config import DetectorConfig
-        from peep.edge.detection import build_detector
-        from peep.edge.testing import lfw_people
-        from peep.server.datasets import ensure_lfw
-
-        o = self.opts
-        people = lfw_people(ensure_lfw(o.data_home).parent.parent)
-        self.lfw_names = list(people)
-        self.lfw_counts = {n: len(p) for n, p in people.items()}
-        # The same detector settings the demo's edge agents run with.
-        detector = build_detector(DetectorConfig())
-
-        def usable(path: Path) -> bool:
-            # The enrolment desk needs a face in every photo it is given; read the
-            # photo as its folder source does (colour, then the detector's gray).
-            img = cv2.imread(str(path), cv2.IMREAD_COLOR)
-            return img is not None and primary_face(detector.detect(img), img.shape) is not None
-
-        return choose_people(
-            people,
-            n_subjects=o.subjects,
-            enrol_images=o.enrol_images,
-            probe_images=o.probe_images,
-            n_strangers=o.strangers,
-            seed=o.seed,
-            usable=usable,
-        )
-
-    def _bundle(self, scenario: Scenario) -> EigenfaceBundle:
-        from peep.server.bundles.build import build_bundle
-        from peep.server.datasets import load_dataset
-
-        keys = self.out / "keys"
-        if not (keys / "site.key").exists():
-            write_keypair(keys / "site")
-        self.key_path, self.pub_path = keys / "site.key", keys / "site.pub"
-        self._make_site_key(keys)
-        from peep.core.projections import projection_class
-
-        input_kind = projection_class(self.opts.projection).input_kind
-        encoder: Any = None
-        if input_kind != "pixels":
-            from peep.server.descriptors import descriptor_encoder
-
-            # The public faces' descriptors from the network the cameras run (cached by image content).
-            encoder = descriptor_encoder(input_kind)
-            self.say(f"    {input_kind} descriptors of the public faces (computed on every core once, then cached)")
-        what = "    public faces: finding, cropping" + (f" and describing ({input_kind})" if encoder else "")
-
-        def public_faces(max_faces: int | None, people: list[str]) -> Any:
-            # Minutes on a first run: a line every few seconds even off a terminal, so it never looks stuck.
-            # Only the people asked for are read: strangers' and enrolled people's photos are never described
-            # here (the cameras and the enrolment desk see them).
-            with Progress(what, heartbeat=_HEARTBEAT_S) as bar:
-                return load_dataset(
-                    "lfw",
-                    data_home=self.opts.data_home,
-                    min_faces=5,
-                    max_faces=max_faces,
-                    encoder=encoder,
-                    progress=bar.update,
-                    people=people,
-                )
-
-        self.calibration_people: list[str] = []
-        background_people = list(scenario.background)
-        if self.opts.decide == "device":
-            # The devices' thresholds are set on public people the model never saw: the background class keeps
-            # the first background_people of the (seeded) background population, the rest and the LFW people
-            # with 20+ photos who are not enrolled calibrate.
-            order = np.random.default_rng(self.opts.seed + 5).permutation(len(background_people))
-            shuffled = [background_people[i] for i in order]
-            background_people = sorted(shuffled[: self.opts.background_people])
-            enrolled = {n.replace(" ", "_") for n in scenario.enrolled}
-            frequent = [n for n, c in self.lfw_counts.items() if c >= 20 and n.replace(" ", "_") not in enrolled]
-            self.calibration_people = sorted(shuffled[self.opts.background_people :]) + sorted(frequent)
-        background = public_faces(min(9, self.opts.public_max_faces or 9), background_people)
-        self.background_faces = background
-        # The bundle is fitted on public faces the demo never uses as a person: the background population
-        # and, up to --public-max-faces images each, the LFW people who are neither enrolled nor strangers.
-        taken = {n.replace(" ", "_") for n in (*scenario.enrolled, *scenario.strangers)}
-        # Nor the calibration people: a projection fitted on their faces places them as it never places a stranger
-        # (measured by the audit's open-set section: released FPIR over its target, more so at larger K).
-        taken |= {n.replace(" ", "_") for n in self.calibration_people}
-        public = public_faces(self.opts.public_max_faces, [n for n in self.lfw_names if n not in taken])
-        self.bundle_dir = self.out / "bundle"
-        bundle = build_bundle(
-            public,
-            n_components=self.opts.n_components,
-            signing_key=load_private_key(self.key_path),
-            out_dir=self.bundle_dir,
-            mechanism_defaults={"kind": self.opts.mechanism, "epsilon": self.opts.epsilon},
-            projection=self.opts.projection,
-            mirror=self.opts.mirror,
-            network=None if encoder is None else encoder.identity,
-        )
-        self.public_faces_used = (public.n_images, public.n_subjects)
-        self.say(
-            f"    bundle {bundle.bundle_id}: {bundle.projection_kind}, nc={bundle.n_components}, from "
-            f"{public.n_images} faces of {public.n_subjects} public people (none enrolled, none a stranger)"
-        )
-        self.calibration_path: Path | None = None
-        if self.opts.decide == "device":
-            self.calibration_path = self._calibration(bundle)
-        return bundle
-
-    def _calibration(self, bundle: EigenfaceBundle) -> Path:
-        """The public faces every device model carries (clean, unkeyed): what the devices set thresholds on."""
-        from peep.server.bundles.calibrate import make_calibration, write_calibration
-
-        with Progress("    calibration faces (public people the model never sees)", heartbeat=_HEARTBEAT_S) as bar:
-            projections, people, domain, kind = make_calibration(
-                bundle, "lfw", mechanism=self.opts.mechanism, data_home=self.opts.data_home, min_faces=5,
-                people=self.calibration_people, max_per_person=self.opts.calibration_max_faces, progress=bar.update,
-            )  # fmt: skip
-        path = self.out / "server" / "calibration.npz"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        cal = write_calibration(path, projections=projections, people=people, bundle_id=bundle.bundle_id,
-                                domain=domain, mechanism=kind)  # fmt: skip
-        self.say(f"    calibration: {cal.n_faces} clean projections of {cal.n_people} public people, none in the "
-                 "background class, none enrolled, none a stranger")  # fmt: skip
-        return path
-
-    def _make_site_key(self, keys: Path) -> None:
-        """A new template key for this run, or none (``--no-site-key``, or a mechanism a rotation would clip)."""
-        from peep.core.release import check_keyed_kind
-        from peep.core.sitekey import SiteKey
-
-        path = keys / "template.key"
-        if path.exists():
-            path.unlink()  # the previous run's: each run has its own
-        self.site_key: SiteKey | None = None
-        self.site_key_path: Path | None = None
-        if not self.opts.site_key:
-            return
-        try:
-            check_keyed_kind(self.opts.mechanism)
-        except ValueError as exc:
-            self.say(f"    no site key: {exc}")
-            return
-        self.site_key = SiteKey.generate()
-        self.site_key_path = self.site_key.write(path)
-        self.say(f"    site key {self.site_key.key_id} for the devices and the administrator ({path}; the server "
-                 "never reads it)")  # fmt: skip
-
-    def _device_ids(self) -> list[str]:
-        return [f"cam-{i + 1}" for i in range(self.opts.cameras)]
-
-    def _start_server(self, bundle: EigenfaceBundle) -> None:
-        from peep.server.app import ServerApp
-        from peep.server.config import parse_config
-        from peep.server.pki import make_local_pki
-
-        self.pki = make_local_pki(self.out / "tls")
-        srv = self.out / "server"
-        srv.mkdir(exist_ok=True)
-        # The desks enrol subjects (enrolment right); the cameras may only identify.
-        devices = [
-            {"id": d, "site": self.site, "token_sha256": _sha256(t), "enrolment_desk": d in _DESKS}
-            for d, t in self.device_tokens.items()
-        ]
-        cfg: dict[str, Any] = {
-            "grpc": {
-                "listen": "127.0.0.1:0",
-                "grace_s": 2.0,
-                "tls": {"cert": str(self.pki.server_cert), "key": str(self.pki.server_key)},
-            },
-            "storage": {"backend": "sqlite", "path": str(srv / "peep.db")},
-            "bundle": {"public_key": str(self.pub_path), "dir": str(self.bundle_dir)},
-            "auth": {"admin_token_sha256": _sha256(self.admin_token), "devices": devices},
-            "mqtt": {
-                "enabled": self.use_mqtt,
-                "host": "127.0.0.1",
-                "port": 1883,
-                # No broker user. "" rather than None, which TOML cannot write: the server.toml written for
-                # --console says what the server runs with (an empty user name is no user name).
-                "username": "",
-                "share_group": f"peep-{self.site}",
-                "client_id": f"peep-{self.site}-server",
-                # A one-off server on someone's broker: no session outlives it, and it leaves
-                # other clients' retained statuses under peep/v1 alone.
-                "session_expiry_s": 0,
-                "clear_retained": False,
-            },
-            "training": {
-                "model_dir": str(srv / "models"),
-                "preset": self.opts.preset,
-                "identify_far": self.opts.identify_far,
-                "target_far": self.opts.verify_far,
-                # Deciding on the devices: every promoted model also goes to them, signed by the deployer's key.
-                **({"device_models": {"signing_key": str(self.key_path), "calibration": str(self.calibration_path)}}
-                   if self.calibration_path is not None else {}),
-            },
-            "recognition": {"keep": self.opts.keep},
-            "metrics": {"enabled": False},
-            "logging": {"format": "text", "level": "warning"},
-            # Started with the server, so the Live page holds the demo's recognitions.
-            **({"console": {"listen": "127.0.0.1:0"}} if self.opts.console else {}),
-            "qbbs": {
-                "store_path": str(srv / "soft_traits.db"),
-                "ledger_path": str(srv / "qbbs_spend.jsonl"),
-                "epsilon": self.opts.qbbs_epsilon,
-                "epsilon_cap": 1000.0 * self.opts.qbbs_epsilon,
-            },
-        }  # fmt: skip
-        self.server_config = cfg
-        self.app = ServerApp(parse_config(cfg))  # hosts QBBS: the configuration has [qbbs]
-        self.app.start(mqtt_wait=10.0 if self.use_mqtt else None)
-        self.app.services.events.add_sink(self._on_event)
-        creds = grpc.ssl_channel_credentials(root_certificates=self.pki.ca_cert.read_bytes())
-        self.channel = grpc.secure_channel(f"localhost:{self.app.port}", creds)
-        grpc.channel_ready_future(self.channel).result(timeout=10)
-        self.recognition = recognition_pb2_grpc.RecognitionServiceStub(self.channel)  # type: ignore[no-untyped-call]
-        self.qbbs = qbbs_pb2_grpc.QbbsServiceStub(self.channel)  # type: ignore[no-untyped-call]
-        self.admin_md = [("authorization", f"Bearer {self.admin_token}")]
-
-    def _clear_broker(self, bundle: EigenfaceBundle) -> None:
-        """Clear what the run left retained: its devices' statuses (its own site) and its bundle announcement.
-
-        The bundle topic is shared by everything under ``peep/v1`` on this broker: it is cleared only
-        while it still holds this run's bundle.
-        """
-        from peep.core.topics import TopicScheme
-        from peep.server.transport.retained import clear_retained, retained_topics
-
-        topics = TopicScheme()
-        try:
-            left = list(retained_topics(f"{topics.root}/{self.site}/#"))
-            held = retained_topics(topics.bundle).get(topics.bundle)
-            if held is not None and recognition_pb2.BundleFiles.FromString(held).bundle_id == bundle.bundle_id:
-                left.append(topics.bundle)
-            clear_retained(left)
-        except Exception as exc:  # the demo's result does not depend on it
-            log.warning("demo: could not clear its retained messages on the broker", extra={"error": str(exc)})
-
-    def _on_event(self, ev: Any) -> None:
-        # Identification events from ingest; Verify calls publish their own events
-        # (with a claimed subject) for the same message ids.
-        if ev.claimed_subject or ev.purpose != wire.PURPOSES["identify"]:
-            return
-        with self._events_cv:
-            self.events.setdefault(ev.message_id, ev)
-            self._events_cv.notify_all()
-
-    def _edge_config(self, device_id: str, transport: str, source: str, *, soft: bool) -> Any:
-        from peep.edge.config import EdgeConfig
-
-        o = self.opts
-        desk = device_id in _DESKS or device_id == _DOOR  # enrolment desks release templates; the door has its own
-        bundle = EigenfaceBundle.load(self.bundle_dir, load_public_key(self.pub_path))
-        releaser = TemplateReleaser(bundle, kind=o.mechanism, epsilon=o.epsilon, delta=o.delta)
-        cost = releaser.mechanism.guarantee.epsilon_vector + (2.0 if soft else 0.0)
-        return EdgeConfig.model_validate(
-            {
-                "device": {"id": device_id, "site": self.site, "state_dir": str(self.out / "devices" / device_id)},
-                "bundle": {"path": str(self.bundle_dir), "public_key": str(self.pub_path), "accept_updates": False},
-                "privacy": {
-                    "mechanism": o.mechanism,
-                    "epsilon": o.epsilon,
-                    "delta": o.delta or 0.0,
-                    **({"site_key": str(self.site_key_path)} if self.site_key_path else {}),
-                    # One person walking past: at most 2 releases' worth of ε per track.
-                    "track_budget": 2.0 * cost,
-                    "releases_per_window": 1,
-                    "window_seconds": 60.0,
-                    "min_track_frames": 3,
-                },
-                "soft": {"enabled": soft, "age_epsilon": 1.0, "gender_epsilon": 1.0},
-                "capture": {"source": source, "max_fps": 0.0, "reconnect_attempts": 1},
-                "spool": {"synchronous": "normal", "drain_timeout_s": 30.0},
-                "mqtt": {"enabled": transport == "mqtt", "host": "127.0.0.1", "port": 1883, "tls": False},
-                "grpc": {
-                    "enabled": transport == "grpc",
-                    "target": f"localhost:{self.app.port}",
-                    "tls": True,
-                    "ca_file": str(self.pki.ca_cert),
-                    "token_env": DEVICE_TOKEN_ENV,
-                },
-                "metrics": {"port": 0},
-                "log": {"level": "warning", "format": "text"},
-                **(
-                    {"recognition": {"decide": "device", "epsilon_label": o.epsilon_label}}
-                    if o.decide == "device" and not desk
-                    else {}
-                ),
-            }
-        )
-
-    def _enrol(self, scenario: Scenario) -> None:
-        from peep.server.demo.devices import DeviceJob, run_devices
-
-        # Two enrolment desks, each its own edge agent in its own process, share the subjects: on the
-        # enrolment right they are alike, and a descriptor per photo keeps one core busy per desk.
-        desks = _DESKS
-        work: dict[str, list[dict[str, Any]]] = {d: [] for d in desks}
-        for i, (subject, images) in enumerate(scenario.enrolled.items()):
-            desk = desks[i % len(desks)]
-            folder = link_folder(images, self.out / "enrol" / subject)
-            cfg = self._edge_config(desk, "grpc", str(folder), soft=False)
-            work[desk].append({"subject": subject, "config": cfg.model_dump(mode="json"), "source": str(folder),
-                               "count": len(images)})  # fmt: skip
-        jobs = [DeviceJob(d, "desk", {DEVICE_TOKEN_ENV: self.device_tokens[d]}, {"subjects": w}, str(self.log_path))
-                for d, w in work.items() if w]  # fmt: skip
-        # A few seconds a subject (a descriptor per photo): a line for each, not a silent minute.
-        with Progress("    subjects enrolled", len(scenario.enrolled), heartbeat=_HEARTBEAT_S) as bar:
-            bar.update(0)
-            result = run_devices(jobs, lambda _kind, _device, _subject: bar.advance())
-        failed = [f"{d}: {r['error']}" for d, r in result.items() if not r["ok"]]
-        if failed:
-            raise RuntimeError("enrolment desk failed: " + "; ".join(failed))
-        n = sum(len(v) for v in scenario.enrolled.values())
-        self.say(f"    {len(scenario.enrolled)} subjects, {n} enrolment templates (one per photo) "
-                 f"at {len(jobs)} desks")  # fmt: skip
-
-    def _enrol_background(self, scenario: Scenario, bundle: EigenfaceBundle) -> None:
-        # The deployer's public background faces, released exactly as a device would
-        # (same bundle, mechanism and secure sampler) and enrolled by the admin.
-        o = self.opts
-        releaser = TemplateReleaser(bundle, kind=o.mechanism, epsilon=o.epsilon, delta=o.delta,
-                                    site_key=self.site_key)  # fmt: skip
-        faces = self.background_faces
-        take = np.random.default_rng(o.seed + 3).permutation(faces.n_images)[: o.background_templates]
-        faces = faces.subset(np.isin(np.arange(faces.n_images), take))
-        values = releaser.release(faces.inputs(bundle.input_kind))
-        groups: dict[str, list[Any]] = {}
-        for i, (row, label) in enumerate(zip(values, faces.labels, strict=True)):
-            # One background subject per person: validation holds out whole people, and pairs of one
-            # person's templates calibrate the threshold of a decision fused from a track's two releases.
-            subject = f"background:{int(label)}"
-            groups.setdefault(subject, []).append(
-                wire.make_template(row, device_id="desk-1", site=self.site, bundle_id=bundle.bundle_id,
-                                   mechanism=releaser.description, purpose="enroll", subject=subject, track_id=f"bg{i}",
-                                   key_id=releaser.key_id)
-            )  # fmt: skip
-        for subject, msgs in groups.items():
-            self.recognition.EnrolSubject(
-                recognition_pb2.EnrolSubjectRequest(subject=subject, templates=msgs), metadata=self.admin_md, timeout=60
-            )
-        self.say(f"    {len(values)} background templates of {len(groups)} people")
-
-    def _train(self) -> dict[str, Any]:
-        resp = self.recognition.Train(recognition_pb2.TrainRequest(), metadata=self.admin_md, timeout=600)
-        status = self.recognition.GetModelStatus(
-            recognition_pb2.ModelStatusRequest(), metadata=self.admin_md, timeout=10
-        )
-        self.say(f"    model {resp.model_version}: {resp.n_templates} templates, {resp.n_subjects} classes, "
-                 f"validation accuracy {resp.validation_accuracy:.3f}")  # fmt: skip
-        return {
-            "model_version": resp.model_version,
-            "n_templates": resp.n_templates,
-            "n_subjects": resp.n_subjects,
-            "validation_accuracy": resp.validation_accuracy,
-            "unknown_threshold": status.unknown_threshold,
-            "verify_threshold": status.verify_threshold,
-        }
-
-    def _in_range(self, trait: str, value: float) -> float:
-        """``value`` clipped to the trait's declared range, which the server refuses values outside of.
-
-        The synthetic population's tails (a log-normal weight) reach below the
-        adult range now and then (33.7 kg with seed 11 stopped the demo); a
-        sensor reports its range's end. Counted in the summary.
-        """
-        from peep.server.config.qbbs import DEFAULT_TRAITS
-
-        spec = DEFAULT_TRAITS[trait]
-        clipped = min(max(value, spec.lower), spec.upper)
-        if clipped != value:
-            self.clipped_traits[trait] = self.clipped_traits.get(trait, 0) + 1
-        return clipped
-
-    def _enrol_soft_traits(self, scenario: Scenario) -> dict[str, dict[str, float]]:
-        from peep.server.qbbs.anthropometry import synthetic_anthropometry
-        from peep.server.qbbs.traitdata import estimate_age_gender
-
-        subjects = list(scenario.enrolled)
-        paths = [str(p) for s in subjects for p in scenario.enrolled[s]]
-        cache = self.out / "cache"
-        cache.mkdir(exist_ok=True)
-        age, p_male = estimate_age_gender(paths, cache_dir=cache)
-        k = 0
-        mean_age, gender = [], []
-        for s in subjects:
-            n = len(scenario.enrolled[s])
-            mean_age.append(float(np.mean(age[k : k + n])))
-            gender.append(1.0 if float(np.mean(p_male[k : k + n])) >= 0.5 else 0.0)
-            k += n
-        height, weight = synthetic_anthropometry(np.asarray(gender), seed=self.opts.seed)
-        self.traits: dict[str, dict[str, float]] = {}
-        for i, s in enumerate(subjects):
-            t = {
-                "age": self._in_range("age", round(mean_age[i], 1)),
-                "gender": gender[i],
-                "height": self._in_range("height", float(height[i])),
-                "weight": self._in_range("weight", float(weight[i])),
-            }
-            self.traits[s] = t
-            self.qbbs.EnrolSoftTraits(
-                qbbs_pb2.EnrolSoftTraitsRequest(
-                    subject=s, traits=[qbbs_pb2.SoftTraitValue(trait=k2, value=v) for k2, v in t.items()]
-                ),
-                metadata=self.admin_md,
-                timeout=30,
-            )
-        return self.traits
-
-    def _videos(self, scenario: Scenario) -> list[CameraScript]:
-        o = self.opts
-        devices = self._device_ids()
-        transports = ["grpc"] * len(devices)
-        if self.use_mqtt:
-            transports[-1] = "mqtt"
-        vdir = self.out / "videos"
-        vdir.mkdir(exist_ok=True)
-        scripts = camera_scripts(
-            scenario, vdir, device_ids=devices, transports=transports,
-            visible_frames=o.visible_frames, gap_frames=o.gap_frames, seed=o.seed,
-        )  # fmt: skip
-        self.door_script = None
-        if o.door:
-            self.door_script = door_script(scenario, vdir, device_id=_DOOR, visible_frames=o.door_visible_frames,
-                                           gap_frames=o.door_gap_frames, seed=o.seed)  # fmt: skip
-        videos = scripts + ([self.door_script] if self.door_script else [])
-        # One video per thread: OpenCV's encoder and numpy's blending release the GIL.
-        with Progress("    videos composed", len(videos), heartbeat=_HEARTBEAT_S) as bar, \
-                ThreadPoolExecutor(max_workers=min(len(videos), os.cpu_count() or 1)) as pool:  # fmt: skip
-            bar.update(0)
-            # At the door a person stands (and sways a little) rather than walking past.
-            jobs = [pool.submit(compose_camera_video, s, fps=o.fps, seed=o.seed,
-                                amplitude=10.0 if s is self.door_script else 60.0) for s in videos]  # fmt: skip
-            for done in as_completed(jobs):
-                done.result()
-                bar.advance()
-        self.scripts = scripts
-        return scripts
-
-    def _cameras(self, scripts: list[CameraScript]) -> dict[str, Any]:
-        from peep.server.demo.devices import DeviceJob, run_devices
-
-        by_device = {s.device_id: s for s in scripts}
-        jobs = []
-        for s in scripts:
-            cfg = self._edge_config(s.device_id, s.transport, str(s.video), soft=self.opts.soft)
-            jobs.append(DeviceJob(s.device_id, "camera", {DEVICE_TOKEN_ENV: self.device_tokens[s.device_id]},
-                                  {"config": cfg.model_dump(mode="json"), "video": str(s.video)},
-                                  str(self.log_path)))  # fmt: skip
-
-        t0 = time.perf_counter()
-        # The videos play for about half a minute: the templates released so far, every few seconds.
-        with Progress("    templates released by the cameras", heartbeat=_HEARTBEAT_S) as bar:
-            bar.update(0)
-
-            def on_release(_kind: str, device: str, value: Any) -> None:
-                message_id, frame, track, payload = value
-                who = by_device[device].who(frame)
-                self.releases[message_id] = {
-                    "device": device,
-                    "transport": by_device[device].transport,
-                    "frame": frame,
-                    "track": track,
-                    "person": who.person if who else None,
-                    "enrolled": who.enrolled if who else None,
-                    "payload": payload,
-                }
-                bar.update(len(self.releases))
-
-            result = run_devices(jobs, on_release)
-        # Reported in the summary; the other cameras went on.
-        errors = [f"{d}: {r['error']}" for d, r in result.items() if not r["ok"]]
-        for e in errors:
-            log.error("camera %s", e)
-        edge_s = time.perf_counter() - t0
-        # Every released template must come back as a recognition event.
-        deadline = time.monotonic() + 60.0
-        with self._events_cv:
-            while not set(self.releases) <= set(self.events) and time.monotonic() < deadline:
-                self._events_cv.wait(timeout=0.5)
-        missing = sorted(set(self.releases) - set(self.events))
-        frames = sum(s.n_frames for s in scripts)
-        per_device: dict[str, Any] = {}
-        for s in scripts:
-            spent = _ledger_totals(self.out / "devices" / s.device_id)
-            per_device[s.device_id] = {
-                "transport": s.transport,
-                "frames": s.n_frames,
-                "appearances": len(s.appearances),
-                "releases": sum(1 for r in self.releases.values() if r["device"] == s.device_id),
-                "suppressed": result.get(s.device_id, {}).get("suppressed"),
-                "epsilon_vector_spent": spent["epsilon_vector"],
-                "max_epsilon_vector_per_track": spent["max_per_track"],
-            }
-        return {
-            "edge_seconds": edge_s,
-            "frames": frames,
-            "frames_per_s": frames / edge_s if edge_s > 0 else None,
-            "templates": len(self.releases),
-            "templates_per_s": len(self.releases) / edge_s if edge_s > 0 else None,
-            "events_missing": missing,
-            "errors": errors,
-            "devices": per_device,
-        }
-
-    def _door(self) -> dict[str, Any]:
-        """The door's claims through the real door path in a device process; the summary's ``door``."""
-        from peep.edge.config import DoorConfig
-        from peep.server.demo.devices import DeviceJob, run_devices
-
-        script = self.door_script
-        assert script is not None
-        cfg = self._edge_config(_DOOR, "grpc", str(script.video), soft=False)
-        # The demo shows each subject's badge about a dozen times in twenty seconds, half of them by impostors:
-        # traffic a real door sees over weeks. The lock-out is set above it, so the figures are the door's
-        # verification; the summary says what the default lock-out would have refused (replayed on the
-        # outcomes), and a fail-secure check runs the lock-out itself. The lock opens for 50 ms, shorter
-        # than a claim, so every opening shows on the pin.
-        per_subject: dict[str, int] = {}
-        for a in script.appearances:
-            per_subject[str(a.claim)] = per_subject.get(str(a.claim), 0) + 1
-        # Likewise its throttle and hourly budgets: weeks of claims in twenty seconds would pass the defaults
-        # (ten claims a minute, ε 1,600 an hour, 96 per subject); the ε the door spent is in the summary.
-        door = DoorConfig(enabled=True, lock="gpio", decision="device" if self.opts.decide == "device" else "grpc",
-                          open_s=0.05, decision_timeout_s=5.0,
-                          lockout_failures=max(per_subject.values(), default=0) + 1, max_claims_per_minute=600,
-                          epsilon_per_hour=1e7, subject_epsilon_per_hour=1e7)  # fmt: skip
-        cfg = cfg.model_copy(update={"door": door})
-        claims = [{"subject": a.claim, "genuine": a.claim == a.person, "start": a.start, "stop": a.stop}
-                  for a in script.appearances]  # fmt: skip
-        work = {"config": cfg.model_dump(mode="json"), "video": str(script.video), "claims": claims}
-        job = DeviceJob(_DOOR, "door", {DEVICE_TOKEN_ENV: self.device_tokens[_DOOR]}, work, str(self.log_path))
-        result = run_devices([job], lambda *_: None)[_DOOR]
-        if not result["ok"]:
-            raise RuntimeError(f"the door failed: {result['error']}")
-        rows = result["claims"]
-        (self.out / "door.json").write_text(json.dumps(rows, indent=1) + "\n")
-        summary = door_summary(rows, result["fail_secure"], pin_openings=result["pin_openings"],
-                               lockout=(DoorConfig().lockout_failures, DoorConfig().lockout_window_s))  # fmt: skip
-        summary["epsilon"] = _door_epsilon(self.out / "devices" / _DOOR)
-        summary["decided_on"] = self.opts.decide
-        self.say(f"    {summary['genuine_opened']} of {summary['genuine']} genuine claims opened, "
-                 f"{summary['impostor_opened']} of {summary['impostor']} impostor claims; face to lock p95 "
-                 f"{summary['p95_ms']:.0f} ms; {summary['fail_secure_checks']} of {summary['fail_secure_run']} "
-                 "fail-secure checks held")  # fmt: skip
-        return summary
-
-    def _kept(self) -> dict[str, Any]:
-        """What the server's database keeps after the run, counted there (``recognition.keep``, default none).
-
-        ``strangers`` counts the stored templates of the never-enrolled people the cameras released (their
-        message ids are known here, not to the server): 0 unless ``keep = "all"``.
-        """
-        services = self.app.services
-        counts = services.store.kept_counts(services.config.training.background_prefix)
-        strangers = sum(
-            services.store.get_template(mid, device_id=dev) is not None for dev, mid in _stranger_keys(self.releases)
-        )
-        return {
-            "templates": {
-                "enrolment": counts.enrolment,
-                "background": counts.background,
-                "recognised": counts.recognised,
-                "strangers": strangers,
-            },
-            "keep": services.config.recognition.keep,
-            "unknown_identify_verify_templates": counts.unknown,
-            "decisions": counts.decisions,
-            "unknown_decisions": counts.unknown_decisions,
-            "ledger_entries": counts.ledger,
-            "track_memory": counts.track_memory,
-        }
-
-    def _verify(self, scenario: Scenario) -> dict[str, Any]:
-        return verify_claims(self, scenario)
-
-    # ------------------------------------------------------------------ summary
-
-    def _summary(
-        self,
-        scenario: Scenario,
-        bundle: EigenfaceBundle,
-        train: dict[str, Any],
-        cam: dict[str, Any],
-        verify: dict[str, Any],
-        wall_s: float,
-    ) -> dict[str, Any]:
-        enrolled_hits = enrolled_n = enrolled_unknown = 0
-        strangers_unknown = strangers_n = 0
-        fused = 0
-        for mid, r in self.releases.items():
-            ev = self.events.get(mid)
-            if ev is None or r["person"] is None:
-                continue
-            fused += int(ev.releases_fused > 1)
-            if r["enrolled"]:
-                enrolled_n += 1
-                enrolled_hits += int((not ev.unknown) and ev.subject == r["person"])
-                enrolled_unknown += int(ev.unknown)
-            else:
-                strangers_n += 1
-                strangers_unknown += int(ev.unknown)
-        o = self.opts
-        mech = TemplateReleaser(bundle, kind=o.mechanism, epsilon=o.epsilon, delta=o.delta).mechanism
-        g = mech.guarantee
-        appearances = sum(len(s.appearances) for s in self.scripts)
-        kept = self._kept()
-        per_appearance = epsilon_per_appearance(self.releases, [s.device_id for s in self.scripts], self.out)
-        per_camera = identification_per_camera(self.releases, self.events)
-        return {
-            "data": {
-                "subjects": len(scenario.enrolled),
-                "enrolment_images": sum(len(v) for v in scenario.enrolled.values()),
-                "probe_appearances": sum(1 for s in self.scripts for a in s.appearances if a.enrolled),
-                "stranger_appearances": sum(1 for s in self.scripts for a in s.appearances if not a.enrolled),
-                "background_people": len(scenario.background),
-                "soft_traits": "age and gender: estimated from photos (enrolment) and released on-device with LDP "
-                "(observation); height and weight: SYNTHETIC (NHANES-based draws), labelled as such",
-            },
-            "bundle": {
-                "bundle_id": bundle.bundle_id,
-                "projection": bundle.projection_kind,
-                "n_components": bundle.n_components,
-                # What it was fitted on (the demo's public faces: never an enrolled person or a stranger).
-                "public_faces": self.public_faces_used[0],
-                "public_people": self.public_faces_used[1],
-            },
-            "privacy": {
-                "mechanism": o.mechanism,
-                "epsilon_parameter": o.epsilon,
-                "epsilon_coordinate": g.epsilon_coordinate,
-                "epsilon_vector": g.epsilon_vector,
-                "delta": g.delta,
-                "sampler": "secure (OS CSPRNG, discrete Laplace/Gaussian on a 2^-20-scale grid)",
-                "soft_traits_epsilon_per_release": 2.0 if o.soft else 0.0,
-                "per_track_budget_epsilon_vector": 2.0 * (g.epsilon_vector + (2.0 if o.soft else 0.0)),
-                "note": "per-vector ε above a few units is not a meaningful guarantee; see docs/AUDIT.md",
-                # Every template rotated by this run's site key before the noise (same ε and δ); "" = unkeyed.
-                "site_key_id": self.site_key.key_id if self.site_key else "",
-            },
-            "model": train,
-            "identification": {
-                "accuracy": enrolled_hits / enrolled_n if enrolled_n else None,
-                "enrolled_templates": enrolled_n,
-                "enrolled_called_unknown": enrolled_unknown / enrolled_n if enrolled_n else None,
-                "unknown_rejection_rate": strangers_unknown / strangers_n if strangers_n else None,
-                "stranger_templates": strangers_n,
-                "appearances": appearances,
-                # Decisions fused with the same track's previous release (training.track_fusion_s).
-                "fused_decisions": fused,
-                # Judged as NIST's FRVT judges 1:N: enrolled captures not named as themselves, strangers named.
-                "decided_on": o.decide,
-                "fnir": 1.0 - enrolled_hits / enrolled_n if enrolled_n else None,
-                "fpir": 1.0 - strangers_unknown / strangers_n if strangers_n else None,
-                "epsilon_per_appearance": per_appearance,
-                "per_camera": per_camera,
-                **({"epsilon_label": o.epsilon_label} if o.decide == "device" else {}),
-            },
-            "verification": {k: v for k, v in verify.items() if k != "rows"},
-            "kept_templates": kept["templates"],
-            "kept": kept,
-            "edge": cam,
-            "mqtt": self.use_mqtt,
-            "site": self.site,
-            "steps_s": self.timer.steps,
-            "steps_cpu_s": self.timer.cpu,
-            "wall_s": round(wall_s, 1),
-        }
+            clear_broker(self.site, bundle)
 
 
 def run_demo(opts: DemoOptions, *, say: Callable[[str], None] = print) -> dict[str, Any]:
@@ -968,4 +257,6 @@ def run_demo(opts: DemoOptions, *, say: Callable[[str], None] = print) -> dict[s
     return Demo(opts, say=say).run()
 
 
-__all__ = ["Demo", "DemoOptions", "run_demo"]
+# add_user_command and the token variables' names: importable from here, as before the steps were apart
+# (``peep demo --console`` prints the command).
+__all__ = ["ADMIN_TOKEN_ENV", "DEVICE_TOKEN_ENV", "Demo", "DemoOptions", "add_user_command", "run_demo"]
