@@ -96,9 +96,9 @@ def bundle_dir(tmp_path_factory: pytest.TempPathFactory, lfw_background, keypair
 
 @pytest.fixture(scope="session")
 def bundle(bundle_dir: Path, keypair):
-    from peep.core.bundle import EigenfaceBundle
+    from peep.core.bundle import ProjectionBundle
 
-    return EigenfaceBundle.load(bundle_dir, keypair[1])
+    return ProjectionBundle.load(bundle_dir, keypair[1])
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from peep.core.bundle import EigenfaceBundle, load_public_key
+from peep.core.bundle import ProjectionBundle, load_public_key
 from peep.core.projections.descriptor import DLIB_RESNET_MODEL_SHA256
 from peep.server.audit.schema import validate_audit
 from peep.server.cli import main
@@ -62,7 +62,7 @@ def test_a_dlib_bundle_from_a_folder_dataset(tmp_path, folder, keys, capsys):
     assert network["package"].startswith("face_recognition_models ")
     assert "dlib ResNet descriptors" in printed.out and "55533b28a958" in printed.out
     assert main(["bundle", "verify", str(out), "--public-key", str(keys[1])]) == 0
-    bundle = EigenfaceBundle.load(out, load_public_key(keys[1]))
+    bundle = ProjectionBundle.load(out, load_public_key(keys[1]))
     unit = bundle.project(np.random.default_rng(0).normal(size=(5, 128)), "unit")
     np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1.0, atol=1e-5)
 

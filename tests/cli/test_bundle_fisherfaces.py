@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from peep.core.bundle import EigenfaceBundle, load_public_key
+from peep.core.bundle import ProjectionBundle, load_public_key
 from peep.core.projections import FisherfaceProjection
 from peep.server.cli import main
 
@@ -65,7 +65,7 @@ def test_fisherface_bundle_from_the_lfw_background(tmp_path, data_home, keys, lf
     assert "(fisherfaces)" in printed.out and f"LDA on {facts['n_classes']} identities" in printed.out
     assert "privunit" in printed.out and "of variance kept" not in printed.out
     assert main(["bundle", "verify", str(out), "--public-key", str(keys[1])]) == 0
-    bundle = EigenfaceBundle.load(out, load_public_key(keys[1]))
+    bundle = ProjectionBundle.load(out, load_public_key(keys[1]))
     bundle.check_mechanism("privunit-g")
     unit = bundle.project(lfw100.images[:10], "unit")
     np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1.0, atol=1e-5)

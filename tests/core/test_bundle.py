@@ -7,7 +7,7 @@ import stat
 import numpy as np
 import pytest
 from peep.core import bundle as bmod
-from peep.core.bundle import EigenfaceBundle, load_public_key, verify_bundle, write_keypair
+from peep.core.bundle import ProjectionBundle, load_public_key, verify_bundle, write_keypair
 from peep.core.exceptions import BundleError
 
 
@@ -72,7 +72,7 @@ def test_a_mechanism_whose_domain_the_projector_lacks_is_refused(monkeypatch, ke
         projection=proj, geometry=DEFAULT_GEOMETRY, signing_key=keypair[0], normalisation={}, mechanism_defaults={}
     )
     monkeypatch.undo()
-    b = EigenfaceBundle.load(write_bundle_files(files, tmp_path / "b"), keypair[1])
+    b = ProjectionBundle.load(write_bundle_files(files, tmp_path / "b"), keypair[1])
     assert "l1_clipped" not in b.outputs
     b.check_mechanism("gaussian-l2")
     with pytest.raises(BundleError, match=r"laplace-l1.*l1_clipped.*" + b.bundle_id):
@@ -108,7 +108,7 @@ def test_changing_any_byte_of_any_file_fails_naming_the_file(bundle_dir, keypair
     data[i] ^= 0x01
     (d / name).write_bytes(bytes(data))
     with pytest.raises(BundleError) as info:
-        EigenfaceBundle.load(d, keypair[1])
+        ProjectionBundle.load(d, keypair[1])
     assert name in str(info.value)
 
 
@@ -135,10 +135,10 @@ def test_resigned_manifest_with_swapped_projector_is_caught(bundle_dir, keypair,
 
 
 def test_files_roundtrip_in_memory(bundle, keypair):
-    again = EigenfaceBundle.from_files(bundle.files, keypair[1])
+    again = ProjectionBundle.from_files(bundle.files, keypair[1])
     assert again.bundle_id == bundle.bundle_id
     with pytest.raises(BundleError, match="projector.onnx: missing"):
-        EigenfaceBundle.from_files({k: v for k, v in bundle.files.items() if k != "projector.onnx"}, keypair[1])
+        ProjectionBundle.from_files({k: v for k, v in bundle.files.items() if k != "projector.onnx"}, keypair[1])
 
 
 def test_keypair_files(tmp_path):

@@ -11,7 +11,7 @@ import json
 
 import numpy as np
 import pytest
-from peep.core.bundle import EigenfaceBundle, build_bundle_files, write_bundle_files
+from peep.core.bundle import ProjectionBundle, build_bundle_files, write_bundle_files
 from peep.core.domains import DOMAINS, unit_rows
 from peep.core.exceptions import BundleError
 from peep.core.imaging import DEFAULT_GEOMETRY
@@ -40,7 +40,7 @@ def fitted(public) -> DlibResNetProjection:
 
 
 @pytest.fixture(scope="module")
-def descriptor_bundle(fitted, keypair, tmp_path_factory) -> EigenfaceBundle:
+def descriptor_bundle(fitted, keypair, tmp_path_factory) -> ProjectionBundle:
     files = build_bundle_files(
         projection=fitted,
         geometry=DEFAULT_GEOMETRY,
@@ -48,7 +48,7 @@ def descriptor_bundle(fitted, keypair, tmp_path_factory) -> EigenfaceBundle:
         normalisation={},
         mechanism_defaults={"kind": "privunit", "epsilon": 8.0},
     )
-    return EigenfaceBundle.load(write_bundle_files(files, tmp_path_factory.mktemp("dlib")), keypair[1])
+    return ProjectionBundle.load(write_bundle_files(files, tmp_path_factory.mktemp("dlib")), keypair[1])
 
 
 def test_registered_with_its_contract():
@@ -100,7 +100,7 @@ def test_a_changed_network_breaks_the_signature(descriptor_bundle, keypair):
     meta["input"]["network"]["network_sha256"] = "0" * 64
     files["metadata.json"] = json.dumps(meta).encode()
     with pytest.raises(BundleError):
-        EigenfaceBundle.from_files(files, keypair[1])
+        ProjectionBundle.from_files(files, keypair[1])
 
 
 def test_refuses_pixels_and_mirroring(public):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from peep.core.bundle import EigenfaceBundle, build_bundle_files, write_bundle_files
+from peep.core.bundle import ProjectionBundle, build_bundle_files, write_bundle_files
 from peep.core.domains import DOMAINS, unit_rows
 from peep.core.eigenface_model import EigenfaceModel
 from peep.core.exceptions import BundleError, NotFittedError
@@ -35,7 +35,7 @@ def fisher_bundle(fisher, keypair, tmp_path_factory):
         normalisation={},
         mechanism_defaults={"kind": "privunit", "epsilon": 32.0},
     )
-    return EigenfaceBundle.load(write_bundle_files(files, tmp_path_factory.mktemp("fisher")), keypair[1])
+    return ProjectionBundle.load(write_bundle_files(files, tmp_path_factory.mktemp("fisher")), keypair[1])
 
 
 def _rel(a, b):

@@ -89,9 +89,9 @@ def edge_bundle_dir(tmp_path_factory, lfw_background, edge_keys) -> Path:
 
 @pytest.fixture(scope="session")
 def edge_bundle(edge_bundle_dir, edge_keys):
-    from peep.core.bundle import EigenfaceBundle
+    from peep.core.bundle import ProjectionBundle
 
-    return EigenfaceBundle.load(edge_bundle_dir, edge_keys["public"])
+    return ProjectionBundle.load(edge_bundle_dir, edge_keys["public"])
 
 
 # --------------------------------------------------------------------------- videos

@@ -16,7 +16,7 @@ from typing import Any
 import cv2
 import numpy as np
 import pytest
-from peep.core.bundle import EigenfaceBundle, build_bundle_files, write_bundle_files
+from peep.core.bundle import ProjectionBundle, build_bundle_files, write_bundle_files
 from peep.core.exceptions import BundleError
 from peep.core.imaging import HaarFaceDetector, primary_face
 from peep.core.projections import DlibResNetProjection
@@ -102,7 +102,7 @@ def test_descriptors_of_real_faces_separate_people(encoder, people):
 
 
 def test_a_bundle_built_for_this_network_gets_its_encoder_and_another_is_refused(encoder, dlib_bundle_dir, edge_keys):
-    bundle = EigenfaceBundle.load(dlib_bundle_dir, edge_keys["public"])
+    bundle = ProjectionBundle.load(dlib_bundle_dir, edge_keys["public"])
     assert bundle.input_kind == "dlib-resnet"
     assert isinstance(encoder_for_bundle(bundle.input, bundle_id=bundle.bundle_id), DlibResNetEncoder)
     assert encoder_for_bundle({"kind": "pixels"}) is None
@@ -186,7 +186,7 @@ def test_a_video_releases_descriptor_templates_and_runs_the_network_only_per_rel
     finally:
         agent.shutdown(drain_timeout=0)
     assert len(msgs) == 3 and counting.calls == 3
-    bundle = EigenfaceBundle.load(dlib_bundle_dir, edge_keys["public"])
+    bundle = ProjectionBundle.load(dlib_bundle_dir, edge_keys["public"])
     for m in msgs:
         assert m.bundle_id == bundle.bundle_id and len(m.values) == K
         assert m.mechanism.epsilon_vector == pytest.approx(8.0, rel=1e-3)
@@ -210,7 +210,7 @@ def test_a_bundle_update_switches_between_pixel_and_descriptor_input(
             tmp_path / "newer",
             created_at=time.time() + 60,
         )
-        candidate = EigenfaceBundle.load(newer, edge_keys["public"])
+        candidate = ProjectionBundle.load(newer, edge_keys["public"])
         msg = recognition_pb2.BundleFiles(bundle_id=candidate.bundle_id)
         for name in sorted(candidate.files):
             msg.files.add(name=name, content=candidate.files[name])

@@ -137,7 +137,7 @@ def test_bundle_updates_are_taken_only_if_they_verify_and_do_not_raise_epsilon(
 ):
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion
-    from peep.core.bundle import EigenfaceBundle, read_bundle_files
+    from peep.core.bundle import ProjectionBundle, read_bundle_files
     from peep.v1 import recognition_pb2
 
     broker = mosquitto_factory(persistence=False).start()
@@ -161,7 +161,7 @@ def test_bundle_updates_are_taken_only_if_they_verify_and_do_not_raise_epsilon(
         )
         return msg.SerializeToString()
 
-    good_id = EigenfaceBundle.load(good_dir, edge_keys["public"]).bundle_id
+    good_id = ProjectionBundle.load(good_dir, edge_keys["public"]).bundle_id
     col = collector_factory("127.0.0.1", broker.port, ["peep/v1/lab/cam-1/templates"])
     cfg = load_config(
         make_config(
@@ -198,7 +198,7 @@ def test_bundle_updates_are_taken_only_if_they_verify_and_do_not_raise_epsilon(
     # Same mechanism, same per-vector ε under the new bundle; stored for the next start.
     last = decode_template(col.payloads()[-1])
     assert (last.mechanism.epsilon_coordinate, last.mechanism.epsilon_vector) == (4.0, 256.0)
-    assert EigenfaceBundle.load(cfg.device.state_dir / "bundle", edge_keys["public"]).bundle_id == good_id
+    assert ProjectionBundle.load(cfg.device.state_dir / "bundle", edge_keys["public"]).bundle_id == good_id
     again = Agent(cfg, environ={})
     again.prepare()
     assert again.releaser.bundle_id == good_id

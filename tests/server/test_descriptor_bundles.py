@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from peep.core import features, wire
-from peep.core.bundle import EigenfaceBundle, build_bundle_files
+from peep.core.bundle import ProjectionBundle, build_bundle_files
 from peep.core.domains import unit_rows
 from peep.core.exceptions import BundleError
 from peep.core.imaging import DEFAULT_GEOMETRY
@@ -59,7 +59,7 @@ def test_a_bundle_naming_another_network_is_refused_at_publish(store, keypair):
     files = _files(OTHER, keypair)
     with pytest.raises(BundleError, match=r"input\.network\.network_sha256.*abababab.*trusted_descriptor_models"):
         BundleCatalog(store, keypair[1]).publish(files)
-    assert store.get_bundle(EigenfaceBundle.from_files(files, keypair[1]).bundle_id) is None
+    assert store.get_bundle(ProjectionBundle.from_files(files, keypair[1]).bundle_id) is None
 
 
 def test_a_stored_bundle_whose_network_is_no_longer_trusted_is_refused_at_ingest(store, keypair):

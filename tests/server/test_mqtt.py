@@ -10,7 +10,7 @@ import uuid
 
 import paho.mqtt.client as mqtt
 import pytest
-from peep.core.bundle import EigenfaceBundle
+from peep.core.bundle import ProjectionBundle
 from peep.server.bundles.catalog import files_from_message
 from peep.v1 import recognition_pb2
 from peep_server_testlib import MQTT_PREFIX, SITE, base_config, mqtt_available, start_server
@@ -160,7 +160,7 @@ def test_bundle_is_announced_retained(tmp_path, pki, keypair, bundle_dir, bundle
         assert msgs and msgs[0].retain
         files = recognition_pb2.BundleFiles.FromString(msgs[-1].payload)
         assert files.bundle_id == bundle.bundle_id
-        assert EigenfaceBundle.from_files(files_from_message(files), keypair[1]).bundle_id == bundle.bundle_id
+        assert ProjectionBundle.from_files(files_from_message(files), keypair[1]).bundle_id == bundle.bundle_id
     finally:
         srv.app.stop(0)
 

@@ -136,7 +136,7 @@ def test_a_mechanism_whose_domain_the_bundle_lacks_is_refused_at_ingest(tmp_path
     """A unit-sphere template for a bundle whose projector has no 'unit' output (e.g. a bundle built
     before unit-sphere mechanisms existed) is refused by name, never scored as something else."""
     from peep.core import domains
-    from peep.core.bundle import EigenfaceBundle, build_bundle_files
+    from peep.core.bundle import ProjectionBundle, build_bundle_files
     from peep.core.imaging import DEFAULT_GEOMETRY
     from peep.core.projections import EigenfaceProjection
     from peep.core.projections import base as projection_base
@@ -151,7 +151,7 @@ def test_a_mechanism_whose_domain_the_bundle_lacks_is_refused_at_ingest(tmp_path
         mechanism_defaults={},
     )
     monkeypatch.undo()
-    old = EigenfaceBundle.from_files(files, keypair[1])
+    old = ProjectionBundle.from_files(files, keypair[1])
     store = SqliteStore(tmp_path / "v.db")
     catalog = BundleCatalog(store, keypair[1])
     catalog.publish(old.files)

@@ -48,7 +48,7 @@ from typing import Any
 
 import cv2
 from peep.core.accounting import PrivacyAccountant, ReleaseCost, Spend
-from peep.core.bundle import EigenfaceBundle, load_public_key, write_bundle_files
+from peep.core.bundle import ProjectionBundle, load_public_key, write_bundle_files
 from peep.core.exceptions import BudgetError, BundleError, WireError
 from peep.core.release import TemplateReleaser
 from peep.core.reports import DECISION_KEYS, MAX_REASONS, DeviceReport, ReportError
@@ -182,7 +182,7 @@ class Agent:
                 f"bundle.path: expected a bundle directory, received {str(cfg.bundle.path)!r} (not a directory)"
             )
         try:
-            bundle = EigenfaceBundle.load(cfg.bundle.path, self.public_key)
+            bundle = ProjectionBundle.load(cfg.bundle.path, self.public_key)
         except BundleError as exc:
             raise BundleRefused(cfg.bundle.path, str(exc)) from None
         p = cfg.privacy
@@ -214,7 +214,7 @@ class Agent:
         updated = cfg.device.state_dir / UPDATED_BUNDLE_DIR
         if cfg.bundle.accept_updates and updated.is_dir():
             try:
-                candidate = EigenfaceBundle.load(updated, self.public_key)
+                candidate = ProjectionBundle.load(updated, self.public_key)
                 self.releaser, self.encoder = self._check_candidate(candidate)
                 log_event(
                     _log,
@@ -232,7 +232,7 @@ class Agent:
                     error=str(exc),
                 )
 
-    def _check_candidate(self, candidate: EigenfaceBundle) -> tuple[TemplateReleaser, DescriptorEncoder | None]:
+    def _check_candidate(self, candidate: ProjectionBundle) -> tuple[TemplateReleaser, DescriptorEncoder | None]:
         """A releaser (and the descriptor encoder it needs) for a verified candidate bundle, or ValueError."""
         p = self.cfg.privacy
         current = self.releaser.bundle
@@ -666,7 +666,7 @@ class Agent:
                 files = {f.name: bytes(f.content) for f in msg.files}
                 if msg.bundle_id and msg.bundle_id == self.pipeline.releaser.bundle_id:
                     continue
-                candidate = EigenfaceBundle.from_files(files, self.public_key)
+                candidate = ProjectionBundle.from_files(files, self.public_key)
                 if candidate.bundle_id == self.pipeline.releaser.bundle_id:
                     continue
                 self.releaser = self.pipeline.releaser

@@ -193,7 +193,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     import peep.edge.agent
     import peep.edge.transport.mqtt  # noqa: F401
     from peep.core.accounting import PrivacyAccountant
-    from peep.core.bundle import EigenfaceBundle, load_public_key
+    from peep.core.bundle import ProjectionBundle, load_public_key
     from peep.core.imaging import HaarFaceDetector
     from peep.edge.capture import VideoSource
     from peep.edge.ledger import SqliteLedger
@@ -207,7 +207,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     rss["imports"] = _rss_mb()
     imports["peep_and_stdlib"] = round(rss["imports"] - before_peep, 1)
     work = Path(spec["work"])
-    bundle = EigenfaceBundle.load(spec["bundle"], load_public_key(spec["public_key"]))
+    bundle = ProjectionBundle.load(spec["bundle"], load_public_key(spec["public_key"]))
     encoder = None
     if bundle.input_kind != "pixels":
         from peep.edge.embedding import encoder_for_bundle

@@ -289,7 +289,7 @@ def _enroll_background(args: argparse.Namespace) -> int:
 
 
 def _bundle_verify(args: argparse.Namespace) -> int:
-    from peep.core.bundle import EigenfaceBundle, load_public_key
+    from peep.core.bundle import ProjectionBundle, load_public_key
     from peep.core.exceptions import BundleError
 
     try:
@@ -297,7 +297,7 @@ def _bundle_verify(args: argparse.Namespace) -> int:
     except BundleError as exc:
         raise ConfigError(f"--public-key: {exc}") from None
     try:
-        bundle = EigenfaceBundle.load(args.bundle_dir, pub)
+        bundle = ProjectionBundle.load(args.bundle_dir, pub)
     except BundleError as exc:
         print(f"peep-edge bundle verify: FAILED: {exc}", file=sys.stderr)
         return 1

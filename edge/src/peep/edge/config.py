@@ -84,7 +84,7 @@ class DeviceConfig(_Section):
 
 
 class BundleConfig(_Section):
-    """The signed eigenface bundle and the deployer's pinned public key."""
+    """The signed projection bundle and the deployer's pinned public key."""
 
     path: ConfigPath = Field(
         description="bundle directory (projector.onnx, metadata.json, manifest.json, signature.sig)"

@@ -11,7 +11,7 @@ test keeps it out of the agent's import path.
 - :func:`compose_video` writes a 640x480 video (``cv2.VideoWriter``) of LFW
   faces moving over a static background, each face visible during its own
   frame interval, so detection and tracking run on real faces.
-- :func:`build_bundle_from_images` fits and signs an eigenface bundle from
+- :func:`build_bundle_from_images` fits and signs a projection bundle from
   image files with the core only (Haar detection + the one normalisation
   path), for places that must not depend on the server package.
 """

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from peep.core.bundle import EigenfaceBundle, load_private_key, load_public_key, read_bundle_files
+from peep.core.bundle import ProjectionBundle, load_private_key, load_public_key, read_bundle_files
 from peep.core.configfile import Problem
 from peep.core.exceptions import BundleError
 from peep.core.tlsfiles import TlsFileError, read_pem, tls_context
@@ -75,14 +75,14 @@ def pinned_key(config: ServerConfig) -> Ed25519PublicKey:
         raise _error("bundle.public_key", str(exc)) from None
 
 
-def configured_bundle(config: ServerConfig, key: Ed25519PublicKey) -> EigenfaceBundle | None:
+def configured_bundle(config: ServerConfig, key: Ed25519PublicKey) -> ProjectionBundle | None:
     """The bundle in ``bundle.dir`` loaded and verified against ``key`` (None when unset)."""
     d = config.bundle.dir
     if d is None:
         return None
     _check_bundle_dir(d)
     try:
-        return EigenfaceBundle.from_files(read_bundle_files(d), key)
+        return ProjectionBundle.from_files(read_bundle_files(d), key)
     except (BundleError, OSError) as exc:
         raise _error(
             "bundle.dir", f"expected a bundle signed by the bundle.public_key key, received {str(d)!r}: {exc}"

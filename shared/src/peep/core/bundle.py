@@ -15,7 +15,7 @@ The bundle id is derived from the content hashes, so it names exactly one
 projector. Loading verifies the signature against a pinned public key, then
 every hash, and only then parses anything; any changed byte fails with a
 :class:`~peep.core.exceptions.BundleError` naming the file. The projector's
-arrays are also readable as numpy (:meth:`EigenfaceBundle.model`) so the
+arrays are also readable as numpy (:meth:`ProjectionBundle.model`) so the
 numpy and onnxruntime paths can be compared and reconstruction attacks can be
 audited.
 """
@@ -315,7 +315,7 @@ def verify_bundle(bundle_dir: str | os.PathLike[str], public_key: Ed25519PublicK
 # ------------------------------------------------------------------ loading
 
 
-class EigenfaceBundle:
+class ProjectionBundle:
     """A verified bundle ready to project faces with onnxruntime (any projection, eigenfaces by default).
 
     Use :meth:`load` (directory) or :meth:`from_files` (bytes received over
@@ -388,11 +388,11 @@ class EigenfaceBundle:
         self.outputs: tuple[str, ...] = names
 
     @classmethod
-    def from_files(cls, files: Mapping[str, bytes], public_key: Ed25519PublicKey) -> EigenfaceBundle:
+    def from_files(cls, files: Mapping[str, bytes], public_key: Ed25519PublicKey) -> ProjectionBundle:
         return cls(files, verify_bundle_files(files, public_key))
 
     @classmethod
-    def load(cls, bundle_dir: str | os.PathLike[str], public_key: Ed25519PublicKey) -> EigenfaceBundle:
+    def load(cls, bundle_dir: str | os.PathLike[str], public_key: Ed25519PublicKey) -> ProjectionBundle:
         return cls.from_files(read_bundle_files(bundle_dir), public_key)
 
     @property

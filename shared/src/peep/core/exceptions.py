@@ -18,7 +18,7 @@ class BudgetError(ValueError):
 
 
 class BundleError(ValueError):
-    """An eigenface bundle is missing, unsigned, tampered with or inconsistent.
+    """A projection bundle is missing, unsigned, tampered with or inconsistent.
 
     The message names the file that failed.
     """

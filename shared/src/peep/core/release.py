@@ -75,8 +75,8 @@ class TemplateReleaser:
 
     Parameters
     ----------
-    bundle : EigenfaceBundle
-        A verified bundle (:class:`peep.core.bundle.EigenfaceBundle`).
+    bundle : ProjectionBundle
+        A verified bundle (:class:`peep.core.bundle.ProjectionBundle`).
     kind, epsilon, delta, random_state
         See :func:`mechanism_for_bounds`.
     site_key : SiteKey, optional

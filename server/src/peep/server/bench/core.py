@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from peep.core.bundle import EigenfaceBundle, build_bundle_files, generate_keypair, load_private_key
+from peep.core.bundle import ProjectionBundle, build_bundle_files, generate_keypair, load_private_key
 from peep.core.imaging import DEFAULT_GEOMETRY
 from peep.core.mechanisms import make_mechanism, mechanism_kinds
 from peep.core.projections import EigenfaceProjection
@@ -34,7 +34,7 @@ def _median_us(fn: Callable[[], object], n: int, warmup: int = 50) -> float:
     return statistics.median(samples) * 1e6
 
 
-def _synthetic_bundle(n_components: int, tmpdir: str) -> EigenfaceBundle:
+def _synthetic_bundle(n_components: int, tmpdir: str) -> ProjectionBundle:
     # Speed does not depend on the faces' content; synthetic faces keep the
     # bench independent of the dataset.
     rng = np.random.default_rng(0)
@@ -54,7 +54,7 @@ def _synthetic_bundle(n_components: int, tmpdir: str) -> EigenfaceBundle:
         normalisation={"method": "synthetic"},
         mechanism_defaults={"kind": "peep", "epsilon": 8.0},
     )
-    return EigenfaceBundle.from_files(files, key.public_key())
+    return ProjectionBundle.from_files(files, key.public_key())
 
 
 def run(quick: bool = False) -> dict[str, Any]:

@@ -85,7 +85,7 @@ _BROKER = ("127.0.0.1", 1883)
 
 
 def _synthetic_bundle(out: Path) -> tuple[Any, Path]:
-    from peep.core.bundle import EigenfaceBundle, build_bundle_files, load_public_key, write_keypair
+    from peep.core.bundle import ProjectionBundle, build_bundle_files, load_public_key, write_keypair
     from peep.core.imaging import DEFAULT_GEOMETRY
     from peep.core.projections import EigenfaceProjection
 
@@ -105,7 +105,7 @@ def _synthetic_bundle(out: Path) -> tuple[Any, Path]:
     from peep.core.bundle import write_bundle_files
 
     write_bundle_files(files, bdir)
-    return EigenfaceBundle.load(bdir, load_public_key(pub_path)), pub_path
+    return ProjectionBundle.load(bdir, load_public_key(pub_path)), pub_path
 
 
 def _templates(

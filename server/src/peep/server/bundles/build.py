@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from peep.core.bundle import EigenfaceBundle, build_bundle_files, write_bundle_files
+from peep.core.bundle import ProjectionBundle, build_bundle_files, write_bundle_files
 from peep.core.projections import projection_class
 from peep.server.datasets import FaceDataset
 
@@ -27,7 +27,7 @@ def build_bundle(
     projection: str = "eigenfaces",
     mirror: bool | None = None,
     network: Mapping[str, Any] | None = None,
-) -> EigenfaceBundle:
+) -> ProjectionBundle:
     """Fit the projection ``projection`` and public bounds on ``dataset``, sign, write, reload.
 
     ``dataset`` is the public (background) population: never the people the
@@ -80,4 +80,4 @@ def build_bundle(
         },
     )
     path = write_bundle_files(files, Path(out_dir))
-    return EigenfaceBundle.load(path, signing_key.public_key())
+    return ProjectionBundle.load(path, signing_key.public_key())

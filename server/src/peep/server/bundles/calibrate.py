@@ -244,7 +244,7 @@ def make_calibration(
 
     Parameters
     ----------
-    bundle : EigenfaceBundle
+    bundle : ProjectionBundle
         A verified bundle.
     dataset : str
         ``"lfw"`` or a folder-per-identity directory.

@@ -1,7 +1,7 @@
 """The bundles the server knows: verified, stored, served, announced.
 
 Every bundle is verified against the deployer's pinned public key before it
-is stored or used (:meth:`EigenfaceBundle.from_files`); bundles read back from
+is stored or used (:meth:`ProjectionBundle.from_files`); bundles read back from
 the database are verified again, so a tampered row is refused too. The most
 recently published bundle is the *current* one: ``GetBundle`` serves it and
 the MQTT retained announcement carries it.
@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from peep.core.bundle import EigenfaceBundle
+from peep.core.bundle import ProjectionBundle
 from peep.core.exceptions import BundleError
 from peep.core.projections.descriptor import DLIB_RESNET_MODEL_SHA256, untrusted_network
 from peep.server.storage import Store
@@ -27,7 +27,7 @@ _MISS_TTL_S = 5.0
 _CURRENT_TTL_S = 5.0
 
 
-def bundle_files_message(bundle: EigenfaceBundle) -> recognition_pb2.BundleFiles:
+def bundle_files_message(bundle: ProjectionBundle) -> recognition_pb2.BundleFiles:
     """A bundle as the ``BundleFiles`` message (files in name order)."""
     msg = recognition_pb2.BundleFiles(bundle_id=bundle.bundle_id)
     for name in sorted(bundle.files):
@@ -68,28 +68,28 @@ class BundleCatalog:
         self._key = public_key
         self._trusted = frozenset(DLIB_RESNET_MODEL_SHA256.values() if trusted_models is None else trusted_models)
         self._lock = threading.Lock()
-        self._bundles: dict[str, EigenfaceBundle] = {}
+        self._bundles: dict[str, ProjectionBundle] = {}
         self._misses: dict[str, float] = {}
-        self._current: EigenfaceBundle | None = None
+        self._current: ProjectionBundle | None = None
         self._current_checked = 0.0
-        self._listeners: list[Callable[[EigenfaceBundle], None]] = []
+        self._listeners: list[Callable[[ProjectionBundle], None]] = []
 
     @property
     def public_key(self) -> Ed25519PublicKey:
         """The pinned key every bundle must verify against."""
         return self._key
 
-    def add_listener(self, fn: Callable[[EigenfaceBundle], None]) -> None:
+    def add_listener(self, fn: Callable[[ProjectionBundle], None]) -> None:
         """Call ``fn(bundle)`` after each publish (e.g. the MQTT retained announcement)."""
         self._listeners.append(fn)
 
-    def untrusted(self, bundle: EigenfaceBundle) -> str | None:
+    def untrusted(self, bundle: ProjectionBundle) -> str | None:
         """Why ``bundle``'s descriptor network is not trusted here (None: trusted, or pixel input)."""
         return untrusted_network(bundle.input, self._trusted)
 
-    def publish(self, files: Mapping[str, bytes]) -> EigenfaceBundle:
+    def publish(self, files: Mapping[str, bytes]) -> ProjectionBundle:
         """Verify, store and make current; raises :class:`BundleError` naming the failing file."""
-        bundle = EigenfaceBundle.from_files(files, self._key)
+        bundle = ProjectionBundle.from_files(files, self._key)
         reason = self.untrusted(bundle)
         if reason is not None:
             raise BundleError(
@@ -111,12 +111,12 @@ class BundleCatalog:
                 log.exception("bundle listener failed", extra={"bundle_id": bundle.bundle_id})
         return bundle
 
-    def _load(self, payload: bytes) -> EigenfaceBundle:
+    def _load(self, payload: bytes) -> ProjectionBundle:
         msg = recognition_pb2.BundleFiles()
         msg.ParseFromString(payload)
-        return EigenfaceBundle.from_files(files_from_message(msg), self._key)
+        return ProjectionBundle.from_files(files_from_message(msg), self._key)
 
-    def get(self, bundle_id: str) -> EigenfaceBundle | None:
+    def get(self, bundle_id: str) -> ProjectionBundle | None:
         """The verified bundle ``bundle_id``, or None when this server does not know it."""
         b = self._bundles.get(bundle_id)
         if b is not None:
@@ -142,7 +142,7 @@ class BundleCatalog:
             self._bundles[bundle_id] = b
         return b
 
-    def current(self) -> EigenfaceBundle | None:
+    def current(self) -> ProjectionBundle | None:
         """The most recently published bundle (re-read from the store every few seconds for replicas)."""
         now = time.monotonic()
         if self._current is not None and now - self._current_checked < _CURRENT_TTL_S:

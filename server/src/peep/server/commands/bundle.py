@@ -232,7 +232,7 @@ def _names(path: str, option: str) -> list[str]:
 
 
 def calibrate(args: argparse.Namespace) -> int:
-    from peep.core.bundle import EigenfaceBundle
+    from peep.core.bundle import ProjectionBundle
     from peep.server.bundles.calibrate import CalibrationError, make_calibration, write_calibration
     from peep.server.datasets import DatasetError
     from peep.server.progress import progress_printer
@@ -242,7 +242,7 @@ def calibrate(args: argparse.Namespace) -> int:
     except BundleError as exc:
         raise UsageError(f"--public-key: {exc}") from exc
     try:
-        bundle = EigenfaceBundle.load(args.bundle, pub)
+        bundle = ProjectionBundle.load(args.bundle, pub)
     except (BundleError, OSError) as exc:
         raise UsageError(
             f"--bundle: expected a bundle signed by the --public-key key, received {args.bundle!r}: {exc}"

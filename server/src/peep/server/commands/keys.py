@@ -10,7 +10,7 @@ from peep.server.errors import UsageError
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("keys", help="signing keys for eigenface bundles")
+    p = sub.add_parser("keys", help="signing keys for projection bundles")
     ksub = p.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
     g = ksub.add_parser("generate", help="write PREFIX.key (mode 0600) and PREFIX.pub")
     g.add_argument("--out", required=True, metavar="PREFIX", help="path prefix of the key files")

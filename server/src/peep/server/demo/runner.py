@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from peep.core.bundle import EigenfaceBundle
+from peep.core.bundle import ProjectionBundle
 from peep.server.demo.logfile import LOG_FILE, count_log, route_logs
 from peep.server.demo.options import DemoOptions
 from peep.server.demo.steps.bundle import FittedBundle, Keys, keys_and_bundle
@@ -119,7 +119,7 @@ class Demo:
         self.console_password: str | None = None
         self.server_config: dict[str, Any] = {}
         # The bundle this run announced on the broker: its retained messages are cleared at close().
-        self._broker_bundle: EigenfaceBundle | None = None
+        self._broker_bundle: ProjectionBundle | None = None
 
     @property
     def site(self) -> str:

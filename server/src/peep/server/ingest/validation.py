@@ -74,7 +74,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 from peep.core import wire
-from peep.core.bundle import EigenfaceBundle
+from peep.core.bundle import ProjectionBundle
 from peep.core.exceptions import WireError
 from peep.core.release import mechanism_for_bounds
 from peep.server.bundles.catalog import BundleCatalog
@@ -131,7 +131,7 @@ class ValidTemplate:
 
     message: template_pb2.PerturbedTemplate
     values: NDArray[np.float32]
-    bundle: EigenfaceBundle
+    bundle: ProjectionBundle
     kind: str
     purpose: str
     #: ``grpc`` or ``mqtt``; "" until :meth:`~peep.server.ingest.ingestor.Ingestor.check` authorised its sender.
@@ -254,7 +254,7 @@ class TemplateValidator:
             message=msg, values=values, bundle=bundle, kind=kind, purpose=wire.purpose_name(msg.purpose)
         )
 
-    def _validate_decision(self, msg: template_pb2.PerturbedTemplate, bundle: EigenfaceBundle) -> ValidTemplate:
+    def _validate_decision(self, msg: template_pb2.PerturbedTemplate, bundle: ProjectionBundle) -> ValidTemplate:
         """The checks of a device's decision against the model it names (the module docstring's last rule)."""
         d = msg.decision
         purpose = wire.purpose_name(msg.purpose)
@@ -345,7 +345,7 @@ class TemplateValidator:
                 f"received {_iso(seconds)} ({now - seconds:.0f} s before)",
             )
 
-    def _domain(self, bundle: EigenfaceBundle, kind: str, m: template_pb2.MechanismInfo) -> _Domain:
+    def _domain(self, bundle: ProjectionBundle, kind: str, m: template_pb2.MechanismInfo) -> _Domain:
         key = (bundle.bundle_id, kind, float(m.epsilon), float(m.delta))
         with self._lock:
             hit = self._domains.get(key)
@@ -361,7 +361,7 @@ class TemplateValidator:
             raise Rejection("mechanism_mismatch", hit)
         return hit
 
-    def _build_domain(self, bundle: EigenfaceBundle, kind: str, m: template_pb2.MechanismInfo) -> _Domain | str:
+    def _build_domain(self, bundle: ProjectionBundle, kind: str, m: template_pb2.MechanismInfo) -> _Domain | str:
         try:
             bundle.check_mechanism(kind)
             mech = mechanism_for_bounds(bundle.bounds, kind=kind, epsilon=m.epsilon, delta=m.delta)

@@ -103,7 +103,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
-from peep.core.bundle import EigenfaceBundle, load_private_key
+from peep.core.bundle import ProjectionBundle, load_private_key
 from peep.core.exceptions import TopicError, WireError
 from peep.core.reports import DeviceReport, ReportError, parse_device_report
 from peep.core.signing import door_statement, sign_statement
@@ -849,7 +849,7 @@ class MqttBridge:
         self._publisher().publish(self.topics.events(where.site, where.device_id),
                                   json.dumps(out, separators=(",", ":")), qos=1)  # fmt: skip
 
-    def publish_bundle(self, bundle: EigenfaceBundle) -> None:
+    def publish_bundle(self, bundle: ProjectionBundle) -> None:
         payload = bundle_files_message(bundle).SerializeToString(deterministic=True)
         # PUBLISH = fixed header (<= 5) + topic (2 + len) + packet id (2) + properties (1): a
         # packet over the broker's maximum would get this connection dropped, again at each retry.

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from peep.core.bundle import EigenfaceBundle, load_private_key, write_keypair
+from peep.core.bundle import ProjectionBundle, load_private_key, write_keypair
 from peep.server.demo.steps.context import HEARTBEAT_S, RunContext
 from peep.server.demo.steps.people import People
 from peep.server.progress import Progress
@@ -44,7 +44,7 @@ class FittedBundle:
 
     Attributes
     ----------
-    bundle : EigenfaceBundle
+    bundle : ProjectionBundle
         The bundle (``<out>/bundle``).
     bundle_dir : Path
         Where it is written.
@@ -56,7 +56,7 @@ class FittedBundle:
         The devices' calibration faces (``--decide device``), else None.
     """
 
-    bundle: EigenfaceBundle
+    bundle: ProjectionBundle
     bundle_dir: Path
     background_faces: Any
     public_faces: tuple[int, int]
@@ -167,7 +167,7 @@ def fit_bundle(ctx: RunContext, people: People, keys: Keys) -> FittedBundle:
                         public_faces=(public.n_images, public.n_subjects), calibration=calibration)  # fmt: skip
 
 
-def _calibration(ctx: RunContext, bundle: EigenfaceBundle, people: list[str]) -> Path:
+def _calibration(ctx: RunContext, bundle: ProjectionBundle, people: list[str]) -> Path:
     """The public faces every device model carries (clean, unkeyed): what the devices set thresholds on."""
     from peep.server.bundles.calibrate import make_calibration, write_calibration
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from peep.core.bundle import EigenfaceBundle, load_public_key
+from peep.core.bundle import ProjectionBundle, load_public_key
 from peep.core.release import TemplateReleaser
 from peep.server.demo.steps.context import DESKS, DEVICE_TOKEN_ENV, DOOR, RunContext
 
@@ -42,7 +42,7 @@ class EdgeConfigs:
 
         o = self.ctx.opts
         desk = device_id in DESKS or device_id == DOOR  # enrolment desks release templates; the door has its own
-        bundle = EigenfaceBundle.load(self.bundle_dir, load_public_key(self.public_key))
+        bundle = ProjectionBundle.load(self.bundle_dir, load_public_key(self.public_key))
         releaser = TemplateReleaser(bundle, kind=o.mechanism, epsilon=o.epsilon, delta=o.delta)
         cost = releaser.mechanism.guarantee.epsilon_vector + (2.0 if soft else 0.0)
         return EdgeConfig.model_validate(

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 from peep.core import wire
-from peep.core.bundle import EigenfaceBundle
+from peep.core.bundle import ProjectionBundle
 from peep.core.release import TemplateReleaser
 from peep.server.demo.scenario import Scenario, link_folder
 from peep.server.demo.steps.context import DESKS, HEARTBEAT_S, RunContext
@@ -48,7 +48,7 @@ def enrol_at_desks(ctx: RunContext, edge: EdgeConfigs, scenario: Scenario) -> No
 
 
 def enrol_background(
-    ctx: RunContext, server: DemoServer, bundle: EigenfaceBundle, faces: Any, site_key: Any | None
+    ctx: RunContext, server: DemoServer, bundle: ProjectionBundle, faces: Any, site_key: Any | None
 ) -> None:
     """Enrol up to ``--background-templates`` of the public background ``faces``, one subject per person.
 

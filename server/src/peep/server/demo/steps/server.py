@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 from peep.core import wire
-from peep.core.bundle import EigenfaceBundle
+from peep.core.bundle import ProjectionBundle
 from peep.server.demo.steps.context import DESKS, RunContext
 from peep.v1 import qbbs_pb2_grpc, recognition_pb2, recognition_pb2_grpc
 
@@ -242,7 +242,7 @@ def write_server_config(server: DemoServer, out: Path) -> Path:
     return path
 
 
-def clear_broker(site: str, bundle: EigenfaceBundle) -> None:
+def clear_broker(site: str, bundle: ProjectionBundle) -> None:
     """Clear what the run left retained: its devices' statuses (its own site) and its bundle announcement.
 
     The bundle topic is shared by everything under ``peep/v1`` on this broker: it is cleared only
