@@ -1,4 +1,7 @@
-"""Writes docs/CONFIG.md: every key of edge.toml and server.toml from the pydantic models.
+"""Writes the reference part of docs/CONFIG.md: every key of edge.toml and server.toml from the pydantic models.
+
+The page's first part, the guide (the keys that matter first, presets, track fusion, secrets), is written
+by hand; everything from :data:`MARKER` on is generated.
 
 The models are the source of truth (extra="forbid": any other key is an error);
 tests/test_docs.py fails when this file is stale. Run: .venv/bin/python scripts/gen-config-docs.py
@@ -16,6 +19,8 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 ROOT = Path(__file__).resolve().parent.parent
+#: Where the hand-written guide ends and the generated reference begins.
+MARKER = "<!-- Generated below by scripts/gen-config-docs.py from the configuration models: edit those, not this. -->"
 
 
 def _type_name(ann: Any) -> str:
@@ -105,15 +110,16 @@ def main() -> int:
     from peep.server.config.qbbs import QbbsConfig
 
     lines = [
-        "# Configuration reference",
+        MARKER,
         "",
-        "For deployers writing `edge.toml` and `server.toml`: every key, its type, default and bounds. The keys",
-        "that matter first, training presets and track fusion are explained in [CONFIGURING.md](CONFIGURING.md).",
-        "Generated from the configuration models by `scripts/gen-config-docs.py` (a test fails when it is stale).",
-        "Unknown keys are errors; every error names the key path, what was expected and the value received",
-        "(`peep-edge run --validate-config`, `peep serve --validate-config`). Secrets never go in these files:",
-        "edge keys ending in `_env` / `_credential` name an environment variable / systemd credential; server",
-        'secrets are references `"env:NAME"`, `"credential:NAME"` or `"file:/path"`.',
+        "## Configuration reference",
+        "",
+        "Every key, its type, default and bounds, generated from the configuration models by",
+        "`scripts/gen-config-docs.py` (a test fails when it is stale). Unknown keys are errors; every error names",
+        "the key path, what was expected and the value received (`peep-edge run --validate-config`,",
+        "`peep serve --validate-config`). Secrets never go in these files: edge keys ending in `_env` /",
+        "`_credential` name an environment variable / systemd credential; server secrets are references",
+        '`"env:NAME"`, `"credential:NAME"` or `"file:/path"`.',
         "",
     ]
     lines += document("edge.toml (`peep-edge`)", EdgeConfig, "Example: `deploy/edge/edge.toml`.")
@@ -121,10 +127,15 @@ def main() -> int:
                       "Example: `deploy/server/server.toml`.")  # fmt: skip
     lines += document("[qbbs] in server.toml (soft-biometric module)", QbbsConfig,
                       "Present = QBBS is hosted; `store_path` and `ledger_path` are required then.")  # fmt: skip
-    text = "\n".join(lines).rstrip() + "\n"
+    generated = "\n".join(lines).rstrip() + "\n"
     target = ROOT / "docs" / "CONFIG.md"
+    current = target.read_text() if target.is_file() else ""
+    if MARKER not in current:
+        print(f"{target}: expected the guide followed by the line {MARKER!r}; not found", file=sys.stderr)
+        return 2
+    text = current[: current.index(MARKER)] + generated
     if "--check" in sys.argv:
-        return 0 if target.is_file() and target.read_text() == text else 1
+        return 0 if current == text else 1
     target.write_text(text)
     return 0
 
