@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import paho.mqtt.client as mqtt
 import pytest
-from peep.server.ingest.rates import CallerRate
+from peep.server.rates import CallerRate
 from peep.v1 import recognition_pb2
 from peep_devicemodel_testlib import start_trained, verified
 from peep_server_testlib import (

@@ -58,10 +58,10 @@ from peep.server.ingest.auth import DeviceRegistry
 from peep.server.ingest.contacts import DeviceContacts
 from peep.server.ingest.events import EventBus
 from peep.server.ingest.ingestor import Ingestor
-from peep.server.ingest.rates import CallerRate
 from peep.server.ingest.reports import DeviceReportBook
 from peep.server.ingest.validation import TemplateValidator
 from peep.server.metrics import ServerMetrics
+from peep.server.rates import CallerRate
 from peep.server.recognition.claims import ClaimChecker
 from peep.server.recognition.devicemodels import DeviceModels
 from peep.server.recognition.fusion import TrackFusion

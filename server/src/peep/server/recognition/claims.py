@@ -7,23 +7,21 @@ and releases only for a subject the model can decide.
 
 The answer says no more than ``Verify`` already does (it answers ``NOT_FOUND`` for an unknown subject), but
 it costs the asker nothing, so each device gets a bounded rate of questions (a token bucket): a hostile
-device cannot list the enrolled people at wire speed.
+device cannot list the enrolled people at wire speed (:class:`~peep.server.rates.CallerRate`, the bucket the
+other per-device calls use).
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-#: Devices whose buckets are kept (the registered devices are far fewer; beyond it the least recent goes).
-MAX_CALLERS = 10_000
+from peep.server.rates import CallerRate, CallsTooFrequent
 
 
-class ClaimChecksTooFrequent(Exception):
+class ClaimChecksTooFrequent(CallsTooFrequent):
     """A device asked about claims faster than its rate (RESOURCE_EXHAUSTED over gRPC)."""
 
 
@@ -60,12 +58,8 @@ class ClaimChecker:
         burst: float = 20.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not (rate_per_s > 0 and burst >= 1):
-            raise ValueError(f"rate_per_s, burst: expected > 0 and >= 1, received {rate_per_s}, {burst}")
         self.recogniser, self.background_prefix = recogniser, background_prefix
-        self.rate_per_s, self.burst, self.clock = float(rate_per_s), float(burst), clock
-        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
-        self._lock = threading.Lock()
+        self.rate = CallerRate("claim checks", rate_per_s=rate_per_s, burst=burst, clock=clock)
 
     def check(self, caller: str, subject: str) -> ClaimCheck:
         """Whether the serving model knows ``subject`` (an id already checked by the caller).
@@ -87,16 +81,7 @@ class ClaimChecker:
         return ClaimCheck(subject, bool(known), str(m.version))
 
     def _admit(self, caller: str) -> None:
-        now = self.clock()
-        with self._lock:
-            tokens, last = self._buckets.pop(caller, (self.burst, now))
-            tokens = min(self.burst, tokens + (now - last) * self.rate_per_s)
-            if tokens < 1.0:
-                self._buckets[caller] = (tokens, now)
-                raise ClaimChecksTooFrequent(
-                    f"claim checks: expected at most {self.rate_per_s:g} a second (bursts of {self.burst:g}) from "
-                    f"one device, received more from {caller[:64]!r}"
-                )
-            self._buckets[caller] = (tokens - 1.0, now)
-            while len(self._buckets) > MAX_CALLERS:
-                self._buckets.popitem(last=False)
+        try:
+            self.rate.admit(caller)
+        except CallsTooFrequent as exc:
+            raise ClaimChecksTooFrequent(str(exc)) from None

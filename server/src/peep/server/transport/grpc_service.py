@@ -55,9 +55,9 @@ from peep.server.errors import quote
 from peep.server.ingest.auth import HEALTH_PREFIXES, REFLECTION_PREFIXES, AuthInterceptor, current_identity
 from peep.server.ingest.events import OLDEST_SEQ_KEY, SeqAhead
 from peep.server.ingest.ingestor import REJECTED, PermissionRefused, Sender
-from peep.server.ingest.rates import CallsTooFrequent
 from peep.server.ingest.reports import ReportTooFrequent
 from peep.server.ingest.validation import Rejection
+from peep.server.rates import CallsTooFrequent
 from peep.server.recognition.claims import ClaimChecksTooFrequent
 from peep.server.recognition.devicemodels import NoDeviceModel, check_model_request
 from peep.server.recognition.presets import PRESETS, TrainingError

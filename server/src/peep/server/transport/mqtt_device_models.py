@@ -17,7 +17,7 @@ Topics (:mod:`peep.core.topics`; ``<root>`` as in :mod:`peep.server.transport.mq
     -- a ``DeviceModelFiles`` with serial 0 and no files.
 
 Only a registered device at its registered site is answered, within the per-device rate shared with
-``GetDeviceModel`` (:class:`~peep.server.ingest.rates.CallerRate`); anything else gets no answer and is
+``GetDeviceModel`` (:class:`~peep.server.rates.CallerRate`); anything else gets no answer and is
 logged by size only. A model larger than the broker's maximum packet size is not published (the broker would
 drop the connection); an error says to raise ``max_packet_size``, and devices fetch it over gRPC.
 """
@@ -31,7 +31,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 from peep.core.exceptions import TopicError
 from peep.core.topics import TopicScheme
-from peep.server.ingest.rates import CallsTooFrequent
+from peep.server.rates import CallsTooFrequent
 from peep.server.recognition.devicemodels import NoDeviceModel, check_model_request
 from peep.server.storage.devicemodels import IssuedModel
 from peep.v1 import recognition_pb2

@@ -1,7 +1,7 @@
 """Per-caller call rates: what bounds the device calls that cost the server work but the device nothing.
 
-Shared by the transports (gRPC and MQTT ask the same bucket for one device), so it sits below them, with the
-other parts :class:`~peep.server.services.Services` builds.
+Shared by the transports (gRPC and MQTT ask the same bucket for one device) and by the claim checker of
+recognition, so it sits below all of them, on nothing but the error helpers.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ class CallerRate:
     """A token bucket per caller: ``burst`` calls at once, then ``rate_per_s`` a second.
 
     What bounds the device calls that cost the server work but the device nothing (``GetDeviceModel`` and its
-    MQTT twin: a device model is megabytes; a claim check, :class:`~peep.server.recognition.claims.ClaimChecker`,
-    has its own), so one device cannot keep the server serving it. At most ``max_callers`` buckets are kept
-    (the least recently used goes): the registered devices are far fewer.
+    MQTT twin: a device model is megabytes; a door's claim check,
+    :class:`~peep.server.recognition.claims.ClaimChecker`), so one device cannot keep the server serving it. At
+    most ``max_callers`` buckets are kept (the least recently used goes): the registered devices are far fewer.
 
     Parameters
     ----------
@@ -59,8 +59,8 @@ class CallerRate:
             if tokens < 1.0:
                 self._buckets[caller] = (tokens, now)
                 raise CallsTooFrequent(
-                    f"{self.what}: expected at most one call every {1 / self.rate_per_s:g} s (bursts of "
-                    f"{self.burst:g}) from one caller, received more from {quote(caller)}"
+                    f"{self.what}: expected at most {self.rate_per_s:g} a second (bursts of {self.burst:g}) from "
+                    f"one caller, received more from {quote(caller)}"
                 )
             self._buckets[caller] = (tokens - 1.0, now)  # re-inserted last: dicts keep insertion order
             while len(self._buckets) > self.max_callers:
