@@ -229,15 +229,18 @@ class FramePipeline:
 
     # -- decision mode -------------------------------------------------------------
 
-    def project_face(self, frame: Frame, box: FaceBox) -> Any:
-        """The bundle's clean bounded (unkeyed) projection of one face, shape (n_components,); stays here."""
+    def _projector_input(self, frame: Frame, box: FaceBox) -> tuple[FaceBox, Any]:
+        """The (refined) box and what the bundle's projector takes for it: a descriptor or a normalised face."""
         if self.refiner is not None:
             box = self.refiner.refine(frame.image, box)
         if self.encoder is not None:
-            face: Any = self.encoder.encode(frame.image, box)
-        else:
-            face = normalise_face(frame.image, box, self.releaser.bundle.geometry)
-        return self.releaser.project(face)[0]
+            # A descriptor bundle: the network sees the frame around the box (its own alignment).
+            return box, self.encoder.encode(frame.image, box)
+        return box, normalise_face(frame.image, box, self.releaser.bundle.geometry)
+
+    def project_face(self, frame: Frame, box: FaceBox) -> Any:
+        """The bundle's clean bounded (unkeyed) projection of one face, shape (n_components,); stays here."""
+        return self.releaser.project(self._projector_input(frame, box)[1])[0]
 
     def _decide_tracks(self, frame: Frame, tracks: list[Track]) -> list[Released]:
         fuse = int(self.decisions.fuse_frames)
@@ -342,14 +345,7 @@ class FramePipeline:
         queued; if it raises :class:`BudgetError` nothing is queued.
         """
         t0 = time.perf_counter()
-        if self.refiner is not None:
-            box = self.refiner.refine(frame.image, box)
-        face: Any
-        if self.encoder is not None:
-            # A descriptor bundle: the network sees the frame around the box (its own alignment).
-            face = self.encoder.encode(frame.image, box)
-        else:
-            face = normalise_face(frame.image, box, self.releaser.bundle.geometry)
+        box, face = self._projector_input(frame, box)
         bounded = self.releaser.project(face)
         t1 = time.perf_counter()
         values = self.releaser.release_bounded(bounded)[0]
