@@ -37,6 +37,8 @@ LAB_MODULES = (
     "peep.server.demo",
     "peep.server.sgap",
     "peep.server.qbbs.evaluation",
+    "peep.server.qbbs.experiments",
+    "peep.server.qbbs.figures",
     "peep.server.qbbs.traitdata",
     "peep.server.commands.anonymize",
     "peep.server.commands.audit",
