@@ -325,36 +325,55 @@ th{background:#f3f3f3}.warn{background:#fff4e5;border-left:4px solid #f90;paddin
 
 
 def render_html(audit: dict[str, Any], out: Path) -> str:
-    ds, mech, res = audit["dataset"], audit["mechanism"], audit["results"]
-    np_ = audit["no_privacy"]
-    sampler = audit["sampler"]
-    parts = [
+    """The self-contained report of ``audit``, its plots (already written to ``out``) embedded.
+
+    One function per section, each returning its HTML fragments; sections the audit did not
+    measure (bystanders, open set, frontier) are left out.
+    """
+    parts = _header_html(audit)
+    parts += _utility_html(audit, out)
+    parts += _privacy_html(audit, out)
+    parts += _subsets_html(audit, out)
+    if audit.get("bystander"):
+        parts += bystander_html(audit, out, PLOTS["bystander"])
+    parts += _sweeps_html(audit, out)
+    if audit.get("open_set"):
+        parts += open_set_html(audit, out, PLOTS["open_set"])
+    if audit.get("frontier"):
+        parts += _frontier_html(audit, out)
+    parts.append(METHOD_HTML)
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _header_html(audit: dict[str, Any]) -> list[str]:
+    """Title, dataset and protocol, the noise sampler and the privacy guarantee."""
+    ds, mech, sampler = audit["dataset"], audit["mechanism"], audit["sampler"]
+    protocol, timing = audit["protocol"], audit["timing"]
+    per_subject = ", ".join(f"{n} ({c})" for n, c in zip(ds["subjects"], ds["images_per_subject"], strict=False))
+    return [
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>PEEP audit — {html.escape(mech['kind'])}"
         f"</title><style>{CSS}</style></head><body>",
         f"<h1>PEEP audit: <code>{html.escape(mech['kind'])}</code>, nc = {audit['components']}</h1>",
-    ]
-    per_subject = ", ".join(f"{n} ({c})" for n, c in zip(ds["subjects"], ds["images_per_subject"], strict=False))
-    parts.append(
         f"<p>Dataset <b>{html.escape(str(ds['source']))}</b>: {ds['n_subjects']} identities, {ds['n_images']} images "
         f"({html.escape(per_subject)}); "
         f"normalisation <code>{html.escape(str(ds['normalisation'].get('method')))}</code>. "
-        f"{audit['protocol']['repeats']} stratified {1 - audit['protocol']['test_size']:.0%}/"
-        f"{audit['protocol']['test_size']:.0%} splits; recogniser {html.escape(audit['protocol']['recogniser'])}, "
-        f"{html.escape(audit['protocol']['recogniser_training'])}. "
-        f"Run took {audit['timing']['wall_seconds']:.0f} s wall, {audit['timing']['cpu_seconds']:.0f} s CPU "
-        f"({audit['timing']['workers']} workers).</p>"
-    )
-    parts.append(
+        f"{protocol['repeats']} stratified {1 - protocol['test_size']:.0%}/"
+        f"{protocol['test_size']:.0%} splits; recogniser {html.escape(protocol['recogniser'])}, "
+        f"{html.escape(protocol['recogniser_training'])}. "
+        f"Run took {timing['wall_seconds']:.0f} s wall, {timing['cpu_seconds']:.0f} s CPU "
+        f"({timing['workers']} workers).</p>",
         f"<p class='{'warn' if not sampler['is_secure'] else 'note'}'><b>Noise sampler: "
-        f"{html.escape(sampler['name'])}</b> — {html.escape(sampler['note'])}</p>"
-    )
-    parts.append(
+        f"{html.escape(sampler['name'])}</b> — {html.escape(sampler['note'])}</p>",
         f"<p class='note'><b>Privacy guarantee.</b> {html.escape(mech['description'])}. The mechanism's ε "
         f"parameter is {html.escape(mech['epsilon_parameter'])}; every table shows the per-coordinate and "
-        f"the per-vector ε side by side. <b>Basis.</b> {html.escape(audit['basis']['note'])}</p>"
-    )
+        f"the per-vector ε side by side. <b>Basis.</b> {html.escape(audit['basis']['note'])}</p>",
+    ]
 
-    parts.append("<h2>1. Utility vs ε (PEEP Fig. 7)</h2>")
+
+def _utility_html(audit: dict[str, Any], out: Path) -> list[str]:
+    """Section 1: utility at each ε, the no-privacy row first."""
+    np_ = audit["no_privacy"]
     head = [
         "ε",
         "ε / coordinate",
@@ -366,38 +385,24 @@ def render_html(audit: dict[str, Any], out: Path) -> str:
         "weighted recall",
         "chance (majority)",
     ]
-    rows = [
-        [
-            "no privacy",
-            "∞",
-            "∞",
-            _pm(np_, "accuracy"),
-            _pm(np_, "balanced_accuracy"),
-            _pm(np_, "weighted_f1"),
-            _pm(np_, "weighted_precision"),
-            _pm(np_, "weighted_recall"),
-            _f(audit["chance"]["majority"]),
-        ]
-    ]
+    scores = ("accuracy", "balanced_accuracy", "weighted_f1", "weighted_precision", "weighted_recall")
+    rows = [["no privacy", "∞", "∞", *(_pm(np_, k) for k in scores), _f(audit["chance"]["majority"])]]
     rows += [
         [
             _g(r["epsilon"]),
             _g(r["epsilon_coordinate"]),
             _pm(r, "epsilon_vector", nd=1),
-            _pm(r, "accuracy"),
-            _pm(r, "balanced_accuracy"),
-            _pm(r, "weighted_f1"),
-            _pm(r, "weighted_precision"),
-            _pm(r, "weighted_recall"),
+            *(_pm(r, k) for k in scores),
             _f(r["chance"]),
         ]
-        for r in res
+        for r in audit["results"]
     ]
-    parts.append(_table(head, rows))
-    parts.append(_img(out, PLOTS["utility_vs_epsilon"]))
+    return ["<h2>1. Utility vs ε (PEEP Fig. 7)</h2>", _table(head, rows), _img(out, PLOTS["utility_vs_epsilon"])]
 
-    parts.append("<h2>2. Privacy vs ε, against chance</h2>")
-    base = audit["reconstruction_baselines"]
+
+def _privacy_html(audit: dict[str, Any], out: Path) -> list[str]:
+    """Section 2: every attack at each ε, then what chance and the clean ceilings score."""
+    res = audit["results"]
     head = ["ε", "ε / vector", "linkage kNN", "SVM", "logreg", "MLP", "bayes", "max", "chance"]
     head += [f"avg k={k}" for k in sorted(res[0]["averaging"], key=int)]
     head += [
@@ -411,36 +416,51 @@ def render_html(audit: dict[str, Any], out: Path) -> str:
         "top-2",
         "KL(rand)",
     ]
-    rows = []
-    for r in res:
-        row = [_g(r["epsilon"]), _f(r["epsilon_vector"], 1)]
-        row += [_pm(r, "linkage", a) for a in ("knn", "svm", "logreg", "mlp", "bayes", "max")]
-        row += [_f(r["chance"])]
-        row += [_pm(r, "averaging", k) for k in sorted(r["averaging"], key=int)]
-        row += [
-            _pm(r, "reconstruction", "direct", "ssim"),
-            _pm(r, "reconstruction", "shrinkage", "ssim"),
-            _f(r["reconstruction_psnr"], 1),
-            _pm(r, "reconstruction_reid"),
-            _pm(r, "membership_auc"),
-            _pm(r, "membership_auc_template"),
-            _f(r["identity_mixture"]["mixture"]),
-            _f(r["identity_mixture"]["top_k"].get("2")),
-            _f(r["identity_mixture"]["kl_from_random"]),
-        ]
-        rows.append(row)
-    parts.append(_table(head, rows))
-    parts.append(
+    rows = [_privacy_row(r) for r in res]
+    return [
+        "<h2>2. Privacy vs ε, against chance</h2>",
+        _table(head, rows),
+        _privacy_chance_html(audit),
+        _img(out, PLOTS["privacy_vs_epsilon"]),
+    ]
+
+
+def _privacy_row(r: dict[str, Any]) -> list[str]:
+    """One ``results[]`` entry's row of the privacy table."""
+    row = [_g(r["epsilon"]), _f(r["epsilon_vector"], 1)]
+    row += [_pm(r, "linkage", a) for a in ("knn", "svm", "logreg", "mlp", "bayes", "max")]
+    row += [_f(r["chance"])]
+    row += [_pm(r, "averaging", k) for k in sorted(r["averaging"], key=int)]
+    row += [
+        _pm(r, "reconstruction", "direct", "ssim"),
+        _pm(r, "reconstruction", "shrinkage", "ssim"),
+        _f(r["reconstruction_psnr"], 1),
+        _pm(r, "reconstruction_reid"),
+        _pm(r, "membership_auc"),
+        _pm(r, "membership_auc_template"),
+        _f(r["identity_mixture"]["mixture"]),
+        _f(r["identity_mixture"]["top_k"].get("2")),
+        _f(r["identity_mixture"]["kl_from_random"]),
+    ]
+    return row
+
+
+def _privacy_chance_html(audit: dict[str, Any]) -> str:
+    """What each attack scores without any release: the mean face, the clean ceiling, chance."""
+    base = audit["reconstruction_baselines"]
+    return (
         f"<p>Reconstruction chance: the mean face alone scores SSIM {_f(base['mean_face']['ssim'])}, PSNR "
         f"{_f(base['mean_face']['psnr'], 1)} dB, re-id {_f(base['mean_face']['reid'])}; the clean PCA reconstruction "
         f"(no noise, the ceiling of any attack on templates) SSIM {_f(base['pca_ceiling']['ssim'])}, PSNR "
         f"{_f(base['pca_ceiling']['psnr'], 1)} dB, re-id {_f(base['pca_ceiling']['reid'])}. Membership: "
-        f"no-privacy recogniser AUC {_f(np_['membership_auc'])}; chance 0.5. Identity mixture chance "
+        f"no-privacy recogniser AUC {_f(audit['no_privacy']['membership_auc'])}; chance 0.5. Identity mixture chance "
         f"{_f(audit['chance']['uniform'])} (uniform), top-2 chance {_f(2 * audit['chance']['uniform'])}.</p>"
     )
-    parts.append(_img(out, PLOTS["privacy_vs_epsilon"]))
 
-    parts.append("<h3>Linkage on reduced candidate sets (best adversary; chance in brackets)</h3>")
+
+def _subsets_html(audit: dict[str, Any], out: Path) -> list[str]:
+    """Section 2, continued: linkage on reduced candidate sets, then the reconstruction grid if drawn."""
+    res = audit["results"]
     sets = res[0]["linkage_subsets"]
     head = ["ε", "ε / vector"] + [f"{s['size']} ({s['strategy']})" for s in sets]
     rows = [
@@ -448,7 +468,7 @@ def render_html(audit: dict[str, Any], out: Path) -> str:
         + [f"{_pm(s, 'max')} [{_f(s['chance'])}]" for s in r["linkage_subsets"]]
         for r in res
     ]
-    parts.append(_table(head, rows))
+    parts = ["<h3>Linkage on reduced candidate sets (best adversary; chance in brackets)</h3>", _table(head, rows)]
     skipped = audit.get("linkage_subsets_skipped") or []
     if skipped:
         parts.append(
@@ -457,110 +477,112 @@ def render_html(audit: dict[str, Any], out: Path) -> str:
             + ".</p>"
         )
     parts.append(_img(out, PLOTS["linkage_subsets"]))
+    # only where the run drew it: the grid's arrays are not kept in audit.json
     if (out / PLOTS["reconstruction_grid"]).exists():
         parts.append(_img(out, PLOTS["reconstruction_grid"]))
+    return parts
 
-    if audit.get("bystander"):
-        parts.extend(bystander_html(audit, out, PLOTS["bystander"]))
 
+def _sweeps_html(audit: dict[str, Any], out: Path) -> list[str]:
+    """Section 4: utility vs number of components and vs training images per subject."""
     sw = audit["sweeps"]
-    parts.append(
+    parts = [
         f"<h2>4. Utility vs number of components and images per subject (PEEP Figs. 9, 10)</h2>"
         f"<p>Private curve: {html.escape(sw['mechanism'])} at ε = {sw['epsilon']:g}; note that for "
         f"per-coordinate mechanisms the per-vector ε grows with nc.</p>"
-    )
+    ]
     for name, label in (("components", "nc"), ("images_per_subject", "training images / subject (cap)")):
         if sw[name]:
-            head = [
-                label,
-                "nc",
-                "ε / coordinate",
-                "ε / vector",
-                "no privacy: accuracy",
-                "F1",
-                "private: accuracy",
-                "F1",
-                "balanced acc.",
-            ]
-            rows = [
-                [
-                    str(p["value"]),
-                    str(p["n_components"]),
-                    _g(p["epsilon_coordinate"]),
-                    _f(p["epsilon_vector"], 1),
-                    _pm(p, "no_privacy", "accuracy"),
-                    _pm(p, "no_privacy", "weighted_f1"),
-                    _pm(p, "private", "accuracy"),
-                    _pm(p, "private", "weighted_f1"),
-                    _pm(p, "private", "balanced_accuracy"),
-                ]
-                for p in sw[name]
-            ]
-            parts.append(_table(head, rows))
+            parts.append(_sweep_table(sw[name], label))
             key = "utility_vs_components" if name == "components" else "utility_vs_images"
             if (out / PLOTS[key]).exists():
                 parts.append(_img(out, PLOTS[key]))
+    return parts
 
-    if audit.get("open_set"):
-        parts.extend(open_set_html(audit, out, PLOTS["open_set"]))
 
-    fr = audit.get("frontier")
-    if fr:
-        parts.append(
-            "<h2>5. Privacy–utility frontier</h2><p>"
-            + html.escape(
-                "Search over projections "
-                + ", ".join(fr["searched"].get("projections", ["eigenfaces"]))
-                + " × mechanisms "
-                + ", ".join(fr["searched"]["mechanisms"])
-                + f" × nc ∈ {fr['searched']['n_components']} × "
-                f"bounds {fr['searched']['bounds']} on a separate selection split; the chosen configuration and paper "
-                "mode are then evaluated, with every attack, on fresh splits. " + fr["searched"]["note"]
-            )
-            + "</p>"
-        )
-        head = [
-            "ε / vector",
-            "best configuration",
-            "ε / coordinate",
-            "accuracy",
-            "balanced acc.",
-            "linkage max",
-            "avg k=20",
-            "SSIM shrink",
-            "re-id",
-            "paper mode accuracy",
-            "paper ε / coord.",
-            "paper linkage max",
+def _sweep_table(points: Sequence[dict[str, Any]], label: str) -> str:
+    """One sweep's table, a row per swept value; ``label`` names the swept quantity."""
+    head = [
+        label,
+        "nc",
+        "ε / coordinate",
+        "ε / vector",
+        "no privacy: accuracy",
+        "F1",
+        "private: accuracy",
+        "F1",
+        "balanced acc.",
+    ]
+    rows = [
+        [
+            str(p["value"]),
+            str(p["n_components"]),
+            _g(p["epsilon_coordinate"]),
+            _f(p["epsilon_vector"], 1),
+            _pm(p, "no_privacy", "accuracy"),
+            _pm(p, "no_privacy", "weighted_f1"),
+            _pm(p, "private", "accuracy"),
+            _pm(p, "private", "weighted_f1"),
+            _pm(p, "private", "balanced_accuracy"),
         ]
-        rows = []
-        for p in fr["points"]:
-            b, pm = p["best"], p["paper_mode"]
-            c = b["configuration"]
-            rows.append(
-                [
-                    _g(p["epsilon_vector"]),
-                    html.escape(
-                        f"{c['mechanism']}, {c.get('projection', 'eigenfaces')} nc={c['n_components']}, {c['bounds']}"
-                    ),
-                    _g(b["epsilon_coordinate"]),
-                    _pm(b, "accuracy"),
-                    _pm(b, "balanced_accuracy"),
-                    _pm(b, "linkage", "max"),
-                    _pm(b, "averaging", "20"),
-                    _pm(b, "reconstruction", "shrinkage", "ssim"),
-                    _pm(b, "reconstruction_reid"),
-                    _pm(pm, "accuracy"),
-                    _g(pm["epsilon_coordinate"]),
-                    _pm(pm, "linkage", "max"),
-                ]
-            )
-        parts.append(_table(head, rows))
-        parts.append(_img(out, PLOTS["frontier"]))
+        for p in points
+    ]
+    return _table(head, rows)
 
-    parts.append(METHOD_HTML)
-    parts.append("</body></html>")
-    return "\n".join(parts)
+
+def _frontier_html(audit: dict[str, Any], out: Path) -> list[str]:
+    """Section 5: what the frontier searched, and its best configuration vs paper mode at each per-vector ε."""
+    fr = audit["frontier"]
+    searched = fr["searched"]
+    intro = (
+        "<h2>5. Privacy–utility frontier</h2><p>"
+        + html.escape(
+            "Search over projections "
+            + ", ".join(searched.get("projections", ["eigenfaces"]))
+            + " × mechanisms "
+            + ", ".join(searched["mechanisms"])
+            + f" × nc ∈ {searched['n_components']} × "
+            f"bounds {searched['bounds']} on a separate selection split; the chosen configuration and paper "
+            "mode are then evaluated, with every attack, on fresh splits. " + searched["note"]
+        )
+        + "</p>"
+    )
+    head = [
+        "ε / vector",
+        "best configuration",
+        "ε / coordinate",
+        "accuracy",
+        "balanced acc.",
+        "linkage max",
+        "avg k=20",
+        "SSIM shrink",
+        "re-id",
+        "paper mode accuracy",
+        "paper ε / coord.",
+        "paper linkage max",
+    ]
+    rows = [_frontier_row(p) for p in fr["points"]]
+    return [intro, _table(head, rows), _img(out, PLOTS["frontier"])]
+
+
+def _frontier_row(p: dict[str, Any]) -> list[str]:
+    """One frontier point's row: the best configuration's numbers, then paper mode's."""
+    b, pm = p["best"], p["paper_mode"]
+    c = b["configuration"]
+    return [
+        _g(p["epsilon_vector"]),
+        html.escape(f"{c['mechanism']}, {c.get('projection', 'eigenfaces')} nc={c['n_components']}, {c['bounds']}"),
+        _g(b["epsilon_coordinate"]),
+        _pm(b, "accuracy"),
+        _pm(b, "balanced_accuracy"),
+        _pm(b, "linkage", "max"),
+        _pm(b, "averaging", "20"),
+        _pm(b, "reconstruction", "shrinkage", "ssim"),
+        _pm(b, "reconstruction_reid"),
+        _pm(pm, "accuracy"),
+        _g(pm["epsilon_coordinate"]),
+        _pm(pm, "linkage", "max"),
+    ]
 
 
 METHOD_HTML = """

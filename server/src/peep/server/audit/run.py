@@ -103,8 +103,57 @@ def _mechanism_summary(cfg: AuditConfig, ctx: RepeatContext) -> dict[str, Any]:
     }
 
 
+#: A job for :func:`run_jobs`: a picklable function and its arguments.
+_Job = tuple[Any, tuple[Any, ...]]
+
+#: The utility numbers ``no_privacy`` reports, each with its std over splits.
+_NO_PRIVACY_KEYS = (
+    "accuracy",
+    "weighted_f1",
+    "weighted_precision",
+    "weighted_recall",
+    "balanced_accuracy",
+    "membership_auc",
+)
+
+
+@dataclass
+class _Prepared:
+    """Each split's context and clean baseline, and the bystander section's per-split contexts."""
+
+    contexts: list[RepeatContext]
+    baselines: list[dict[str, Any]]
+    bystander_contexts: list[BystanderContext]
+
+
+@dataclass
+class _Schedule:
+    """The measuring jobs, in the order they run and return: evaluations, sweeps, bystanders, site keys."""
+
+    jobs: list[_Job]
+    n_eval: int
+    sweep_index: list[tuple[str, int]]
+    n_bystander: int
+
+
+@dataclass
+class _Measured:
+    """What the measuring jobs gave, combined over splits (one entry per ε)."""
+
+    evals: list[dict[str, Any]]
+    entries: list[dict[str, Any]]
+    sweeps: dict[str, Any]
+    bystanders: list[dict[str, Any]] | None
+    template_protection: list[dict[str, Any]] | None
+
+
 def run_audit(cfg: AuditConfig, *, command: Sequence[str] | None = None) -> AuditResult:
     """Run the audit described by ``cfg``.
+
+    The open-set section runs first, then the steps: prepare the
+    splits (:func:`_prepare`), measure every ε, sweep, bystander and site key on them
+    (:func:`_measure`), search the frontier (:func:`run_frontier`) and assemble the document
+    (:func:`_assemble`).
 
     Returns
     -------
@@ -113,15 +162,10 @@ def run_audit(cfg: AuditConfig, *, command: Sequence[str] | None = None) -> Audi
     """
     t0, c0 = time.perf_counter(), time.process_time()
     data = load_audit_data(cfg)
-    limit = _component_limit(data, cfg)
-    if cfg.components > limit:
-        raise AuditConfigError(
-            f"--components: expected at most {limit} for {cfg.projection} (faces, or for Fisherfaces "
-            f"identities, the projection is fitted on minus one), received {cfg.components}"
-        )
+    limit = _check_components(data, cfg)
     cpu = 0.0
 
-    # 0. the open-set section first: it has its own people and projection, and its usage errors (too many
+    # The open-set section first: it has its own people and projection, and its usage errors (too many
     # enrolled people or components for the LFW data home) should come before the long part of the audit.
     open_set_entries: list[dict[str, Any]] | None = None
     open_set_info: dict[str, Any] | None = None
@@ -129,27 +173,83 @@ def run_audit(cfg: AuditConfig, *, command: Sequence[str] | None = None) -> Audi
         open_set_entries, open_set_info, c = open_set.run_open_set(cfg)
         cpu += c
 
-    # 1. splits, bases, clean recognisers (and the bystander section's people and bases)
-    prep_jobs: list[tuple[Any, tuple[Any, ...]]] = [
+    prepared, c = _prepare(data, cfg)
+    cpu += c
+    measured, c = _measure(data, cfg, prepared)
+    cpu += c
+    frontier = None
+    if cfg.frontier:
+        frontier, c = run_frontier(data, cfg, limit)
+        cpu += c
+
+    audit = _assemble(
+        cfg,
+        data,
+        prepared,
+        measured,
+        command=command,
+        frontier=frontier,
+        open_set_entries=open_set_entries,
+        open_set_info=open_set_info,
+    )
+    audit["timing"] = {
+        "wall_seconds": time.perf_counter() - t0,
+        "cpu_seconds": cpu + (time.process_time() - c0),
+        "workers": execution.n_workers(cfg),
+    }
+    grid = _grid(cfg, data, prepared.contexts[0], measured.evals[: len(cfg.epsilons)])
+    return AuditResult(data=audit, grid=grid)
+
+
+def _check_components(data: AuditData, cfg: AuditConfig) -> int:
+    """The largest template dimension the basis allows; ``--components`` above it is a usage error."""
+    limit = _component_limit(data, cfg)
+    if cfg.components > limit:
+        raise AuditConfigError(
+            f"--components: expected at most {limit} for {cfg.projection} (faces, or for Fisherfaces "
+            f"identities, the projection is fitted on minus one), received {cfg.components}"
+        )
+    return limit
+
+
+def _prepare(data: AuditData, cfg: AuditConfig) -> tuple[_Prepared, float]:
+    """Step 1: splits, bases, clean recognisers (and the bystander section's people and bases).
+
+    Returns
+    -------
+    prepared : _Prepared
+        ``cfg.repeats`` contexts and baselines; as many bystander contexts, or none.
+    cpu : float
+        CPU seconds the jobs took.
+    """
+    jobs: list[_Job] = [
         (execution._prepare_job, (data, cfg, r, cfg.components, "bundle", True)) for r in range(cfg.repeats)
     ]
     if cfg.bystander:
-        prep_jobs += [(bystander._prepare_job, (data, cfg, r)) for r in range(cfg.repeats)]
-    prep, c = run_jobs(cfg, prep_jobs, "audit: splits and clean recognisers")
-    cpu += c
-    contexts: list[RepeatContext] = [p[0] for p in prep[: cfg.repeats]]
-    baselines = [p[1] for p in prep[: cfg.repeats]]
-    bystander_contexts: list[BystanderContext] = list(prep[cfg.repeats :])
+        jobs += [(bystander._prepare_job, (data, cfg, r)) for r in range(cfg.repeats)]
+    prep, cpu = run_jobs(cfg, jobs, "audit: splits and clean recognisers")
+    prepared = _Prepared(
+        contexts=[p[0] for p in prep[: cfg.repeats]],
+        baselines=[p[1] for p in prep[: cfg.repeats]],
+        bystander_contexts=list(prep[cfg.repeats :]),
+    )
+    return prepared, cpu
 
-    # 2. every ε on every split, and the sweeps
-    jobs: list[tuple[Any, tuple[Any, ...]]] = []
-    for r, ctx in enumerate(contexts):
+
+def _schedule(data: AuditData, cfg: AuditConfig, prepared: _Prepared) -> _Schedule:
+    """Step 2's jobs: every ε on every split, the sweeps, the bystanders and the site keys.
+
+    Each job's key (tag, split, index) seeds its simulated noise, so a job's numbers do not depend
+    on which other jobs run or in what order.
+    """
+    jobs: list[_Job] = []
+    for r, ctx in enumerate(prepared.contexts):
         for i, eps in enumerate(cfg.epsilons):
             kw = {"kind": cfg.mechanism, "epsilon": eps, "key": (execution._TAG_EVAL, r, i), "keep_grid": r == 0}
             jobs.append((execution._evaluate_job, (ctx, cfg, kw)))
     n_eval = len(jobs)
     sweep_index: list[tuple[str, int]] = []
-    for r, ctx in enumerate(contexts):
+    for r, ctx in enumerate(prepared.contexts):
         for sweep, values in (("components", cfg.sweep_components), ("images", cfg.sweep_images)):
             for j, v in enumerate(values):
                 jobs.append(
@@ -159,76 +259,82 @@ def run_audit(cfg: AuditConfig, *, command: Sequence[str] | None = None) -> Audi
                     )
                 )
                 sweep_index.append((sweep, v))
-    n_sweep = len(sweep_index)
-    for r, bctx in enumerate(bystander_contexts):
+    for r, bctx in enumerate(prepared.bystander_contexts):
         for i, eps in enumerate(cfg.epsilons):
             jobs.append((bystander._evaluate_job, (bctx, cfg, eps, (execution._TAG_BYSTANDER, r, i))))
-    n_by = len(bystander_contexts) * len(cfg.epsilons)
+    n_bystander = len(prepared.bystander_contexts) * len(cfg.epsilons)
     if cfg.site_keys:
-        for r, ctx in enumerate(contexts):
+        for r, ctx in enumerate(prepared.contexts):
             for i, eps in enumerate(cfg.epsilons):
                 jobs.append((protection._protection_job, (ctx, cfg, data, eps, (protection._TAG, r, i))))
-    results, c = run_jobs(cfg, jobs, "audit: ε × splits, sweeps, bystanders" + (", site keys" if cfg.site_keys else ""))
-    cpu += c
-    evals = results[:n_eval]
-    by_rows = results[n_eval + n_sweep : n_eval + n_sweep + n_by]
-    prot_rows = results[n_eval + n_sweep + n_by :]
-    template_protection = (
-        [
-            protection.combine([prot_rows[r * len(cfg.epsilons) + i] for r in range(cfg.repeats)])
-            for i in range(len(cfg.epsilons))
-        ]
-        if cfg.site_keys
-        else None
+    return _Schedule(jobs=jobs, n_eval=n_eval, sweep_index=sweep_index, n_bystander=n_bystander)
+
+
+def _measure(data: AuditData, cfg: AuditConfig, prepared: _Prepared) -> tuple[_Measured, float]:
+    """Step 2: run the scheduled jobs and combine each section's rows over splits.
+
+    Returns
+    -------
+    measured : _Measured
+        ``evals`` split-major (``cfg.repeats × len(cfg.epsilons)`` rows); the rest one entry per ε.
+    cpu : float
+        CPU seconds the jobs took.
+    """
+    plan = _schedule(data, cfg, prepared)
+    desc = "audit: ε × splits, sweeps, bystanders" + (", site keys" if cfg.site_keys else "")
+    results, cpu = run_jobs(cfg, plan.jobs, desc)
+    n_sweep = len(plan.sweep_index)
+    evals = results[: plan.n_eval]
+    by_rows = results[plan.n_eval + n_sweep : plan.n_eval + n_sweep + plan.n_bystander]
+    prot_rows = results[plan.n_eval + n_sweep + plan.n_bystander :]
+    template_protection = [protection.combine(rows) for rows in _per_epsilon(cfg, prot_rows)] if cfg.site_keys else None
+    bystanders = [combine_bystanders(rows) for rows in _per_epsilon(cfg, by_rows)] if cfg.bystander else None
+    entries = [combine_results(rows) for rows in _per_epsilon(cfg, evals)]
+    sweeps = _assemble_sweeps(
+        cfg, plan.sweep_index, results[plan.n_eval : plan.n_eval + n_sweep], entries, prepared.baselines
     )
-    bystanders = (
-        [
-            combine_bystanders([by_rows[r * len(cfg.epsilons) + i] for r in range(cfg.repeats)])
-            for i in range(len(cfg.epsilons))
-        ]
-        if cfg.bystander
-        else None
+    measured = _Measured(
+        evals=evals,
+        entries=entries,
+        sweeps=sweeps,
+        bystanders=bystanders,
+        template_protection=template_protection,
     )
-    per_eps = [[evals[r * len(cfg.epsilons) + i] for r in range(cfg.repeats)] for i in range(len(cfg.epsilons))]
-    entries = [combine_results(rows) for rows in per_eps]
+    return measured, cpu
 
-    sweeps = _assemble_sweeps(cfg, sweep_index, results[n_eval : n_eval + n_sweep], entries, baselines)
 
-    frontier = None
-    if cfg.frontier:
-        frontier, c = run_frontier(data, cfg, limit)
-        cpu += c
+def _per_epsilon(cfg: AuditConfig, rows: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Split-major rows (split r, ε i at ``r * len(epsilons) + i``) regrouped as each ε's rows over splits."""
+    n = len(cfg.epsilons)
+    return [[rows[r * n + i] for r in range(cfg.repeats)] for i in range(n)]
 
+
+def _assemble(
+    cfg: AuditConfig,
+    data: AuditData,
+    prepared: _Prepared,
+    measured: _Measured,
+    *,
+    command: Sequence[str] | None,
+    frontier: dict[str, Any] | None,
+    open_set_entries: list[dict[str, Any]] | None,
+    open_set_info: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Step 3: the ``audit.json`` document, its timing and plots still to be filled in."""
+    baselines = prepared.baselines
     base_mean, base_std = aggregate([{k: v for k, v in b.items() if k != "subsets_skipped"} for b in baselines])
-    counts = np.bincount(data.labels, minlength=data.n_classes)
-    ctx0 = contexts[0]
-    audit: dict[str, Any] = {
+    ctx0 = prepared.contexts[0]
+    return {
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "peep audit", "version": _version()},
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": list(command) if command is not None else None,
         "config": cfg.to_dict(),
-        "dataset": {
-            "source": data.source,
-            "n_subjects": data.n_classes,
-            "n_images": int(data.labels.shape[0]),
-            "subjects": data.target_names,
-            "images_per_subject": [int(v) for v in counts],
-            "normalisation": data.normalisation,
-            "n_skipped": data.n_skipped,
-        },
+        "dataset": _dataset_section(data),
         "mechanism": _mechanism_summary(cfg, ctx0),
         "components": ctx0.basis.n_components,
         "projection": ctx0.basis.kind,
-        "basis": {
-            "source": cfg.basis,
-            "projection": ctx0.basis.kind,
-            "bounds": "bundle",
-            "fitted_on_images": ctx0.basis.n_fit,
-            "explained_variance_ratio": base_mean["explained_variance_ratio"],
-            "background": data.background_desc or None,
-            "note": BASIS_NOTES[cfg.basis],
-        },
+        "basis": _basis_section(cfg, data, ctx0, base_mean),
         "protocol": {
             "repeats": cfg.repeats,
             "test_size": cfg.test_size,
@@ -239,56 +345,57 @@ def run_audit(cfg: AuditConfig, *, command: Sequence[str] | None = None) -> Audi
             "seed": cfg.seed,
         },
         "sampler": sampler_description(cfg),
-        "chance": {"majority": float(np.mean([majority(c.y_test) for c in contexts])), "uniform": 1.0 / data.n_classes},
-        "no_privacy": {"per_repeat": execution.per_repeat_values(baselines)}
-        | {
-            k: base_mean[k]
-            for k in (
-                "accuracy",
-                "weighted_f1",
-                "weighted_precision",
-                "weighted_recall",
-                "balanced_accuracy",
-                "membership_auc",
-            )
-        }
-        | {
-            "std": {
-                k: base_std[k]
-                for k in (
-                    "accuracy",
-                    "weighted_f1",
-                    "weighted_precision",
-                    "weighted_recall",
-                    "balanced_accuracy",
-                    "membership_auc",
-                )
-            }
+        "chance": {
+            "majority": float(np.mean([majority(c.y_test) for c in prepared.contexts])),
+            "uniform": 1.0 / data.n_classes,
         },
+        "no_privacy": {"per_repeat": execution.per_repeat_values(baselines)}
+        | {k: base_mean[k] for k in _NO_PRIVACY_KEYS}
+        | {"std": {k: base_std[k] for k in _NO_PRIVACY_KEYS}},
         "reconstruction_baselines": {
             "mean_face": base_mean["mean_face"],
             "pca_ceiling": base_mean["pca_ceiling"],
             "std": {"mean_face": base_std["mean_face"], "pca_ceiling": base_std["pca_ceiling"]},
         },
         "linkage_subsets_skipped": baselines[0]["subsets_skipped"],
-        "results": entries,
-        "sweeps": sweeps,
+        "results": measured.entries,
+        "sweeps": measured.sweeps,
         "frontier": frontier,
-        "bystander": bystanders,
-        "bystander_setup": bystander_setup(cfg, data, bystander_contexts) if cfg.bystander else None,
-        "template_protection": template_protection,
+        "bystander": measured.bystanders,
+        "bystander_setup": bystander_setup(cfg, data, prepared.bystander_contexts) if cfg.bystander else None,
+        "template_protection": measured.template_protection,
         "open_set": open_set_entries,
         "open_set_setup": open_set_info,
         "timing": {},
         "plots": {},
     }
-    audit["timing"] = {
-        "wall_seconds": time.perf_counter() - t0,
-        "cpu_seconds": cpu + (time.process_time() - c0),
-        "workers": execution.n_workers(cfg),
+
+
+def _dataset_section(data: AuditData) -> dict[str, Any]:
+    """``dataset`` in audit.json: where the faces came from and how many of each identity."""
+    counts = np.bincount(data.labels, minlength=data.n_classes)
+    return {
+        "source": data.source,
+        "n_subjects": data.n_classes,
+        "n_images": int(data.labels.shape[0]),
+        "subjects": data.target_names,
+        "images_per_subject": [int(v) for v in counts],
+        "normalisation": data.normalisation,
+        "n_skipped": data.n_skipped,
     }
-    grid = _grid(cfg, data, ctx0, evals[: len(cfg.epsilons)])
-    return AuditResult(data=audit, grid=grid)
+
+
+def _basis_section(cfg: AuditConfig, data: AuditData, ctx0: RepeatContext, base_mean: dict[str, Any]) -> dict[str, Any]:
+    """``basis`` in audit.json: what the projection and bounds were fitted on (as split 0 shows)."""
+    return {
+        "source": cfg.basis,
+        "projection": ctx0.basis.kind,
+        "bounds": "bundle",
+        "fitted_on_images": ctx0.basis.n_fit,
+        "explained_variance_ratio": base_mean["explained_variance_ratio"],
+        "background": data.background_desc or None,
+        "note": BASIS_NOTES[cfg.basis],
+    }
 
 
 def bystander_setup(cfg: AuditConfig, data: AuditData, contexts: Sequence[BystanderContext]) -> dict[str, Any]:
@@ -395,62 +502,12 @@ def run_frontier(data: AuditData, cfg: AuditConfig, limit: int) -> tuple[dict[st
     """
     projections = cfg.searched_projections
     ncs = {p: sorted({min(n, _component_limit(data, cfg, p)) for n in cfg.frontier_components}) for p in projections}
-    jobs = [
-        (execution._frontier_group_job, (data, cfg, nc, v, p))
-        for p in projections
-        for nc in ncs[p]
-        for v in BOUNDS_VARIANTS
-    ]
-    groups, cpu = run_jobs(cfg, jobs, "audit: frontier search")
-    rows = [r for g in groups for r in g]
-    chosen: list[dict[str, Any]] = []
-    for target in cfg.frontier_epsilons:
-        cands = [r for r in rows if r["target_epsilon_vector"] == target]
-        best = max(cands, key=lambda r: (r["accuracy"], -r["n_components"]))
-        chosen.append(best)
-
+    rows, chosen, cpu = _frontier_search(data, cfg, ncs)
     paper_nc = min(cfg.components, limit)
-    configs = {(c["projection"], c["n_components"], c["bounds"]) for c in chosen} | {("eigenfaces", paper_nc, "bundle")}
-    prep_jobs = [
-        (execution._prepare_job, (data, cfg, execution._FRONTIER_EVAL_SPLIT + r, nc, v, True, p))
-        for (p, nc, v) in sorted(configs)
-        for r in range(cfg.repeats)
-    ]
-    prepared, c = run_jobs(cfg, prep_jobs, "audit: frontier splits")
+    ctxs, c = _frontier_contexts(data, cfg, chosen, paper_nc)
     cpu += c
-    ctxs: dict[tuple[str, int, str, int], RepeatContext] = {}
-    for (_, (_, _, split, nc, v, _, p)), (ctx, _) in zip(prep_jobs, prepared, strict=True):
-        ctxs[(p, nc, v, split - execution._FRONTIER_EVAL_SPLIT)] = ctx
-
-    eval_jobs: list[tuple[Any, tuple[Any, ...]]] = []
-    labels: list[tuple[int, str]] = []
-    for ti, (target, best) in enumerate(zip(cfg.frontier_epsilons, chosen, strict=True)):
-        candidates = (
-            (best["mechanism"], best["projection"], best["n_components"], best["bounds"]),
-            ("peep", "eigenfaces", paper_nc, "bundle"),
-        )
-        for which, (kind, p, nc, v) in enumerate(candidates):
-            for r in range(cfg.repeats):
-                kw = {"kind": kind, "target_vector": target, "key": (execution._TAG_FRONTIER_EVAL, ti, which, r)}
-                eval_jobs.append((execution._evaluate_job, (ctxs[(p, nc, v, r)], cfg, kw)))
-                labels.append((ti, "best" if which == 0 else "paper_mode"))
-    evaluated, c = run_jobs(cfg, eval_jobs, "audit: frontier attacks")
+    points, c = _frontier_points(cfg, chosen, paper_nc, ctxs)
     cpu += c
-    points = []
-    for ti, (target, best) in enumerate(zip(cfg.frontier_epsilons, chosen, strict=True)):
-        entry: dict[str, Any] = {"epsilon_vector": target}
-        for name in ("best", "paper_mode"):
-            reps = [e for lab, e in zip(labels, evaluated, strict=True) if lab == (ti, name)]
-            entry[name] = combine_results(reps)
-        entry["best"]["configuration"] = {k: best[k] for k in ("projection", "mechanism", "n_components", "bounds")}
-        entry["best"]["selection_accuracy"] = best["accuracy"]
-        entry["paper_mode"]["configuration"] = {
-            "projection": "eigenfaces",
-            "mechanism": "peep",
-            "n_components": paper_nc,
-            "bounds": "bundle",
-        }
-        points.append(entry)
     return {
         "epsilons_vector": list(cfg.frontier_epsilons),
         "searched": {
@@ -466,3 +523,85 @@ def run_frontier(data: AuditData, cfg: AuditConfig, limit: int) -> tuple[dict[st
         "selection": {"split": "one extra stratified split, not among the reported ones", "points": rows},
         "points": points,
     }, cpu
+
+
+def _frontier_search(
+    data: AuditData, cfg: AuditConfig, ncs: dict[str, list[int]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
+    """The frontier's selection: every configuration on the selection split, the best at each target.
+
+    Returns
+    -------
+    rows : list of dict
+        Every configuration measured at every per-vector ε it reaches.
+    chosen : list of dict
+        The row of highest accuracy at each of ``cfg.frontier_epsilons`` (fewer components on a tie).
+    cpu : float
+        CPU seconds the jobs took.
+    """
+    jobs = [
+        (execution._frontier_group_job, (data, cfg, nc, v, p)) for p in ncs for nc in ncs[p] for v in BOUNDS_VARIANTS
+    ]
+    groups, cpu = run_jobs(cfg, jobs, "audit: frontier search")
+    rows = [r for g in groups for r in g]
+    chosen: list[dict[str, Any]] = []
+    for target in cfg.frontier_epsilons:
+        cands = [r for r in rows if r["target_epsilon_vector"] == target]
+        best = max(cands, key=lambda r: (r["accuracy"], -r["n_components"]))
+        chosen.append(best)
+    return rows, chosen, cpu
+
+
+def _frontier_contexts(
+    data: AuditData, cfg: AuditConfig, chosen: Sequence[dict[str, Any]], paper_nc: int
+) -> tuple[dict[tuple[str, int, str, int], RepeatContext], float]:
+    """Fresh splits for every chosen configuration and paper mode, keyed (projection, nc, bounds, split)."""
+    configs = {(c["projection"], c["n_components"], c["bounds"]) for c in chosen} | {("eigenfaces", paper_nc, "bundle")}
+    prep_jobs = [
+        (execution._prepare_job, (data, cfg, execution._FRONTIER_EVAL_SPLIT + r, nc, v, True, p))
+        for (p, nc, v) in sorted(configs)
+        for r in range(cfg.repeats)
+    ]
+    prepared, cpu = run_jobs(cfg, prep_jobs, "audit: frontier splits")
+    ctxs: dict[tuple[str, int, str, int], RepeatContext] = {}
+    for (_, (_, _, split, nc, v, _, p)), (ctx, _) in zip(prep_jobs, prepared, strict=True):
+        ctxs[(p, nc, v, split - execution._FRONTIER_EVAL_SPLIT)] = ctx
+    return ctxs, cpu
+
+
+def _frontier_points(
+    cfg: AuditConfig,
+    chosen: Sequence[dict[str, Any]],
+    paper_nc: int,
+    ctxs: dict[tuple[str, int, str, int], RepeatContext],
+) -> tuple[list[dict[str, Any]], float]:
+    """Every attack on the chosen configuration and on paper mode at each target, combined over the fresh splits."""
+    eval_jobs: list[_Job] = []
+    labels: list[tuple[int, str]] = []
+    for ti, (target, best) in enumerate(zip(cfg.frontier_epsilons, chosen, strict=True)):
+        candidates = (
+            (best["mechanism"], best["projection"], best["n_components"], best["bounds"]),
+            ("peep", "eigenfaces", paper_nc, "bundle"),
+        )
+        for which, (kind, p, nc, v) in enumerate(candidates):
+            for r in range(cfg.repeats):
+                kw = {"kind": kind, "target_vector": target, "key": (execution._TAG_FRONTIER_EVAL, ti, which, r)}
+                eval_jobs.append((execution._evaluate_job, (ctxs[(p, nc, v, r)], cfg, kw)))
+                labels.append((ti, "best" if which == 0 else "paper_mode"))
+    evaluated, cpu = run_jobs(cfg, eval_jobs, "audit: frontier attacks")
+    points = []
+    for ti, (target, best) in enumerate(zip(cfg.frontier_epsilons, chosen, strict=True)):
+        entry: dict[str, Any] = {"epsilon_vector": target}
+        for name in ("best", "paper_mode"):
+            reps = [e for lab, e in zip(labels, evaluated, strict=True) if lab == (ti, name)]
+            entry[name] = combine_results(reps)
+        entry["best"]["configuration"] = {k: best[k] for k in ("projection", "mechanism", "n_components", "bounds")}
+        entry["best"]["selection_accuracy"] = best["accuracy"]
+        entry["paper_mode"]["configuration"] = {
+            "projection": "eigenfaces",
+            "mechanism": "peep",
+            "n_components": paper_nc,
+            "bounds": "bundle",
+        }
+        points.append(entry)
+    return points, cpu

@@ -31,9 +31,11 @@ def _list(cast: Callable[[str], Any], option: str) -> Callable[[str], tuple[Any,
 
 
 def register(sub: Any) -> None:
-    from peep.core.mechanisms import MECHANISM_KINDS
-    from peep.server.audit.config import DEFAULT_EPSILONS, DEFAULT_FRONTIER_EPSILONS, AuditConfig
-    from peep.server.recognition.presets import PRESETS
+    """Add ``peep audit`` to the subcommand parser ``sub``.
+
+    The options are added in the order ``--help`` lists them, one small function per concern.
+    """
+    from peep.server.audit.config import AuditConfig
 
     d = AuditConfig()
     p = sub.add_parser(
@@ -43,36 +45,10 @@ def register(sub: Any) -> None:
         "averaging, membership inference, identity mixture, linkage of strangers' appearances from what the "
         "server keeps) vs epsilon; writes OUT/audit.json, PNG plots and a self-contained OUT/report.html.",
     )
-    p.add_argument("--dataset", required=True, help="'lfw' or a folder-per-identity image directory")
-    p.add_argument(
-        "--data-home", default=None, help="scikit-learn data home holding lfw_home/ (default: $SCIKIT_LEARN_DATA)"
-    )
-    p.add_argument(
-        "--min-faces", type=int, default=d.min_faces, help=f"identities with at least N images (default {d.min_faces})"
-    )
-    p.add_argument("--mechanism", required=True, choices=MECHANISM_KINDS, help="the privacy mechanism to audit")
-    p.add_argument(
-        "--epsilons",
-        type=_list(float, "--epsilons"),
-        default=DEFAULT_EPSILONS,
-        metavar="LIST",
-        help="ε values, comma-separated (the mechanism's parameter: per coordinate for peep and "
-        "peep-raw, per vector otherwise; reports show both) (default "
-        + ",".join(f"{e:g}" for e in DEFAULT_EPSILONS)
-        + ")",
-    )
-    p.add_argument(
-        "--projection",
-        choices=projection_kinds(),
-        default=d.projection,
-        help="what a template is (default eigenfaces, the paper's; fisherfaces needs --basis background)",
-    )
-    p.add_argument(
-        "--components",
-        type=int,
-        default=d.components,
-        help=f"dimension of a template: nc eigenfaces or K Fisherfaces (default {d.components})",
-    )
+    _add_data_options(p, d)
+    _add_mechanism_options(p)
+    _add_projection_options(p, d)
+    # --help lists options in the order they were added, so these stay where the help has always shown them
     p.add_argument("--repeats", type=int, default=d.repeats, help=f"random stratified splits (default {d.repeats})")
     p.add_argument(
         "--frontier",
@@ -91,6 +67,69 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--out", required=True, help="output directory")
     g = p.add_argument_group("protocol")
+    _add_basis_options(g, d)
+    _add_recogniser_options(g, d)
+    _add_sweep_options(g, d)
+    _add_attack_options(g, d)
+    _add_frontier_options(g, d)
+    _add_bystander_options(g, d)
+    _add_protection_options(g)
+    g.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _register_open_set(p, d)
+    p.set_defaults(handler=handler)
+
+
+# Each ``_add_*`` function below adds one concern's options to ``p`` (the parser) or ``g`` (the
+# "protocol" group); ``d`` is a default AuditConfig, the source of every default the help shows.
+
+
+def _add_data_options(p: Any, d: Any) -> None:
+    """What is audited: the dataset and which of its identities."""
+    p.add_argument("--dataset", required=True, help="'lfw' or a folder-per-identity image directory")
+    p.add_argument(
+        "--data-home", default=None, help="scikit-learn data home holding lfw_home/ (default: $SCIKIT_LEARN_DATA)"
+    )
+    p.add_argument(
+        "--min-faces", type=int, default=d.min_faces, help=f"identities with at least N images (default {d.min_faces})"
+    )
+
+
+def _add_mechanism_options(p: Any) -> None:
+    """The privacy mechanism and the ε values it is audited at."""
+    from peep.core.mechanisms import MECHANISM_KINDS
+    from peep.server.audit.config import DEFAULT_EPSILONS
+
+    p.add_argument("--mechanism", required=True, choices=MECHANISM_KINDS, help="the privacy mechanism to audit")
+    p.add_argument(
+        "--epsilons",
+        type=_list(float, "--epsilons"),
+        default=DEFAULT_EPSILONS,
+        metavar="LIST",
+        help="ε values, comma-separated (the mechanism's parameter: per coordinate for peep and "
+        "peep-raw, per vector otherwise; reports show both) (default "
+        + ",".join(f"{e:g}" for e in DEFAULT_EPSILONS)
+        + ")",
+    )
+
+
+def _add_projection_options(p: Any, d: Any) -> None:
+    """What a template is: the projection and its dimension."""
+    p.add_argument(
+        "--projection",
+        choices=projection_kinds(),
+        default=d.projection,
+        help="what a template is (default eigenfaces, the paper's; fisherfaces needs --basis background)",
+    )
+    p.add_argument(
+        "--components",
+        type=int,
+        default=d.components,
+        help=f"dimension of a template: nc eigenfaces or K Fisherfaces (default {d.components})",
+    )
+
+
+def _add_basis_options(g: Any, d: Any) -> None:
+    """Whose faces the projection and bounds are fitted on."""
     g.add_argument(
         "--basis",
         choices=("train", "background"),
@@ -112,6 +151,12 @@ def register(sub: Any) -> None:
         metavar="N",
         help="with --basis background: only LFW people with at most N images (default: min-faces - 1 for lfw)",
     )
+
+
+def _add_recogniser_options(g: Any, d: Any) -> None:
+    """The splits, the recogniser trained on them, the noise and the workers that run it all."""
+    from peep.server.recognition.presets import PRESETS
+
     g.add_argument("--test-size", type=float, default=d.test_size, help=f"held-out fraction (default {d.test_size})")
     g.add_argument(
         "--preset",
@@ -134,6 +179,10 @@ def register(sub: Any) -> None:
         "of the seeded simulation sampler",
     )
     g.add_argument("--jobs", type=int, default=d.jobs, help="worker processes (default: one per CPU)")
+
+
+def _add_sweep_options(g: Any, d: Any) -> None:
+    """The utility-vs-components and utility-vs-images curves."""
     g.add_argument(
         "--sweep-components",
         type=_list(int, "--sweep-components"),
@@ -154,6 +203,10 @@ def register(sub: Any) -> None:
         default=None,
         help="ε of the private curve in both sweeps (default 8 if listed, else the median)",
     )
+
+
+def _add_attack_options(g: Any, d: Any) -> None:
+    """The linkage candidate sets and the averaging attack's numbers of releases."""
     g.add_argument(
         "--subset-sizes",
         type=_list(int, "--subset-sizes"),
@@ -168,6 +221,12 @@ def register(sub: Any) -> None:
         metavar="LIST",
         help="extra numbers of averaged releases (1, 5 and 20 are always measured)",
     )
+
+
+def _add_frontier_options(g: Any, d: Any) -> None:
+    """What ``--frontier`` searches."""
+    from peep.server.audit.config import DEFAULT_FRONTIER_EPSILONS
+
     g.add_argument(
         "--frontier-epsilons",
         type=_list(float, "--frontier-epsilons"),
@@ -189,6 +248,10 @@ def register(sub: Any) -> None:
         metavar="LIST",
         help="projections the frontier searches (default: every one the basis allows)",
     )
+
+
+def _add_bystander_options(g: Any, d: Any) -> None:
+    """The bystander section: whether it runs, and its decision mode's label mechanism."""
     g.add_argument(
         "--no-bystander",
         action="store_true",
@@ -206,6 +269,10 @@ def register(sub: Any) -> None:
         + ",".join(f"{e:g}" for e in d.bystander_label_epsilons)
         + "; the decision without a label mechanism is measured too)",
     )
+
+
+def _add_protection_options(g: Any) -> None:
+    """The template-protection section (site keys)."""
     g.add_argument(
         "--site-keys",
         type=int,
@@ -215,32 +282,47 @@ def register(sub: Any) -> None:
         "without the key, cross-site unlinkability (D_sys), retrieval without the key, and attacks that estimate "
         "the key (insider pairs, the public background, moments alone); privunit, privunit-g or gaussian-l2",
     )
-    g.add_argument("--no-progress", action="store_true", help="no progress bars")
-    _register_open_set(p, d)
-    p.set_defaults(handler=handler)
+
+
+_OPEN_SET_DESCRIPTION = (
+    "--open-set measures 1:N identification as NIST FRVT does: FNIR (enrolled people's probes not named as "
+    "themselves) at a fixed FPIR (strangers named as someone), for the server deciding on a released query "
+    "(today) and for a device that runs the same model on its clean projection and releases only the decision "
+    "through k-ary randomized response at each --open-set-label-epsilons value (and without label noise). "
+    "Its people follow its own rule, whatever --min-faces: LFW people with at least 26 images enrolled (20 "
+    "enrolment releases at the audited ε, 6 probes each), one-capture strangers from the 5-9 image people; "
+    "of the public (everyone else), the background class (releases: the model's unknown class) takes the "
+    "shares --open-set-background-rare and --open-set-background-frequent, and every other public person "
+    "calibrates the device's thresholds with every photo, each person weighing alike; the projection is "
+    "fitted on the background people only. Infeasible rows (the label mechanism alone names more strangers "
+    "than the "
+    "FPIR target allows) are measured and marked. "
+    "Needs --dataset lfw; writes open_set[] and open_set_setup to audit.json, a plot and a report section."
+)
 
 
 def _register_open_set(p: Any, d: Any) -> None:
     """The ``--open-set`` section's options (every one but ``--open-set`` itself needs it)."""
-    from peep.server.recognition.presets import PRESETS
-
-    g = p.add_argument_group(
-        "open set",
-        "--open-set measures 1:N identification as NIST FRVT does: FNIR (enrolled people's probes not named as "
-        "themselves) at a fixed FPIR (strangers named as someone), for the server deciding on a released query "
-        "(today) and for a device that runs the same model on its clean projection and releases only the decision "
-        "through k-ary randomized response at each --open-set-label-epsilons value (and without label noise). "
-        "Its people follow its own rule, whatever --min-faces: LFW people with at least 26 images enrolled (20 "
-        "enrolment releases at the audited ε, 6 probes each), one-capture strangers from the 5-9 image people; "
-        "of the public (everyone else), the background class (releases: the model's unknown class) takes the "
-        "shares --open-set-background-rare and --open-set-background-frequent, and every other public person "
-        "calibrates the device's thresholds with every photo, each person weighing alike; the projection is "
-        "fitted on the background people only. Infeasible rows (the label mechanism alone names more strangers "
-        "than the "
-        "FPIR target allows) are measured and marked. "
-        "Needs --dataset lfw; writes open_set[] and open_set_setup to audit.json, a plot and a report section.",
-    )
+    g = p.add_argument_group("open set", _OPEN_SET_DESCRIPTION)
     g.add_argument("--open-set", action="store_true", help="add the open-set identification section")
+    _add_open_set_people_options(g, d)
+    _add_open_set_decision_options(g, d)
+    _add_open_set_public_options(g, d)
+    g.add_argument(
+        "--open-set-label-draws",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"independent label releases per decision, averaged (default {d.open_set_label_draws})",
+    )
+
+
+# The ``--open-set-*`` options default to None: the config then applies its own default, and refuses any
+# option given without ``--open-set``, by name; ``d`` only supplies the defaults the help shows.
+
+
+def _add_open_set_people_options(g: Any, d: Any) -> None:
+    """Who is enrolled and who is a stranger, and the template dimensions measured."""
     g.add_argument(
         "--open-set-enrolled",
         type=int,
@@ -262,6 +344,12 @@ def _register_open_set(p: Any, d: Any) -> None:
         metavar="LIST",
         help="template dimensions K measured, e.g. 16,32 (default: --components)",
     )
+
+
+def _add_open_set_decision_options(g: Any, d: Any) -> None:
+    """How a decision is released and judged: label noise, FPIR and FAR targets, recogniser presets."""
+    from peep.server.recognition.presets import PRESETS
+
     g.add_argument(
         "--open-set-label-epsilons",
         type=_list(float, "--open-set-label-epsilons"),
@@ -294,6 +382,10 @@ def _register_open_set(p: Any, d: Any) -> None:
         + ",".join(d.open_set_presets)
         + "; the report names the one with the lower FNIR on clean queries)",
     )
+
+
+def _add_open_set_public_options(g: Any, d: Any) -> None:
+    """How the public people divide between the model's background class and calibration, and the basis."""
     g.add_argument(
         "--open-set-background-rare",
         type=float,
@@ -316,13 +408,6 @@ def _register_open_set(p: Any, d: Any) -> None:
         default=None,
         help="whose faces the projection is fitted on: the background people only (default), so that calibration "
         "faces are as new to it as strangers', or every public person",
-    )
-    g.add_argument(
-        "--open-set-label-draws",
-        type=int,
-        default=None,
-        metavar="N",
-        help=f"independent label releases per decision, averaged (default {d.open_set_label_draws})",
     )
 
 
@@ -404,11 +489,23 @@ def handler(args: argparse.Namespace) -> int:
 
 def command_line(cfg: Any, out: str) -> list[str]:
     """An equivalent ``peep audit`` command (recorded in audit.json for reproduction)."""
+    return [
+        *_core_arguments(cfg),
+        *_optional_arguments(cfg),
+        *_open_set_arguments(cfg),
+        *_frontier_arguments(cfg),
+        "--out",
+        out,
+    ]
 
-    def join(v: Any) -> str:
-        return ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in v)
 
-    cmd = [
+def _join(v: Any) -> str:
+    return ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in v)
+
+
+def _core_arguments(cfg: Any) -> list[str]:
+    """The options every recorded command spells out, whatever their value."""
+    return [
         "peep",
         "audit",
         "--dataset",
@@ -418,7 +515,7 @@ def command_line(cfg: Any, out: str) -> list[str]:
         "--mechanism",
         cfg.mechanism,
         "--epsilons",
-        join(cfg.epsilons),
+        _join(cfg.epsilons),
         "--projection",
         cfg.projection,
         "--components",
@@ -438,14 +535,19 @@ def command_line(cfg: Any, out: str) -> list[str]:
         "--test-size",
         f"{cfg.test_size:g}",
         "--sweep-components",
-        join(cfg.sweep_components) or "none",
+        _join(cfg.sweep_components) or "none",
         "--sweep-images",
-        join(cfg.sweep_images) or "none",
+        _join(cfg.sweep_images) or "none",
         "--subset-sizes",
-        join(cfg.subset_sizes),
+        _join(cfg.subset_sizes),
         "--averaging",
-        join(cfg.averaging),
+        _join(cfg.averaging),
     ]
+
+
+def _optional_arguments(cfg: Any) -> list[str]:
+    """The options recorded only where they apply or differ from their default."""
+    cmd: list[str] = []
     if cfg.hidden is not None:
         cmd += ["--hidden", str(cfg.hidden)]
     if cfg.data_home:
@@ -459,46 +561,56 @@ def command_line(cfg: Any, out: str) -> list[str]:
     if not cfg.bystander:
         cmd.append("--no-bystander")
     else:
-        cmd += ["--bystander-label-epsilons", join(cfg.bystander_label_epsilons) or "none"]
+        cmd += ["--bystander-label-epsilons", _join(cfg.bystander_label_epsilons) or "none"]
     if cfg.site_keys:
         cmd += ["--site-keys", str(cfg.site_keys)]
-    if cfg.open_set:
-        cmd += [
-            "--open-set",
-            "--open-set-enrolled",
-            str(cfg.open_set_enrolled),
-            "--open-set-strangers",
-            str(cfg.open_set_strangers),
-            "--open-set-components",
-            join(cfg.open_set_dimensions),
-            "--open-set-label-epsilons",
-            join(cfg.open_set_label_epsilons) or "none",
-            "--open-set-fpir",
-            join(cfg.open_set_fpir),
-            "--open-set-far",
-            f"{cfg.open_set_far:g}",
-            "--open-set-presets",
-            ",".join(cfg.open_set_presets),
-            "--open-set-label-draws",
-            str(cfg.open_set_label_draws),
-            "--open-set-background-rare",
-            f"{cfg.open_set_background_rare:g}",
-            "--open-set-background-frequent",
-            f"{cfg.open_set_background_frequent:g}",
-            "--open-set-basis",
-            cfg.open_set_basis,
-        ]
-    if cfg.frontier:
-        cmd += [
-            "--frontier",
-            "--frontier-epsilons",
-            join(cfg.frontier_epsilons),
-            "--frontier-components",
-            join(cfg.frontier_components),
-            "--frontier-projections",
-            ",".join(cfg.searched_projections),
-        ]
-    return [*cmd, "--out", out]
+    return cmd
+
+
+def _open_set_arguments(cfg: Any) -> list[str]:
+    """The open-set section's options, each at the value the run used (none without ``--open-set``)."""
+    if not cfg.open_set:
+        return []
+    return [
+        "--open-set",
+        "--open-set-enrolled",
+        str(cfg.open_set_enrolled),
+        "--open-set-strangers",
+        str(cfg.open_set_strangers),
+        "--open-set-components",
+        _join(cfg.open_set_dimensions),
+        "--open-set-label-epsilons",
+        _join(cfg.open_set_label_epsilons) or "none",
+        "--open-set-fpir",
+        _join(cfg.open_set_fpir),
+        "--open-set-far",
+        f"{cfg.open_set_far:g}",
+        "--open-set-presets",
+        ",".join(cfg.open_set_presets),
+        "--open-set-label-draws",
+        str(cfg.open_set_label_draws),
+        "--open-set-background-rare",
+        f"{cfg.open_set_background_rare:g}",
+        "--open-set-background-frequent",
+        f"{cfg.open_set_background_frequent:g}",
+        "--open-set-basis",
+        cfg.open_set_basis,
+    ]
+
+
+def _frontier_arguments(cfg: Any) -> list[str]:
+    """The frontier's options, the projections it searched spelled out (none without ``--frontier``)."""
+    if not cfg.frontier:
+        return []
+    return [
+        "--frontier",
+        "--frontier-epsilons",
+        _join(cfg.frontier_epsilons),
+        "--frontier-components",
+        _join(cfg.frontier_components),
+        "--frontier-projections",
+        ",".join(cfg.searched_projections),
+    ]
 
 
 def _decision_summary(labels: list[dict[str, Any]]) -> str:
