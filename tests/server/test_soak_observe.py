@@ -23,6 +23,7 @@ from peep.server.bench.soak.sampler import (
     process_source,
     read_process,
 )
+from peep.server.bench.soak.targets import judge
 from peep.server.bench.soak.timeline import LIFE, Timeline
 
 HOUR = 3600.0
@@ -267,3 +268,119 @@ def test_sampler_stops_promptly_between_samples() -> None:
     assert sampler.readings["process:me"] == 1
     with pytest.raises(ValueError, match="every_s must be a positive"):
         ResourceSampler(tl, 0, [])
+
+
+# -- targets ---------------------------------------------------------------------------------
+
+
+def _quiet_run(*, fault_recovery_s: float = 5.0, p99_late_factor: float = 1.0) -> Timeline:
+    """An hour of a flat replica and ~1 latency a second, p99 ≈ 100 ms, one broker stop at 20–21 min.
+
+    From minute 40 on the slowest 2 % of each minute take ``p99_late_factor`` × 100 ms.
+    """
+    tl = Timeline()
+    _steady(tl, "replica-a", 0.0)
+    for t in np.arange(0.0, HOUR, 10.0):
+        tl.add("fds", "replica-a", float(t), 40.0)
+        tl.add("threads", "replica-a", float(t), 12.0)
+    tl.fault("broker_stop", 1200.0, 1260.0, 1260.0 + fault_recovery_s)
+    for minute in range(60):
+        slow = 100.0 * (p99_late_factor if minute >= 40 else 1.0)
+        for i in range(60):
+            ms = 1000.0 if 20 <= minute <= 21 else slow if i < 2 else 10.0 + i / 10
+            tl.latency("ingest_to_decision", 60.0 * minute + i, ms)
+            tl.latency("claim_to_lock", 60.0 * minute + i, 100.0 if i < 2 else 50.0)
+    return tl
+
+
+GOOD: dict[str, Any] = {
+    "devices": {
+        "cam-1": {"sent": 1000, "decided_once": 998, "dead_lettered": 2, "lost": 0, "duplicated": 0},
+        "door": {"sent": 50, "decided_once": 50, "dead_lettered": 0, "lost": 0, "duplicated": 0},
+    },
+    "wrong_lock_drives": 0,
+    "faults": [{"kind": "broker_stop", "at_s": 1200.0, "recovered_s": 1265.0}],
+}
+
+
+def _by_target(verdicts: list[Any]) -> dict[str, Any]:
+    return {v["target"]: v for v in verdicts}
+
+
+def test_a_quiet_run_passes_every_target() -> None:
+    verdicts = judge(GOOD, _quiet_run())
+    failed = [v for v in verdicts if not v["ok"]]
+    assert not failed, failed
+    names = set(_by_target(verdicts))
+    assert {
+        "lost",
+        "duplicated",
+        "wrong_lock_drives",
+        "rss_mb_per_hour[replica-a]",
+        "fds_growth[replica-a]",
+        "threads_growth[replica-a]",
+        "recovery[broker_stop@1200s]",
+        "p99_per_minute[ingest_to_decision]",
+        "p99_per_minute[claim_to_lock]",
+    } == names
+    for v in verdicts:
+        assert set(v) == {"target", "ok", "value", "limit", "detail"}
+        assert f"limit {v['limit']:g}" in v["detail"]
+
+
+def test_a_leak_of_10_mb_an_hour_fails() -> None:
+    tl = _quiet_run()
+    _steady(tl, "camera-2", 10.0, seed=3)
+    v = _by_target(judge(GOOD, tl))["rss_mb_per_hour[camera-2]"]
+    assert not v["ok"] and v["limit"] == 5.0
+    assert v["value"] == pytest.approx(10.0, abs=0.7)
+    assert "MB per hour" in v["detail"]
+
+
+def test_descriptors_creeping_fail() -> None:
+    tl = _quiet_run()
+    for t in np.arange(0.0, HOUR, 10.0):
+        tl.add("fds", "door", float(t), 30.0 + t // 600)  # one more every 10 minutes
+    v = _by_target(judge(GOOD, tl))["fds_growth[door]"]
+    assert not v["ok"] and v["value"] == 5.0 and v["limit"] == 4.0
+
+
+def test_a_fault_recovered_in_20_s_fails() -> None:
+    v = _by_target(judge(GOOD, _quiet_run(fault_recovery_s=20.0)))["recovery[broker_stop@1200s]"]
+    assert not v["ok"] and v["value"] == pytest.approx(20.0) and v["limit"] == 15.0
+    tl = _quiet_run()
+    tl.fault("network_cut", 2000.0, 2030.0, None)
+    v = _by_target(judge(GOOD, tl))["recovery[network_cut@2000s]"]
+    assert not v["ok"] and v["value"] is None and "never healthy" in v["detail"]
+
+
+def test_no_fault_at_all_fails_unless_none_was_expected() -> None:
+    tl = Timeline()
+    _steady(tl, "replica-a", 0.0)
+    assert not _by_target(judge(GOOD, tl))["recovery"]["ok"]
+    assert "recovery" not in _by_target(judge(GOOD, tl, faults_expected=False))
+
+
+@pytest.mark.parametrize(("factor", "ok"), [(3.5, False), (2.0, True)])
+def test_p99_against_the_first_quiet_minute(factor: float, ok: bool) -> None:
+    v = _by_target(judge(GOOD, _quiet_run(p99_late_factor=factor)))["p99_per_minute[ingest_to_decision]"]
+    assert v["ok"] is ok
+    assert v["value"] == pytest.approx(factor, rel=0.02) and v["limit"] == 3.0
+    # The minutes of the broker stop (1000 ms, 10 ×) are not judged, nor the warm-up's.
+    assert "baseline minute 5 " in v["detail"]
+
+
+@pytest.mark.parametrize(
+    ("summary", "target", "value"),
+    [
+        ({**GOOD, "devices": {"cam-1": {**GOOD["devices"]["cam-1"], "lost": 1}}}, "lost", 1),
+        ({**GOOD, "devices": {"cam-1": {**GOOD["devices"]["cam-1"], "duplicated": 2}}}, "duplicated", 2),
+        ({**GOOD, "wrong_lock_drives": 1}, "wrong_lock_drives", 1),
+        ({"wrong_lock_drives": 0}, "lost", None),
+        ({"devices": GOOD["devices"]}, "wrong_lock_drives", None),
+        ({**GOOD, "devices": {"cam-1": {"sent": 3}}}, "duplicated", None),
+    ],
+)
+def test_counts_fail_when_nonzero_or_missing(summary: dict[str, Any], target: str, value: int | None) -> None:
+    v = _by_target(judge(summary, _quiet_run()))[target]
+    assert not v["ok"] and v["value"] == value and v["limit"] == 0
