@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from peep.server.bench.soak.report import write_report
 from peep.server.bench.soak.sampler import (
     ResourceSampler,
     Source,
@@ -384,3 +386,43 @@ def test_p99_against_the_first_quiet_minute(factor: float, ok: bool) -> None:
 def test_counts_fail_when_nonzero_or_missing(summary: dict[str, Any], target: str, value: int | None) -> None:
     v = _by_target(judge(summary, _quiet_run()))[target]
     assert not v["ok"] and v["value"] == value and v["limit"] == 0
+
+
+# -- report ----------------------------------------------------------------------------------
+
+
+def test_the_report_has_a_chart_per_measure_and_the_fault_table(tmp_path: Path) -> None:
+    tl = _quiet_run()
+    for t in np.arange(0.0, HOUR, 60.0):
+        tl.add(LIFE, "replica-b", float(t), 1.0 if t < 1800 else 2.0)  # restarted half way
+        tl.add("rss_mb", "replica-b", float(t), 150.0)
+        for table in ("templates", "events"):
+            tl.add("db_mb", table, float(t), 10.0 + t / 600)
+        tl.add("spool_bytes", "cam-1", float(t), 0.0)
+        tl.add("broker_queue", "mosquitto", float(t), 3.0)
+    tl.fault("clock_step", 2400.0, 2400.0, 2401.0)
+    summary = {**GOOD, "targets": judge(GOOD, tl), "note": "<script>alert(1)</script>"}
+    path = write_report(summary, tl, tmp_path / "out")
+    assert path == tmp_path / "out" / "soak.html"
+    doc = path.read_text(encoding="utf-8")
+    measures = set(re.findall(r"data-measure='([^']+)'", doc))
+    assert measures == set(tl.measures()) == {"rss_mb", "fds", "threads", "db_mb", "spool_bytes", "broker_queue"}
+    assert re.findall(r"data-latency='([^']+)'", doc) == ["ingest_to_decision", "claim_to_lock"]
+    assert doc.count("src='data:image/png;base64,") == 8
+    pngs = sorted(p.name for p in (tmp_path / "out" / "plots").iterdir())
+    assert len(pngs) == 8 and all((tmp_path / "out" / "plots" / p).read_bytes()[:4] == b"\x89PNG" for p in pngs)
+    faults = doc[doc.index("<table id='faults'>") :]
+    faults = faults[: faults.index("</table>")]
+    assert "broker_stop" in faults and "1,200.0" in faults and "1,265.0" in faults
+    devices = doc[doc.index("<table id='devices'>") :]
+    devices = devices[: devices.index("</table>")]
+    for column in ("sent", "decided_once", "dead_lettered", "lost", "duplicated", "cam-1", "door", "all devices"):
+        assert column in devices
+    assert "1,050" in devices  # sent, all devices
+    assert "clock_step" in doc and "<table id='targets'>" in doc
+    assert "<script>" not in doc
+
+
+def test_the_report_of_an_empty_timeline(tmp_path: Path) -> None:
+    doc = write_report({}, Timeline(), tmp_path).read_text(encoding="utf-8")
+    assert "The timeline holds no samples" in doc and "no per-device counts" in doc
