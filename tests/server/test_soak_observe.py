@@ -268,6 +268,8 @@ def test_sampler_stops_promptly_between_samples() -> None:
         t0 = time.monotonic()
     assert time.monotonic() - t0 < 1.0
     assert sampler.readings["process:me"] == 1
+    sampler.sample_now()
+    assert sampler.readings["process:me"] == 2 and len(tl.samples("rss_mb", "me")[0]) == 2
     with pytest.raises(ValueError, match="every_s must be a positive"):
         ResourceSampler(tl, 0, [])
 

@@ -228,7 +228,15 @@ class ResourceSampler:
         with self._counts_lock:
             return dict(self._readings)
 
-    def sample_once(self, name: str, source: Callable[[], Reading | None]) -> bool:
+    def sample_now(self) -> None:
+        """Call every source once on the calling thread (a last reading before the report, say).
+
+        A source that blocks blocks the caller; the sampler's own threads are unaffected.
+        """
+        for name, source in self._sources:
+            self._sample(name, source)
+
+    def _sample(self, name: str, source: Callable[[], Reading | None]) -> bool:
         """Call one source and record its reading; False if it failed (counted, never raised)."""
         try:
             reading = source()
@@ -254,7 +262,7 @@ class ResourceSampler:
         start = time.monotonic()
         k = 0
         while not self._stop.is_set():
-            self.sample_once(name, source)
+            self._sample(name, source)
             # The next slot after now: a slow call skips slots rather than catching up in a burst.
             k = max(k + 1, math.floor((time.monotonic() - start) / self.every_s) + 1)
             if self._stop.wait(max(0.0, start + k * self.every_s - time.monotonic())):
