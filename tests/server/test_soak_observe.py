@@ -92,6 +92,17 @@ def test_a_restart_is_not_a_leak() -> None:
     assert (plain.slope_per_hour("rss_mb", "replica-a", after_s=0) or 0) > 5
 
 
+def test_a_process_started_late_has_its_own_warm_up() -> None:
+    """A camera first seen at 10 min, climbing for 5 min from its start, flat afterwards."""
+    tl = Timeline()
+    for t in np.arange(600.0, HOUR, 10.0):
+        tl.add(LIFE, "cam-2", float(t), 7.0)
+        tl.add("rss_mb", "cam-2", float(t), 80.0 + min(t - 600.0, 290.0) / 10)
+    assert tl.slope_per_hour("rss_mb", "cam-2", after_s=300) == pytest.approx(0.0, abs=1e-9)
+    assert tl.growth("rss_mb", "cam-2", after_s=300) == 0.0
+    assert (tl.slope_per_hour("rss_mb", "cam-2", after_s=300, life_warmup_s=0) or 0) > 1
+
+
 def test_thinning_keeps_the_bound_and_both_ends() -> None:
     cap = 64
     tl = Timeline(cap=cap)

@@ -313,13 +313,13 @@ class Timeline:
         t, v = self.samples(measure, series)
         warm = after_s if life_warmup_s is None else life_warmup_s
         starts = [s for s, _ in self.lives(series)]
-        # The first life began with the run; it shares the run's warm-up.
+        # Samples before the first life marker (if any) belong to the first life; each life's
+        # warm-up counts from when it was first seen, so a process started late still gets one.
         edges = [-math.inf, *starts[1:], math.inf]
+        anchors = starts or [-math.inf]
         parts = []
-        for i, (lo, hi) in enumerate(itertools.pairwise(edges)):
-            keep = (t >= lo) & (t < hi) & (t >= after_s)
-            if i > 0:
-                keep &= t >= lo + warm
+        for (lo, hi), born in zip(itertools.pairwise(edges), anchors, strict=True):
+            keep = (t >= lo) & (t < hi) & (t >= after_s) & (t >= born + warm)
             if keep.any():
                 parts.append(np.vstack([t[keep], v[keep]]))
         return parts
@@ -330,8 +330,9 @@ class Timeline:
         """Least-squares slope of the series in units per hour, from ``after_s`` on.
 
         Within each life of the series' process (see :data:`LIFE`), after its own warm-up
-        (``life_warmup_s``, default ``after_s``); the lives share one slope and each has its own
-        intercept, so a restart's drop is not read as shrinking, nor its climb back as a leak.
+        (``life_warmup_s`` from when the life was first seen, default ``after_s``); the lives share
+        one slope and each has its own intercept, so a restart's drop is not read as shrinking, nor
+        its climb back as a leak.
         None when fewer than two samples at different times remain.
         """
         num = den = 0.0
