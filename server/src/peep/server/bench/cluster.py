@@ -558,6 +558,7 @@ def serving_version(stub: Any, probe: Any, token: str) -> str:
 
 _DEVICES = [f"cam-{i:02d}" for i in range(1, 11)]
 _ADMIN = "bench-admin-" + uuid.uuid4().hex[:8]
+_DESK = "desk-1"
 
 
 def _token(device: str) -> str:
@@ -586,17 +587,40 @@ def _preflight(dsn: str, broker: str) -> tuple[str, int]:
     return host, int(port)
 
 
+@dataclass
+class _Cluster:
+    """What a cluster run set up, which its steps share.
+
+    ``dsn`` reaches the run's private ``schema``; ``host``/``port`` the broker, under the topic root ``prefix``;
+    ``bundle`` is the synthetic bundle the templates come from, ``tls`` the run's PKI
+    (:class:`~peep.server.pki.IssuedFiles`); ``replicas`` are not started yet, ``metrics_ports`` their metrics
+    listeners (``/healthz`` for the balancer), in the same order.
+    """
+
+    tmp: Path
+    dsn: str
+    schema: str
+    host: str
+    port: int
+    prefix: str
+    bundle: Any
+    tls: Any
+    replicas: list[Replica]
+    metrics_ports: list[int]
+
+
 def run(quick: bool = False) -> dict[str, Any]:
+    """Measure the cluster; returns a JSON-able dict (see module docstring).
+
+    Raises
+    ------
+    ClusterUnavailableError
+        PostgreSQL or the broker is not reachable.
+    """
     import psycopg
-    from peep.server.bench.server import _synthetic_bundle, _templates
-    from peep.server.config import token_sha256
-    from peep.server.pki import make_local_pki
-    from peep.server.transport.retained import clear_retained
-    from peep.v1 import template_pb2
 
     dsn0 = os.environ.get("PEEP_BENCH_PG_DSN", DEFAULT_DSN)
     host, port = _preflight(dsn0, os.environ.get("PEEP_BENCH_MQTT", DEFAULT_BROKER))
-    n_replicas = 3
     per_phase = 3_000 if quick else 10_000
     schema = f"peep_bench_{uuid.uuid4().hex[:10]}"
     prefix = f"peepbench-{uuid.uuid4().hex[:8]}/v1"
@@ -604,170 +628,229 @@ def run(quick: bool = False) -> dict[str, Any]:
     admin = psycopg.connect(dsn0, autocommit=True)
     admin.execute(f"CREATE SCHEMA {schema}")
     dsn = f"{dsn0} options='-c search_path={schema}'"
+    cluster: _Cluster | None = None
+    with tempfile.TemporaryDirectory(prefix="peep-bench-cluster-") as tmp_s:
+        try:
+            cluster = _set_up(Path(tmp_s), dsn, schema, host, port, prefix, group, n_replicas=3)
+            return _measure(cluster, per_phase)
+        finally:
+            _tear_down(cluster.replicas if cluster is not None else [], prefix, host, port, admin, schema)
+
+
+def _set_up(tmp: Path, dsn: str, schema: str, host: str, port: int, prefix: str, group: str, *,
+            n_replicas: int) -> _Cluster:  # fmt: skip
+    """The bundle, the PKI and ``n_replicas`` replicas' configurations (written under ``tmp``, none started)."""
+    from peep.server.bench.server import _synthetic_bundle
+    from peep.server.pki import make_local_pki
+
+    bundle, pub = _synthetic_bundle(tmp)
+    tls = make_local_pki(tmp / "pki")
+    cfg_base = _replica_config(dsn, pub, tmp, host, port, prefix, group)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     replicas: list[Replica] = []
     metrics_ports: list[int] = []
-    balancer: Balancer | None = None
-    with tempfile.TemporaryDirectory(prefix="peep-bench-cluster-") as tmp_s:
-        tmp = Path(tmp_s)
-        try:
-            bundle, pub = _synthetic_bundle(tmp)
-            tls = make_local_pki(tmp / "pki")
-            devices = _DEVICES
-            desk = "desk-1"
-            cfg_base: dict[str, Any] = {
-                "storage": {"backend": "postgres", "dsn": dsn, "pool_size": 4},
-                "bundle": {"public_key": str(pub), "dir": str(tmp / "bundle")},
-                "auth": {
-                    "admin_token_sha256": token_sha256(_ADMIN),
-                    "devices": [
-                        *({"id": d, "site": "bench", "token_sha256": token_sha256(_token(d))} for d in devices),
-                        {
-                            "id": desk,
-                            "site": "bench",
-                            "token_sha256": token_sha256(_token(desk)),
-                            "enrolment_desk": True,
-                        },
-                    ],
+    for k in range(n_replicas):
+        name = "abcdefgh"[k]
+        gport = free_port()
+        cfg = json.loads(json.dumps(cfg_base))
+        cfg["cluster"] = {"replica_id": f"bench-{name}-{uuid.uuid4().hex[:4]}"}
+        cfg["grpc"] = {
+            "listen": f"127.0.0.1:{gport}",
+            "grace_s": 2.0,
+            "tls": {"cert": str(tls.server_cert), "key": str(tls.server_key)},
+        }
+        mport = free_port()  # /healthz for the balancer
+        cfg["metrics"] = {"enabled": True, "listen": f"127.0.0.1:{mport}"}
+        conf = tmp / f"replica-{name}.toml"
+        conf.write_text(to_toml(cfg))
+        replicas.append(Replica(name, conf, gport, env, mqtt=True))
+        metrics_ports.append(mport)
+    return _Cluster(tmp=tmp, dsn=dsn, schema=schema, host=host, port=port, prefix=prefix, bundle=bundle, tls=tls,
+                    replicas=replicas, metrics_ports=metrics_ports)  # fmt: skip
+
+
+def _replica_config(dsn: str, pub: Path, tmp: Path, host: str, port: int, prefix: str, group: str) -> dict[str, Any]:
+    """What every replica's configuration shares: the store, the bundle, the devices' tokens, the broker."""
+    from peep.server.config import token_sha256
+
+    desk = _DESK
+    return {
+        "storage": {"backend": "postgres", "dsn": dsn, "pool_size": 4},
+        "bundle": {"public_key": str(pub), "dir": str(tmp / "bundle")},
+        "auth": {
+            "admin_token_sha256": token_sha256(_ADMIN),
+            "devices": [
+                *({"id": d, "site": "bench", "token_sha256": token_sha256(_token(d))} for d in _DEVICES),
+                {
+                    "id": desk,
+                    "site": "bench",
+                    "token_sha256": token_sha256(_token(desk)),
+                    "enrolment_desk": True,
                 },
-                "mqtt": {
-                    "enabled": True,
-                    "host": host,
-                    "port": port,
-                    "username": None,
-                    "topic_prefix": prefix,
-                    "share_group": group,
-                    "session_expiry_s": 0,  # the shared broker: no session outlives the run
-                },
-                "training": {"preset": "lda", "model_dir": str(tmp / "models")},
-                "logging": {"format": "json", "level": "info"},
-            }
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-            for k in range(n_replicas):
-                name = "abcdefgh"[k]
-                gport = free_port()
-                cfg = json.loads(json.dumps(cfg_base))
-                cfg["cluster"] = {"replica_id": f"bench-{name}-{uuid.uuid4().hex[:4]}"}
-                cfg["grpc"] = {
-                    "listen": f"127.0.0.1:{gport}",
-                    "grace_s": 2.0,
-                    "tls": {"cert": str(tls.server_cert), "key": str(tls.server_key)},
-                }
-                mport = free_port()  # /healthz for the balancer
-                cfg["metrics"] = {"enabled": True, "listen": f"127.0.0.1:{mport}"}
-                conf = tmp / f"replica-{name}.toml"
-                conf.write_text(to_toml(cfg))
-                replicas.append(Replica(name, conf, gport, env, mqtt=True))
-                metrics_ports.append(mport)
+            ],
+        },
+        "mqtt": {
+            "enabled": True,
+            "host": host,
+            "port": port,
+            "username": None,
+            "topic_prefix": prefix,
+            "share_group": group,
+            "session_expiry_s": 0,  # the shared broker: no session outlives the run
+        },
+        "training": {"preset": "lda", "model_dir": str(tmp / "models")},
+        "logging": {"format": "json", "level": "info"},
+    }
 
-            def specs(phase: str, n: int, ports: list[int]) -> list[DeviceSpec]:
-                out = []
-                for i, d in enumerate(devices):
-                    msgs = _templates(bundle, n // len(devices), devices=[d])
-                    frames = tmp / f"{phase}-{d}.bin"
-                    write_frames(frames, msgs)
-                    if i % 2 == 0:
-                        topic = f"{prefix}/bench/{d}/templates"
-                        out.append(DeviceSpec(d, "mqtt", str(frames), topic=topic, host=host, port=port))
-                    else:
-                        out.append(
-                            DeviceSpec(d, "grpc", str(frames), ports=ports, token=_token(d), ca=str(tls.ca_cert))
-                        )
-                return out
 
-            def phase(name: str, n: int, up: list[Replica]) -> dict[str, Any]:
-                before = count_stored(dsn)
-                cpu0 = {r.name: process_cpu_s(r.proc.pid) for r in up if r.proc is not None}
-                reports = run_devices(specs(name, n, [r.grpc_port for r in up]), lambda: count_stored(dsn))
-                sent = sum(r["sent"] for r in reports)
-                t0 = min(r["start"] for r in reports)
-                if not wait_for(lambda: count_stored(dsn) - before >= sent, 120, 0.02):
-                    raise RuntimeError(f"{name}: {count_stored(dsn) - before} of {sent} stored after 120 s")
-                seconds = time.time() - t0
-                cpu = {r.name: process_cpu_s(r.proc.pid) - cpu0[r.name] for r in up if r.proc is not None}
-                return {
-                    "sent": sent,
-                    "seconds": round(seconds, 3),
-                    "rate": round(sent / seconds, 1),
-                    "duplicates": sum(r.get("duplicates", 0) for r in reports),
-                    "server_cpu_s": {k: round(v, 3) for k, v in cpu.items()},
-                }
+def _measure(cluster: _Cluster, per_phase: int) -> dict[str, Any]:
+    """Ingest on one replica then on all, the promotion, ingest with a model, then through the balancer."""
+    replicas = cluster.replicas
+    replicas[0].start()
+    one = _phase(cluster, "one", per_phase, replicas[:1])
+    for r in replicas[1:]:
+        r.launch()
+    for r in replicas[1:]:
+        r.wait_ready()
+    many = _phase(cluster, "many", per_phase, replicas)
+    keys = stored_keys(cluster.dsn)
+    promotion = _promote(cluster)
+    # The same load again, now with a model: each template identified, its decision kept (the CPU a
+    # deployment pays per template; the phases above only store, nothing can be decided yet).
+    decided = _phase(cluster, "decided", per_phase, replicas)
+    balanced = _balanced(cluster, per_phase // 2)
+    return _result(cluster, one, many, decided, keys, promotion, balanced)
 
-            replicas[0].start()
-            one = phase("one", per_phase, replicas[:1])
-            for r in replicas[1:]:
-                r.launch()
-            for r in replicas[1:]:
-                r.wait_ready()
-            many = phase("many", per_phase, replicas)
-            keys = stored_keys(dsn)
-            # promotion: enrol through the desk, Train through A, until every replica serves it
-            enrol = [
-                template_pb2.PerturbedTemplate.FromString(p)
-                for p in _templates(bundle, 600, devices=[desk], purpose="enroll", n_subjects=20)
-            ]
-            stubs = [grpc_stub(r.grpc_port, str(tls.ca_cert)) for r in replicas]
-            stubs[1].IngestStream(iter(enrol), metadata=[("authorization", f"Bearer {_token(desk)}")], timeout=120)
-            probe = template_pb2.PerturbedTemplate.FromString(_templates(bundle, 1, devices=[devices[0]])[0])
-            from peep.v1 import recognition_pb2
 
-            t0 = time.monotonic()
-            resp = stubs[0].Train(
-                recognition_pb2.TrainRequest(), metadata=[("authorization", f"Bearer {_ADMIN}")], timeout=600
-            )
-            train_s = time.monotonic() - t0
-            version = resp.model_version
-            if not wait_for(lambda: all(serving_version(s, probe, _token(devices[0])) == version for s in stubs), 30):
-                raise RuntimeError(f"not every replica served {version} within 30 s of Train returning")
-            promotion_s = time.monotonic() - t0
-            # The same load again, now with a model: each template identified, its decision kept (the CPU a
-            # deployment pays per template; the phases above only store, nothing can be decided yet).
-            decided = phase("decided", per_phase, replicas)
-            balanced: dict[str, Any]
-            missing = haproxy_missing()
-            if missing:
-                balanced = {"error": missing}
-            else:
-                backends = [
-                    (f"replica-{r.name}", r.grpc_port, mp) for r, mp in zip(replicas, metrics_ports, strict=True)
-                ]
-                balancer = Balancer(tmp / "haproxy", cert=tls.server_cert, key=tls.server_key, ca=tls.ca_cert,
-                                    replicas=backends).start()  # fmt: skip
-                # After the promotion: with a model, every template is decided (and the decisions counted).
-                balanced = _through_balancer(
-                    balancer, replicas, metrics_ports, bundle, tmp, dsn, per_phase // 2, str(tls.ca_cert)
-                )
-            return {
-                "replicas": n_replicas,
-                "ingest_per_s_1": one["rate"],
-                "ingest_per_s_n": many["rate"],
-                "sent": one["sent"] + many["sent"],
-                "stored": len(keys),
-                "distinct_stored": len(set(keys)),
-                "duplicates": one["duplicates"] + many["duplicates"],
-                "promotion_to_serving_s": round(promotion_s, 3),
-                "through_balancer": balanced,
-                "server_cpu_s_per_1k": _cpu_per_1k(one, many, decided, cpus=os.cpu_count() or 1),
-                "context": {
-                    "phases": {"one": one, "many": many, "decided": decided},
-                    "devices": {"mqtt": len(devices[0::2]), "grpc": len(devices[1::2])},
-                    "train_s": round(train_s, 3),
-                    "after_train_s": round(promotion_s - train_s, 3),
-                    "model_version": version,
-                    "storage": "postgres (one schema, pool_size 4 per replica)",
-                    "schema": schema,
-                    "broker": f"{host}:{port} (session expiry 0, topic root {prefix})",
-                    "cpus": os.cpu_count(),
-                    "note": "replicas, devices, PostgreSQL and the broker share this machine's CPUs",
-                },
-            }
-        finally:
-            if balancer is not None:
-                balancer.stop()
-            for r in replicas:
-                r.stop(signal.SIGTERM, 30)
-            clear_retained([f"{prefix}/bundle"], host, port)
-            admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-            admin.close()
+def _phase_specs(cluster: _Cluster, phase: str, n: int, ports: list[int]) -> list[DeviceSpec]:
+    """The devices of a phase, ``n`` fresh templates among them: the even ones over MQTT, the odd ones over gRPC
+    to ``ports`` in turn."""
+    from peep.server.bench.server import _templates
+
+    out = []
+    for i, d in enumerate(_DEVICES):
+        msgs = _templates(cluster.bundle, n // len(_DEVICES), devices=[d])
+        frames = cluster.tmp / f"{phase}-{d}.bin"
+        write_frames(frames, msgs)
+        if i % 2 == 0:
+            topic = f"{cluster.prefix}/bench/{d}/templates"
+            out.append(DeviceSpec(d, "mqtt", str(frames), topic=topic, host=cluster.host, port=cluster.port))
+        else:
+            out.append(DeviceSpec(d, "grpc", str(frames), ports=ports, token=_token(d), ca=str(cluster.tls.ca_cert)))
+    return out
+
+
+def _phase(cluster: _Cluster, name: str, n: int, up: list[Replica]) -> dict[str, Any]:
+    """``n`` templates to the replicas ``up``, timed from the first sent to the last stored, with their CPU."""
+    dsn = cluster.dsn
+    before = count_stored(dsn)
+    cpu0 = {r.name: process_cpu_s(r.proc.pid) for r in up if r.proc is not None}
+    reports = run_devices(_phase_specs(cluster, name, n, [r.grpc_port for r in up]), lambda: count_stored(dsn))
+    sent = sum(r["sent"] for r in reports)
+    t0 = min(r["start"] for r in reports)
+    if not wait_for(lambda: count_stored(dsn) - before >= sent, 120, 0.02):
+        raise RuntimeError(f"{name}: {count_stored(dsn) - before} of {sent} stored after 120 s")
+    seconds = time.time() - t0
+    cpu = {r.name: process_cpu_s(r.proc.pid) - cpu0[r.name] for r in up if r.proc is not None}
+    return {
+        "sent": sent,
+        "seconds": round(seconds, 3),
+        "rate": round(sent / seconds, 1),
+        "duplicates": sum(r.get("duplicates", 0) for r in reports),
+        "server_cpu_s": {k: round(v, 3) for k, v in cpu.items()},
+    }
+
+
+def _promote(cluster: _Cluster) -> dict[str, Any]:
+    """Enrol through the desk, ``Train`` through replica A, until every replica serves the new version.
+
+    Returns ``{"train_s", "promotion_s", "version"}``: until ``Train`` returned, until every replica's
+    ``Identify`` named the version (RuntimeError after 30 s more), and the version.
+    """
+    from peep.server.bench.server import _templates
+    from peep.v1 import recognition_pb2, template_pb2
+
+    enrol = [
+        template_pb2.PerturbedTemplate.FromString(p)
+        for p in _templates(cluster.bundle, 600, devices=[_DESK], purpose="enroll", n_subjects=20)
+    ]
+    stubs = [grpc_stub(r.grpc_port, str(cluster.tls.ca_cert)) for r in cluster.replicas]
+    stubs[1].IngestStream(iter(enrol), metadata=[("authorization", f"Bearer {_token(_DESK)}")], timeout=120)
+    probe = template_pb2.PerturbedTemplate.FromString(_templates(cluster.bundle, 1, devices=[_DEVICES[0]])[0])
+    t0 = time.monotonic()
+    resp = stubs[0].Train(recognition_pb2.TrainRequest(), metadata=[("authorization", f"Bearer {_ADMIN}")], timeout=600)
+    train_s = time.monotonic() - t0
+    version = resp.model_version
+    if not wait_for(lambda: all(serving_version(s, probe, _token(_DEVICES[0])) == version for s in stubs), 30):
+        raise RuntimeError(f"not every replica served {version} within 30 s of Train returning")
+    return {"train_s": train_s, "promotion_s": time.monotonic() - t0, "version": version}
+
+
+def _balanced(cluster: _Cluster, n: int) -> dict[str, Any]:
+    """:func:`_through_balancer` with ``n`` templates behind a balancer of its own (stopped after), or an
+    ``error`` saying why HAProxy cannot run here."""
+    missing = haproxy_missing()
+    if missing:
+        return {"error": missing}
+    tls = cluster.tls
+    pairs = zip(cluster.replicas, cluster.metrics_ports, strict=True)
+    backends = [(f"replica-{r.name}", r.grpc_port, mp) for r, mp in pairs]
+    balancer = Balancer(cluster.tmp / "haproxy", cert=tls.server_cert, key=tls.server_key, ca=tls.ca_cert,
+                        replicas=backends).start()  # fmt: skip
+    try:
+        # After the promotion: with a model, every template is decided (and the decisions counted).
+        return _through_balancer(balancer, cluster.replicas, cluster.metrics_ports, cluster.bundle, cluster.tmp,
+                                 cluster.dsn, n, str(tls.ca_cert))  # fmt: skip
+    finally:
+        balancer.stop()
+
+
+def _result(
+    cluster: _Cluster,
+    one: dict[str, Any],
+    many: dict[str, Any],
+    decided: dict[str, Any],
+    keys: list[tuple[str, str]],
+    promotion: dict[str, Any],
+    balanced: dict[str, Any],
+) -> dict[str, Any]:
+    """The section's JSON from the phases, the ingest ledger's keys, the promotion and the balancer's run."""
+    train_s, promotion_s = promotion["train_s"], promotion["promotion_s"]
+    return {
+        "replicas": len(cluster.replicas),
+        "ingest_per_s_1": one["rate"],
+        "ingest_per_s_n": many["rate"],
+        "sent": one["sent"] + many["sent"],
+        "stored": len(keys),
+        "distinct_stored": len(set(keys)),
+        "duplicates": one["duplicates"] + many["duplicates"],
+        "promotion_to_serving_s": round(promotion_s, 3),
+        "through_balancer": balanced,
+        "server_cpu_s_per_1k": _cpu_per_1k(one, many, decided, cpus=os.cpu_count() or 1),
+        "context": {
+            "phases": {"one": one, "many": many, "decided": decided},
+            "devices": {"mqtt": len(_DEVICES[0::2]), "grpc": len(_DEVICES[1::2])},
+            "train_s": round(train_s, 3),
+            "after_train_s": round(promotion_s - train_s, 3),
+            "model_version": promotion["version"],
+            "storage": "postgres (one schema, pool_size 4 per replica)",
+            "schema": cluster.schema,
+            "broker": f"{cluster.host}:{cluster.port} (session expiry 0, topic root {cluster.prefix})",
+            "cpus": os.cpu_count(),
+            "note": "replicas, devices, PostgreSQL and the broker share this machine's CPUs",
+        },
+    }
+
+
+def _tear_down(replicas: list[Replica], prefix: str, host: str, port: int, admin: Any, schema: str) -> None:
+    """Stop the replicas, clear the retained bundle announcement, drop the schema."""
+    from peep.server.transport.retained import clear_retained
+
+    for r in replicas:
+        r.stop(signal.SIGTERM, 30)
+    clear_retained([f"{prefix}/bundle"], host, port)
+    admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    admin.close()
 
 
 def _through_balancer(balancer: Balancer, replicas: list[Replica], metrics_ports: list[int], bundle: Any, tmp: Path,

@@ -71,6 +71,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -576,17 +577,47 @@ def _identify_stages(s: Any, msgs: list[Any]) -> dict[str, float]:
     return {k: max(0.0, v) / len(raw) * 1e6 for k, v in t.items()}
 
 
+@dataclass
+class _ServerRuns:
+    """What :func:`run` measured, before it is summarised.
+
+    ``grpc_runs`` / ``mqtt_runs``: one dict per repeat (``mqtt_runs`` empty, ``mqtt_error`` saying why, without a
+    usable broker); ``broker_left``: what remained on the broker under each run's topic root (None without MQTT
+    runs); ``ingest_stages``: microseconds per template per ingest stage; ``ti``: what
+    :func:`_train_and_identify` returned.
+    """
+
+    grpc_runs: list[dict[str, Any]]
+    mqtt_runs: list[dict[str, Any]]
+    mqtt_error: str | None
+    broker_left: dict[str, list[str]] | None
+    ingest_stages: dict[str, float]
+    ti: dict[str, Any]
+
+
 def run(quick: bool = False) -> dict[str, Any]:
     """Measure the server; returns a JSON-able dict (see module docstring)."""
-    from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
-
-    n_ingest = 6_000 if quick else 20_000
-    n_identify = 500 if quick else 2_000
     repeats = 3 if quick else 5
     streams = publishers = 4
     pinning = _pinning()
+    runs = _measure(n_ingest=6_000 if quick else 20_000, n_identify=500 if quick else 2_000, repeats=repeats,
+                    n_devices=max(streams, publishers), pinning=pinning)  # fmt: skip
+    reps = _repeats(runs)
+    out: dict[str, Any] = {key: rep["median"] if rep else None for key, rep in reps.items()}
+    out["train_s_10k"] = runs.ti["train_s_10k"]
+    out["repeats"] = reps
+    out["context"] = _context(runs, reps, quick=quick, repeats=repeats, pinning=pinning, streams=streams,
+                              publishers=publishers)  # fmt: skip
+    out["targets_met"] = _targets_met(out)
+    return out
+
+
+def _measure(*, n_ingest: int, n_identify: int, repeats: int, n_devices: int, pinning: dict[str, Any]) -> _ServerRuns:
+    """Every measurement of the section, this process pinned as ``pinning`` says (its affinity restored after)
+    and BLAS on one thread, in a temporary directory removed after."""
+    from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]
+
     before = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    out: dict[str, Any] = {}
     try:
         _pin_self(pinning["server_cpus"])
         client_cpus = pinning["client_cpus"]
@@ -595,16 +626,9 @@ def run(quick: bool = False) -> dict[str, Any]:
             bundle, pub = _synthetic_bundle(tmp)
             bundle.bench_dir = str(tmp / "bundle")
             tls = make_local_pki(tmp / "tls")
-            devices = [f"dev-{i}" for i in range(max(streams, publishers))]
+            devices = [f"dev-{i}" for i in range(n_devices)]
             per = n_ingest // len(devices)
-            files = []
-            all_payloads: list[bytes] = []
-            for dev in devices:
-                f = tmp / f"templates-{dev}.bin"
-                payloads = _templates(bundle, per, devices=[dev])
-                all_payloads.extend(payloads[: 10_240 // len(devices)])
-                _write_frames(f, payloads)
-                files.append(str(f))
+            files, stage_payloads = _ingest_files(tmp, bundle, devices, per)
             grpc_runs = [_bench_grpc(tmp, bundle, pub, tls, files, devices, client_cpus) for _ in range(repeats)]
             mqtt_error = None
             mqtt_runs: list[dict[str, Any]] = []
@@ -617,47 +641,69 @@ def run(quick: bool = False) -> dict[str, Any]:
             if mqtt_runs:
                 roots = {r["prefix"] for r in mqtt_runs}
                 broker_left = {root: sorted(retained_topics(f"{root}/#", *_BROKER)) for root in sorted(roots)}
-            ingest_stages = _ingest_stages(tmp, bundle, pub, tls, all_payloads, devices)
+            ingest_stages = _ingest_stages(tmp, bundle, pub, tls, stage_payloads, devices)
             ti = _train_and_identify(tmp, bundle, pub, tls, n_identify, repeats, client_cpus)
     finally:
         if before:
             _pin_self(before)
+    return _ServerRuns(grpc_runs=grpc_runs, mqtt_runs=mqtt_runs, mqtt_error=mqtt_error, broker_left=broker_left,
+                       ingest_stages=ingest_stages, ti=ti)  # fmt: skip
 
-    g = summary([r["rate"] for r in grpc_runs], higher_is_better=True)
-    m = summary([r["rate"] for r in mqtt_runs], higher_is_better=True) if mqtt_runs else None
-    p50 = summary([r["p50_ms"] for r in ti["runs"]], higher_is_better=False)
-    p99 = summary([r["p99_ms"] for r in ti["runs"]], higher_is_better=False)
-    batch = summary(ti["batch_rates"], higher_is_better=True)
-    tracks = summary(ti["track_rates"], higher_is_better=True)
-    decided = summary(ti["decided_rates"], higher_is_better=True)
-    out["ingest_per_s_grpc"] = g["median"]
-    out["ingest_per_s_mqtt"] = m["median"] if m else None
-    out["identify_p50_ms"] = p50["median"]
-    out["identify_p99_ms"] = p99["median"]
-    out["identify_batch_per_s"] = batch["median"]
-    out["identify_tracks_batch_per_s"] = tracks["median"]
-    out["ingest_decided_per_s"] = decided["median"]
-    out["train_s_10k"] = ti["train_s_10k"]
-    out["repeats"] = {
-        "ingest_per_s_grpc": g,
-        "ingest_per_s_mqtt": m,
-        "identify_p50_ms": p50,
-        "identify_p99_ms": p99,
-        "identify_batch_per_s": batch,
-        "identify_tracks_batch_per_s": tracks,
-        "ingest_decided_per_s": decided,
+
+def _ingest_files(tmp: Path, bundle: Any, devices: list[str], per: int) -> tuple[list[str], list[bytes]]:
+    """``per`` templates for each device in a file of its own, and the first 10,240 of them in all (an equal
+    share from each device), which the in-process stage timings run on."""
+    files = []
+    stage_payloads: list[bytes] = []
+    for dev in devices:
+        f = tmp / f"templates-{dev}.bin"
+        payloads = _templates(bundle, per, devices=[dev])
+        stage_payloads.extend(payloads[: 10_240 // len(devices)])
+        _write_frames(f, payloads)
+        files.append(str(f))
+    return files, stage_payloads
+
+
+def _repeats(runs: _ServerRuns) -> dict[str, dict[str, Any] | None]:
+    """Each end-to-end number's :func:`summary` over its repeats, by its key in the section (the MQTT one None
+    without MQTT runs)."""
+    ti = runs.ti
+    return {
+        "ingest_per_s_grpc": summary([r["rate"] for r in runs.grpc_runs], higher_is_better=True),
+        "ingest_per_s_mqtt": summary([r["rate"] for r in runs.mqtt_runs], higher_is_better=True)
+        if runs.mqtt_runs
+        else None,
+        "identify_p50_ms": summary([r["p50_ms"] for r in ti["runs"]], higher_is_better=False),
+        "identify_p99_ms": summary([r["p99_ms"] for r in ti["runs"]], higher_is_better=False),
+        "identify_batch_per_s": summary(ti["batch_rates"], higher_is_better=True),
+        "identify_tracks_batch_per_s": summary(ti["track_rates"], higher_is_better=True),
+        "ingest_decided_per_s": summary(ti["decided_rates"], higher_is_better=True),
     }
 
-    def per_template_us(runs: list[dict[str, Any]], key: str) -> float:
-        return float(statistics.median(r[key] / r["stored"] * 1e6 for r in runs))
 
-    def util(runs: list[dict[str, Any]], key: str) -> float:
-        return float(statistics.median(r[key] / r["seconds"] for r in runs))
+def _per_template_us(runs: list[dict[str, Any]], key: str) -> float:
+    """The median over ``runs`` of ``key`` (seconds) per template stored, in microseconds."""
+    return float(statistics.median(r[key] / r["stored"] * 1e6 for r in runs))
 
-    grpc_server_us = per_template_us(grpc_runs, "server_cpu_s")
+
+def _util(runs: list[dict[str, Any]], key: str) -> float:
+    """The median over ``runs`` of ``key`` (CPU seconds) per second of the run (1.0: one core busy throughout)."""
+    return float(statistics.median(r[key] / r["seconds"] for r in runs))
+
+
+_INGEST_STAGES = ("parse", "validate", "authorise", "record", "commit")
+
+
+def _stages(runs: _ServerRuns, reps: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
+    """``context.stages_us``: each stage next to the server's CPU per template or call end to end, and what the
+    stages leave to the transport."""
+    ingest_stages, ti = runs.ingest_stages, runs.ti
+    g, m, p50 = reps["ingest_per_s_grpc"], reps["ingest_per_s_mqtt"], reps["identify_p50_ms"]
+    assert g is not None and p50 is not None
+    grpc_server_us = _per_template_us(runs.grpc_runs, "server_cpu_s")
     stages: dict[str, Any] = {
         "ingest_grpc_per_template": {
-            **{k: ingest_stages[k] for k in ("parse", "validate", "authorise", "record", "commit")},
+            **{k: ingest_stages[k] for k in _INGEST_STAGES},
             "server_cpu_end_to_end": grpc_server_us,
             "wall_end_to_end": 1e6 / g["median"],
         },
@@ -671,11 +717,11 @@ def run(quick: bool = False) -> dict[str, Any]:
             ),
         },
     }
-    stage_sum = sum(ingest_stages[k] for k in ("parse", "validate", "authorise", "record", "commit"))
+    stage_sum = sum(ingest_stages[k] for k in _INGEST_STAGES)
     stages["ingest_grpc_per_template"]["transport_rest"] = max(0.0, grpc_server_us - stage_sum)
-    if mqtt_runs:
-        mqtt_server_us = per_template_us(mqtt_runs, "server_cpu_s")
-        keys = ("mqtt_topic", "parse", "validate", "authorise", "record", "commit")
+    if runs.mqtt_runs:
+        mqtt_server_us = _per_template_us(runs.mqtt_runs, "server_cpu_s")
+        keys = ("mqtt_topic", *_INGEST_STAGES)
         stages["ingest_mqtt_per_template"] = {
             **{k: ingest_stages[k] for k in keys},
             "server_cpu_end_to_end": mqtt_server_us,
@@ -683,10 +729,18 @@ def run(quick: bool = False) -> dict[str, Any]:
             "wall_end_to_end": 1e6 / m["median"] if m else None,
         }
     ident = stages["identify_per_call"]
-    ident_sum = sum(ti["stages"].values())
-    ident["grpc_tls_threads_rest"] = max(0.0, ident["client_p50"] - ident_sum)
+    ident["grpc_tls_threads_rest"] = max(0.0, ident["client_p50"] - sum(ti["stages"].values()))
+    return stages
+
+
+def _cpu(runs: _ServerRuns) -> dict[str, dict[str, Any]]:
+    """``context.cpu``: the server's and the bench clients' CPU during the end-to-end runs (``util``)."""
+    grpc_runs, mqtt_runs, ti = runs.grpc_runs, runs.mqtt_runs, runs.ti
     cpu: dict[str, dict[str, Any]] = {
-        "grpc_ingest": {"server_util": util(grpc_runs, "server_cpu_s"), "client_util": util(grpc_runs, "client_cpu_s")},
+        "grpc_ingest": {
+            "server_util": _util(grpc_runs, "server_cpu_s"),
+            "client_util": _util(grpc_runs, "client_cpu_s"),
+        },
         "identify": {
             # The timed calls' share of the server's CPU (the warm-up calls are not in "seconds").
             "server_util": float(
@@ -699,11 +753,35 @@ def run(quick: bool = False) -> dict[str, Any]:
     }
     if mqtt_runs:
         cpu["mqtt_ingest"] = {
-            "server_util": util(mqtt_runs, "server_cpu_s"),
-            "client_util": util(mqtt_runs, "client_cpu_s"),
+            "server_util": _util(mqtt_runs, "server_cpu_s"),
+            "client_util": _util(mqtt_runs, "client_cpu_s"),
             "note": "the broker's CPU is not counted (a system process)",
         }
-    out["context"] = {
+    return cpu
+
+
+def _mqtt_context(runs: _ServerRuns, *, publishers: int) -> dict[str, Any]:
+    """``context.mqtt``: the runs and what they stored, or why there were none."""
+    mqtt_runs = runs.mqtt_runs
+    if runs.mqtt_error or not mqtt_runs:
+        return {"error": runs.mqtt_error, "runs": mqtt_runs, "broker_left": runs.broker_left}
+    return {
+        "stored": mqtt_runs[0]["stored"],
+        "sent": mqtt_runs[0]["sent"],
+        "lost": max(r["lost"] for r in mqtt_runs),
+        "publishers": publishers,
+        "qos": 1,
+        "session_expiry_s": 0,
+        "runs": mqtt_runs,
+        "broker_left": runs.broker_left,
+    }
+
+
+def _context(runs: _ServerRuns, reps: dict[str, dict[str, Any] | None], *, quick: bool, repeats: int,
+             pinning: dict[str, Any], streams: int, publishers: int) -> dict[str, Any]:  # fmt: skip
+    """The section's ``context``: the machine, the pinning, where the time went, every run, the targets."""
+    ti = runs.ti
+    return {
         "quick": quick,
         "repeats": repeats,
         "cpus": os.cpu_count(),
@@ -711,28 +789,17 @@ def run(quick: bool = False) -> dict[str, Any]:
         "machine": platform.machine(),
         "python": platform.python_version(),
         "pinning": pinning,
-        "cpu": cpu,
-        "stages_us": stages,
+        "cpu": _cpu(runs),
+        "stages_us": _stages(runs, reps),
         "store": "sqlite (WAL, synchronous=NORMAL)",
         "grpc": {
             "tls": True,
             "auth": "bearer token",
-            "templates": grpc_runs[0]["stored"],
+            "templates": runs.grpc_runs[0]["stored"],
             "streams": streams,
-            "runs": grpc_runs,
+            "runs": runs.grpc_runs,
         },
-        "mqtt": {"error": mqtt_error, "runs": mqtt_runs, "broker_left": broker_left}
-        if mqtt_error or not mqtt_runs
-        else {
-            "stored": mqtt_runs[0]["stored"],
-            "sent": mqtt_runs[0]["sent"],
-            "lost": max(r["lost"] for r in mqtt_runs),
-            "publishers": publishers,
-            "qos": 1,
-            "session_expiry_s": 0,
-            "runs": mqtt_runs,
-            "broker_left": broker_left,
-        },
+        "mqtt": _mqtt_context(runs, publishers=publishers),
         "identify": {"calls": ti["runs"][0]["n"], "runs": ti["runs"]},
         "train": {
             "preset": "default",
@@ -754,8 +821,6 @@ def run(quick: bool = False) -> dict[str, Any]:
             "worst": {"ingest_per_s_grpc": 5_000, "ingest_per_s_mqtt": 5_000, "identify_p99_ms": 2.0},
         },
     }
-    out["targets_met"] = _targets_met(out)
-    return out
 
 
 def _targets_met(out: dict[str, Any]) -> dict[str, bool | None]:

@@ -102,6 +102,71 @@ class FrameWindow:
                 return frame
 
 
+@dataclass
+class _Door:
+    """A demo door while it runs: what :func:`run_door`'s steps share.
+
+    ``agent`` is the door's :class:`peep.edge.agent.Agent`, ``pins`` gpiozero's mock factory holding the lock's
+    pin, ``ctl`` the :class:`peep.edge.door.DoorController` in use (the fail-secure checks swap in a fresh one),
+    ``channel`` the gRPC channel to the server, ``frames`` the door camera's video and ``window`` the claims'
+    reader over it; ``session`` is the :class:`peep.edge.door_session.DoorSession` once opened.
+    """
+
+    job: DeviceJob
+    cfg: Any
+    agent: Any
+    pipeline: Any
+    pins: Any
+    ctl: Any
+    channel: Any
+    frames: Any
+    window: FrameWindow
+    on_device: bool
+    session: Any = None
+    pin: int = 17
+
+    def openings(self) -> int:
+        """How often the lock's pin went from unpowered to powered."""
+        states = [s.state for s in self.pins.pin(self.pin).states]
+        return sum(1 for a, b in itertools.pairwise(states) if b and not a)
+
+    def controller(self) -> Any:
+        """A :class:`peep.edge.door.DoorController` on the door's pin, configured as the door is."""
+        from peep.edge.door import DoorController, GpioLock
+
+        d = self.cfg.door
+        return DoorController(self.job.device_id, GpioLock(self.pin, active_high=True, pin_factory=self.pins),
+                              open_s=d.open_s, decision_timeout_s=d.decision_timeout_s,
+                              lockout_failures=d.lockout_failures, lockout_window_s=d.lockout_window_s,
+                              max_claims_per_minute=d.max_claims_per_minute)  # fmt: skip
+
+    def replay(self, claim: dict[str, Any], handle: Callable[[Callable[[], Any]], Any]) -> Any:
+        """``handle(read)`` on ``claim``'s stretch of the video, from a reader of its own (the claims' reader has
+        passed it)."""
+        from peep.edge.capture import VideoSource
+
+        again = VideoSource(self.job.work["video"], kind="file")
+        w = FrameWindow(again)
+        w.start, w.stop = claim["start"], claim["stop"]
+        try:
+            return handle(w.read)
+        finally:
+            again.close()
+
+
+class _Checks:
+    """The fail-secure checks as they run: each must give its expected reason without driving the pin."""
+
+    def __init__(self, door: _Door) -> None:
+        self.door = door
+        self.rows: list[dict[str, Any]] = []
+
+    def check(self, name: str, expect: str, run: Callable[[], str]) -> None:
+        before = self.door.openings()
+        reason = run()
+        self.rows.append({"check": name, "reason": reason, "held": reason == expect and self.door.openings() == before})
+
+
 def run_door(job: DeviceJob) -> dict[str, Any]:
     """A door in the demo: the real door path (:class:`peep.edge.door_session.DoorSession`) on the door camera's
     video, each claim during its person's appearance, the server's gRPC Verify deciding, the lock a GPIO pin of
@@ -115,14 +180,23 @@ def run_door(job: DeviceJob) -> dict[str, Any]:
         (never a template); ``pin_openings``: how often the pin was driven; ``fail_secure``: per check
         ``{"check", "reason", "held"}``.
     """
-    import secrets
+    door = _open_door(job)
+    try:
+        door.session = _door_session(door)
+        rows, last_accepted = _door_claims(door)
+        checks = _fail_secure(door, last_accepted)
+    finally:
+        _close_door(door)
+    return {"claims": rows, "pin_openings": door.openings(), "fail_secure": checks}
 
+
+def _open_door(job: DeviceJob) -> _Door:
+    """The door's agent, lock and controller, its channel to the server and its video; on a door deciding on the
+    device, once its model is held (RuntimeError after 60 s without)."""
     from gpiozero.pins.mock import MockFactory  # type: ignore[import-untyped]
     from peep.edge.agent import Agent
     from peep.edge.capture import VideoSource
     from peep.edge.config import EdgeConfig
-    from peep.edge.door import Claim, Decision, DoorBudget, DoorController, GpioLock
-    from peep.edge.door_session import DoorSession, GrpcVerifier
     from peep.edge.transport.grpc import make_channel
 
     cfg = EdgeConfig.model_validate(job.work["config"])
@@ -130,159 +204,183 @@ def run_door(job: DeviceJob) -> dict[str, Any]:
     pins = MockFactory()
     pipeline = agent.open()
     agent.start_transports()  # its reports: the door's ε on the server's Devices and Privacy views
-    pin = 17
-
-    def openings() -> int:
-        states = [s.state for s in pins.pin(pin).states]
-        return sum(1 for a, b in itertools.pairwise(states) if b and not a)
-
-    d = cfg.door
-    ctl = DoorController(job.device_id, GpioLock(pin, active_high=True, pin_factory=pins), open_s=d.open_s,
-                         decision_timeout_s=d.decision_timeout_s, lockout_failures=d.lockout_failures,
-                         lockout_window_s=d.lockout_window_s,
-                         max_claims_per_minute=d.max_claims_per_minute)  # fmt: skip
-    budget = DoorBudget(door_epsilon=d.epsilon_per_hour, subject_epsilon=d.subject_epsilon_per_hour)
-    channel = make_channel(cfg.grpc)
     frames = VideoSource(job.work["video"], kind="file")
-    window = FrameWindow(frames)
-    rows: list[dict[str, Any]] = []
-    checks: list[dict[str, Any]] = []
-    on_device = d.decision == "device"
-    if on_device:  # the door's model comes over gRPC with its transports; no claim before it is held
+    door = _Door(job=job, cfg=cfg, agent=agent, pipeline=pipeline, pins=pins, ctl=None,
+                 channel=make_channel(cfg.grpc), frames=frames, window=FrameWindow(frames),
+                 on_device=cfg.door.decision == "device")  # fmt: skip
+    door.ctl = door.controller()
+    if door.on_device:  # the door's model comes over gRPC with its transports; no claim before it is held
         deadline = time.monotonic() + 60.0
         while agent.decisions.decider() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         if agent.decisions.decider() is None:
             raise RuntimeError(f"the door got no device model in 60 s: {agent.decisions.problem}")
-    try:
-        session = DoorSession(pipeline, agent.accountant, ctl,
-                              None if on_device else GrpcVerifier(channel, agent.grpc_token),  # type: ignore[arg-type]
-                              face_timeout_s=job.work.get("face_timeout_s", 3.0),
-                              settle_frames=job.work.get("settle_frames", 3), budget=budget,
-                              decisions=agent.decisions if on_device else None)  # fmt: skip
-        last_accepted: Decision | None = None
-        for c in job.work["claims"]:
-            window.start, window.stop = c["start"], c["stop"]
-            out = session.handle(c["subject"], window.read)
-            st = session.last_timing.stages
-            # From the chosen face to the lock: its detection, the release, the server's answer, the pin (on the
-            # device: the projection, the score, the pin).
-            face_to_lock = (st.get("total_after_face", 0.0) if on_device
-                            else st.get("release", 0.0) + st.get("verify", 0.0) + st.get("actuate", 0.0))  # fmt: skip
-            rows.append({"subject": c["subject"], "genuine": bool(c["genuine"]), "opened": out.opened,
-                         "reason": out.reason, "face_to_lock_ms": 1000 * face_to_lock if "verify" in st else None,
-                         "stages_ms": {k: round(1000 * v, 2) for k, v in st.items()}})  # fmt: skip
-            if out.opened and out.claim is not None:
-                last_accepted = Decision(out.claim.nonce, job.device_id, out.claim.subject, True, 1.0)
+    return door
 
-        def check(name: str, expect: str, run: Any) -> None:
-            before = openings()
-            reason = run()
-            checks.append({"check": name, "reason": reason, "held": reason == expect and openings() == before})
 
-        if last_accepted is not None:  # on the controller that decided it
-            check("a replayed accepted decision", "replayed", lambda: ctl.decide(last_accepted).reason)
-        # The other checks on a fresh controller of the same pin: the claims' failures must not lock them out.
-        ctl.close()
-        ctl = DoorController(job.device_id, GpioLock(pin, active_high=True, pin_factory=pins), open_s=d.open_s,
-                             decision_timeout_s=d.decision_timeout_s, lockout_failures=d.lockout_failures,
-                             lockout_window_s=d.lockout_window_s,
-                             max_claims_per_minute=d.max_claims_per_minute)  # fmt: skip
-        session.controller = ctl
+def _door_session(door: _Door) -> Any:
+    """The door path: the agent's pipeline and accountant, the controller, and the server's Verify or the
+    device's own decisions."""
+    from peep.edge.door import DoorBudget
+    from peep.edge.door_session import DoorSession, GrpcVerifier
 
-        def decided(decision_of: Any) -> str:
-            claim = ctl.claim(f"check-{len(checks)}")
-            assert isinstance(claim, Claim)
-            reason = ctl.decide(decision_of(claim)).reason
-            ctl.fail(claim, "mismatch", "ended by the demo's check")  # the claim still waits: end it
-            return reason
+    d, agent, work = door.cfg.door, door.agent, door.job.work
+    budget = DoorBudget(door_epsilon=d.epsilon_per_hour, subject_epsilon=d.subject_epsilon_per_hour)
+    return DoorSession(door.pipeline, agent.accountant, door.ctl,
+                       None if door.on_device else GrpcVerifier(door.channel, agent.grpc_token),  # type: ignore[arg-type]
+                       face_timeout_s=work.get("face_timeout_s", 3.0), settle_frames=work.get("settle_frames", 3),
+                       budget=budget, decisions=agent.decisions if door.on_device else None)  # fmt: skip
 
-        check("an accepted decision for another claim", "mismatch",
-              lambda: decided(lambda c: Decision(secrets.token_hex(16), c.door, c.subject, True)))  # fmt: skip
-        check("an accepted decision for another door", "mismatch",
-              lambda: decided(lambda c: Decision(c.nonce, "another-door", c.subject, True)))  # fmt: skip
-        check("an accepted decision for another subject", "mismatch",
-              lambda: decided(lambda c: Decision(c.nonce, c.door, "someone-else", True)))  # fmt: skip
-        check("a decision that cannot be read", "malformed", lambda: decided(lambda c: None))
-        # A badge for nobody enrolled (a made-up id): refused on the server's word before any release.
-        first_claim = job.work["claims"][0] if job.work["claims"] else None
-        if first_claim is not None:
-            ledger = session.accountant.ledger
 
-            def made_up() -> str:
-                again = VideoSource(job.work["video"], kind="file")
-                w = FrameWindow(again)
-                w.start, w.stop = first_claim["start"], first_claim["stop"]
-                before = len(ledger.entries())
-                try:
-                    out = session.handle(f"made-up-{secrets.token_hex(4)}", w.read)
-                finally:
-                    again.close()
-                released = len(ledger.entries()) - before
-                return out.reason if released == 0 else f"{out.reason}, {released} released"
+def _door_claims(door: _Door) -> tuple[list[dict[str, Any]], Any]:
+    """Each claim during its stretch of the video: one row per claim, and the last accepted decision (None if
+    no claim opened the door), which the fail-secure checks replay."""
+    from peep.edge.door import Decision
 
-            check("a claim for a subject nobody enrolled", "unknown_subject", made_up)
-        first = job.work["claims"][0] if job.work["claims"] else None
-        if first is not None and on_device:
-            # Deciding on the device, the door never waits for the server; without a valid model it stays locked.
-            from peep.edge.decide import DecisionSource, ModelStore
+    session, rows = door.session, []
+    last_accepted: Decision | None = None
+    for c in door.job.work["claims"]:
+        door.window.start, door.window.stop = c["start"], c["stop"]
+        out = session.handle(c["subject"], door.window.read)
+        st = session.last_timing.stages
+        # From the chosen face to the lock: its detection, the release, the server's answer, the pin (on the
+        # device: the projection, the score, the pin).
+        face_to_lock = (st.get("total_after_face", 0.0) if door.on_device
+                        else st.get("release", 0.0) + st.get("verify", 0.0) + st.get("actuate", 0.0))  # fmt: skip
+        rows.append({"subject": c["subject"], "genuine": bool(c["genuine"]), "opened": out.opened,
+                     "reason": out.reason, "face_to_lock_ms": 1000 * face_to_lock if "verify" in st else None,
+                     "stages_ms": {k: round(1000 * v, 2) for k, v in st.items()}})  # fmt: skip
+        if out.opened and out.claim is not None:
+            last_accepted = Decision(out.claim.nonce, door.job.device_id, out.claim.subject, True, 1.0)
+    return rows, last_accepted
 
-            held = agent.model_store
 
-            def without_model(clock_ahead_s: float) -> str:
-                store = ModelStore(held.root, held.public_key, bundle_id=held.bundle_id, key_id=held.key_id,
-                                   clock=lambda: time.time() + clock_ahead_s)  # fmt: skip
-                if clock_ahead_s == 0.0:
-                    store.root = held.root / "none"  # an empty folder: no model at all
-                store.load()
-                saved = session.decisions
-                session.decisions = DecisionSource(store, domain=saved.domain, site_key=saved.site_key,
-                                                   epsilon_label=None)  # fmt: skip
-                again = VideoSource(job.work["video"], kind="file")
-                w = FrameWindow(again)
-                w.start, w.stop = first["start"], first["stop"]
-                try:
-                    return session.handle(first["subject"], w.read).reason
-                finally:
-                    session.decisions = saved
-                    again.close()
+def _fail_secure(door: _Door, last_accepted: Any) -> list[dict[str, Any]]:
+    """The fail-secure checks, in order; per check ``{"check", "reason", "held"}``."""
+    checks = _Checks(door)
+    _check_decisions(door, checks, last_accepted)
+    first = door.job.work["claims"][0] if door.job.work["claims"] else None
+    if first is not None:
+        _check_unknown_subject(door, checks, first)
+        if door.on_device:
+            _check_without_model(door, checks, first)
+        else:
+            _check_server_out_of_reach(door, checks, first)
+    _check_lockout(door, checks)
+    return checks.rows
 
-            check("no device model", "no_model", lambda: without_model(0.0))
-            check("an expired device model", "no_model", lambda: without_model(365 * 86400.0))
-        # The real path with the server out of reach, and with a deadline no answer can meet.
-        if first is not None and not on_device:  # the first claim's stretch of video again, from a reader of its own
-            dead = make_channel(cfg.grpc.model_copy(update={"target": "localhost:1"}))
 
-            def claim_again(verifier: Any, timeout_s: float) -> str:
-                again = VideoSource(job.work["video"], kind="file")
-                w = FrameWindow(again)
-                w.start, w.stop = first["start"], first["stop"]
-                saved = (session.verifier, ctl.decision_timeout_s)
-                session.verifier, ctl.decision_timeout_s = verifier, timeout_s
-                try:
-                    return session.handle(first["subject"], w.read).reason
-                finally:
-                    session.verifier, ctl.decision_timeout_s = saved
-                    again.close()
+def _check_decisions(door: _Door, checks: _Checks, last_accepted: Any) -> None:
+    """Decisions that must not open: a replay, one for another claim, door or subject, one that cannot be read."""
+    import secrets
 
-            check("the server unreachable", "unreachable", lambda: claim_again(GrpcVerifier(dead, None), 5.0))
-            check("no answer before the deadline", "timeout",
-                  lambda: claim_again(GrpcVerifier(channel, agent.grpc_token), 0.001))  # fmt: skip
-            dead.close()
-        # A claim brute force: a subject refused lockout_failures times in the window cannot claim again.
-        target = "lockout-probe"
-        for _ in range(d.lockout_failures):
-            c = ctl.claim(target)
-            assert isinstance(c, Claim)
-            ctl.decide(Decision(c.nonce, c.door, c.subject, False))
-        check("a claim after repeated refusals (lock-out)", "locked_out",
-              lambda: getattr(ctl.claim(target), "reason", "a claim was opened"))  # fmt: skip
-    finally:
-        ctl.close()
-        frames.close()
-        channel.close()
-        agent.shutdown(drain_timeout=0)
-    return {"claims": rows, "pin_openings": openings(), "fail_secure": checks}
+    from peep.edge.door import Claim, Decision
+
+    if last_accepted is not None:  # on the controller that decided it
+        ctl = door.ctl
+        checks.check("a replayed accepted decision", "replayed", lambda: ctl.decide(last_accepted).reason)
+    # The other checks on a fresh controller of the same pin: the claims' failures must not lock them out.
+    door.ctl.close()
+    door.ctl = door.session.controller = door.controller()
+
+    def decided(decision_of: Any) -> str:
+        claim = door.ctl.claim(f"check-{len(checks.rows)}")
+        assert isinstance(claim, Claim)
+        reason = str(door.ctl.decide(decision_of(claim)).reason)
+        door.ctl.fail(claim, "mismatch", "ended by the demo's check")  # the claim still waits: end it
+        return reason
+
+    checks.check("an accepted decision for another claim", "mismatch",
+                 lambda: decided(lambda c: Decision(secrets.token_hex(16), c.door, c.subject, True)))  # fmt: skip
+    checks.check("an accepted decision for another door", "mismatch",
+                 lambda: decided(lambda c: Decision(c.nonce, "another-door", c.subject, True)))  # fmt: skip
+    checks.check("an accepted decision for another subject", "mismatch",
+                 lambda: decided(lambda c: Decision(c.nonce, c.door, "someone-else", True)))  # fmt: skip
+    checks.check("a decision that cannot be read", "malformed", lambda: decided(lambda c: None))
+
+
+def _check_unknown_subject(door: _Door, checks: _Checks, first: dict[str, Any]) -> None:
+    """A badge for nobody enrolled (a made-up id): refused on the server's word before any release."""
+    import secrets
+
+    session = door.session
+    ledger = session.accountant.ledger
+
+    def made_up() -> str:
+        before = len(ledger.entries())
+        out = door.replay(first, lambda read: session.handle(f"made-up-{secrets.token_hex(4)}", read))
+        released = len(ledger.entries()) - before
+        return str(out.reason) if released == 0 else f"{out.reason}, {released} released"
+
+    checks.check("a claim for a subject nobody enrolled", "unknown_subject", made_up)
+
+
+def _check_without_model(door: _Door, checks: _Checks, first: dict[str, Any]) -> None:
+    """Deciding on the device, the door never waits for the server; without a valid model it stays locked."""
+    from peep.edge.decide import DecisionSource, ModelStore
+
+    session, held = door.session, door.agent.model_store
+
+    def without_model(clock_ahead_s: float) -> str:
+        store = ModelStore(held.root, held.public_key, bundle_id=held.bundle_id, key_id=held.key_id,
+                           clock=lambda: time.time() + clock_ahead_s)  # fmt: skip
+        if clock_ahead_s == 0.0:
+            store.root = held.root / "none"  # an empty folder: no model at all
+        store.load()
+        saved = session.decisions
+        session.decisions = DecisionSource(store, domain=saved.domain, site_key=saved.site_key,
+                                           epsilon_label=None)  # fmt: skip
+        try:
+            return str(door.replay(first, lambda read: session.handle(first["subject"], read).reason))
+        finally:
+            session.decisions = saved
+
+    checks.check("no device model", "no_model", lambda: without_model(0.0))
+    checks.check("an expired device model", "no_model", lambda: without_model(365 * 86400.0))
+
+
+def _check_server_out_of_reach(door: _Door, checks: _Checks, first: dict[str, Any]) -> None:
+    """The real path with the server out of reach, and with a deadline no answer can meet (the first claim's
+    stretch of video again)."""
+    from peep.edge.door_session import GrpcVerifier
+    from peep.edge.transport.grpc import make_channel
+
+    session = door.session
+    dead = make_channel(door.cfg.grpc.model_copy(update={"target": "localhost:1"}))
+
+    def claim_again(verifier: Any, timeout_s: float) -> str:
+        saved = (session.verifier, door.ctl.decision_timeout_s)
+        session.verifier, door.ctl.decision_timeout_s = verifier, timeout_s
+        try:
+            return str(door.replay(first, lambda read: session.handle(first["subject"], read).reason))
+        finally:
+            session.verifier, door.ctl.decision_timeout_s = saved
+
+    checks.check("the server unreachable", "unreachable", lambda: claim_again(GrpcVerifier(dead, None), 5.0))
+    checks.check("no answer before the deadline", "timeout",
+                 lambda: claim_again(GrpcVerifier(door.channel, door.agent.grpc_token), 0.001))  # fmt: skip
+    dead.close()
+
+
+def _check_lockout(door: _Door, checks: _Checks) -> None:
+    """A claim brute force: a subject refused ``lockout_failures`` times in the window cannot claim again."""
+    from peep.edge.door import Claim, Decision
+
+    ctl, target = door.ctl, "lockout-probe"
+    for _ in range(door.cfg.door.lockout_failures):
+        c = ctl.claim(target)
+        assert isinstance(c, Claim)
+        ctl.decide(Decision(c.nonce, c.door, c.subject, False))
+    checks.check("a claim after repeated refusals (lock-out)", "locked_out",
+                 lambda: getattr(ctl.claim(target), "reason", "a claim was opened"))  # fmt: skip
+
+
+def _close_door(door: _Door) -> None:
+    """The controller in use (its lock unpowered), the video, the channel and the agent, without draining."""
+    door.ctl.close()
+    door.frames.close()
+    door.channel.close()
+    door.agent.shutdown(drain_timeout=0)
 
 
 def run_devices(jobs: list[DeviceJob], on_message: Callable[[str, str, Any], None]) -> dict[str, dict[str, Any]]:
