@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -121,3 +122,28 @@ def test_frame_rate_cap_paces_a_file(crowd_video):
     for _ in range(11):
         assert src.read() is not None
     assert time.monotonic() - t0 >= 0.45  # 10 intervals of 50 ms
+
+
+def test_a_looped_file_plays_on_with_its_times_going_on(crowd_video):
+    n = crowd_video["n_frames"]
+    src = open_source(crowd_video["path"], loop=True)
+    frames = [src.read() for _ in range(2 * n + 3)]
+    src.close()
+    assert all(f is not None for f in frames)  # past the file's end: a second and a third pass
+    ts = [f.timestamp for f in frames]
+    assert all(b > a for a, b in itertools.pairwise(ts))  # never backwards across a pass
+    assert [f.index for f in frames] == list(range(2 * n + 3))
+    step = ts[1] - ts[0]
+    assert ts[n] - ts[n - 1] == pytest.approx(step, rel=1e-6)  # the pass joins at one frame's interval
+
+
+def test_loop_is_refused_for_what_has_no_end(tmp_path):
+    with pytest.raises(ValueError, match="loop: expected a video file"):
+        VideoSource(0, kind="camera", loop=True, opener=lambda t: None)
+    with pytest.raises(ValueError, match="capture.loop: expected a video file"):
+        open_source(str(tmp_path), loop=True)  # a folder of images
+    from peep.edge.config import CaptureConfig
+
+    with pytest.raises(ValueError, match="capture.loop: expected a video file"):
+        CaptureConfig(source="rtsp://cam/1", loop=True)
+    assert CaptureConfig(source="/videos/lobby.mp4", loop=True).loop

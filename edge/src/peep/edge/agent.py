@@ -733,6 +733,7 @@ class Agent:
                 reconnect_attempts=cfg.capture.reconnect_attempts,
                 stop=self.stop_event,
                 on_reconnect=lambda: self.metrics.reconnects.labels(link="capture").inc(),
+                loop=cfg.capture.loop,
             )
         log_event(_log, logging.INFO, "capture_opened", source=source.description, live=source.live)
         self._reporting = self.mqtt_link is not None and cfg.mqtt.report_interval_s > 0

@@ -146,6 +146,9 @@ class VideoSource:
         Set to make blocking waits (backoff, pacing) return.
     opener : callable(target) -> capture, optional
         Injected for tests; defaults to ``cv2.VideoCapture`` (with the requested size for cameras).
+    loop : bool
+        A file only: at its end, play it again from the start, its frames' times going on from where the
+        last pass ended (a steady, endless camera for soak runs; tracks never see time go backwards).
     """
 
     def __init__(
@@ -163,6 +166,7 @@ class VideoSource:
         opener: Callable[[int | str], Any] | None = None,
         on_reconnect: Callable[[], None] | None = None,
         sleep: Callable[[float], Any] | None = None,
+        loop: bool = False,
     ) -> None:
         if kind not in ("camera", "stream", "file"):
             raise ValueError(f"kind: expected 'camera', 'stream' or 'file', received {kind!r}")
@@ -181,6 +185,12 @@ class VideoSource:
         self._cap: Any = None
         self._index = 0
         self._fps = 0.0
+        if loop and kind != "file":
+            raise ValueError(f"loop: expected a video file, received a {kind} ({target!r})")
+        self._loop = loop
+        self._offset_s = 0.0  # the time the earlier passes of a looped file took
+        self._last_ts = 0.0
+        self._pass_start = 0  # the index of this pass's first frame
         self._open(first=True)
 
     def _open_cv(self, target: int | str) -> Any:
@@ -251,9 +261,18 @@ class VideoSource:
                 self._pacer.wait()
                 ok, image = self._cap.read()
                 if not ok or image is None:
-                    return None
+                    if not self._loop or self._index == 0:
+                        return None
+                    self._offset_s = self._last_ts + (1.0 / self._fps if self._fps else 0.1)
+                    self._pass_start = self._index
+                    if not self._open():
+                        return None
+                    continue
                 self._pacer.mark()
-                ts = self._index / self._fps if self._fps else float(self._cap.get(cv2.CAP_PROP_POS_MSEC)) / 1e3
+                in_pass = self._index - self._pass_start
+                position = in_pass / self._fps if self._fps else float(self._cap.get(cv2.CAP_PROP_POS_MSEC)) / 1e3
+                ts = self._offset_s + position
+                self._last_ts = ts
             frame = Frame(image=image, timestamp=ts, index=self._index)
             self._index += 1
             return frame
@@ -331,9 +350,12 @@ def open_source(
     reconnect_attempts: int = 0,
     stop: threading.Event | None = None,
     on_reconnect: Callable[[], None] | None = None,
+    loop: bool = False,
 ) -> FrameSource:
-    """Open the source named by ``capture.source`` (see :func:`classify_source`)."""
+    """Open the source named by ``capture.source`` (see :func:`classify_source`); ``loop``: a file plays on."""
     kind, target = classify_source(source)
+    if loop and kind != "file":
+        raise ValueError(f"capture.loop: expected a video file as capture.source, received a {kind} ({source!r})")
     if kind == "folder":
         return FolderSource(str(target), fps=max_fps or 1.0, pace=max_fps > 0, stop=stop)
     return VideoSource(
@@ -347,4 +369,5 @@ def open_source(
         reconnect_attempts=reconnect_attempts,
         stop=stop,
         on_reconnect=on_reconnect,
+        loop=loop,
     )

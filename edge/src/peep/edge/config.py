@@ -184,6 +184,10 @@ class CaptureConfig(_Section):
 
     source: int | str = Field(description="camera index, video file, rtsp://|http(s):// URL, or a folder of images")
     max_fps: float = Field(default=15.0, ge=0.0, le=240.0, description="frame-rate cap; 0 = as fast as possible")
+    loop: bool = Field(
+        default=False,
+        description="a video file only: play it again from the start at its end, times going on (soak runs)",
+    )
     width: int | None = Field(default=None, ge=16, le=8192, description="requested camera width")
     height: int | None = Field(default=None, ge=16, le=8192, description="requested camera height")
     reconnect_min_s: float = Field(default=1.0, gt=0.0, le=600.0)
@@ -202,6 +206,14 @@ class CaptureConfig(_Section):
         if isinstance(v, str) and not v.strip():
             raise ValueError("expected a camera index, video file, URL or image folder, received an empty string")
         return v
+
+    @model_validator(mode="after")
+    def _loop_needs_a_file(self) -> CaptureConfig:
+        # A camera or a stream has no end to loop from; a folder against a file is told when it is opened.
+        src = str(self.source).strip()
+        if self.loop and (isinstance(self.source, int) or src.isdigit() or "://" in src or src.startswith("/dev/")):
+            raise ValueError(f"capture.loop: expected a video file as capture.source, received {src[:64]!r}")
+        return self
 
 
 class DetectorConfig(_Section):
