@@ -52,3 +52,30 @@ def test_each_device_has_its_own_bucket_which_refills():
 def test_parameters_are_checked():
     with pytest.raises(ValueError, match="rate_per_s, burst"):
         ClaimChecker(FakeRecogniser([]), rate_per_s=0)
+
+
+def test_the_servers_claim_check_rate_comes_from_its_configuration(tmp_path, keypair):
+    from peep.server.config import parse_config
+    from peep.server.services import Services
+
+    def services(recognition: dict) -> Services:
+        cfg = {"storage": {"backend": "sqlite", "path": str(tmp_path / f"{len(recognition)}.db")},
+               "bundle": {"public_key": str(keypair[3])},
+               "auth": {"allow_insecure": True}, "mqtt": {"enabled": False},
+               "training": {"model_dir": str(tmp_path / "models")}, "recognition": recognition}  # fmt: skip
+        return Services(parse_config(cfg))
+
+    s = services({})
+    assert (s.claim_checks.rate_per_s, s.claim_checks.burst) == (5.0, 20.0)  # the defaults a site runs with
+    s.close()
+    s = services({"claim_checks_per_s": 250.0, "claim_checks_burst": 400})
+    assert (s.claim_checks.rate_per_s, s.claim_checks.burst) == (250.0, 400.0)
+    s.close()
+    with pytest.raises(ValueError, match="claim_checks_per_s"):
+        parse_config(
+            {
+                "recognition": {"claim_checks_per_s": 0},
+                "bundle": {"public_key": str(keypair[3])},
+                "auth": {"allow_insecure": True},
+            }
+        )

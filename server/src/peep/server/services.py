@@ -281,7 +281,12 @@ class Services:
             origin=self.origin,
         )
         #: Doors' questions before they release anything: is the claimed subject enrolled?
-        self.claim_checks = ClaimChecker(self.recogniser, background_prefix=config.training.background_prefix)
+        self.claim_checks = ClaimChecker(
+            self.recogniser,
+            background_prefix=config.training.background_prefix,
+            rate_per_s=config.recognition.claim_checks_per_s,
+            burst=config.recognition.claim_checks_burst,
+        )
         #: Devices' reports sent over gRPC (the MQTT bridge keeps the retained ones).
         self.device_reports = DeviceReportBook(self.store)
         #: Each device's last authenticated gRPC contact and open calls (in memory, this replica's).

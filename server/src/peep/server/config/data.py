@@ -340,6 +340,18 @@ class RecognitionConfig(_Model):
             "deleted this many days after they were made"
         ),
     )
+    claim_checks_per_s: float = Field(
+        default=5.0,
+        gt=0.0,
+        le=10_000.0,
+        description=(
+            "a door's questions before it releases (is the claimed subject enrolled?) answered per second per "
+            "device; more are refused RESOURCE_EXHAUSTED, so a hostile device cannot list the enrolled at wire speed"
+        ),
+    )
+    claim_checks_burst: int = Field(
+        default=20, ge=1, le=100_000, description="claim checks a device may ask at once before the rate applies"
+    )
 
     @property
     def keep_days_s(self) -> float:

@@ -61,6 +61,14 @@ class ClaimChecker:
         self.recogniser, self.background_prefix = recogniser, background_prefix
         self.rate = CallerRate("claim checks", rate_per_s=rate_per_s, burst=burst, clock=clock)
 
+    @property
+    def rate_per_s(self) -> float:
+        return self.rate.rate_per_s
+
+    @property
+    def burst(self) -> float:
+        return self.rate.burst
+
     def check(self, caller: str, subject: str) -> ClaimCheck:
         """Whether the serving model knows ``subject`` (an id already checked by the caller).
 
