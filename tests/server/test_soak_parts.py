@@ -1,19 +1,26 @@
 """The soak's real parts (peep.server.bench.soak.parts), each on its own and quickly.
 
-The shipped Mosquitto: a restart on the same ports, a persistent session's
-queue surviving it, the queue read from $SYS. A test needing Mosquitto skips,
-naming the tool, only where it is not installed.
+PostgreSQL (its own cluster: initdb, a clean stop, a crash), the shipped
+Mosquitto (a restart on the same ports, a persistent session's queue surviving
+it, the queue read from $SYS), and /proc readings. A
+test needing PostgreSQL's or Mosquitto's tools skips, naming the tool, only
+where it is not installed.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import threading
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
+import psycopg
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
@@ -21,9 +28,83 @@ from paho.mqtt.properties import Properties
 from peep.server.bench.cluster import wait_for
 from peep.server.bench.soak.parts import (
     PartUnavailable,
+    PostgresCluster,
+    ProcessStats,
     ShippedMosquitto,
     mosquitto_missing,
 )
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+
+@pytest.fixture
+def postgres(tmp_path: Path) -> Iterator[PostgresCluster]:
+    try:
+        pg = PostgresCluster(tmp_path / "pg")
+    except PartUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        yield pg
+    finally:
+        pg.cleanup()
+
+
+def _rows(pg: PostgresCluster) -> list[str]:
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        return [str(r[0]) for r in conn.execute("SELECT note FROM soak ORDER BY note")]
+
+
+@pytest.mark.postgres
+def test_a_committed_row_survives_a_clean_stop_and_a_crash_on_the_same_port(postgres: PostgresCluster) -> None:
+    pg = postgres.start()
+    port = pg.port
+    assert pg.alive()
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE soak (note text PRIMARY KEY)")
+        conn.execute("INSERT INTO soak VALUES ('before the clean stop')")
+    postmaster = pg.pid
+    assert postmaster is not None and ProcessStats.sample(postmaster) is not None
+
+    pg.stop("fast")
+    assert not pg.alive() and pg.pid is None
+    pg.start()
+    assert _rows(pg) == ["before the clean stop"]
+    with psycopg.connect(pg.dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO soak VALUES ('before the crash')")
+
+    pg.stop("immediate")  # no checkpoint: the row is only in the WAL
+    assert not pg.alive()
+    pg.restart("fast")  # not running: nothing to stop, then recovery from the WAL
+    assert pg.port == port
+    assert _rows(pg) == ["before the clean stop", "before the crash"]
+    assert "database system was interrupted" in pg.log()
+
+    os.kill(pg.pid or 0, signal.SIGKILL)  # the postmaster killed outright: its pid file stays behind
+    assert wait_for(lambda: not pg.alive(timeout=1), 10)
+    pg.stop("fast")  # nothing left to stop
+    pg.start()
+    assert _rows(pg) == ["before the clean stop", "before the crash"]
+
+    sizes = pg.table_sizes()
+    assert set(sizes) == {"soak"} and sizes["soak"] > 0
+    folder = pg.folder
+    pg.cleanup()
+    assert not folder.exists()
+
+
+def test_postgres_names_what_is_wrong(tmp_path: Path) -> None:
+    with pytest.raises(PartUnavailable, match="initdb and pg_ctl not found in"):
+        PostgresCluster(tmp_path / "pg", bindir=tmp_path)
+    try:
+        pg = PostgresCluster(tmp_path / "pg")
+    except PartUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        with pytest.raises(ValueError, match=r"mode: expected one of .* received 'sudden'"):
+            pg.stop("sudden")
+    finally:
+        pg.cleanup()
+
 
 # --------------------------------------------------------------------------- Mosquitto
 
@@ -103,3 +184,20 @@ def test_the_shipped_broker_names_a_missing_tool(tmp_path: Path) -> None:
         ShippedMosquitto(
             tmp_path / "b", tmp_path, tmp_path, tmp_path, devices={}, server_password="x", shipped=tmp_path
         )
+
+
+# --------------------------------------------------------------------------- /proc
+
+
+def test_process_stats_of_a_living_process_a_zombie_and_a_dead_one() -> None:
+    sum(i * i for i in range(200_000))  # some CPU time of our own
+    me = ProcessStats.sample(os.getpid())
+    assert me is not None
+    assert me["rss_mb"] > 10 and me["fds"] >= 3 and me["threads"] >= 1 and me["cpu_s"] > 0
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    # Exited but not yet waited for: a zombie, whose memory and files are gone.
+    assert wait_for(lambda: Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", 10)
+    assert ProcessStats.sample(child.pid) is None
+    child.wait(5)
+    assert ProcessStats.sample(child.pid) is None  # reaped: no /proc entry at all
