@@ -327,7 +327,7 @@ SYS_TOPICS = {
     "stored_bytes": "$SYS/broker/store/messages/bytes",
     "retained": "$SYS/broker/retained messages/count",
     "dropped": "$SYS/broker/publish/messages/dropped",  # taken, then dropped (a queue's limits reached)
-    "clients_connected": "$SYS/broker/clients/connected",
+    "clients_connected": "$SYS/broker/clients/connected",  # a reader's own connection may be among them
     "heap_bytes": "$SYS/broker/heap/current",
 }
 
@@ -486,9 +486,10 @@ class ShippedMosquitto:
         """The broker's own counts (:data:`SYS_TOPICS`) from its retained $SYS topics, read as ``peep-server``.
 
         A short-lived client subscribes and takes the retained values. Mosquitto
-        publishes them every ``sys_interval`` seconds (10 by default), so they may be
-        that old. Counts not received within ``timeout`` are left out; None when the
-        broker is down or refuses the connection.
+        publishes them every ``sys_interval`` seconds (10 by default; seen up to about
+        two intervals late), so a reading lags the broker by that much. Counts not
+        received within ``timeout`` are left out; None when the broker is down or
+        refuses the connection.
         """
         import paho.mqtt.client as mqtt
         from paho.mqtt.enums import CallbackAPIVersion
