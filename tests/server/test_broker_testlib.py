@@ -6,7 +6,9 @@ from __future__ import annotations
 import signal
 import socket
 
-from peep_broker_testlib import ShippedBroker, _port_open, free_port
+from peep.server.bench.cluster import free_port
+from peep.server.bench.soak.parts import port_open
+from peep_broker_testlib import ShippedBroker
 
 
 def test_a_taken_port_is_replaced_on_the_first_start_and_kept_on_a_restart(tmp_path, pki):
@@ -18,7 +20,7 @@ def test_a_taken_port_is_replaced_on_the_first_start_and_kept_on_a_restart(tmp_p
         b._listen_on(taken, free_port())
         b.start()
         try:
-            assert b.dev_port != taken and _port_open(b.dev_port) and _port_open(b.srv_port)
+            assert b.dev_port != taken and port_open(b.dev_port) and port_open(b.srv_port)
             ports = (b.dev_port, b.srv_port)
             b.stop(signal.SIGTERM)
             b.start()
