@@ -27,6 +27,7 @@ SECTIONS = {
     "server": "peep.server.bench.server",
     "cluster": "peep.server.bench.cluster",
     "door": "peep.server.bench.door",
+    "soak": "peep.server.bench.soak.runner",
 }
 #: Run without --sections: the cluster section needs PostgreSQL and a broker, and the door section builds two
 #: bundles and servers (minutes), so each is asked for by name.
@@ -37,6 +38,9 @@ def register(sub: Any) -> None:
     p = sub.add_parser("bench", help="benchmarks: core, edge, server (and cluster) sections as one JSON")
     p.add_argument("--out", required=True, help="JSON file to write")
     p.add_argument("--quick", action="store_true", help="fewer iterations (CI smoke run)")
+    p.add_argument("--duration", type=float, default=None,
+                   help="soak only: seconds the whole system runs under load and faults (default 3600, --quick 300); "
+                        "its report, series and system folder go next to --out, in <out>-soak/")  # fmt: skip
     p.add_argument(
         "--sections",
         default=",".join(DEFAULT_SECTIONS),
@@ -45,7 +49,9 @@ def register(sub: Any) -> None:
             "peep serve replicas and needs PostgreSQL, PEEP_BENCH_PG_DSN, and an MQTT broker, PEEP_BENCH_MQTT; "
             "door times a door's claim to its lock with a dlib-resnet and a Fisherfaces bundle, over gRPC, "
             "over MQTT when a broker answers on 127.0.0.1:1883, and decided on the device (dlib-resnet K 16 and "
-            "32), with the device decider's accuracy over every held-out photo claimed with every badge)"
+            "32), with the device decider's accuracy over every held-out photo claimed with every badge; soak runs "
+            "PostgreSQL, the shipped Mosquitto and HAProxy, two replicas and three cameras for --duration under a "
+            "seeded schedule of faults and checks the history)"
         ),
     )
     p.set_defaults(handler=handle)
@@ -60,6 +66,8 @@ def handle(args: argparse.Namespace) -> int:
     unknown = [s for s in wanted if s not in SECTIONS]
     if unknown:
         raise UsageError(f"--sections: expected a subset of {','.join(SECTIONS)}, received {','.join(unknown)}")
+    if args.duration is not None and not (300.0 <= args.duration <= 7 * 86_400.0):
+        raise UsageError(f"--duration: expected 300 to 604800 seconds, received {args.duration:g}")
     result: dict[str, Any] = {
         "meta": {
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -78,7 +86,11 @@ def handle(args: argparse.Namespace) -> int:
             if name in ("edge", "door"):
                 require_edge("the edge section of peep bench")
             module = importlib.import_module(SECTIONS[name])
-            section = module.run(quick=args.quick)
+            if name == "soak":
+                soak_dir = Path(args.out).with_name(Path(args.out).stem + "-soak")
+                section = module.run(quick=args.quick, duration_s=args.duration, out_dir=str(soak_dir))
+            else:
+                section = module.run(quick=args.quick)
         except (UsageError, ClusterUnavailableError) as exc:  # a missing extra or service: recorded like any failure
             section = {"error": str(exc)}
             failed = True

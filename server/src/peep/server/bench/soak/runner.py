@@ -1,0 +1,142 @@
+"""``peep bench --sections soak``: the whole system under load, faults on a schedule, a checker over the history.
+
+One run: build the system (:class:`~peep.server.bench.soak.world.SoakWorld`), sample every process and
+store every few seconds (:mod:`~peep.server.bench.soak.sampler`), let the nemesis work through its seeded
+schedule (:mod:`~peep.server.bench.soak.nemesis`), stop the cameras (each drains its spool), then read the
+histories each party kept and check them (:mod:`~peep.server.bench.soak.history`), judge the targets
+(:mod:`~peep.server.bench.soak.targets`) and draw the report (:mod:`~peep.server.bench.soak.report`).
+
+``--quick`` runs about five minutes with one fault of each kind the world injects; without it the run lasts
+``--duration`` seconds (an hour by default) with faults drawn until it is full. Latency here is a release's
+``ingest_to_decision``: from the camera's ledger entry (the release) to the decision event's time, both on this
+machine's wall clock.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from peep.server.bench.soak.history import check_events, check_templates
+from peep.server.bench.soak.nemesis import FAULT_KINDS, Nemesis, schedule
+from peep.server.bench.soak.sampler import ResourceSampler, callable_source, directory_bytes_source, process_source
+from peep.server.bench.soak.targets import judge
+from peep.server.bench.soak.timeline import Timeline
+from peep.server.bench.soak.world import KINDS, SoakWorld
+
+QUICK_S = 300.0
+HOUR_S = 3600.0
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run(quick: bool = False, *, duration_s: float | None = None, out_dir: str | None = None, seed: int = 0,
+        data_home: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """Run the soak; returns the bench's ``soak`` section (the report and series are written to ``out_dir``)."""
+    duration = float(duration_s or (QUICK_S if quick else HOUR_S))
+    warmup = 30.0 if quick else 300.0
+    out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="peep-soak-"))
+    timeline = Timeline()
+    world = SoakWorld(out / "system", seed=seed, data_home=data_home, say=_say)
+    faults = schedule(seed, duration, world.targets, quick=quick, warmup_s=warmup, kinds=KINDS)
+    _say(f"peep bench soak: {duration:.0f} s, seed {seed}, {len(faults)} faults; folder {out}")
+    for f in faults:
+        _say(f"    scheduled {f.describe()}")
+    sampler: ResourceSampler | None = None
+    nemesis: Nemesis | None = None
+    try:
+        world.start()
+        t0 = timeline.now()
+        wall0 = time.time()
+        sampler = ResourceSampler(timeline, 2.0, _sources(world)).start()
+        nemesis = Nemesis(world, timeline, faults, t0=t0, say=_say).start()
+        while timeline.now() - t0 < duration:
+            time.sleep(min(5.0, max(0.0, duration - (timeline.now() - t0))))
+        nemesis.stop(timeout_s=120.0)
+        world.stop_cameras()
+        time.sleep(2.0)  # the last decisions reach the database and the subscriber
+        devices, decided, committed = world.histories()
+        per_device, totals = check_templates(devices, decided)
+        events = check_events(committed, [(s, e) for s, e, *_ in world.received])
+        _latencies(world, timeline, t0, wall0)
+        summary: dict[str, Any] = {
+            "duration_s": round(timeline.now() - t0, 1),
+            "seed": seed,
+            "load": world.describe(),
+            "faults": [r.as_dict() for r in nemesis.records],
+            "fault_kinds_not_run": [k for k in FAULT_KINDS if k not in KINDS],
+            "devices": per_device,
+            "totals": totals,
+            "events": events,
+            "wrong_lock_drives": None,
+            "door": None,
+        }
+        # Written at once: what follows (slopes, targets, plots) cannot lose the checked history.
+        (out / "soak.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        world.close()
+    summary["rss_mb_per_hour"] = _per_process(timeline, "rss_mb", lambda s: timeline.slope_per_hour("rss_mb", s))
+    summary["fds_growth"] = _per_process(timeline, "fds", lambda s: timeline.growth("fds", s))
+    summary["p99_ms_per_minute"] = timeline.percentiles_per_minute("ingest_to_decision")
+    verdicts = judge(summary, timeline, warmup_s=warmup, latency_kinds=("ingest_to_decision",))
+    summary["targets"] = [dict(v) for v in verdicts]
+    (out / "timeline.json").write_text(timeline.to_json())
+    (out / "soak.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
+    from peep.server.bench.soak.report import write_report
+
+    summary["report"] = str(write_report(summary, timeline, out))
+    return summary
+
+
+def _per_process(timeline: Timeline, measure: str, fn: Any) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for series in timeline.series(measure):
+        try:
+            value = fn(series)
+        except (ValueError, ZeroDivisionError):
+            value = None
+        out[series] = None if value is None else round(float(value), 3)
+    return out
+
+
+def _sources(world: SoakWorld) -> list[Any]:
+    def pid_of(name: str) -> Any:
+        return lambda: world.pids().get(name)
+
+    sources = [process_source(name, pid_of(name)) for name in world.pids()]
+    sources += [directory_bytes_source(d, c.state_dir) for d, c in world.cameras.items()]
+
+    def db_mb() -> dict[str, float] | None:
+        assert world.pg is not None
+        return {t: b / 1e6 for t, b in world.pg.table_sizes().items()}
+
+    def queue() -> float | None:
+        assert world.broker is not None
+        q = world.broker.queue_depth(timeout=2.0)
+        return None if q is None else float(q)
+
+    sources.append(callable_source(db_mb, measure="db_mb"))
+    sources.append(callable_source(queue, measure="broker_queue", series="broker"))
+    return sources
+
+
+def _latencies(world: SoakWorld, timeline: Timeline, t0: float, wall0: float) -> None:
+    """Each decided release's time from its ledger entry to its decision event, on the timeline."""
+    released: dict[tuple[str, str], float] = {}
+    for d, cam in world.cameras.items():
+        with sqlite3.connect(f"file:{cam.state_dir / 'ledger.sqlite3'}?mode=ro", uri=True) as db:
+            for t, m in db.execute("SELECT time, message_id FROM spends WHERE message_id != ''"):
+                released[(d, m)] = float(t)
+    for _seq, _event, at, device, message in world.received:
+        t = released.get((device, message))
+        if t is not None:
+            timeline.latency("ingest_to_decision", t0 + (at - wall0), max(0.0, (at - t) * 1000.0))

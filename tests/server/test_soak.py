@@ -1,0 +1,76 @@
+"""``peep bench --sections soak --quick``: the whole system for five minutes with one fault of each kind.
+
+Real parts throughout (a PostgreSQL cluster of the run's own, the shipped Mosquitto and HAProxy
+configurations, two ``peep serve`` replicas, three ``peep-edge run`` cameras); the checks are over the
+histories each party kept. It fails when a template a camera released is lost or decided twice, when the
+subscriber following the balancer misses or repeats an event, or when a fault is not recovered from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from peep.server.bench.soak.parts import mosquitto_missing
+
+PEEP = str(Path(sys.executable).parent / "peep")
+
+
+def _missing() -> str | None:
+    for tool in ("initdb", "pg_ctl", "haproxy"):
+        if shutil.which(tool) is None and not Path(f"/usr/lib/postgresql/15/bin/{tool}").exists():
+            return f"{tool} is not installed (PostgreSQL server binaries and haproxy run the soak)"
+    return mosquitto_missing()
+
+
+@pytest.fixture(scope="module")
+def soak(tmp_path_factory: pytest.TempPathFactory, data_home: str) -> tuple[dict, Path]:
+    why = _missing()
+    if why:
+        pytest.skip(why)
+    out = tmp_path_factory.mktemp("soak") / "bench.json"
+    env = {**os.environ, "SCIKIT_LEARN_DATA": data_home}
+    done = subprocess.run([PEEP, "bench", "--sections", "soak", "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=1500, env=env)  # fmt: skip
+    assert out.exists(), done.stderr[-4000:]
+    section = json.loads(out.read_text())["soak"]
+    assert "error" not in section, section.get("traceback", section["error"])
+    return section, out.with_name("bench-soak")
+
+
+def test_every_template_a_camera_released_is_decided_exactly_once(soak):
+    s, _ = soak
+    assert set(s["devices"]) == {"cam-1", "cam-2", "cam-3"}
+    for device, row in s["devices"].items():
+        assert row["sent"] > 10 and row["decided_once"] > 0, (device, row)
+        assert row["lost"] == 0 and row["duplicated"] == 0 and row["unknown"] == 0, (device, row)
+        assert row["sent"] == row["decided_once"] + row["dead_lettered"] + row["queued"], (device, row)
+        assert row["queued"] == 0, (device, row)  # every spool drained at the end
+
+
+def test_the_subscriber_following_the_balancer_got_every_event_once_in_order(soak):
+    s, _ = soak
+    ev = s["events"]
+    assert ev["received"] > 0 and ev["missing"] == 0 and ev["repeats"] == 0 and ev["out_of_order"] == 0, ev
+
+
+def test_every_fault_was_injected_healed_and_recovered_from(soak):
+    s, _ = soak
+    kinds = {f["kind"] for f in s["faults"]}
+    assert {"replica_kill", "replica_term", "broker_restart", "postgres_fast", "postgres_immediate",
+            "camera_kill", "network_cut"} <= kinds  # fmt: skip
+    for f in s["faults"]:
+        assert f["error"] == "" and f["recovery_s"] is not None, f
+
+
+def test_the_run_leaves_its_series_and_a_report(soak):
+    s, folder = soak
+    assert Path(s["report"]).is_file() and (folder / "timeline.json").is_file() and (folder / "soak.json").is_file()
+    html = Path(s["report"]).read_text()
+    assert "rss_mb" in html and "replica_kill" in html
+    assert set(s["rss_mb_per_hour"]) >= {"replica-a", "replica-b", "cam-1", "cam-2", "cam-3"}
