@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from peep.core.logs import log_event
-from peep.server.demo.logfile import count_log, log_line, route_logs
+from peep.server.demo.logfile import close_logs, count_log, log_line, route_logs
 
 
 @pytest.fixture(autouse=True)
@@ -16,6 +16,7 @@ def _restore_peep_logger():
     logger = logging.getLogger("peep")
     saved = (list(logger.handlers), logger.level, logger.propagate)
     yield
+    close_logs()
     logger.handlers[:] = saved[0]
     logger.setLevel(saved[1])
     logger.propagate = saved[2]

@@ -19,6 +19,8 @@ import pytest
 from peep.server.bench.soak.parts import mosquitto_missing
 
 PEEP = str(Path(sys.executable).parent / "peep")
+# Five minutes of soak plus building the system: the suite's per-test limit is for tests, not for this run.
+pytestmark = pytest.mark.timeout(1800)
 
 
 def _missing() -> str | None:

@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["LOG_FILE", "count_log", "log_line", "route_logs"]
+__all__ = ["LOG_FILE", "close_logs", "count_log", "log_line", "route_logs"]
 
 #: The log's name inside the demo's output folder.
 LOG_FILE = "demo.log"
@@ -39,8 +39,7 @@ def route_logs(path: Path, *, level: str = "warning") -> None:
     """
     from peep.core.logs import TextFormatter, setup_logging
 
-    while _open:  # a second run in one process (the tests) starts a new file handle
-        _open.pop().close()
+    close_logs()  # a second run in one process (the tests) starts a new file handle
     fh = open(path, "a", encoding="utf-8", buffering=1)  # lives as long as the process logs
     _open.append(fh)
     setup_logging(level=level, fmt="text", stream=fh)
@@ -48,6 +47,12 @@ def route_logs(path: Path, *, level: str = "warning") -> None:
     errors.setLevel(logging.ERROR)
     errors.setFormatter(TextFormatter())
     logging.getLogger("peep").addHandler(errors)
+
+
+def close_logs() -> None:
+    """Close the log file :func:`route_logs` opened in this process (its handler is left writing nowhere)."""
+    while _open:
+        _open.pop().close()
 
 
 def count_log(path: Path, *, most: int = 8) -> dict[str, Any]:
