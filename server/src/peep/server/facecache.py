@@ -134,11 +134,7 @@ class FaceCache:
             log.warning("face cache off: cannot open %s (%s); faces are computed anew", self.path, exc)
             return None
         try:
-            # The write-ahead log lets readers go on while another process writes.
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.executescript(_SCHEMA)
-            db.execute("SELECT COUNT(*) FROM entries WHERE rowid = 1").fetchone()
+            self._prepare(db)
         except sqlite3.Error as exc:
             db.close()
             if first and self._is_damaged(exc) and self._move_aside(exc):
@@ -146,6 +142,28 @@ class FaceCache:
             log.warning("face cache off: %s is unusable (%s); faces are computed anew", self.path, exc)
             return None
         return db
+
+    def _prepare(self, db: sqlite3.Connection) -> None:
+        """WAL mode and the schema, waiting up to ``timeout`` while another process holds the file.
+
+        Two processes opening a new cache at once both switch it to WAL and create its tables; SQLite answers
+        one of them "database is locked" at once (its busy handler is not asked where waiting could
+        deadlock), which turned that process's cache off for its whole run. So a lock is waited out here.
+        """
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                # The write-ahead log lets readers go on while another process writes.
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=NORMAL")
+                db.executescript(_SCHEMA)
+                db.execute("SELECT COUNT(*) FROM entries WHERE rowid = 1").fetchone()
+                return
+            except sqlite3.OperationalError as exc:
+                locked = "locked" in str(exc) or str(getattr(exc, "sqlite_errorname", "")).startswith("SQLITE_BUSY")
+                if not locked or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)
 
     @staticmethod
     def _is_damaged(exc: sqlite3.Error) -> bool:
