@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -22,6 +23,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+# The door tests' shared helpers (peep_door_testlib), as the server's tests import theirs.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 REPO = Path(__file__).resolve().parents[2]
 MOSQUITTO = "/usr/sbin/mosquitto"

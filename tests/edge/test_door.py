@@ -18,6 +18,7 @@ from peep.edge.door import (
     GpioLock,
     MqttRelayLock,
 )
+from peep_door_testlib import RecordingLock, frames
 
 
 class FakeClock:
@@ -26,20 +27,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.t
-
-
-class RecordingLock:
-    def __init__(self) -> None:
-        self.events: list[str] = []
-
-    def energise(self) -> None:
-        self.events.append("open")
-
-    def release(self) -> None:
-        self.events.append("lock")
-
-    def close(self) -> None:
-        self.events.append("lock")
 
 
 @pytest.fixture
@@ -314,19 +301,6 @@ def door_agent(make_config, tmp_path):
     agent.shutdown(drain_timeout=0)
 
 
-def _frames(path: str, limit: int = 60):
-    from peep.edge.capture import VideoSource
-
-    src = VideoSource(path, kind="file")
-    n = {"i": 0}
-
-    def read():
-        n["i"] += 1
-        return src.read() if n["i"] <= limit else None
-
-    return read
-
-
 def test_a_claim_releases_one_verify_template_spent_not_spooled_and_opens_on_accept(door_agent, one_person_video):
     from peep.edge.door_session import DoorSession
 
@@ -335,7 +309,7 @@ def test_a_claim_releases_one_verify_template_spent_not_spooled_and_opens_on_acc
     verifier = FakeVerifier(accepted=True)
     ctl = DoorController("cam-1", lock, open_s=0.05, decision_timeout_s=30.0)
     session = DoorSession(pipeline, agent.accountant, ctl, verifier, face_timeout_s=10.0, settle_frames=5)
-    out = session.handle("alice", _frames(one_person_video["path"]))
+    out = session.handle("alice", frames(one_person_video["path"]))
     ctl.close()
     assert out.opened and lock.events[:2] == ["lock", "open"]
     ((msg, claim, timeout_s),) = verifier.sent
@@ -368,7 +342,7 @@ def test_a_claim_stays_locked_when_the_answer_is_no_or_missing(door_agent, one_p
     lock = RecordingLock()
     ctl = DoorController("cam-1", lock, open_s=0.05, decision_timeout_s=30.0)
     out = DoorSession(pipeline, agent.accountant, ctl, verifier, face_timeout_s=10.0).handle(
-        "alice", _frames(one_person_video["path"])
+        "alice", frames(one_person_video["path"])
     )
     ctl.close()
     assert not out.opened and out.reason == reason and "open" not in lock.events
@@ -416,7 +390,7 @@ def test_each_claim_is_charged_on_its_own_so_a_budget_of_one_release_serves_ever
         verifier = FakeVerifier(accepted=True)
         ctl = DoorController("cam-1", RecordingLock(), open_s=0.05, decision_timeout_s=30.0)
         session = DoorSession(agent.open(), agent.accountant, ctl, verifier, face_timeout_s=10.0)
-        outs = [session.handle("alice", _frames(one_person_video["path"])) for _ in range(3)]
+        outs = [session.handle("alice", frames(one_person_video["path"])) for _ in range(3)]
         ctl.close()
         assert [o.opened for o in outs] == [True, True, True], [o.reason for o in outs]
         assert len({o.claim.nonce for o in outs}) == 3 and len(verifier.sent) == 3
@@ -479,7 +453,7 @@ def test_a_door_reports_what_it_spent_over_mqtt(make_config, one_person_video, s
     try:
         ctl = DoorController(device, RecordingLock(), open_s=0.05, decision_timeout_s=30.0)
         session = DoorSession(agent.open(), agent.accountant, ctl, FakeVerifier(), face_timeout_s=10.0)
-        assert session.handle("alice", _frames(one_person_video["path"])).opened
+        assert session.handle("alice", frames(one_person_video["path"])).opened
         agent.start_transports()
         # Its own MQTT client id: a `peep-edge run` of the same device keeps the usual one.
         assert agent.mqtt_link.client_id == agent.cfg.mqtt_client_id + "-door-agent"
@@ -515,10 +489,10 @@ def test_a_claim_for_a_subject_the_server_does_not_know_releases_nothing(door_ag
     agent, pipeline = door_agent
     verifier = FakeVerifier(known={"alice"})
     session, ctl, _lock = _session(agent, pipeline, verifier)
-    out = session.handle("Made_Up_Person", _frames(one_person_video["path"]))
+    out = session.handle("Made_Up_Person", frames(one_person_video["path"]))
     assert not out.opened and out.reason == "unknown_subject" and "nothing was released" in out.detail
     assert verifier.checked == ["Made_Up_Person"] and verifier.sent == [] and _door_spends(agent) == []
-    assert session.handle("alice", _frames(one_person_video["path"])).opened  # a known one is verified
+    assert session.handle("alice", frames(one_person_video["path"])).opened  # a known one is verified
     assert len(verifier.sent) == 1 and len(_door_spends(agent)) == 1
     ctl.close()
 
@@ -532,7 +506,7 @@ def test_a_flood_of_made_up_ids_is_throttled_at_once_and_releases_nothing(door_a
     session, ctl, lock = _session(agent, pipeline, verifier, max_claims_per_minute=10)
     outcomes: list = []
     t0 = time.monotonic()
-    opened = serve_claims(session, [f"Made_Up_{i}\n" for i in range(500)], _frames(one_person_video["path"]),
+    opened = serve_claims(session, [f"Made_Up_{i}\n" for i in range(500)], frames(one_person_video["path"]),
                           on_outcome=outcomes.append)  # fmt: skip
     elapsed = time.monotonic() - t0
     ctl.close()
@@ -551,7 +525,7 @@ def test_the_door_and_each_subject_spend_within_their_hourly_budgets_across_a_re
     verifier = FakeVerifier()
     session, ctl, _lock = _session(agent, pipeline, verifier)
     session.budget = budget
-    outs = [session.handle(s, _frames(one_person_video["path"])) for s in ("alice", "alice", "alice", "bob", "carol")]
+    outs = [session.handle(s, frames(one_person_video["path"])) for s in ("alice", "alice", "alice", "bob", "carol")]
     assert [o.opened for o in outs] == [True, True, False, True, False]
     assert [o.reason for o in outs if not o.opened] == ["subject_budget", "door_budget"]
     assert "per-vector ε 31.9999 of 32 spent on this subject" in outs[2].detail, outs[2].detail
@@ -577,14 +551,14 @@ def test_an_outage_never_locks_a_subject_out_and_spends_nothing_while_the_server
     agent, pipeline = door_agent
     down = FakeVerifier(check_error=VerifierUnavailable("CheckClaim: UNAVAILABLE: connection refused"))
     session, ctl, _lock = _session(agent, pipeline, down, lockout_failures=3)
-    outs = [session.handle("alice", _frames(one_person_video["path"])) for _ in range(5)]
+    outs = [session.handle("alice", frames(one_person_video["path"])) for _ in range(5)]
     assert [o.reason for o in outs] == ["unreachable"] * 5 and _door_spends(agent) == []
     # The server answers the check but the decision is lost on the way back: ε was spent, still no lock-out.
     session.verifier = FakeVerifier(error=VerifierUnavailable("Verify: UNAVAILABLE: connection reset"))
-    outs = [session.handle("alice", _frames(one_person_video["path"])) for _ in range(4)]
+    outs = [session.handle("alice", frames(one_person_video["path"])) for _ in range(4)]
     assert [o.reason for o in outs] == ["unreachable"] * 4 and len(_door_spends(agent)) == 4
     session.verifier = FakeVerifier(accepted=True)  # the server back
-    assert session.handle("alice", _frames(one_person_video["path"])).opened
+    assert session.handle("alice", frames(one_person_video["path"])).opened
     ctl.close()
 
 
@@ -822,7 +796,7 @@ def test_on_an_open_broker_a_forged_decision_opens_nothing_and_the_servers_signe
     done: dict = {}
 
     def claim() -> None:
-        done["out"] = door.session.handle("alice", _frames(one_person_video["path"]))
+        done["out"] = door.session.handle("alice", frames(one_person_video["path"]))
 
     t = threading.Thread(target=claim)
     t.start()
@@ -866,7 +840,7 @@ def test_on_an_open_broker_a_forged_claim_check_releases_nothing(open_broker_doo
 
     threading.Thread(target=forge, daemon=True).start()
     time.sleep(0.5)
-    out = door.session.handle("Made_Up", _frames(one_person_video["path"]))
+    out = door.session.handle("Made_Up", frames(one_person_video["path"]))
     forger_stop.set()
     assert out.reason == "unreachable" and door.controller.refusals["forged"] >= 1, out
     assert server.templates == [] and [e for e in agent.accountant.ledger.entries() if e.key.startswith("door:")] == []
@@ -944,7 +918,7 @@ def test_a_claim_whose_deadline_passed_before_its_face_was_taken_releases_nothin
     verifier = SlowCheck()
     ctl = DoorController("cam-1", RecordingLock(), open_s=0.05, decision_timeout_s=0.2)
     out = DoorSession(pipeline, agent.accountant, ctl, verifier, face_timeout_s=5.0).handle(
-        "alice", _frames(one_person_video["path"])
+        "alice", frames(one_person_video["path"])
     )
     ctl.close()
     assert out.reason == "timeout" and "nothing was released" in out.detail

@@ -9,33 +9,7 @@ import numpy as np
 import pytest
 from peep.core.imaging import primary_face
 from peep.edge.door import DoorController
-
-
-class RecordingLock:
-    def __init__(self) -> None:
-        self.events: list[str] = []
-
-    def energise(self) -> None:
-        self.events.append("open")
-
-    def release(self) -> None:
-        self.events.append("lock")
-
-    def close(self) -> None:
-        self.events.append("lock")
-
-
-def _frames(path: str, limit: int = 60):
-    from peep.edge.capture import VideoSource
-
-    src = VideoSource(path, kind="file")
-    n = {"i": 0}
-
-    def read():
-        n["i"] += 1
-        return src.read() if n["i"] <= limit else None
-
-    return read
+from peep_door_testlib import RecordingLock, frames
 
 
 @pytest.fixture
@@ -58,7 +32,7 @@ def _device_model(agent, pipeline, video, edge_keys, serial=1):
     from peep.core.devicemodel import build_device_model_files
     from peep.server.recognition.export import _linear_onnx
 
-    read = _frames(video["path"], limit=3)
+    read = frames(video["path"], limit=3)
     frame = read()
     box = primary_face(pipeline.detector.detect(frame.image), frame.image.shape)
     u = pipeline.project_face(frame, box)
@@ -89,16 +63,16 @@ def test_a_door_deciding_on_the_device_opens_for_the_face_without_the_server_and
     ctl = DoorController("cam-1", lock, open_s=0.05, decision_timeout_s=30.0)
     # No verifier at all: no server to ask. Without a model the door stays locked.
     session = DoorSession(pipeline, agent.accountant, ctl, None, face_timeout_s=10.0, decisions=agent.decisions)
-    out = session.handle("alice", _frames(one_person_video["path"]))
+    out = session.handle("alice", frames(one_person_video["path"]))
     assert not out.opened and out.reason == "no_model" and lock.events.count("open") == 0
     assert agent.model_store.offer(_device_model(agent, pipeline, one_person_video, edge_keys), source="test")
-    out = session.handle("alice", _frames(one_person_video["path"]))
+    out = session.handle("alice", frames(one_person_video["path"]))
     assert out.opened, out
     assert {"verify", "project", "claim_to_lock"} <= set(session.last_timing.stages)
     time.sleep(0.1)
-    out_bob = session.handle("bob", _frames(one_person_video["path"]))
+    out_bob = session.handle("bob", frames(one_person_video["path"]))
     assert not out_bob.opened and out_bob.reason == "rejected"
-    out_mallory = session.handle("mallory", _frames(one_person_video["path"]))
+    out_mallory = session.handle("mallory", frames(one_person_video["path"]))
     assert out_mallory.reason == "unknown_subject"
     ctl.close()
     records = [decode_template(r.payload) for r in agent.spool.peek("mqtt", 10)]
