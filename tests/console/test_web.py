@@ -423,3 +423,38 @@ def test_a_doors_verification_shows_as_a_door_claim_on_live(console):
         row = next(r for r in page.split("<tr") if track in r)
         assert "verify (door claim)" in row and "cam-1" in row
         assert ("(accepted)" if resp.accepted else "(refused)") in row
+
+
+def test_a_database_away_answers_503_try_again_without_the_drivers_words(console, monkeypatch):
+    """The database restarting: a page says to try again (503, Retry-After), never a 500 nor the DSN it failed on."""
+    import psycopg
+    from peep.server.storage.interface import StoreError
+
+    app = console.server.app.console.console
+    with console.login("olga") as c:
+        assert c.get("/devices").status_code == 200
+        for exc in (StoreError("storage.dsn 'postgresql://peep:hunter2@db': could not connect to PostgreSQL"),
+                    psycopg.OperationalError("server closed the connection unexpectedly (hunter2)")):  # fmt: skip
+
+            def away(*_a: Any, exc: Exception = exc, **_k: Any) -> Any:
+                raise exc
+
+            monkeypatch.setattr(app.store, "session", away)
+            for path in ("/live", "/devices"):
+                r = c.get(path)
+                assert r.status_code == 503 and r.headers["retry-after"] == "5", (path, r.status_code)
+                assert "try again" in r.text and "hunter2" not in r.text and "postgresql://" not in r.text
+            assert c.get("/models/status").status_code == 503  # an API call: the same answer as text
+        monkeypatch.undo()
+        assert c.get("/devices").status_code == 200  # back as soon as the database is
+
+
+def test_an_error_that_is_not_the_database_is_not_dressed_up_as_one(console, monkeypatch):
+    app = console.server.app.console.console
+
+    def broken(*_a: Any, **_k: Any) -> Any:
+        raise KeyError("a bug, not an outage")
+
+    with console.login("olga") as c:
+        monkeypatch.setattr(app.store, "session", broken)
+        assert c.get("/devices").status_code == 500

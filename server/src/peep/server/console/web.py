@@ -46,6 +46,7 @@ from peep.server.console.pages import PAGES
 from peep.server.console.render import template_environment
 from peep.server.console.store import ConsoleStore, KeptChoices, Session, SharedLoginThrottle
 from peep.server.console.text import shown
+from peep.server.storage.interface import is_database_outage
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -55,6 +56,8 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
 log = logging.getLogger(__name__)
+#: What the console answers (503) while its database does not answer.
+UNAVAILABLE = "the server's database is not answering (restarting or unreachable); try again in a few seconds"
 
 HERE = Path(__file__).resolve().parent
 Handler = Callable[[Ctx], Response]
@@ -135,18 +138,30 @@ class ConsoleApp:
         async def endpoint(request: Request) -> Response:
             try:
                 return await self._handle(request, handler, action, public, api, allow_must_change)
-            except Refused as exc:
-                page = (request.method == "GET" and exc.status not in (401, 429) and not api) or (
-                    request.method == "POST" and exc.status not in (401, 429) and not api
-                )
-                if not page:
-                    headers = {"retry-after": "60"} if exc.status == 429 else None
-                    return PlainTextResponse(shown(str(exc)), status_code=exc.status, headers=headers)
-                ctx = Ctx(request, exc.session) if exc.session is not None else None
-                values = {"title": "Refused", "message": str(exc), "refused": True}
-                return self.page(ctx, "message.html", values, exc.status)
+            except Exception as exc:
+                if isinstance(exc, Refused):
+                    return self._refused(request, exc, api)
+                if not is_database_outage(exc):
+                    raise
+                # The database restarting or away: the operator is told to wait, never shown a driver's text.
+                log.warning("console: the database did not answer", extra={"path": request.url.path[:200],
+                                                                           "error": str(exc)[:200]})  # fmt: skip
+                return self._refused(request, Refused(503, UNAVAILABLE), api)
 
         return endpoint
+
+    def _refused(self, request: Request, exc: Refused, api: bool) -> Response:
+        """A refusal as a page (a browser's GET or POST) or as text (an API call, 401, 429)."""
+        page = request.method in ("GET", "POST") and exc.status not in (401, 429) and not api
+        retry = {429: "60", 503: "5"}.get(exc.status)
+        headers = {"retry-after": retry} if retry else None
+        if not page:
+            return PlainTextResponse(shown(str(exc)), status_code=exc.status, headers=headers)
+        ctx = Ctx(request, exc.session) if exc.session is not None else None
+        values = {"title": "Unavailable" if exc.status == 503 else "Refused", "message": str(exc), "refused": True}
+        response = self.page(ctx, "message.html", values, exc.status)
+        response.headers.update(headers or {})
+        return response
 
     async def session_of(self, request: Request) -> tuple[Session | None, str]:
         sid = request.cookies.get(SESSION_COOKIE, "")

@@ -21,6 +21,23 @@ class StoreError(RuntimeError):
     """The database failed (connection, schema newer than this software, ...)."""
 
 
+def is_database_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` is the database not answering (refused, gone mid-query), not a fault of the request.
+
+    A client can only be told to try again for these; their text stays in the log (a driver's message can name
+    hosts, a DSN its password).
+    """
+    if isinstance(exc, StoreError):
+        return True
+    if type(exc).__module__.startswith("psycopg"):
+        import psycopg
+
+        return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
+    import sqlite3
+
+    return isinstance(exc, sqlite3.OperationalError)
+
+
 class Store(Protocol):
     """What the server needs from a database."""
 
