@@ -439,3 +439,22 @@ def test_the_report_has_a_chart_per_measure_and_the_fault_table(tmp_path: Path) 
 def test_the_report_of_an_empty_timeline(tmp_path: Path) -> None:
     doc = write_report({}, Timeline(), tmp_path).read_text(encoding="utf-8")
     assert "The timeline holds no samples" in doc and "no per-device counts" in doc
+
+
+@pytest.mark.parametrize(
+    ("extra", "target", "value"),
+    [
+        ({"events": {"expected": 9, "missing": 1, "repeats": 0, "out_of_order": 0, "unexpected": 0}}, "events", 1),
+        ({"events": {"expected": 9, "missing": 0, "repeats": 2, "out_of_order": 1, "unexpected": 0}}, "events", 3),
+        ({"strangers_kept": 4}, "strangers_kept", 4),
+        ({"epsilon": {"devices": 3, "mismatches": {"cam-1": {"device": 32.0, "shown": 16.0}}}}, "epsilon_shown", 1),
+        ({"desk": {"enrolments": 3, "mismatched": ["Ann"], "failed": [{"subject": "Bo"}]}}, "enrolments", 2),
+    ],
+)
+def test_the_other_histories_fail_when_they_do_not_hold(extra: dict[str, Any], target: str, value: int) -> None:
+    v = _by_target(judge({**GOOD, **extra}, _quiet_run()))[target]
+    assert not v["ok"] and v["value"] == value and v["limit"] == 0
+    clean = {"events": {"expected": 9, "missing": 0, "repeats": 0, "out_of_order": 0, "unexpected": 0},
+             "strangers_kept": 0, "epsilon": {"devices": 3, "mismatches": {}},
+             "desk": {"enrolments": 3, "mismatched": [], "failed": []}}  # fmt: skip
+    assert _by_target(judge({**GOOD, **clean}, _quiet_run()))[target]["ok"]

@@ -18,11 +18,13 @@ import json
 import sqlite3
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from peep.server.bench.soak.history import check_events, check_templates
+from peep.server.bench.soak.actors import DecisionLog, MidRunTraining, shown_epsilon
+from peep.server.bench.soak.history import check_epsilon, check_events, check_templates
 from peep.server.bench.soak.nemesis import FAULT_KINDS, Nemesis, schedule
 from peep.server.bench.soak.sampler import ResourceSampler, callable_source, directory_bytes_source, process_source
 from peep.server.bench.soak.targets import judge
@@ -44,28 +46,53 @@ def run(quick: bool = False, *, duration_s: float | None = None, out_dir: str | 
     warmup = 30.0 if quick else 300.0
     out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="peep-soak-"))
     timeline = Timeline()
-    world = SoakWorld(out / "system", seed=seed, data_home=data_home, say=_say)
+    # Decisions are deleted this long after they are made: short, so retention races ingest all run long.
+    world = SoakWorld(out / "system", seed=seed, data_home=data_home, say=_say,
+                      retention_s=120.0 if quick else 600.0)  # fmt: skip
     faults = schedule(seed, duration, world.targets, quick=quick, warmup_s=warmup, kinds=KINDS)
     _say(f"peep bench soak: {duration:.0f} s, seed {seed}, {len(faults)} faults; folder {out}")
     for f in faults:
         _say(f"    scheduled {f.describe()}")
     sampler: ResourceSampler | None = None
     nemesis: Nemesis | None = None
+    actors: list[Any] = []
     try:
         world.start()
         t0 = timeline.now()
         wall0 = time.time()
+
+        def clock() -> float:
+            return timeline.now() - t0
+
+        decisions = DecisionLog(world.pg.dsn if world.pg else "", interval_s=2.0).start()
+        desk = world.desk(world.lfw, interval_s=45.0 if quick else 60.0, clock=clock)
+        operator = world.operator(interval_s=5.0, clock=clock, timeline=timeline)
+        actors = [decisions, desk.start(), operator.start()]
+        training = MidRunTraining(at_s=duration / 2)
+        trainer = threading.Thread(target=_train_at, args=(training, world, clock), name="soak-train", daemon=True)
+        trainer.start()
         sampler = ResourceSampler(timeline, 2.0, _sources(world)).start()
         nemesis = Nemesis(world, timeline, faults, t0=t0, say=_say).start()
-        while timeline.now() - t0 < duration:
-            time.sleep(min(5.0, max(0.0, duration - (timeline.now() - t0))))
+        while clock() < duration:
+            time.sleep(min(5.0, max(0.0, duration - clock())))
         nemesis.stop(timeout_s=120.0)
+        desk.stop(timeout_s=200.0)
+        trainer.join(600.0)
         world.stop_cameras()
-        time.sleep(2.0)  # the last decisions reach the database and the subscriber
-        devices, decided, committed = world.histories()
-        per_device, totals = check_templates(devices, decided)
-        events = check_events(committed, [(s, e) for s, e, *_ in world.received])
+        time.sleep(5.0)  # the last decisions reach the database and the subscriber, the last reports the console
+        operator.stop()
+        operator.step()  # the Devices page as the run ends: the ε it shows against the cameras' ledgers
+        decisions.stop()
+        decisions.read_now()
+        devices, _decided, _committed = world.histories()
+        per_device, totals = check_templates(devices, decisions.decided())
+        events = check_events(decisions.committed(), [(s, e) for s, e, *_ in world.received])
         _latencies(world, timeline, t0, wall0)
+        kept = world.kept_of_cameras()
+        # The devices the soak holds ledgers of; the console also lists the administrator's sends apart.
+        ledgers = world.ledger_epsilon()
+        shown = {d: e for d, e in shown_epsilon(operator.last_devices).items() if d in ledgers or d in world.cameras}
+        epsilon = check_epsilon(ledgers, shown, tolerance=1e-3)
         summary: dict[str, Any] = {
             "duration_s": round(timeline.now() - t0, 1),
             "seed": seed,
@@ -77,16 +104,28 @@ def run(quick: bool = False, *, duration_s: float | None = None, out_dir: str | 
             "events": events,
             "wrong_lock_drives": None,
             "door": None,
+            "strangers_kept": kept["kept"],
+            "kept_of_cameras": kept,
+            "epsilon": epsilon,
+            "desk": desk.check(world.pg.dsn if world.pg else ""),
+            "console": operator.summary(),
+            "training": training.result,
+            "decisions_by_model": decisions.by_model(),
+            "retention_s": world.retention_s,
+            "actor_errors": {a._thread.name: a.errors[:5] for a in actors if a.errors},
         }
         # Written at once: what follows (slopes, targets, plots) cannot lose the checked history.
         (out / "soak.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
     finally:
+        for a in actors:
+            a.stop(timeout_s=5.0)
         if sampler is not None:
             sampler.stop()
         world.close()
     summary["rss_mb_per_hour"] = _per_process(timeline, "rss_mb", lambda s: timeline.slope_per_hour("rss_mb", s))
     summary["fds_growth"] = _per_process(timeline, "fds", lambda s: timeline.growth("fds", s))
     summary["p99_ms_per_minute"] = timeline.percentiles_per_minute("ingest_to_decision")
+    summary["cpu"] = _cpu(timeline, summary)
     verdicts = judge(summary, timeline, warmup_s=warmup, latency_kinds=("ingest_to_decision",))
     summary["targets"] = [dict(v) for v in verdicts]
     (out / "timeline.json").write_text(timeline.to_json())
@@ -95,6 +134,39 @@ def run(quick: bool = False, *, duration_s: float | None = None, out_dir: str | 
 
     summary["report"] = str(write_report(summary, timeline, out))
     return summary
+
+
+def _train_at(training: MidRunTraining, world: SoakWorld, clock: Any) -> None:
+    """Train and promote a model through the balancer at ``training.at_s`` into the run."""
+    while clock() < training.at_s:
+        time.sleep(1.0)
+    _say(f"    training a model mid-run ({clock():.0f} s)")
+    training.run(world.stub(), world.admin_md, clock)
+    _say(f"    mid-run training: {training.result}")
+
+
+def _cpu(timeline: Timeline, summary: dict[str, Any]) -> dict[str, Any]:
+    """CPU seconds per process over the run, and per template: what the load would cost at another rate.
+
+    This machine's two cores cap the rate three real cameras reach; CPU per decided template says what a
+    given rate needs (the server's side: replicas, broker, database; the cameras' side apart).
+    """
+    used = {}
+    for series in timeline.series("cpu_s"):
+        g = timeline.growth("cpu_s", series, after_s=0.0, life_warmup_s=0.0)
+        used[series] = round(float(g or 0.0), 2)
+    decided = int(summary.get("totals", {}).get("decided_once", 0)) or 1
+    server = sum(v for k, v in used.items() if k.startswith("replica") or k in ("broker", "postgres"))
+    cameras = sum(v for k, v in used.items() if k.startswith("cam-"))
+    per_server = 1000.0 * server / decided
+    return {
+        "seconds": used,
+        "decided": decided,
+        "server_ms_per_template": round(per_server, 2),
+        "cameras_ms_per_template": round(1000.0 * cameras / decided, 2),
+        "templates_per_s_per_server_core": round(1000.0 / per_server, 1) if per_server > 0 else None,
+        "note": "server side = the replicas, the broker and PostgreSQL; a release's own cost is on the camera",
+    }
 
 
 def _per_process(timeline: Timeline, measure: str, fn: Any) -> dict[str, float | None]:

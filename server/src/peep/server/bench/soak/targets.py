@@ -81,6 +81,32 @@ def _counts(summary: Mapping[str, Any]) -> list[Verdict]:
         out.append(_verdict("wrong_lock_drives", None, 0, "the summary has no wrong_lock_drives count"))
     else:
         out.append(_verdict("wrong_lock_drives", int(wrong), 0, f"{int(wrong)} lock drives against the decision"))
+    return out + _histories(summary)
+
+
+def _histories(summary: Mapping[str, Any]) -> list[Verdict]:
+    """The other histories' checks, each judged where the summary has it (a soak without a desk has none)."""
+    out: list[Verdict] = []
+    ev = summary.get("events")
+    if isinstance(ev, Mapping):
+        bad = sum(int(ev.get(k, 0)) for k in ("missing", "repeats", "out_of_order", "unexpected"))
+        out.append(_verdict("events", bad, 0, f"of {ev.get('expected')} committed after the subscriber started: "
+                            + ", ".join(f"{k} {ev.get(k, 0)}" for k in ("missing", "repeats", "out_of_order",
+                                                                        "unexpected"))))  # fmt: skip
+    if "strangers_kept" in summary:
+        kept = summary["strangers_kept"]
+        where = "the cameras' releases found in a table besides the ingest ledger and the decisions"
+        out.append(_verdict("strangers_kept", None if kept is None else int(kept), 0, where))
+    eps = summary.get("epsilon")
+    if isinstance(eps, Mapping):
+        mism = eps.get("mismatches", {})
+        out.append(_verdict("epsilon_shown", len(mism), 0, f"devices whose ε on the console differs from their "
+                            f"own ledger's: {dict(mism) if mism else 'none'}"))  # fmt: skip
+    desk = summary.get("desk")
+    if isinstance(desk, Mapping):
+        n = len(desk.get("mismatched", [])) + len(desk.get("failed", []))
+        out.append(_verdict("enrolments", n, 0, f"of {desk.get('enrolments')} enrolments at the desk, failed or "
+                            "stored other than released"))  # fmt: skip
     return out
 
 

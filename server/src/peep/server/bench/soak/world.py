@@ -22,6 +22,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,10 @@ PEEP_EDGE = str(Path(sys.executable).parent / "peep-edge")
 #: The cameras: id -> transport. Two over gRPC through the balancer, one over MQTT through the broker.
 CAMERAS: dict[str, str] = {"cam-1": "grpc", "cam-2": "grpc", "cam-3": "mqtt"}
 REPLICAS = ("a", "b")
+#: How often the replicas delete what is past its retention (and sweep track memory).
+RETENTION_INTERVAL_S = 10.0
+#: The enrolment desk: a device allowed to enrol people, nothing more.
+DESK = "desk-1"
 #: The fault kinds this world injects (the others are refused by name at scheduling).
 KINDS = ("replica_kill", "replica_term", "broker_restart", "postgres_fast", "postgres_immediate", "camera_kill",
          "network_cut")  # fmt: skip
@@ -80,10 +85,12 @@ class SoakWorld:
     """The system under soak. Parameters: ``out`` (its folder), ``seed``, ``data_home``, ``say``, ``fps``."""
 
     def __init__(self, out: Path, *, seed: int, data_home: str | None, say: Callable[[str], None],
-                 fps: float = 8.0) -> None:  # fmt: skip
+                 fps: float = 8.0, retention_s: float = 600.0) -> None:  # fmt: skip
         self.out, self.seed, self.data_home, self.say, self.fps = out, seed, data_home, say, fps
+        self.retention_s = retention_s
         self.admin = secrets.token_urlsafe(24)
-        self.tokens = {d: secrets.token_urlsafe(24) for d in CAMERAS}
+        self.tokens = {d: secrets.token_urlsafe(24) for d in (*CAMERAS, DESK)}
+        self.console_ports = {n: free_port() for n in REPLICAS}
         self.mqtt_passwords = {d: secrets.token_urlsafe(16) for d, t in CAMERAS.items() if t == "mqtt"}
         self.server_password = secrets.token_urlsafe(16)
         self.site = f"soak-{secrets.token_hex(2)}"
@@ -98,6 +105,7 @@ class SoakWorld:
         self.bundle: Any = None
         self.pki: Any = None
         self.enrolled: list[str] = []
+        self.lfw: dict[str, list[Path]] = {}
         self._baselines: dict[Fault, int] = {}
 
     # ------------------------------------------------------------------ building it
@@ -112,7 +120,7 @@ class SoakWorld:
         self.broker = ShippedMosquitto(self.out / "broker", self.pki.ca_cert, self.pki.server_cert, self.pki.server_key,
                                        devices=self.mqtt_passwords, server_password=self.server_password,
                                        sys_interval_s=1).start()  # fmt: skip
-        people = self._bundle()
+        people = self.lfw = self._bundle()
         self.say(f"    replicas {', '.join(REPLICAS)} behind HAProxy")
         self._replicas()
         self._enrol_and_train(people)
@@ -124,10 +132,9 @@ class SoakWorld:
     def _bundle(self) -> dict[str, list[Path]]:
         """A signed eigenfaces bundle fitted on public LFW people; returns LFW's people by name."""
         from peep.core.bundle import load_private_key, write_keypair
-        from peep.edge.testing import build_bundle_from_images, lfw_people
-        from peep.server.datasets import ensure_lfw
+        from peep.edge.testing import build_bundle_from_images
 
-        people = lfw_people(ensure_lfw(self.data_home).parent.parent)
+        people = self.people()
         key, pub = write_keypair(self.out / "keys" / "site")
         self.pub = pub
         rare = sorted(n for n, p in people.items() if len(p) < 10)
@@ -146,9 +153,15 @@ class SoakWorld:
             "auth": {
                 "admin_token_sha256": token_sha256(self.admin),
                 "devices": [
-                    {"id": d, "site": self.site, "token_sha256": token_sha256(t)} for d, t in self.tokens.items()
+                    {"id": d, "site": self.site, "token_sha256": token_sha256(t), "enrolment_desk": d == DESK}
+                    for d, t in self.tokens.items()
                 ],
             },
+            # Retention on a short window, swept often: it races ingest all run long. Decisions and alerts go
+            # after `retention_s`; identify templates are never kept (the default), track memory expires.
+            "recognition": {"events_days": self.retention_s / 86_400.0},
+            "retention": {"interval_s": RETENTION_INTERVAL_S},
+            "console": {"listen": f"127.0.0.1:{self.console_ports[name]}"},
             "mqtt": self.broker.server_mqtt_section(share_group=f"peep-{self.site}", client_id=f"soak-{name}"),
             "grpc": {"listen": f"127.0.0.1:{grpc_port}", "grace_s": 2.0,
                      "tls": {"cert": str(self.pki.server_cert), "key": str(self.pki.server_key)}},
@@ -256,6 +269,108 @@ class SoakWorld:
             self.cameras[device] = cam
         self.say(f"    cameras {', '.join(f'{d} ({t})' for d, t in CAMERAS.items())}, videos in a loop at "
                  f"{self.fps:g} frames/s")  # fmt: skip
+
+    # ------------------------------------------------------------------ the other users
+
+    def desk(self, people: dict[str, list[Path]], *, interval_s: float, clock: Callable[[], float]) -> Any:
+        """The enrolment desk (not started): people no other part of the soak shows, one every ``interval_s``."""
+        from peep.server.bench.soak.actors import EnrolmentDesk
+
+        assert self.balancer is not None
+        names = sorted(n for n, p in people.items() if 5 <= len(p) < 10)[200:]
+        folders = []
+        for n in names:
+            folder = self.out / "desk-people" / n
+            folder.mkdir(parents=True, exist_ok=True)
+            for img in people[n]:  # every photo: a few have no face the detector finds
+                link = folder / img.name
+                if not link.exists():
+                    link.symlink_to(img)
+            folders.append((n, folder))
+        cfg = {
+            "device": {"id": DESK, "site": self.site, "state_dir": str(self.out / "devices" / DESK)},
+            "bundle": {"path": str(self.bundle_dir), "public_key": str(self.pub), "accept_updates": False},
+            "privacy": {"mechanism": "privunit", "epsilon": 16.0, "track_budget": 1e9},
+            # Each enrolment names its person's folder (--source); this is only the configuration's default.
+            "capture": {"source": str(folders[0][1]) if folders else str(self.out)},
+            "grpc": {"enabled": True, "target": f"localhost:{self.balancer.port}", "tls": True,
+                     "ca_file": str(self.pki.ca_cert), "token_env": "PEEP_SOAK_TOKEN"},
+            "mqtt": {"enabled": False},
+            "metrics": {"port": 0},
+            "log": {"level": "warning", "format": "json"},
+        }  # fmt: skip
+        conf = self.out / f"{DESK}.toml"
+        conf.write_text(to_toml(cfg))
+        env = {**os.environ, **_ENV_1, "PEEP_SOAK_TOKEN": self.tokens[DESK]}
+        return EnrolmentDesk(conf, env, folders, count=3, interval_s=interval_s, clock=clock,
+                             log=self.out / f"{DESK}.log")  # fmt: skip
+
+    def operator(self, *, interval_s: float, clock: Callable[[], float], timeline: Any) -> Any:
+        """A console operator (not started) on replica a's console, its account made by ``peep console add-user``."""
+        from peep.server.bench.soak.actors import ConsoleOperator, add_console_user
+
+        env = {**os.environ, **_ENV_1, "PEEP_MQTT_PASSWORD": self.server_password}
+        otp = add_console_user(self.out / "replica-a.toml", "soak-operator", env)
+        return ConsoleOperator(f"https://localhost:{self.console_ports['a']}", self.pki.ca_cert, "soak-operator", otp,
+                               interval_s=interval_s, clock=clock, timeline=timeline)  # fmt: skip
+
+    def people(self) -> dict[str, list[Path]]:
+        from peep.edge.testing import lfw_people
+        from peep.server.datasets import ensure_lfw
+
+        return lfw_people(ensure_lfw(self.data_home).parent.parent)
+
+    def ledger_epsilon(self) -> dict[str, float]:
+        """Per device (the cameras, the desk), the Σ ε (per vector) of every release its own ledger records."""
+        out = {}
+        folders = {d: cam.state_dir for d, cam in self.cameras.items()} | {DESK: self.out / "devices" / DESK}
+        for d, folder in folders.items():
+            if not (folder / "ledger.sqlite3").exists():
+                continue  # the desk before its first enrolment
+            with sqlite3.connect(f"file:{folder / 'ledger.sqlite3'}?mode=ro", uri=True) as db:
+                row = db.execute("SELECT SUM(epsilon) FROM spends WHERE message_id != ''").fetchone()
+            out[d] = float(row[0] or 0.0)
+        return out
+
+    def kept_of_cameras(self, *, sweep_grace_s: float = 2 * RETENTION_INTERVAL_S + 10.0) -> dict[str, Any]:
+        """Every table of the database read for the cameras' releases (passers-by, enrolled or not).
+
+        A camera's release may be named in the ingest ledger (ids and times, swept after its window) and in a
+        decision (swept after the retention window); anywhere else it is kept. Track memory within its
+        stated expiry, or past it by less than ``sweep_grace_s`` (the sweep runs every few seconds), is listed
+        apart: held as configured, not yet due.
+        """
+        import psycopg
+
+        assert self.pg is not None
+        released: set[str] = set()
+        for cam in self.cameras.values():
+            with sqlite3.connect(f"file:{cam.state_dir / 'ledger.sqlite3'}?mode=ro", uri=True) as db:
+                released |= {r[0] for r in db.execute("SELECT message_id FROM spends WHERE message_id != ''")}
+        where: dict[str, int] = {}
+        now = time.time()
+        held = 0
+        with psycopg.connect(self.pg.dsn, connect_timeout=5) as c:
+            tables = [r[0] for r in c.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")]
+            for t in tables:
+                cols = [r[0] for r in c.execute("SELECT column_name FROM information_schema.columns WHERE "
+                                                "table_schema = current_schema() AND table_name = %s AND "
+                                                "data_type = 'text'", (t,))]  # fmt: skip
+                if not cols:
+                    continue
+                expiry = "expires_at" if t == "track_memory" else None
+                sel = ", ".join(f'"{x}"' for x in cols) + (f', "{expiry}"' if expiry else "")
+                for row in c.execute(f'SELECT {sel} FROM "{t}"'):  # the database's own table and column names
+                    cells = row[: len(cols)]
+                    if any(isinstance(x, str) and x in released for x in cells):
+                        if expiry and float(row[-1]) > now - sweep_grace_s:
+                            held += 1
+                        else:
+                            where[t] = where.get(t, 0) + 1
+        allowed = {"ingest_ledger", "recognition_events"}
+        kept = {t: n for t, n in where.items() if t not in allowed}
+        return {"released": len(released), "found_in": dict(sorted(where.items())), "kept": sum(kept.values()),
+                "kept_in": kept, "track_memory_within_expiry": held}  # fmt: skip
 
     # ------------------------------------------------------------------ following the events
 
@@ -402,8 +517,9 @@ class SoakWorld:
             cam.proxy.close()
         if self.balancer is not None:
             self.balancer.stop()
-        for r in self.replicas.values():
+        for n, r in self.replicas.items():
             r.stop(signal.SIGTERM, timeout=20.0)
+            (self.out / f"replica-{n}.log").write_text("".join(r.lines))  # every life's log, in the run folder
         if self.broker is not None:
             self.broker.stop()
         if self.pg is not None:

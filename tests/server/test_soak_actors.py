@@ -1,0 +1,94 @@
+"""The soak's other users keep histories the checker can trust: the decisions read before retention deletes
+them, the ε the console shows, and everything of the cameras' releases found anywhere in the database."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from peep.server.bench.soak.actors import DecisionLog, shown_epsilon
+from peep.server.bench.soak.world import SoakWorld
+
+
+def _events_table(dsn: str) -> None:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE recognition_events (id BIGINT PRIMARY KEY, event_id TEXT, device_id TEXT, "
+                  "message_id TEXT, model_version TEXT)")  # fmt: skip
+
+
+def _insert(dsn: str, *rows: tuple[int, str, str, str, str]) -> None:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for r in rows:
+            c.execute("INSERT INTO recognition_events VALUES (%s, %s, %s, %s, %s)", r)
+
+
+def test_the_decision_log_keeps_rows_retention_deleted_and_those_committed_out_of_id_order(pg_dsn):
+    import psycopg
+
+    _events_table(pg_dsn)
+    log = DecisionLog(pg_dsn, overlap=100)
+    _insert(pg_dsn, (1, "e1", "cam-1", "m1", "v1"), (3, "e3", "cam-2", "m3", "v1"))
+    log.read_now()
+    # id 2 commits after id 3 was read (two replicas' transactions); then retention deletes 1 and 2
+    _insert(pg_dsn, (2, "e2", "cam-1", "m2", "v2"))
+    log.read_now()
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("DELETE FROM recognition_events WHERE id < 3")
+    log.read_now()
+    assert log.committed() == [(1, "e1"), (2, "e2"), (3, "e3")]
+    assert sorted(log.decided()) == [("cam-1", "m1"), ("cam-1", "m2"), ("cam-2", "m3")]
+    assert log.by_model() == {"v1": 2, "v2": 1}
+
+
+def test_a_read_that_fails_is_kept_as_an_error_and_the_loop_goes_on():
+    log = DecisionLog("host=127.0.0.1 port=1 dbname=none connect_timeout=1", interval_s=0.05).start()
+    deadline = time.monotonic() + 10
+    while len(log.errors) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert log.stop(5.0)
+    assert len(log.errors) >= 2 and "OperationalError" in log.errors[0]
+
+
+def test_the_epsilon_the_devices_page_shows_is_read_per_row():
+    html = """<table><tr>
+      <td>cam-1</td><td>soak</td><td class="eps-total">12,345.5<br><small>soft traits 2</small></td></tr>
+      <tr><td>cam-2</td><td>x</td><td class="eps-total">16</td></tr>
+      <tr><td>desk-1</td><td>no releases yet</td></tr></table>"""
+    assert shown_epsilon(html) == {"cam-1": 12345.5, "cam-2": 16.0}
+
+
+def _camera(tmp: Path, device: str, messages: list[str]) -> SimpleNamespace:
+    state = tmp / device
+    state.mkdir()
+    with sqlite3.connect(state / "ledger.sqlite3") as db:
+        db.execute("CREATE TABLE spends (key TEXT, epsilon REAL, message_id TEXT)")
+        db.executemany("INSERT INTO spends VALUES (?, ?, ?)", [("track:1", 16.0, m) for m in messages])
+    return SimpleNamespace(state_dir=state)
+
+
+def test_every_table_is_read_for_the_cameras_releases(pg_dsn, tmp_path):
+    import psycopg
+
+    world = SoakWorld(tmp_path, seed=0, data_home=None, say=lambda _m: None)
+    world.cameras = {"cam-1": _camera(tmp_path, "cam-1", ["m1", "m2", "m3"])}  # type: ignore[dict-item]
+    world.pg = SimpleNamespace(dsn=pg_dsn)  # type: ignore[assignment]
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE ingest_ledger (device_id TEXT, message_id TEXT)")
+        c.execute("CREATE TABLE templates (message_id TEXT, subject TEXT, vals BYTEA)")
+        c.execute("CREATE TABLE track_memory (message_id TEXT, expires_at DOUBLE PRECISION)")
+        c.execute("CREATE TABLE model_versions (version INTEGER)")
+        c.execute("INSERT INTO ingest_ledger VALUES ('cam-1', 'm1'), ('cam-1', 'm2')")
+        c.execute("INSERT INTO templates VALUES ('m2', '', ''), ('e1', 'Someone', '')")
+        c.execute("INSERT INTO track_memory VALUES ('m3', %s), ('m1', %s)", (time.time() + 60, time.time() - 60))
+    assert world.ledger_epsilon() == {"cam-1": 48.0}
+    got = world.kept_of_cameras()
+    assert got["released"] == 3
+    assert got["found_in"] == {"ingest_ledger": 2, "templates": 1, "track_memory": 1}
+    assert got["kept"] == 2 and got["kept_in"] == {"templates": 1, "track_memory": 1}
+    assert got["track_memory_within_expiry"] == 1
