@@ -31,7 +31,7 @@ T0 = 1_700_000_000.0
 
 
 def _ts(t: float) -> str:
-    ms = int(round((t % 1) * 1000))
+    ms = round((t % 1) * 1000)
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(int(t))) + f".{ms:03d}Z"
 
 
