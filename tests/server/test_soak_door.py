@@ -232,7 +232,8 @@ def test_the_feeder_alternates_genuine_and_impostor_claims_and_finds_a_restarted
 def test_a_real_door_opens_for_the_person_on_camera_and_refuses_impostors(
     trained_server, tmp_path, keypair, bundle_dir, pki, lfw100, data_home
 ):
-    """``peep-edge door`` over gRPC/TLS (through the door's proxy) to a trained server on SQLite; six claims."""
+    """``peep-edge door`` over gRPC/TLS (through the door's proxy) to a trained server on SQLite: claims every two
+    seconds, the door killed after the third and started again; its video shorter than the claims read (it loops)."""
     import numpy as np
     from peep.edge.testing import lfw_people
     from peep_server_testlib import DEVICE_TOKENS, SITE
@@ -243,14 +244,20 @@ def test_a_real_door_opens_for_the_person_on_camera_and_refuses_impostors(
     door = SoakDoor(tmp_path / "door", site=SITE, device_id="cam-2", token=DEVICE_TOKENS["cam-2"],
                     bundle_dir=bundle_dir, public_key=keypair[3], ca_cert=pki.dir / "ca.pem",
                     target=("127.0.0.1", trained_server.port), enrolled=enrolled, people=lfw_people(data_home),
-                    privacy={"mechanism": "peep-raw", "epsilon": 8.0, "track_budget": 1e9})  # fmt: skip
+                    privacy={"mechanism": "peep-raw", "epsilon": 8.0, "track_budget": 1e9},
+                    video_frames=20)  # fmt: skip
     # The server reports its device's last report within a second: the door's reports are not what is tested.
     trained_server.services.device_reports.min_interval_s = 0.0
     try:
         door.prepare()
         door.start()
-        door.start_feeder(interval_s=2.0, max_claims=6, duration_s=60)
-        door._feeder.join(60)  # type: ignore[union-attr]
+        door.start_feeder(interval_s=2.0, max_claims=9, duration_s=90)
+        deadline = time.monotonic() + 30
+        while len(door.sent) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        door.kill()  # a fault: the feeder finds the next run by itself
+        door.start()
+        door._feeder.join(90)  # type: ignore[union-attr]
         door.stop(drain_s=30)
     finally:
         door.close()
@@ -259,11 +266,17 @@ def test_a_real_door_opens_for_the_person_on_camera_and_refuses_impostors(
         decisions = read_decisions(db, "cam-2")
     got = door.history(decisions)
     logs = "\n".join(r.log.read_text()[-3000:] for r in door.runs)
-    assert got["claims"] == 6 and got["unended"] == 0 and got["interrupted"] == 0, (got, logs)
+    assert got["runs"] == 2 and got["killed"] == 1 and got["claims"] == len(door.sent) >= 6, (got, logs)
+    assert got["claims"] + got["undelivered"] == 9 and {c.pid for c in door.sent} == {r.pid for r in door.runs}
+    # Every claim ended, or was cut short by the kill (the one in progress and the lines not yet read).
+    assert got["unended"] == 0 and got["interrupted"] <= 2, (got, logs)
+    assert got["opened"] + got["refused"] + got["interrupted"] == got["claims"]
     assert got["wrong_lock_drives"] == 0 and got["unconfirmed_lock_drives"] == 0, (got, logs)
-    assert got["impostor"]["opened"] == 0 and got["refusals"].get("rejected", 0) >= 3, (got, logs)
+    impostor, genuine = got["impostor"], got["genuine"]
+    assert impostor["opened"] == 0 and got["refusals"].get("rejected", 0) >= impostor["refused"] >= 2, (got, logs)
     assert got["refused_without_reason"] == 0
-    assert got["genuine"]["opened"] >= 2, (got, logs)  # mostly open: noise can push one claim below the threshold
+    # Mostly open: the noise can push a claim below the threshold. None saw no face: the video loops.
+    assert genuine["opened"] >= max(2, genuine["claims"] - 2) and "no_face" not in got["refusals"], (got, logs)
     assert got["lock_drives"] == got["opened"] and got["subject_mismatches"] == 0
-    assert got["released"] == 6 == len(decisions)
+    assert got["opened"] + got["refused"] <= got["released"] <= got["claims"] and len(decisions) <= got["released"]
     assert read_lock_drives(door.lock_log) and door.lock_log.read_text().split()[-2] == "lock"  # locked at the end

@@ -439,18 +439,22 @@ class SoakDoor:
     privacy : mapping, optional
         The ``[privacy]`` section: the mechanism and ε the server's model was trained for (default privunit
         at ε 16, as the soak's cameras).
+    video_frames : int
+        Frames of the door's video (played in a loop, at 10 frames a second of video time).
     """
 
     def __init__(self, out: Path, *, site: str, device_id: str, token: str, bundle_dir: Path, public_key: Path,
                  ca_cert: Path, target: tuple[str, int], enrolled: Sequence[str],
                  people: Mapping[str, Sequence[Path]], seed: int = 0, fps: float = 8.0,
-                 privacy: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+                 privacy: Mapping[str, Any] | None = None, video_frames: int = 60) -> None:  # fmt: skip
         if len(enrolled) < 2:
             raise ValueError(f"enrolled: expected at least two subjects (one genuine, one to impersonate), "
                              f"received {len(enrolled)}")  # fmt: skip
         self.out, self.site, self.device_id, self.token = Path(out), site, device_id, token
         self.bundle_dir, self.public_key, self.ca_cert, self.target = bundle_dir, public_key, ca_cert, target
-        self.seed, self.fps, self.privacy = seed, fps, privacy
+        if video_frames < 1:
+            raise ValueError(f"video_frames: expected at least 1, received {video_frames}")
+        self.seed, self.fps, self.privacy, self.video_frames = seed, fps, privacy, video_frames
         self.genuine = enrolled[seed % len(enrolled)]
         self.impostors = [s for s in enrolled if s != self.genuine]
         if not people.get(self.genuine):
@@ -489,7 +493,7 @@ class SoakDoor:
         self.out.mkdir(parents=True, exist_ok=True)
         video = self.out / "door.mp4"
         # One face, all the time, moving a little: whichever frames a claim reads show the genuine person.
-        n = 60
+        n = self.video_frames
         compose_video(video, [FaceTrack(image=self.photo, start=0, stop=n, x0=220, y0=120, amplitude=15,
                                         period_frames=30)], n_frames=n, fps=10.0, seed=self.seed)  # fmt: skip
         if self.proxy is None:
