@@ -20,6 +20,7 @@ from peep.server.bench.soak.door import (
     ServerDecision,
     SoakDoor,
     check_door_history,
+    claim_to_lock,
     door_config,
     read_decisions,
     read_door_log,
@@ -88,6 +89,9 @@ def test_each_claim_is_matched_to_its_run_and_each_drive_to_an_accepted_decision
     assert got["impostor"] == {"claims": 3, "opened": 0, "refused": 2}
     assert got["lock_drives"] == 2 and got["unconfirmed_lock_drives"] == 0 and got["subject_mismatches"] == 0
     assert got["released"] == 4 and got["decided_without_release"] == 0 and got["unknown_decisions"] == 0
+    # From the feeder's write (T0 + 10 * seq) to the drive.
+    assert claim_to_lock(sent, runs, events, [T0 + 0.95, T0 + 40.95]) == [(T0, pytest.approx(950.0)),
+                                                                         (T0 + 40, pytest.approx(950.0))]  # fmt: skip
 
 
 def test_a_drive_without_an_accepted_decision_is_wrong_unless_the_server_may_have_lost_it(tmp_path):
@@ -277,6 +281,7 @@ def test_a_real_door_opens_for_the_person_on_camera_and_refuses_impostors(
     assert got["refused_without_reason"] == 0
     # Mostly open: the noise can push a claim below the threshold. None saw no face: the video loops.
     assert genuine["opened"] >= max(2, genuine["claims"] - 2) and "no_face" not in got["refusals"], (got, logs)
-    assert got["lock_drives"] == got["opened"] and got["subject_mismatches"] == 0
+    assert got["lock_drives"] == got["opened"] == len(door.claim_to_lock()) and got["subject_mismatches"] == 0
+    assert all(0 < ms < 15_000 for _, ms in door.claim_to_lock())
     assert got["opened"] + got["refused"] <= got["released"] <= got["claims"] and len(decisions) <= got["released"]
     assert read_lock_drives(door.lock_log) and door.lock_log.read_text().split()[-2] == "lock"  # locked at the end

@@ -249,6 +249,22 @@ def _claim_in_progress(
     return last
 
 
+def claim_to_lock(sent: Sequence[SentClaim], runs: Sequence[DoorRun], events: Mapping[int, Sequence[Mapping[str, Any]]],
+                  drives: Sequence[float]) -> list[tuple[float, float]]:  # fmt: skip
+    """``(the claim's write time, milliseconds until the lock was driven)`` for each claim a drive fell in.
+
+    From the feeder's write, not the door's log: the time a person at the door would wait after the badge.
+    """
+    claims, _ = door_claims(sent, runs, events)
+    at = {c.seq: c.at for c in sent}
+    out: dict[int, tuple[float, float]] = {}
+    for t in sorted(drives):
+        c = _claim_in_progress(t, runs, claims)
+        if c is not None and c["outcome"] != "refused" and c["seq"] not in out:
+            out[c["seq"]] = (at[c["seq"]], max(0.0, (t - at[c["seq"]]) * 1000.0))
+    return [out[k] for k in sorted(out)]
+
+
 def check_door_history(
     sent: Sequence[SentClaim],
     runs: Sequence[DoorRun],
@@ -683,6 +699,13 @@ class SoakDoor:
         out["genuine_subject"] = self.genuine
         return out
 
+    def claim_to_lock(self) -> list[tuple[float, float]]:
+        """Per claim that drove the lock: its write time (wall clock) and milliseconds to the drive."""
+        with self._lock:
+            sent, runs = list(self.sent), list(self.runs)
+        events = {r.pid: read_door_log(r.log) for r in runs}
+        return claim_to_lock(sent, runs, events, read_lock_drives(self.lock_log))
+
     def describe(self) -> dict[str, Any]:
         return {"device_id": self.device_id, "runs": [asdict(r) | {"log": str(r.log)} for r in self.runs],
                 "claims_sent": len(self.sent), "undelivered": self.undelivered}  # fmt: skip
@@ -701,6 +724,7 @@ __all__ = [
     "ServerDecision",
     "SoakDoor",
     "check_door_history",
+    "claim_to_lock",
     "door_claims",
     "door_config",
     "read_decisions",
