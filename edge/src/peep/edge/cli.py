@@ -185,7 +185,12 @@ def _door(args: argparse.Namespace) -> int:
         print(f"door {cfg.device.id}: WARNING: deciding over MQTT on a broker with {weak} (door.insecure_broker = "
               "true); only the server's signature protects the decisions", file=sys.stderr, flush=True)  # fmt: skip
     controller = door.controller
-    frames = open_source(cfg.capture.source, max_fps=cfg.capture.max_fps, stop=stop)
+    # The capture section as `run` reads it: a door over a video file plays it on when capture.loop is set (it
+    # read the file once, then every claim ended no_face), and a camera's reconnect settings hold here too.
+    c = cfg.capture
+    frames = open_source(c.source, max_fps=c.max_fps, width=c.width, height=c.height,
+                         reconnect_min_s=c.reconnect_min_s, reconnect_max_s=c.reconnect_max_s,
+                         reconnect_attempts=c.reconnect_attempts, stop=stop, loop=c.loop)  # fmt: skip
     opened = 0
     spent = (0.0, 0.0, 0)
     try:
