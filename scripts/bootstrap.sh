@@ -90,6 +90,8 @@ fi
 apt_install() {
   what=$1; binary=$2; shift 2
   [ -x "$binary" ] && return 0
+  # A library (not executable) is there when its file is.
+  case $binary in *.so|*.so.*) [ -f "$binary" ] && return 0 ;; esac
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "bootstrap: installing $* ($what)" >&2
     (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null 2>&1 \
@@ -105,6 +107,10 @@ if [ "$set_name" = all ]; then
   apt_install "console's browser tests" /usr/bin/chromedriver chromium chromium-driver
   # The replicas' balancer tests and bench run the shipped deploy/cluster/haproxy.cfg.
   apt_install "balancer tests (deploy/cluster/haproxy.cfg)" /usr/sbin/haproxy haproxy
+  # The soak's clock_step fault steps a camera's wall clock with libfaketime (LD_PRELOAD): a library, under the
+  # architecture's folder, so its path is looked up rather than named.
+  faketime_lib=$(ls /usr/lib/*/faketime/libfaketime.so.1 2>/dev/null | head -n 1)
+  apt_install "soak's clock_step fault (libfaketime)" "${faketime_lib:-/usr/lib/faketime/libfaketime.so.1}" libfaketime
 fi
 
 # `all` keeps the stamp name earlier versions of this script wrote for the same set.

@@ -67,7 +67,7 @@ from peep.edge.metrics import EdgeMetrics
 from peep.edge.pipeline import EnrollSession, FramePipeline, Released, make_releaser
 from peep.edge.policy import ReleasePolicy
 from peep.edge.soft import SoftTraitReleaser
-from peep.edge.spool import Spool
+from peep.edge.spool import Spool, disk_room
 from peep.edge.tracking import Tracker
 from peep.edge.transport.base import Forwarder
 
@@ -648,6 +648,8 @@ class Agent:
             on_release=self.on_release,
             encoder=self.encoder,
             decisions=self.decisions if camera else None,
+            # A full state disk stops releases before they are charged (peep.edge.pipeline).
+            room=lambda: disk_room((cfg.spool_path, cfg.ledger_path)),
         )
 
     # ------------------------------------------------------------------ bundle updates
@@ -854,6 +856,10 @@ class Agent:
         """Drain, say offline, close everything. Returns True if every queue was empty."""
         drain = self.cfg.spool.drain_timeout_s if drain_timeout is None else drain_timeout
         delivered = True
+        if self.pipeline is not None and self.pipeline.unspooled and not self.pipeline.flush_unspooled():
+            # Charged while the disk was full and still not queued: say which, they are gone with this process.
+            log_event(_log, logging.ERROR, "releases_lost_disk_full",
+                      message_ids=[m for m, _, _ in self.pipeline.unspooled])  # fmt: skip
         for f in self.forwarders:
             f.stop(drain, join=False)
         self._housekeeping_stop.set()

@@ -48,6 +48,16 @@ CREATE TABLE IF NOT EXISTS totals (
 """
 
 
+def _rollback(cur: sqlite3.Cursor) -> None:
+    """Roll back the open transaction, if SQLite has not already done so.
+
+    SQLite rolls a transaction back by itself on some errors (``SQLITE_FULL``: the disk is full); a
+    ``ROLLBACK`` then fails with "no transaction is active", which would hide the error that matters.
+    """
+    if cur.connection.in_transaction:
+        cur.execute("ROLLBACK")
+
+
 # Typed columns added after the first release of the ledger, with their SQL types.
 _TYPED_COLUMNS = {
     "epsilon_coordinate": "REAL NOT NULL DEFAULT 0",
@@ -109,7 +119,7 @@ class SqliteLedger:
                 )
             cur.execute("COMMIT")
         except BaseException:
-            cur.execute("ROLLBACK")
+            _rollback(cur)
             raise
 
     def append(self, spend: Spend) -> None:
@@ -142,7 +152,7 @@ class SqliteLedger:
                 )
                 cur.execute("COMMIT")
             except BaseException:
-                cur.execute("ROLLBACK")
+                _rollback(cur)
                 raise
 
     def totals(self, key: str) -> tuple[float, float]:

@@ -8,11 +8,20 @@ benchmark run; nothing here touches the network.
 Pixels stop here: a released template holds the perturbed coefficients and
 metadata only (the wire schema has no field for pixels). Face crops exist in
 memory for the duration of one release.
+
+A full disk stops releases, it does not crash the device: a release is
+charged to the ledger before it is queued, so before charging the pipeline
+asks ``room()`` (free space on the state folders) and releases nothing while
+there is none. A charge the ledger refuses (disk full) is no charge: nothing
+is released. A template charged whose queueing then failed (the disk filled in
+between) is kept in memory and queued before anything else is released, so a
+charge never stands without its template while the process lives.
 """
 
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -32,7 +41,7 @@ from peep.edge.logs import log_event
 from peep.edge.metrics import EdgeMetrics
 from peep.edge.policy import ReleasePolicy
 from peep.edge.soft import SoftTraitReleaser, face_crop_rgb
-from peep.edge.spool import Spool
+from peep.edge.spool import Spool, is_disk_full
 from peep.edge.tracking import Track, Tracker
 
 _log = logging.getLogger("peep.edge.pipeline")
@@ -136,8 +145,14 @@ class FramePipeline:
         on_release: Callable[[Released, Frame], None] | None = None,
         encoder: DescriptorEncoder | None = None,
         decisions: Any = None,
+        room: Callable[[], bool] | None = None,
     ) -> None:
         self.device_id = device_id
+        # Whether the state folders have room for a release's writes (None: not checked).
+        self.room = room
+        # Charged templates whose queueing failed on a full disk: (message_id, purpose, payload), queued first.
+        self.unspooled: list[tuple[str, str, bytes]] = []
+        self._disk_full = False
         # Decision mode (peep.edge.decide.DecisionSource): release a randomised label per track window, no template.
         self.decisions = decisions
         self._track_frames: dict[str, list[Any]] = {}
@@ -218,6 +233,8 @@ class FramePipeline:
         tracks = self.tracker.update(boxes, frame.timestamp)
         self.timer.add("track", time.perf_counter() - t1)
         out: list[Released] = []
+        if self.unspooled and not self.flush_unspooled():
+            return out  # what was charged is queued before anything more is released
         if self.decisions is not None:
             return self._decide_tracks(frame, tracks)
         for tr in tracks:
@@ -226,6 +243,68 @@ class FramePipeline:
                 if rel is not None:
                     out.append(rel)
         return out
+
+    # -- a full disk -----------------------------------------------------------------
+
+    def _set_disk_full(self, full: bool, **fields: Any) -> None:
+        """Log when releasing stops for a full disk and when it resumes (once each, not every frame)."""
+        if full and not self._disk_full:
+            log_event(_log, logging.ERROR, "releases_stopped_disk_full", **fields)
+        elif not full and self._disk_full:
+            log_event(_log, logging.WARNING, "releases_resumed_disk_space", **fields)
+        self._disk_full = full
+
+    def may_charge(self, track_id: str) -> bool:
+        """Whether a release may be charged now: the state folders have room for its ledger entry and spool row.
+
+        Asked before the charge, so a full disk stops the release with nothing charged.
+        """
+        if self.room is None:
+            return True
+        if self.room():
+            self._set_disk_full(False)
+            return True
+        self.policy._suppress("disk_full")
+        self._set_disk_full(True, track=track_id)
+        return False
+
+    def _charge(self, spend: Callable[[], Any], track_id: str) -> bool:
+        """Run ``spend``; False when the ledger refused it for a full disk (SQLite rolled it back: no charge)."""
+        try:
+            spend()
+        except sqlite3.OperationalError as exc:
+            if not is_disk_full(exc):
+                raise
+            self.policy._suppress("disk_full")
+            self._set_disk_full(True, track=track_id, error=str(exc))
+            return False
+        return True
+
+    def _queue(self, message_id: str, purpose: str, payload: bytes) -> None:
+        """Queue a charged template; on a full disk keep it in memory for :meth:`flush_unspooled`."""
+        try:
+            self.spool.put(message_id=message_id, purpose=purpose, payload=payload)
+        except sqlite3.OperationalError as exc:
+            if not is_disk_full(exc):
+                raise
+            self.unspooled.append((message_id, purpose, payload))
+            self._set_disk_full(True, message_id=message_id, error=str(exc))
+            log_event(_log, logging.WARNING, "release_queue_deferred", message_id=message_id,
+                      held=len(self.unspooled))  # fmt: skip
+
+    def flush_unspooled(self) -> bool:
+        """Queue the charged templates a full disk held back, oldest first; True when none is left."""
+        while self.unspooled:
+            message_id, purpose, payload = self.unspooled[0]
+            try:
+                self.spool.put(message_id=message_id, purpose=purpose, payload=payload)
+            except sqlite3.OperationalError as exc:
+                if not is_disk_full(exc):
+                    raise
+                return False
+            self.unspooled.pop(0)
+        self._set_disk_full(False)
+        return True
 
     # -- decision mode -------------------------------------------------------------
 
@@ -290,15 +369,20 @@ class FramePipeline:
             track_id=track.id,
             capture_time=self.clock(),
         )
+        if not self.may_charge(track.id):
+            return None
         try:
-            self.policy.record(track, frame.timestamp, epsilon=eps, delta=0.0, epsilon_coordinate=eps,
-                               message_id=msg.message_id)  # fmt: skip
+            charged = self._charge(lambda: self.policy.record(track, frame.timestamp, epsilon=eps, delta=0.0,
+                                                              epsilon_coordinate=eps, message_id=msg.message_id),
+                                   track.id)  # fmt: skip
         except BudgetError as exc:
             log_event(_log, logging.WARNING, "release_refused_budget", track=track.id, epsilon_vector=eps,
                       error=str(exc))  # fmt: skip
             return None
+        if not charged:
+            return None
         payload = encode_template(msg)
-        self.spool.put(message_id=msg.message_id, purpose="identify", payload=payload)
+        self._queue(msg.message_id, "identify", payload)
         self.timer.add("spool", time.perf_counter() - t2)
         self.metrics.releases.labels(purpose="identify").inc()
         log_event(_log, logging.INFO, "decision_release", track=track.id, message_id=msg.message_id,
@@ -376,8 +460,12 @@ class FramePipeline:
             key_id=self.releaser.key_id,
             message_id=message_id,
         )
+        if not self.may_charge(track_id):
+            return None
         try:
-            spend(self.epsilon_vector + soft_eps, self.epsilon_coordinate, msg.message_id)
+            charged = self._charge(
+                lambda: spend(self.epsilon_vector + soft_eps, self.epsilon_coordinate, msg.message_id), track_id
+            )
         except BudgetError as exc:
             log_event(
                 _log,
@@ -389,9 +477,11 @@ class FramePipeline:
                 error=str(exc),
             )
             return None
+        if not charged:
+            return None
         payload = encode_template(msg)
         if spool:
-            self.spool.put(message_id=msg.message_id, purpose=purpose, payload=payload)
+            self._queue(msg.message_id, purpose, payload)
         self.timer.add("spool", time.perf_counter() - t3)
         self.metrics.releases.labels(purpose=purpose).inc()
         log_event(

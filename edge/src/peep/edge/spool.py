@@ -40,12 +40,25 @@ What the device keeps (data minimisation)
 - Dead letters (payload included) are kept at most ``dead_letter_days``
   (and only the newest ``dead_letter_max``): older ones are deleted on every
   new dead letter, on open and by :meth:`Spool.housekeep`.
+
+A full disk
+-----------
+On a full disk SQLite refuses every write (``SQLITE_FULL``: "database or
+disk is full") and rolls the transaction back; reads go on, and writes work
+again as soon as space returns, on the same connection. A release is charged
+to the ledger before it is queued here, so the pipeline asks
+:func:`disk_room` before charging (``MIN_FREE_BYTES`` free on the state
+folders' filesystems) and stops releasing while there is less: nothing is
+charged that could not be queued. :func:`is_disk_full` tells that error from
+others.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import math
+import os
 import sqlite3
 import threading
 import time
@@ -60,6 +73,11 @@ from peep.edge.errors import SpoolFullError
 from peep.edge.logs import log_event
 
 _log = logging.getLogger("peep.edge.spool")
+
+#: Free bytes the state folders' filesystems must have before a release is charged: a release writes a few
+#: pages to the ledger's and the spool's WAL (and a checkpoint may grow a database file); a megabyte leaves
+#: room for that many times over, and for the forwarders' deletes.
+MIN_FREE_BYTES = 1 << 20
 
 DEAD_LETTER_DAYS = 7.0
 DEAD_LETTER_MAX = 1000
@@ -91,6 +109,33 @@ CREATE INDEX IF NOT EXISTS dead_failed ON dead (failed);
 """
 
 
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite (or the OS) saying the disk is full, rather than any other failure."""
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        if code is not None:
+            # SQLITE_FULL; an fsync or write refused with ENOSPC may come back as an I/O error instead.
+            return code == sqlite3.SQLITE_FULL or ((code & 0xFF) == sqlite3.SQLITE_IOERR and "full" in str(exc))
+        return "disk is full" in str(exc)
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_room(paths: Iterable[str | os.PathLike[str]], min_free_bytes: int = MIN_FREE_BYTES) -> bool:
+    """Whether the filesystem of each file in ``paths`` (its folder) has ``min_free_bytes`` free.
+
+    Free means what an unprivileged process may still use (``f_bavail``): a device's state must not
+    depend on the blocks a filesystem keeps for root. A folder that cannot be read counts as having no room.
+    """
+    for p in paths:
+        try:
+            st = os.statvfs(Path(p).parent)
+        except OSError:
+            return False
+        if st.f_bavail * st.f_frsize < min_free_bytes:
+            return False
+    return True
+
+
 @contextmanager
 def _immediate(cur: sqlite3.Cursor) -> Iterator[sqlite3.Cursor]:
     """One write transaction on ``cur`` (BEGIN IMMEDIATE takes the database's write lock), rolled back if it raises."""
@@ -99,7 +144,10 @@ def _immediate(cur: sqlite3.Cursor) -> Iterator[sqlite3.Cursor]:
         yield cur
         cur.execute("COMMIT")
     except BaseException:
-        cur.execute("ROLLBACK")
+        # SQLite may have rolled back already (SQLITE_FULL does): a second ROLLBACK would fail with
+        # "no transaction is active" and hide the error that matters (the disk is full).
+        if cur.connection.in_transaction:
+            cur.execute("ROLLBACK")
         raise
 
 
@@ -527,6 +575,11 @@ class Spool:
                 return
             try:
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.OperationalError as exc:
+                if not is_disk_full(exc):
+                    raise
+                # The WAL keeps what the database file could not take; the next open checkpoints it.
+                log_event(_log, logging.WARNING, "spool_close_checkpoint_failed", path=str(self.path), error=str(exc))
             finally:
                 self._db.close()
                 self._closed = True

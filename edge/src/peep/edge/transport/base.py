@@ -4,15 +4,28 @@ A forwarder reads its destination's queue in order, hands templates to its
 receiver and removes each one only after the receiver acknowledged it.
 ``stop(drain_timeout)`` lets it keep delivering for up to
 ``drain_timeout`` seconds (until the queue is empty) before it exits.
+
+A full disk does not end a forwarder: removing a delivered template is a
+write, which SQLite refuses while the disk is full; the forwarder keeps what
+it could not remove (sent again later, the receiver dedupes by message id)
+and waits for space (:meth:`Forwarder.spool_write_failed`).
 """
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 import threading
 import time
 
+from peep.edge.logs import log_event
 from peep.edge.metrics import EdgeMetrics
-from peep.edge.spool import Spool
+from peep.edge.spool import Spool, is_disk_full
+
+_log = logging.getLogger("peep.edge.transport")
+
+#: Seconds a forwarder waits after the spool refused a write for a full disk before it tries again.
+DISK_FULL_RETRY_S = 1.0
 
 
 class Forwarder(threading.Thread):
@@ -27,6 +40,7 @@ class Forwarder(threading.Thread):
         self.wake = threading.Event()
         self._stop_at: float | None = None
         self._halt = threading.Event()
+        self._disk_full = False
         spool.subscribe(self.wake.set)
 
     # -- lifecycle ----------------------------------------------------------------
@@ -72,6 +86,28 @@ class Forwarder(threading.Thread):
             seconds = min(seconds, max(0.0, self._stop_at - time.monotonic()))
         self.wake.wait(seconds)
         self.wake.clear()
+
+    def spool_write_failed(self, exc: sqlite3.OperationalError) -> None:
+        """Handle the spool refusing a write (an ack, a dead letter): on a full disk, log once and wait.
+
+        Raises
+        ------
+        sqlite3.OperationalError
+            ``exc`` again when it is not a full disk (a real fault ends the forwarder loudly, as before).
+        """
+        if not is_disk_full(exc):
+            raise exc
+        if not self._disk_full:
+            log_event(_log, logging.ERROR, "spool_write_failed_disk_full", transport=self.dest, error=str(exc),
+                      retry_in_s=DISK_FULL_RETRY_S)  # fmt: skip
+        self._disk_full = True
+        self.sleep(DISK_FULL_RETRY_S)
+
+    def spool_write_ok(self) -> None:
+        """The spool took a write again: say so once after a full disk."""
+        if self._disk_full:
+            log_event(_log, logging.WARNING, "spool_write_resumed", transport=self.dest)
+            self._disk_full = False
 
     def update_depth(self) -> None:
         self.metrics.spool_depth.labels(transport=self.dest).set(self.spool.depth(self.dest))

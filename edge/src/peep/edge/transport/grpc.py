@@ -22,6 +22,7 @@ warning).
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from collections.abc import Callable
 from typing import Any
@@ -251,7 +252,14 @@ class GrpcForwarder(Forwarder):
                         self.send_report()  # the final counts
                     return
                 self._maybe_report()
-                if not self._send():
+                try:
+                    more = self._send()
+                except sqlite3.OperationalError as exc:
+                    # The ack or dead letter was refused (a full disk): those rows stay and go again later.
+                    self.spool_write_failed(exc)
+                    continue
+                self.spool_write_ok()
+                if not more:
                     self.sleep(0.25 if not self.stopping else 0.05)
         except Exception:
             _log.exception("grpc forwarder failed")

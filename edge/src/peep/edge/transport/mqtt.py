@@ -28,6 +28,7 @@ import json
 import logging
 import queue
 import socket
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -346,6 +347,7 @@ class MqttForwarder(Forwarder):
         self.inflight: dict[int, SpoolItem] = {}
         self._handed: set[int] = set()
         self._last_seq = 0
+        self._unacked: list[str] = []  # PUBACKed, not yet deleted from the spool (a full disk refused it)
         self._paused_until = 0.0
         self._retry_min, self._retry_max = retry_min_s, retry_max_s
         self._failures = 0
@@ -383,8 +385,18 @@ class MqttForwarder(Forwarder):
             now = time.time()
             for it in done:
                 self.metrics.publish_latency.labels(transport=self.dest).observe(max(0.0, now - it.created))
-            self.spool.ack(self.dest, [it.message_id for it in done])
             self.metrics.published.labels(transport=self.dest).inc(len(done))
+            self._unacked.extend(it.message_id for it in done)
+        if self._unacked:
+            # Left inflight and past _last_seq, a PUBACKed template whose delete failed would never be read
+            # again: its id is kept here until the spool takes the delete (a full disk refuses it).
+            try:
+                self.spool.ack(self.dest, self._unacked)
+            except sqlite3.OperationalError as exc:
+                self.spool_write_failed(exc)
+                return
+            self._unacked = []
+            self.spool_write_ok()
             self.update_depth()
 
     def _hand_out(self) -> None:

@@ -17,6 +17,10 @@
 :class:`ProcessStats`
     Resident memory, open files, threads and CPU time of a process, from ``/proc``.
 
+A camera's own machine's faults (a full state disk, a stepped wall clock) are
+:class:`~peep.server.bench.soak.edgefaults.LimitedFolder` and
+:class:`~peep.server.bench.soak.edgefaults.SteppedClock`.
+
 The replicas and the balancer are :class:`~peep.server.bench.cluster.Replica`
 and :class:`~peep.server.bench.cluster.Balancer`. ``tests/server`` uses
 :class:`ShippedMosquitto` for its broker tests too (``peep_broker_testlib``).
