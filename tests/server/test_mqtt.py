@@ -133,8 +133,12 @@ def test_templates_over_mqtt_are_stored_once_and_bad_ones_dead_lettered(tmp_path
             "non_finite",
             "wrong_dimension",
         }
+        # A template that could be read names its message id: the device's record of it meets the refusal.
+        ids = {d["code"]: d.get("message_id") for d in docs}
+        assert ids["malformed"] is None
+        assert ids["non_finite"] == nan.message_id and ids["unknown_device"] and ids["wrong_dimension"]
         for d in docs:
-            assert set(d) == {"topic", "code", "reason", "size"}
+            assert set(d) - {"message_id"} == {"topic", "code", "reason", "size"}
         sizes = {d["code"]: d["size"] for d in docs}
         assert sizes["malformed"] == len(bad[0][1])
         raw = b"".join(m.payload for m in got)

@@ -763,13 +763,17 @@ class MqttBridge:
         if not msgs:
             return
         outcomes = self.s.ingestor.ingest(msgs, "mqtt", senders)
-        for it, o in zip(topics, outcomes, strict=True):
+        for it, msg, o in zip(topics, msgs, outcomes, strict=True):
             if o.status == REJECTED:
-                self._deadletter(it, o.code, o.reason)
+                self._deadletter(it, o.code, o.reason, message_id=msg.message_id)
 
-    def _deadletter(self, it: _Item, code: str, reason: str) -> None:
+    def _deadletter(self, it: _Item, code: str, reason: str, *, message_id: str = "") -> None:
+        """Note a refused template on the dead-letter topic: where it came from, why, and (when it could be
+        read) its message id, so a device's own record of that release can be matched with the refusal."""
         self.deadletters += 1
         doc = {"topic": it.topic[:256], "code": code, "reason": reason[:500], "size": len(it.payload)}
+        if message_id:  # a decoded template's id, bounded by the validator
+            doc["message_id"] = message_id[:128]
         self._publisher().publish(self.deadletter_topic, json.dumps(doc, separators=(",", ":")), qos=1)
 
     # ------------------------------------------------------------ outgoing
