@@ -435,3 +435,29 @@ def test_check_claim_is_rate_limited_per_device(trained_server):
     assert codes.count("RESOURCE_EXHAUSTED") >= 5 and codes[0] == "ok", codes
     time.sleep(1.0)  # the bucket refills
     stub.CheckClaim(recognition_pb2.CheckClaimRequest(claimed_subject="Guess_again"), metadata=CAM2, timeout=5)
+
+
+def test_a_verify_decision_is_in_the_database_before_its_answer_or_there_is_no_answer(trained_server, templates,
+                                                                                   monkeypatch):  # fmt: skip
+    """A door drives its lock on Verify's answer: the decision is written first (not by the queued writer a
+    second later), and when the database cannot take it the call fails UNAVAILABLE, so the door stays locked."""
+    from peep.server.storage.interface import StoreError
+
+    stub, store = trained_server.stub(), trained_server.services.store
+    i = int(templates.test[0])
+    msg = templates.message(i)
+    writer = trained_server.services.ingestor.decisions
+    monkeypatch.setattr(writer, "put", lambda _r: pytest.fail("Verify's decision went to the queued writer"))
+    last = store.last_decision_id()
+    v = stub.Verify(recognition_pb2.VerifyRequest(template=msg, claimed_subject=str(templates.subjects[i])),
+                    metadata=DEVICE, timeout=5)  # fmt: skip
+    kept = [d for _, d in store.decisions(since_id=last) if d.message_id == msg.message_id]
+    assert len(kept) == 1 and kept[0].accepted == v.accepted and kept[0].claimed_subject == str(templates.subjects[i])
+
+    def away(_records: object) -> None:
+        raise StoreError("storage.dsn 'postgresql://peep:hunter2@db': could not connect to PostgreSQL")
+
+    monkeypatch.setattr(store, "add_decisions", away)
+    code, details = _code(stub.Verify, recognition_pb2.VerifyRequest(template=templates.message(i),
+                          claimed_subject=str(templates.subjects[i])), metadata=DEVICE, timeout=5)  # fmt: skip
+    assert code == grpc.StatusCode.UNAVAILABLE and "could not be kept" in details and "hunter2" not in details

@@ -644,9 +644,26 @@ class Ingestor:
         )
 
     def record_decision(self, v: ValidTemplate, *, purpose: int | None = None, **fields: object) -> None:
-        """Keep and publish a decision made outside ingest (the Identify and Verify calls; ``v`` is not kept)."""
+        """Keep and publish a decision made outside ingest (the Identify call; ``v`` is not kept)."""
         ev = self.decision_event(v, purpose=purpose, **fields)
         self.decisions.put(DecisionRecord.from_event(ev, origin=self.origin))
+        self._publish(ev, v.purpose)
+
+    def keep_decision_now(self, v: ValidTemplate, *, purpose: int | None = None, **fields: object) -> None:
+        """Write a decision, and its template's ledger row, before the caller hears it; then publish it.
+
+        For the Verify call: a door drives its lock on the answer, so the decision that opened it is in the
+        database before the answer leaves (the queued writer would lose it to a crash within its interval, or
+        to the database being away). Raises what the store raises; the call then fails and the door stays
+        locked.
+        """
+        ev = self.decision_event(v, purpose=purpose, **fields)
+        msg = v.message
+        row = LedgerEntry.from_message(msg, received_at=self.clock(), transport=v.transport, sent_by=v.sent_by)
+        self.store.commit_ingest(IngestBatch([row]))
+        self.store.add_decisions([DecisionRecord.from_event(ev, origin=self.origin)])
+        if self.decisions.on_written is not None:
+            self.decisions.on_written()  # the events' reader: a StreamEvents subscriber hears of it now
         self._publish(ev, v.purpose)
 
     def close(self) -> None:

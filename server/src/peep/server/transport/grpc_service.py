@@ -65,6 +65,7 @@ from peep.server.recognition.recogniser import ModelMismatch, ModelUnavailable
 from peep.server.recognition.trainer import TrainingBusy
 from peep.server.services import NoSuchSubject, Services
 from peep.server.storage import template_keys
+from peep.server.storage.interface import is_database_outage
 from peep.server.transport.limits import StreamLimiter, server_options
 from peep.v1 import qbbs_pb2, recognition_pb2, recognition_pb2_grpc, template_pb2
 
@@ -243,15 +244,25 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
             )
         v = self.s.recogniser.verify(valid.values, claimed)
         # A verification, whatever purpose the template was released for (a camera's identify template
-        # may be checked against a claim): the claim and the decision are kept, the template is not.
-        self.s.ingestor.record_decision(
-            valid,
-            purpose=template_pb2.PURPOSE_VERIFY,
-            claimed_subject=claimed,
-            accepted=v.accepted,
-            probability=v.score,
-            model_version=v.model_version,
-        )
+        # may be checked against a claim): the claim and the decision are kept, the template is not. Kept
+        # before the answer: a door acts on it, and an access decision nobody recorded is not answered.
+        try:
+            self.s.ingestor.keep_decision_now(
+                valid,
+                purpose=template_pb2.PURPOSE_VERIFY,
+                claimed_subject=claimed,
+                accepted=v.accepted,
+                probability=v.score,
+                model_version=v.model_version,
+            )
+        except Exception as exc:
+            if not is_database_outage(exc):
+                raise
+            log.warning("Verify: the decision could not be kept", extra={"error": str(exc)[:200]})
+            context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                "Verify: the server's database did not answer, so the decision could not be kept; call again",
+            )
         return recognition_pb2.VerifyResponse(
             accepted=v.accepted,
             score=v.score,
