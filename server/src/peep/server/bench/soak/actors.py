@@ -82,6 +82,8 @@ class DecisionLog(_Loop):
         super().__init__("soak-decisions", interval_s)
         self.dsn, self.overlap = dsn, overlap
         self.rows: dict[int, tuple[str, str, str, str]] = {}
+        #: Verify decisions (a door's): id -> (device, message id, claimed subject, accepted, time).
+        self.verifies: dict[int, tuple[str, str, str, bool, float]] = {}
         self._high = 0
         self._lock = threading.Lock()
 
@@ -90,13 +92,15 @@ class DecisionLog(_Loop):
 
         with psycopg.connect(self.dsn, connect_timeout=3) as c:
             got = c.execute(
-                "SELECT id, event_id, device_id, message_id, model_version FROM recognition_events WHERE id > %s "
-                "ORDER BY id",
+                "SELECT id, event_id, device_id, message_id, model_version, purpose, claimed_subject, accepted, at "
+                "FROM recognition_events WHERE id > %s ORDER BY id",
                 (max(0, self._high - self.overlap),),
             ).fetchall()
         with self._lock:
-            for i, e, d, m, v in got:
+            for i, e, d, m, v, purpose, claimed, accepted, at in got:
                 self.rows[int(i)] = (str(e), str(d), str(m), str(v))
+                if purpose == "verify":
+                    self.verifies[int(i)] = (str(d), str(m), str(claimed), bool(accepted), float(at))
                 self._high = max(self._high, int(i))
 
     def read_now(self) -> None:
@@ -106,6 +110,11 @@ class DecisionLog(_Loop):
     def decided(self) -> list[tuple[str, str]]:
         with self._lock:
             return [(d, m) for _e, d, m, _v in self.rows.values()]
+
+    def verify_decisions(self, device: str) -> list[tuple[str, str, bool, float]]:
+        """``device``'s Verify decisions as (message id, claimed subject, accepted, time)."""
+        with self._lock:
+            return [(m, c, a, t) for d, m, c, a, t in self.verifies.values() if d == device]
 
     def by_model(self) -> dict[str, int]:
         """Decisions per model version (the mid-run training's model taking over shows here)."""
@@ -341,3 +350,63 @@ class MidRunTraining:
 
 def _serving_version(status: Any) -> str:
     return str(status.model_version)
+
+
+class DeadLetterFollower:
+    """The server's dead-letter notes on the broker, read as its own account with a lasting session.
+
+    A device publishing over MQTT deletes a template once the broker has it; when the server then refuses it
+    (a clock far ahead, say), the note on ``<root>/deadletter`` is the refusal's only record. ``notes`` maps
+    ``(device, message_id)`` to the refusal's code. The session outlives a broker restart (QoS 1, a fixed
+    client id, no clean start), so notes published while this client was away still arrive.
+    """
+
+    def __init__(self, host: str, port: int, ca: Path, password: str, *, topic: str) -> None:
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        self.notes: dict[tuple[str, str], str] = {}
+        self.unnamed: list[str] = []
+        self.topic = topic
+        self._client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"soak-deadletters-{id(self):x}",
+                                   protocol=mqtt.MQTTv5)  # fmt: skip
+        self._client.username_pw_set("peep-server", password)
+        self._client.tls_set(ca_certs=str(ca))
+        self._client.reconnect_delay_set(1, 2)
+        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        props.SessionExpiryInterval = 3600 * 4
+        self._props = props
+        self._client.on_connect = lambda cl, *_a: cl.subscribe(topic, qos=1)
+        self._client.on_message = self._on_message
+        self._host, self._port = host, port
+
+    def _on_message(self, _cl: Any, _u: Any, m: Any) -> None:
+        import json
+
+        try:
+            doc = json.loads(m.payload)
+        except ValueError:
+            return
+        parts = str(doc.get("topic", "")).split("/")
+        device = parts[-2] if len(parts) >= 2 else ""
+        mid = str(doc.get("message_id", ""))
+        if mid:
+            self.notes[(device, mid)] = str(doc.get("code", ""))[:64]
+        elif len(self.unnamed) < 100:
+            self.unnamed.append(str(doc.get("code", ""))[:64])
+
+    def start(self) -> DeadLetterFollower:
+        self._client.connect(self._host, self._port, keepalive=10, clean_start=False, properties=self._props)
+        self._client.loop_start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> bool:
+        self._client.disconnect()
+        self._client.loop_stop()
+        return True
+
+    def of(self, device: str) -> dict[str, str]:
+        """Message id -> the server's refusal code, for ``device``."""
+        return {m: code for (d, m), code in list(self.notes.items()) if d == device}

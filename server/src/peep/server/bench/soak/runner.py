@@ -29,7 +29,7 @@ from peep.server.bench.soak.nemesis import FAULT_KINDS, Nemesis, schedule
 from peep.server.bench.soak.sampler import ResourceSampler, callable_source, directory_bytes_source, process_source
 from peep.server.bench.soak.targets import judge
 from peep.server.bench.soak.timeline import Timeline
-from peep.server.bench.soak.world import KINDS, SoakWorld
+from peep.server.bench.soak.world import DOOR, KINDS, SoakWorld
 
 QUICK_S = 300.0
 HOUR_S = 3600.0
@@ -49,15 +49,20 @@ def run(quick: bool = False, *, duration_s: float | None = None, out_dir: str | 
     # Decisions are deleted this long after they are made: short, so retention races ingest all run long.
     world = SoakWorld(out / "system", seed=seed, data_home=data_home, say=_say,
                       retention_s=120.0 if quick else 600.0)  # fmt: skip
-    faults = schedule(seed, duration, world.targets, quick=quick, warmup_s=warmup, kinds=KINDS)
-    _say(f"peep bench soak: {duration:.0f} s, seed {seed}, {len(faults)} faults; folder {out}")
-    for f in faults:
-        _say(f"    scheduled {f.describe()}")
+    # Refused before anything starts when the run is too short for its faults (the real schedule is drawn once
+    # the world says which kinds this machine can inject and on which parts).
+    schedule(seed, duration, lambda _k: ["-"], quick=quick, warmup_s=warmup, kinds=KINDS)
+    _say(f"peep bench soak: {duration:.0f} s, seed {seed}; folder {out}")
     sampler: ResourceSampler | None = None
     nemesis: Nemesis | None = None
     actors: list[Any] = []
     try:
         world.start()
+        for kind, why in world.unavailable.items():
+            _say(f"    fault kind {kind} left out: {why}")
+        faults = schedule(seed, duration, world.targets, quick=quick, warmup_s=warmup, kinds=world.kinds())
+        for f in faults:
+            _say(f"    scheduled {f.describe()}")
         t0 = timeline.now()
         wall0 = time.time()
 
@@ -68,6 +73,8 @@ def run(quick: bool = False, *, duration_s: float | None = None, out_dir: str | 
         desk = world.desk(world.lfw, interval_s=45.0 if quick else 60.0, clock=clock)
         operator = world.operator(interval_s=5.0, clock=clock, timeline=timeline)
         actors = [decisions, desk.start(), operator.start()]
+        door = world.door
+        door.start_feeder(interval_s=5.0, max_claims=int(duration / 5) + 10, duration_s=duration)
         training = MidRunTraining(at_s=duration / 2)
         trainer = threading.Thread(target=_train_at, args=(training, world, clock), name="soak-train", daemon=True)
         trainer.start()
@@ -76,6 +83,7 @@ def run(quick: bool = False, *, duration_s: float | None = None, out_dir: str | 
         while clock() < duration:
             time.sleep(min(5.0, max(0.0, duration - clock())))
         nemesis.stop(timeout_s=120.0)
+        door.stop()
         desk.stop(timeout_s=200.0)
         trainer.join(600.0)
         world.stop_cameras()
@@ -85,7 +93,11 @@ def run(quick: bool = False, *, duration_s: float | None = None, out_dir: str | 
         decisions.stop()
         decisions.read_now()
         devices, _decided, _committed = world.histories()
-        per_device, totals = check_templates(devices, decisions.decided())
+        # The door's VERIFY decisions are the door's history, checked claim by claim below.
+        per_device, totals = check_templates(devices, [(d, m) for d, m in decisions.decided() if d != DOOR])
+        door_summary = _door(world, decisions)
+        for at, ms in door.claim_to_lock():
+            timeline.latency("claim_to_lock", t0 + (at - wall0), ms)
         events = check_events(decisions.committed(), [(s, e) for s, e, *_ in world.received])
         _latencies(world, timeline, t0, wall0)
         kept = world.kept_of_cameras()
@@ -98,12 +110,14 @@ def run(quick: bool = False, *, duration_s: float | None = None, out_dir: str | 
             "seed": seed,
             "load": world.describe(),
             "faults": [r.as_dict() for r in nemesis.records],
-            "fault_kinds_not_run": [k for k in FAULT_KINDS if k not in KINDS],
+            "fault_kinds_not_run": {
+                k: world.unavailable.get(k, "not built") for k in FAULT_KINDS if k not in world.kinds()
+            },
             "devices": per_device,
             "totals": totals,
             "events": events,
-            "wrong_lock_drives": None,
-            "door": None,
+            "wrong_lock_drives": door_summary["wrong_lock_drives"],
+            "door": door_summary,
             "strangers_kept": kept["kept"],
             "kept_of_cameras": kept,
             "epsilon": epsilon,
@@ -126,7 +140,7 @@ def run(quick: bool = False, *, duration_s: float | None = None, out_dir: str | 
     summary["fds_growth"] = _per_process(timeline, "fds", lambda s: timeline.growth("fds", s))
     summary["p99_ms_per_minute"] = timeline.percentiles_per_minute("ingest_to_decision")
     summary["cpu"] = _cpu(timeline, summary)
-    verdicts = judge(summary, timeline, warmup_s=warmup, latency_kinds=("ingest_to_decision",))
+    verdicts = judge(summary, timeline, warmup_s=warmup, latency_kinds=("ingest_to_decision", "claim_to_lock"))
     summary["targets"] = [dict(v) for v in verdicts]
     (out / "timeline.json").write_text(timeline.to_json())
     (out / "soak.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
@@ -134,6 +148,19 @@ def run(quick: bool = False, *, duration_s: float | None = None, out_dir: str | 
 
     summary["report"] = str(write_report(summary, timeline, out))
     return summary
+
+
+def _door(world: SoakWorld, decisions: DecisionLog) -> dict[str, Any]:
+    """The door's claims, lock drives and the server's decisions on them (:func:`door.check_door_history`).
+
+    The server's decisions come from the decision log (retention deletes them from the database within
+    minutes). A Verify decision is written before its answer, so every drive must have its accepted decision
+    in that record: no fault window excuses one.
+    """
+    from peep.server.bench.soak.door import ServerDecision
+
+    assert world.door is not None
+    return dict(world.door.history([ServerDecision(*row) for row in decisions.verify_decisions(DOOR)]))
 
 
 def _train_at(training: MidRunTraining, world: SoakWorld, clock: Any) -> None:

@@ -15,8 +15,10 @@ decisions, the subscriber's deliveries.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -44,7 +46,13 @@ RETENTION_INTERVAL_S = 10.0
 DESK = "desk-1"
 #: The fault kinds this world injects (the others are refused by name at scheduling).
 KINDS = ("replica_kill", "replica_term", "broker_restart", "postgres_fast", "postgres_immediate", "camera_kill",
-         "network_cut")  # fmt: skip
+         "network_cut", "disk_full", "clock_step")  # fmt: skip
+#: The door: a real peep-edge door over a camera of its own, taking a claim every few seconds.
+DOOR = "door-1"
+#: A camera's state folder is a filesystem of this many MiB (the disk_full fault fills it).
+STATE_DISK_MB = 16
+#: How far the clock_step fault moves a camera's wall clock (past the server's allowed skew of 300 s).
+CLOCK_STEP_S = 600.0
 _ENV_1 = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
@@ -89,7 +97,7 @@ class SoakWorld:
         self.out, self.seed, self.data_home, self.say, self.fps = out, seed, data_home, say, fps
         self.retention_s = retention_s
         self.admin = secrets.token_urlsafe(24)
-        self.tokens = {d: secrets.token_urlsafe(24) for d in (*CAMERAS, DESK)}
+        self.tokens = {d: secrets.token_urlsafe(24) for d in (*CAMERAS, DESK, DOOR)}
         self.console_ports = {n: free_port() for n in REPLICAS}
         self.mqtt_passwords = {d: secrets.token_urlsafe(16) for d, t in CAMERAS.items() if t == "mqtt"}
         self.server_password = secrets.token_urlsafe(16)
@@ -106,6 +114,12 @@ class SoakWorld:
         self.pki: Any = None
         self.enrolled: list[str] = []
         self.lfw: dict[str, list[Path]] = {}
+        self.door: Any = None
+        self.disks: dict[str, Any] = {}
+        self.clocks: dict[str, Any] = {}
+        #: Fault kinds this machine cannot inject, with why (no root for a mount, no libfaketime, ...).
+        self.unavailable: dict[str, str] = {}
+        self.deadletters: Any = None
         self._baselines: dict[Fault, int] = {}
 
     # ------------------------------------------------------------------ building it
@@ -125,6 +139,8 @@ class SoakWorld:
         self._replicas()
         self._enrol_and_train(people)
         self._cameras(people)
+        self._door(people)
+        self._follow_deadletters()
         self._follower = threading.Thread(target=self._follow, name="soak-events", daemon=True)
         self._follower.start()
         return self
@@ -261,7 +277,7 @@ class SoakWorld:
             }  # fmt: skip
             conf = self.out / f"{device}.toml"
             conf.write_text(to_toml(cfg))
-            env = {"PEEP_SOAK_TOKEN": self.tokens[device]}
+            env = {"PEEP_SOAK_TOKEN": self.tokens[device], **self._edge_faults(device, state)}
             if device in self.mqtt_passwords:
                 env["PEEP_SOAK_MQTT_PASSWORD"] = self.mqtt_passwords[device]
             cam = Camera(device, transport, conf, state, proxy, env, self.out / f"{device}.log")
@@ -269,6 +285,51 @@ class SoakWorld:
             self.cameras[device] = cam
         self.say(f"    cameras {', '.join(f'{d} ({t})' for d, t in CAMERAS.items())}, videos in a loop at "
                  f"{self.fps:g} frames/s")  # fmt: skip
+
+    def _edge_faults(self, device: str, state: Path) -> dict[str, str]:
+        """The camera's state folder a small filesystem, its wall clock steppable; returns the clock's environment.
+
+        Either part missing on this machine leaves its fault kind out, with the reason (:attr:`unavailable`).
+        """
+        from peep.server.bench.soak.edgefaults import LimitedFolder, SteppedClock
+        from peep.server.bench.soak.parts import PartUnavailable
+
+        if "disk_full" not in self.unavailable:
+            try:
+                self.disks[device] = LimitedFolder(state, size_mb=STATE_DISK_MB).mount()
+            except PartUnavailable as exc:
+                self.unavailable["disk_full"] = str(exc)
+        if "clock_step" not in self.unavailable:
+            try:
+                clock = SteppedClock(self.out / "clocks", name=device)
+                self.clocks[device] = clock
+                return clock.env()
+            except PartUnavailable as exc:
+                self.unavailable["clock_step"] = str(exc)
+        return {}
+
+    def kinds(self) -> tuple[str, ...]:
+        """The fault kinds this world can inject here (after :meth:`start`)."""
+        return tuple(k for k in KINDS if k not in self.unavailable)
+
+    def _door(self, people: dict[str, list[Path]]) -> None:
+        from peep.server.bench.soak.door import SoakDoor
+
+        assert self.balancer is not None
+        self.door = SoakDoor(self.out / "door", site=self.site, device_id=DOOR, token=self.tokens[DOOR],
+                             bundle_dir=self.bundle_dir, public_key=self.pub, ca_cert=self.pki.ca_cert,
+                             target=("127.0.0.1", self.balancer.port), enrolled=self.enrolled, people=people,
+                             seed=self.seed, fps=self.fps).prepare()  # fmt: skip
+        self.door.start()
+        self.say(f"    door {DOOR} (gRPC through its own proxy), claims every few seconds")
+
+    def _follow_deadletters(self) -> None:
+        from peep.server.bench.soak.actors import DeadLetterFollower
+
+        assert self.broker is not None
+        follower = DeadLetterFollower("localhost", self.broker.srv_port, self.pki.ca_cert, self.server_password,
+                                      topic="devices/peep/v1/deadletter")  # fmt: skip
+        self.deadletters = follower.start()
 
     # ------------------------------------------------------------------ the other users
 
@@ -403,7 +464,11 @@ class SoakWorld:
         if kind == "broker_restart":
             return ["broker"]
         if kind in ("camera_kill", "network_cut"):
-            return list(CAMERAS)
+            return [*CAMERAS, DOOR]
+        if kind == "disk_full":
+            return list(self.disks)
+        if kind == "clock_step":
+            return list(self.clocks)
         return []
 
     def inject(self, fault: Fault) -> Callable[[], None]:
@@ -433,6 +498,20 @@ class SoakWorld:
                 pg.start()
 
             return restart_postgres
+        if kind == "camera_kill" and target == DOOR:
+            self.door.kill()
+            return self.door.start  # type: ignore[no-any-return]
+        if kind == "network_cut" and target == DOOR:
+            self.door.proxy.cut()
+            return self.door.proxy.heal  # type: ignore[no-any-return]
+        if kind == "disk_full":
+            disk = self.disks[target]
+            disk.fill()
+            return disk.free  # type: ignore[no-any-return]
+        if kind == "clock_step":
+            clock = self.clocks[target]
+            clock.step(CLOCK_STEP_S)
+            return clock.reset  # type: ignore[no-any-return]
         if kind == "camera_kill":
             cam = self.cameras[target]
             if cam.proc is not None:
@@ -459,7 +538,8 @@ class SoakWorld:
         baseline = self._baselines.setdefault(fault, now)  # the first ask after the heal sets the mark
         queued = [c.queued() for c in self.cameras.values()]
         drained = all(q is not None and q <= 2 for q in queued)  # a release or two in flight is not a backlog
-        return now > baseline and drained and all(c.alive() for c in self.cameras.values())
+        door_up = self.door is None or self.door.alive()
+        return now > baseline and drained and door_up and all(c.alive() for c in self.cameras.values())
 
     # ------------------------------------------------------------------ the end
 
@@ -490,6 +570,9 @@ class SoakWorld:
             with sqlite3.connect(f"file:{cam.state_dir / 'spool.sqlite3'}?mode=ro", uri=True) as db:
                 queued = {r[0] for r in db.execute("SELECT message_id FROM outbox")}
                 dead = {r[0]: r[1] for r in db.execute("SELECT message_id, reason FROM dead")}
+            # Over MQTT a template leaves the spool once the broker has it: the server's refusal is its note.
+            if self.deadletters is not None:
+                dead |= {m: f"server: {code}" for m, code in self.deadletters.of(d).items()}
             devices.append(DeviceHistory(d, frozenset(sent), dead, frozenset(queued)))
         with psycopg.connect(self.pg.dsn, connect_timeout=5) as c:
             decided = [(r[0], r[1]) for r in c.execute("SELECT device_id, message_id FROM recognition_events")]
@@ -504,13 +587,19 @@ class SoakWorld:
             out[f"replica-{n}"] = r.proc.pid if r.proc is not None and r.proc.poll() is None else None
         for d, c in self.cameras.items():
             out[d] = c.proc.pid if c.alive() and c.proc is not None else None
+        out[DOOR] = self.door.pid if self.door is not None else None
         out["broker"] = self.broker.pid if self.broker is not None else None
         out["postgres"] = self.pg.pid if self.pg is not None else None
         return out
 
     def close(self) -> None:
-        """Stop everything, cameras first; every wait bounded."""
+        """Stop everything, the door and cameras first; every wait bounded. The cameras' state folders are copied
+        to ``devices-final/`` before their filesystems are unmounted."""
         self._follow_stop.set()
+        if self.door is not None:
+            self.door.close()
+        if self.deadletters is not None:
+            self.deadletters.stop()
         for cam in self.cameras.values():
             if cam.alive() and cam.proc is not None:
                 cam.proc.kill()
@@ -524,7 +613,20 @@ class SoakWorld:
             self.broker.stop()
         if self.pg is not None:
             self.pg.stop("fast")
+        for d, disk in self.disks.items():
+            with contextlib.suppress(OSError):
+                shutil.copytree(
+                    disk.folder,
+                    self.out / "devices-final" / d,
+                    dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns(disk.filler.name),
+                )
+            disk.close()
+        for clock in self.clocks.values():
+            clock.close()
 
     def describe(self) -> dict[str, Any]:
         return {"cameras": dict(CAMERAS), "replicas": [f"replica-{n}" for n in REPLICAS], "fps": self.fps,
-                "enrolled": len(self.enrolled), "site": self.site}  # fmt: skip
+                "enrolled": len(self.enrolled), "site": self.site, "door": DOOR, "desk": DESK,
+                "state_disk_mb": STATE_DISK_MB, "clock_step_s": CLOCK_STEP_S,
+                "unavailable_fault_kinds": dict(self.unavailable)}  # fmt: skip
