@@ -333,3 +333,33 @@ def test_a_door_reporting_an_insecure_broker_is_warned_about_on_devices(site: Si
     assert "insecure broker" in cell(row_of(page, "door-2"), "transport")
     door_1 = cell(row_of(page, "door-1"), "transport")
     assert "report: gRPC (ReportDevice)" in door_1 and "insecure" not in door_1
+
+
+def test_what_a_device_spent_beyond_what_reached_the_server_is_shown_from_its_report(site: Site):
+    """A release the server refused (a clock far ahead, say) was still spent: its ε is in the device's ledger and
+    report, not in the server's. The row says both, so the ε on the page is never less than the device spent."""
+    from peep.core.reports import DeviceReport
+    from peep.v1 import recognition_pb2
+
+    stub = site.server.stub()
+    time.sleep(1.1)  # another test's report of door-1 may be less than the server's second old
+    msg = site.faces.message(0, purpose="identify", device="door-1")
+    stub.Identify(recognition_pb2.IdentifyRequest(template=msg), metadata=md("door-1"), timeout=10)
+    received = number(cell(row_of(site.devices_page(), "door-1"), "eps-total"))
+    spent = received + 3 * site.epsilon_vector  # three more releases that never reached the ledger here
+    report = DeviceReport(at=time.time(), bundle_id=site.faces.bundle.bundle_id, mechanism="peep-raw",
+                          epsilon_vector=site.epsilon_vector, epsilon_coordinate=8.0,
+                          epsilon_vector_per_release=site.epsilon_vector, track_budget_vector=None,
+                          device_budget_vector=None, releases=99, epsilon_vector_spent=spent)  # fmt: skip
+    stub.ReportDevice(recognition_pb2.DeviceReportRequest(device_id="door-1", site=SITE, report=report.to_json()),
+                      metadata=md("door-1"), timeout=10)  # fmt: skip
+    total = cell(row_of(site.devices_page(), "door-1"), "eps-total")
+    assert number(total) == pytest.approx(received, rel=1e-3)  # what reached the server, as before
+    shown = re.search(r'class="eps-reported">spent by the device \(its report\): ([0-9.,]+) over 99 releases', total)
+    assert shown and float(shown.group(1).replace(",", "")) == pytest.approx(spent, rel=1e-3), total
+    # a report that agrees with the ledger adds nothing
+    time.sleep(1.1)  # the server takes one report a second per device
+    agreeing = DeviceReport(**{**report.__dict__, "epsilon_vector_spent": received, "at": time.time()})
+    stub.ReportDevice(recognition_pb2.DeviceReportRequest(device_id="door-1", site=SITE, report=agreeing.to_json()),
+                      metadata=md("door-1"), timeout=10)  # fmt: skip
+    assert "eps-reported" not in cell(row_of(site.devices_page(), "door-1"), "eps-total")

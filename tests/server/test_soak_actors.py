@@ -17,15 +17,20 @@ def _events_table(dsn: str) -> None:
 
     with psycopg.connect(dsn, autocommit=True) as c:
         c.execute("CREATE TABLE recognition_events (id BIGINT PRIMARY KEY, event_id TEXT, device_id TEXT, "
-                  "message_id TEXT, model_version TEXT)")  # fmt: skip
+                  "message_id TEXT, model_version TEXT, purpose TEXT DEFAULT 'identify', "
+                  "claimed_subject TEXT DEFAULT '', accepted INTEGER, at DOUBLE PRECISION DEFAULT 0)")  # fmt: skip
 
 
-def _insert(dsn: str, *rows: tuple[int, str, str, str, str]) -> None:
+def _insert(dsn: str, *rows: tuple[object, ...]) -> None:
+    """Rows of (id, event_id, device_id, message_id, model_version[, purpose, claimed_subject, accepted, at])."""
     import psycopg
 
+    names = ["id", "event_id", "device_id", "message_id", "model_version", "purpose", "claimed_subject", "accepted",
+             "at"]  # fmt: skip
     with psycopg.connect(dsn, autocommit=True) as c:
         for r in rows:
-            c.execute("INSERT INTO recognition_events VALUES (%s, %s, %s, %s, %s)", r)
+            cols, marks = ", ".join(names[: len(r)]), ", ".join(["%s"] * len(r))
+            c.execute(f"INSERT INTO recognition_events ({cols}) VALUES ({marks})", r)
 
 
 def test_the_decision_log_keeps_rows_retention_deleted_and_those_committed_out_of_id_order(pg_dsn):
@@ -44,6 +49,10 @@ def test_the_decision_log_keeps_rows_retention_deleted_and_those_committed_out_o
     assert log.committed() == [(1, "e1"), (2, "e2"), (3, "e3")]
     assert sorted(log.decided()) == [("cam-1", "m1"), ("cam-1", "m2"), ("cam-2", "m3")]
     assert log.by_model() == {"v1": 2, "v2": 1}
+    # a door's Verify decisions are kept with their claim and verdict
+    _insert(pg_dsn, (4, "e4", "door-1", "nonce-1", "v2", "verify", "Ann", 1, 12.5))
+    log.read_now()
+    assert log.verify_decisions("door-1") == [("nonce-1", "Ann", True, 12.5)] and log.verify_decisions("cam-1") == []
 
 
 def test_a_read_that_fails_is_kept_as_an_error_and_the_loop_goes_on():
@@ -59,8 +68,10 @@ def test_the_epsilon_the_devices_page_shows_is_read_per_row():
     html = """<table><tr>
       <td>cam-1</td><td>soak</td><td class="eps-total">12,345.5<br><small>soft traits 2</small></td></tr>
       <tr><td>cam-2</td><td>x</td><td class="eps-total">16</td></tr>
+      <tr><td>cam-3</td><td>x</td><td class="eps-total">3,104<br><small class="eps-reported">spent by the device
+      (its report): 3,152 over 197 releases; the difference was refused here or is still on its way</small></td></tr>
       <tr><td>desk-1</td><td>no releases yet</td></tr></table>"""
-    assert shown_epsilon(html) == {"cam-1": 12345.5, "cam-2": 16.0}
+    assert shown_epsilon(html) == {"cam-1": 12345.5, "cam-2": 16.0, "cam-3": 3152.0}
 
 
 def _camera(tmp: Path, device: str, messages: list[str]) -> SimpleNamespace:

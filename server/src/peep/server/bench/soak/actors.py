@@ -213,13 +213,18 @@ def add_console_user(config: Path, name: str, env: dict[str, str]) -> str:
 _CSRF = re.compile(r'name="csrf" value="([^"]*)"')
 _EPS_ROW = re.compile(r"<tr>\s*<td>([A-Za-z0-9_.:@-]+)</td>(.*?)</tr>", re.S)
 _EPS_TOTAL = re.compile(r'class="eps-total">([0-9.,]+)')
+_EPS_REPORTED = re.compile(r'class="eps-reported">[^<]*?: ([0-9.,]+) over')
 
 
 def shown_epsilon(devices_html: str) -> dict[str, float]:
-    """Device id -> the Σ ε (per vector) the Devices page shows in that device's row."""
+    """Device id -> the Σ ε (per vector) the Devices page shows as that device's spend.
+
+    The ε of the releases the server received; where the device's own report says it spent more (releases
+    refused or still on their way), the page shows that too, and that is the device's spend.
+    """
     out: dict[str, float] = {}
     for dev, row in _EPS_ROW.findall(devices_html):
-        m = _EPS_TOTAL.search(row)
+        m = _EPS_REPORTED.search(row) or _EPS_TOTAL.search(row)
         if m:
             out[dev] = float(m.group(1).replace(",", ""))
     return out
