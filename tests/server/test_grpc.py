@@ -461,3 +461,24 @@ def test_a_verify_decision_is_in_the_database_before_its_answer_or_there_is_no_a
     code, details = _code(stub.Verify, recognition_pb2.VerifyRequest(template=templates.message(i),
                           claimed_subject=str(templates.subjects[i])), metadata=DEVICE, timeout=5)  # fmt: skip
     assert code == grpc.StatusCode.UNAVAILABLE and "could not be kept" in details and "hunter2" not in details
+
+
+def test_a_call_whose_database_is_away_answers_unavailable_not_internal(trained_server, monkeypatch):
+    """PostgreSQL restarting under a call (the soak's training run met one): UNAVAILABLE, call again; never
+    INTERNAL, and never the driver's text (it can name the DSN)."""
+    from peep.server.storage.interface import StoreError
+
+    def away(*_a: object, **_k: object) -> object:
+        raise StoreError("storage.dsn 'postgresql://peep:hunter2@db': could not connect to PostgreSQL")
+
+    monkeypatch.setattr(trained_server.services, "erase_subject", away)
+    erase = recognition_pb2.EraseSubjectRequest(subject="nobody-at-all")
+    code, details = _code(trained_server.stub().EraseSubject, erase, metadata=ADMIN, timeout=5)
+    assert code == grpc.StatusCode.UNAVAILABLE and "call again" in details and "hunter2" not in details
+
+    def bug(*_a: object, **_k: object) -> object:
+        raise KeyError("a bug, not an outage")
+
+    monkeypatch.setattr(trained_server.services, "erase_subject", bug)
+    code, _ = _code(trained_server.stub().EraseSubject, erase, metadata=ADMIN, timeout=5)
+    assert code == grpc.StatusCode.INTERNAL

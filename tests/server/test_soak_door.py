@@ -21,6 +21,7 @@ from peep.server.bench.soak.door import (
     SoakDoor,
     check_door_history,
     claim_to_lock,
+    claim_to_verdict,
     door_config,
     read_decisions,
     read_door_log,
@@ -92,6 +93,10 @@ def test_each_claim_is_matched_to_its_run_and_each_drive_to_an_accepted_decision
     # From the feeder's write (T0 + 10 * seq) to the drive.
     assert claim_to_lock(sent, runs, events, [T0 + 0.95, T0 + 40.95]) == [(T0, pytest.approx(950.0)),
                                                                          (T0 + 40, pytest.approx(950.0))]  # fmt: skip
+    # Every claim the server decided, opened or rejected, to the door's answer; the killed ones are not there.
+    assert claim_to_verdict(sent, runs, events) == [(T0, pytest.approx(1000.0)), (T0 + 10, pytest.approx(1000.0)),
+                                                    (T0 + 40, pytest.approx(1000.0)),
+                                                    (T0 + 50, pytest.approx(1000.0))]  # fmt: skip
 
 
 def test_a_drive_without_an_accepted_decision_is_wrong_unless_the_server_may_have_lost_it(tmp_path):

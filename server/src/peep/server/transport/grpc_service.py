@@ -112,6 +112,11 @@ def _guard(fn: F) -> F:
         except Exception as exc:
             if isinstance(exc, grpc.RpcError) or type(exc).__name__ == "_AbortError" or context.code() is not None:
                 raise
+            if is_database_outage(exc):  # restarting or away: the caller may call again (the text stays here)
+                log.warning("handler: the database did not answer", extra={"method": fn.__name__,
+                                                                           "error": str(exc)[:200]})  # fmt: skip
+                context.abort(grpc.StatusCode.UNAVAILABLE,
+                              f"{fn.__name__}: the server's database did not answer; call again")  # fmt: skip
             log.exception("handler failed", extra={"method": fn.__name__})
             context.abort(grpc.StatusCode.INTERNAL, f"{fn.__name__}: internal error ({type(exc).__name__})")
 

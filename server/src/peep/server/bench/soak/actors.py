@@ -338,18 +338,30 @@ class MidRunTraining:
     at_s: float
     result: dict[str, Any] = field(default_factory=dict)
 
-    def run(self, stub: Any, metadata: list[tuple[str, str]], clock: Callable[[], float]) -> None:
+    def run(self, stub_of: Callable[[], Any], metadata: list[tuple[str, str]], clock: Callable[[], float],
+            *, give_up_s: float = 180.0) -> None:  # fmt: skip
+        """Train and read the serving model; called again while the server answers UNAVAILABLE (a replica or
+        the database away: what an operator does), for at most ``give_up_s``."""
+        import grpc
         from peep.v1 import recognition_pb2
 
-        self.result = {"at_s": round(clock(), 1)}
+        self.result = {"at_s": round(clock(), 1), "attempts": 0}
         t = time.monotonic()
-        try:
-            resp = stub.Train(recognition_pb2.TrainRequest(), metadata=metadata, timeout=600)
-            status = stub.GetModelStatus(recognition_pb2.ModelStatusRequest(), metadata=metadata, timeout=30)
-            self.result.update(model_version=resp.model_version, n_subjects=int(resp.n_subjects),
-                               n_templates=int(resp.n_templates), serving=_serving_version(status))  # fmt: skip
-        except Exception as exc:
-            self.result["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        while True:
+            self.result["attempts"] += 1
+            try:
+                stub = stub_of()
+                resp = stub.Train(recognition_pb2.TrainRequest(), metadata=metadata, timeout=600)
+                status = stub.GetModelStatus(recognition_pb2.ModelStatusRequest(), metadata=metadata, timeout=30)
+                self.result.update(model_version=resp.model_version, n_subjects=int(resp.n_subjects),
+                                   n_templates=int(resp.n_templates), serving=_serving_version(status))  # fmt: skip
+                self.result.pop("error", None)
+                break
+            except grpc.RpcError as exc:
+                self.result["error"] = f"{exc.code().name}: {str(exc.details())[:200]}"
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() - t > give_up_s:
+                    break
+                time.sleep(2.0)
         self.result["took_s"] = round(time.monotonic() - t, 1)
 
 

@@ -42,6 +42,7 @@ LATENCY_TITLES = {
     "ingest_to_decision": "Latency from ingest to decision, per minute",
     "claim_to_lock": "Latency from a door claim to the lock drive, per minute",
     "console_page": "Console page loads (Live, Devices), per minute",
+    "claim_to_verdict": "Latency from a door claim to the door's answer (opened or rejected), per minute",
 }
 DEVICE_COUNTS = ("sent", "decided_once", "dead_lettered", "lost", "duplicated")
 

@@ -165,17 +165,20 @@ def _latencies(
     kinds: Iterable[str],
     warmup_s: float,
     p99_factor: float,
-    min_minute_n: int,
+    min_n: int,
     settle_s: float,
+    min_per_minute: Mapping[str, int],
 ) -> list[Verdict]:
     faults = timeline.faults()
     out: list[Verdict] = []
-    for kind in sorted(set(kinds) | set(timeline.latency_kinds())):
+    required = set(kinds)
+    for kind in sorted(required | set(timeline.latency_kinds())):
         name = f"p99_per_minute[{kind}]"
         rows = timeline.percentiles_per_minute(kind)
         if not rows:
             out.append(_verdict(name, None, p99_factor, "no latencies recorded"))
             continue
+        min_minute_n = min_per_minute.get(kind, min_n)
         early = sum(60.0 * r["minute"] < warmup_s for r in rows)
         sparse = sum(60.0 * r["minute"] >= warmup_s and r["n"] < min_minute_n for r in rows)
         faulted = [r for r in rows if 60.0 * r["minute"] >= warmup_s and _disturbed(r["minute"], faults, settle_s)]
@@ -188,7 +191,8 @@ def _latencies(
         ]
         skipped = f"{early} in warm-up, {len(faulted)} in or after faults, {sparse} under {min_minute_n} latencies"
         if not judged:
-            out.append(_verdict(name, None, p99_factor, f"no quiet minute to judge ({skipped})"))
+            if kind in required:  # a kind recorded besides them is judged where it can be, listed otherwise
+                out.append(_verdict(name, None, p99_factor, f"no quiet minute to judge ({skipped})"))
             continue
         base = judged[0]
         if base["p99_ms"] <= 0:
@@ -218,6 +222,7 @@ def judge(
     settle_s: float = 60.0,
     latency_kinds: Iterable[str] = LATENCY_KINDS,
     faults_expected: bool = True,
+    min_per_minute: Mapping[str, int] | None = None,
 ) -> list[Verdict]:
     """Every target of the module's docstring, in that order.
 
@@ -238,7 +243,9 @@ def judge(
     settle_s : float, default 60
         Seconds after each fault's recovery whose minutes the latency target does not judge.
     latency_kinds : iterable of str
-        Kinds that must have latencies (besides any recorded).
+        Kinds that must be judged; a kind recorded besides them is judged only where it has a quiet minute.
+    min_per_minute : mapping, optional
+        ``min_minute_n`` per kind, where a kind comes fewer times a minute (a door's claims).
     faults_expected : bool, default True
         Whether a run without a fault fails the recovery target.
 
@@ -261,5 +268,5 @@ def judge(
         *_counts(summary),
         *_resources(timeline, warmup_s, life_warmup_s, rss_mb_per_hour, flat_bound),
         *_recoveries(timeline.faults(), recovery_s, faults_expected),
-        *_latencies(timeline, latency_kinds, warmup_s, p99_factor, min_minute_n, settle_s),
+        *_latencies(timeline, latency_kinds, warmup_s, p99_factor, min_minute_n, settle_s, min_per_minute or {}),
     ]
