@@ -80,7 +80,8 @@ class ChangeWatcher:
         try:
             self._on_check()
         except Exception as exc:  # the database being down must not stop the watcher
-            log.warning("periodic check failed", extra={"thread": self._thread.name, "error": str(exc)})
+            # "watcher", not "thread": a LogRecord's own attribute name raises KeyError, which ended this thread.
+            log.warning("periodic check failed", extra={"watcher": self._thread.name, "error": str(exc)[:200]})
 
     def _dispatch(self, channel: str, payload: str) -> None:
         fn = self._handlers.get(channel)
