@@ -351,3 +351,34 @@ def test_a_camera_in_decision_mode_asks_for_its_model_on_the_broker_and_publishe
     # The report states what a release costs in this mode (the label), as the ledger charged it.
     assert report.epsilon_vector_per_release == 8.0 and report.epsilon_vector_spent == pytest.approx(8.0 * len(ids))
     assert report.decision["flip_probability"] == pytest.approx(4 / (np.exp(8.0) + 4), rel=1e-6)
+
+
+def test_a_template_nobody_subscribes_to_is_kept_and_sent_again(system_broker, collector_factory, tmp_path):
+    """The broker answers 0x10 (no matching subscribers) and drops the message: to MQTT a success, to the device
+    a template that reached nobody. It stays in the spool and goes again after a backoff; once a subscriber
+    (the server's session) is there it arrives, and only then is it deleted. A restarted broker the soak's MQTT
+    camera reached before the server's sessions lost four templates this way."""
+    from peep.edge.config import MqttConfig
+    from peep.edge.transport.mqtt import MqttForwarder, MqttLink
+
+    device = f"cam-{uuid.uuid4().hex[:8]}"
+    path = tmp_path / "spool.sqlite3"
+    spool = Spool(path, destinations=["mqtt"])
+    for i in range(3):
+        spool.put(message_id=f"m{i}", purpose="identify", payload=f"<<m{i}-{device}>>".encode())
+    link = MqttLink(MqttConfig(host=system_broker[0], port=system_broker[1], tls=False), client_id=f"nobody-{device}",
+                    site="edgetest", device_id=device, publish_status=False)  # fmt: skip
+    fwd = MqttForwarder(link, spool, retry_min_s=0.2, retry_max_s=0.5)
+    link.start()
+    fwd.start()
+    try:
+        time.sleep(2.0)  # several PUBACKs with 0x10 meanwhile
+        assert spool.depth("mqtt") == 3, "a template nobody received was deleted"
+        col = collector_factory(*system_broker, [f"peep/v1/edgetest/{device}/templates"])
+        assert col.wait_for(lambda: spool.depth("mqtt") == 0, 20), "the spool did not drain once subscribed"
+        assert col.wait_for(lambda: len(set(col.payloads())) == 3, 5)
+        assert sorted(set(col.payloads())) == sorted(f"<<m{i}-{device}>>".encode() for i in range(3))
+    finally:
+        fwd.stop(1.0)
+        link.stop()
+        spool.close()

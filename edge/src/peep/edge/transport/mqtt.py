@@ -19,7 +19,10 @@ keeps handed messages across reconnects and resends them (DUP flag) after
 it reconnects with exponential backoff (``reconnect_min_s`` doubling to
 ``reconnect_max_s``); templates not yet handed stay in the spool. A PUBACK
 with a failure reason code (e.g. 0x87 not authorised by the broker's ACL) is
-logged and the template is retried after a backoff, never dropped.
+logged and the template is retried after a backoff, never dropped; so is one
+with 0x10, no matching subscribers: the broker acknowledged a template it then
+dropped because no server session subscribed (a restarted broker the device
+reached before the server did, or a server without a persistent session).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ from peep.edge.startup import mqtt_tls_context
 from peep.edge.transport.base import Forwarder
 
 _log = logging.getLogger("peep.edge.mqtt")
+#: PUBACK reason code (MQTT 5) of a message the broker took and then dropped: nobody subscribes to its topic.
+NO_MATCHING_SUBSCRIBERS = 0x10
 
 
 def _is_topic(received: str, ours: str) -> bool:
@@ -279,7 +284,10 @@ class MqttLink:
         reason_code: ReasonCode,
         properties: Properties | None,
     ) -> None:
-        self.acks.put((mid, not reason_code.is_failure, str(reason_code)))
+        # 0x10 "no matching subscribers" is a success to MQTT and a loss to us: the broker dropped the template
+        # (a device reconnecting to a restarted broker before the server's sessions did). Kept and sent again.
+        delivered = not reason_code.is_failure and reason_code.value != NO_MATCHING_SUBSCRIBERS
+        self.acks.put((mid, delivered, str(reason_code)))
         self._notify()
 
     def _handle_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:

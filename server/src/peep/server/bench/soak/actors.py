@@ -352,10 +352,10 @@ class MidRunTraining:
             try:
                 stub = stub_of()
                 resp = stub.Train(recognition_pb2.TrainRequest(), metadata=metadata, timeout=600)
-                status = stub.GetModelStatus(recognition_pb2.ModelStatusRequest(), metadata=metadata, timeout=30)
                 self.result.update(model_version=resp.model_version, n_subjects=int(resp.n_subjects),
-                                   n_templates=int(resp.n_templates), serving=_serving_version(status))  # fmt: skip
+                                   n_templates=int(resp.n_templates))  # fmt: skip
                 self.result.pop("error", None)
+                self._serving(stub_of, metadata, resp.model_version)
                 break
             except grpc.RpcError as exc:
                 self.result["error"] = f"{exc.code().name}: {str(exc.details())[:200]}"
@@ -364,9 +364,24 @@ class MidRunTraining:
                 time.sleep(2.0)
         self.result["took_s"] = round(time.monotonic() - t, 1)
 
+    def _serving(self, stub_of: Callable[[], Any], metadata: list[tuple[str, str]], version: str) -> None:
+        """Ask both replicas (the balancer spreads the calls) until each has served ``version`` twice in a row,
+        for at most 30 s: ``serving`` is what the last answer said, ``promotion_s`` how long that took."""
+        from peep.v1 import recognition_pb2
 
-def _serving_version(status: Any) -> str:
-    return str(status.model_version)
+        t = time.monotonic()
+        in_a_row = 0
+        serving = ""
+        while time.monotonic() - t < 30.0 and in_a_row < 4:
+            try:
+                status = stub_of().GetModelStatus(recognition_pb2.ModelStatusRequest(), metadata=metadata, timeout=10)
+                serving = str(status.model_version)
+            except Exception:  # a replica away meanwhile: ask again
+                serving = ""
+            in_a_row = in_a_row + 1 if serving == version else 0
+            if in_a_row < 4:
+                time.sleep(0.25)
+        self.result.update(serving=serving, promotion_s=round(time.monotonic() - t, 2))
 
 
 class DeadLetterFollower:
