@@ -56,3 +56,10 @@ def test_the_epsilon_shown_must_equal_the_devices_ledgers():
     got = check_epsilon({"cam-1": 48.0, "cam-2": 16.0}, {"cam-1": 32.0, "cam-3": 1.0})["mismatches"]
     assert got == {"cam-1": {"device": 48.0, "shown": 32.0}, "cam-2": {"device": 16.0, "shown": None},
                    "cam-3": {"device": None, "shown": 1.0}}  # fmt: skip
+
+
+def test_in_flight_counts_each_devices_releases_within_each_fault_window():
+    from peep.server.bench.soak.history import in_flight
+
+    released = {"cam-1": [1.0, 2.0, 3.5, 10.0], "cam-2": [2.5], "door-1": []}
+    assert in_flight(released, [(2.0, 3.5), (9.0, 9.5)]) == [{"cam-1": 2, "cam-2": 1}, {}]

@@ -179,3 +179,25 @@ def check_epsilon(
         if a is None or b is None or abs(a - b) > tolerance * max(1.0, abs(a)):
             mismatches[dev] = {"device": a, "shown": b}
     return {"devices": len(set(devices) | set(shown)), "mismatches": mismatches}
+
+
+def in_flight(released: Mapping[str, Sequence[float]], windows: Sequence[tuple[float, float]]) -> list[dict[str, int]]:
+    """Per fault window, how many releases each device made while it lasted: what had to survive the fault.
+
+    Parameters
+    ----------
+    released : mapping of str to sequence of float
+        Device -> the times (its ledger's wall clock) of its releases.
+    windows : sequence of (float, float)
+        Each fault's start and the moment it had recovered (or ended, when it never did), same clock.
+
+    Returns
+    -------
+    list of dict
+        One ``{device: n}`` per window, devices with none left out.
+    """
+    out = []
+    for lo, hi in windows:
+        counts = {d: sum(1 for t in ts if lo <= t <= hi) for d, ts in released.items()}
+        out.append({d: n for d, n in sorted(counts.items()) if n})
+    return out

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from peep.server.bench.soak.actors import DecisionLog, MidRunTraining, shown_epsilon
-from peep.server.bench.soak.history import check_epsilon, check_events, check_templates
+from peep.server.bench.soak.history import check_epsilon, check_events, check_templates, in_flight
 from peep.server.bench.soak.nemesis import FAULT_KINDS, Nemesis, schedule
 from peep.server.bench.soak.sampler import ResourceSampler, callable_source, directory_bytes_source, process_source
 from peep.server.bench.soak.targets import judge
@@ -103,6 +103,10 @@ def run(quick: bool = False, *, duration_s: float | None = None, out_dir: str | 
         events = check_events(decisions.committed(), [(s, e) for s, e, *_ in world.received])
         _latencies(world, timeline, t0, wall0)
         kept = world.kept_of_cameras()
+        faults_out = [r.as_dict() for r in nemesis.records]
+        windows = [(wall0 + r["at_s"], wall0 + (r["recovered_s"] or r["ended_s"] or r["at_s"])) for r in faults_out]
+        for row, n in zip(faults_out, in_flight(world.release_times(), windows), strict=True):
+            row["in_flight"] = n
         # The devices the soak holds ledgers of; the console also lists the administrator's sends apart.
         ledgers = world.ledger_epsilon()
         shown = {d: e for d, e in shown_epsilon(operator.last_devices).items() if d in ledgers or d in world.cameras}
@@ -111,7 +115,8 @@ def run(quick: bool = False, *, duration_s: float | None = None, out_dir: str | 
             "duration_s": round(timeline.now() - t0, 1),
             "seed": seed,
             "load": world.describe(),
-            "faults": [r.as_dict() for r in nemesis.records],
+            "started_at": wall0,
+            "faults": faults_out,
             "fault_kinds_not_run": {
                 k: world.unavailable.get(k, "not built") for k in FAULT_KINDS if k not in world.kinds()
             },

@@ -393,6 +393,21 @@ class SoakWorld:
             out[d] = float(row[0] or 0.0)
         return out
 
+    def release_times(self) -> dict[str, list[float]]:
+        """Per camera and the door, the wall-clock time of each release in its own ledger (a camera whose clock was
+        stepped wrote that window's times on its stepped clock)."""
+        out = {}
+        folders = {d: cam.state_dir for d, cam in self.cameras.items()}
+        if self.door is not None:
+            folders[DOOR] = self.door.state_dir
+        for d, folder in folders.items():
+            try:
+                with sqlite3.connect(f"file:{folder / 'ledger.sqlite3'}?mode=ro", uri=True) as db:
+                    out[d] = [float(r[0]) for r in db.execute("SELECT time FROM spends WHERE message_id != ''")]
+            except sqlite3.Error:
+                out[d] = []
+        return out
+
     def kept_of_cameras(self, *, sweep_grace_s: float = 2 * RETENTION_INTERVAL_S + 10.0) -> dict[str, Any]:
         """Every table of the database read for the cameras' releases (passers-by, enrolled or not).
 
