@@ -1,15 +1,18 @@
 """``peep bench --sections soak``: the whole system under load, faults on a schedule, a checker over the history.
 
-One run: build the system (:class:`~peep.server.bench.soak.world.SoakWorld`), sample every process and
+One run: build the system (:class:`~peep.server.bench.soak.world.SoakWorld`, its door
+:mod:`~peep.server.bench.soak.door`), start its other users (:mod:`~peep.server.bench.soak.actors`: the
+decision log, the enrolment desk, the console operator, a training run half way), sample every process and
 store every few seconds (:mod:`~peep.server.bench.soak.sampler`), let the nemesis work through its seeded
-schedule (:mod:`~peep.server.bench.soak.nemesis`), stop the cameras (each drains its spool), then read the
-histories each party kept and check them (:mod:`~peep.server.bench.soak.history`), judge the targets
+schedule (:mod:`~peep.server.bench.soak.nemesis`), stop the door and the cameras (each drains its spool), then
+read the histories each party kept and check them (:mod:`~peep.server.bench.soak.history`), judge the targets
 (:mod:`~peep.server.bench.soak.targets`) and draw the report (:mod:`~peep.server.bench.soak.report`).
 
 ``--quick`` runs about five minutes with one fault of each kind the world injects; without it the run lasts
 ``--duration`` seconds (an hour by default) with faults drawn until it is full. Latency here is a release's
 ``ingest_to_decision``: from the camera's ledger entry (the release) to the decision event's time, both on this
-machine's wall clock.
+machine's wall clock; a door claim's ``claim_to_verdict`` (to the door's answer) and ``claim_to_lock`` (to the
+lock's drive); a console page's load time.
 """
 
 from __future__ import annotations
