@@ -103,3 +103,30 @@ def test_every_table_is_read_for_the_cameras_releases(pg_dsn, tmp_path):
     assert got["found_in"] == {"ingest_ledger": 2, "templates": 1, "track_memory": 1}
     assert got["kept"] == 2 and got["kept_in"] == {"templates": 1, "track_memory": 1}
     assert got["track_memory_within_expiry"] == 1
+
+
+def test_the_desk_is_checked_against_its_own_ledger_and_an_input_refusal_is_not_a_failure(pg_dsn, tmp_path):
+    import psycopg
+    from peep.server.bench.soak.actors import Enrolment, EnrolmentDesk
+
+    ledger = tmp_path / "ledger.sqlite3"
+    with sqlite3.connect(ledger) as db:
+        db.execute("CREATE TABLE spends (key TEXT, epsilon REAL, message_id TEXT)")
+        rows = [("subject:Ann", "a1"), ("subject:Ann", "a2"), ("subject:Bo", "b1"), ("subject:Bo", "b2"),
+                ("subject:Cy", "c1"), ("subject:Dee", "d1")]  # fmt: skip
+        db.executemany("INSERT INTO spends VALUES (?, 16.0, ?)", rows)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE templates (subject TEXT, purpose TEXT)")
+        c.cursor().executemany("INSERT INTO templates VALUES (%s, 'enroll')", [("Ann",), ("Ann",), ("Bo",), ("Cy",),
+                                                                               ("Dee",)])  # fmt: skip
+    desk = EnrolmentDesk(tmp_path / "desk.toml", {}, [], count=2, interval_s=1.0, clock=lambda: 0.0,
+                         log=tmp_path / "desk.log")  # fmt: skip
+    desk.enrolments = [
+        Enrolment("Ann", 2, 1.0, rc=0),
+        Enrolment("Bo", 2, 2.0, rc=0),  # released two, one stored: lost on the way
+        Enrolment("Cy", 2, 3.0, rc=1, said="peep-edge enroll: error: --source: only 1 of --count 2 templates"),
+        Enrolment("Dee", 2, 4.0, rc=1, said="peep-edge enroll: error: 2 enrolment templates released but not all"),
+    ]
+    got = desk.check(pg_dsn, ledger)
+    assert got["templates_released"] == 6 and got["templates_stored"] == 5 and got["mismatched"] == ["Bo"]
+    assert [r["subject"] for r in got["refused_input"]] == ["Cy"] and [r["subject"] for r in got["failed"]] == ["Dee"]

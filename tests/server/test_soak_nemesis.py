@@ -107,3 +107,10 @@ def test_stopping_waits_for_the_fault_in_hand_to_be_healed_within_a_bound():
     t = time.monotonic()
     assert nemesis.stop(timeout_s=10.0)
     assert ("heal", "network_cut") in world.log and time.monotonic() - t < 5.0
+
+
+def test_quiet_time_leaves_undisturbed_stretches_between_faults():
+    faults = schedule(3, 3600, _targets, quick=False, warmup_s=300, quiet_s=150.0)
+    assert set(f.kind for f in faults) == set(FAULT_KINDS) and len(faults) <= 3300 // (20 + 25 + 150)
+    for a, b in itertools.pairwise(faults):
+        assert b.at_s - (a.at_s + a.duration_s + 25.0) >= 150.0 - 1e-6, (a, b)

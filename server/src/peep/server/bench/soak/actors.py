@@ -172,30 +172,41 @@ class EnrolmentDesk(_Loop):
         self.enrolments.append(rec)
         argv = [PEEP_EDGE, "enroll", "--config", str(self.config), "--subject", subject, "--source", str(folder),
                 "--count", str(self.count), "--timeout", "60"]  # fmt: skip
+        proc = subprocess.run(argv, env=self.env, capture_output=True, timeout=180)
         with open(self.log, "ab") as out:
-            proc = subprocess.run(argv, env=self.env, stdout=subprocess.PIPE, stderr=out, timeout=180)
+            out.write(proc.stderr)
         rec.rc = proc.returncode
-        rec.said = proc.stdout.decode(errors="replace").strip()[-200:]
+        lines = (proc.stdout + proc.stderr).decode(errors="replace").strip().splitlines()
+        rec.said = lines[-1][-300:] if lines else ""
 
-    def check(self, dsn: str) -> dict[str, Any]:
-        """Per enrolment the templates the server stored for that subject against those the desk released."""
+    def check(self, dsn: str, ledger: Path) -> dict[str, Any]:
+        """Per enrolment, the templates the server stored for that person against those the desk's own ledger
+        says it released. An enrolment the desk refused for its input (too few faces in the photos: its
+        ``--source`` error) is listed apart: the desk working, not the system failing."""
+        import sqlite3
+
         import psycopg
 
+        released: dict[str, int] = {}
+        if ledger.exists():
+            with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True) as db:
+                for key, n in db.execute("SELECT key, COUNT(*) FROM spends WHERE message_id != '' GROUP BY key"):
+                    released[str(key).removeprefix("subject:")] = int(n)
         with psycopg.connect(dsn, connect_timeout=5) as c:
             for rec in self.enrolments:
                 row = c.execute("SELECT COUNT(*) FROM templates WHERE subject = %s AND purpose = 'enroll'",
                                 (rec.subject,)).fetchone()  # fmt: skip
                 rec.stored = int(row[0]) if row else 0
-        done = [r for r in self.enrolments if r.rc == 0]
+        refused = [r for r in self.enrolments if r.rc != 0 and "--source" in r.said]
+        failed = [r for r in self.enrolments if r.rc != 0 and r not in refused]
         return {
             "enrolments": len(self.enrolments),
-            "succeeded": len(done),
-            "templates_released": sum(r.count for r in done),
+            "succeeded": sum(1 for r in self.enrolments if r.rc == 0),
+            "templates_released": sum(released.get(r.subject, 0) for r in self.enrolments),
             "templates_stored": sum(int(r.stored or 0) for r in self.enrolments),
-            "mismatched": [r.subject for r in done if r.stored != r.count],
-            "failed": [
-                {"subject": r.subject, "at_s": r.at_s, "rc": r.rc, "said": r.said} for r in self.enrolments if r.rc != 0
-            ],
+            "mismatched": [r.subject for r in self.enrolments if r.stored != released.get(r.subject, 0)],
+            "refused_input": [{"subject": r.subject, "said": r.said} for r in refused],
+            "failed": [{"subject": r.subject, "at_s": r.at_s, "rc": r.rc, "said": r.said} for r in failed],
             "errors": self.errors[:5],
         }
 

@@ -73,6 +73,7 @@ def schedule(
     kinds: Sequence[str] = tuple(FAULT_KINDS),
     hold_s: tuple[float, float] = (5.0, 20.0),
     settle_s: float = 25.0,
+    quiet_s: float = 0.0,
 ) -> list[Fault]:
     """The run's faults, in time order: every kind once (``quick``), or kinds drawn until the run is full.
 
@@ -91,6 +92,9 @@ def schedule(
         The shortest and longest time a fault is held.
     settle_s : float
         The least time between one fault's heal and the next one's start.
+    quiet_s : float
+        More time, past ``settle_s``, in which no fault starts: stretches of undisturbed running whose latency
+        can be judged against the first quiet minute's (a fault every minute and a half left none to judge).
 
     Raises
     ------
@@ -105,7 +109,7 @@ def schedule(
     longest = lo if quick else hi
     usable = duration_s - warmup_s
     # Each fault has a slot of its own: held at most `longest`, then `settle_s` for its recovery.
-    need = longest + settle_s
+    need = longest + settle_s + (0.0 if quick else quiet_s)
     if usable < need * len(kinds):
         raise ValueError(
             f"duration_s: expected at least {warmup_s + need * len(kinds):.0f} s for {len(kinds)} faults after a "
@@ -113,7 +117,7 @@ def schedule(
         )
     order = list(kinds)
     if not quick:  # every kind once, then more drawn while the run has room (at most four of each kind)
-        extra = min(int(usable // (2 * need)), 4 * len(kinds)) - len(kinds)
+        extra = min(int(usable // (need if quiet_s else 2 * need)), 4 * len(kinds)) - len(kinds)
         order += [rng.choice(list(kinds)) for _ in range(max(0, extra))]
     rng.shuffle(order)
     slot = usable / len(order)
@@ -123,7 +127,8 @@ def schedule(
         if not options:
             raise ValueError(f"targets: expected at least one part for {kind}, received none")
         hold = lo if quick else rng.uniform(lo, hi)
-        start = warmup_s + i * slot + (0.0 if quick else rng.uniform(0.0, slot - hold - settle_s))
+        room = slot - hold - settle_s - (0.0 if quick else quiet_s)
+        start = warmup_s + i * slot + (0.0 if quick else rng.uniform(0.0, max(0.0, room)))
         faults.append(Fault(kind, round(start, 1), round(hold, 1), rng.choice(options)))
     return faults
 

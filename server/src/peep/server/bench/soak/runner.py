@@ -32,7 +32,7 @@ from peep.server.bench.soak.nemesis import FAULT_KINDS, Nemesis, schedule
 from peep.server.bench.soak.sampler import ResourceSampler, callable_source, directory_bytes_source, process_source
 from peep.server.bench.soak.targets import judge
 from peep.server.bench.soak.timeline import Timeline
-from peep.server.bench.soak.world import DOOR, KINDS, SoakWorld
+from peep.server.bench.soak.world import DESK, DOOR, KINDS, SoakWorld
 
 QUICK_S = 300.0
 HOUR_S = 3600.0
@@ -63,7 +63,9 @@ def run(quick: bool = False, *, duration_s: float | None = None, out_dir: str | 
         world.start()
         for kind, why in world.unavailable.items():
             _say(f"    fault kind {kind} left out: {why}")
-        faults = schedule(seed, duration, world.targets, quick=quick, warmup_s=warmup, kinds=world.kinds())
+        # Two and a half quiet minutes after each fault's settling: minutes whose latency can be judged.
+        faults = schedule(seed, duration, world.targets, quick=quick, warmup_s=warmup, kinds=world.kinds(),
+                          quiet_s=150.0)  # fmt: skip
         for f in faults:
             _say(f"    scheduled {f.describe()}")
         t0 = timeline.now()
@@ -131,7 +133,7 @@ def run(quick: bool = False, *, duration_s: float | None = None, out_dir: str | 
             "strangers_kept": kept["kept"],
             "kept_of_cameras": kept,
             "epsilon": epsilon,
-            "desk": desk.check(world.pg.dsn if world.pg else ""),
+            "desk": desk.check(world.pg.dsn if world.pg else "", world.out / "devices" / DESK / "ledger.sqlite3"),
             "console": operator.summary(),
             "training": training.result,
             "decisions_by_model": decisions.by_model(),
