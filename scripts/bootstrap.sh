@@ -109,7 +109,8 @@ if [ "$set_name" = all ]; then
   apt_install "balancer tests (deploy/cluster/haproxy.cfg)" /usr/sbin/haproxy haproxy
   # The soak's clock_step fault steps a camera's wall clock with libfaketime (LD_PRELOAD): a library, under the
   # architecture's folder, so its path is looked up rather than named.
-  faketime_lib=$(ls /usr/lib/*/faketime/libfaketime.so.1 2>/dev/null | head -n 1)
+  # (`|| true`: under pipefail a missing library would otherwise end the script here, silently.)
+  faketime_lib=$(ls /usr/lib/*/faketime/libfaketime.so.1 2>/dev/null | head -n 1 || true)
   apt_install "soak's clock_step fault (libfaketime)" "${faketime_lib:-/usr/lib/faketime/libfaketime.so.1}" libfaketime
 fi
 
