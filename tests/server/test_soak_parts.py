@@ -36,6 +36,7 @@ from peep.server.bench.soak.parts import (
     TcpProxy,
     mosquitto_missing,
     port_open,
+    unit_environment,
 )
 
 # --------------------------------------------------------------------------- PostgreSQL
@@ -390,3 +391,21 @@ def test_process_stats_of_a_living_process_a_zombie_and_a_dead_one() -> None:
     assert ProcessStats.sample(child.pid) is None
     child.wait(5)
     assert ProcessStats.sample(child.pid) is None  # reaped: no /proc entry at all
+
+
+def test_each_process_runs_with_its_shipped_units_environment(tmp_path):
+    # The shipped units cap the allocator's arenas: a soak run without it measured growth no deployment has.
+    for unit in ("peep-server.service", "peep-edge.service", "peep-edge-door.service"):
+        assert unit_environment(unit)["MALLOC_ARENA_MAX"] == "2"
+    (tmp_path / "x.service").write_text(
+        '[Service]\nEnvironment=A=1 "B=two words"\n# Environment=C=3\nEnvironment=A=4\nExecStart=/bin/true\n'
+    )
+    assert unit_environment("x.service", tmp_path) == {"A": "4", "B": "two words"}
+
+
+def test_a_unit_that_is_missing_or_malformed_is_named(tmp_path):
+    with pytest.raises(PartUnavailable, match="nothere.service not found"):
+        unit_environment("nothere.service", tmp_path)
+    (tmp_path / "bad.service").write_text("Environment=JUSTAWORD\n")
+    with pytest.raises(PartUnavailable, match="expected KEY=VALUE, received 'JUSTAWORD'"):
+        unit_environment("bad.service", tmp_path)

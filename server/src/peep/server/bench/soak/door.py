@@ -51,9 +51,11 @@ from pathlib import Path
 from typing import Any
 
 from peep.server.bench.soak.history import check_door
+from peep.server.bench.soak.parts import unit_environment
 
 PEEP_EDGE = str(Path(sys.executable).parent / "peep-edge")
-_ENV_1 = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+#: The door runs with its shipped unit's environment (deploy/systemd), as a deployment runs it.
+DOOR_UNIT = "peep-edge-door.service"
 #: The door's log events the check reads (peep.edge.door).
 DOOR_EVENTS = ("door_claim", "door_opened", "door_refused")
 #: Refusals the controller gives as a claim is taken, before it has a nonce: each is a claim start of its own.
@@ -550,7 +552,7 @@ class SoakDoor:
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()  # a killed run's socket: its presence must mean the new run listens
         log = self.out / f"door-{len(self.runs) + 1}.log"
-        env = {**os.environ, **_ENV_1, "PEEP_SOAK_DOOR_TOKEN": self.token}
+        env = {**os.environ, **unit_environment(DOOR_UNIT), "PEEP_SOAK_DOOR_TOKEN": self.token}
         argv = [PEEP_EDGE, "door", "--config", str(self.config), "--claims", f"unix:{self.socket_path}"]
         with open(log, "ab") as f:
             self.proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env)

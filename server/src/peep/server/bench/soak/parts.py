@@ -69,6 +69,34 @@ def _checkout_file(*parts: str) -> Path:
     return Path(__file__).resolve().parents[6].joinpath(*parts)
 
 
+def unit_environment(unit: str, systemd: Path | None = None) -> dict[str, str]:
+    """The ``Environment=`` a shipped systemd unit (``deploy/systemd/<unit>``) gives its process.
+
+    The soak runs each process as a deployment does: the allocator's arenas and the maths libraries' threads
+    set as the unit sets them (a process run without ``MALLOC_ARENA_MAX`` grows in ways a deployed one does
+    not, and the other way round).
+
+    Raises
+    ------
+    PartUnavailable
+        The unit is not in the checkout, or an assignment is not ``KEY=VALUE``.
+    """
+    path = (systemd or _checkout_file("deploy", "systemd")) / unit
+    if not path.is_file():
+        raise PartUnavailable(f"{path} not found (the soak runs its processes as deploy/systemd's units do)")
+    env: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line.startswith("Environment="):
+            continue
+        for word in shlex.split(line[len("Environment="):]):
+            key, eq, value = word.partition("=")
+            if not eq or not key.isidentifier():
+                raise PartUnavailable(f"{path}: Environment= expected KEY=VALUE, received {word[:80]!r}")
+            env[key] = value
+    return env
+
+
 # --------------------------------------------------------------------------- PostgreSQL
 
 #: The stop modes of ``pg_ctl stop -m``.

@@ -34,7 +34,7 @@ from peep.core.configfile import to_toml
 from peep.server.bench.cluster import Balancer, Replica, free_port
 from peep.server.bench.soak.history import DeviceHistory
 from peep.server.bench.soak.nemesis import Fault
-from peep.server.bench.soak.parts import PostgresCluster, ShippedMosquitto, TcpProxy
+from peep.server.bench.soak.parts import PostgresCluster, ShippedMosquitto, TcpProxy, unit_environment
 
 PEEP_EDGE = str(Path(sys.executable).parent / "peep-edge")
 #: The cameras: id -> transport. Two over gRPC through the balancer, one over MQTT through the broker.
@@ -53,7 +53,9 @@ DOOR = "door-1"
 STATE_DISK_MB = 16
 #: How far the clock_step fault moves a camera's wall clock (past the server's allowed skew of 300 s).
 CLOCK_STEP_S = 600.0
-_ENV_1 = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+#: Each process runs with its shipped unit's environment (deploy/systemd), as a deployment runs it.
+SERVER_UNIT = "peep-server.service"
+EDGE_UNIT = "peep-edge.service"
 
 
 @dataclass
@@ -72,7 +74,7 @@ class Camera:
 
     def start(self) -> None:
         with open(self.log, "ab") as out:
-            env = {**os.environ, **_ENV_1, **self.env}
+            env = {**os.environ, **unit_environment(EDGE_UNIT), **self.env}
             argv = [PEEP_EDGE, "run", "--config", str(self.config)]
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
         self.starts += 1
@@ -188,7 +190,7 @@ class SoakWorld:
         }  # fmt: skip
 
     def _replicas(self) -> None:
-        env = {**os.environ, **_ENV_1, "PEEP_MQTT_PASSWORD": self.server_password}
+        env = {**os.environ, **unit_environment(SERVER_UNIT), "PEEP_MQTT_PASSWORD": self.server_password}
         ports = []
         for name in REPLICAS:
             gport, mport = free_port(), free_port()
@@ -362,7 +364,7 @@ class SoakWorld:
         }  # fmt: skip
         conf = self.out / f"{DESK}.toml"
         conf.write_text(to_toml(cfg))
-        env = {**os.environ, **_ENV_1, "PEEP_SOAK_TOKEN": self.tokens[DESK]}
+        env = {**os.environ, **unit_environment(EDGE_UNIT), "PEEP_SOAK_TOKEN": self.tokens[DESK]}
         return EnrolmentDesk(conf, env, folders, count=3, interval_s=interval_s, clock=clock,
                              log=self.out / f"{DESK}.log")  # fmt: skip
 
@@ -370,7 +372,7 @@ class SoakWorld:
         """A console operator (not started) on replica a's console, its account made by ``peep console add-user``."""
         from peep.server.bench.soak.actors import ConsoleOperator, add_console_user
 
-        env = {**os.environ, **_ENV_1, "PEEP_MQTT_PASSWORD": self.server_password}
+        env = {**os.environ, **unit_environment(SERVER_UNIT), "PEEP_MQTT_PASSWORD": self.server_password}
         otp = add_console_user(self.out / "replica-a.toml", "soak-operator", env)
         return ConsoleOperator(f"https://localhost:{self.console_ports['a']}", self.pki.ca_cert, "soak-operator", otp,
                                interval_s=interval_s, clock=clock, timeline=timeline)  # fmt: skip
