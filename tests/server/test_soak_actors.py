@@ -130,3 +130,42 @@ def test_the_desk_is_checked_against_its_own_ledger_and_an_input_refusal_is_not_
     got = desk.check(pg_dsn, ledger)
     assert got["templates_released"] == 6 and got["templates_stored"] == 5 and got["mismatched"] == ["Bo"]
     assert [r["subject"] for r in got["refused_input"]] == ["Cy"] and [r["subject"] for r in got["failed"]] == ["Dee"]
+
+
+def test_the_operator_stopped_then_stepped_loads_the_final_devices_page_afresh(tmp_path):
+    # The runner stops the operator's loop, then loads Devices once more for the ε it shows as the run ends:
+    # that load must not go to the closed connection (it failed, and the check read an older page).
+    import httpx
+    from peep.server.bench.soak.actors import ConsoleOperator
+    from peep.server.bench.soak.timeline import Timeline
+
+    served = {"devices": 0}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path in ("/login", "/password") and request.method == "GET":
+            return httpx.Response(200, text='<input name="csrf" value="t">')
+        if path == "/login":
+            return httpx.Response(303, headers={"location": "/live"})
+        if path == "/devices":
+            served["devices"] += 1
+            return httpx.Response(200, text=f"devices page {served['devices']}")
+        return httpx.Response(200, text="live")
+
+    class Operator(ConsoleOperator):
+        def _new_client(self) -> httpx.Client:
+            return httpx.Client(base_url="https://console.test", transport=httpx.MockTransport(handler))
+
+    op = Operator("https://console.test", tmp_path / "ca.pem", "op", "pw", interval_s=60.0, clock=time.monotonic,
+                  timeline=Timeline())  # fmt: skip
+    op.start()  # its loop loads Live and Devices once, then waits a minute
+    deadline = time.monotonic() + 10
+    while len(op.loads) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert op.stop()
+    assert op.last_devices == "devices page 1"
+    op.step()
+    op.close()
+    assert op.last_devices == "devices page 2"
+    assert [x.status for x in op.loads] == [200, 200, 200, 200]
+    assert op.logins == 2

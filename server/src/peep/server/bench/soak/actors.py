@@ -327,9 +327,15 @@ class ConsoleOperator(_Loop):
 
     def stop(self, timeout_s: float = 30.0) -> bool:
         ok = super().stop(timeout_s)
+        self.close()
+        return ok
+
+    def close(self) -> None:
+        """Close the connection; a later :meth:`step` logs in afresh (a closed client kept here made the run's
+        final Devices page fail, and the ε check read an older one)."""
         if self._client is not None:
             self._client.close()
-        return ok
+            self._client = None
 
     def summary(self) -> dict[str, Any]:
         ok = [x for x in self.loads if x.status == 200]

@@ -95,6 +95,7 @@ def run(quick: bool = False, *, duration_s: float | None = None, out_dir: str | 
         time.sleep(5.0)  # the last decisions reach the database and the subscriber, the last reports the console
         operator.stop()
         operator.step()  # the Devices page as the run ends: the ε it shows against the cameras' ledgers
+        operator.close()
         decisions.stop()
         decisions.read_now()
         devices, _decided, _committed = world.histories()
