@@ -265,6 +265,15 @@ class MqttConfig(_Model):
     )
     qos: int = Field(default=1, ge=0, le=1)
     keepalive_s: int = Field(default=30, ge=5, le=3600)
+    reconnect_max_s: int = Field(
+        default=5,
+        ge=1,
+        le=300,
+        description=(
+            "the longest wait between attempts to reach the broker again (the wait doubles from 1 s up to this); "
+            "after the broker returns the server may wait this long before templates flow again"
+        ),
+    )
     receive_maximum: int = Field(default=1000, ge=1, le=65535, description="QoS 1 messages in flight from the broker")
     connections: int = Field(
         default=4,
