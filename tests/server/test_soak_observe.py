@@ -103,6 +103,30 @@ def test_a_process_started_late_has_its_own_warm_up() -> None:
     assert (tl.slope_per_hour("rss_mb", "cam-2", after_s=300, life_warmup_s=0) or 0) > 1
 
 
+def test_a_known_step_is_not_a_leak_but_growth_after_it_still_is() -> None:
+    """A replica flat at 200 MB that steps up 68 MB during the mid-run training, then flat (or leaking) again."""
+    tl, leaky = Timeline(), Timeline()
+    for t in np.arange(0.0, HOUR, 10.0):
+        step = 68.0 * min(1.0, max(0.0, (t - 1800.0) / 20.0))
+        tl.add("rss_mb", "replica-b", float(t), 200.0 + step)
+        leaky.add("rss_mb", "replica-b", float(t), 200.0 + step + 10.0 * t / HOUR)
+    # Unmarked, the step reads as ~100 MB an hour.
+    assert (tl.slope_per_hour("rss_mb", "replica-b", after_s=300) or 0) > 50
+    for timeline in (tl, leaky):
+        timeline.step("replica-b", 1800.0, 1810.0, "the mid-run training")
+    assert tl.slope_per_hour("rss_mb", "replica-b", after_s=300) == pytest.approx(0.0, abs=1e-9)
+    assert tl.growth("rss_mb", "replica-b", after_s=300) == pytest.approx(0.0)
+    assert leaky.slope_per_hour("rss_mb", "replica-b", after_s=300) == pytest.approx(10.0, abs=1e-6)
+    # Another process's samples are not cut by it.
+    assert tl.steps("replica-a") == [] and [w.why for w in tl.steps("replica-b")] == ["the mid-run training"]
+    v = _by_target(judge(GOOD, tl))["rss_mb_per_hour[replica-b]"]
+    assert v["ok"] and "1800-1840 s left out" in v["detail"] and "the mid-run training" in v["detail"]
+    with pytest.raises(ValueError, match="end_s must not be before start_s"):
+        tl.step("replica-b", 10.0, 9.0, "x")
+    with pytest.raises(TypeError, match="why must be a non-empty str"):
+        tl.step("replica-b", 10.0, 11.0, "")
+
+
 def test_thinning_keeps_the_bound_and_both_ends() -> None:
     cap = 64
     tl = Timeline(cap=cap)
@@ -145,6 +169,7 @@ def test_json_round_trip() -> None:
     tl.add(LIFE, "replica-a", 3.0, 12345.67)
     tl.fault("replica_sigkill", 10.0, 10.5, 14.25)
     tl.fault("network_cut", 30.0, 60.0, None)
+    tl.step("replica-a", 40.0, 45.0, "training")
     for i in range(50):
         tl.latency("claim_to_lock", i * 3.0, 50.0 + i)
     text = tl.to_json()
@@ -152,6 +177,7 @@ def test_json_round_trip() -> None:
     assert back.to_dict() == tl.to_dict()
     assert back.to_json() == text
     assert back.faults() == tl.faults() and back.faults()[1].recovered_s is None
+    assert back.steps() == tl.steps() and back.steps()[0].why == "training"
     assert back.percentiles_per_minute("claim_to_lock") == tl.percentiles_per_minute("claim_to_lock")
     assert back.slope_per_hour("rss_mb", "replica-a", 0) == tl.slope_per_hour("rss_mb", "replica-a", 0)
     with pytest.raises(ValueError, match="format"):

@@ -89,7 +89,7 @@ def unit_environment(unit: str, systemd: Path | None = None) -> dict[str, str]:
         line = line.strip()
         if not line.startswith("Environment="):
             continue
-        for word in shlex.split(line[len("Environment="):]):
+        for word in shlex.split(line[len("Environment=") :]):
             key, eq, value = word.partition("=")
             if not eq or not key.isidentifier():
                 raise PartUnavailable(f"{path}: Environment= expected KEY=VALUE, received {word[:80]!r}")

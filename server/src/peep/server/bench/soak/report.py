@@ -108,6 +108,8 @@ def _measure_chart(
         (line,) = ax.plot(t / 60, v, lw=1, label=s, color=f"C{i % 10}")
         for start, _ in timeline.lives(s)[1:]:
             ax.axvline(start / 60, color=line.get_color(), ls="--", lw=0.8)
+        for w in timeline.steps(s):  # a known step: its slope is fitted on each side, without this window
+            ax.axvline(w.start_s / 60, color=line.get_color(), ls=":", lw=0.8)
     _shade_faults(ax, faults, colours)
     ax.set_title(title)
     ax.set_xlabel("minutes into the run")
@@ -243,7 +245,8 @@ def write_report(summary: Mapping[str, Any], timeline: Timeline, out_dir: str | 
 <h1>PEEP soak report</h1>
 <p>The whole system on one machine under steady load, with faults injected on a seeded schedule.
 Time axes are minutes into the run; shaded bands are fault windows (darker: the fault; lighter: until
-the system was healthy again){"; fault kinds: " + legend if kinds else ""}. Dashed lines are restarts.</p>
+the system was healthy again){"; fault kinds: " + legend if kinds else ""}. Dashed lines are restarts; dotted
+lines are known steps (the mid-run training), where slopes are fitted on each side as across a restart.</p>
 <h2>Targets</h2>
 {_targets_html(summary.get("targets"))}
 <h2>Faults</h2>

@@ -32,7 +32,7 @@ from peep.server.bench.soak.nemesis import FAULT_KINDS, Nemesis, schedule
 from peep.server.bench.soak.sampler import ResourceSampler, callable_source, directory_bytes_source, process_source
 from peep.server.bench.soak.targets import judge
 from peep.server.bench.soak.timeline import Timeline
-from peep.server.bench.soak.world import DESK, DOOR, KINDS, SoakWorld
+from peep.server.bench.soak.world import DESK, DOOR, KINDS, REPLICAS, SoakWorld
 
 QUICK_S = 300.0
 HOUR_S = 3600.0
@@ -81,7 +81,8 @@ def run(quick: bool = False, *, duration_s: float | None = None, out_dir: str | 
         door = world.door
         door.start_feeder(interval_s=5.0, max_claims=int(duration / 5) + 10, duration_s=duration)
         training = MidRunTraining(at_s=duration / 2)
-        trainer = threading.Thread(target=_train_at, args=(training, world, clock), name="soak-train", daemon=True)
+        trainer = threading.Thread(target=_train_at, args=(training, world, clock, timeline), name="soak-train",
+                                   daemon=True)  # fmt: skip
         trainer.start()
         sampler = ResourceSampler(timeline, 2.0, _sources(world)).start()
         nemesis = Nemesis(world, timeline, faults, t0=t0, say=_say).start()
@@ -178,12 +179,21 @@ def _door(world: SoakWorld, decisions: DecisionLog) -> dict[str, Any]:
     return dict(world.door.history([ServerDecision(*row) for row in decisions.verify_decisions(DOOR)]))
 
 
-def _train_at(training: MidRunTraining, world: SoakWorld, clock: Any) -> None:
-    """Train and promote a model through the balancer at ``training.at_s`` into the run."""
+def _train_at(training: MidRunTraining, world: SoakWorld, clock: Any, timeline: Timeline) -> None:
+    """Train and promote a model through the balancer at ``training.at_s`` into the run.
+
+    The run is a known step for both replicas (see :meth:`Timeline.step`): the one that trains imports the
+    fitting libraries on its first training run (measured: about 60 MB), and both load the new model.
+    """
     while clock() < training.at_s:
         time.sleep(1.0)
     _say(f"    training a model mid-run ({clock():.0f} s)")
-    training.run(world.stub, world.admin_md, clock)
+    start = timeline.now()
+    try:
+        training.run(world.stub, world.admin_md, clock)
+    finally:
+        for name in REPLICAS:
+            timeline.step(f"replica-{name}", start, timeline.now(), "the mid-run training and its promotion")
     _say(f"    mid-run training: {training.result}")
 
 

@@ -16,7 +16,8 @@ The targets, one verdict per row (``target`` names it and the thing judged, e.g.
     0 each. A count the summary lacks fails: silence is not a zero.
 ``rss_mb_per_hour[<process>]``
     The least-squares slope of resident memory after warm-up, within each life of the process
-    (:meth:`Timeline.slope_per_hour`), at most 5 MB per hour.
+    (:meth:`Timeline.slope_per_hour`), at most 5 MB per hour. A known step (the training run) is left out
+    and each side of it fitted on its own, as across a restart; the detail names it.
 ``fds_growth[<process>]``, ``threads_growth[<process>]``
     Last minus first after warm-up, added over the lives (:meth:`Timeline.growth`), at most 4.
 ``recovery[<kind>@<start>s]``
@@ -35,7 +36,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypedDict
 
-from peep.server.bench.soak.timeline import LATENCY_KINDS, WARMUP_S, FaultWindow, Timeline
+from peep.server.bench.soak.timeline import LATENCY_KINDS, STEP_SETTLE_S, WARMUP_S, FaultWindow, Timeline
 
 
 class Verdict(TypedDict):
@@ -115,6 +116,8 @@ def _warmup_text(timeline: Timeline, series: str, warmup_s: float, life_warmup_s
     text = f"after the first {warmup_s:g} s"
     if restarts:
         text += f" and {warmup_s if life_warmup_s is None else life_warmup_s:g} s after each of {restarts} restarts"
+    for w in timeline.steps(series):
+        text += f"; {w.start_s:.0f}-{w.end_s + STEP_SETTLE_S:.0f} s left out and each side fitted on its own ({w.why})"
     return text
 
 

@@ -18,6 +18,11 @@ lives
     start time), and a new value marks a restart. Slopes and growth are taken within each life,
     each after its own warm-up: a replica SIGKILLed and started again begins with a small heap
     again, and its climb back is start-up, not a leak.
+steps
+    ``step(series, start_s, end_s, why)``: a window in which a process is known to take a one-time step
+    (a replica's first training run imports the fitting libraries). Slopes and growth skip the window
+    and its settling (:data:`STEP_SETTLE_S`) and fit each side with its own intercept, as across a
+    restart: a step is not a rate, and a process that keeps growing afterwards still shows it.
 faults
     ``fault(kind, start_s, end_s, recovered_s)``: when the fault was injected, when it was
     lifted, and when the system was seen healthy again (``None``: never), all on the timeline's
@@ -47,6 +52,8 @@ import numpy as np
 
 #: Seconds after the start of the run (and after each restart) that no slope or growth looks at.
 WARMUP_S = 300.0
+#: Seconds after a known step's end that slopes and growth still skip.
+STEP_SETTLE_S = 30.0
 #: The measure whose samples name a process's life instead of forming a series.
 LIFE = "life"
 #: The latency kinds the soak measures (others are accepted: the report and targets take any).
@@ -80,6 +87,16 @@ class FaultWindow:
     def until_s(self) -> float:
         """The end of the disturbance: recovery if it came, else the end of the fault."""
         return self.end_s if self.recovered_s is None else max(self.end_s, self.recovered_s)
+
+
+@dataclass(frozen=True)
+class StepWindow:
+    """A known one-time step of ``series``'s process from ``start_s`` to ``end_s``, and ``why``."""
+
+    series: str
+    start_s: float
+    end_s: float
+    why: str
 
 
 class MinutePercentiles(TypedDict):
@@ -169,6 +186,7 @@ class Timeline:
         self._samples: dict[str, dict[str, _Series]] = {}
         self._lives: dict[str, list[tuple[float, float]]] = {}
         self._faults: list[FaultWindow] = []
+        self._steps: list[StepWindow] = []
         self._latency: dict[str, dict[int, _Minute]] = {}
         self._clamped: dict[str, int] = {}
 
@@ -221,6 +239,22 @@ class Timeline:
         with self._lock:
             if len(self._faults) < _MAX_FAULTS:
                 self._faults.append(FaultWindow(kind, start, end, rec))
+
+    def step(self, series: str, start_s: float, end_s: float, why: str) -> None:
+        """Record a window in which ``series``'s process is known to take a one-time step (see the module).
+
+        Raises
+        ------
+        TypeError, ValueError
+            An empty name or reason, a time that is not finite, or ``end_s`` before ``start_s``.
+        """
+        series, why = _name("series", series), _name("why", why)
+        start, end = _finite("start_s", start_s), _finite("end_s", end_s)
+        if end < start:
+            raise ValueError(f"end_s must not be before start_s ({start}), got {end}")
+        with self._lock:
+            if len(self._steps) < _MAX_FAULTS:
+                self._steps.append(StepWindow(series, start, end, why[:200]))
 
     def latency(self, kind: str, t_s: float, ms: float) -> None:
         """Count one latency of ``kind`` (e.g. ``"ingest_to_decision"``) observed at ``t_s``.
@@ -276,6 +310,12 @@ class Timeline:
         with self._lock:
             return sorted(self._faults, key=lambda f: (f.start_s, f.end_s))
 
+    def steps(self, series: str | None = None) -> list[StepWindow]:
+        """The known steps (of ``series`` only, if given), in order of start."""
+        with self._lock:
+            out = [w for w in self._steps if series is None or w.series == series]
+        return sorted(out, key=lambda w: (w.start_s, w.end_s))
+
     def latency_kinds(self) -> list[str]:
         """The latency kinds with samples, sorted."""
         with self._lock:
@@ -309,8 +349,13 @@ class Timeline:
     def _steady(
         self, measure: str, series: str, after_s: float, life_warmup_s: float | None
     ) -> list[np.ndarray[Any, Any]]:
-        """The series' samples cut into lives, each without its warm-up: a list of ``(2, n)`` arrays."""
+        """The series' samples cut into lives and at known steps, each part without its warm-up or the step's
+        window: a list of ``(2, n)`` arrays."""
         t, v = self.samples(measure, series)
+        steps = self.steps(series)
+        outside = np.ones(t.shape, dtype=bool)
+        for w in steps:
+            outside &= (t < w.start_s) | (t >= w.end_s + STEP_SETTLE_S)
         warm = after_s if life_warmup_s is None else life_warmup_s
         starts = [s for s, _ in self.lives(series)]
         # Samples before the first life marker (if any) belong to the first life; each life's
@@ -319,9 +364,12 @@ class Timeline:
         anchors = starts or [-math.inf]
         parts = []
         for (lo, hi), born in zip(itertools.pairwise(edges), anchors, strict=True):
-            keep = (t >= lo) & (t < hi) & (t >= after_s) & (t >= born + warm)
-            if keep.any():
-                parts.append(np.vstack([t[keep], v[keep]]))
+            life = outside & (t >= lo) & (t < hi) & (t >= after_s) & (t >= born + warm)
+            cuts = [lo, *sorted(w.start_s for w in steps if lo < w.start_s < hi), hi]
+            for a, b in itertools.pairwise(cuts):
+                keep = life & (t >= a) & (t < b)
+                if keep.any():
+                    parts.append(np.vstack([t[keep], v[keep]]))
         return parts
 
     def slope_per_hour(
@@ -332,7 +380,7 @@ class Timeline:
         Within each life of the series' process (see :data:`LIFE`), after its own warm-up
         (``life_warmup_s`` from when the life was first seen, default ``after_s``); the lives share
         one slope and each has its own intercept, so a restart's drop is not read as shrinking, nor
-        its climb back as a leak.
+        its climb back as a leak. Known steps (:meth:`step`) cut a life the same way, without their window.
         None when fewer than two samples at different times remain.
         """
         num = den = 0.0
@@ -363,6 +411,7 @@ class Timeline:
                 },
                 "lives": {s: [list(x) for x in lives] for s, lives in self._lives.items()},
                 "faults": [asdict(f) for f in self._faults],
+                "steps": [asdict(w) for w in self._steps],
                 "latency": {
                     k: {
                         str(m): {"n": h.n, "max_ms": h.max_ms, "buckets": {str(b): c for b, c in h.buckets.items()}}
@@ -392,6 +441,8 @@ class Timeline:
                 series.dropped = int(x["dropped"])
         tl._lives = {s: [(float(t), float(v)) for t, v in lives] for s, lives in data["lives"].items()}
         tl._faults = [FaultWindow(**f) for f in data["faults"]]
+        # A timeline written before steps were recorded has none.
+        tl._steps = [StepWindow(**w) for w in data.get("steps", [])]
         for k, per in data["latency"].items():
             for m, h in per.items():
                 minute = tl._latency.setdefault(k, {}).setdefault(int(m), _Minute())
