@@ -114,3 +114,16 @@ def test_quiet_time_leaves_undisturbed_stretches_between_faults():
     assert set(f.kind for f in faults) == set(FAULT_KINDS) and len(faults) <= 3300 // (20 + 25 + 150)
     for a, b in itertools.pairwise(faults):
         assert b.at_s - (a.at_s + a.duration_s + 25.0) >= 150.0 - 1e-6, (a, b)
+
+
+def test_a_run_too_short_for_its_quiet_minutes_is_refused_before_anything_starts(tmp_path, monkeypatch):
+    # 1200 s fits the faults' slots without the quiet minutes after each, but not with them: the run used
+    # to start the whole system and fail 20 s later when the real schedule was drawn.
+    from peep.server.bench.soak import runner
+
+    started = []
+    monkeypatch.setattr(runner.SoakWorld, "start", lambda self: started.append(self))
+    with pytest.raises(ValueError, match="duration_s: expected at least"):
+        runner.run(duration_s=1200, out_dir=str(tmp_path))
+    assert started == []
+    assert schedule(0, 1200, _targets, quick=False, warmup_s=300)  # without the quiet minutes it fits

@@ -42,6 +42,10 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+#: Quiet seconds after each fault's settling in which no fault starts: minutes whose latency can be judged.
+QUIET_S = 150.0
+
+
 def run(quick: bool = False, *, duration_s: float | None = None, out_dir: str | None = None, seed: int = 0,
         data_home: str | None = None) -> dict[str, Any]:  # fmt: skip
     """Run the soak; returns the bench's ``soak`` section (the report and series are written to ``out_dir``)."""
@@ -54,7 +58,7 @@ def run(quick: bool = False, *, duration_s: float | None = None, out_dir: str | 
                       retention_s=120.0 if quick else 600.0)  # fmt: skip
     # Refused before anything starts when the run is too short for its faults (the real schedule is drawn once
     # the world says which kinds this machine can inject and on which parts).
-    schedule(seed, duration, lambda _k: ["-"], quick=quick, warmup_s=warmup, kinds=KINDS)
+    schedule(seed, duration, lambda _k: ["-"], quick=quick, warmup_s=warmup, kinds=KINDS, quiet_s=QUIET_S)
     _say(f"peep bench soak: {duration:.0f} s, seed {seed}; folder {out}")
     sampler: ResourceSampler | None = None
     nemesis: Nemesis | None = None
@@ -63,9 +67,8 @@ def run(quick: bool = False, *, duration_s: float | None = None, out_dir: str | 
         world.start()
         for kind, why in world.unavailable.items():
             _say(f"    fault kind {kind} left out: {why}")
-        # Two and a half quiet minutes after each fault's settling: minutes whose latency can be judged.
         faults = schedule(seed, duration, world.targets, quick=quick, warmup_s=warmup, kinds=world.kinds(),
-                          quiet_s=150.0)  # fmt: skip
+                          quiet_s=QUIET_S)  # fmt: skip
         for f in faults:
             _say(f"    scheduled {f.describe()}")
         t0 = timeline.now()
