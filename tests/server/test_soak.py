@@ -105,3 +105,7 @@ def test_the_run_leaves_its_series_and_a_report(soak):
     html = Path(s["report"]).read_text()
     assert "rss_mb" in html and "replica_kill" in html
     assert set(s["rss_mb_per_hour"]) >= {"replica-a", "replica-b", "cam-1", "cam-2", "cam-3"}
+    # The JSON's slopes are the ones the targets judged (the same warm-up).
+    judged = {t["target"]: t["value"] for t in s["targets"]}
+    for process, slope in s["rss_mb_per_hour"].items():
+        assert judged[f"rss_mb_per_hour[{process}]"] == pytest.approx(slope, abs=1e-3), process

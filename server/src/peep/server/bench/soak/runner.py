@@ -153,8 +153,10 @@ def run(quick: bool = False, *, duration_s: float | None = None, out_dir: str | 
         if sampler is not None:
             sampler.stop()
         world.close()
-    summary["rss_mb_per_hour"] = _per_process(timeline, "rss_mb", lambda s: timeline.slope_per_hour("rss_mb", s))
-    summary["fds_growth"] = _per_process(timeline, "fds", lambda s: timeline.growth("fds", s))
+    # The same warm-up as the targets below: a quick run's JSON and verdicts must not disagree.
+    summary["rss_mb_per_hour"] = _per_process(timeline, "rss_mb",
+                                              lambda s: timeline.slope_per_hour("rss_mb", s, warmup))  # fmt: skip
+    summary["fds_growth"] = _per_process(timeline, "fds", lambda s: timeline.growth("fds", s, warmup))
     summary["p99_ms_per_minute"] = timeline.percentiles_per_minute("ingest_to_decision")
     summary["cpu"] = _cpu(timeline, summary)
     # A claim every 5 s: twelve a minute at most, so its minutes are judged from eight verdicts.
