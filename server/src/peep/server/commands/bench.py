@@ -39,7 +39,9 @@ def register(sub: Any) -> None:
     p.add_argument("--out", required=True, help="JSON file to write")
     p.add_argument("--quick", action="store_true", help="fewer iterations (CI smoke run)")
     p.add_argument("--duration", type=float, default=None,
-                   help="soak only: seconds the whole system runs under load and faults (default 3600, --quick 300); "
+                   help="soak only: seconds the whole system runs under load and faults (default 3600, --quick 300; a "
+                        "full run needs room for every fault's hold, settling and quiet minutes, about 2100 s with "
+                        "every fault kind, and a shorter one is refused before anything starts); "
                         "its report, series and system folder go next to --out, in <out>-soak/")  # fmt: skip
     p.add_argument(
         "--sections",
