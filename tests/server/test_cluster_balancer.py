@@ -199,3 +199,23 @@ def test_a_draining_replica_leaves_the_balancer_before_it_stops(balanced, pki):
     for _ in range(6):  # every call reaches a live replica
         assert health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5).status == 1
     ch.close()
+
+
+def test_a_balancer_in_a_deep_folder_keeps_its_stats_socket_in_a_short_one(tmp_path, pki):
+    missing = haproxy_missing()
+    if missing:
+        pytest.skip(missing)
+    deep = tmp_path.joinpath(*(["a-folder-deep-enough"] * 5))
+    assert len(os.fsencode(str(deep / "admin.sock"))) > 97  # what HAProxy refuses for a stats socket
+    balancer = Balancer(deep, cert=pki.server_cert, key=pki.server_key, ca=pki.client_ca,
+                        replicas=[("replica-x", free_port(), free_port())])  # fmt: skip
+    short = balancer.socket.parent
+    assert short != deep and len(os.fsencode(str(balancer.socket))) <= 97
+    try:
+        for _ in range(2):  # started again after a stop, as a restarted balancer is
+            balancer.start()
+            assert set(balancer.servers()) == {"replica-x"}  # read through the stats socket
+            balancer.stop()
+            assert not short.exists()
+    finally:
+        balancer.stop()

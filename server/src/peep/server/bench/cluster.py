@@ -225,6 +225,11 @@ class Balancer:
 
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir, self.port, self.socket = workdir, free_port(), workdir / "admin.sock"
+        self._short_dir: Path | None = None
+        if len(os.fsencode(str(self.socket))) > HAPROXY_SOCKET_MAX:
+            # HAProxy refuses a deep folder's socket path: a short folder of its own, removed by stop().
+            self._short_dir = Path(tempfile.mkdtemp(prefix="peep-haproxy-"))
+            self.socket = self._short_dir / "admin.sock"
         pem = workdir / "front.pem"
         pem.write_text(cert.read_text() + key.read_text())
         pem.chmod(0o600)
@@ -249,6 +254,8 @@ class Balancer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 10.0) -> Balancer:
+        if self._short_dir is not None:
+            self._short_dir.mkdir(mode=0o700, exist_ok=True)  # started again after stop() removed it
         with open(self.workdir / "haproxy.log", "ab") as log:
             self.proc = subprocess.Popen([HAPROXY, "-f", str(self.conf), "-db"], stdout=log, stderr=subprocess.STDOUT)
 
@@ -294,6 +301,12 @@ class Balancer:
     def stop(self) -> None:
         stop_process(self.proc)
         self.proc = None
+        if self._short_dir is not None:
+            shutil.rmtree(self._short_dir, ignore_errors=True)
+
+
+#: The longest stats socket path HAProxy accepts (``socket path ... too long (max 97)``).
+HAPROXY_SOCKET_MAX = 97
 
 
 def stop_process(proc: subprocess.Popen[Any] | None, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
