@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -109,3 +111,48 @@ def test_the_run_leaves_its_series_and_a_report(soak):
     judged = {t["target"]: t["value"] for t in s["targets"]}
     for process, slope in s["rss_mb_per_hour"].items():
         assert judged[f"rss_mb_per_hour[{process}]"] == pytest.approx(slope, abs=1e-3), process
+
+
+def _left_behind(folder: Path) -> tuple[list[str], list[str]]:
+    """Processes whose command line names ``folder``, and filesystems mounted under it."""
+    procs = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit() and int(p.name) != os.getpid():
+            try:
+                cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if str(folder) in cmd:
+                procs.append(f"{p.name}: {cmd[:160]}")
+    mounts = [ln.split()[1] for ln in Path("/proc/mounts").read_text().splitlines() if str(folder) in ln]
+    return procs, mounts
+
+
+def test_a_soak_stopped_by_sigterm_stops_everything_it_started(tmp_path: Path, data_home: str) -> None:
+    why = _missing()
+    if why:
+        pytest.skip(why)
+    out = tmp_path / "bench.json"
+    folder = tmp_path / "bench-soak"
+    log = tmp_path / "stderr.txt"
+    env = {**os.environ, "SCIKIT_LEARN_DATA": data_home}
+    with log.open("w") as err:
+        proc = subprocess.Popen([PEEP, "bench", "--sections", "soak", "--quick", "--out", str(out)],
+                                stdout=subprocess.DEVNULL, stderr=err, env=env)  # fmt: skip
+    try:
+        # The schedule is printed once the database, broker, balancer, replicas and cameras run.
+        deadline = time.monotonic() + 600
+        while "scheduled" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(1)
+        assert proc.poll() is None and "scheduled" in log.read_text(), log.read_text()[-3000:]
+        running, mounted = _left_behind(folder)
+        assert any("peep serve" in p for p in running) and mounted, (running, mounted)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    said = log.read_text()
+    assert rc == 128 + signal.SIGTERM, said[-3000:]
+    assert "stopped by SIGTERM; every part the run started has been stopped" in said
+    assert _left_behind(folder) == ([], []), said[-3000:]

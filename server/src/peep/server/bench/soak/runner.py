@@ -18,11 +18,14 @@ lock's drive); a console page's load time.
 from __future__ import annotations
 
 import json
+import signal
 import sqlite3
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +49,67 @@ def _say(message: str) -> None:
 QUIET_S = 150.0
 
 
+class SoakStopped(BaseException):
+    """A signal asked the run to stop before its end (a ``BaseException``: nothing on the way may swallow it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+#: Signals that stop a run early. Left at their default, SIGTERM and SIGHUP end Python without its ``finally``
+#: blocks: the run's database, broker, balancer, replicas and cameras would keep running, the cameras' state
+#: filesystems stay mounted.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Within the block, the first of :data:`STOP_SIGNALS` raises :class:`SoakStopped` in the main thread.
+
+    Later ones are only noted while the run stops what it started (each of those waits is bounded; SIGKILL
+    still ends it at once). Outside the main thread, where Python cannot handle signals, nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stopping(_signum: int, _frame: Any) -> None:
+        # A Python handler, not SIG_IGN: an ignored signal would stay ignored in the processes started meanwhile.
+        _say("peep bench soak: already stopping")
+
+    def handler(signum: int, _frame: Any) -> None:
+        for s in STOP_SIGNALS:
+            signal.signal(s, stopping)
+        raise SoakStopped(signum)
+
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
 def run(quick: bool = False, *, duration_s: float | None = None, out_dir: str | None = None, seed: int = 0,
         data_home: str | None = None) -> dict[str, Any]:  # fmt: skip
-    """Run the soak; returns the bench's ``soak`` section (the report and series are written to ``out_dir``)."""
+    """Run the soak; returns the bench's ``soak`` section (the report and series are written to ``out_dir``).
+
+    Raises
+    ------
+    SystemExit
+        With ``128 + signal`` when SIGTERM or SIGHUP stopped the run, after everything it started has stopped.
+    """
+    try:
+        with stop_on_signals():
+            return _run(quick, duration_s=duration_s, out_dir=out_dir, seed=seed, data_home=data_home)
+    except SoakStopped as exc:
+        _say(f"peep bench soak: {exc}; every part the run started has been stopped")
+        raise SystemExit(128 + exc.signum) from None
+
+
+def _run(quick: bool, *, duration_s: float | None, out_dir: str | None, seed: int,
+         data_home: str | None) -> dict[str, Any]:  # fmt: skip
     duration = float(duration_s or (QUICK_S if quick else HOUR_S))
     warmup = 30.0 if quick else 300.0
     out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="peep-soak-"))
