@@ -167,10 +167,10 @@ class GuardedH11Protocol(H11Protocol):
     transport. Relies on uvicorn's ``H11Protocol`` internals (checked against uvicorn 0.54): its
     ``connection_made`` sets up the connection from the transport it is given, ``self.connections`` is the set
     uvicorn's shutdown walks, ``self.cycle`` is the current request's cycle, ``cycle.more_body`` turns false
-    when the whole body has arrived, ``cycle.response_complete`` when the response has been written, and
-    ``on_response_complete`` runs then. Relies on asyncio's ``start_tls`` (not uvloop's: the listener runs
-    the asyncio loop) delivering data and loss to the protocol as soon as the handshake is done, before
-    ``start_tls`` returns.
+    when the whole body has arrived, ``cycle.response_complete`` when the response has been written,
+    ``on_response_complete`` runs then, and ``_unset_keepalive_if_required`` cancels and drops the keep-alive
+    timer. Relies on asyncio's ``start_tls`` (not uvloop's: the listener runs the asyncio loop) delivering data
+    and loss to the protocol as soon as the handshake is done, before ``start_tls`` returns.
     """
 
     guard: ConnectionGuard
@@ -247,6 +247,12 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
         self._cancel_deadline()
         self.guard.release(self)
+        # uvicorn drops its keep-alive timer only on a clean close. A fired timer, or one left by a connection
+        # that ended with an error (a client resetting the connection keep-alive was closing), refers back to
+        # this protocol: a reference cycle holding the TLS state (a 256 KiB buffer each), freed only by a full
+        # garbage collection, rare in a long-lived server. The operator's connections made the replica creep.
+        self._unset_keepalive_if_required()
+        self._handshake = None
 
     def handle_events(self) -> None:
         super().handle_events()
