@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import os
+import signal
 import threading
 import time
 
@@ -127,3 +129,24 @@ def test_a_run_too_short_for_its_quiet_minutes_is_refused_before_anything_starts
         runner.run(duration_s=1200, out_dir=str(tmp_path))
     assert started == []
     assert schedule(0, 1200, _targets, quick=False, warmup_s=300)  # without the quiet minutes it fits
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_stop_signal_raises_once_in_the_run_and_a_second_does_not_cut_the_stopping_short(sig, capsys):
+    from peep.server.bench.soak.runner import SoakStopped, stop_on_signals
+
+    before = signal.getsignal(sig)
+    stopped_parts = []
+    with pytest.raises(SoakStopped) as stopped:
+        with stop_on_signals():
+            try:
+                os.kill(os.getpid(), sig)
+                time.sleep(5)  # the handler raises here, in the main thread
+            finally:  # the run stopping its parts: another signal meanwhile is only noted
+                os.kill(os.getpid(), sig)
+                time.sleep(0.2)
+                stopped_parts.append("all")
+    assert stopped.value.signum == sig and str(stopped.value) == f"stopped by {signal.Signals(sig).name}"
+    assert stopped_parts == ["all"]
+    assert "already stopping" in capsys.readouterr().err
+    assert signal.getsignal(sig) == before  # restored once the run is over

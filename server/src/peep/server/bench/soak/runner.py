@@ -59,8 +59,8 @@ class SoakStopped(BaseException):
 
 #: Signals that stop a run early. Left at their default, SIGTERM and SIGHUP end Python without its ``finally``
 #: blocks: the run's database, broker, balancer, replicas and cameras would keep running, the cameras' state
-#: filesystems stay mounted.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+#: filesystems stay mounted. SIGINT (Ctrl-C) too, so that a second one cannot cut the stopping short.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
 @contextmanager
@@ -98,7 +98,7 @@ def run(quick: bool = False, *, duration_s: float | None = None, out_dir: str | 
     Raises
     ------
     SystemExit
-        With ``128 + signal`` when SIGTERM or SIGHUP stopped the run, after everything it started has stopped.
+        With ``128 + signal`` when SIGTERM, SIGHUP or SIGINT stopped the run, after everything it started has stopped.
     """
     try:
         with stop_on_signals():
