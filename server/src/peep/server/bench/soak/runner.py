@@ -45,6 +45,9 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+#: Seconds the run's last Devices page may take to agree with the cameras' ledgers once the cameras have stopped.
+SETTLE_S = 30.0
+
 #: Quiet seconds after each fault's settling in which no fault starts: minutes whose latency can be judged.
 QUIET_S = 150.0
 
@@ -159,7 +162,19 @@ def _run(quick: bool, *, duration_s: float | None, out_dir: str | None, seed: in
         world.stop_cameras()
         time.sleep(5.0)  # the last decisions reach the database and the subscriber, the last reports the console
         operator.stop()
-        operator.step()  # the Devices page as the run ends: the ε it shows against the cameras' ledgers
+        # The Devices page as the run ends: the ε it shows against the cameras' ledgers. A camera's last release
+        # can still be on its way (a stopped camera drains its spool): the page is read again, at most
+        # SETTLE_S, until it agrees; a page that never agrees is the mismatch reported.
+        ledgers = world.ledger_epsilon()
+        settle_until = time.monotonic() + SETTLE_S
+        while True:
+            operator.step()
+            shown = {
+                d: e for d, e in shown_epsilon(operator.last_devices).items() if d in ledgers or d in world.cameras
+            }
+            if not check_epsilon(ledgers, shown, tolerance=1e-3)["mismatches"] or time.monotonic() > settle_until:
+                break
+            time.sleep(2.0)
         operator.close()
         decisions.stop()
         decisions.read_now()
@@ -179,8 +194,6 @@ def _run(quick: bool, *, duration_s: float | None, out_dir: str | None, seed: in
         for row, n in zip(faults_out, in_flight(world.release_times(), windows), strict=True):
             row["in_flight"] = n
         # The devices the soak holds ledgers of; the console also lists the administrator's sends apart.
-        ledgers = world.ledger_epsilon()
-        shown = {d: e for d, e in shown_epsilon(operator.last_devices).items() if d in ledgers or d in world.cameras}
         epsilon = check_epsilon(ledgers, shown, tolerance=1e-3)
         summary: dict[str, Any] = {
             "duration_s": round(timeline.now() - t0, 1),
