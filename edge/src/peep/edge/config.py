@@ -309,7 +309,15 @@ class MqttConfig(_Section):
     password_credential: str | None = None
     keepalive_s: int = Field(default=30, ge=5, le=3600)
     reconnect_min_s: int = Field(default=1, ge=1, le=600)
-    reconnect_max_s: int = Field(default=60, ge=1, le=3600)
+    reconnect_max_s: int = Field(
+        default=5,
+        ge=1,
+        le=3600,
+        description=(
+            "the longest wait between attempts to reach the broker again (the wait doubles from reconnect_min_s "
+            "up to this); after the broker returns, templates may wait this long in the spool before they flow"
+        ),
+    )
     max_inflight: int = Field(default=20, ge=1, le=1000)
     connect_timeout_s: float = Field(default=10.0, gt=0.0, le=300.0)
     report_interval_s: float = Field(

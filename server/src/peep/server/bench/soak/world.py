@@ -271,7 +271,7 @@ class SoakWorld:
                 "spool": {"synchronous": "full", "drain_timeout_s": 10.0},
                 "mqtt": {"enabled": transport == "mqtt", "host": "localhost", "port": proxy.port, "tls": True,
                          "ca_file": str(self.pki.ca_cert), "password_env": "PEEP_SOAK_MQTT_PASSWORD",
-                         "topic_prefix": "peep/v1", "reconnect_max_s": 2},
+                         "topic_prefix": "peep/v1"},
                 "grpc": {"enabled": transport == "grpc", "target": f"localhost:{proxy.port}", "tls": True,
                          "ca_file": str(self.pki.ca_cert), "token_env": "PEEP_SOAK_TOKEN"},
                 "metrics": {"port": 0},
