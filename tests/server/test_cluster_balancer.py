@@ -26,6 +26,7 @@ from peep.server.bench.cluster import (
     Balancer,
     DeviceSpec,
     Replica,
+    SocketPlace,
     count_stored,
     decided_keys,
     free_port,
@@ -219,3 +220,21 @@ def test_a_balancer_in_a_deep_folder_keeps_its_stats_socket_in_a_short_one(tmp_p
             assert not short.exists()
     finally:
         balancer.stop()
+
+
+def test_a_socket_goes_in_its_folder_unless_the_path_is_too_long_then_in_a_short_folder_of_its_own(tmp_path):
+    shallow = SocketPlace(tmp_path, "x.sock", limit=4096)
+    assert shallow.path == tmp_path / "x.sock" and shallow.short_dir is None
+    shallow.remove()  # nothing of the caller's folder is deleted
+    assert tmp_path.is_dir()
+
+    deep = SocketPlace(tmp_path, "x.sock", limit=len(os.fsencode(str(tmp_path / "x.sock"))) - 1, prefix="peep-t-")
+    short = deep.short_dir
+    assert short is not None and deep.path == short / "x.sock" and short.name.startswith("peep-t-")
+    assert short.stat().st_mode & 0o777 == 0o700  # private: only this user binds or reaches the socket
+    deep.path.write_text("")  # as a bound socket's file would be
+    deep.remove()
+    assert not short.exists()
+    deep.make()  # a part started again after its stop
+    assert short.is_dir() and short.stat().st_mode & 0o777 == 0o700
+    deep.remove()

@@ -234,6 +234,18 @@ def test_the_feeder_alternates_genuine_and_impostor_claims_and_finds_a_restarted
     assert len(got) <= len(door.sent) and len(got) >= len(door.sent) - 2
 
 
+def test_a_door_in_a_deep_folder_listens_in_a_short_one_that_close_removes(tmp_path):
+    deep = tmp_path.joinpath(*(["a-folder-deep-enough"] * 5))
+    assert len(os.fsencode(str(deep / "claims.sock"))) > 100  # past what a socket address holds, with margin
+    door = SoakDoor(deep, site="s", device_id="door-1", token="t", bundle_dir=tmp_path, public_key=tmp_path,
+                    ca_cert=tmp_path, target=("127.0.0.1", 1), enrolled=["Alice", "Bob"],
+                    people={"Alice": [tmp_path / "a.jpg"]})  # fmt: skip
+    short = door.socket_path.parent
+    assert short != deep and len(os.fsencode(str(door.socket_path))) <= 100 and short.is_dir()
+    door.close()
+    assert not short.exists()  # nothing of the run is left in the system's temporary folder
+
+
 # --------------------------------------------------------------------------- against a real door and server
 
 

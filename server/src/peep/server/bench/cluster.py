@@ -224,12 +224,10 @@ class Balancer:
         import re
 
         workdir.mkdir(parents=True, exist_ok=True)
-        self.workdir, self.port, self.socket = workdir, free_port(), workdir / "admin.sock"
-        self._short_dir: Path | None = None
-        if len(os.fsencode(str(self.socket))) > HAPROXY_SOCKET_MAX:
-            # HAProxy refuses a deep folder's socket path: a short folder of its own, removed by stop().
-            self._short_dir = Path(tempfile.mkdtemp(prefix="peep-haproxy-"))
-            self.socket = self._short_dir / "admin.sock"
+        self.workdir, self.port = workdir, free_port()
+        # HAProxy refuses a deep folder's socket path: then a short folder of its own, removed by stop().
+        self._socket = SocketPlace(workdir, "admin.sock", limit=HAPROXY_SOCKET_MAX, prefix="peep-haproxy-")
+        self.socket = self._socket.path
         pem = workdir / "front.pem"
         pem.write_text(cert.read_text() + key.read_text())
         pem.chmod(0o600)
@@ -254,8 +252,7 @@ class Balancer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 10.0) -> Balancer:
-        if self._short_dir is not None:
-            self._short_dir.mkdir(mode=0o700, exist_ok=True)  # started again after stop() removed it
+        self._socket.make()  # started again after stop() removed its folder
         with open(self.workdir / "haproxy.log", "ab") as log:
             self.proc = subprocess.Popen([HAPROXY, "-f", str(self.conf), "-db"], stdout=log, stderr=subprocess.STDOUT)
 
@@ -301,12 +298,48 @@ class Balancer:
     def stop(self) -> None:
         stop_process(self.proc)
         self.proc = None
-        if self._short_dir is not None:
-            shutil.rmtree(self._short_dir, ignore_errors=True)
+        self._socket.remove()
 
 
 #: The longest stats socket path HAProxy accepts (``socket path ... too long (max 97)``).
 HAPROXY_SOCKET_MAX = 97
+#: The longest Unix socket path to bind anywhere else: ``sockaddr_un`` holds 108 bytes; stay clear of it.
+SUN_PATH_MAX = 100
+
+
+class SocketPlace:
+    """Where a Unix socket named ``name`` goes: in ``folder``, or, when that path is longer than ``limit`` bytes
+    (a deep folder, as under a test's temporary path), in a short folder of its own under the system's temporary
+    folder, which :meth:`remove` deletes and :meth:`make` makes again.
+
+    Parameters
+    ----------
+    folder : Path
+    name : str
+        The socket file's name.
+    limit : int
+        The longest path, in bytes, the program binding the socket accepts.
+    prefix : str
+        The short folder's name prefix (says whose it is).
+    """
+
+    def __init__(self, folder: Path, name: str, *, limit: int = SUN_PATH_MAX, prefix: str = "peep-") -> None:
+        wanted = folder / name
+        self.short_dir: Path | None = None
+        if len(os.fsencode(str(wanted))) > limit:
+            self.short_dir = Path(tempfile.mkdtemp(prefix=prefix))
+            wanted = self.short_dir / name
+        self.path = wanted
+
+    def make(self) -> None:
+        """Make the short folder again (private to this user) if :meth:`remove` deleted it."""
+        if self.short_dir is not None:
+            self.short_dir.mkdir(mode=0o700, exist_ok=True)
+
+    def remove(self) -> None:
+        """Delete the short folder, the socket in it included (nothing when the socket is in ``folder``)."""
+        if self.short_dir is not None:
+            shutil.rmtree(self.short_dir, ignore_errors=True)
 
 
 def stop_process(proc: subprocess.Popen[Any] | None, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:

@@ -40,7 +40,6 @@ import stat
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -50,6 +49,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from peep.server.bench.cluster import SocketPlace
 from peep.server.bench.soak.history import check_door
 from peep.server.bench.soak.parts import unit_environment
 
@@ -62,7 +62,6 @@ DOOR_EVENTS = ("door_claim", "door_opened", "door_refused")
 START_REFUSALS = frozenset({"busy", "throttled", "locked_out"})
 #: Seconds of clock slack between the lock's file (``date``) and the log's millisecond timestamps.
 SLACK_S = 0.05
-_SUN_PATH_MAX = 100  # sockaddr_un holds 108 bytes; stay clear of it
 
 
 @dataclass(frozen=True)
@@ -498,7 +497,8 @@ class SoakDoor:
         self.state_dir = self.out / "state"
         self.lock_log = self.out / "lock.log"
         self.config = self.out / "door.toml"
-        self.socket_path = self._socket_path()
+        self._socket = SocketPlace(self.out, "claims.sock", prefix="peep-door-")
+        self.socket_path = self._socket.path
         self.proxy: Any = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.runs: list[DoorRun] = []
@@ -509,13 +509,6 @@ class SoakDoor:
         self._feeder: threading.Thread | None = None
         self._conn: socket.socket | None = None
         self._conn_pid = 0
-
-    def _socket_path(self) -> Path:
-        p = self.out / "claims.sock"
-        if len(os.fsencode(str(p))) <= _SUN_PATH_MAX:
-            return p
-        # A deep output folder would not fit in a socket address: a short folder of its own instead.
-        return Path(tempfile.mkdtemp(prefix="peep-door-")) / "claims.sock"
 
     # ------------------------------------------------------------------ building it
 
@@ -700,6 +693,7 @@ class SoakDoor:
             self._ended(killed=False)
         if self.proxy is not None:
             self.proxy.close()
+        self._socket.remove()
 
     # ------------------------------------------------------------------ the check
 
