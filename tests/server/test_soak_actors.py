@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from peep.server.bench.soak.actors import DecisionLog, shown_epsilon
+from peep.server.bench.soak.nemesis import Fault
 from peep.server.bench.soak.world import SoakWorld
 
 
@@ -53,6 +54,25 @@ def test_the_decision_log_keeps_rows_retention_deleted_and_those_committed_out_o
     _insert(pg_dsn, (4, "e4", "door-1", "nonce-1", "v2", "verify", "Ann", 1, 12.5))
     log.read_now()
     assert log.verify_decisions("door-1") == [("nonce-1", "Ann", True, 12.5)] and log.verify_decisions("cam-1") == []
+
+
+def test_a_recovery_is_a_decision_committed_after_the_heal_even_as_retention_deletes_more(pg_dsn, tmp_path):
+    import psycopg
+
+    _events_table(pg_dsn)
+    world = SoakWorld(tmp_path, seed=0, data_home=None, say=lambda _m: None)
+    world.pg = SimpleNamespace(dsn=pg_dsn)  # type: ignore[assignment]
+    world.cameras = {"cam-1": SimpleNamespace(queued=lambda: 0, alive=lambda: True)}  # type: ignore[dict-item]
+    _insert(pg_dsn, *[(i, f"e{i}", "cam-1", f"m{i}", "v1") for i in range(1, 6)])
+    fault = Fault(at_s=0.0, kind="network_cut", target="cam-1", duration_s=1.0)
+    assert not world.recovered(fault)  # the first ask after the heal marks where the system stood
+    # A sweep removes three decisions made after an earlier fault as one new decision commits: fewer are kept.
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("DELETE FROM recognition_events WHERE id <= 3")
+    _insert(pg_dsn, (6, "e6", "cam-1", "m6", "v1"))
+    assert world.recovered(fault)
+    world.cameras["cam-1"].queued = lambda: 5  # type: ignore[union-attr]  # a backlog left in its spool
+    assert not world.recovered(fault)
 
 
 def test_a_read_that_fails_is_kept_as_an_error_and_the_loop_goes_on():

@@ -541,17 +541,23 @@ class SoakWorld:
             return proxy.heal
         raise ValueError(f"fault kind: expected one of {', '.join(KINDS)}, received {kind!r}")
 
-    def decided_count(self) -> int:
+    def decided_mark(self) -> int:
+        """The id of the latest decision committed (0 before any): it grows with every decision.
+
+        Not the number of decisions kept: retention deletes as decisions are made, so that number stands still,
+        or falls when a sweep removes a burst decided after an earlier fault, while decisions go on (a camera's
+        recovery once measured 22 s where its spool had drained in 7).
+        """
         import psycopg
 
         assert self.pg is not None
         with psycopg.connect(self.pg.dsn, connect_timeout=3) as c:
-            row = c.execute("SELECT COUNT(*) FROM recognition_events").fetchone()
+            row = c.execute("SELECT COALESCE(MAX(id), 0) FROM recognition_events").fetchone()
             return int(row[0]) if row else 0
 
     def recovered(self, fault: Fault) -> bool:
         """Deciding again — a decision committed after the heal — and every camera alive with its spool drained."""
-        now = self.decided_count()
+        now = self.decided_mark()
         baseline = self._baselines.setdefault(fault, now)  # the first ask after the heal sets the mark
         queued = [c.queued() for c in self.cameras.values()]
         drained = all(q is not None and q <= 2 for q in queued)  # a release or two in flight is not a backlog
