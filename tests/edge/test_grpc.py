@@ -422,3 +422,48 @@ def test_a_crash_after_the_servers_ack_resends_and_the_duplicate_ack_deletes(tmp
     spool.close()
     on_disk = b"".join(p.read_bytes() for p in tmp_path.glob("spool.sqlite3*"))
     assert all(payload not in on_disk for _, payload in items)
+
+
+@pytest.mark.timeout(120)
+def test_a_camera_sends_again_within_seconds_of_the_server_returning_after_a_long_outage(tmp_path, pki, templates, h):
+    """The channel's wait between attempts to connect stops growing at ``grpc.reconnect_max_s`` (5 s): while it
+    waits every call fails at once, so with gRPC's own growing wait (capped at ``retry_max_s``, 60 s, before)
+    a camera whose server was away 30 s sent again up to 20 s after it returned."""
+    items = templates(80)
+    spool = Spool(tmp_path / "spool.sqlite3", destinations=["grpc"])
+    port = h.free_port()
+    shipped = GrpcConfig.model_fields
+    fwd = GrpcForwarder(cfg(pki, port, retry_min_s=shipped["retry_min_s"].default,
+                            retry_max_s=shipped["retry_max_s"].default), spool, token=TOKEN)  # fmt: skip
+    assert fwd.cfg.reconnect_max_s == 5.0
+    fwd.start()
+    stop = threading.Event()
+
+    def camera() -> None:  # a release every half second, as a camera seeing people makes, each waking the forwarder
+        for mid, payload in items:
+            if stop.wait(0.5):
+                return
+            spool.put(message_id=mid, purpose="identify", payload=payload)
+
+    releasing = threading.Thread(target=camera, daemon=True)
+    releasing.start()
+    time.sleep(30.0)  # the server is away: every attempt to connect is refused, and the channel's wait grows
+    assert spool.depth("grpc") >= 50  # none delivered
+    servicer = FakeRecognition()
+    server, _ = serve(servicer, pki, port)
+    back = time.monotonic()
+    try:
+        assert wait_until(lambda: servicer.received > 0, timeout=30.0)
+        waited = time.monotonic() - back
+        stop.set()
+        releasing.join(5)
+        assert wait_until(lambda: spool.depth("grpc") == 0)
+        assert fwd.stop(2.0)
+    finally:
+        stop.set()
+        server.stop(0)
+    # At most the ceiling and gRPC's jitter (a fifth) after the server is back, and the call itself.
+    assert waited <= 5.0 * 1.2 + 1.0, f"the first template arrived {waited:.1f} s after the server returned"
+    assert sorted(servicer.stored) == sorted(mid for mid, _ in items[: len(servicer.stored)])
+    assert servicer.received == len(servicer.stored), "nothing sent twice"
+    spool.close()

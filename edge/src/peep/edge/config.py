@@ -358,6 +358,15 @@ class GrpcConfig(_Section):
     batch_size: int = Field(default=64, ge=1, le=10_000)
     retry_min_s: float = Field(default=0.5, gt=0.0, le=600.0)
     retry_max_s: float = Field(default=60.0, gt=0.0, le=3600.0)
+    reconnect_max_s: float = Field(
+        default=5.0,
+        gt=0.0,
+        le=3600.0,
+        description=(
+            "the longest wait between the channel's attempts to reach the server again (the wait grows from 1 s "
+            "up to this); after the server or the network returns, templates may wait this long in the spool"
+        ),
+    )
     report_interval_s: float = Field(
         default=60.0,
         ge=0.0,

@@ -45,18 +45,20 @@ _AUTH_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIE
 def make_channel(cfg: GrpcConfig, *, reconnect_max_s: float | None = None) -> grpc.Channel:
     """A channel to ``cfg.target`` (TLS unless disabled explicitly).
 
-    ``reconnect_max_s`` caps the wait between reconnection attempts (default ``grpc.retry_max_s``). A door
-    sets it to a second: with gRPC's growing backoff a claim made seconds after the server came back found
-    the channel still waiting out its last backoff, and ended ``unreachable``.
+    ``reconnect_max_s`` caps the wait between reconnection attempts (default ``grpc.reconnect_max_s``, 5 s).
+    While the channel waits out its backoff every call fails at once, so the cap is how late templates flow
+    again once the server or the network is back: with gRPC's own cap of two minutes (and the earlier one of
+    ``grpc.retry_max_s``, 60 s) a camera cut off for 10 s sent again 22 s after the network returned. A door
+    sets it to a second: a claim made seconds after the server came back must not find the channel still
+    waiting, or it ends ``unreachable``.
     """
-    backoff_ms = int((cfg.retry_max_s if reconnect_max_s is None else reconnect_max_s) * 1000)
+    backoff_ms = int((cfg.reconnect_max_s if reconnect_max_s is None else reconnect_max_s) * 1000)
     options: list[tuple[str, Any]] = [
         ("grpc.keepalive_time_ms", 30_000),
         ("grpc.keepalive_timeout_ms", 10_000),
         ("grpc.max_reconnect_backoff_ms", backoff_ms),
+        ("grpc.initial_reconnect_backoff_ms", min(backoff_ms, 1000)),
     ]
-    if reconnect_max_s is not None:
-        options.append(("grpc.initial_reconnect_backoff_ms", min(backoff_ms, 1000)))
     if not cfg.tls:
         log_event(
             _log,
