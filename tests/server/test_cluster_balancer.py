@@ -26,7 +26,6 @@ from peep.server.bench.cluster import (
     Balancer,
     DeviceSpec,
     Replica,
-    SocketPlace,
     count_stored,
     decided_keys,
     free_port,
@@ -39,6 +38,7 @@ from peep.server.bench.cluster import (
     wait_for,
     write_frames,
 )
+from peep.server.bench.sockets import SocketPlace
 from peep.server.config import token_sha256
 from peep.v1 import recognition_pb2
 from peep_server_testlib import ADMIN, DEVICE_TOKENS, SITE, base_config, tls_section, to_toml

@@ -49,9 +49,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from peep.server.bench.cluster import SocketPlace
 from peep.server.bench.soak.history import check_door
 from peep.server.bench.soak.parts import unit_environment
+from peep.server.bench.sockets import SocketPlace
 
 PEEP_EDGE = str(Path(sys.executable).parent / "peep-edge")
 #: The door runs with its shipped unit's environment (deploy/systemd), as a deployment runs it.
