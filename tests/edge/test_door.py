@@ -409,25 +409,63 @@ def test_claims_from_a_local_socket_one_line_each_bounded(tmp_path):
     path = tmp_path / "door.sock"
     stop = threading.Event()
     got: list[str] = []
-    reader = threading.Thread(target=lambda: got.extend(read_claims(socket_claims(path, stop=stop))))
+    # A daemon, stopped in ``finally``: a failed assertion must not leave a reader that keeps pytest from exiting.
+    reader = threading.Thread(target=lambda: got.extend(read_claims(socket_claims(path, stop=stop))), daemon=True)
     reader.start()
-    deadline = time.monotonic() + 5
-    while not path.exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert stat.S_IMODE(os.stat(path).st_mode) & 0o007 == 0  # no access for others
-    for payload in (b"alice\nbob\n", b"x" * (MAX_CLAIM_LINE + 50) + b"\ncarol\n", b"bad\x1b[2Jid\n"):
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
-            c.connect(str(path))
-            c.sendall(payload)
-    deadline = time.monotonic() + 5
-    while len(got) < 3 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    stop.set()
-    reader.join(5)
+    try:
+        deadline = time.monotonic() + 5
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert stat.S_IMODE(os.stat(path).st_mode) & 0o007 == 0  # no access for others
+        for payload in (b"alice\nbob\n", b"x" * (MAX_CLAIM_LINE + 50) + b"\ncarol\n", b"bad\x1b[2Jid\n"):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+                c.connect(str(path))
+                c.sendall(payload)
+        deadline = time.monotonic() + 5
+        while len(got) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        reader.join(5)
     assert got == ["alice", "bob", "carol"] and not path.exists()
     (tmp_path / "file").write_text("x")
     with pytest.raises(FileExistsError, match="not a socket"):
         next(socket_claims(tmp_path / "file"))
+
+
+def test_a_door_socket_path_appears_only_once_a_controller_can_connect(tmp_path, monkeypatch):
+    """The claims socket's path is there only when it listens: a controller that sees it is never refused."""
+    import socket
+
+    from peep.edge.door_session import socket_claims
+
+    listen = socket.socket.listen
+
+    def slow_listen(self, *args):
+        time.sleep(0.3)  # widens the window between bind and listen that a loaded machine opens by chance
+        return listen(self, *args)
+
+    monkeypatch.setattr(socket.socket, "listen", slow_listen)
+    path = tmp_path / "door.sock"
+    stop = threading.Event()
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.extend(socket_claims(path, stop=stop)), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+            c.connect(str(path))  # refused if the path appeared at bind
+            c.sendall(b"alice\n")
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        reader.join(5)
+    assert got == [b"alice"], got
+    assert not path.exists() and [p.name for p in tmp_path.iterdir()] == []  # nothing left behind
 
 
 def test_a_door_reports_what_it_spent_over_mqtt(make_config, one_person_video, system_broker):

@@ -871,15 +871,20 @@ def socket_claims(path: str | os.PathLike[str], *, stop: threading.Event | None 
         if not stat.S_ISSOCK(os.lstat(p).st_mode):
             raise FileExistsError(f"--claims: {p[:200]} exists and is not a socket")
         os.unlink(p)
+    # Bound under a private name and renamed once listening: a controller that sees the path can connect
+    # (bound at ``p`` directly, a connect between bind and listen is refused).
+    staging = os.path.join(os.path.dirname(p), f".{os.getpid()}-{threading.get_ident() % 100000}.sock")
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o117)
     try:
-        server.bind(p)
+        server.bind(staging if len(os.fsencode(staging)) < 108 else p)
     finally:
         os.umask(old)
-    server.listen(4)
-    server.settimeout(0.5)
     try:
+        server.listen(4)
+        if server.getsockname() == staging:
+            os.replace(staging, p)
+        server.settimeout(0.5)
         while stop is None or not stop.is_set():
             try:
                 conn, _ = server.accept()
@@ -889,8 +894,9 @@ def socket_claims(path: str | os.PathLike[str], *, stop: threading.Event | None 
                 yield from _lines(conn, stop)
     finally:
         server.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(p)
+        for leftover in (staging, p):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(leftover)
 
 
 def _lines(conn: Any, stop: threading.Event | None) -> Any:
