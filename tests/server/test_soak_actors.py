@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from peep.server.bench.soak.actors import DecisionLog, shown_epsilon
 from peep.server.bench.soak.nemesis import Fault
 from peep.server.bench.soak.world import SoakWorld
@@ -150,6 +151,28 @@ def test_the_desk_is_checked_against_its_own_ledger_and_an_input_refusal_is_not_
     got = desk.check(pg_dsn, ledger)
     assert got["templates_released"] == 6 and got["templates_stored"] == 5 and got["mismatched"] == ["Bo"]
     assert [r["subject"] for r in got["refused_input"]] == ["Cy"] and [r["subject"] for r in got["failed"]] == ["Dee"]
+
+
+def test_the_desk_enrols_at_a_lower_cpu_priority_than_the_cameras_it_shares_the_rig_with(tmp_path, monkeypatch):
+    import os
+
+    from peep.server.bench.soak import actors
+
+    fake = tmp_path / "peep-edge"
+    fake.write_text("#!/bin/sh\nnice\n")  # prints the niceness it runs at
+    fake.chmod(0o755)
+    monkeypatch.setattr(actors, "PEEP_EDGE", str(fake))
+    base = os.nice(0)
+    said = {}
+    for niceness in (10, 0):
+        desk = actors.EnrolmentDesk(tmp_path / "desk.toml", {}, [("Ann", tmp_path)], count=2, interval_s=1.0,
+                                    clock=lambda: 0.0, log=tmp_path / "desk.log", niceness=niceness)  # fmt: skip
+        desk.step()
+        said[niceness] = desk.enrolments[0].said
+    assert said == {10: str(min(19, base + 10)), 0: str(base)}
+    with pytest.raises(ValueError, match="niceness: expected 0..19, got 20"):
+        actors.EnrolmentDesk(tmp_path / "d.toml", {}, [], count=1, interval_s=1.0, clock=lambda: 0.0,
+                             log=tmp_path / "d.log", niceness=20)  # fmt: skip
 
 
 def test_the_operator_stopped_then_stepped_loads_the_final_devices_page_afresh(tmp_path):
