@@ -111,6 +111,16 @@ def test_the_run_leaves_its_series_and_a_report(soak):
     judged = {t["target"]: t["value"] for t in s["targets"]}
     for process, slope in s["rss_mb_per_hour"].items():
         assert judged[f"rss_mb_per_hour[{process}]"] == pytest.approx(slope, abs=1e-3), process
+    # Each camera decision's latency from the server's receipt (judged) and from the camera's release (reported).
+    counts = s["reported"]["latency_counts"]
+    assert counts["decided"] == counts["with_receipt"] == counts["with_release"] > 0, counts
+    assert sum(r["n"] for r in s["p99_ms_per_minute"]) == sum(r["n"] for r in s["p99_ms_per_minute_from_release"])
+    assert "p99_per_minute[release_to_decision]" not in judged
+    assert [v["target"] for v in s["reported"]["latency"]] == ["p99_per_minute[release_to_decision]"]
+    rows = (folder / "decisions.csv").read_text().splitlines()
+    assert rows[0] == "device,message_id,released_at,received_at,decided_at" and len(rows) == counts["decided"] + 1
+    released, received, decided = (float(x) for x in rows[1].split(",")[2:])
+    assert released <= received + 1.0 and received <= decided + 0.001  # one machine's clock (cameras' may step)
 
 
 def _left_behind(folder: Path) -> tuple[list[str], list[str]]:

@@ -411,6 +411,28 @@ def test_p99_against_the_first_quiet_minute(factor: float, ok: bool) -> None:
     assert "baseline minute 5 " in v["detail"]
 
 
+def test_a_reported_latency_gets_the_targets_ratio_but_is_not_a_target(tmp_path: Path) -> None:
+    """The camera-side measure is worked out like the judged one and shown beside the targets, never in them."""
+    from peep.server.bench.soak.targets import latency_ratios
+
+    tl = _quiet_run(p99_late_factor=2.0)
+    for minute in range(60):  # the release side: ten times slower from minute 40
+        for i in range(60):
+            tl.latency("release_to_decision", 60.0 * minute + i, (1000.0 if minute >= 40 else 100.0) if i < 2 else 40.0)
+    targets = _by_target(judge(GOOD, tl, reported_only=("release_to_decision",)))
+    assert "p99_per_minute[release_to_decision]" not in targets and targets["p99_per_minute[ingest_to_decision]"]["ok"]
+    assert not _by_target(judge(GOOD, tl))["p99_per_minute[release_to_decision]"]["ok"]  # judged unless said
+    (ratio,) = latency_ratios(tl, ("release_to_decision",))
+    assert ratio["target"] == "p99_per_minute[release_to_decision]" and not ratio["ok"]
+    assert ratio["value"] == pytest.approx(10.0, rel=0.02) and "baseline minute 5 " in ratio["detail"]
+    assert latency_ratios(tl, ("never_recorded",))[0]["value"] is None
+    summary = {**GOOD, "targets": list(targets.values()), "reported": {"latency": [ratio]}}
+    doc = write_report(summary, tl, tmp_path).read_text(encoding="utf-8")
+    reported = doc.split("<table id='reported'>", 1)[1].split("</table>", 1)[0]
+    assert "beyond" in reported and "release_to_decision" in reported
+    assert "release_to_decision" not in doc.split("<table id='targets'>", 1)[1].split("</table>", 1)[0]
+
+
 @pytest.mark.parametrize(
     ("summary", "target", "value"),
     [

@@ -39,7 +39,8 @@ MEASURES: dict[str, tuple[str, str]] = {
     "broker_queue": ("Broker queue depth", "messages"),
 }
 LATENCY_TITLES = {
-    "ingest_to_decision": "Latency from ingest to decision, per minute",
+    "ingest_to_decision": "Latency from the server's receipt of a template to its decision, per minute",
+    "release_to_decision": "Latency from a camera's release to its decision (reported, not a target), per minute",
     "claim_to_lock": "Latency from a door claim to the lock drive, per minute",
     "console_page": "Console page loads (Live, Devices), per minute",
     "claim_to_verdict": "Latency from a door claim to the door's answer (opened or rejected), per minute",
@@ -172,6 +173,27 @@ def _targets_html(targets: Any) -> str:
     return verdict + f"<table id='targets'>{head}\n" + "\n".join(rows) + "</table>"
 
 
+def _reported_html(summary: Mapping[str, Any]) -> str:
+    """The measures worked out as targets are but reported beside them (the runner says why), marked as such."""
+    reported = summary.get("reported")
+    latency = reported.get("latency") if isinstance(reported, Mapping) else None
+    if not isinstance(latency, Sequence) or not latency:
+        return ""
+    rows = []
+    for v in latency:
+        value = v.get("value")
+        shown = "—" if value is None else f"{value:.3g}"
+        within = "within" if v.get("ok") else "beyond"
+        rows.append(
+            f"<tr><td>{within}</td><td>{html.escape(str(v.get('target')))}</td><td class='num'>{shown}</td>"
+            f"<td class='num'>{v.get('limit', '')}</td><td>{html.escape(str(v.get('detail', '')))}</td></tr>"
+        )
+    head = "<tr><th></th><th>measure</th><th>value</th><th>a target's limit</th><th>detail</th></tr>"
+    return (
+        f"<p>Reported beside the targets, not judged:</p><table id='reported'>{head}\n" + "\n".join(rows) + "</table>"
+    )
+
+
 def _faults_html(summary: Mapping[str, Any], windows: Sequence[FaultWindow]) -> str:
     reported = summary.get("faults") or []
     rows = [(f.get("kind"), f.get("at_s"), f.get("recovered_s")) for f in reported if isinstance(f, Mapping)]
@@ -249,6 +271,7 @@ the system was healthy again){"; fault kinds: " + legend if kinds else ""}. Dash
 lines are known steps (the mid-run training), where slopes are fitted on each side as across a restart.</p>
 <h2>Targets</h2>
 {_targets_html(summary.get("targets"))}
+{_reported_html(summary)}
 <h2>Faults</h2>
 {_faults_html(summary, faults)}
 <h2>Messages per device</h2>

@@ -171,11 +171,12 @@ def _latencies(
     min_n: int,
     settle_s: float,
     min_per_minute: Mapping[str, int],
+    reported_only: Iterable[str] = (),
 ) -> list[Verdict]:
     faults = timeline.faults()
     out: list[Verdict] = []
     required = set(kinds)
-    for kind in sorted(required | set(timeline.latency_kinds())):
+    for kind in sorted((required | set(timeline.latency_kinds())) - set(reported_only)):
         name = f"p99_per_minute[{kind}]"
         rows = timeline.percentiles_per_minute(kind)
         if not rows:
@@ -226,6 +227,7 @@ def judge(
     latency_kinds: Iterable[str] = LATENCY_KINDS,
     faults_expected: bool = True,
     min_per_minute: Mapping[str, int] | None = None,
+    reported_only: Iterable[str] = (),
 ) -> list[Verdict]:
     """Every target of the module's docstring, in that order.
 
@@ -249,6 +251,9 @@ def judge(
         Kinds that must be judged; a kind recorded besides them is judged only where it has a quiet minute.
     min_per_minute : mapping, optional
         ``min_minute_n`` per kind, where a kind comes fewer times a minute (a door's claims).
+    reported_only : iterable of str
+        Latency kinds recorded for the report and left out of the targets (:func:`latency_ratios` gives
+        their ratios, worked out as a target's).
     faults_expected : bool, default True
         Whether a run without a fault fails the recovery target.
 
@@ -271,5 +276,25 @@ def judge(
         *_counts(summary),
         *_resources(timeline, warmup_s, life_warmup_s, rss_mb_per_hour, flat_bound),
         *_recoveries(timeline.faults(), recovery_s, faults_expected),
-        *_latencies(timeline, latency_kinds, warmup_s, p99_factor, min_minute_n, settle_s, min_per_minute or {}),
+        *_latencies(
+            timeline, latency_kinds, warmup_s, p99_factor, min_minute_n, settle_s, min_per_minute or {}, reported_only
+        ),
     ]
+
+
+def latency_ratios(
+    timeline: Timeline,
+    kinds: Iterable[str],
+    *,
+    warmup_s: float = WARMUP_S,
+    p99_factor: float = 3.0,
+    min_minute_n: int = 20,
+    settle_s: float = 60.0,
+) -> list[Verdict]:
+    """The p99 target's verdict for ``kinds``, for a measure that is reported beside the targets, not judged.
+
+    The same minutes, baseline and ratio as :func:`judge`'s ``p99_per_minute`` (a kind never recorded gives
+    ``value`` None).
+    """
+    return _latencies(timeline, kinds, warmup_s, p99_factor, min_minute_n, settle_s, {},
+                      set(timeline.latency_kinds()) - set(kinds))  # fmt: skip

@@ -410,6 +410,17 @@ class SoakWorld:
                 out[d] = []
         return out
 
+    def receipts(self) -> dict[tuple[str, str], float]:
+        """``(camera, message id)`` to the time the server received it, from the ingest ledger (kept for the
+        ledger's window, days: longer than any run)."""
+        import psycopg
+
+        assert self.pg is not None
+        with psycopg.connect(self.pg.dsn, connect_timeout=5) as c:
+            rows = c.execute("SELECT device_id, message_id, received_at FROM ingest_ledger WHERE device_id = ANY(%s)",
+                             (list(self.cameras),)).fetchall()  # fmt: skip
+        return {(str(d), str(m)): float(t) for d, m, t in rows}
+
     def kept_of_cameras(self, *, sweep_grace_s: float = 2 * RETENTION_INTERVAL_S + 10.0) -> dict[str, Any]:
         """Every table of the database read for the cameras' releases (passers-by, enrolled or not).
 
