@@ -108,9 +108,10 @@ def rng() -> np.random.Generator:
 
 # A test that fails before stopping a thread it started can leave a non-daemon thread that keeps the
 # interpreter from exiting after the summary is printed: the run then hangs until CI's time limit, and the
-# one failing test is reported as a timeout of everything. This waits briefly for such threads, names them
-# with their stacks, and ends the process with a failing status.
-_LEFTOVER_GRACE_S = 20.0
+# one failing test is reported as a timeout of everything. A watchdog outlives the session: if the process
+# has not exited a while after it (the interpreter's own exit handlers stop executors' threads first), it
+# names the threads still running, with their stacks, and ends the process with a failing status.
+_EXIT_GRACE_S = 60.0
 _exit_status: list[int] = []
 
 
@@ -118,31 +119,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _exit_status.append(int(exitstatus))
 
 
-def _lingering_threads() -> list:
-    import threading
-
-    return [
-        t for t in threading.enumerate()
-        if t is not threading.main_thread() and t.is_alive() and not t.daemon
-        # idle executor workers are joined by the interpreter's own exit handler
-        and not t.name.startswith(("ThreadPoolExecutor", "asyncio_"))
-    ]  # fmt: skip
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_unconfigure(config: pytest.Config) -> None:
+def _exit_watchdog(grace_s: float) -> None:
     import sys
+    import threading
     import time
     import traceback
 
-    deadline = time.monotonic() + _LEFTOVER_GRACE_S
-    while (left := _lingering_threads()) and time.monotonic() < deadline:
-        left[0].join(max(0.0, deadline - time.monotonic()))
-    if not left:
-        return
+    time.sleep(grace_s)
+    left = [t for t in threading.enumerate() if t is not threading.current_thread() and not t.daemon]
     frames = sys._current_frames()
-    print(f"\nconftest: {len(left)} thread(s) a test started are still running {_LEFTOVER_GRACE_S:.0f} s after "
-          "the run; they would keep it from ending:", file=sys.stderr)  # fmt: skip
+    print(f"\nconftest: the run has not ended {grace_s:.0f} s after its summary; threads still running:",
+          file=sys.stderr)  # fmt: skip
     for t in left:
         print(f"--- {t.name}", file=sys.stderr)
         traceback.print_stack(frames.get(t.ident), file=sys.stderr)
@@ -150,3 +137,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     sys.stderr.flush()
     status = _exit_status[-1] if _exit_status else 1
     os._exit(status or 1)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import threading
+
+    grace = float(os.environ.get("PEEP_TEST_EXIT_GRACE_S", _EXIT_GRACE_S))
+    threading.Thread(target=_exit_watchdog, args=(grace,), name="exit-watchdog", daemon=True).start()
