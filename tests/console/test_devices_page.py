@@ -363,3 +363,11 @@ def test_what_a_device_spent_beyond_what_reached_the_server_is_shown_from_its_re
     stub.ReportDevice(recognition_pb2.DeviceReportRequest(device_id="door-1", site=SITE, report=agreeing.to_json()),
                       metadata=md("door-1"), timeout=10)  # fmt: skip
     assert "eps-reported" not in cell(row_of(site.devices_page(), "door-1"), "eps-total")
+    # nor does one older than the latest releases (its final one refused, say): what reached the server is more
+    time.sleep(1.1)
+    behind = DeviceReport(**{**report.__dict__, "epsilon_vector_spent": received - site.epsilon_vector,
+                             "at": time.time()})  # fmt: skip
+    stub.ReportDevice(recognition_pb2.DeviceReportRequest(device_id="door-1", site=SITE, report=behind.to_json()),
+                      metadata=md("door-1"), timeout=10)  # fmt: skip
+    total = cell(row_of(site.devices_page(), "door-1"), "eps-total")
+    assert "eps-reported" not in total and number(total) == pytest.approx(received, rel=1e-3)

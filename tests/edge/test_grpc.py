@@ -321,6 +321,69 @@ def test_reports_stop_quietly_against_a_server_without_the_rpc(tmp_path, pki, te
     assert calls == [1] and fwd.reports_sent == 0  # asked once, then never again (no final report either)
 
 
+class _OneReportASecond(FakeRecognition):
+    """The server's rule for reports: one a second per device, a sooner one RESOURCE_EXHAUSTED (not kept)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = 0
+        self._last = -1e9
+
+    def ReportDevice(self, request, context):
+        with self.lock:
+            too_soon = time.monotonic() - self._last < 1.0
+            if not too_soon:
+                self._last = time.monotonic()
+            else:
+                self.refused += 1
+        if too_soon:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "ReportDevice: expected at most one report per 1 s")
+        return super().ReportDevice(request, context)
+
+
+def test_the_final_report_is_kept_even_when_a_periodic_one_went_just_before(tmp_path, pki):
+    """The server keeps one report a second per device. A camera stopped right after its periodic report would
+    have its final one refused, and the server would show counts that miss the releases in between: the final
+    report is tried again once the second has passed."""
+    servicer = _OneReportASecond()
+    server, port = serve(servicer, pki)
+    spool = spool_with(tmp_path, [])
+    counts = {"releases": 3}
+    fwd = GrpcForwarder(cfg(pki, port, report_interval_s=60.0), spool, token=TOKEN,
+                        report=lambda: f'{{"releases": {counts["releases"]}}}'.encode(),
+                        device_id="cam-1", site="lab")  # fmt: skip
+    try:
+        fwd.start()
+        assert wait_until(lambda: len(servicer.reports) == 1)
+        counts["releases"] = 4  # a release the periodic report did not count (refused by the server, say)
+        assert fwd.stop(5.0)
+    finally:
+        server.stop(0)
+        spool.close()
+    assert servicer.refused >= 1  # the first try came within the server's second
+    assert [r.report for r in servicer.reports] == [b'{"releases": 3}', b'{"releases": 4}']
+    assert fwd.reports_sent == 2
+
+
+def test_a_final_report_refused_for_good_is_not_tried_again(tmp_path, pki, templates):
+    servicer = FakeRecognition()
+    server, port = serve(servicer, pki)
+    spool = spool_with(tmp_path, templates(2))
+    fwd = GrpcForwarder(cfg(pki, port, report_interval_s=60.0), spool, token="not-the-token",
+                        report=lambda: b"{}", device_id="cam-1", site="lab")  # fmt: skip
+    try:
+        fwd.start()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        fwd.stop(0.0)
+        took = time.monotonic() - t0
+    finally:
+        server.stop(0)
+        spool.close()
+    assert fwd.report_code == grpc.StatusCode.UNAUTHENTICATED and fwd.reports_sent == 0
+    assert took < 1.0  # no wait for a second try that cannot succeed
+
+
 def test_enrolment_refused_by_the_server_is_an_error_not_a_delivery(make_config, people, pki, tmp_path, capsys):
     """A camera that is not an enrolment desk: the server refuses each ENROLL template (dead letter);
     the spool empties as on delivery, but peep-edge enroll must say so and exit 1."""

@@ -40,6 +40,11 @@ from peep.v1 import recognition_pb2, recognition_pb2_grpc
 _log = logging.getLogger("peep.edge.grpc")
 
 _AUTH_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+#: Refusals of a report that pass: the server's one report a second per device, a replica or the path away.
+_PASSING_CODES = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+#: How often the report at shutdown is tried, and how far apart (above the server's one a second).
+FINAL_REPORT_ATTEMPTS = 3
+FINAL_REPORT_RETRY_S = 1.2
 
 
 def make_channel(cfg: GrpcConfig, *, reconnect_max_s: float | None = None) -> grpc.Channel:
@@ -115,6 +120,7 @@ class GrpcForwarder(Forwarder):
         self._device = (device_id, site)
         self._next_report = 0.0  # monotonic: the first report as soon as the thread runs
         self.reports_sent = 0
+        self.report_code: grpc.StatusCode | None = None  # the last report's refusal, None when it went
         self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
         self._channel = (channel_factory or (lambda: make_channel(cfg)))()
         self._stub = recognition_pb2_grpc.RecognitionServiceStub(self._channel)  # type: ignore[no-untyped-call]
@@ -202,7 +208,8 @@ class GrpcForwarder(Forwarder):
         return len(items) == self.cfg.batch_size
 
     def send_report(self) -> bool:
-        """Send the device's report now; False (logged) when the call fails."""
+        """Send the device's report now; False (logged) when the call fails (its code in :attr:`report_code`)."""
+        self.report_code = None
         if self._report is None:
             return False
         try:
@@ -218,6 +225,7 @@ class GrpcForwarder(Forwarder):
             )
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
+            self.report_code = code
             if code == grpc.StatusCode.UNIMPLEMENTED:
                 # A server older than ReportDevice: templates still flow; stop asking.
                 self._report = None
@@ -236,7 +244,9 @@ class GrpcForwarder(Forwarder):
         return True
 
     def _maybe_report(self) -> None:
-        if self._report is None or time.monotonic() < self._next_report:
+        # Stopping, only the final report goes: one sent just before it would make the server refuse that one
+        # as too frequent, and the one the server kept would miss the releases made in between.
+        if self._report is None or self.stopping or time.monotonic() < self._next_report:
             return
         ok = self.send_report()
         # After a failure, again within 10 s (or the interval, if shorter) rather than a whole interval later.
@@ -244,14 +254,28 @@ class GrpcForwarder(Forwarder):
             self.cfg.report_interval_s if ok else min(self.cfg.report_interval_s, 10.0)
         )
 
+    def _final_report(self) -> None:
+        """The final counts, which the server's Devices view keeps until the device runs again.
+
+        A refusal that passes (a periodic report less than the server's interval earlier, a replica going away
+        under the balancer) is tried again, :data:`FINAL_REPORT_ATTEMPTS` tries in all ``FINAL_REPORT_RETRY_S`` apart:
+        otherwise the server would show the last periodic report, which misses the releases since.
+        """
+        for attempt in range(FINAL_REPORT_ATTEMPTS):
+            if self._report is None or self._halt.is_set():
+                return
+            if self.send_report() or self.report_code not in _PASSING_CODES:
+                return
+            if attempt + 1 < FINAL_REPORT_ATTEMPTS:
+                self._halt.wait(FINAL_REPORT_RETRY_S)
+
     def run(self) -> None:
         try:
             self.update_depth()
             while True:
                 idle = self.spool.depth(self.dest) == 0
                 if self.should_exit(idle=idle):
-                    if self._report is not None and not self._halt.is_set():
-                        self.send_report()  # the final counts
+                    self._final_report()
                     return
                 self._maybe_report()
                 try:
