@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from peep.server.bench.soak.actors import DecisionLog, shown_epsilon
+from peep.server.bench.soak.actors import DecisionLog, device_row_text, shown_epsilon
 from peep.server.bench.soak.nemesis import Fault
 from peep.server.bench.soak.world import SoakWorld
 
@@ -93,6 +93,9 @@ def test_the_epsilon_the_devices_page_shows_is_read_per_row():
       (its report): 3,152 over 197 releases; the difference was refused here or is still on its way</small></td></tr>
       <tr><td>desk-1</td><td>no releases yet</td></tr></table>"""
     assert shown_epsilon(html) == {"cam-1": 12345.5, "cam-2": 16.0, "cam-3": 3152.0}
+    # a mismatch is reported with the row as text, bounded
+    assert device_row_text(html, "cam-3").startswith("x 3,104 spent by the device (its report): 3,152 over 197")
+    assert len(device_row_text(html, "cam-3", limit=20)) == 20 and device_row_text(html, "cam-9") == ""
 
 
 def _camera(tmp: Path, device: str, messages: list[str]) -> SimpleNamespace:
@@ -118,7 +121,7 @@ def test_every_table_is_read_for_the_cameras_releases(pg_dsn, tmp_path):
         c.execute("INSERT INTO ingest_ledger VALUES ('cam-1', 'm1'), ('cam-1', 'm2')")
         c.execute("INSERT INTO templates VALUES ('m2', '', ''), ('e1', 'Someone', '')")
         c.execute("INSERT INTO track_memory VALUES ('m3', %s), ('m1', %s)", (time.time() + 60, time.time() - 60))
-    assert world.ledger_epsilon() == {"cam-1": 48.0}
+    assert world.ledger_epsilon() == {"cam-1": 48.0} and world.ledger_releases() == {"cam-1": 3}
     got = world.kept_of_cameras()
     assert got["released"] == 3
     assert got["found_in"] == {"ingest_ledger": 2, "templates": 1, "track_memory": 1}

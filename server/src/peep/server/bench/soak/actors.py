@@ -238,6 +238,15 @@ _EPS_TOTAL = re.compile(r'class="eps-total">([0-9.,]+)')
 _EPS_REPORTED = re.compile(r'class="eps-reported">[^<]*?: ([0-9.,]+) over')
 
 
+def device_row_text(devices_html: str, device: str, *, limit: int = 600) -> str:
+    """The Devices page's row of ``device`` as text (tags dropped, at most ``limit`` characters): what a
+    mismatch is reported with, so a run that failed says what the page held (releases, total, report)."""
+    for dev, row in _EPS_ROW.findall(devices_html):
+        if dev == device:
+            return " ".join(re.sub(r"<[^>]*>", " ", row).split())[:limit]
+    return ""
+
+
 def shown_epsilon(devices_html: str) -> dict[str, float]:
     """Device id -> the Σ ε (per vector) the Devices page shows as that device's spend.
 

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from peep.server.bench.soak.actors import DecisionLog, MidRunTraining, shown_epsilon
+from peep.server.bench.soak.actors import DecisionLog, MidRunTraining, device_row_text, shown_epsilon
 from peep.server.bench.soak.history import check_epsilon, check_events, check_templates, in_flight
 from peep.server.bench.soak.nemesis import FAULT_KINDS, Nemesis, schedule
 from peep.server.bench.soak.sampler import ResourceSampler, callable_source, directory_bytes_source, process_source
@@ -203,6 +203,10 @@ def _run(quick: bool, *, duration_s: float | None, out_dir: str | None, seed: in
             row["in_flight"] = n
         # The devices the soak holds ledgers of; the console also lists the administrator's sends apart.
         epsilon = check_epsilon(ledgers, shown, tolerance=1e-3)
+        counts = world.ledger_releases()
+        for dev, row in epsilon["mismatches"].items():
+            row["releases"] = counts.get(dev)
+            row["page_row"] = device_row_text(operator.last_devices, dev)
         summary: dict[str, Any] = {
             "duration_s": round(timeline.now() - t0, 1),
             "seed": seed,

@@ -385,14 +385,21 @@ class SoakWorld:
 
     def ledger_epsilon(self) -> dict[str, float]:
         """Per device (the cameras, the desk), the Σ ε (per vector) of every release its own ledger records."""
+        return {d: float(eps or 0.0) for d, (_n, eps) in self._ledger_sums().items()}
+
+    def ledger_releases(self) -> dict[str, int]:
+        """Per device (the cameras, the desk), how many releases its own ledger records."""
+        return {d: int(n) for d, (n, _eps) in self._ledger_sums().items()}
+
+    def _ledger_sums(self) -> dict[str, tuple[int, float | None]]:
         out = {}
         folders = {d: cam.state_dir for d, cam in self.cameras.items()} | {DESK: self.out / "devices" / DESK}
         for d, folder in folders.items():
             if not (folder / "ledger.sqlite3").exists():
                 continue  # the desk before its first enrolment
             with sqlite3.connect(f"file:{folder / 'ledger.sqlite3'}?mode=ro", uri=True) as db:
-                row = db.execute("SELECT SUM(epsilon) FROM spends WHERE message_id != ''").fetchone()
-            out[d] = float(row[0] or 0.0)
+                row = db.execute("SELECT COUNT(*), SUM(epsilon) FROM spends WHERE message_id != ''").fetchone()
+            out[d] = (int(row[0]), row[1])
         return out
 
     def release_times(self) -> dict[str, list[float]]:
