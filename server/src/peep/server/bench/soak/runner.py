@@ -203,7 +203,7 @@ def _run(quick: bool, *, duration_s: float | None, out_dir: str | None, seed: in
             row["in_flight"] = n
         # The devices the soak holds ledgers of; the console also lists the administrator's sends apart.
         epsilon = check_epsilon(ledgers, shown, tolerance=1e-3)
-        counts = world.ledger_releases()
+        counts = world.ledger_releases() if epsilon["mismatches"] else {}
         for dev, row in epsilon["mismatches"].items():
             row["releases"] = counts.get(dev)
             row["page_row"] = device_row_text(operator.last_devices, dev)
