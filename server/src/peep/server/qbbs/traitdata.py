@@ -109,7 +109,9 @@ def estimate_age_gender(
             if progress is not None:
                 progress(n_done, len(todo))
             if cache_file is not None and (n_done % 500 == 0 or n_done == len(todo)):
-                tmp = cache_file.with_suffix(".tmp")
+                # A temporary file of this process's own: two processes estimating at once (the test suite's
+                # workers, two commands) would otherwise replace each other's half-written file.
+                tmp = cache_file.with_name(f"{cache_file.name}.{os.getpid()}.tmp")
                 tmp.write_text(json.dumps(cache))
                 os.replace(tmp, cache_file)
     arr = np.array([cache[k] for k in keys], dtype=np.float64).reshape(len(keys), 2)

@@ -269,14 +269,17 @@ def _build_shim(workdir: Path, timeout_s: float) -> Path:
     if out.exists():
         return out
     workdir.mkdir(parents=True, exist_ok=True)
-    src = workdir / f"peep-monotonic-sleep-{tag}.c"
+    # This process's own source and temporary files: two runs building at once (the test suite's workers) would
+    # otherwise compile from, and replace, each other's half-written files.
+    src = workdir / f"peep-monotonic-sleep-{tag}.{os.getpid()}.c"
     src.write_text(_SHIM_C)
-    tmp = out.with_suffix(".so.tmp")
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
     r = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(tmp), str(src), "-ldl"], capture_output=True,
                        text=True, timeout=timeout_s)  # fmt: skip
     if r.returncode != 0:
         raise PartUnavailable(f"could not build the monotonic-sleep shim with {cc}: {r.stderr.strip()[-300:]}")
     os.replace(tmp, out)  # another run building the same shim sees it whole or not at all
+    src.unlink(missing_ok=True)
     return out
 
 
