@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: creates the venv (.venv, or $PEEP_VENV), installs
-# everything the tests need (scripts/bootstrap.sh all), stages the LFW data home, runs pytest.
-# Extra arguments go to pytest.
+# everything the tests need (scripts/bootstrap.sh all), stages the LFW data home, runs pytest on
+# several workers (pytest-xdist; PEEP_TEST_WORKERS, 4 by default: most of the suite waits on brokers,
+# servers and subprocesses rather than computing, and 4 finished soonest on 2 cores; docs/DEVELOPING.md).
+#
+#   bash scripts/test.sh [--fast] [PYTEST ARGS...]
+#     --fast   a developer's inner loop: leaves out the tests marked slow, soak, demo, bench, browser and
+#              processes (CI runs everything). Extra arguments go to pytest (`-n 0` runs in one process).
 set -euo pipefail
+t0=$SECONDS
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 venv="${PEEP_VENV:-$root/.venv}"
@@ -11,8 +17,25 @@ if [ -z "${SCIKIT_LEARN_DATA:-}" ]; then
   eval "$(bash scripts/stage-lfw.sh)"
 fi
 export SCIKIT_LEARN_DATA
+# The face cache (found faces and descriptors, keyed by each image file's bytes: peep.server.facecache) in the
+# user's cache folder rather than in the data home: a fresh clone (CI's, a developer's second checkout) then
+# describes the public faces once per machine, not once per clone. Tests of the cache itself use their own.
+export PEEP_CACHE_DIR="${PEEP_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/peep}"
+fast=()
+args=()
+for a in "$@"; do
+  case $a in
+    --fast) fast=(-m "not (slow or soak or demo or bench or browser or processes)") ;;
+    *) args+=("$a") ;;
+  esac
+done
+workers="${PEEP_TEST_WORKERS:-4}"
+# The suite's wall time from this script's start (install included; .ci/run sets its own start), printed by tests/conftest.py above
+# pytest's closing line.
+export PEEP_TEST_STARTED_S="${PEEP_TEST_STARTED_S:-$(( $(date +%s) - (SECONDS - t0) ))}"
 set +e
-"$venv/bin/python" -m pytest "$@"
+"$venv/bin/python" -m pytest -n "$workers" --dist loadgroup --durations=30 ${fast[@]+"${fast[@]}"} \
+  ${args[@]+"${args[@]}"}
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -106,6 +106,62 @@ def rng() -> np.random.Generator:
     return np.random.default_rng(12345)
 
 
+# The suite runs on several pytest-xdist workers (scripts/test.sh: `--dist loadgroup`). A fixture of module or
+# class scope is built once per worker that runs one of its tests: spread over workers, a module's demo run, soak
+# or trained server would be paid once per worker. Every test that uses such a fixture is therefore grouped with
+# its module (or class) so that one worker runs them all and pays for it once; the module's other tests stay free
+# to run anywhere. A test that names an `xdist_group` itself keeps its own.
+_SHARED_SCOPES = ("module", "class", "package")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        _mark_needs(item)
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        scopes = {defs[-1].scope for name in info.names_closure if (defs := info.name2fixturedefs.get(name))}
+        if scopes & set(_SHARED_SCOPES):
+            owner = item.nodeid.split("::")[0]
+            if "class" in scopes and item.cls is not None:
+                owner = f"{owner}::{item.cls.__name__}"
+            item.add_marker(pytest.mark.xdist_group(owner))
+
+
+# What a test needs, read from the fixtures it uses: a marker says so, so that `-m "not postgres"` selects
+# without anyone keeping lists (the modules that need more than a fixture shows mark themselves).
+_NEEDS_BY_FIXTURE = {
+    "pg_admin": "postgres",
+    "pg_dsn": "postgres",
+    "system_broker": "mqtt",
+}
+
+
+def _mark_needs(item: pytest.Item) -> None:
+    names = set(getattr(item, "fixturenames", ()))
+    for fixture, marker in _NEEDS_BY_FIXTURE.items():
+        if fixture in names and item.get_closest_marker(marker) is None:
+            item.add_marker(getattr(pytest.mark, marker))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The whole run's wall time, install included, when scripts/test.sh or .ci/run started it."""
+    import time
+
+    started = os.environ.get("PEEP_TEST_STARTED_S")
+    if started and started.isdigit():
+        workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT") or getattr(
+            terminalreporter.config.option, "numprocesses", None
+        )
+        terminalreporter.write_line(
+            f"suite: {time.time() - int(started):.0f} s wall from the start of the script (install included), "
+            f"{workers or 1} worker(s)"
+        )
+
+
 # A test that fails before stopping a thread it started can leave a non-daemon thread that keeps the
 # interpreter from exiting after the summary is printed: the run then hangs until CI's time limit, and the
 # one failing test is reported as a timeout of everything. A watchdog outlives the session: if the process

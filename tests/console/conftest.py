@@ -1,11 +1,6 @@
-"""Fixtures of the console tests (in console_fixtures.py, importable by name: the suite uses importlib mode)."""
+"""Fixtures of the console tests (defined in ``peep_testing.console``)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from console_fixtures import console  # noqa: F401
-from peep_server_testlib import pg_admin, pg_dsn  # noqa: F401
+from peep_testing.console import console  # noqa: F401
+from peep_testing.server import pg_admin, pg_dsn  # noqa: F401

@@ -15,16 +15,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from console_fixtures import PASSWORDS, SCRIPT_SUBJECT
-from peep_server_testlib import DEVICE
+from peep_testing.console import PASSWORDS, SCRIPT_SUBJECT
+from peep_testing.server import DEVICE
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 
-pytestmark = pytest.mark.skipif(
-    not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
-    reason="Debian's chromium and chromium-driver are not installed (scripts/bootstrap.sh installs them as root)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
+        reason="Debian's chromium and chromium-driver are not installed (scripts/bootstrap.sh installs them as root)",
+    ),
+    pytest.mark.browser,
+]
 
 
 @pytest.fixture(scope="module")

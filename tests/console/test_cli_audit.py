@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from peep.server.cli import main
-from peep_server_testlib import base_config, tls_section, to_toml
+from peep_testing.server import base_config, tls_section, to_toml
 
 
 def _server_toml(tmp: Path, public_key: Path, **sections: Any) -> Path:

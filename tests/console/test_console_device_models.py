@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from console_fixtures import PASSWORDS, ROLES, Console, Faces
-from peep_server_testlib import ADMIN, DEVICE_TOKENS, SITE, auth, base_config, make_pki, start_server, tls_section
+from peep_testing.console import PASSWORDS, ROLES, Console, Faces
+from peep_testing.server import ADMIN, DEVICE_TOKENS, SITE, auth, base_config, make_pki, start_server, tls_section
 
 SUBJECTS = ("alice", "bob", "carol", "dave")
 

@@ -9,8 +9,8 @@ import time
 from typing import Any
 
 import pytest
-from console_fixtures import csrf_of, login_token
-from peep_server_testlib import DEVICE_TOKENS, auth
+from peep_testing.console import csrf_of, login_token
+from peep_testing.server import DEVICE_TOKENS, auth
 
 CAM2 = auth(DEVICE_TOKENS["cam-2"])
 

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
-from console_fixtures import PASSWORDS, ROLES, Console, Faces
-from peep_server_testlib import (
+from peep_testing.console import PASSWORDS, ROLES, Console, Faces
+from peep_testing.server import (
     ADMIN,
     MQTT_PREFIX,
     SITE,

@@ -9,9 +9,9 @@ from typing import Any
 
 import httpx
 import pytest
-from console_fixtures import login_token
 from peep.server.config import parse_config
-from peep_server_testlib import base_config, make_pki, start_server, tls_section
+from peep_testing.console import login_token
+from peep_testing.server import base_config, make_pki, start_server, tls_section
 
 
 def _console(tmp: Any, trusted: list[str]) -> Iterator[tuple[Any, httpx.Client]]:

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from console_fixtures import PASSWORDS, ROLES, login_token
-from peep_server_testlib import RunningServer, base_config, make_pki, start_server, tls_section
+from peep_testing.console import PASSWORDS, ROLES, login_token
+from peep_testing.server import RunningServer, base_config, make_pki, start_server, tls_section
 
 QUICK_TIMEOUT_S = 2.0
 #: uvicorn's keep-alive timeout (its default, which the console keeps).

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from console_fixtures import PASSWORDS, login_token
+from peep_testing.console import PASSWORDS, login_token
 
 PAGES = ["/", "/live", "/devices", "/people", "/models", "/privacy", "/audit", "/enrol", "/password"]
 ENDPOINTS = ["/live/events", "/models/status"]
@@ -164,7 +164,7 @@ def keeping(console: Any, keep: str) -> Iterator[None]:
 
 
 def test_nothing_to_enrol_from_a_camera_when_templates_are_forgotten(console):
-    from peep_server_testlib import DEVICE
+    from peep_testing.server import DEVICE
 
     stub = console.server.stub()
     for m in [console.faces.message(2, purpose="identify", track_id="forgotten-track") for _ in range(2)]:
@@ -194,7 +194,7 @@ def test_people_and_privacy_pages_show_what_is_kept_per_category(console):
 
 
 def test_enrolment_desk_enrols_a_track(console):
-    from peep_server_testlib import DEVICE
+    from peep_testing.server import DEVICE
 
     stub = console.server.stub()
     msgs = [console.faces.message(2, purpose="identify", track_id="desk-track-1") for _ in range(3)]
@@ -210,7 +210,7 @@ def test_enrolment_desk_enrols_a_track(console):
 
 
 def test_only_the_admin_enrols_a_track_into_the_background(console):
-    from peep_server_testlib import DEVICE
+    from peep_testing.server import DEVICE
 
     stub = console.server.stub()
     with keeping(console, "all"):
@@ -258,7 +258,7 @@ def test_a_one_time_password_must_be_changed_first(console):
         r = c.post("/login", data={"name": "newbie", "password": otp, "csrf": login_token(c)})
         assert r.status_code == 303 and r.headers["location"] == "/password"
         assert c.get("/live").headers["location"] == "/password"
-        token = login_token(c) and __import__("console_fixtures").csrf_of("/password", c)
+        token = login_token(c) and __import__("peep_testing.console", fromlist=["csrf_of"]).csrf_of("/password", c)
         r = c.post("/password", data={"current": otp, "new": "short", "again": "short", "csrf": token})
         assert r.status_code == 400 and "12-256" in r.text
         new = "a-much-better-password"
@@ -273,9 +273,9 @@ def test_a_one_time_password_must_be_changed_first(console):
 def test_a_weak_new_password_is_refused_with_the_reason(console):
     """/password: common, keyboard, repetitive and name-based passwords are refused (400) with the strength
     estimator's reason, never echoed; the page says what is required; a long passphrase is accepted."""
-    from console_fixtures import csrf_of
     from peep.server.console.accounts import create_account
     from peep.server.console.store import ConsoleStore
+    from peep_testing.console import csrf_of
 
     otp = create_account(ConsoleStore(console.server.services.store), "chooser", "operator")
     with console.client() as c:
@@ -332,7 +332,7 @@ def test_an_admin_rolls_back_to_a_kept_version_and_forward_again(console, monkey
             assert services.recogniser.model.version == older
             stub = console.server.stub()
             from peep.v1 import recognition_pb2
-            from peep_server_testlib import DEVICE
+            from peep_testing.server import DEVICE
 
             resp = stub.Identify(recognition_pb2.IdentifyRequest(template=console.faces.message(0)), metadata=DEVICE,
                                  timeout=10)  # fmt: skip
@@ -410,7 +410,7 @@ def test_a_doors_verification_shows_as_a_door_claim_on_live(console):
     import time
 
     from peep.v1 import recognition_pb2
-    from peep_server_testlib import DEVICE
+    from peep_testing.server import DEVICE
 
     track = "door-" + "ab12cd34ef56"
     msg = console.faces.message(1, purpose="verify", subject="bob", track_id=track)

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from peep.server.cli import main
 
+pytestmark = [pytest.mark.demo, pytest.mark.processes]
+
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".pgm", ".bmp"}
 
 

@@ -13,7 +13,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -23,9 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-# The door tests' shared helpers (peep_door_testlib), as the server's tests import theirs.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peep_testing.edge import EDGE_SITE
 
 REPO = Path(__file__).resolve().parents[2]
 MOSQUITTO = "/usr/sbin/mosquitto"
@@ -247,13 +244,13 @@ def _retained(host: str, port: int, topic_filter: str) -> set[str]:
 @pytest.fixture(scope="session")
 def system_broker() -> Iterator[tuple[str, int]]:
     """The shared broker; the agents' retained statuses (``offline`` on a clean stop) under
-    ``peep/v1/edgetest`` that appeared during the session are cleared at its end."""
+    ``peep/v1/<EDGE_SITE>`` that appeared during the session are cleared at its end."""
     if not port_open("127.0.0.1", 1883):
         pytest.skip("no Mosquitto listening on 127.0.0.1:1883 (the CI service); start it to run this test")
     host, port = "127.0.0.1", 1883
-    before = _retained(host, port, "peep/v1/edgetest/#")
+    before = _retained(host, port, f"peep/v1/{EDGE_SITE}/#")
     yield (host, port)
-    new = sorted(_retained(host, port, "peep/v1/edgetest/#") - before)
+    new = sorted(_retained(host, port, f"peep/v1/{EDGE_SITE}/#") - before)
     import paho.mqtt.client as mqtt
 
     c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"edgetest-clear-{uuid.uuid4().hex[:8]}",
@@ -266,7 +263,7 @@ def system_broker() -> Iterator[tuple[str, int]]:
     finally:
         c.disconnect()
         c.loop_stop()
-    left = _retained(host, port, "peep/v1/edgetest/#") & set(new)
+    left = _retained(host, port, f"peep/v1/{EDGE_SITE}/#") & set(new)
     assert not left, f"retained statuses left on the broker: {sorted(left)}"
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 from peep.edge.bench import run
 
+# The benches pin themselves to cores and compare timings measured in one run: on one xdist worker, one at a time.
+pytestmark = [pytest.mark.bench, pytest.mark.xdist_group("bench")]
+
 
 @pytest.mark.slow
 def test_quick_bench_reports_fps_stages_and_memory(data_home):

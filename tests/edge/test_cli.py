@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from peep.core.wire import PURPOSES, decode_template
 from peep.edge.cli import main
+from peep_testing.edge import EDGE_SITE
 
 
 @pytest.fixture
@@ -93,9 +94,9 @@ def test_enroll_publishes_enrolment_templates_and_writes_no_image(
     src.mkdir()
     for p in people[name][:8]:
         shutil.copy(p, src / p.name)
-    col = collector_factory(*system_broker, [f"peep/v1/edgetest/{device}/#"])
+    col = collector_factory(*system_broker, [f"peep/v1/{EDGE_SITE}/{device}/#"])
     path = make_config(
-        device={"id": device, "site": "edgetest"},
+        device={"id": device, "site": EDGE_SITE},
         privacy={"epsilon": 4.0, "track_budget": 1e6, "enroll_budget": 2048.0},
     )
     before = snapshot(tmp_path)
@@ -149,9 +150,9 @@ def test_sigterm_stops_cleanly_flushing_the_spool_and_publishing_offline(
     system_broker, make_config, crowd_video, collector_factory
 ):
     device = f"cam-{uuid.uuid4().hex[:8]}"
-    col = collector_factory(*system_broker, [f"peep/v1/edgetest/{device}/#"])
+    col = collector_factory(*system_broker, [f"peep/v1/{EDGE_SITE}/{device}/#"])
     path = make_config(
-        device={"id": device, "site": "edgetest"},
+        device={"id": device, "site": EDGE_SITE},
         capture={"source": crowd_video["path"], "max_fps": 10.0},  # 20 s of video, stopped early
         privacy={"epsilon": 4.0, "track_budget": 1e6, "window_seconds": 1.0, "min_track_frames": 1},
     )

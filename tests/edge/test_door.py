@@ -18,7 +18,8 @@ from peep.edge.door import (
     GpioLock,
     MqttRelayLock,
 )
-from peep_door_testlib import RecordingLock, frames
+from peep_testing.door import RecordingLock, frames
+from peep_testing.edge import EDGE_SITE
 
 
 class FakeClock:
@@ -479,14 +480,14 @@ def test_a_door_reports_what_it_spent_over_mqtt(make_config, one_person_video, s
 
     host, port = system_broker
     device = f"door-{uuid.uuid4().hex[:6]}"
-    cfg = make_config(device={"id": device, "site": "edgetest"}, mqtt={"report_interval_s": 1.0},
+    cfg = make_config(device={"id": device, "site": EDGE_SITE}, mqtt={"report_interval_s": 1.0},
                       privacy={"mechanism": "privunit", "epsilon": 16.0, "track_budget": 1e6})  # fmt: skip
     agent = Agent(load_config(cfg), environ={})
     reports: list[dict] = []
     sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"{device}-watch")
     sub.on_message = lambda c, u, m: reports.append(json.loads(m.payload)) if m.payload else None
     sub.connect(host, port)
-    sub.subscribe(f"peep/v1/edgetest/{device}/report", qos=1)
+    sub.subscribe(f"peep/v1/{EDGE_SITE}/{device}/report", qos=1)
     sub.loop_start()
     try:
         ctl = DoorController(device, RecordingLock(), open_s=0.05, decision_timeout_s=30.0)
@@ -805,7 +806,7 @@ def open_broker_door(make_config, tmp_path, one_person_video, system_broker):
     private, public = generate_keypair()
     (tmp_path / "decisions.pub").write_bytes(public)
     device = f"door-{uuid.uuid4().hex[:6]}"
-    cfg = make_config("door.toml", device={"id": device, "site": "edgetest"},
+    cfg = make_config("door.toml", device={"id": device, "site": EDGE_SITE},
                       privacy={"mechanism": "privunit", "epsilon": 16.0, "track_budget": 1e6},
                       capture={"source": one_person_video["path"], "max_fps": 0.0},
                       door={"enabled": True, "decision": "mqtt", "decision_timeout_s": 6.0, "insecure_broker": True,
@@ -814,7 +815,7 @@ def open_broker_door(make_config, tmp_path, one_person_video, system_broker):
     pins = MockFactory()
     outcomes: list = []
     door = open_door(agent, pin_factory=pins, on_outcome=outcomes.append, face_timeout_s=10.0)
-    server = OpenBrokerServer(*system_broker, "edgetest", device, load_pem_private_key(private, password=None))
+    server = OpenBrokerServer(*system_broker, EDGE_SITE, device, load_pem_private_key(private, password=None))
     yield agent, door, server, pins.pin(17), outcomes, load_pem_private_key(private, password=None)
     server.close()
     door.close()

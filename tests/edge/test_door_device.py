@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from peep.core.imaging import primary_face
 from peep.edge.door import DoorController
-from peep_door_testlib import RecordingLock, frames
+from peep_testing.door import RecordingLock, frames
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from peep.core.wire import decode_template
 from peep.edge.agent import Agent
 from peep.edge.config import load_config
 from peep.edge.spool import Spool
+from peep_testing.edge import EDGE_SITE
 
 pytestmark = pytest.mark.mqtt
 
@@ -37,12 +38,12 @@ def test_agent_publishes_templates_status_and_metrics(
 ):
     device = f"cam-{uuid.uuid4().hex[:8]}"
     host, port = system_broker
-    base = f"peep/v1/edgetest/{device}"
+    base = f"peep/v1/{EDGE_SITE}/{device}"
     col = collector_factory(host, port, [f"{base}/#"])
     metrics_port = h.free_port()
     cfg = load_config(
         make_config(
-            device={"id": device, "site": "edgetest"},
+            device={"id": device, "site": EDGE_SITE},
             capture={"source": crowd_video["path"], "max_fps": 40.0},
             privacy={"epsilon": 4.0, "track_budget": 1e6, "window_seconds": 2.0, "min_track_frames": 2},
             metrics={"port": metrics_port},
@@ -71,7 +72,7 @@ def test_agent_publishes_templates_status_and_metrics(
     msgs = [decode_template(p) for p in col.payloads()]
     got = [m.message_id for m in msgs]
     assert got == ids, "delivered in release order, each once"
-    assert all(m.device_id == device and m.site == "edgetest" for m in msgs)
+    assert all(m.device_id == device and m.site == EDGE_SITE for m in msgs)
     assert all(len(m.values) == edge_bundle.n_components for m in msgs)
     statuses = col.payloads("/status")
     assert statuses[0] == b"online" and statuses[-1] == b"offline"
@@ -210,11 +211,11 @@ from peep.edge.config import MqttConfig
 from peep.edge.spool import Spool
 from peep.edge.transport.mqtt import MqttForwarder, MqttLink
 
-spool_path, port, device = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+spool_path, port, device, site = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 spool = Spool(spool_path, destinations=["mqtt"])
 # The broker has the templates and sent its PUBACK: the device dies before its DELETE.
 spool.ack = lambda dest, ids: os.kill(os.getpid(), signal.SIGKILL)
-link = MqttLink(MqttConfig(host="127.0.0.1", port=port, tls=False), client_id=f"crash-{device}", site="edgetest",
+link = MqttLink(MqttConfig(host="127.0.0.1", port=port, tls=False), client_id=f"crash-{device}", site=site,
                 device_id=device, publish_status=False)
 link.start()
 MqttForwarder(link, spool).run()
@@ -226,14 +227,14 @@ def test_a_crash_after_the_puback_resends_and_the_next_puback_deletes(system_bro
     from peep.edge.transport.mqtt import MqttForwarder, MqttLink
 
     device = f"cam-{uuid.uuid4().hex[:8]}"
-    col = collector_factory(*system_broker, [f"peep/v1/edgetest/{device}/templates"])
+    col = collector_factory(*system_broker, [f"peep/v1/{EDGE_SITE}/{device}/templates"])
     path = tmp_path / "spool.sqlite3"
     ids = [f"m{i}" for i in range(5)]
     with Spool(path, destinations=["mqtt"]) as spool:
         for mid in ids:
             spool.put(message_id=mid, purpose="identify", payload=f"<<{mid}-{device}>>".encode())
     proc = subprocess.run(
-        [sys.executable, "-c", KILLED_AFTER_THE_PUBACK, str(path), str(system_broker[1]), device],
+        [sys.executable, "-c", KILLED_AFTER_THE_PUBACK, str(path), str(system_broker[1]), device, EDGE_SITE],
         capture_output=True,
         timeout=60,
     )
@@ -245,7 +246,7 @@ def test_a_crash_after_the_puback_resends_and_the_next_puback_deletes(system_bro
     link = MqttLink(
         MqttConfig(host=system_broker[0], port=system_broker[1], tls=False),
         client_id=f"again-{device}",
-        site="edgetest",
+        site=EDGE_SITE,
         device_id=device,
         publish_status=False,
     )
@@ -295,11 +296,11 @@ def test_a_camera_in_decision_mode_asks_for_its_model_on_the_broker_and_publishe
 
     device = f"cam-{uuid.uuid4().hex[:8]}"
     host, port = system_broker
-    base = f"peep/v1/edgetest/{device}"
+    base = f"peep/v1/{EDGE_SITE}/{device}"
     col = collector_factory(host, port, [f"{base}/#"])
     cfg = load_config(
         make_config(
-            device={"id": device, "site": "edgetest"},
+            device={"id": device, "site": EDGE_SITE},
             capture={"source": crowd_video["path"], "max_fps": 20.0},
             privacy={"mechanism": "privunit", "epsilon": 16.0, "track_budget": 1e6, "window_seconds": 2.0,
                      "min_track_frames": 2},
@@ -367,14 +368,14 @@ def test_a_template_nobody_subscribes_to_is_kept_and_sent_again(system_broker, c
     for i in range(3):
         spool.put(message_id=f"m{i}", purpose="identify", payload=f"<<m{i}-{device}>>".encode())
     link = MqttLink(MqttConfig(host=system_broker[0], port=system_broker[1], tls=False), client_id=f"nobody-{device}",
-                    site="edgetest", device_id=device, publish_status=False)  # fmt: skip
+                    site=EDGE_SITE, device_id=device, publish_status=False)  # fmt: skip
     fwd = MqttForwarder(link, spool, retry_min_s=0.2, retry_max_s=0.5)
     link.start()
     fwd.start()
     try:
         time.sleep(2.0)  # several PUBACKs with 0x10 meanwhile
         assert spool.depth("mqtt") == 3, "a template nobody received was deleted"
-        col = collector_factory(*system_broker, [f"peep/v1/edgetest/{device}/templates"])
+        col = collector_factory(*system_broker, [f"peep/v1/{EDGE_SITE}/{device}/templates"])
         assert col.wait_for(lambda: spool.depth("mqtt") == 0, 20), "the spool did not drain once subscribed"
         assert col.wait_for(lambda: len(set(col.payloads())) == 3, 5)
         assert sorted(set(col.payloads())) == sorted(f"<<m{i}-{device}>>".encode() for i in range(3))

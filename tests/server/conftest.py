@@ -8,20 +8,16 @@ keeps other test runs on the same broker out), PostgreSQL is 127.0.0.1:5432
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from peep.core import features
 from peep.core.release import TemplateReleaser
-from peep_devicemodel_testlib import calibration_path, model_keys  # noqa: F401 (fixtures)
-from peep_server_testlib import (
+from peep_testing.devicemodel import calibration_path, model_keys  # noqa: F401 (fixtures)
+from peep_testing.server import (
     ADMIN,
     MQTT_PREFIX,
     Pki,
@@ -113,7 +109,7 @@ def shipped_broker(tmp_path: Path, pki: Pki) -> Iterator[Any]:
     """Our own Mosquitto with the shipped configuration and ACL (device listener, server listener), killed after."""
     import signal
 
-    from peep_broker_testlib import ShippedBroker
+    from peep_testing.broker import ShippedBroker
 
     b = ShippedBroker(tmp_path / "broker", pki.client_ca, pki.server_cert, pki.server_key).start()
     yield b

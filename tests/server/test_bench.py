@@ -5,7 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
-from peep_server_testlib import mqtt_available
+from peep_testing.server import mqtt_available
+
+# The benches pin themselves to cores and compare timings measured in one run: on one xdist worker, one at a time.
+pytestmark = [pytest.mark.bench, pytest.mark.xdist_group("bench")]
 
 
 @pytest.mark.slow

@@ -6,7 +6,10 @@ import json
 
 import pytest
 from peep.server.cli import main
-from peep_server_testlib import PG_BASE, mqtt_available
+from peep_testing.server import PG_BASE, mqtt_available
+
+# The benches pin themselves to cores and compare timings measured in one run: on one xdist worker, one at a time.
+pytestmark = [pytest.mark.bench, pytest.mark.xdist_group("bench")]
 
 
 def test_cluster_section_names_the_missing_service(tmp_path, monkeypatch, capsys):

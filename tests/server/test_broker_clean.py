@@ -18,7 +18,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from peep.server.transport.retained import clear_retained, retained_topics
-from peep_server_testlib import base_config, mqtt_available, start_server
+from peep_testing.server import base_config, mqtt_available, start_server
 
 pytestmark = pytest.mark.mqtt
 

@@ -8,7 +8,7 @@ import socket
 
 from peep.server.bench.cluster import free_port
 from peep.server.bench.soak.parts import port_open
-from peep_broker_testlib import ShippedBroker
+from peep_testing.broker import ShippedBroker
 
 
 def test_a_taken_port_is_replaced_on_the_first_start_and_kept_on_a_restart(tmp_path, pki):

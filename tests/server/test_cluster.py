@@ -21,7 +21,7 @@ from peep.server.recognition.model_registry import DatabaseModelRegistry, Regist
 from peep.server.storage.postgres import PostgresStore
 from peep.server.storage.sqlite import SqliteStore
 from peep.v1 import recognition_pb2
-from peep_server_testlib import ADMIN, DEVICE, SITE, base_config, start_server, tls_section
+from peep_testing.server import ADMIN, DEVICE, SITE, base_config, start_server, tls_section
 
 
 def _meta(classes: list[str], **extra: Any) -> dict[str, Any]:
@@ -201,7 +201,7 @@ def _events_reach_every_replica(stubs: list[Any], templates: Any) -> None:
 def _a_track_is_fused_across_replicas(a: Any, c: Any, templates: Any) -> None:
     """A track's first release taken by A, its second by C (as a shared MQTT subscription may deal them): C finds
     the first in the database and decides from both, as one replica would from its memory."""
-    from peep_server_testlib import EventCollector
+    from peep_testing.server import EventCollector
 
     i, j = (int(v) for v in templates.test[120:122])
     first = templates.message(i, track_id="across-1")

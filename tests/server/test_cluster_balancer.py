@@ -41,9 +41,9 @@ from peep.server.bench.cluster import (
 from peep.server.bench.sockets import SocketPlace
 from peep.server.config import token_sha256
 from peep.v1 import recognition_pb2
-from peep_server_testlib import ADMIN, DEVICE_TOKENS, SITE, base_config, tls_section, to_toml
+from peep_testing.server import ADMIN, DEVICE_TOKENS, SITE, base_config, tls_section, to_toml
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
 
 CAMERAS = [f"cam-{i:02d}" for i in range(1, 11)]
 TOKENS = {d: f"tok-{d}-{uuid.uuid4().hex}" for d in CAMERAS}

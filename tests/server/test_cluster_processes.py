@@ -3,7 +3,7 @@
 Real processes on the real services: three ``peep serve`` subprocesses on one
 private PostgreSQL schema, our own Mosquitto with the shipped configuration
 (deploy/mosquitto: persistence, the devices' listener with its mount point, the
-server's listener; peep_broker_testlib), each replica configured like
+server's listener; peep_testing.broker), each replica configured like
 deploy/cluster/replica-*.toml: its ``cluster.replica_id`` names its persistent
 MQTT sessions (no ``mqtt.client_id``). Ten device *processes*
 (peep.server.bench.cluster, the harness ``peep bench --sections cluster`` uses):
@@ -42,10 +42,10 @@ from peep.server.bench.cluster import (
 )
 from peep.server.config import token_sha256
 from peep.v1 import recognition_pb2
-from peep_broker_testlib import SERVER_PASSWORD, ShippedBroker
-from peep_server_testlib import ADMIN, ADMIN_TOKEN, DEVICE, DEVICE_TOKENS, SITE, base_config, tls_section, to_toml
+from peep_testing.broker import SERVER_PASSWORD, ShippedBroker
+from peep_testing.server import ADMIN, ADMIN_TOKEN, DEVICE, DEVICE_TOKENS, SITE, base_config, tls_section, to_toml
 
-pytestmark = [pytest.mark.mqtt, pytest.mark.slow]
+pytestmark = [pytest.mark.mqtt, pytest.mark.slow, pytest.mark.processes]
 
 CAMERAS = [f"cam-{i:02d}" for i in range(1, 11)]
 PASSWORDS = {d: f"{d}-pw-{uuid.uuid4().hex[:8]}" for d in CAMERAS}

@@ -12,8 +12,8 @@ import pytest
 from peep.edge.agent import Agent
 from peep.edge.config import load_config
 from peep.edge.testing import FaceTrack, compose_video, lfw_people
-from peep_devicemodel_testlib import start_trained
-from peep_server_testlib import DEVICE_TOKENS, MQTT_PREFIX, mqtt_available, write_edge_config
+from peep_testing.devicemodel import start_trained
+from peep_testing.server import DEVICE_TOKENS, MQTT_PREFIX, mqtt_available, write_edge_config
 
 
 @pytest.fixture(scope="module")

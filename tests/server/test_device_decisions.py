@@ -15,8 +15,8 @@ import pytest
 from peep.core import wire
 from peep.core.devicemodel import DeviceModel, class_id
 from peep.v1 import recognition_pb2, template_pb2
-from peep_devicemodel_testlib import start_trained, verified
-from peep_server_testlib import (
+from peep_testing.devicemodel import start_trained, verified
+from peep_testing.server import (
     ADMIN,
     DEVICE_TOKENS,
     MQTT_PREFIX,

@@ -14,8 +14,8 @@ import paho.mqtt.client as mqtt
 import pytest
 from peep.server.rates import CallerRate
 from peep.v1 import recognition_pb2
-from peep_devicemodel_testlib import start_trained, verified
-from peep_server_testlib import (
+from peep_testing.devicemodel import start_trained, verified
+from peep_testing.server import (
     ADMIN,
     DEVICE_TOKENS,
     MQTT_PREFIX,
@@ -219,7 +219,7 @@ def test_a_device_asks_over_mqtt_and_is_answered_on_its_own_topic(over_mqtt, mod
 def test_the_shipped_acl_lets_a_device_ask_only_for_itself_and_read_only_its_answers_and_the_broadcast(
     tmp_path, pki, keypair, bundle_dir, templates, model_keys, calibration_path, monkeypatch
 ):
-    from peep_broker_testlib import DEVICE_PASSWORDS, SERVER_PASSWORD, Client, ShippedBroker, wait_for
+    from peep_testing.broker import DEVICE_PASSWORDS, SERVER_PASSWORD, Client, ShippedBroker, wait_for
 
     broker = ShippedBroker(tmp_path / "broker", pki.client_ca, pki.server_cert, pki.server_key).start()
     monkeypatch.setenv("PEEP_TEST_MQTT_PASSWORD", SERVER_PASSWORD)

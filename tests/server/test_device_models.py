@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 from peep.core.devicemodel import class_id
-from peep_devicemodel_testlib import device_model_section, start_trained, verified
-from peep_server_testlib import ADMIN, PEEP, base_config, start_server, tls_section
+from peep_testing.devicemodel import device_model_section, start_trained, verified
+from peep_testing.server import ADMIN, PEEP, base_config, start_server, tls_section
 
 
 @pytest.fixture
@@ -252,7 +252,7 @@ def test_peep_bundle_calibrate_projects_public_faces_as_a_device_does(tmp_path, 
 def test_peep_train_issues_a_device_model_and_says_so(tmp_path, pki, keypair, bundle_dir, templates, model_keys,
                                                       calibration_path):  # fmt: skip
     """`peep train` (another process than the server) promotes and issues; the running server announces it."""
-    from peep_server_testlib import to_toml
+    from peep_testing.server import to_toml
 
     srv = start_trained(tmp_path, pki, keypair, bundle_dir, templates, model_keys, calibration_path)
     try:

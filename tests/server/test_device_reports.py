@@ -12,8 +12,8 @@ from peep.server.ingest.auth import Identity
 from peep.server.ingest.ingestor import PermissionRefused
 from peep.server.ingest.reports import DeviceReportBook, ReportTooFrequent
 from peep.v1 import recognition_pb2
-from peep_server_testlib import ADMIN, DEVICE, DEVICE_TOKENS, SITE, auth
-from peep_server_testlib import rpc_error as _code
+from peep_testing.server import ADMIN, DEVICE, DEVICE_TOKENS, SITE, auth
+from peep_testing.server import rpc_error as _code
 
 CAM2 = auth(DEVICE_TOKENS["cam-2"])
 

@@ -14,7 +14,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from peep.server.ingest.contacts import ONLINE_WINDOW_S, DeviceContacts
 from peep.v1 import recognition_pb2
-from peep_server_testlib import (
+from peep_testing.server import (
     ADMIN,
     DEVICE,
     DEVICE_TOKENS,

@@ -17,7 +17,7 @@ from peep.edge.door import DoorController, GpioLock
 from peep.edge.door_session import DoorSession, GrpcVerifier
 from peep.edge.testing import FaceTrack, compose_video
 from peep.edge.transport.grpc import make_channel
-from peep_server_testlib import DEVICE_TOKENS, SITE, write_edge_config
+from peep_testing.server import DEVICE_TOKENS, SITE, write_edge_config
 
 
 def _door_agent(tmp_path, keypair, bundle_dir, pki, port: int) -> Agent:
@@ -179,7 +179,7 @@ class MqttDoor:
         from peep.edge.config import MqttConfig
         from peep.edge.door_session import MqttVerifier
         from peep.edge.transport.mqtt import MqttLink
-        from peep_broker_testlib import DEVICE_PASSWORDS
+        from peep_testing.broker import DEVICE_PASSWORDS
 
         self.lock = _CountingLock()
         self.outcomes: list = []
@@ -225,7 +225,7 @@ def _mqtt_door_agent(tmp_path, keypair, bundle_dir, pki) -> Agent:
 def _template_of(server_side, deadline_s: float = 10.0):
     """The VERIFY template the door published, as the server's account reads it (its message id: the nonce)."""
     from peep.core.wire import decode_template
-    from peep_broker_testlib import wait_for
+    from peep_testing.broker import wait_for
 
     assert wait_for(lambda: any(t.endswith("/templates") for t, _, _ in server_side.messages), deadline_s)
     _, payload, _ = next(m for m in server_side.messages if m[0].endswith("/templates"))
@@ -280,7 +280,7 @@ def test_over_mqtt_only_the_servers_decision_for_this_claim_opens_and_only_once(
     another device's credential, a replay, and no decision at all leave it locked; the one accepted decision
     for the waiting claim opens it once.
     """
-    from peep_broker_testlib import DEVICE_PASSWORDS, SERVER_PASSWORD, Client, wait_for
+    from peep_testing.broker import DEVICE_PASSWORDS, SERVER_PASSWORD, Client, wait_for
 
     video, name = claim_video
     key = decision_keys[0]
@@ -343,7 +343,7 @@ def test_over_mqtt_the_broker_down_keeps_it_locked(
 ):
     import signal
 
-    from peep_broker_testlib import wait_for
+    from peep_testing.broker import wait_for
 
     video, name = claim_video
     agent = _mqtt_door_agent(tmp_path, keypair, bundle_dir, pki)
@@ -367,8 +367,8 @@ def test_over_mqtt_a_real_server_decides_the_claim(
     nonce, signed, and the door acts on it; a claim for a subject it does not know is refused before anything is
     released."""
     from peep.v1 import recognition_pb2
-    from peep_broker_testlib import SERVER_PASSWORD
-    from peep_server_testlib import ADMIN, base_config, start_server, tls_section
+    from peep_testing.broker import SERVER_PASSWORD
+    from peep_testing.server import ADMIN, base_config, start_server, tls_section
 
     monkeypatch.setenv("PEEP_TEST_MQTT_PASSWORD", SERVER_PASSWORD)
     mqtt = shipped_broker.server_mqtt_section(client_id=f"peep-door-{uuid.uuid4().hex[:6]}",
@@ -447,7 +447,7 @@ def test_an_outage_locks_nobody_out_and_the_first_claim_after_it_is_decided(
 
     from peep.edge.door_session import DoorSession, GrpcVerifier
     from peep.v1 import recognition_pb2
-    from peep_server_testlib import ADMIN, base_config, free_port, start_server, tls_section
+    from peep_testing.server import ADMIN, base_config, free_port, start_server, tls_section
 
     port = free_port()
     cfg = base_config(tmp_path, keypair[3], bundle_dir, grpc={"tls": tls_section(pki), "listen": f"127.0.0.1:{port}"})
@@ -493,8 +493,8 @@ def test_over_mqtt_the_server_answers_claim_checks_signed_and_ignores_what_is_no
     a question that is not one (unreadable, another shape, too large) gets no answer and is counted."""
     from peep.core.signing import door_statement, verify_statement
     from peep.v1 import recognition_pb2
-    from peep_broker_testlib import DEVICE_PASSWORDS, SERVER_PASSWORD, Client, wait_for
-    from peep_server_testlib import ADMIN, base_config, start_server, tls_section
+    from peep_testing.broker import DEVICE_PASSWORDS, SERVER_PASSWORD, Client, wait_for
+    from peep_testing.server import ADMIN, base_config, start_server, tls_section
 
     monkeypatch.setenv("PEEP_TEST_MQTT_PASSWORD", SERVER_PASSWORD)
     mqtt = shipped_broker.server_mqtt_section(client_id=f"peep-door-{uuid.uuid4().hex[:6]}",

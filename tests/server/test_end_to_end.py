@@ -11,7 +11,7 @@ import numpy as np
 from peep.server.recognition.export import onnx_probabilities, onnx_session
 from peep.server.recognition.fitting import fit_recogniser
 from peep.v1 import recognition_pb2
-from peep_server_testlib import DEVICE
+from peep_testing.server import DEVICE
 
 
 def _identify_all(stub, templates, rows):

@@ -170,7 +170,7 @@ def _wait(pred, timeout: float) -> bool:
 
 
 def test_stream_events_resumes_over_grpc_and_refuses_a_seq_it_never_gave(trained_server, templates):
-    from peep_server_testlib import ADMIN, DEVICE, SITE
+    from peep_testing.server import ADMIN, DEVICE, SITE
 
     stub = trained_server.stub()
     msgs = [templates.message(int(i), track_id=f"resume-{k}") for k, i in enumerate(templates.test[300:306])]
@@ -227,7 +227,7 @@ def test_peep_events_prints_each_event_with_its_seq_and_resumes_after_one(traine
     import sys
     from pathlib import Path
 
-    from peep_server_testlib import ADMIN_TOKEN, DEVICE, SITE
+    from peep_testing.server import ADMIN_TOKEN, DEVICE, SITE
 
     peep = shutil.which("peep", path=str(Path(sys.executable).parent))
     ca = tmp_path / "ca.pem"
@@ -265,7 +265,7 @@ def test_peep_events_prints_each_event_with_its_seq_and_resumes_after_one(traine
 
 
 def test_stream_events_with_the_database_away_is_unavailable_and_the_server_serves_on(trained_server, monkeypatch):
-    from peep_server_testlib import ADMIN, SITE
+    from peep_testing.server import ADMIN, SITE
 
     def gone() -> int:
         raise OSError("connection to server at 10.0.0.9 failed: password=hunter2")
@@ -294,7 +294,7 @@ def test_a_resume_past_what_the_server_keeps_is_told_so(trained_server, template
     """A client back after longer than recognition.events_days: the server says its oldest kept seq, and the
     follower reports the stretch it may have missed (rather than implying nothing happened)."""
     from peep.server.transport.follow import EventFollower
-    from peep_server_testlib import ADMIN, DEVICE, SITE
+    from peep_testing.server import ADMIN, DEVICE, SITE
 
     stub = trained_server.stub()
     msg = templates.message(int(templates.test[330]), track_id="gap-0")

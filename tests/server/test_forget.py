@@ -21,7 +21,7 @@ import pytest
 from peep.server.recognition.fusion import TrackFusion
 from peep.server.storage import TemplateRecord
 from peep.v1 import recognition_pb2
-from peep_server_testlib import (
+from peep_testing.server import (
     DEVICE,
     PEEP,
     EventCollector,

@@ -99,7 +99,7 @@ def test_fitting_calibrates_a_fused_threshold_on_background_people(rng):
 def test_the_second_release_of_a_track_is_decided_from_both(trained_server, templates):
     """Ingest: two identify templates of one track; the first event is the template alone, the second is fused
     (releases_fused = 2) under the model's fused threshold; another track starts afresh."""
-    from peep_server_testlib import DEVICE, EventCollector
+    from peep_testing.server import DEVICE, EventCollector
 
     model = trained_server.services.recogniser.model
     assert model.unknown_threshold_fused is not None and model.priors is not None
@@ -129,7 +129,7 @@ def test_a_remembered_release_is_a_copy_the_caller_may_overwrite():
 def test_a_forgotten_track_is_recalled_from_the_store(trained_server, templates):
     """What a replica does when another took the track's first release: its memory is empty, the stored
     template is found and fused; a release captured *before* the stored one is not fused with it."""
-    from peep_server_testlib import DEVICE, EventCollector
+    from peep_testing.server import DEVICE, EventCollector
 
     ingestor = trained_server.services.ingestor
     assert ingestor.recall_tracks is False  # SQLite: one process, its memory is complete

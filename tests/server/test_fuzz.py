@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from peep.core import wire
 from peep.v1 import recognition_pb2, template_pb2
-from peep_server_testlib import DEVICE, DEVICE_TOKENS, auth
+from peep_testing.server import DEVICE, DEVICE_TOKENS, auth
 
 FUZZ = settings(
     max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]

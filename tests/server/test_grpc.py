@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from peep.core import wire
 from peep.v1 import recognition_pb2, recognition_pb2_grpc, template_pb2
-from peep_server_testlib import (
+from peep_testing.server import (
     ADMIN,
     ADMIN_TOKEN,
     DEVICE,
@@ -24,7 +24,7 @@ from peep_server_testlib import (
     start_server,
     tls_section,
 )
-from peep_server_testlib import (
+from peep_testing.server import (
     rpc_error as _code,
 )
 

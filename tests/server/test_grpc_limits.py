@@ -23,7 +23,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from peep.server.config import ConfigError, GrpcConfig, parse_config
 from peep.server.transport.limits import server_options
 from peep.v1 import recognition_pb2, recognition_pb2_grpc
-from peep_server_testlib import (
+from peep_testing.server import (
     ADMIN,
     DEVICE,
     DEVICE_TOKENS,
@@ -34,7 +34,7 @@ from peep_server_testlib import (
     start_server,
     tls_section,
 )
-from peep_server_testlib import (
+from peep_testing.server import (
     rpc_error as _code,
 )
 
@@ -337,7 +337,7 @@ TOKENS = {name: f"tok-{name}-{uuid.uuid4().hex}" for name in ("cam-g", "cam-x")}
 
 
 def _event_devices() -> dict[str, Any]:
-    from peep_server_testlib import ADMIN_TOKEN
+    from peep_testing.server import ADMIN_TOKEN
 
     return {
         "admin_token_sha256": sha(ADMIN_TOKEN),

@@ -11,7 +11,7 @@ from peep.server.config import parse_config
 from peep.server.ingest.auth import authorize_admin, current_identity
 from peep.server.recognition.recogniser import ModelMismatch, ServingFaceScores
 from peep.v1 import qbbs_pb2, qbbs_pb2_grpc
-from peep_server_testlib import ADMIN, DEVICE, base_config, start_server, tls_section
+from peep_testing.server import ADMIN, DEVICE, base_config, start_server, tls_section
 
 
 class _Qbbs(qbbs_pb2_grpc.QbbsServiceServicer):

@@ -19,7 +19,7 @@ from peep.core import wire
 from peep.server.config import parse_config
 from peep.server.ingest.auth import DeviceRegistry
 from peep.v1 import recognition_pb2, template_pb2
-from peep_server_testlib import (
+from peep_testing.server import (
     ADMIN,
     DEVICE,
     DEVICE_TOKENS,
@@ -32,7 +32,7 @@ from peep_server_testlib import (
     start_server,
     tls_section,
 )
-from peep_server_testlib import (
+from peep_testing.server import (
     rpc_error as _code,
 )
 

@@ -13,7 +13,7 @@ import pytest
 from peep.core.bundle import ProjectionBundle
 from peep.server.bundles.catalog import files_from_message
 from peep.v1 import recognition_pb2
-from peep_server_testlib import MQTT_PREFIX, SITE, base_config, mqtt_available, start_server
+from peep_testing.server import MQTT_PREFIX, SITE, base_config, mqtt_available, start_server
 
 pytestmark = pytest.mark.mqtt
 

@@ -1,7 +1,7 @@
 """The shipped broker configuration (deploy/mosquitto) against misbehaving devices, with the server running.
 
 Our own Mosquitto with the shipped mosquitto.conf, acl and password files
-(peep_broker_testlib); the server in-process with `mqtt.device_mount_point`.
+(peep_testing.broker); the server in-process with `mqtt.device_mount_point`.
 A device may only write its own templates and status, cannot join the
 server's shared subscription, cannot send an oversized message, and what it
 leaves retained is cleared or never reaches another device or the status check
@@ -15,14 +15,14 @@ import subprocess
 import uuid
 
 import pytest
-from peep_broker_testlib import (
+from peep_testing.broker import (
     DEVICE_PASSWORDS,
     SERVER_PASSWORD,
     Client,
     ShippedBroker,
     wait_for,
 )
-from peep_server_testlib import SITE, base_config, start_server
+from peep_testing.server import SITE, base_config, start_server
 
 pytestmark = pytest.mark.mqtt
 

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from peep_broker_testlib import DEVICE_PASSWORDS, SERVER_PASSWORD, Client, ShippedBroker, session_exists, wait_for
-from peep_server_testlib import PEEP, SITE, base_config, to_toml
+from peep_testing.broker import DEVICE_PASSWORDS, SERVER_PASSWORD, Client, ShippedBroker, session_exists, wait_for
+from peep_testing.server import PEEP, SITE, base_config, to_toml
 
-pytestmark = [pytest.mark.mqtt, pytest.mark.slow]
+pytestmark = [pytest.mark.mqtt, pytest.mark.slow, pytest.mark.processes]
 
 REPLICA = "peep-durability-a"
 

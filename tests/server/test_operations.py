@@ -19,7 +19,7 @@ from peep.server.services import NoSuchSubject
 from peep.server.storage import TemplateRecord
 from peep.server.storage.sqlite import SqliteStore
 from peep.v1 import recognition_pb2
-from peep_server_testlib import (
+from peep_testing.server import (
     ADMIN,
     ADMIN_TOKEN,
     DEVICE,

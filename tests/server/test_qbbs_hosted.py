@@ -18,7 +18,7 @@ from peep.server.config import ConfigError, load_config, parse_config
 from peep.server.qbbs import HostedQbbs
 from peep.server.services import Services
 from peep.v1 import qbbs_pb2, qbbs_pb2_grpc, recognition_pb2
-from peep_server_testlib import (
+from peep_testing.server import (
     ADMIN,
     DEVICE,
     DEVICE_TOKENS,
@@ -28,7 +28,7 @@ from peep_server_testlib import (
     tls_section,
     to_toml,
 )
-from peep_server_testlib import (
+from peep_testing.server import (
     rpc_error as _code,
 )
 

@@ -16,7 +16,7 @@ import pytest
 from peep.server.bench.cluster import Replica, free_port, wait_for
 from peep.server.storage.postgres import PostgresStore
 from peep.server.storage.sqlite import SqliteStore
-from peep_server_testlib import base_config, tls_section, to_toml
+from peep_testing.server import base_config, tls_section, to_toml
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -15,7 +15,7 @@ from peep.core import features
 from peep.core.release import TemplateReleaser
 from peep.core.sitekey import SiteKey
 from peep.v1 import recognition_pb2
-from peep_server_testlib import ADMIN, DEVICE, Templates, base_config, rpc_error, start_server, tls_section
+from peep_testing.server import ADMIN, DEVICE, Templates, base_config, rpc_error, start_server, tls_section
 
 REPO = Path(__file__).resolve().parents[2]
 KEY_A = SiteKey(bytes(range(32)))
@@ -217,7 +217,7 @@ def test_the_administrators_tool_enrols_a_keyed_background(tmp_path, pki, keypai
                                                            monkeypatch):  # fmt: skip
     """peep-edge enroll-background: public faces released under the site key, enrolled as numbered background."""
     from peep.edge.cli import main as edge_main
-    from peep_server_testlib import ADMIN_TOKEN, write_edge_config
+    from peep_testing.server import ADMIN_TOKEN, write_edge_config
 
     folder = lfw_folder({"Ahmed_Chalabi": 5, "Ai_Sugiyama": 5, "Al_Gore": 5}, name="public")
     key_file = KEY_A.write(tmp_path / "site.key")

@@ -22,7 +22,7 @@ from peep.server.bench.soak.parts import mosquitto_missing
 
 PEEP = str(Path(sys.executable).parent / "peep")
 # Five minutes of soak plus building the system: the suite's per-test limit is for tests, not for this run.
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.soak, pytest.mark.processes, pytest.mark.slow]
 
 
 def _missing() -> str | None:

@@ -257,7 +257,7 @@ def test_a_real_door_opens_for_the_person_on_camera_and_refuses_impostors(
     seconds, the door killed after the third and started again; its video shorter than the claims read (it loops)."""
     import numpy as np
     from peep.edge.testing import lfw_people
-    from peep_server_testlib import DEVICE_TOKENS, SITE
+    from peep_testing.server import DEVICE_TOKENS, SITE
 
     names = [n.replace(" ", "_") for n in lfw100.target_names]
     top = names[int(np.bincount(lfw100.labels).argmax())]  # the most photos: the best-known face

@@ -20,6 +20,8 @@ from peep.server.bench.soak import edgefaults
 from peep.server.bench.soak.edgefaults import LimitedFolder, SteppedClock, _mounted_at, find_libfaketime
 from peep.server.bench.soak.parts import PartUnavailable
 
+pytestmark = pytest.mark.processes
+
 PEEP_EDGE = str(Path(sys.executable).parent / "peep-edge")
 
 

@@ -39,6 +39,8 @@ from peep.server.bench.soak.parts import (
     unit_environment,
 )
 
+pytestmark = pytest.mark.processes
+
 # --------------------------------------------------------------------------- PostgreSQL
 
 

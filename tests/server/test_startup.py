@@ -11,7 +11,7 @@ import pytest
 from peep.core.bundle import write_keypair
 from peep.server.cli import main
 from peep.server.pki import LocalCA
-from peep_server_testlib import base_config, tls_section, to_toml
+from peep_testing.server import base_config, tls_section, to_toml
 
 
 def flip_byte(path: Path, offset: int = 100) -> None:

@@ -179,7 +179,7 @@ def test_a_killed_writer_leaves_only_garbage_that_is_cleaned(tmp_path):
 def test_kill_during_training_keeps_the_previous_model_serving(tmp_path, pki, keypair, bundle_dir, templates):
     """`peep train` SIGKILLed mid-training: CURRENT is untouched and the running server still answers."""
     from peep.v1 import recognition_pb2
-    from peep_server_testlib import ADMIN, DEVICE, PEEP, base_config, start_server, tls_section, to_toml
+    from peep_testing.server import ADMIN, DEVICE, PEEP, base_config, start_server, tls_section, to_toml
 
     cfg = base_config(tmp_path, keypair[3], bundle_dir, grpc={"tls": tls_section(pki)})
     srv = start_server(cfg, pki, tmp_path)
@@ -230,7 +230,7 @@ def test_kill_during_training_keeps_the_previous_model_serving(tmp_path, pki, ke
 def test_the_server_trains_and_serves_a_noise_aware_preset(tmp_path, pki, keypair, bundle_dir, templates, how):
     """Trainer -> registry -> served Recogniser with a new preset, chosen in server.toml or by the Train RPC."""
     from peep.v1 import recognition_pb2
-    from peep_server_testlib import ADMIN, DEVICE, base_config, start_server, tls_section
+    from peep_testing.server import ADMIN, DEVICE, base_config, start_server, tls_section
 
     where, preset = how.split(":")
     training = {"preset": preset} if where == "config" else {}

@@ -23,7 +23,7 @@ A camera's own machine's faults (a full state disk, a stepped wall clock) are
 
 The replicas and the balancer are :class:`~peep.server.bench.cluster.Replica`
 and :class:`~peep.server.bench.cluster.Balancer`. ``tests/server`` uses
-:class:`ShippedMosquitto` for its broker tests too (``peep_broker_testlib``).
+:class:`ShippedMosquitto` for its broker tests too (``tests/lib/peep_testing/broker.py``).
 """
 
 from __future__ import annotations

@@ -6,19 +6,15 @@ secure sampler, enrolled over gRPC and trained by the Train RPC, so the console 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))
-
-from peep_server_testlib import (
+from peep_testing.server import (
     ADMIN,
     Pki,
     RunningServer,

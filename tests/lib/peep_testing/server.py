@@ -1,8 +1,4 @@
-"""Helpers shared by the server tests (imported by conftest.py and the test modules).
-
-Named uniquely because the suite runs with --import-mode=importlib: conftest.py
-puts this directory on sys.path so `import peep_server_testlib` works.
-"""
+"""Helpers shared by the server tests (imported by conftest.py and the test modules)."""
 
 from __future__ import annotations
 
@@ -86,7 +82,7 @@ def base_config(tmp: Path, pub_path: Path, bundle_dir: Path | None, **sections: 
             "topic_prefix": MQTT_PREFIX,
             "client_id": f"peep-test-{uuid.uuid4().hex[:8]}",
             # The shared broker: no persistent session outlives a test (tests of durability
-            # start their own broker, peep_broker_testlib).
+            # start their own broker, peep_testing.broker).
             "session_expiry_s": 0,
             "username": None,
         },

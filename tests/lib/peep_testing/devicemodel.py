@@ -1,8 +1,6 @@
 """What the device-model tests share: a signing key, a calibration set of strangers' clean projections, and a
 server that issues device models (TLS, SQLite or PostgreSQL, lfw100 enrolled with a public background, trained
 by the Train call).
-
-Named uniquely because the suite runs with --import-mode=importlib (conftest.py puts this directory on sys.path).
 """
 
 from __future__ import annotations
@@ -14,7 +12,8 @@ import numpy as np
 import pytest
 from peep.core.devicemodel import DeviceModel, verify_device_model_files
 from peep.core.wire import decode_device_model
-from peep_server_testlib import ADMIN, Pki, RunningServer, Templates, base_config, start_server, tls_section
+
+from peep_testing.server import ADMIN, Pki, RunningServer, Templates, base_config, start_server, tls_section
 
 #: What a device model of the tests may weigh (all files).
 MAX_BYTES = 64 * 1024 * 1024
