@@ -670,6 +670,28 @@ def test_an_over_long_line_from_any_iterable_is_dropped_not_cut():
     assert list(read_claims(["Kofi_Annan" + " " * 102_400 + "tail", "bob"])) == ["bob"]
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"Kofi_Annan\xff\n",  # not UTF-8: once read with replacement it was a claim for "Kofi_Annan\ufffd"
+        b"\xc3(alice\n",
+        b"\x1calice\n",  # controls and separators at a line's ends were stripped into "alice"
+        "alice\x85\n".encode(),
+        "\u00a0alice\n".encode(),
+        "ali\u2028ce\n".encode(),
+        b"alice\x00\n",
+    ],
+)
+def test_a_claim_line_that_is_not_utf8_or_holds_a_control_or_separator_is_dropped_whole(line, caplog):
+    from peep.edge.door_session import read_claims
+
+    with caplog.at_level("WARNING", logger="peep.edge"):
+        assert list(read_claims([line, b"bob\n", " carol \t\r\n", "Kofi Annan\n"])) == ["bob", "carol", "Kofi Annan"]
+    dropped = [rec for rec in caplog.records if rec.getMessage() == "door_claim_malformed"]
+    assert len(dropped) == 1
+    assert "alice" not in caplog.text and "Kofi" not in dropped[0].getMessage()
+
+
 def _door_command_config(make_config, tmp_path, video: str, **door) -> tuple:
     """A door deciding over gRPC (a server that is not there), its lock a command writing to a log."""
     log = tmp_path / "lock.log"

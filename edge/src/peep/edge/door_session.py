@@ -780,24 +780,44 @@ class ClaimLineSplitter:
 def read_claims(lines: Any) -> Any:
     """Subject ids from a line source (a keyboard-wedge reader, a serial port, stdin, a socket's stream).
 
-    Each line is one claim: stripped, checked as a subject id (NFC, no control or bidi characters); a line
-    longer than :data:`MAX_CLAIM_LINE` bytes, or malformed, is logged by its length, never echoed, and skipped.
+    Each line is one claim: its line break and any ASCII spaces and tabs around it removed, checked as a
+    subject id (NFC, no control or bidi characters). A line that is not valid UTF-8, or that holds any other
+    control or separator character anywhere (``\\x1c``, ``\\x85``, a no-break space; an ASCII space inside an
+    id is allowed), is dropped whole rather than repaired into someone's id; so is a line longer than
+    :data:`MAX_CLAIM_LINE` bytes. A dropped line is logged by its length and reason, never echoed.
     """
     from peep.core.exceptions import WireError
     from peep.core.wire import check_subject_id
 
     for raw in lines:
-        data = raw if isinstance(raw, bytes) else str(raw).encode("utf-8", "replace")
-        if len(data.rstrip(b"\r\n")) > MAX_CLAIM_LINE:
-            _log_too_long(len(data.rstrip(b"\r\n")))
+        data = raw if isinstance(raw, bytes) else str(raw).encode("utf-8", "surrogatepass")
+        body = data.rstrip(b"\r\n")
+        if len(body) > MAX_CLAIM_LINE:
+            _log_too_long(len(body))
             continue
-        line = data.decode("utf-8", "replace").strip()
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            log_event(_log, logging.WARNING, "door_claim_malformed", length=len(body), reason="not UTF-8")
+            continue
+        line = text.strip(" \t")
         if not line:
+            continue
+        if any(_is_control_or_separator(ch) for ch in line):
+            log_event(_log, logging.WARNING, "door_claim_malformed", length=len(body), reason="control or separator")
             continue
         try:
             yield check_subject_id(line, "claim")
         except WireError:
             log_event(_log, logging.WARNING, "door_claim_malformed", length=len(line))
+
+
+def _is_control_or_separator(ch: str) -> bool:
+    """A control (Cc, Cf, Cs, Co, Cn) or separator (Zs, Zl, Zp) character other than the ASCII space, which a
+    subject id may hold."""
+    import unicodedata
+
+    return ch != " " and unicodedata.category(ch)[0] in "CZ"
 
 
 def fd_claim_lines(fd: int, *, stop: threading.Event | None = None, poll_s: float = 0.5) -> Any:
