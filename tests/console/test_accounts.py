@@ -72,7 +72,10 @@ def test_weak_new_passwords_are_refused_with_the_estimators_reason(password, rea
     assert reason in message and password not in message and len(message) < 500
 
 
-SPRAYING = "password: expected more than a season, month, greeting or name (of this console, a site or the account) "
+SPRAYING = (
+    "password: expected more than a season, month, weekday, holiday, greeting, keyboard walk, common admin word or "
+    "name (of this console, a site or the account) "
+)
 
 
 @pytest.mark.parametrize(
@@ -98,6 +101,38 @@ def test_spraying_patterns_the_estimator_lets_through_are_refused_naming_the_pat
     message = str(e.value)
     assert message.startswith(SPRAYING) and message.endswith(f"; received {pattern}"), message
     assert password.lower() not in message.lower() and "2026" not in message and "2025" not in message
+
+
+@pytest.mark.parametrize(
+    ("password", "pattern"),
+    [
+        # The site id with its separators removed, or its parts, around a year or another listed word.
+        ("Demo89c72026!", "a name with a year"),
+        ("Demo_89c7_2026", "a name with a year"),
+        ("demo89c7Summer", "a season and a name with digits or symbols"),
+        ("Qwerty2026!!", "a keyboard walk with a year"),
+        ("Changeme2026!", "a common admin word with a year"),
+        ("Christmas2025!", "a holiday with a year"),
+        ("Monday2026!!", "a weekday with a year"),
+        ("Sommer2026!!", "a season with a year"),  # German
+        ("Verano2026!!", "a season with a year"),  # Spanish
+        ("Localhost2026!", "a common admin word with a year"),
+        ("Septembre2026!", "a month with a year"),  # French
+        ("Mittwoch-2026!", "a weekday with a year"),  # German
+    ],
+)
+def test_site_ids_keyboard_walks_weekdays_and_european_seasons_are_spraying_patterns(password, pattern):
+    """Each of these was accepted on a console of site ``demo-89c7``: the spraying words were English seasons,
+    months and greetings and the site's runs of letters only. Where the estimator does not refuse one itself,
+    the refusal names the pattern."""
+    assert accounts.spray_pattern(password, name="alice.m", sites=["demo-89c7"]) == pattern
+    with pytest.raises(AccountError) as e:
+        accounts.check_new_password(password, name="alice.m", sites=["demo-89c7"])
+    message = str(e.value)
+    score, _ = accounts.password_strength(password, name="alice.m", sites=["demo-89c7"])
+    if score >= accounts.MIN_STRENGTH:
+        assert message.startswith(SPRAYING) and message.endswith(f"; received {pattern}"), message
+    assert password.lower() not in message.lower() and "89c7" not in message
 
 
 @pytest.mark.parametrize(

@@ -307,7 +307,7 @@ def test_a_weak_new_password_is_refused_with_the_reason(console):
             assert r.status_code == 400, sprayed
             error = re.search(r'<p class="error" id="error">(.*?)</p>', r.text, re.S)
             assert error is not None, r.text[:2000]
-            assert error.group(1).startswith("new password: expected more than a season, month, greeting or name")
+            assert error.group(1).startswith("new password: expected more than a season, month, weekday, holiday")
             assert error.group(1).endswith(f"; received {pattern}") and "202" not in error.group(1), error.group(1)
         strong = "ochre lantern tundra whistle marmalade"
         r = c.post("/password", data={"current": otp, "new": strong, "again": strong, "csrf": token})

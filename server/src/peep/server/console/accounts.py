@@ -54,15 +54,66 @@ MIN_PASSWORD: Final = 12
 MIN_STRENGTH: Final = 3
 #: Words a guesser tries first against this console, besides the account name and the sites' names.
 CONTEXT_WORDS: Final = ("peep", "console", "operator", "admin", "enrol")
-#: The words password-spraying lists start from, by kind (the kind is what a refusal names).
+#: The words password-spraying lists start from, by kind (the kind is what a refusal names). Seasons, months and
+#: weekdays in the main European languages (English, German, French, Spanish, Italian, Portuguese, Dutch, Swedish,
+#: Polish), with and without their accents: spraying lists are made per country.
 SPRAY_WORDS: Final[dict[str, tuple[str, ...]]] = {
-    "a season": ("spring", "summer", "autumn", "fall", "winter"),
+    "a season": (
+        "spring", "summer", "autumn", "fall", "winter",
+        "frühling", "fruehling", "fruhling", "sommer", "herbst",
+        "printemps", "été", "ete", "automne", "hiver",
+        "primavera", "verano", "otoño", "otono", "invierno", "estate", "autunno", "inverno", "verão", "verao",
+        "outono", "lente", "voorjaar", "zomer", "herfst", "najaar", "vår", "sommar", "höst", "vinter",
+        "wiosna", "lato", "jesień", "jesien", "zima",
+    ),
     "a month": (
         "january", "february", "march", "april", "may", "june",
         "july", "august", "september", "october", "november", "december",
+        "januar", "februar", "märz", "maerz", "marz", "mai", "juni", "juli", "oktober", "dezember",
+        "janvier", "février", "fevrier", "mars", "avril", "juin", "juillet", "août", "aout", "septembre",
+        "octobre", "novembre", "décembre", "decembre",
+        "enero", "febrero", "marzo", "abril", "mayo", "junio", "julio", "agosto", "septiembre", "setiembre",
+        "octubre", "noviembre", "diciembre",
+        "gennaio", "febbraio", "aprile", "maggio", "giugno", "luglio", "settembre", "ottobre", "dicembre",
+        "janeiro", "fevereiro", "março", "marco", "maio", "junho", "julho", "setembro", "outubro", "novembro",
+        "dezembro",
+        "januari", "februari", "maart", "mei", "augustus",
+        "styczeń", "styczen", "luty", "marzec", "kwiecień", "kwiecien", "maj", "czerwiec", "lipiec",
+        "sierpień", "sierpien", "wrzesień", "wrzesien", "październik", "pazdziernik", "listopad", "grudzień",
+        "grudzien",
     ),
-    "a greeting": ("welcome", "hello"),
+    "a weekday": (
+        "monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday",
+        "montag", "dienstag", "mittwoch", "donnerstag", "freitag", "samstag", "sonnabend", "sonntag",
+        "lundi", "mardi", "mercredi", "jeudi", "vendredi", "samedi", "dimanche",
+        "lunes", "martes", "miércoles", "miercoles", "jueves", "viernes", "sábado", "sabado", "domingo",
+        "lunedì", "lunedi", "martedì", "martedi", "mercoledì", "mercoledi", "giovedì", "giovedi", "venerdì",
+        "venerdi", "sabato", "domenica",
+        "segunda", "terça", "terca", "quarta", "quinta", "sexta",
+        "maandag", "dinsdag", "woensdag", "donderdag", "vrijdag", "zaterdag", "zondag",
+        "måndag", "mandag", "tisdag", "onsdag", "torsdag", "fredag", "lördag", "lordag", "söndag", "sondag",
+        "poniedziałek", "poniedzialek", "wtorek", "środa", "sroda", "czwartek", "piątek", "piatek", "sobota",
+        "niedziela",
+    ),
+    "a holiday": (
+        "christmas", "xmas", "easter", "halloween", "newyear", "weihnachten", "ostern", "noël", "noel",
+        "pâques", "paques", "navidad", "pascua", "natale", "pasqua", "natal", "kerstmis", "pasen", "jul",
+    ),
+    "a greeting": ("welcome", "hello", "willkommen", "bienvenue", "bienvenido", "benvenuto", "hallo", "hola", "ciao"),
+    "a common admin word": (
+        "password", "passwort", "passwd", "pass", "motdepasse", "contraseña", "contrasena", "wachtwoord",
+        "changeme", "change", "letmein", "default", "admin", "administrator", "root", "secret", "master",
+        "login", "localhost", "local", "test", "guest", "system", "server", "access", "camera", "door",
+        "security", "office", "company", "temp", "user", "iloveyou",
+    ),
 }  # fmt: skip
+#: Keyboard rows (QWERTY, QWERTZ, AZERTY; letters and digits) and columns: any run of four or more keys along
+#: one, either way, is :func:`spray_pattern`'s "a keyboard walk".
+KEYBOARD_LINES: Final = (
+    "1234567890", "qwertyuiop", "asdfghjkl", "zxcvbnm", "qwertzuiop", "yxcvbnm", "azertyuiop", "qsdfghjklm",
+    "wxcvbn", "1qaz", "2wsx", "3edc", "4rfv", "5tgb", "6yhn", "7ujm", "qazwsxedcrfvtgbyhnujm",
+    "1qaz2wsx3edc4rfv5tgb6yhn7ujm",
+)  # fmt: skip
 #: Most digits, symbols and spaces around such words that still make a spraying pattern (a year and a few
 #: symbols); with more, the estimator alone decides.
 MAX_SPRAY_PADDING: Final = 10
@@ -150,8 +201,9 @@ def check_new_password(password: str, *, name: str = "", sites: Sequence[str] = 
     pattern = spray_pattern(password, name=name, sites=sites)
     if pattern:
         raise AccountError(
-            "password: expected more than a season, month, greeting or name (of this console, a site or the "
-            f"account) padded with digits and symbols, which password-spraying lists try first; received {pattern}"
+            "password: expected more than a season, month, weekday, holiday, greeting, keyboard walk, common admin "
+            "word or name (of this console, a site or the account) padded with digits and symbols, which "
+            f"password-spraying lists try first; received {pattern}"
         )
     return password
 
@@ -161,13 +213,23 @@ def _own_words(name: str, sites: Sequence[str]) -> list[str]:
     return [*CONTEXT_WORDS, *sites, *([name, *re.split(r"[._@-]+", name)] if name else [])]
 
 
+def _keyboard_walks() -> list[str]:
+    """Every run of four or more keys along one of :data:`KEYBOARD_LINES`, forwards and backwards."""
+    runs = {line[a:b] for line in KEYBOARD_LINES for a in range(len(line)) for b in range(a + 4, len(line) + 1)}
+    return sorted(runs | {r[::-1] for r in runs})
+
+
 def _guessable_words(name: str, sites: Sequence[str]) -> dict[str, list[str]]:
-    """The words a spraying list starts from, by kind: :data:`SPRAY_WORDS`, then ``a name`` (each of
-    :func:`_own_words` and each run of three or more letters in one)."""
+    """The words a spraying list starts from, by kind: :data:`SPRAY_WORDS`, keyboard walks, then ``a name``
+    (each of :func:`_own_words`, each run of three or more letters in one, each of its parts between separators,
+    and the whole with its separators removed: a site ``demo-89c7`` gives ``demo``, ``89c7`` and ``demo89c7``)."""
     own = _own_words(name, sites)
     names = {run.casefold() for w in own for run in re.findall(r"[^\W\d_]{3,}", w)}
     names |= {w.casefold() for w in own if len(w) >= 3}
-    return {**{kind: list(words) for kind, words in SPRAY_WORDS.items()}, "a name": sorted(names)}
+    names |= {part.casefold() for w in own for part in re.split(r"[\W_]+", w) if len(part) >= 3}
+    names |= {joined for w in own if len(joined := re.sub(r"[\W_]+", "", w).casefold()) >= 3}
+    words = {kind: list(words) for kind, words in SPRAY_WORDS.items()}
+    return {**words, "a keyboard walk": _keyboard_walks(), "a name": sorted(names)}
 
 
 def spray_pattern(password: str, *, name: str = "", sites: Sequence[str] = ()) -> str:
