@@ -384,6 +384,61 @@ def test_a_final_report_refused_for_good_is_not_tried_again(tmp_path, pki, templ
     assert took < 1.0  # no wait for a second try that cannot succeed
 
 
+class _NeverAnswers(FakeRecognition):
+    """A server that accepts calls and never answers them (a frozen or hopelessly overloaded process)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.ingest_calls = 0
+        self.report_calls = 0
+
+    def IngestStream(self, request_iterator, context):
+        with self.lock:
+            self.ingest_calls += 1
+        self.release.wait(60.0)
+        context.abort(grpc.StatusCode.UNAVAILABLE, "gone")
+
+    def ReportDevice(self, request, context):
+        with self.lock:
+            self.report_calls += 1
+        self.release.wait(60.0)
+        context.abort(grpc.StatusCode.UNAVAILABLE, "gone")
+
+
+def test_a_stop_while_the_server_never_answers_ends_within_the_drain_and_the_report_budget(tmp_path, pki, templates):
+    """With the server frozen a device's stop took 15.5 s (a send's full deadline, then three final reports
+    of 10 s each, cut short only by the join), past the 15 s its unit gives it: while stopping, every call's
+    deadline is the drain time left, and the final report's tries together take at most their budget."""
+    from peep.edge.transport.grpc import FINAL_REPORT_BUDGET_S
+
+    servicer = _NeverAnswers()
+    server, port = serve(servicer, pki)
+    spool = spool_with(tmp_path, templates(3))
+    fwd = GrpcForwarder(cfg(pki, port, deadline_s=10.0, report_interval_s=60.0), spool, token=TOKEN,
+                        report=lambda: b"{}", device_id="cam-1", site="lab")  # fmt: skip
+    try:
+        fwd.start()
+        assert wait_until(lambda: servicer.ingest_calls >= 1)  # a send is waiting on the server
+        drain = 1.0
+        t0 = time.monotonic()
+        fwd.stop(drain)
+        took = time.monotonic() - t0
+        assert not fwd.is_alive()
+    finally:
+        servicer.release.set()
+        server.stop(0)
+        spool.close()
+    assert servicer.report_calls >= 1  # the final report was tried
+    assert spool_depth_was_kept(tmp_path) == 3  # nothing acknowledged: every template waits for the next run
+    assert took <= drain + FINAL_REPORT_BUDGET_S + 1.0, took
+
+
+def spool_depth_was_kept(tmp_path) -> int:
+    with Spool(tmp_path / "spool.sqlite3", destinations=["grpc"]) as again:
+        return again.depth("grpc")
+
+
 def test_enrolment_refused_by_the_server_is_an_error_not_a_delivery(make_config, people, pki, tmp_path, capsys):
     """A camera that is not an enrolment desk: the server refuses each ENROLL template (dead letter);
     the spool empties as on delivery, but peep-edge enroll must say so and exit 1."""

@@ -45,6 +45,11 @@ _PASSING_CODES = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABL
 #: How often the report at shutdown is tried, and how far apart (above the server's one a second).
 FINAL_REPORT_ATTEMPTS = 3
 FINAL_REPORT_RETRY_S = 1.2
+#: The most the report at shutdown may take, all its tries together: a server that accepts the connection but
+#: never answers (frozen, overloaded) must not hold a stopping device past its unit's stop timeout.
+FINAL_REPORT_BUDGET_S = 3.0
+#: The shortest deadline a call made while stopping gets (the drain time left, but never less than this).
+_STOPPING_MIN_DEADLINE_S = 0.5
 
 
 def make_channel(cfg: GrpcConfig, *, reconnect_max_s: float | None = None) -> grpc.Channel:
@@ -143,9 +148,14 @@ class GrpcForwarder(Forwarder):
         msgs = [decode_template(it.payload, validate=False) for it in items]
         self.calls += 1
         try:
-            summary: recognition_pb2.IngestSummary = self._stub.IngestStream(
-                iter(msgs), timeout=self.cfg.deadline_s, metadata=self._metadata
+            summary: recognition_pb2.IngestSummary = self._await(
+                self._stub.IngestStream.future(iter(msgs), timeout=self._call_deadline(), metadata=self._metadata)
             )
+        except grpc.FutureCancelledError:
+            # Stopped while the server did not answer: nothing is acknowledged, every item stays for the next run
+            # (the server answers DUPLICATE for any it did store).
+            log_event(_log, logging.WARNING, "grpc_ingest_cut_at_stop", target=self.cfg.target, pending=len(items))
+            return False
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             delay = self._backoff(code)
@@ -207,8 +217,31 @@ class GrpcForwarder(Forwarder):
             return False
         return len(items) == self.cfg.batch_size
 
-    def send_report(self) -> bool:
-        """Send the device's report now; False (logged) when the call fails (its code in :attr:`report_code`)."""
+    def _await(self, call: Any) -> Any:
+        """The result of the in-flight ``call``; cancelled once a stop's drain time (at least
+        :data:`_STOPPING_MIN_DEADLINE_S`) has passed, since a deadline set before the stop cannot be shortened."""
+        while True:
+            try:
+                return call.result(timeout=0.1)
+            except grpc.FutureTimeoutError:
+                stop_at = self._stop_at
+                if self._halt.is_set() or (
+                    stop_at is not None and time.monotonic() >= stop_at + _STOPPING_MIN_DEADLINE_S
+                ):
+                    call.cancel()
+
+    def _call_deadline(self) -> float:
+        """A call's deadline: ``deadline_s``, or while stopping no more than the drain time left."""
+        if self._stop_at is None:
+            return self.cfg.deadline_s
+        left = self._stop_at - time.monotonic()
+        return min(self.cfg.deadline_s, max(_STOPPING_MIN_DEADLINE_S, left))
+
+    def send_report(self, *, timeout: float | None = None) -> bool:
+        """Send the device's report now; False (logged) when the call fails (its code in :attr:`report_code`).
+
+        ``timeout`` bounds the call (default: ``deadline_s``, at most 10 s).
+        """
         self.report_code = None
         if self._report is None:
             return False
@@ -220,7 +253,7 @@ class GrpcForwarder(Forwarder):
         try:
             self._stub.ReportDevice(
                 recognition_pb2.DeviceReportRequest(device_id=self._device[0], site=self._device[1], report=payload),
-                timeout=min(self.cfg.deadline_s, 10.0),
+                timeout=min(self.cfg.deadline_s, 10.0) if timeout is None else timeout,
                 metadata=self._metadata,
             )
         except grpc.RpcError as exc:
@@ -259,15 +292,20 @@ class GrpcForwarder(Forwarder):
 
         A refusal that passes (a periodic report less than the server's interval earlier, a replica going away
         under the balancer) is tried again, :data:`FINAL_REPORT_ATTEMPTS` tries in all ``FINAL_REPORT_RETRY_S`` apart:
-        otherwise the server would show the last periodic report, which misses the releases since.
+        otherwise the server would show the last periodic report, which misses the releases since. All tries
+        together take at most :data:`FINAL_REPORT_BUDGET_S`: a server that never answers does not hold the stop.
         """
+        end = time.monotonic() + FINAL_REPORT_BUDGET_S
         for attempt in range(FINAL_REPORT_ATTEMPTS):
-            if self._report is None or self._halt.is_set():
+            left = end - time.monotonic()
+            if self._report is None or self._halt.is_set() or left <= 0.05:
                 return
-            if self.send_report() or self.report_code not in _PASSING_CODES:
+            if self.send_report(timeout=min(left, self.cfg.deadline_s, 10.0)):
+                return
+            if self.report_code not in _PASSING_CODES:
                 return
             if attempt + 1 < FINAL_REPORT_ATTEMPTS:
-                self._halt.wait(FINAL_REPORT_RETRY_S)
+                self._halt.wait(min(FINAL_REPORT_RETRY_S, max(0.0, end - time.monotonic())))
 
     def run(self) -> None:
         try:
