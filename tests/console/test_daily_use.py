@@ -186,7 +186,7 @@ def test_the_audit_log_pages_and_filters_by_actor_action_and_outcome(console):
 
 
 def test_enrolment_picks_a_listed_track(console):
-    from test_web import keeping
+    from peep_testing.console import keeping
 
     with keeping(console, "all"):  # enrolling a camera's track needs its templates kept
         _ingest(console, [console.faces.message(1, device="cam-2", track_id="pick-me") for _ in range(2)])

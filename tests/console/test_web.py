@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from peep_testing.console import PASSWORDS, login_token
+from peep_testing.console import PASSWORDS, keeping, login_token
 
 PAGES = ["/", "/live", "/devices", "/people", "/models", "/privacy", "/audit", "/enrol", "/password"]
 ENDPOINTS = ["/live/events", "/models/status"]
@@ -146,21 +144,6 @@ def test_the_enrolment_desk_can_only_enrol(console):
             assert c.get(path).status_code == 403, path
         assert c.get("/live/events").status_code == 403
         assert c.get("/enrol").status_code == 200
-
-
-@contextmanager
-def keeping(console: Any, keep: str) -> Iterator[None]:
-    """The console's server with another recognition.keep for one test (its config and its ingest)."""
-    services = console.server.services
-    rc, ingestor = services.config.recognition, services.ingestor
-    old = rc.keep
-    object.__setattr__(rc, "keep", keep)
-    ingestor.keep = keep
-    try:
-        yield
-    finally:
-        object.__setattr__(rc, "keep", old)
-        ingestor.keep = old
 
 
 def test_nothing_to_enrol_from_a_camera_when_templates_are_forgotten(console):

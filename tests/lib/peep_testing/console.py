@@ -139,3 +139,18 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
         yield Console(srv, faces, pki)
     finally:
         srv.app.stop(0)
+
+
+@contextmanager
+def keeping(console: Any, keep: str) -> Iterator[None]:
+    """The console's server with another recognition.keep for one test (its config and its ingest)."""
+    services = console.server.services
+    rc, ingestor = services.config.recognition, services.ingestor
+    old = rc.keep
+    object.__setattr__(rc, "keep", keep)
+    ingestor.keep = keep
+    try:
+        yield
+    finally:
+        object.__setattr__(rc, "keep", old)
+        ingestor.keep = old
