@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -226,6 +227,39 @@ def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
         got = cache.get([*keys, "shared"])
         assert len(got) == 201 and cache.n_rejected == 0
         assert got["two-99"] == b"two" * 100 and got["shared"] == b"the same value"
+
+
+def test_a_process_asking_for_faces_another_is_computing_waits_and_computes_none(
+    tmp_path: Path, data_home: str, cache_dir: Path, computed: list[str]
+) -> None:
+    """The suite's workers start together and ask for the same public faces: the second waits for the first's
+    computing and takes its results instead of computing them again on the same cores."""
+    folder = _copy_people(data_home, tmp_path / "faces")
+    first = textwrap.dedent(
+        """
+        import sys, time
+        from peep.server.datasets import load_dataset
+        from peep.server.facecache import FaceCache
+        with FaceCache(sys.argv[1]) as cache, cache.computing() as held:
+            print("held" if held else "not held", flush=True)
+            time.sleep(1.0)  # the other process asks now, while nothing is cached yet
+            load_dataset(sys.argv[2], min_faces=1, jobs=1)  # computes inside its own lock: no wait for itself
+        """
+    )
+    env = {**os.environ, "PEEP_CACHE_DIR": str(cache_dir)}
+    proc = subprocess.Popen([sys.executable, "-c", first, str(cache_dir), str(folder)], stdout=subprocess.PIPE,
+                            text=True, env=env)  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        t0 = time.monotonic()
+        second = load_dataset(str(folder), min_faces=1, jobs=1)
+        waited = time.monotonic() - t0
+    finally:
+        rc = proc.wait(timeout=120)
+        proc.stdout.close()
+    assert rc == 0
+    assert computed == []  # every image came from the first process's computing
+    assert waited >= 0.5 and second.images.shape[0] >= 6
 
 
 def test_parallel_workers_compute_what_this_process_computes(data_home: str, monkeypatch: pytest.MonkeyPatch) -> None:

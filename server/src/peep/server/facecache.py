@@ -30,10 +30,12 @@ again. The key stays the content: a changed file has a new mtime and ctime
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -45,6 +47,13 @@ __all__ = ["CACHE_FILE", "FaceCache", "file_sha256"]
 
 #: The cache's file name inside the cache folder.
 CACHE_FILE = "faces.sqlite3"
+#: The lock a process holds while it computes faces for the cache (:meth:`FaceCache.computing`).
+COMPUTE_LOCK_FILE = "faces.compute.lock"
+#: Longest wait for another process's computing before computing anyway (a holder that died frees it at once).
+COMPUTE_LOCK_WAIT_S = 3600.0
+# The compute locks this process holds (by lock file), and how deeply: see FaceCache.computing.
+_HELD: dict[str, int] = {}
+_HELD_GUARD = threading.Lock()
 # SQLite's default limit on the parameters of one statement is 999 before 3.32.
 _BATCH = 500
 
@@ -282,6 +291,75 @@ class FaceCache:
         return out
 
     # ------------------------------------------------------------------ life cycle
+
+    @contextlib.contextmanager
+    def computing(self, *, wait_s: float = COMPUTE_LOCK_WAIT_S) -> Iterator[bool]:
+        """Hold the cache folder's compute lock while computing what the cache misses.
+
+        Several processes asking for the same missing faces at once (the test suite's workers, the demo's
+        describing beside an audit) would each compute all of them, on cores they share: the second waits
+        here instead, then looks again and finds them. An advisory ``flock`` on :data:`COMPUTE_LOCK_FILE`,
+        freed by the kernel if its holder dies; after ``wait_s`` (or where locking is not possible) the
+        caller computes anyway. Yields whether the lock is held.
+        """
+        lock_path = str(self.path.with_name(COMPUTE_LOCK_FILE))
+        with _HELD_GUARD:
+            # Already held by this process (a caller computing inside its own computing()): a second flock on
+            # another descriptor would wait for this very process.
+            nested = _HELD.get(lock_path, 0) > 0
+            if nested:
+                _HELD[lock_path] += 1
+        if nested:
+            try:
+                yield True
+            finally:
+                with _HELD_GUARD:
+                    _HELD[lock_path] -= 1
+            return
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover  (not POSIX)
+            yield False
+            return
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            log.warning("face cache: cannot open its compute lock (%s); computing without it", exc)
+            yield False
+            return
+        try:
+            held = False
+            deadline = time.monotonic() + wait_s
+            said = False
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held = True
+                    break
+                except BlockingIOError:
+                    if not said:
+                        log.info("face cache: another process is computing faces; waiting to use its results")
+                        said = True
+                    if time.monotonic() >= deadline:
+                        log.warning(
+                            "face cache: waited %.0f s for another process's computing; computing anyway", wait_s
+                        )
+                        break
+                    time.sleep(0.2)
+                except OSError as exc:
+                    log.warning("face cache: cannot take its compute lock (%s); computing without it", exc)
+                    break
+            if held:
+                with _HELD_GUARD:
+                    _HELD[lock_path] = 1
+            try:
+                yield held
+            finally:
+                if held:
+                    with _HELD_GUARD:
+                        _HELD.pop(lock_path, None)
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
 
     def close(self) -> None:
         """Close the database; the cache is off afterwards."""

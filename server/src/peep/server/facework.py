@@ -444,42 +444,46 @@ def process_files(
     if cache is not None and cache.enabled:
         digests = cache.content_hashes(paths)
 
-    # What the cache holds: boxes first, then the faces and descriptors of the images that have one.
-    need_face = [True] * n
-    need_descriptor = [encoder is not None] * n
-    known_box: list[Box | None] = [None] * n
-    if cache is not None and cache.enabled:
-        box_keys = {i: keys.box(d) for i, d in enumerate(digests) if d is not None}
-        stored = cache.get(list(box_keys.values()))
-        with_face: dict[int, str] = {}
-        for i, k in box_keys.items():
-            parsed = _parse_box(stored[k]) if k in stored else None
-            if parsed is None:
-                continue
-            st, box = parsed
-            if st != "face":
-                status[i], need_face[i], need_descriptor[i] = st, False, False
-            else:
-                known_box[i] = box
-                with_face[i] = k
-        wanted = [keys.face(k) for k in with_face.values()]
-        if encoder is not None:
-            wanted += [keys.descriptor(k) for k in with_face.values()]
-        stored = cache.get(wanted)
-        for i, k in with_face.items():
-            face = _array(stored.get(keys.face(k)), shape)
-            if face is not None:
-                faces[i], need_face[i] = face, False
-            if descriptors is not None:
-                desc = _array(stored.get(keys.descriptor(k)), (dimension,))
-                if desc is not None:
-                    descriptors[i], need_descriptor[i] = desc, False
-            if not need_face[i] and not need_descriptor[i]:
-                status[i] = "face"
+    def look_up() -> list[_Task]:
+        """Fill in what the cache holds (boxes first, then the faces and descriptors of the images that
+        have one); the images still to compute."""
+        need_face = [True] * n
+        need_descriptor = [encoder is not None] * n
+        known_box: list[Box | None] = [None] * n
+        if cache is not None and cache.enabled:
+            box_keys = {i: keys.box(d) for i, d in enumerate(digests) if d is not None}
+            stored = cache.get(list(box_keys.values()))
+            with_face: dict[int, str] = {}
+            for i, k in box_keys.items():
+                parsed = _parse_box(stored[k]) if k in stored else None
+                if parsed is None:
+                    continue
+                st, box = parsed
+                if st != "face":
+                    status[i], need_face[i], need_descriptor[i] = st, False, False
+                else:
+                    known_box[i] = box
+                    with_face[i] = k
+            wanted = [keys.face(k) for k in with_face.values()]
+            if encoder is not None:
+                wanted += [keys.descriptor(k) for k in with_face.values()]
+            stored = cache.get(wanted)
+            for i, k in with_face.items():
+                face = _array(stored.get(keys.face(k)), shape)
+                if face is not None:
+                    faces[i], need_face[i] = face, False
+                if descriptors is not None:
+                    desc = _array(stored.get(keys.descriptor(k)), (dimension,))
+                    if desc is not None:
+                        descriptors[i], need_descriptor[i] = desc, False
+                if not need_face[i] and not need_descriptor[i]:
+                    status[i] = "face"
 
-    todo: list[_Task] = [
-        (i, paths[i], need_face[i], need_descriptor[i], known_box[i], digests[i]) for i in range(n) if status[i] is None
-    ]
+        return [
+            (i, paths[i], need_face[i], need_descriptor[i], known_box[i], digests[i])
+            for i in range(n)
+            if status[i] is None
+        ]
 
     def take(chunk_results: Sequence[tuple[int, ImageResult]]) -> None:
         entries: dict[str, bytes] = {}
@@ -502,7 +506,15 @@ def process_files(
         if cache is not None:
             cache.put(entries)
 
-    if todo:
+    todo = look_up()
+    if todo and cache is not None and cache.enabled:
+        # Another process may be computing the same faces (the suite's workers start together): wait for it,
+        # then look again, rather than compute them a second time on the same cores.
+        with cache.computing():
+            todo = look_up()
+            if todo:
+                _compute(todo, _Steps(detector, geometry, encoder), _recipe(detector, encoder), jobs, take, progress)
+    elif todo:
         _compute(todo, _Steps(detector, geometry, encoder), _recipe(detector, encoder), jobs, take, progress)
     ok = np.array([s == "face" for s in status], dtype=bool)
     return FaceResults(
