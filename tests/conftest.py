@@ -114,8 +114,27 @@ def rng() -> np.random.Generator:
 _SHARED_SCOPES = ("module", "class", "package")
 
 
+#: Modules by how long they hold a worker, longest first: xdist hands out the work in collection order, and the
+#: soak (about six minutes on one worker) started last would end the run minutes after everything else.
+_FIRST_MARKERS = ("soak", "demo", "bench", "slow", "processes")
+
+
+def _module_rank(items: list[pytest.Item]) -> dict[str, int]:
+    rank: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        here = next(
+            (i for i, m in enumerate(_FIRST_MARKERS) if item.get_closest_marker(m) is not None), len(_FIRST_MARKERS)
+        )
+        rank[module] = min(rank.get(module, here), here)
+    return rank
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Whole modules move (a stable sort on the module's rank), so a module's fixtures are still built once.
+    rank = _module_rank(items)
+    items.sort(key=lambda it: rank[it.nodeid.split("::")[0]])
     for item in items:
         _mark_needs(item)
         if item.get_closest_marker("xdist_group") is not None:
