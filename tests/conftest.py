@@ -119,6 +119,23 @@ _SHARED_SCOPES = ("module", "class", "package")
 _FIRST_MARKERS = ("soak", "demo", "bench", "slow", "processes")
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """On an xdist worker with --dist loadgroup, every grouped test must carry its group in its node id (which
+    is how xdist keeps a group on one worker): pytest 9.2 made that suffix a silent no-op, and every module's
+    fixtures were then built on every worker at once (four door benches pinned to one core)."""
+    config = session.config
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not config.getvalue("loadgroup"):
+        return
+    lost = [it.nodeid for it in session.items if it.get_closest_marker("xdist_group") and "@" not in it.nodeid]
+    if lost:
+        pytest.exit(
+            f"pytest-xdist's loadgroup did not apply the xdist_group of {len(lost)} tests (e.g. {lost[0]}) with "
+            f"pytest {pytest.__version__}: keep pytest < 9.2 (pyproject.toml) or run with -n 0",
+            returncode=3,
+        )
+
+
 def _module_rank(items: list[pytest.Item]) -> dict[str, int]:
     rank: dict[str, int] = {}
     for item in items:
