@@ -95,6 +95,26 @@ def test_registries_roll_back_to_a_kept_version_and_forward(kind, tmp_path, requ
             store.close()
 
 
+def test_deployments_in_other_schemas_of_one_database_train_at_the_same_time(pg_dsn, pg_admin):
+    """Advisory locks belong to the whole database: keyed by lock alone, a server in another schema (another
+    deployment, or another worker of this suite) refused this one's training while it trained."""
+    import uuid
+
+    from peep_testing.server import PG_BASE
+
+    other = f"peep_test_{uuid.uuid4().hex[:10]}"
+    pg_admin.execute(f"CREATE SCHEMA {other}")
+    a = PostgresStore(pg_dsn)
+    b = PostgresStore(f"{PG_BASE} options='-c search_path={other}'")
+    try:
+        with DatabaseModelRegistry(a).training_lease() as held_a, DatabaseModelRegistry(b).training_lease() as held_b:
+            assert held_a and held_b
+    finally:
+        a.close()
+        b.close()
+        pg_admin.execute(f"DROP SCHEMA {other} CASCADE")
+
+
 def test_one_training_at_a_time_across_replicas(pg_dsn):
     a, b = PostgresStore(pg_dsn), PostgresStore(pg_dsn)
     try:

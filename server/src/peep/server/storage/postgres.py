@@ -33,6 +33,9 @@ _LOCK_ID = 0x5EE9_0001  # advisory lock key for migrations
 _MODELS_LOCK_ID = 0x5EE9_0002  # transaction lock: one promotion or version deletion at a time
 TRAINING_LOCK_ID = 0x5EE9_0003  # session lock: one training run at a time across the replicas
 _EVENTS_LOCK_ID = 0x5EE9_0004  # transaction lock: decisions commit in the order of their ids
+# Advisory locks are the whole database's: each is taken as (key, the schema's hash), so that deployments (or the
+# test suite's workers) in other schemas of one database neither wait for nor refuse each other.
+_SCHEMA_KEY = "hashtext(coalesce(current_schema(), current_setting('search_path')))"
 _ARRAY_TYPES = {str: "text", float: "float8", int: "int4", bytes: "bytea"}  # element type of a column's array
 _INSERT = (
     f"INSERT INTO templates ({', '.join(COLUMNS)}) "
@@ -135,15 +138,15 @@ class PostgresStore(SqlStore):
             yield conn
 
     def _lock_schema(self, conn: Connection) -> None:
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_ID,))
+        conn.execute(f"SELECT pg_advisory_xact_lock(%s, {_SCHEMA_KEY})", (_LOCK_ID,))
 
     def _lock_models(self, conn: Connection) -> None:
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MODELS_LOCK_ID,))
+        conn.execute(f"SELECT pg_advisory_xact_lock(%s, {_SCHEMA_KEY})", (_MODELS_LOCK_ID,))
 
     def _lock_events(self, conn: Connection) -> None:
         # An identity column hands out ids in the order transactions ask, not the order they commit: without
         # this, a reader of "id > the last I saw" could pass over an id whose transaction committed later.
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_EVENTS_LOCK_ID,))
+        conn.execute(f"SELECT pg_advisory_xact_lock(%s, {_SCHEMA_KEY})", (_EVENTS_LOCK_ID,))
 
     def _notify(self, conn: Connection, channel: str, payload: str) -> None:
         conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
@@ -161,13 +164,13 @@ class PostgresStore(SqlStore):
         """
         conn = self._connect()
         try:
-            row = conn.execute("SELECT pg_try_advisory_lock(%s)", (TRAINING_LOCK_ID,)).fetchone()
+            row = conn.execute(f"SELECT pg_try_advisory_lock(%s, {_SCHEMA_KEY})", (TRAINING_LOCK_ID,)).fetchone()
             held = bool(row and row[0])
             try:
                 yield held
             finally:
                 if held and not conn.broken:
-                    conn.execute("SELECT pg_advisory_unlock(%s)", (TRAINING_LOCK_ID,))
+                    conn.execute(f"SELECT pg_advisory_unlock(%s, {_SCHEMA_KEY})", (TRAINING_LOCK_ID,))
         finally:
             conn.close()
 
