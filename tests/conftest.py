@@ -119,6 +119,15 @@ _SHARED_SCOPES = ("module", "class", "package")
 _FIRST_MARKERS = ("soak", "demo", "bench", "slow", "processes")
 
 
+#: Session fixtures too costly to build on every worker (a session fixture is built once per worker that uses it:
+#: the tiny audit took 70-80 s on each of three workers at once): their tests share one worker.
+_GROUP_BY_SESSION_FIXTURE = {
+    "tiny_audit": "session:audit",
+    "small_ctx": "session:audit",
+    "audit_data": "session:audit",
+}
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session: pytest.Session) -> None:
     """On an xdist worker with --dist loadgroup, every grouped test must carry its group in its node id (which
@@ -160,7 +169,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if info is None:
             continue
         scopes = {defs[-1].scope for name in info.names_closure if (defs := info.name2fixturedefs.get(name))}
-        if scopes & set(_SHARED_SCOPES):
+        shared = next((g for name, g in _GROUP_BY_SESSION_FIXTURE.items() if name in info.names_closure), None)
+        if shared is not None:
+            item.add_marker(pytest.mark.xdist_group(shared))
+        elif scopes & set(_SHARED_SCOPES):
             owner = item.nodeid.split("::")[0]
             if "class" in scopes and item.cls is not None:
                 owner = f"{owner}::{item.cls.__name__}"

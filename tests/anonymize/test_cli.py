@@ -34,6 +34,7 @@ def _cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("PEEP_PROGRESS", "0")
 
 
+@pytest.mark.slow
 def test_run_writes_an_anonymised_dataset_without_identities_names_or_paths(folder: Path, tmp_path: Path) -> None:
     out = tmp_path / "released"
     argv = ["anonymize", "run", "--method", "upba", "--dataset", str(folder), "--min-faces", "10",
@@ -109,6 +110,7 @@ def test_refuses_an_attribute_that_cannot_be_labelled(folder: Path, tmp_path: Pa
         load_labelled(opts)
 
 
+@pytest.mark.slow
 def test_evaluate_writes_both_protocols(folder: Path, tmp_path: Path) -> None:
     out = tmp_path / "eval"
     argv = ["anonymize", "evaluate", "--methods", "upba,pixelate", "--dataset", str(folder), "--min-faces", "10",

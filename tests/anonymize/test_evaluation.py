@@ -4,6 +4,7 @@ taken from the method's own run."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from peep.server.anonymize.evaluation import (
     EvalData,
     EvalSettings,
@@ -17,6 +18,7 @@ from peep.server.anonymize.evaluation import (
 )
 
 
+@pytest.mark.slow
 def test_the_sweep_point_at_the_methods_parameters_is_the_methods_run(rng: np.random.Generator) -> None:
     K, n = 6, 12  # 6 identities of 12 noisy faces each, two attributes
     faces = np.repeat(rng.random((K, 62, 47)), n, axis=0) + 0.2 * rng.random((K * n, 62, 47))

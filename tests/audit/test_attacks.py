@@ -40,6 +40,7 @@ def test_direct_reconstruction_with_all_components_recovers_faces(lfw100, seeded
     assert ssim.min() > 0.999
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["peep", "peep-raw", "gaussian-l2", "laplace-l1"])
 def test_no_noise_reconstruction_reaches_the_pca_ceiling(small_ctx, small_cfg, kind: str, seeded) -> None:
     from peep.core.release import mechanism_for_bounds
@@ -105,6 +106,7 @@ def huge_noise_eval(small_ctx, small_cfg):
         return evaluate_release(small_ctx[0], small_cfg, kind="peep", epsilon=HUGE_NOISE, key=(7, 1))
 
 
+@pytest.mark.slow
 def test_no_noise_linkage_reaches_clean_accuracy(no_noise_eval, small_ctx) -> None:
     clean = small_ctx[1]["accuracy"]
     link = no_noise_eval["linkage"]

@@ -254,6 +254,7 @@ def test_strangers_never_enter_the_background_basis(small_cfg) -> None:
     assert ctx.C_enrol.shape[0] == ctx.y_enrol.shape[0] and ctx.y_enrol.max() < data.n_classes
 
 
+@pytest.mark.slow
 def test_evaluation_is_reproducible_and_keeps_no_template_by_default(small_cfg, audit_data) -> None:
     from peep.server.audit.bystander import evaluate_bystanders, prepare_bystanders
     from peep.server.audit.execution import job_env
@@ -294,6 +295,7 @@ def test_label_clusterings_and_their_scores() -> None:
     assert alone["precision"] is None and alone["f1"] == 0.0
 
 
+@pytest.mark.slow
 def test_decision_mode_keeps_one_label_per_appearance_released_by_the_mechanisms_law(small_cfg, audit_data) -> None:
     from peep.core.labels import RandomizedResponse
     from peep.server.audit.bystander import DECISION_METHODS, evaluate_bystanders, prepare_bystanders

@@ -29,6 +29,7 @@ def _check_outputs(out: Path) -> dict:
     return doc
 
 
+@pytest.mark.slow
 def test_cli_end_to_end_with_frontier(data_home: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "audit"
     argv = [
@@ -98,6 +99,7 @@ def test_cli_end_to_end_with_frontier(data_home: str, tmp_path: Path, capsys: py
     assert doc["command"][:2] == ["peep", "audit"]
 
 
+@pytest.mark.slow
 def test_cli_folder_dataset_secure_sampler(lfw_folder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A folder-per-identity PATH, the secure sampler and a second mechanism."""
     monkeypatch.setenv("PEEP_CACHE_DIR", str(tmp_path / "cache"))  # keep the shared face cache clean
@@ -149,6 +151,7 @@ def test_cli_folder_dataset_secure_sampler(lfw_folder, tmp_path: Path, monkeypat
     assert "utility_vs_components" not in doc["plots"]
 
 
+@pytest.mark.slow
 def test_cli_bystander_section(data_home: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A stranger's appearances: linked from kept templates (keep = all); no template under keep = none."""
     out = tmp_path / "audit"
@@ -279,6 +282,7 @@ def test_a_folder_background_excludes_the_audited_identities(data_home: str, tmp
     assert data.background.shape[0] == data.background_labels.shape[0]
 
 
+@pytest.mark.slow
 def test_background_basis_is_shared_by_all_splits(lfw_background, small_cfg) -> None:
     from peep.server.audit.execution import load_audit_data, make_context
 

@@ -49,6 +49,7 @@ def _rows(doc: dict, mode: str, eps_label: float | None) -> dict[float, dict]:
     return {r["fpir_target"]: r for r in doc["open_set"] if r["mode"] == mode and r["epsilon_label"] == eps_label}
 
 
+@pytest.mark.slow
 def test_open_set_rows_carry_the_contract_fields_and_validate(open_set_audit: tuple[dict, Path]) -> None:
     doc, out = open_set_audit
     validate_audit(doc)

@@ -34,6 +34,7 @@ def test_procrustes_recovers_a_rotation_from_pairs():
     assert np.linalg.norm(procrustes(clean[:3], (clean @ q.T)[:3]) - q) / 4 > 0.5
 
 
+@pytest.mark.slow
 def test_audit_site_keys_section(data_home: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Keyed accuracy as unkeyed; another key's templates unlinkable; without the key retrieval finds no one."""
     out = tmp_path / "audit"
@@ -73,6 +74,7 @@ def test_site_keys_need_a_rotation_invariant_mechanism(data_home: str, tmp_path:
     assert main([*argv[:-1], "1"]) == 2
 
 
+@pytest.mark.slow
 def test_site_keys_on_a_folder_dataset(lfw_folder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A held-out folder-per-identity dataset gets the same section (no background: no background attack)."""
     monkeypatch.setenv("PEEP_CACHE_DIR", str(tmp_path / "cache"))

@@ -31,6 +31,7 @@ def test_preset_and_hidden_are_checked(monkeypatch):
         AuditConfig(preset="linear-test", hidden=8)
 
 
+@pytest.mark.slow
 def test_utility_comes_from_the_servers_fit_recogniser(monkeypatch, audit_data, small_cfg):
     from peep.server.audit import execution
 
@@ -64,6 +65,7 @@ def test_utility_comes_from_the_servers_fit_recogniser(monkeypatch, audit_data, 
     assert 0.0 <= private["accuracy"] <= 1.0
 
 
+@pytest.mark.slow
 def test_audit_json_records_the_preset(tiny_audit):
     _, out, _ = tiny_audit
     doc = json.loads((out / "audit.json").read_text())

@@ -71,12 +71,14 @@ def test_written_audit_validates_and_holds_the_required_fields(tiny_audit) -> No
     assert doc["timing"]["wall_seconds"] > 0 and doc["timing"]["cpu_seconds"] > 0
 
 
+@pytest.mark.slow
 def test_schema_accepts_a_run_without_the_bystander_section(tiny_audit) -> None:
     doc = copy.deepcopy(tiny_audit[0].data)
     doc["bystander"] = doc["bystander_setup"] = None
     validate_audit(doc)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("mutate", "where"),
     [

@@ -49,6 +49,7 @@ def _build(folder, keys, out, *extra):
     return main([*argv, *extra, "--signing-key", str(keys[0]), "--out", str(out)])
 
 
+@pytest.mark.slow
 def test_a_dlib_bundle_from_a_folder_dataset(tmp_path, folder, keys, capsys):
     out = tmp_path / "dlib"
     rc = _build(folder, keys, out, "--components", "8")
@@ -80,6 +81,7 @@ def test_usage_errors_name_the_option(tmp_path, folder, keys, capsys, extra, nee
     assert not (tmp_path / "b").exists()
 
 
+@pytest.mark.slow
 def test_an_audit_of_the_descriptor_projection(tmp_path, folder, capsys):
     out = tmp_path / "audit"
     argv = [

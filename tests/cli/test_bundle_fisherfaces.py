@@ -47,6 +47,7 @@ def _build(dataset, keys, out, *extra):
     )
 
 
+@pytest.mark.slow
 def test_fisherface_bundle_from_the_lfw_background(tmp_path, data_home, keys, lfw100, capsys):
     out = tmp_path / "fisher"
     rc = _build(

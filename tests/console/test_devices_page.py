@@ -175,6 +175,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
         srv.app.stop(0)
 
 
+@pytest.mark.slow
 def test_a_doors_claims_over_grpc_are_its_releases_on_devices_and_privacy_from_the_ledger(site: Site):
     """Each claim's VERIFY template, decided by ``Verify`` and forgotten, is a ledger row of the door (ids, times,
     ε; no template) and so on the Devices page; a retried call with the same message id is counted once."""
@@ -335,6 +336,7 @@ def test_a_door_reporting_an_insecure_broker_is_warned_about_on_devices(site: Si
     assert "report: gRPC (ReportDevice)" in door_1 and "insecure" not in door_1
 
 
+@pytest.mark.slow
 def test_what_a_device_spent_beyond_what_reached_the_server_is_shown_from_its_report(site: Site):
     """A release the server refused (a clock far ahead, say) was still spent: its ε is in the device's ledger and
     report, not in the server's. The row says both, so the ε on the page is never less than the device spent."""

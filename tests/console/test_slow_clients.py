@@ -239,6 +239,7 @@ def _tls_states_alive() -> int:
     return sum(1 for o in gc.get_objects() if type(o) is sslproto.SSLProtocol)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("listener", "ending", "n"),
     [
@@ -289,6 +290,7 @@ def test_a_connection_that_sends_nothing_is_closed_after_header_timeout(quick):
     ) == float(quick.guard.closed["header_timeout"])
 
 
+@pytest.mark.slow
 def test_a_head_sent_a_byte_at_a_time_does_not_keep_a_connection_open(quick):
     """Each byte would restart uvicorn's keep-alive timer; the deadline counts from the connection (resp. the
     previous response), not from the last byte."""
@@ -313,6 +315,7 @@ def test_a_request_body_must_arrive_within_the_deadline_too(quick):
     assert took < QUICK_TIMEOUT_S + 1.5, took
 
 
+@pytest.mark.slow
 def test_a_live_event_stream_outlives_the_deadline(quick):
     """Once its request is in, a connection is its handler's: the Live page's stream runs on."""
     from google.protobuf.timestamp_pb2 import Timestamp

@@ -253,6 +253,7 @@ def test_a_one_time_password_must_be_changed_first(console):
         assert c.get("/live").status_code == 200
 
 
+@pytest.mark.slow
 def test_a_weak_new_password_is_refused_with_the_reason(console):
     """/password: common, keyboard, repetitive and name-based passwords are refused (400) with the strength
     estimator's reason, never echoed; the page says what is required; a long passphrase is accepted."""

@@ -8,6 +8,7 @@ from peep.core.exceptions import NotFittedError
 from peep.core.statistics import FaceStatistics, merge_all
 
 
+@pytest.mark.slow
 def test_gram_method_matches_svd_on_lfw(lfw100):
     X = lfw100.X.astype(np.float64)
     gram = EigenfaceModel(n_components=64, method="gram").fit(X)
@@ -27,6 +28,7 @@ def test_components_orthonormal_and_variance_decreasing(lfw100):
     assert m.n_features_in_ == 62 * 47 and m.n_components_ == 128
 
 
+@pytest.mark.slow
 def test_transform_inverse_transform_is_projection(lfw100):
     X = lfw100.X.astype(np.float64)
     m = EigenfaceModel(n_components=128).fit(X)
@@ -42,6 +44,7 @@ def test_transform_inverse_transform_is_projection(lfw100):
     assert 0 < err < np.mean((X - X.mean(0)) ** 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [2, 3, 7])
 def test_merged_partitions_give_centralised_eigenfaces_on_lfw(lfw100, k, rng):
     """PEEP Alg. 2: k partitions merged in random order == centralised (angle < 1e-6 rad)."""

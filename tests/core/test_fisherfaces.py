@@ -57,6 +57,7 @@ def test_registered_with_its_contract():
     }
 
 
+@pytest.mark.slow
 def test_projector_outputs_equal_the_numpy_transform_in_every_domain(fisher, fisher_bundle, lfw100):
     b = fisher_bundle
     assert b.projection_kind == "fisherfaces" and b.outputs == projector_outputs()
@@ -109,6 +110,7 @@ def test_template_geometry(fisher, background):
 # --------------------------------------------------------- distributed fitting
 
 
+@pytest.mark.slow
 def test_distributed_two_pass_fit_equals_the_central_fit(fisher, background, rng):
     """PEEP Alg. 2 extended: 3 partitions, faces split at random so identities span partitions."""
     X, y = background
@@ -295,6 +297,7 @@ def test_fisherfaces_separate_unseen_identities_better_than_eigenfaces(fisher, b
     assert f_lda > e_lda + 0.08, (f_lda, e_lda)
 
 
+@pytest.mark.slow
 def test_mirrored_fit_treats_a_face_and_its_mirror_alike(lfw_background, lfw100):
     from peep.core.projections import mirror_faces
 

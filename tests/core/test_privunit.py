@@ -225,6 +225,7 @@ def test_privunit_beats_privunitg_in_variance_at_large_epsilon():
         assert a.noise_std < b.noise_std
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_one_release_at_a_time_follows_the_same_law_as_a_batch(kind):
     """A device releases one template at a time through a shorter path: same coin, same law, unbiased."""

@@ -85,6 +85,7 @@ def _ours(family: str, scale: float) -> np.ndarray:
     return secure_sampler.gaussian(scale, n)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["laplace", "gaussian"])
 @pytest.mark.parametrize("scale", SCALES)
 def test_matches_opendp(opendp_noise, family, scale):

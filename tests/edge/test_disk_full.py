@@ -105,6 +105,7 @@ def agent_on_small_disk(make_config, small_disk) -> Iterator[Agent]:
     agent.shutdown(drain_timeout=0)
 
 
+@pytest.mark.slow
 def test_a_full_disk_stops_releases_uncharged_and_they_resume_when_freed(agent_on_small_disk, crowd_video,
                                                                           small_disk):  # fmt: skip
     agent = agent_on_small_disk
@@ -136,6 +137,7 @@ def test_a_full_disk_stops_releases_uncharged_and_they_resume_when_freed(agent_o
     assert set(after) == _queued(agent), "every charged release is queued"
 
 
+@pytest.mark.slow
 def test_a_charged_template_the_spool_refused_is_queued_before_anything_else(agent_on_small_disk, crowd_video,
                                                                             monkeypatch):  # fmt: skip
     # The disk fills between the charge and the queueing (room() said yes just before): the template is

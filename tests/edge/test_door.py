@@ -844,6 +844,7 @@ def open_broker_door(make_config, tmp_path, one_person_video, system_broker):
     agent.shutdown(drain_timeout=0)
 
 
+@pytest.mark.slow
 def test_on_an_open_broker_a_forged_decision_opens_nothing_and_the_servers_signed_one_does(
     open_broker_door, one_person_video
 ):
@@ -876,6 +877,7 @@ def test_on_an_open_broker_a_forged_decision_opens_nothing_and_the_servers_signe
     assert done["out"].opened and door.controller.opened == 1 and not all(s.state for s in pin.states[1:])
 
 
+@pytest.mark.slow
 def test_on_an_open_broker_a_forged_claim_check_releases_nothing(open_broker_door, one_person_video):
     """A forged "known" for a made-up id would make the door release a template: unsigned, it is refused."""
     import json

@@ -101,6 +101,7 @@ def test_descriptors_of_real_faces_separate_people(encoder, people):
     assert box is not None and encoder.encode(gray, box).shape == (128,)
 
 
+@pytest.mark.slow
 def test_a_bundle_built_for_this_network_gets_its_encoder_and_another_is_refused(encoder, dlib_bundle_dir, edge_keys):
     bundle = ProjectionBundle.load(dlib_bundle_dir, edge_keys["public"])
     assert bundle.input_kind == "dlib-resnet"
@@ -154,6 +155,7 @@ class CountingEncoder:
         return self.inner.encode(image, box)
 
 
+@pytest.mark.slow
 def test_a_video_releases_descriptor_templates_and_runs_the_network_only_per_release(
     make_config, dlib_bundle_dir, edge_keys, one_person_video, encoder
 ):

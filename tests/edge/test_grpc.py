@@ -406,6 +406,7 @@ class _NeverAnswers(FakeRecognition):
         context.abort(grpc.StatusCode.UNAVAILABLE, "gone")
 
 
+@pytest.mark.slow
 def test_a_stop_while_the_server_never_answers_ends_within_the_drain_and_the_report_budget(tmp_path, pki, templates):
     """With the server frozen a device's stop took 15.5 s (a send's full deadline, then three final reports
     of 10 s each, cut short only by the join), past the 15 s its unit gives it: while stopping, every call's
@@ -542,6 +543,7 @@ def test_a_crash_after_the_servers_ack_resends_and_the_duplicate_ack_deletes(tmp
     assert all(payload not in on_disk for _, payload in items)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_camera_sends_again_within_seconds_of_the_server_returning_after_a_long_outage(tmp_path, pki, templates, h):
     """The channel's wait between attempts to connect stops growing at ``grpc.reconnect_max_s`` (5 s): while it

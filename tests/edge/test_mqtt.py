@@ -33,6 +33,7 @@ def released_ids(agent: Agent) -> list[str]:
         ledger.close()
 
 
+@pytest.mark.slow
 def test_agent_publishes_templates_status_and_metrics(
     system_broker, make_config, crowd_video, collector_factory, h, edge_bundle
 ):
@@ -90,6 +91,7 @@ def test_agent_publishes_templates_status_and_metrics(
     assert agent.metrics.value("peep_edge_published_total", transport="mqtt") == len(ids)
 
 
+@pytest.mark.slow
 def test_broker_down_at_start_and_killed_mid_stream_every_template_arrives_once(
     mosquitto_factory, make_config, crowd_video, collector_factory, h, caplog
 ):
@@ -133,6 +135,7 @@ def test_broker_down_at_start_and_killed_mid_stream_every_template_arrives_once(
         assert spool.depth() == 0
 
 
+@pytest.mark.slow
 def test_bundle_updates_are_taken_only_if_they_verify_and_do_not_raise_epsilon(
     mosquitto_factory, make_config, crowd_video, collector_factory, h, lfw_background, edge_keys, tmp_path
 ):
@@ -286,6 +289,7 @@ def _random_device_model(bundle, key, *, serial: int, k_subjects: int = 4, key_i
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_camera_in_decision_mode_asks_for_its_model_on_the_broker_and_publishes_only_labels(
     system_broker, make_config, crowd_video, collector_factory, h, edge_bundle, edge_keys
 ):

@@ -188,6 +188,7 @@ def test_acl_a_device_cannot_publish_or_read_under_another_devices_prefix(secure
     assert [t.removeprefix("devices/") for t, _ in cam1.events["msg"]] == ["peep/v1/lab/cam-1/events"]
 
 
+@pytest.mark.slow
 @paho_tls_leak
 def test_wrong_password_plaintext_and_untrusted_broker_are_refused(secure_broker, pki):
     s = secure_broker
@@ -250,6 +251,7 @@ def test_mutual_tls_listener_requires_the_client_certificate(secure_broker, pki)
         without.stop()
 
 
+@pytest.mark.slow
 def test_templates_refused_by_the_broker_stay_in_the_spool(secure_broker, make_config, crowd_video, caplog):
     """Credentials of another device: the ACL refuses every PUBACK (0x87) and nothing leaves the spool."""
     import logging

@@ -103,6 +103,7 @@ def test_budget_exhaustion_stops_releases_for_that_track(agent_for, one_person_v
     )
 
 
+@pytest.mark.slow
 def test_several_people_get_separate_tracks_and_releases(agent_for, crowd_video):
     agent = agent_for(privacy={"epsilon": 4.0, "track_budget": 1e6, "window_seconds": 10.0, "min_track_frames": 3})
     msgs = [decode_template(p) for p in run_video(agent, crowd_video["path"])]
@@ -198,6 +199,7 @@ def test_missing_soft_extra_is_a_defined_error(make_config, monkeypatch, capsys)
     assert "soft.enabled: expected the optional extra peep-edge[soft]" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_release_observer_sees_each_spooled_template_with_its_frame(make_config, crowd_video):
     seen: list[tuple[str, int, str]] = []
     agent = Agent(

@@ -28,6 +28,7 @@ def _released(agent: Agent, path: str) -> list:
 PRIVUNIT = {"mechanism": "privunit", "epsilon": 400.0, "track_budget": 1e6, "window_seconds": 1.0}
 
 
+@pytest.mark.slow
 def test_a_keyed_device_releases_rotated_templates_carrying_the_key_id(make_config, one_person_video, tmp_path):
     key = SiteKey.generate()
     key_file = key.write(tmp_path / "site.key")

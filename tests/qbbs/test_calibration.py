@@ -72,6 +72,7 @@ def test_observation_noise_variances():
     assert math.log((1 - binary_error_rate(0.5)) / binary_error_rate(0.5)) == pytest.approx(2.0)
 
 
+@pytest.mark.slow
 def test_calibrated_far_holds_for_claims_verified_through_the_module(make_module, seeded):
     """Real store, plan, mechanism and matcher: impostor claims pass at about target_far, genuine ones far more."""
     rng = np.random.default_rng(20240611)
@@ -271,6 +272,7 @@ def test_the_declared_population_is_what_is_simulated():
     assert np.mean(general["age"]) == pytest.approx((18.0 + 90.0) / 2, abs=0.6)  # uniform over the declared range
 
 
+@pytest.mark.slow
 def test_a_declared_site_population_restores_the_target_far(make_module, seeded):
     """At a site of young men only, impostors resemble the claimed person more than a general population.
 

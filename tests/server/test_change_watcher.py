@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from peep.server.recognition.watch import ChangeWatcher
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,6 +56,7 @@ def test_a_check_that_fails_is_logged_and_the_watcher_keeps_checking(caplog):
     assert failed and failed[0].watcher == "peep-models-test"  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
 def test_no_log_call_names_a_field_like_a_log_records_own_attribute():
     """``extra={"thread": ...}`` (or name, module, message, ...) raises KeyError where it is logged."""
     reserved = set(vars(logging.LogRecord("n", 0, "p", 0, "m", None, None))) | {"message", "asctime"}

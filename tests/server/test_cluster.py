@@ -234,6 +234,7 @@ def _a_track_is_fused_across_replicas(a: Any, c: Any, templates: Any) -> None:
     assert got == {first.message_id: 1, second.message_id: 2}
 
 
+@pytest.mark.slow
 def test_promotion_and_erasure_reach_every_replica(replicas, templates):
     a, b, c = replicas("a"), replicas("b"), replicas("c")
     stubs = [a.stub(), b.stub(), c.stub()]
@@ -352,6 +353,7 @@ def test_concurrent_fused_verifications_over_three_replicas_never_overspend(pg_d
         migrated.close()
 
 
+@pytest.mark.slow
 def test_a_replica_whose_database_connections_are_cut_streams_every_event_once_in_order(replicas, templates, pg_dsn):
     """B's connections (its pool and its LISTEN) are terminated again and again for 4 s while A decides: B's
     subscriber still receives every one of A's events, once, in commit order, once B reads the log again."""

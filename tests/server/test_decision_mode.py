@@ -84,6 +84,7 @@ def _run(agent: Agent, video: str) -> None:
         agent.shutdown(drain_timeout=20.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["grpc", "mqtt"])
 def test_a_camera_deciding_on_the_device_sends_only_labels_and_the_server_records_its_decisions(
     server, tmp_path, keypair, bundle_dir, pki, model_keys, walk_past, transport, templates
@@ -115,6 +116,7 @@ def test_a_camera_deciding_on_the_device_sends_only_labels_and_the_server_record
         assert server.services.store.get_template(ev.message_id, device_id=device) is None  # no template kept
 
 
+@pytest.mark.slow
 def test_a_door_deciding_on_the_device_decides_with_the_server_stopped_and_its_records_wait(
     tmp_path, pki, keypair, bundle_dir, templates, model_keys, calibration_path, walk_past
 ):

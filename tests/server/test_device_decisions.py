@@ -72,6 +72,7 @@ def _ledger(srv: Any, message_id: str) -> dict[str, Any]:
     return dict(row)
 
 
+@pytest.mark.slow
 def test_an_identification_decided_on_the_device_is_an_event_naming_its_subject(deciding, model, templates):
     subject = str(templates.subjects[templates.train[0]])
     named, stranger = decision(model, subject=subject), decision(model)
@@ -259,6 +260,7 @@ def test_an_erased_subjects_label_is_recorded_as_unknown(deciding, model, templa
     assert not deciding.services.store.names_subject(subject)
 
 
+@pytest.mark.slow
 def test_on_postgresql_a_decision_is_ledgered_and_kept_like_on_sqlite(
     tmp_path, pki, keypair, bundle_dir, templates, model_keys, calibration_path, pg_dsn
 ):

@@ -41,6 +41,7 @@ def _ask(srv: Any, bundle_id: str, key_id: str = "", have: int = 0, metadata: An
     return srv.stub().GetDeviceModel(req, metadata=metadata, timeout=10)
 
 
+@pytest.mark.slow
 def test_a_device_gets_the_newest_model_of_its_bundle_and_key_and_unchanged_once_it_holds_it(
     issuing, templates, model_keys
 ):
@@ -153,6 +154,7 @@ def over_mqtt(tmp_path_factory, pki, keypair, bundle_dir, templates, model_keys,
     srv.app.stop(0)
 
 
+@pytest.mark.slow
 @pytest.mark.mqtt
 def test_every_issued_model_is_broadcast_not_retained(over_mqtt, model_keys, templates):
     from peep.server.transport.retained import retained_topics

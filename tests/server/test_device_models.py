@@ -59,6 +59,7 @@ def test_a_promotion_issues_a_signed_device_model_that_names_nobody(issuing, tem
     assert st.device_model_serial == newest.serial and st.device_models_status == ""
 
 
+@pytest.mark.slow
 def test_serials_increase_and_a_stale_model_is_reissued(issuing, model_keys):
     s = issuing.services
     dm = s.device_models
@@ -122,6 +123,7 @@ def test_serials_are_unique_and_increasing_across_processes_sharing_the_database
         reopened.close()
 
 
+@pytest.mark.slow
 def test_erasing_a_subject_issues_at_once_a_model_that_never_names_them(issuing, templates, model_keys):
     s = issuing.services
     m = s.recogniser.model
@@ -220,6 +222,7 @@ def test_the_configuration_names_a_bad_key_calibration_or_schedule(tmp_path, pki
         parse_config(cfg)
 
 
+@pytest.mark.slow
 def test_peep_bundle_calibrate_projects_public_faces_as_a_device_does(tmp_path, lfw_folder, bundle_dir, keypair, bundle,
                                                                        data_home):  # fmt: skip
     """The command's projections are the bundle's bounded output for the faces the dataset loader finds; an
@@ -249,6 +252,7 @@ def test_peep_bundle_calibrate_projects_public_faces_as_a_device_does(tmp_path, 
     assert bad.returncode == 2 and "--public-key" in bad.stderr and not (tmp_path / "x.npz").exists()
 
 
+@pytest.mark.slow
 def test_peep_train_issues_a_device_model_and_says_so(tmp_path, pki, keypair, bundle_dir, templates, model_keys,
                                                       calibration_path):  # fmt: skip
     """`peep train` (another process than the server) promotes and issues; the running server announces it."""
@@ -273,6 +277,7 @@ def test_peep_train_issues_a_device_model_and_says_so(tmp_path, pki, keypair, bu
         srv.app.stop(0)
 
 
+@pytest.mark.slow
 def test_a_model_trained_before_device_models_is_refused_by_name(issuing, tmp_path):
     """A version without device_class_salt (trained before) cannot be issued: the error says to train again."""
     s = issuing.services
@@ -285,6 +290,7 @@ def test_a_model_trained_before_device_models_is_refused_by_name(issuing, tmp_pa
         m.meta["device_class_salt"] = salt
 
 
+@pytest.mark.slow
 def test_start_issues_when_none_is_current(tmp_path, pki, keypair, bundle_dir, templates, model_keys, calibration_path):
     """A server configured for device models after its model was trained issues one at start (reason start)."""
     srv = start_server(base_config(tmp_path, keypair[3], bundle_dir, grpc={"tls": tls_section(pki)}), pki, tmp_path)

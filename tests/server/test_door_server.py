@@ -69,6 +69,7 @@ def claim_video(tmp_path_factory, lfw100, data_home):
     return str(path), name
 
 
+@pytest.mark.slow
 def test_a_claim_is_answered_by_the_servers_verify_and_a_dead_server_keeps_it_locked(
     trained_server, tmp_path, keypair, bundle_dir, pki, claim_video
 ):
@@ -270,6 +271,7 @@ def answer_claim_checks(server_side, key, known: bool = True) -> None:
     server_side.c.on_message = on_message
 
 
+@pytest.mark.slow
 def test_over_mqtt_only_the_servers_decision_for_this_claim_opens_and_only_once(
     shipped_broker, tmp_path, keypair, bundle_dir, pki, claim_video, decision_keys
 ):
@@ -359,6 +361,7 @@ def test_over_mqtt_the_broker_down_keeps_it_locked(
         agent.shutdown(drain_timeout=0)
 
 
+@pytest.mark.slow
 def test_over_mqtt_a_real_server_decides_the_claim(
     shipped_broker, tmp_path, keypair, bundle_dir, pki, claim_video, templates, monkeypatch, decision_keys
 ):
@@ -402,6 +405,7 @@ def test_over_mqtt_a_real_server_decides_the_claim(
 # --------------------------------------------------------------------------- an attacker at the badge reader
 
 
+@pytest.mark.slow
 def test_a_flood_of_made_up_ids_on_stdin_releases_nothing_and_never_drives_the_lock(
     trained_server, tmp_path, keypair, bundle_dir, pki, claim_video, data_home
 ):
@@ -437,6 +441,7 @@ def test_a_flood_of_made_up_ids_on_stdin_releases_nothing_and_never_drives_the_l
     print(f"500 made-up ids: {took:.1f} s with start-up; 10 asked about, 490 throttled, 0 released")
 
 
+@pytest.mark.slow
 def test_an_outage_locks_nobody_out_and_the_first_claim_after_it_is_decided(
     tmp_path, keypair, bundle_dir, pki, claim_video, templates
 ):
@@ -486,6 +491,7 @@ def test_an_outage_locks_nobody_out_and_the_first_claim_after_it_is_decided(
         srv.app.stop(0)
 
 
+@pytest.mark.slow
 def test_over_mqtt_the_server_answers_claim_checks_signed_and_ignores_what_is_not_one(
     shipped_broker, tmp_path, keypair, bundle_dir, pki, templates, monkeypatch, decision_keys
 ):

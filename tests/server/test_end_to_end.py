@@ -8,6 +8,7 @@ back as unknown except for about the false-accept rate the model was calibrated 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from peep.server.recognition.export import onnx_probabilities, onnx_session
 from peep.server.recognition.fitting import fit_recogniser
 from peep.v1 import recognition_pb2
@@ -22,6 +23,7 @@ def _identify_all(stub, templates, rows):
     return out
 
 
+@pytest.mark.slow
 def test_api_accuracy_equals_offline_accuracy(trained_server, templates):
     srv = trained_server
     test_rows = templates.X[templates.test]

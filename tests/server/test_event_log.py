@@ -169,6 +169,7 @@ def _wait(pred, timeout: float) -> bool:
 # --------------------------------------------------------------------------- over gRPC
 
 
+@pytest.mark.slow
 def test_stream_events_resumes_over_grpc_and_refuses_a_seq_it_never_gave(trained_server, templates):
     from peep_testing.server import ADMIN, DEVICE, SITE
 
@@ -220,6 +221,7 @@ def test_stream_events_resumes_over_grpc_and_refuses_a_seq_it_never_gave(trained
 # --------------------------------------------------------------------------- peep events
 
 
+@pytest.mark.slow
 def test_peep_events_prints_each_event_with_its_seq_and_resumes_after_one(trained_server, templates, tmp_path):
     import json
     import shutil

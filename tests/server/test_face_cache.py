@@ -262,6 +262,7 @@ def test_a_process_asking_for_faces_another_is_computing_waits_and_computes_none
     assert waited >= 0.5 and second.images.shape[0] >= 6
 
 
+@pytest.mark.slow
 def test_parallel_workers_compute_what_this_process_computes(data_home: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Eight real LFW images through dlib's network: in two worker processes and here, bit for bit."""
     from peep.edge.embedding import DlibResNetEncoder

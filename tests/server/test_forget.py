@@ -297,6 +297,7 @@ def test_the_running_server_sweeps_fusion_memory_within_a_second_of_the_window(
         services.ingestor.fusion = fusion
 
 
+@pytest.mark.slow
 def test_retention_command_purges_recognition_templates_and_reports_what_is_kept(
     tmp_path, keypair, bundle_dir, templates
 ):

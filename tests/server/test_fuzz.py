@@ -107,6 +107,7 @@ def test_random_bytes_are_invalid_argument(target):
     _assert_alive_and_unchanged(target)
 
 
+@pytest.mark.slow
 def test_broken_templates_are_invalid_argument(target):
     @FUZZ
     @given(data=st.data())
@@ -135,6 +136,7 @@ def test_other_devices_templates_are_permission_denied(target):
     _assert_alive_and_unchanged(target)
 
 
+@pytest.mark.slow
 def test_streams_of_broken_templates_reject_each_message(target):
     @settings(max_examples=25, deadline=None)
     @given(data=st.data(), n=st.integers(1, 30))

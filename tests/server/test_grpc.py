@@ -253,6 +253,7 @@ def test_get_and_publish_bundles(fresh, bundle, keypair, tmp_path):
 # --------------------------------------------------------------------------- recognition on the trained server
 
 
+@pytest.mark.slow
 def test_identify_returns_top_k_with_probabilities(trained_server, templates):
     stub = trained_server.stub()
     i = int(templates.test[0])

@@ -127,6 +127,7 @@ def _unary_calls_answer(srv: Any, template: Any, *, deadline: float = 2.0) -> No
 # --------------------------------------------------------------------------- streams vs unary calls
 
 
+@pytest.mark.slow
 def test_idle_streams_beyond_the_worker_count_leave_unary_calls_answering(
     tmp_path, pki, keypair, bundle_dir, trained_server, templates
 ):
@@ -225,6 +226,7 @@ def test_stream_limits_per_caller_and_global_with_fewer_workers_than_streams(
         srv.app.stop(0)
 
 
+@pytest.mark.slow
 def test_idle_streams_end_and_a_flowing_ingest_stream_keeps_going(tmp_path, pki, keypair, bundle_dir, templates):
     """Idle streams are ended by the server (not by their 60 s client deadline) and give their thread back."""
     srv = _serve(

@@ -158,6 +158,7 @@ def describe(cycle: list[str], graph: Graph) -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.slow
 def test_the_server_folders_import_each_other_without_loops():
     graph = folder_graph()
     assert {"config", "storage", "services", "qbbs", "app", "commands"} <= graph.keys()

@@ -127,6 +127,7 @@ def test_an_oversized_message_is_refused_and_never_retained(broker, server):
     assert "too large" in broker.log().lower() or "oversize" in broker.log().lower()
 
 
+@pytest.mark.slow
 def test_what_a_device_retains_is_cleared_and_never_reaches_other_devices_or_the_status_check(
     broker, server, templates
 ):

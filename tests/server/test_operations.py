@@ -45,6 +45,7 @@ def enrolled(tmp_path, pki, keypair, bundle_dir, templates):
     srv.app.stop(0)
 
 
+@pytest.mark.slow
 def test_erase_subject_deletes_templates_calls_hooks_and_retrains(enrolled, templates):
     srv, stub = enrolled, enrolled.stub()
     victim = str(templates.subjects[templates.train[0]])
@@ -69,6 +70,7 @@ def test_erase_subject_deletes_templates_calls_hooks_and_retrains(enrolled, temp
         assert victim not in {c.subject for c in r.candidates}
 
 
+@pytest.mark.slow
 def test_erasing_a_subject_nothing_holds_is_not_found_and_changes_nothing(enrolled, templates, capsys):
     """Unknown ids are refused without an erasure record or a retrained version (three used to train three
     identical versions, pushing the roll-back ones out); a known subject still retrains, and erased a

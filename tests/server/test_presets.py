@@ -258,6 +258,7 @@ def _xor(seed: int):
     return X.astype(np.float32), [f"s{int(v >= 2)}" for v in c]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("data", "winner"), [(_heavy_noise, "lda"), (_xor, "default")])
 def test_auto_keeps_the_candidate_with_the_best_validation_accuracy(data, winner):
     X, subjects = data(0)
@@ -320,6 +321,7 @@ def _open_set(seed: int, *, n_background: int = 5000, per_background: int = 1):
     return np.vstack([Xe, Xb]), subjects, Xs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["lda", "logreg"])
 def test_unknown_is_calibrated_so_about_target_far_of_strangers_are_accepted(preset):
     X, subjects, strangers = _open_set(0)

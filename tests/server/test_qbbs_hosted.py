@@ -120,6 +120,7 @@ def _pick(h: Hosted, templates: Any, of: str, claimed: str, *, best: bool) -> in
     return int(idx[np.argmax(s) if best else np.argmin(s)])
 
 
+@pytest.mark.slow
 def test_fused_verification_uses_the_served_model_and_spends_the_claimed_subjects_epsilon(hosted, templates):
     """Observed traits of positive weight are queried and charged to the claimed subject; those of weight 0 are not."""
     h = hosted
@@ -205,6 +206,7 @@ def test_devices_may_not_call_admin_rpcs_nor_submit_other_devices_templates(host
     assert h.verify(foreign, a, {"age": 30.0}, metadata=ADMIN).epsilon_total == 2 * EPSILON
 
 
+@pytest.mark.slow
 def test_erasure_removes_the_soft_traits_and_the_retrained_model_refits_p_genuine(hosted, templates, caplog):
     h = hosted
     caplog.set_level(logging.INFO, logger="peep.server.qbbs.hosting")

@@ -67,6 +67,7 @@ def _replica(tmp_path, pki, keypair, bundle_dir, pg_dsn, name: str, replica_id: 
     return Replica(name, conf, port, {**os.environ}, mqtt=False)
 
 
+@pytest.mark.slow
 def test_a_second_process_with_a_live_replica_id_refuses_to_start_naming_the_first(
     tmp_path, pki, keypair, bundle_dir, pg_dsn
 ):
@@ -94,6 +95,7 @@ def test_a_second_process_with_a_live_replica_id_refuses_to_start_naming_the_fir
         first.stop(signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_a_registration_without_a_heartbeat_is_taken_over(tmp_path, pki, keypair, bundle_dir, pg_dsn):
     """A replica on another host that vanished (its host down): after registration_timeout_s its id is free."""
     store = PostgresStore(pg_dsn, pool_size=1)

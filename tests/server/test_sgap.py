@@ -138,6 +138,7 @@ def test_pairs_are_half_same_half_different(rng):
     assert (labels[pairs.a][~same] != labels[pairs.b][~same]).all()
 
 
+@pytest.mark.slow
 def test_training_writes_model_metadata_and_curves(trained, small):
     result, _, out = trained
     for name in ("sgap.onnx", "discriminator.onnx", "sgap.json", "training.png", "samples.png", "checkpoint.pt"):
@@ -188,6 +189,7 @@ def test_the_guard_pulls_a_face_back_to_the_floor(trained, small, monkeypatch):
     assert ssim_per_face(images, got).min() >= priv.ssim_floor
 
 
+@pytest.mark.slow
 def test_resume_continues_to_the_same_generator(small, tmp_path):
     images, labels = small
     straight = train_sgap(images, labels, SgapConfig(lam=LAMBDA, epochs=2, batch_size=16, seed=5))
@@ -249,6 +251,7 @@ def test_faces_of_the_wrong_shape_are_refused(trained):
         priv.privatize(np.zeros((2, 47, 62)))
 
 
+@pytest.mark.slow
 def test_cli_trains_and_refuses_bad_options(tmp_path, data_home, capsys):
     from peep.server.cli import main
 
@@ -272,6 +275,7 @@ def test_cli_trains_and_refuses_bad_options(tmp_path, data_home, capsys):
     assert json.loads((out / "sweep.json").read_text())["population"]["max_faces"] == 9
 
 
+@pytest.mark.slow
 def test_anonymize_train_sgap_is_the_same_command(tmp_path, data_home, capsys):
     """The design names it peep anonymize train-sgap (docs/DESIGN.md): same options, same checks, same output."""
     from peep.server.cli import main
@@ -337,6 +341,7 @@ NO_TORCH_INSTALLED = (
 )
 
 
+@pytest.mark.slow
 def test_anonymize_run_and_evaluate_method_sgap_without_torch(trained, sweep, data_home, tmp_path):
     """The anonymiser interface's sgap method: `peep anonymize run --method sgap --model FILE.onnx` and
     `evaluate --methods sgap,blur --model SWEEP_DIR` (both protocols, one row per λ, the paper's own

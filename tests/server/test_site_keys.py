@@ -55,6 +55,7 @@ def _record_opens(event: str, args: tuple) -> None:
 sys.addaudithook(_record_opens)  # audit hooks stay for the process: it records only while _OPENED is a list
 
 
+@pytest.mark.slow
 def test_a_model_is_trained_under_one_key_and_refuses_templates_of_another(
     tmp_path, pki, keypair, bundle_dir, bundle, lfw100, lfw_background, keyed_a
 ):
@@ -118,6 +119,7 @@ def test_a_model_is_trained_under_one_key_and_refuses_templates_of_another(
     assert keys == [] and str(tmp_path / "site.key") not in opened
 
 
+@pytest.mark.slow
 def test_training_takes_the_configured_key_while_two_are_stored(tmp_path, pki, keypair, bundle_dir, bundle, lfw100,
                                                                  lfw_background, keyed_a):  # fmt: skip
     keyed_b = _keyed(bundle, lfw100, lfw_background, KEY_B, 12)
@@ -166,6 +168,7 @@ def test_the_server_configuration_has_no_key_and_the_server_never_reads_one():
     assert offenders == []
 
 
+@pytest.mark.slow
 def test_a_key_rotation_retires_the_old_key(tmp_path, pki, keypair, bundle_dir, bundle, lfw100, lfw_background,
                                             keyed_a):  # fmt: skip
     """Re-enrol under the new key, train under it, retire the old: its templates and models go, its captures refused."""

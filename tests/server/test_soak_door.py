@@ -249,6 +249,7 @@ def test_a_door_in_a_deep_folder_listens_in_a_short_one_that_close_removes(tmp_p
 # --------------------------------------------------------------------------- against a real door and server
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_real_door_opens_for_the_person_on_camera_and_refuses_impostors(
     trained_server, tmp_path, keypair, bundle_dir, pki, lfw100, data_home

@@ -102,6 +102,7 @@ def test_onnx_check_refuses_a_model_that_disagrees(fitted, templates):
         check_onnx_agreement(fitted, export_onnx(other, templates.X.shape[1]))
 
 
+@pytest.mark.slow
 def test_paper_architecture_trains_and_exports(templates):
     quick = replace(PRESETS["paper"], max_epochs=2)
     idx = templates.train[::4]
@@ -176,6 +177,7 @@ def test_a_killed_writer_leaves_only_garbage_that_is_cleaned(tmp_path):
     assert not list(root.glob(".staging-*")) and reg.current() is None
 
 
+@pytest.mark.slow
 def test_kill_during_training_keeps_the_previous_model_serving(tmp_path, pki, keypair, bundle_dir, templates):
     """`peep train` SIGKILLed mid-training: CURRENT is untouched and the running server still answers."""
     from peep.v1 import recognition_pb2
@@ -226,6 +228,7 @@ def test_kill_during_training_keeps_the_previous_model_serving(tmp_path, pki, ke
         srv.app.stop(0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["config:auto", "rpc:lda"])
 def test_the_server_trains_and_serves_a_noise_aware_preset(tmp_path, pki, keypair, bundle_dir, templates, how):
     """Trainer -> registry -> served Recogniser with a new preset, chosen in server.toml or by the Train RPC."""

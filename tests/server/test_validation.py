@@ -31,6 +31,7 @@ KINDS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("kind", "eps", "delta"), KINDS)
 def test_genuine_releases_of_every_mechanism_are_accepted(validator, bundle, lfw100, kind, eps, delta):
     with features.enabled("seeded-noise"):
