@@ -26,6 +26,21 @@ def _data_home() -> str:
     return home
 
 
+@pytest.fixture(autouse=True)
+def _peep_logging_restored():
+    """The ``peep`` logger as it was before each test. A CLI run in-process (``main([...])``) configures it the
+    way a process would: its own handler, ``propagate = False``. Left so, every later test on that worker that
+    reads peep's records through ``caplog`` sees none (a door test failed that way after a CLI test)."""
+    import logging
+
+    log = logging.getLogger("peep")
+    saved = (list(log.handlers), log.level, log.propagate)
+    yield
+    log.handlers[:] = saved[0]
+    log.setLevel(saved[1])
+    log.propagate = saved[2]
+
+
 @pytest.fixture(scope="session")
 def data_home() -> str:
     return _data_home()
