@@ -21,6 +21,11 @@ export SCIKIT_LEARN_DATA
 # user's cache folder rather than in the data home: a fresh clone (CI's, a developer's second checkout) then
 # describes the public faces once per machine, not once per clone. Tests of the cache itself use their own.
 export PEEP_CACHE_DIR="${PEEP_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/peep}"
+# One BLAS / OpenMP thread per process. The workers already keep both cores busy, and OpenBLAS's threads spin
+# while they wait for work: on a loaded machine a test's eigendecomposition took 46 s of CPU with its default
+# threads against 8 s with one (an LFW eigenfaces test, both cores busy). Set them to override.
+export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" \
+  MKL_NUM_THREADS="${MKL_NUM_THREADS:-1}"
 fast=()
 args=()
 for a in "$@"; do
