@@ -26,19 +26,35 @@ def _data_home() -> str:
     return home
 
 
-@pytest.fixture(autouse=True)
-def _peep_logging_restored():
-    """The ``peep`` logger as it was before each test. A CLI run in-process (``main([...])``) configures it the
-    way a process would: its own handler, ``propagate = False``. Left so, every later test on that worker that
-    reads peep's records through ``caplog`` sees none (a door test failed that way after a CLI test)."""
+def _peep_logger_state() -> tuple:
     import logging
 
     log = logging.getLogger("peep")
-    saved = (list(log.handlers), log.level, log.propagate)
+    return list(log.handlers), log.level, log.propagate
+
+
+#: The ``peep`` logger as the test process started: no handler of its own, records propagated to the root.
+_PEEP_LOGGER_AT_START = _peep_logger_state()
+
+
+@pytest.fixture(autouse=True)
+def _peep_logging_restored():
+    """The ``peep`` logger as the process started, before and after each test. A CLI run in-process
+    (``main([...])``, in a test or in a module's fixture such as the demo's) configures it the way a process
+    would: its own handler, ``propagate = False``. Left so, every later test on that worker that reads peep's
+    records through ``caplog`` sees none (a door test failed that way after a CLI test, and after the demo)."""
+    import logging
+
+    def restore() -> None:
+        log = logging.getLogger("peep")
+        handlers, level, propagate = _PEEP_LOGGER_AT_START
+        log.handlers[:] = handlers
+        log.setLevel(level)
+        log.propagate = propagate
+
+    restore()
     yield
-    log.handlers[:] = saved[0]
-    log.setLevel(saved[1])
-    log.propagate = saved[2]
+    restore()
 
 
 @pytest.fixture(scope="session")
