@@ -142,5 +142,8 @@ fi
 if [ "$set_name" = all ]; then
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade "pip>=25.1"
 fi
-with_heartbeat "installing" "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${pkgs[@]}"
+# --no-compile: pip would byte-compile every file of every package (PyTorch's thousands among them), 20 of a warm
+# install's 70 s; Python compiles a module when it is first imported, and keeps it.
+with_heartbeat "installing" "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-compile \
+  "${pkgs[@]}"
 echo "$want" > "$stamp"

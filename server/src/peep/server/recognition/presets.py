@@ -239,6 +239,7 @@ class MLPPreset(Preset):
     tol: float = 1e-4
 
     def fit_estimator(self, data: FitData) -> tuple[Any, int]:
+        import sklearn
         from sklearn.neural_network import MLPClassifier
         from sklearn.pipeline import Pipeline
         from sklearn.preprocessing import StandardScaler
@@ -278,15 +279,22 @@ class MLPPreset(Preset):
         best_weights: tuple[list[NDArray[Any]], list[NDArray[Any]]] | None = None
         stall = 0
         epochs = 0
+        if not (np.isfinite(Xt).all() and (Xv is None or np.isfinite(Xv).all())):
+            raise ValueError("the training data hold a NaN or an infinity")
         for epoch in range(self.max_epochs):
             data.check_cancelled()
-            with warnings.catch_warnings():
+            # The data and the parameters were checked once, above and at construction: scikit-learn would
+            # check both again at each epoch's partial_fit and predict_proba (17 % of an epoch's CPU at the
+            # audit's sizes; the weights come out identical).
+            with warnings.catch_warnings(), sklearn.config_context(assume_finite=True, skip_parameter_validation=True):
                 warnings.simplefilter("ignore", category=UserWarning)
                 mlp.partial_fit(Xt, y, classes=classes)
             epochs = epoch + 1
             if use_val:
                 assert Xv is not None and data.y_val is not None
-                score = _log_loss(mlp.predict_proba(Xv), data.y_val)
+                with sklearn.config_context(assume_finite=True, skip_parameter_validation=True):
+                    proba = mlp.predict_proba(Xv)
+                score = _log_loss(proba, data.y_val)
                 if score < best_score - self.tol:
                     best_score = score
                     stall = 0
