@@ -622,6 +622,11 @@ class EdgeConfig(_Section):
         return self.device.state_dir / "ledger.sqlite3"
 
     @property
+    def door_memory_path(self) -> Path:
+        """The door's throttle, lock-outs and per-subject spends (peep.edge.door_memory), beside the ledger."""
+        return self.device.state_dir / "door.sqlite3"
+
+    @property
     def mqtt_client_id(self) -> str:
         return self.mqtt.client_id or f"peep-edge-{self.device.site}-{self.device.id}"
 

@@ -11,7 +11,8 @@ face never counts, so a server away cannot lock genuine people out.
 What a door may release is bounded like a camera's (:class:`DoorBudget`): at most
 ``max_claims_per_minute`` claims are taken (a flood of badge reads is refused at once, ``throttled``, not
 queued), and ε per hour for the whole door and for each claimed subject; a claim that would pass either is
-refused before anything is released.
+refused before anything is released. The throttle, the lock-outs and the per-subject spends outlast a restart
+(:mod:`peep.edge.door_memory`), as the door's own hourly spend does (the ledger).
 
 Locks (:class:`Lock`): a GPIO output through ``gpiozero`` (:class:`GpioLock`, extra ``peep-edge[door]``),
 an MQTT relay in the Tasmota / Shelly / Home Assistant convention (:class:`MqttRelayLock`), or a command
@@ -33,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from peep.edge.door_memory import DoorMemory
 from peep.edge.errors import MissingExtraError
 from peep.edge.logs import log_event
 
@@ -235,6 +237,9 @@ class DoorController:
         Monotonic seconds (injected in tests).
     on_outcome : callable, optional
         Called with every :class:`Outcome` (the audit log, the console's Live page, metrics).
+    memory : DoorMemory, optional
+        Where the claims of the last minute and each subject's refusals are kept across restarts (read back
+        here), under keyed subject ids; None: in memory only (tests).
     """
 
     def __init__(
@@ -249,6 +254,7 @@ class DoorController:
         max_claims_per_minute: int = 10,
         clock: Callable[[], float] = time.monotonic,
         on_outcome: Callable[[Outcome], None] | None = None,
+        memory: DoorMemory | None = None,
     ) -> None:
         if not (0 < open_s <= 60):
             raise ValueError(f"door.open_s: expected 0 < seconds <= 60, received {open_s}")
@@ -272,6 +278,12 @@ class DoorController:
         self._relock: threading.Timer | None = None
         self.refusals: dict[str, int] = dict.fromkeys(REFUSAL_REASONS, 0)
         self.opened = 0
+        self.memory = memory
+        if memory is not None:  # what the last run remembered, on this run's clock
+            now = clock()
+            self._taken.extend(now - age for _, age, _ in memory.recent("claim", 60.0))
+            for key, age, _ in memory.recent("failure", self.lockout_window_s):
+                self._failures.setdefault(key, _Failures()).times.append(now - age)
         self.lock.release()  # whatever state the lock was left in, it starts locked
 
     # -- claims ---------------------------------------------------------------------------
@@ -324,6 +336,8 @@ class DoorController:
                     f"{self.max_claims_per_minute} claims within the last 60 s",
                 )  # fmt: skip
             self._taken.append(now)
+            if self.memory is not None:
+                self.memory.record("claim")
             if self._locked_out(subject, now):
                 claim = Claim(subject, "", self.door, now, now)
                 return self._refuse(claim, "locked_out", f"{self.lockout_failures} failed claims within "
@@ -365,7 +379,9 @@ class DoorController:
             if not decision.accepted:
                 self._count_failure(claim.subject)
                 return self._refuse(claim, "rejected", f"score {decision.score:.3f}")
-            self._failures.pop(claim.subject, None)
+            key = self._key(claim.subject)
+            if self._failures.pop(key, None) is not None and self.memory is not None:
+                self.memory.forget("failure", key)
             self._open()
             outcome = Outcome(claim, True, latency_s=now - claim.made_at)
             self.opened += 1
@@ -407,8 +423,12 @@ class DoorController:
 
     # -- bookkeeping ----------------------------------------------------------------------
 
+    def _key(self, subject: str) -> str:
+        """The id ``subject``'s refusals are counted under: keyed when they are kept on disk."""
+        return subject if self.memory is None else self.memory.subject_key(subject)
+
     def _locked_out(self, subject: str, now: float) -> bool:
-        f = self._failures.get(subject)
+        f = self._failures.get(self._key(subject))
         if f is None:
             return False
         while f.times and now - f.times[0] > self.lockout_window_s:
@@ -416,7 +436,10 @@ class DoorController:
         return len(f.times) >= self.lockout_failures
 
     def _count_failure(self, subject: str) -> None:
-        self._failures.setdefault(subject, _Failures()).times.append(self.clock())
+        key = self._key(subject)
+        if self.memory is not None:
+            self.memory.record("failure", key)
+        self._failures.setdefault(key, _Failures()).times.append(self.clock())
         if len(self._failures) > MAX_TRACKED_SUBJECTS:  # the oldest entry goes: memory stays bounded
             self._failures.pop(next(iter(self._failures)))
 
@@ -441,7 +464,8 @@ class DoorBudget:
     A camera's releases are bounded per track; a door's claims carry no track, and each would otherwise be
     charged to a key of its own (the claim's nonce), bounded by nothing. Here every release is counted in a
     sliding window of ``window_s``: for the whole door (seeded from the ledger at start, so a restart does not
-    reset it) and per claimed subject (in memory only: the device keeps no record of who claimed). A claim is
+    reset it) and per claimed subject (kept by a :class:`~peep.edge.door_memory.DoorMemory` under keyed ids, so a
+    restart does not reset it either and the disk names no one). A claim is
     checked before anything is released (:meth:`refusal`) and charged once its template is (:meth:`charge`).
 
     Parameters
@@ -454,6 +478,9 @@ class DoorBudget:
         Wall-clock seconds, the ledger's clock (a window survives a restart).
     spent : iterable of (time, epsilon), optional
         The door's releases already recorded (the ledger's entries).
+    memory : DoorMemory, optional
+        Where each subject's spends are kept across restarts (read back here), under keyed subject ids; None:
+        in memory only.
     """
 
     def __init__(
@@ -464,6 +491,7 @@ class DoorBudget:
         window_s: float = 3600.0,
         clock: Callable[[], float] = time.time,
         spent: Sequence[tuple[float, float]] = (),
+        memory: DoorMemory | None = None,
     ) -> None:
         for name, v in (("door.epsilon_per_hour", door_epsilon), ("door.subject_epsilon_per_hour", subject_epsilon)):
             if not (v > 0 and v < float("inf")):
@@ -474,6 +502,13 @@ class DoorBudget:
         self._door: deque[tuple[float, float]] = deque(sorted((t, e) for t, e in spent if now - t < window_s))
         self._subjects: dict[str, deque[tuple[float, float]]] = {}
         self._lock = threading.Lock()
+        self.memory = memory
+        if memory is not None:
+            for key, age, eps in memory.recent("release", window_s):
+                self._subjects.setdefault(key, deque()).append((now - age, eps))
+
+    def _key(self, subject: str) -> str:
+        return subject if self.memory is None else self.memory.subject_key(subject)
 
     def _trim(self, q: deque[tuple[float, float]], now: float) -> float:
         while q and now - q[0][0] >= self.window_s:
@@ -486,7 +521,7 @@ class DoorBudget:
             now = self.clock()
             if subject is None:
                 return self._trim(self._door, now)
-            q = self._subjects.get(subject)
+            q = self._subjects.get(self._key(subject))
             return 0.0 if q is None else self._trim(q, now)
 
     def refusal(self, subject: str, cost: float) -> tuple[str, str] | None:
@@ -502,11 +537,14 @@ class DoorBudget:
 
     def charge(self, subject: str, cost: float) -> None:
         """Count a release of ``cost`` for ``subject``."""
+        key = self._key(subject)
+        if self.memory is not None:
+            self.memory.record("release", key, cost)
         with self._lock:
             now = self.clock()
             self._door.append((now, cost))
-            q = self._subjects.pop(subject, None) or deque()
+            q = self._subjects.pop(key, None) or deque()
             q.append((now, cost))
-            self._subjects[subject] = q  # most recent last: the oldest goes first when the map is full
+            self._subjects[key] = q  # most recent last: the oldest goes first when the map is full
             while len(self._subjects) > MAX_TRACKED_SUBJECTS:
                 self._subjects.pop(next(iter(self._subjects)))

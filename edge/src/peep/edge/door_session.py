@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 from peep.core.imaging import FaceBox, primary_face
 from peep.edge.door import Claim, Decision, DoorBudget, DoorController, Outcome
+from peep.edge.door_memory import DoorMemory
 from peep.edge.logs import log_event
 
 _log = logging.getLogger("peep.edge.door")
@@ -605,12 +606,14 @@ class DoorRig:
     channel: Any = None
 
     def close(self) -> None:
-        """Lock the door, then close its connections (the agent is the caller's)."""
+        """Lock the door, then close its connections and its state file (the agent is the caller's)."""
         self.controller.close()
         if self.channel is not None:
             self.channel.close()
         if self.link is not None:
             self.link.stop()
+        if self.controller.memory is not None:
+            self.controller.memory.close()
 
 
 def open_door(
@@ -679,11 +682,13 @@ def open_door(
             if not info.is_published():
                 raise RuntimeError(f"the broker did not take {topic}")
 
+    window_s = 3600.0
+    memory = DoorMemory(cfg.door_memory_path, keep_s=max(window_s, d.lockout_window_s, 60.0))
     controller = DoorController(cfg.device.id, build_lock(d, publish=publish, pin_factory=pin_factory),
                                 open_s=d.open_s, decision_timeout_s=d.decision_timeout_s,
                                 lockout_failures=d.lockout_failures, lockout_window_s=d.lockout_window_s,
-                                max_claims_per_minute=d.max_claims_per_minute, on_outcome=on_outcome)  # fmt: skip
-    window_s = 3600.0
+                                max_claims_per_minute=d.max_claims_per_minute, on_outcome=on_outcome,
+                                memory=memory)  # fmt: skip
     ledger = agent.accountant.ledger
     since = time.time() - window_s  # the ledger's clock: the window survives a restart
     if hasattr(ledger, "recent"):
@@ -691,7 +696,7 @@ def open_door(
     else:
         spent = [(e.time, e.epsilon) for e in ledger.entries() if e.key.startswith("door:") and e.time >= since]
     budget = DoorBudget(door_epsilon=d.epsilon_per_hour, subject_epsilon=d.subject_epsilon_per_hour,
-                        window_s=window_s, spent=spent)  # fmt: skip
+                        window_s=window_s, spent=spent, memory=memory)  # fmt: skip
     stop = getattr(agent, "stop_event", None)
     verifier: Verifier | None
     if d.decision == "device":
