@@ -280,3 +280,31 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
     grace = float(os.environ.get("PEEP_TEST_EXIT_GRACE_S", _EXIT_GRACE_S))
     threading.Thread(target=_exit_watchdog, args=(grace,), name="exit-watchdog", daemon=True).start()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """With ``$PEEP_TEST_TIMELINE`` set to a folder: one JSON line per test in ``<folder>/<worker>.jsonl``
+    (start and end on the wall clock, CPU seconds of the worker and of the children it has reaped), to see
+    where a parallel run's time and CPU go (docs/DEVELOPING.md)."""
+    folder = os.environ.get("PEEP_TEST_TIMELINE")
+    if not folder:
+        return (yield)
+    import json
+    import resource
+    import time
+
+    def cpu() -> tuple[float, float]:
+        me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
+
+    t0, (s0, c0) = time.time(), cpu()
+    try:
+        return (yield)
+    finally:
+        t1, (s1, c1) = time.time(), cpu()
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        with open(Path(folder) / f"{worker}.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"test": item.nodeid, "worker": worker, "start": t0, "end": t1,
+                                 "cpu": round(s1 - s0, 3), "cpu_children": round(c1 - c0, 3)}) + "\n")  # fmt: skip

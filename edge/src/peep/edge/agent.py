@@ -852,6 +852,12 @@ class Agent:
     def request_stop(self) -> None:
         self.stop_event.set()
 
+    def begin_stop(self, drain_timeout: float) -> None:
+        """Start draining the forwarders now (the final reports follow), without waiting: what the process
+        still does before :meth:`shutdown` (a door releasing its lock) runs alongside."""
+        for f in self.forwarders:
+            f.stop(drain_timeout, join=False)
+
     def shutdown(self, *, drain_timeout: float | None = None) -> bool:
         """Drain, say offline, close everything. Returns True if every queue was empty."""
         drain = self.cfg.spool.drain_timeout_s if drain_timeout is None else drain_timeout

@@ -53,7 +53,9 @@ class Forwarder(threading.Thread):
         bool
             True if the queue was empty when the thread ended.
         """
-        self._stop_at = time.monotonic() + max(0.0, drain_timeout)
+        at = time.monotonic() + max(0.0, drain_timeout)
+        # A second stop never moves the end later (a door starts its drain before it closes the lock).
+        self._stop_at = at if self._stop_at is None else min(self._stop_at, at)
         self.wake.set()
         if join and self.is_alive():
             self.join(drain_timeout + 10.0)

@@ -47,7 +47,7 @@ FINAL_REPORT_ATTEMPTS = 3
 FINAL_REPORT_RETRY_S = 1.2
 #: The most the report at shutdown may take, all its tries together: a server that accepts the connection but
 #: never answers (frozen, overloaded) must not hold a stopping device past its unit's stop timeout.
-FINAL_REPORT_BUDGET_S = 3.0
+FINAL_REPORT_BUDGET_S = 2.0
 #: The shortest deadline a call made while stopping gets (the drain time left, but never less than this).
 _STOPPING_MIN_DEADLINE_S = 0.5
 
@@ -250,12 +250,20 @@ class GrpcForwarder(Forwarder):
         except Exception as exc:  # the agent's state is closing, or the report does not fit its bounds
             log_event(_log, logging.WARNING, "grpc_report_failed", detail=f"{type(exc).__name__}: {str(exc)[:200]}")
             return False
+        stopping = self.stopping  # the final report: its own budget bounds it, a stop must not cancel it
         try:
-            self._stub.ReportDevice(
+            call = self._stub.ReportDevice.future(
                 recognition_pb2.DeviceReportRequest(device_id=self._device[0], site=self._device[1], report=payload),
                 timeout=min(self.cfg.deadline_s, 10.0) if timeout is None else timeout,
                 metadata=self._metadata,
             )
+            # A periodic report waiting on a server that never answers is cancelled by a stop (as a batch in
+            # flight is): its 10 s deadline, set before the stop, once held a stopping door 12.5 s.
+            call.result() if stopping else self._await(call)
+        except grpc.FutureCancelledError:
+            log_event(_log, logging.WARNING, "grpc_report_failed", target=self.cfg.target, code="CANCELLED",
+                      detail="the device is stopping")  # fmt: skip
+            return False
         except grpc.RpcError as exc:
             code = exc.code() if hasattr(exc, "code") else None
             self.report_code = code
