@@ -181,3 +181,56 @@ def test_fusing_frames_stays_on_the_sphere():
     assert abs(np.linalg.norm(f) - 1) < 1e-12
     with pytest.raises(ValueError, match="bounded"):
         fuse_projections(np.full((2, K), np.nan), "unit")
+
+
+def _erased_person_is_accepted(store, rig) -> bool:
+    d = DeviceDecider(store.current, domain="unit", site_key=rig["key"], epsilon_label=None)
+    return any(d.verify(f[None], "p0").accepted for f in rig["probes"]["p0"])
+
+
+def test_a_pre_erasure_model_copied_into_current_does_not_bring_the_erased_person_back(tmp_path, rig):
+    """The attack: the genuine model of before the erasure (serial 5) written over ``current/``, the server away."""
+    import shutil
+
+    before = tmp_path / "before"
+    store = _store(tmp_path, rig)  # serial 5: p0 enrolled and accepted
+    assert _erased_person_is_accepted(store, rig)
+    shutil.copytree(tmp_path / "m" / "current", before)
+    assert store.offer(_files(rig, erased=["p0"]), source="test").serial == 6  # p0 erased
+    assert not _erased_person_is_accepted(store, rig)
+    shutil.rmtree(tmp_path / "m" / "current")
+    shutil.copytree(before, tmp_path / "m" / "current")
+    again = ModelStore(tmp_path / "m", rig["signer"].public_key(), bundle_id=BUNDLE, key_id=rig["key"].key_id)
+    assert again.load() is None  # neither current (5, copied) nor previous (5) is at the floor (6)
+    assert again.erasure_floor() == 6
+    # ... nor is the old model taken when it is offered again (replayed on the broker).
+    assert again.offer(rig["files"], source="mqtt") is None and again.refusals == {"erasure_floor": 1}
+    assert "expected 6 or later (the newest erasure this device has heard of), received 5" in again.last_refusal
+    # The server's next model is taken.
+    assert again.offer(_files(rig, erased=["p0"], serial=7), source="grpc").serial == 7
+
+
+def test_a_corrupt_current_falls_back_only_to_a_previous_that_knew_every_erasure(tmp_path, rig):
+    salt = bytes(16)  # one version's salt, as the server keeps it: a re-issue has the same ids
+    store = ModelStore(tmp_path / "m", rig["signer"].public_key(), bundle_id=BUNDLE, key_id=rig["key"].key_id)
+    store.offer(_files(rig, serial=5, salt=salt), source="test")
+    store.offer(_files(rig, erased=["p0"], salt=salt), source="test")  # 6: an erasure, the floor
+    store.offer(_files(rig, erased=["p0"], serial=7, salt=salt), source="test")  # 7: a re-issue of 6
+    assert store.erasure_floor() == 6
+    (tmp_path / "m" / "current" / MANIFEST).write_bytes(b"{ damaged")
+    again = ModelStore(tmp_path / "m", rig["signer"].public_key(), bundle_id=BUNDLE, key_id=rig["key"].key_id)
+    assert again.load().serial == 6 and not _erased_person_is_accepted(again, rig)  # the previous, erasure known
+    # One more erasure (8), then a damaged current: its previous (7) predates it and is not used.
+    again.offer(_files(rig, erased=["p0", "p1"], serial=8, salt=salt), source="test")
+    assert again.erasure_floor() == 8
+    (tmp_path / "m" / "current" / MANIFEST).write_bytes(b"{ damaged")
+    third = ModelStore(tmp_path / "m", rig["signer"].public_key(), bundle_id=BUNDLE, key_id=rig["key"].key_id)
+    assert third.load() is None
+    # A damaged floor file: only the newest stored model that verifies may serve, not its previous.
+    fresh = ModelStore(tmp_path / "n", rig["signer"].public_key(), bundle_id=BUNDLE, key_id=rig["key"].key_id)
+    fresh.offer(_files(rig, serial=5, salt=salt), source="test")
+    fresh.offer(_files(rig, serial=6, salt=salt), source="test")  # a re-issue: the floor stays at 5
+    assert fresh.erasure_floor() == 5
+    (tmp_path / "n" / "erasure-floor").write_text("garbage")
+    fourth = ModelStore(tmp_path / "n", rig["signer"].public_key(), bundle_id=BUNDLE, key_id=rig["key"].key_id)
+    assert fourth.erasure_floor() == 6 and fourth.load().serial == 6

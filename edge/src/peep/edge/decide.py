@@ -244,6 +244,13 @@ class DeviceDecider:
 class ModelStore:
     """The device's current and previous verified models, in ``<state_dir>/device-model/``.
 
+    An erasure is never undone by the device's own files: the store keeps an *erasure floor*
+    (``device-model/erasure-floor``), the serial of the first model it accepted that knew of every erasure the
+    device had heard of. A model is a new floor unless it is a re-issue of the one held (same version, same
+    erased ids); no model older than the floor is loaded or taken, so a genuine pre-erasure model copied into
+    ``current/``, a corrupt ``current/`` over an older ``previous/``, or an old model replayed on the broker
+    does not bring an erased person back. The floor is written (and synced) before the model it admits.
+
     Parameters
     ----------
     root : path
@@ -278,6 +285,7 @@ class ModelStore:
         #: device hears other sites' models too, refused as another bundle or key.
         self.refusals: dict[str, int] = {}
         self.last_refusal = ""
+        self._floor: int | None = None  # read on first use (load or offer)
 
     def add_listener(self, fn: Callable[[DeviceModel], None]) -> None:
         """Call ``fn(model)`` when a newer model is accepted."""
@@ -296,11 +304,64 @@ class ModelStore:
             log_event(_log, logging.WARNING, "device_model_unusable", folder=name, error=str(exc)[:200])
             return None
 
+    @property
+    def _floor_path(self) -> Path:
+        return self.root / "erasure-floor"
+
+    def erasure_floor(self) -> int:
+        """The oldest serial this device may use (0: no model taken yet)."""
+        if self._floor is None:
+            self._floor = self._read_floor()
+        return self._floor
+
+    def _read_floor(self) -> int:
+        path = self._floor_path
+        try:
+            text = path.read_text(encoding="ascii").strip()
+        except FileNotFoundError:
+            # A device from before the floor: the held model is the floor (its previous may predate an erasure).
+            newest = max((m.serial for m in (self._read("current"), self._read("previous")) if m is not None),
+                         default=0)  # fmt: skip
+            if newest:
+                self._write_floor(newest)
+            return newest
+        except (OSError, UnicodeDecodeError) as exc:
+            text = f"<unreadable: {exc}>"
+        if text.isdigit() and len(text) <= 19:
+            return int(text)
+        # Damaged: nothing older than the newest stored model may serve (fail-secure; the next model heals it).
+        newest = max((m.serial for m in (self._read("current"), self._read("previous")) if m is not None), default=0)
+        log_event(_log, logging.WARNING, "device_model_floor_unreadable", path=str(path), content=text[:40],
+                  floor=newest)  # fmt: skip
+        return newest
+
+    def _write_floor(self, serial: int) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self._floor_path.with_name(".erasure-floor.tmp")
+        with open(tmp, "w", encoding="ascii") as fh:
+            fh.write(f"{serial}\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self._floor_path)
+        fd = os.open(self.root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._floor = serial
+
     def load(self) -> DeviceModel | None:
-        """The newest stored model that verifies and has not expired (the previous one if the current fails)."""
+        """The newest stored model that verifies, has not expired and is not older than the erasure floor (the
+        previous one if the current fails, only when it is not older either)."""
         with self._lock:
+            floor = self.erasure_floor()
             for name in ("current", "previous"):
                 m = self._read(name)
+                if m is not None and m.serial < floor:
+                    log_event(_log, logging.WARNING, "device_model_unusable", folder=name,
+                              error=f"serial: expected {floor} or later (the newest erasure this device has heard "
+                              f"of), received {m.serial}")  # fmt: skip
+                    continue
                 if m is not None and not m.expired(self.clock()):
                     self._current = m
                     return m
@@ -356,6 +417,12 @@ class ModelStore:
                     raise DeviceModelError(
                         f"expires_at: expected a model still valid, received one that expired at {model.expires_at:.0f}"
                     )
+                floor = self.erasure_floor()
+                if model.serial < floor:
+                    raise DeviceModelError(
+                        f"serial: expected {floor} or later (the newest erasure this device has heard of), received "
+                        f"{model.serial}", "erasure_floor",
+                    )  # fmt: skip
             except DeviceModelError as exc:
                 if exc.field == "serial":  # the one we hold, offered again: nothing to say
                     return None
@@ -365,6 +432,14 @@ class ModelStore:
                 log_event(_log, logging.WARNING, "device_model_refused", source=source, field=exc.field,
                           error=str(exc)[:200])  # fmt: skip
                 return None
+            held_model = self._current
+            reissue = (
+                held_model is not None
+                and held_model.model_version == model.model_version
+                and held_model.erased == model.erased
+            )
+            if not reissue:  # it may know of an erasure the held one did not: nothing older serves again
+                self._write_floor(model.serial)
             self._write(files)
             self._current = model
         log_event(_log, logging.INFO, "device_model_accepted", source=source, serial=model.serial,
