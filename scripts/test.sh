@@ -26,6 +26,11 @@ export PEEP_CACHE_DIR="${PEEP_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}
 # threads against 8 s with one (an LFW eigenfaces test, both cores busy). Set them to override.
 export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" \
   MKL_NUM_THREADS="${MKL_NUM_THREADS:-1}"
+# Bytecode is written (into .venv and the clone's __pycache__ folders, which git ignores) even where the
+# environment says otherwise: with PYTHONDONTWRITEBYTECODE set, pytest rewrote every test module's asserts
+# again in each worker (collection 14.8 s of CPU instead of 7.1) and each of the hundreds of server and device
+# processes the suite starts compiled PEEP's own modules afresh.
+unset PYTHONDONTWRITEBYTECODE
 fast=()
 args=()
 for a in "$@"; do
