@@ -299,15 +299,19 @@ def test_a_resume_past_what_the_server_keeps_is_told_so(trained_server, template
     from peep_testing.server import ADMIN, DEVICE, SITE
 
     stub = trained_server.stub()
-    msg = templates.message(int(templates.test[330]), track_id="gap-0")
+    # Six decisions of this test's own, so that the seqs it resumes from exist whichever of the module's
+    # tests ran before it (--fast leaves the slow ones out).
+    msgs = [templates.message(int(templates.test[330 + k]), track_id=f"gap-{k}") for k in range(6)]
+    msg = msgs[-1]
     trained_server.services.ingestor.decisions.flush()  # an earlier call's decision, committed before this one
-    assert stub.IngestStream(iter([msg]), metadata=DEVICE, timeout=10).accepted == 1
+    assert stub.IngestStream(iter(msgs), metadata=DEVICE, timeout=10).accepted == len(msgs)
     last = trained_server.services.store.last_decision_id()
     kept = {"oldest": last - 1}  # as if retention had deleted everything before the newest two
     monkeypatch.setattr(trained_server.services.events, "_first_id", lambda: kept["oldest"])
     gaps: list = []
+    after = last - 5
     follower = EventFollower(
-        lambda: stub, site=SITE, metadata=ADMIN, after_seq=5, on_gap=lambda a, o: gaps.append((a, o))
+        lambda: stub, site=SITE, metadata=ADMIN, after_seq=after, on_gap=lambda a, o: gaps.append((a, o))
     )
     got = []
     for ev in follower:
@@ -315,7 +319,7 @@ def test_a_resume_past_what_the_server_keeps_is_told_so(trained_server, template
         if ev.message_id == msg.message_id:
             break
     follower.stop()
-    assert gaps == [(5, last - 1)] and follower.gaps == gaps
+    assert gaps == [(after, last - 1)] and follower.gaps == gaps
     # Resuming from a seq the server still keeps after: nothing reported.
     follower = EventFollower(lambda: stub, site=SITE, metadata=ADMIN, after_seq=last - 1)
     first = next(iter(follower))
