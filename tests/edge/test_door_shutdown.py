@@ -16,20 +16,13 @@ import time
 from pathlib import Path
 
 import pytest
+from peep_testing.broker import wait_for
 
 pytestmark = pytest.mark.processes
 
 #: The unit's promise (deploy/systemd/peep-edge-door.service): the lock released and the process gone.
 STOP_WITHIN_S = 5.0
 
-
-def _wait_for(pred, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return pred()
 
 
 @pytest.mark.parametrize("state", ["idle", "claim"])
@@ -54,7 +47,7 @@ def test_sigterm_ends_the_door_within_5_s_while_the_server_accepts_connections_a
     try:
         with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
             try:
-                assert _wait_for(lambda: log.exists() and "locked" in log.read_text(), 60), "the door did not start"
+                assert wait_for(lambda: log.exists() and "locked" in log.read_text(), 60), "the door did not start"
                 time.sleep(1.0)  # its first report is on its way to the server, and waits
                 if state == "claim":
                     proc.stdin.write(b"alice\n")  # its claim check waits on the server
