@@ -227,7 +227,7 @@ def _a_track_is_fused_across_replicas(a: Any, c: Any, templates: Any) -> None:
     first = templates.message(i, track_id="across-1")
     time.sleep(0.01)  # a later capture
     second = templates.message(j, track_id="across-1")
-    with EventCollector(c, 2) as events:
+    with EventCollector(c, 2, message_ids={first.message_id, second.message_id}) as events:
         assert a.stub().Ingest(first, metadata=DEVICE, timeout=5).status == recognition_pb2.INGEST_STATUS_ACCEPTED
         assert c.stub().Ingest(second, metadata=DEVICE, timeout=5).status == recognition_pb2.INGEST_STATUS_ACCEPTED
         got = {e.message_id: e.releases_fused for e in events.wait()}

@@ -6,7 +6,7 @@ import hashlib
 import socket
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -254,12 +254,17 @@ class EventCollector:
 
     ``with EventCollector(server, n) as events:`` returns once the server has the subscriber; send what
     raises the events, then ``events.wait()`` returns them (or fails the test after ``timeout`` s).
+    ``message_ids``: collect only the events of those releases. Replicas stream each other's decisions, and
+    another replica's Identify decisions are committed up to a second after the call (this collector flushes
+    only its own server's), so without it a late event of an earlier step can take one of the ``n`` places.
     """
 
-    def __init__(self, server: RunningServer, n: int, *, site: str = SITE, timeout: float = 10.0) -> None:
+    def __init__(self, server: RunningServer, n: int, *, site: str = SITE, timeout: float = 10.0,
+                 message_ids: Collection[str] | None = None) -> None:  # fmt: skip
         import threading
 
         self.server, self.n, self.timeout = server, n, timeout
+        self.message_ids = None if message_ids is None else frozenset(message_ids)
         self.got: list[Any] = []
         self._done = threading.Event()
         from peep.v1 import recognition_pb2
@@ -276,6 +281,8 @@ class EventCollector:
     def _read(self) -> None:
         try:
             for ev in self._call:
+                if self.message_ids is not None and ev.message_id not in self.message_ids:
+                    continue
                 self.got.append(ev)
                 if len(self.got) >= self.n:
                     break
