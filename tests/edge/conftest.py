@@ -11,8 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
-import subprocess
 import threading
 import time
 import uuid
@@ -22,10 +20,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from peep_testing.broker import Mosquitto, free_port, port_open
 from peep_testing.edge import EDGE_SITE
 
 REPO = Path(__file__).resolve().parents[2]
-MOSQUITTO = "/usr/sbin/mosquitto"
 MOSQUITTO_PASSWD = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
 
 # `.venv/bin/python -m pytest tests/edge` should work without the test.sh
@@ -197,20 +195,6 @@ def make_config(tmp_path, edge_bundle_dir, edge_keys) -> Callable[..., Path]:
 # --------------------------------------------------------------------------- brokers
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
 def _retained(host: str, port: int, topic_filter: str) -> set[str]:
     """Topics under ``topic_filter`` holding a retained message (clean session: nothing is left by asking)."""
     import paho.mqtt.client as mqtt
@@ -265,58 +249,6 @@ def system_broker() -> Iterator[tuple[str, int]]:
         c.loop_stop()
     left = _retained(host, port, f"peep/v1/{EDGE_SITE}/#") & set(new)
     assert not left, f"retained statuses left on the broker: {sorted(left)}"
-
-
-class Mosquitto:
-    """Our own mosquitto process on a free port (killable, restartable)."""
-
-    def __init__(
-        self, workdir: Path, conf_body: str = "", *, port: int | None = None, persistence: bool = True
-    ) -> None:
-        if not os.path.exists(MOSQUITTO):
-            pytest.skip(f"{MOSQUITTO} not installed (Debian package mosquitto)")
-        self.workdir = workdir
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = port or free_port()
-        self.conf = workdir / "mosquitto.conf"
-        lines = [f"listener {self.port} 127.0.0.1"] if "listener" not in conf_body else []
-        if "allow_anonymous" not in conf_body:
-            lines.append("allow_anonymous true")
-        if persistence:
-            lines += ["persistence true", f"persistence_location {workdir}/", "autosave_interval 1"]
-        lines += [f"log_dest file {workdir}/mosquitto.log", "log_type all"]
-        if os.geteuid() == 0:
-            # As root mosquitto drops to the `mosquitto` user, which cannot read pytest's tmp dirs.
-            lines.append("user root")
-        self.conf.write_text("\n".join(lines) + "\n" + conf_body.replace("{port}", str(self.port)) + "\n")
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Mosquitto:
-        with open(self.workdir / "stderr.txt", "ab") as err:
-            self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.conf)], stdout=subprocess.DEVNULL, stderr=err)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                err = (self.workdir / "stderr.txt").read_text(errors="replace")
-                raise RuntimeError(f"mosquitto exited: {err} {self.log()}")
-            if port_open("127.0.0.1", self.port, 0.2):
-                return self
-            time.sleep(0.05)
-        raise RuntimeError("mosquitto did not start")
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.proc = None
-
-    def log(self) -> str:
-        p = self.workdir / "mosquitto.log"
-        return p.read_text(errors="replace") if p.exists() else ""
 
 
 @pytest.fixture

@@ -117,7 +117,9 @@ def test_enroll_publishes_enrolment_templates_and_writes_no_image(
         "ledger.sqlite3",
         "ledger.sqlite3-wal",
         "ledger.sqlite3-shm",
+        "device.key",  # the device's signing key (32 random bytes), made on first start
     }
+    assert all(m.device_signature for m in msgs)  # each template signed with it
     for p in new:
         head = p.read_bytes()[:8]
         assert not head.startswith((b"\xff\xd8", b"\x89PNG", b"P5", b"BM")), p

@@ -281,6 +281,9 @@ class FakeVerifier:
             raise self.check_error
         return self.known is None or claim.subject in self.known
 
+    def claim_ticket(self, claim):
+        return ""
+
     def verify(self, payload, claim, timeout_s):
         from peep.core.wire import decode_template
 
@@ -759,12 +762,15 @@ class OpenBrokerServer:
         self.c.loop_start()
         assert ready.wait(5)
 
-    def nonce(self, timeout: float = 20.0) -> str:
-        """The message id of the next template the door releases (what an eavesdropper reads: the claim's nonce)."""
+    def next_template(self, timeout: float = 20.0):
+        """The next template the door releases, as an eavesdropper reads it (its message id: the claim's nonce)."""
         from peep.core.wire import decode_template
 
         assert _wait_for(lambda: self.templates, timeout), "no template released"
-        return decode_template(self.templates.pop(0)).message_id
+        return decode_template(self.templates.pop(0))
+
+    def nonce(self, timeout: float = 20.0) -> str:
+        return self.next_template(timeout).message_id
 
     def publish(self, payload: bytes) -> None:
         self.c.publish(self.events, payload, qos=1).wait_for_publish(5)
@@ -774,16 +780,19 @@ class OpenBrokerServer:
         self.c.disconnect()
 
 
-def _signed_decision(key, site: str, device: str, nonce: str, subject: str, accepted: bool = True) -> bytes:
+def _signed_decision(key, site: str, device: str, nonce: str, subject: str, accepted: bool = True, *,
+                     digest: str = "0" * 64) -> bytes:  # fmt: skip
+    """A decision as the server publishes it, on the template whose digest is ``digest``, signed by ``key``."""
     import json
 
     from peep.core.signing import door_statement, sign_statement
 
     event = {"site": site, "device_id": device, "message_id": nonce, "purpose": "verify", "claimed_subject": subject,
-             "accepted": accepted, "probability": 0.99}  # fmt: skip
+             "accepted": accepted, "probability": 0.99, "template_sha256": digest}  # fmt: skip
     if key is not None:
         event["signature"] = sign_statement(key, door_statement("verify", site=site, device_id=device, nonce=nonce,
-                                                                subject=subject, verdict=accepted))  # fmt: skip
+                                                                subject=subject, verdict=accepted,
+                                                                template_sha256=digest))  # fmt: skip
     return json.dumps(event).encode()
 
 
@@ -841,10 +850,15 @@ def test_on_an_open_broker_a_forged_decision_opens_nothing_and_the_servers_signe
     # The relay board is active low (the default): energised would be a low pin, and it never was.
     assert done["out"].reason == "timeout" and all(s.state for s in pin.states[1:])  # [0]: the mock pin, unset
     assert door.controller.refusals["forged"] == 2 and door.controller.opened == 0
-    # The server's own signed decision for the next claim opens it.
+    # The server's own signed decision for the next claim opens it: once it names the door's own template.
+    from peep.core.wire import template_digest
+
     t = threading.Thread(target=claim)
     t.start()
-    server.publish(_signed_decision(key, site, device, server.nonce(), "alice"))
+    mine = server.next_template()
+    server.publish(_signed_decision(key, site, device, mine.message_id, "alice"))  # signed, another template
+    assert _wait_for(lambda: door.controller.refusals["mismatch"] == 1, 10)
+    server.publish(_signed_decision(key, site, device, mine.message_id, "alice", digest=template_digest(mine)))
     t.join(20)
     assert done["out"].opened and door.controller.opened == 1 and not all(s.state for s in pin.states[1:])
 

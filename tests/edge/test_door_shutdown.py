@@ -24,7 +24,6 @@ pytestmark = pytest.mark.processes
 STOP_WITHIN_S = 5.0
 
 
-
 @pytest.mark.parametrize("state", ["idle", "claim"])
 def test_sigterm_ends_the_door_within_5_s_while_the_server_accepts_connections_and_never_answers(
     make_config, tmp_path: Path, one_person_video, state: str

@@ -237,13 +237,15 @@ def _template_of(server_side, deadline_s: float = 10.0):
 def _decision(msg, key=None, **kw) -> bytes:
     """The server's decision on ``msg`` as JSON, with ``kw`` replacing fields; signed by ``key`` (what it says)."""
     from peep.core.signing import door_statement, sign_statement
+    from peep.core.wire import template_digest
 
     event = {"event_id": uuid.uuid4().hex, "site": SITE, "device_id": msg.device_id, "message_id": msg.message_id,
              "track_id": msg.track_id, "purpose": "verify", "claimed_subject": msg.subject, "accepted": True,
-             "probability": 0.97, "model_version": "v000001"} | kw  # fmt: skip
+             "probability": 0.97, "model_version": "v000001", "template_sha256": template_digest(msg)} | kw  # fmt: skip
     if key is not None and isinstance(event["accepted"], bool):  # what cannot be read is not signed either
         statement = door_statement("verify", site=SITE, device_id=event["device_id"], nonce=event["message_id"],
-                                   subject=event["claimed_subject"], verdict=event["accepted"])  # fmt: skip
+                                   subject=event["claimed_subject"], verdict=event["accepted"],
+                                   template_sha256=event["template_sha256"])  # fmt: skip
         event["signature"] = sign_statement(key, statement)
     return json.dumps(event).encode()
 
@@ -303,6 +305,7 @@ def test_over_mqtt_only_the_servers_decision_for_this_claim_opens_and_only_once(
             _decision(msg, key, message_id=uuid.uuid4().hex),  # another claim
             _decision(msg, key, device_id="cam-2"),  # another door
             _decision(msg, key, claimed_subject="someone_else"),  # another subject
+            _decision(msg, key, template_sha256="ab" * 32),  # another template under this claim's nonce
         ]  # fmt: skip
         for payload in wrong:
             server_side.c.publish(events, payload, qos=1).wait_for_publish(5)
@@ -316,7 +319,7 @@ def test_over_mqtt_only_the_servers_decision_for_this_claim_opens_and_only_once(
         assert not out.opened and out.reason == "timeout", out
         assert door.lock.opened == 0
         reasons = [o.reason for o in door.outcomes]
-        assert reasons.count("malformed") == 4 and reasons.count("mismatch") == 3, reasons
+        assert reasons.count("malformed") == 4 and reasons.count("mismatch") == 4, reasons
         # 2. The accepted decision for the waiting claim: opened, once; its replay opens nothing.
         t, done = door.claim_in_background(name, video)
         msg = _template_of(server_side)
@@ -369,6 +372,7 @@ def test_over_mqtt_a_real_server_decides_the_claim(
     it answers the door's claim check, and the decision it publishes on cam-1's events topic names the claim's
     nonce, signed, and the door acts on it; a claim for a subject it does not know is refused before anything is
     released."""
+    from peep.edge.device_key import DeviceKey
     from peep.v1 import recognition_pb2
     from peep_testing.broker import SERVER_PASSWORD
     from peep_testing.server import ADMIN, base_config, start_server, tls_section
@@ -377,14 +381,16 @@ def test_over_mqtt_a_real_server_decides_the_claim(
     mqtt = shipped_broker.server_mqtt_section(client_id=f"peep-door-{uuid.uuid4().hex[:6]}",
                                               decision_signing_key=str(decision_keys[2]))  # fmt: skip
     cfg = base_config(tmp_path, keypair[3], bundle_dir, mqtt=mqtt, grpc={"tls": tls_section(pki)})
+    agent = _mqtt_door_agent(tmp_path, keypair, bundle_dir, pki)
+    # The door's signing key, made in its state folder on first use, registered as an installer would.
+    cfg["auth"]["devices"][0]["signing_key"] = DeviceKey(agent.cfg.device_key_path).public_text
     srv = start_server(cfg, pki, tmp_path, mqtt_wait=15)
     video, name = claim_video
-    agent = door = None
+    door = None
     try:
         stub = srv.stub()
         assert stub.IngestStream(iter(templates.enrolment_messages()), metadata=ADMIN, timeout=60).rejected == 0
         assert stub.Train(recognition_pb2.TrainRequest(), metadata=ADMIN, timeout=300).model_version == "v000001"
-        agent = _mqtt_door_agent(tmp_path, keypair, bundle_dir, pki)
         door = MqttDoor(agent, shipped_broker, decision_keys[1], timeout_s=10.0)
         out = door.session.handle(name, _frames(video))
         assert out.opened or out.reason == "rejected", out  # the server's decision, whichever it was
@@ -397,8 +403,7 @@ def test_over_mqtt_a_real_server_decides_the_claim(
     finally:
         if door is not None:
             door.close()
-        if agent is not None:
-            agent.shutdown(drain_timeout=0)
+        agent.shutdown(drain_timeout=0)
         srv.app.stop(0)
 
 

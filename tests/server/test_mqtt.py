@@ -169,8 +169,87 @@ def test_bundle_is_announced_retained(tmp_path, pki, keypair, bundle_dir, bundle
         srv.app.stop(0)
 
 
-def test_recognition_events_are_published_per_device(tmp_path, pki, keypair, bundle_dir, templates, trained_server):
+@pytest.mark.parametrize("require_all", [False, True], ids=["keyed-devices", "require_device_signatures"])
+def test_a_template_on_a_devices_topic_counts_only_with_that_devices_signature(
+    tmp_path, pki, keypair, bundle_dir, templates, decision_keys, require_all
+):
+    """Anyone the broker lets publish can write a device's topic: the topic alone names no one.
+
+    cam-1 has a registered key: unsigned, wrongly signed and altered-after-signing templates are dead-lettered
+    and counted nowhere; a door's VERIFY also needs the server's signed answer to its claim check for that very
+    nonce. cam-2 has none: its identifications are taken on the topic alone unless every device must sign
+    (``auth.require_device_signatures``), and its VERIFY never is.
+    """
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from peep.core.signing import door_statement, public_key_text, sign_statement, sign_template
+
+    key, other = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    cfg = mqtt_config(tmp_path, keypair, bundle_dir)
+    cfg["mqtt"]["decision_signing_key"] = str(decision_keys[2])
+    cfg["auth"]["devices"][0]["signing_key"] = public_key_text(key.public_key())
+    cfg["auth"]["require_device_signatures"] = require_all
+    dead = Listener(f"{MQTT_PREFIX}/deadletter")
+    srv = start_server(cfg, pki, tmp_path, mqtt_wait=10)
+    pub = publisher()
+
+    def signed(m, k=key):
+        sign_template(k, m)
+        return m
+
+    def ticket(m, nonce=None, by=decision_keys[0]):
+        q = door_statement("claim_check", site=SITE, device_id=m.device_id, nonce=nonce or m.message_id,
+                           subject=m.subject, verdict=True)  # fmt: skip
+        m.claim_signature = sign_statement(by, q)
+        return m
+
+    try:
+        good = signed(templates.message(0))
+        altered = signed(templates.message(1))
+        altered.values[0] += 0.5  # changed after it was signed (a recorded template re-labelled, say)
+        subject = str(templates.subjects[2])
+        verify = [
+            signed(templates.message(2, purpose="verify", subject=subject)),  # no claim ticket
+            signed(ticket(templates.message(3, purpose="verify", subject=subject), nonce="ab" * 16)),  # another nonce
+            signed(ticket(templates.message(4, purpose="verify", subject=subject), by=Ed25519PrivateKey.generate())),
+        ]
+        cam2 = templates.message(5, device_id="cam-2")
+        cam2_verify = ticket(templates.message(6, device_id="cam-2", purpose="verify", subject=subject))
+        refused = [
+            (topic(), templates.message(7).SerializeToString(), "unsigned"),
+            (topic(), signed(templates.message(8), other).SerializeToString(), "bad_signature"),
+            (topic(), altered.SerializeToString(), "bad_signature"),
+            *[(topic(), m.SerializeToString(), "unasked_claim") for m in verify],
+            (topic(device="cam-2"), cam2_verify.SerializeToString(), "unsigned"),
+        ]
+        if require_all:
+            refused.append((topic(device="cam-2"), cam2.SerializeToString(), "unsigned"))
+        taken = [(topic(), good.SerializeToString())]
+        if not require_all:
+            taken.append((topic(device="cam-2"), cam2.SerializeToString()))
+        publish_all(pub, [(t, p) for t, p, _ in refused] + taken)
+        got = dead.wait(len(refused))
+        assert sorted(json.loads(m.payload)["code"] for m in got) == sorted(c for _, _, c in refused)
+        assert wait_for(lambda: srv.app.mqtt.processed >= len(refused) + len(taken))
+        assert srv.services.store.count_received() == len(taken)  # only what its device sent is counted
+    finally:
+        pub.disconnect()
+        dead.close()
+        srv.app.stop(0)
+
+
+def test_recognition_events_are_published_per_device(
+    tmp_path, pki, keypair, bundle_dir, templates, trained_server, decision_keys
+):
+    """An identification and a door's VERIFY (signed by the device, carrying the server's answer to its claim
+    check) each get their event on the device's events topic; the VERIFY's names the template it decided."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from peep.core.signing import door_statement, public_key_text, sign_statement, sign_template
+    from peep.core.wire import template_digest
+
+    device_key = Ed25519PrivateKey.generate()
     cfg = mqtt_config(tmp_path, keypair, bundle_dir, training={"model_dir": str(trained_server.tmp / "models")})
+    cfg["mqtt"]["decision_signing_key"] = str(decision_keys[2])
+    cfg["auth"]["devices"][0]["signing_key"] = public_key_text(device_key.public_key())
     srv = start_server(cfg, pki, tmp_path, mqtt_wait=10)
     events = Listener(topic(leaf="events"))
     pub = publisher()
@@ -179,6 +258,11 @@ def test_recognition_events_are_published_per_device(tmp_path, pki, keypair, bun
         i = int(templates.test[5])
         ident = templates.message(i, track_id="t-42")
         ver = templates.message(i, purpose="verify", subject=str(templates.subjects[i]))
+        asked = door_statement("claim_check", site=SITE, device_id="cam-1", nonce=ver.message_id, subject=ver.subject,
+                               verdict=True)  # fmt: skip
+        ver.claim_signature = sign_statement(decision_keys[0], asked)
+        for m in (ident, ver):
+            sign_template(device_key, m)
         publish_all(pub, [(topic(), ident.SerializeToString()), (topic(), ver.SerializeToString())])
         got = events.wait(2)
         docs = {d["message_id"]: d for d in (json.loads(m.payload) for m in got)}
@@ -188,6 +272,7 @@ def test_recognition_events_are_published_per_device(tmp_path, pki, keypair, bun
         assert e["unknown"] == (e["subject"] == "")
         v = docs[ver.message_id]
         assert v["purpose"] == "verify" and v["claimed_subject"] == ver.subject and isinstance(v["accepted"], bool)
+        assert v["template_sha256"] == template_digest(ver) and v["signature"]
     finally:
         pub.disconnect()
         events.close()

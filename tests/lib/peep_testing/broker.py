@@ -6,10 +6,17 @@ ports swapped) with the accounts these tests use: ``cam-1`` and ``cam-2``
 (:data:`DEVICE_PASSWORDS`) and ``peep-server`` (:data:`SERVER_PASSWORD`). Two TLS
 listeners: ``dev_port`` (``mount_point devices/``, device passwords) and ``srv_port``
 (``peep-server``).
+
+:class:`Mosquitto` is a bare broker on a free port with a configuration of the test's own (anonymous by
+default: what a deployer's open or half-configured broker lets through).
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
 import threading
 import time
 import uuid
@@ -25,6 +32,73 @@ from peep.server.bench.soak.parts import DEVICE_MOUNT, ShippedMosquitto, mosquit
 DEVICE_PASSWORDS = {"cam-1": "cam-1-pw-" + uuid.uuid4().hex[:8], "cam-2": "cam-2-pw-" + uuid.uuid4().hex[:8]}
 SERVER_PASSWORD = "server-pw-" + uuid.uuid4().hex[:8]
 MOUNT = DEVICE_MOUNT
+MOSQUITTO = "/usr/sbin/mosquitto"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+class Mosquitto:
+    """Our own mosquitto process on a free port (killable, restartable)."""
+
+    def __init__(
+        self, workdir: Path, conf_body: str = "", *, port: int | None = None, persistence: bool = True
+    ) -> None:
+        if not os.path.exists(MOSQUITTO):
+            pytest.skip(f"{MOSQUITTO} not installed (Debian package mosquitto)")
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.conf = workdir / "mosquitto.conf"
+        lines = [f"listener {self.port} 127.0.0.1"] if "listener" not in conf_body else []
+        if "allow_anonymous" not in conf_body:
+            lines.append("allow_anonymous true")
+        if persistence:
+            lines += ["persistence true", f"persistence_location {workdir}/", "autosave_interval 1"]
+        lines += [f"log_dest file {workdir}/mosquitto.log", "log_type all"]
+        if os.geteuid() == 0:
+            # As root mosquitto drops to the `mosquitto` user, which cannot read pytest's tmp dirs.
+            lines.append("user root")
+        self.conf.write_text("\n".join(lines) + "\n" + conf_body.replace("{port}", str(self.port)) + "\n")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Mosquitto:
+        with open(self.workdir / "stderr.txt", "ab") as err:
+            self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.conf)], stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                err = (self.workdir / "stderr.txt").read_text(errors="replace")
+                raise RuntimeError(f"mosquitto exited: {err} {self.log()}")
+            if port_open("127.0.0.1", self.port, 0.2):
+                return self
+            time.sleep(0.05)
+        raise RuntimeError("mosquitto did not start")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+
+    def log(self) -> str:
+        p = self.workdir / "mosquitto.log"
+        return p.read_text(errors="replace") if p.exists() else ""
 
 
 class ShippedBroker(ShippedMosquitto):

@@ -59,6 +59,7 @@ from peep.edge.capture import Frame, FrameSource, open_source
 from peep.edge.config import EdgeConfig, check_budget_allows_release
 from peep.edge.credentials import resolve_secret
 from peep.edge.detection import build_detector
+from peep.edge.device_key import DeviceKey, SecretFileError
 from peep.edge.embedding import DescriptorEncoder, encoder_for_bundle
 from peep.edge.errors import ConfigError, EdgeError
 from peep.edge.ledger import SqliteLedger
@@ -397,6 +398,11 @@ class Agent:
                 f"{str(cfg.device.state_dir)!r} "
                 f"({exc.strerror})"
             ) from None
+        try:
+            self.signer = DeviceKey(cfg.device_key_path)
+        except (SecretFileError, OSError) as exc:
+            raise ConfigError(f"device.signing_key: {exc}") from None
+        log_event(_log, logging.INFO, "device_key", path=str(self.signer.path), public_key=self.signer.public_text)
         self.ledger = SqliteLedger(cfg.ledger_path)
         vec, coord, n = self.ledger.lifetime()
         self._lifetime = [vec, coord]
@@ -650,6 +656,7 @@ class Agent:
             decisions=self.decisions if camera else None,
             # A full state disk stops releases before they are charged (peep.edge.pipeline).
             room=lambda: disk_room((cfg.spool_path, cfg.ledger_path)),
+            sign=self.signer.sign,
         )
 
     # ------------------------------------------------------------------ bundle updates

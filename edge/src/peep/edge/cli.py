@@ -82,6 +82,12 @@ def _parser() -> argparse.ArgumentParser:
     kg.add_argument("--out", required=True, help="the key file to create")
     ki = ksub.add_parser("id", help="print a key file's public id (what templates and models carry)")
     ki.add_argument("key_file")
+    dk = sub.add_parser(
+        "device-key",
+        help="print this device's public signing key (made on first use) as the server's "
+        "auth.devices[].signing_key takes it",
+    )
+    dk.add_argument("--config", required=True, help="the device's edge.toml (device.signing_key, device.state_dir)")
     dr = sub.add_parser(
         "door",
         help="a door: read claims (one subject id a line), verify the best face of the next seconds with the "
@@ -132,6 +138,22 @@ def _site_key(args: argparse.Namespace) -> int:
             print(SiteKey.load(args.key_file).key_id)
     except SiteKeyError as exc:
         raise ConfigError(str(exc)) from None
+    return 0
+
+
+def _device_key(args: argparse.Namespace) -> int:
+    from peep.edge.config import load_config
+    from peep.edge.device_key import DeviceKey, SecretFileError
+
+    cfg = load_config(args.config)
+    try:
+        key = DeviceKey(cfg.device_key_path)
+    except (SecretFileError, OSError) as exc:
+        raise ConfigError(f"device.signing_key: {exc}") from None
+    print(f"# device {cfg.device.id}'s signing key ({key.path}); in the server's configuration:")
+    print("[[auth.devices]]")
+    print(f'id = "{cfg.device.id}"')
+    print(f'signing_key = "{key.public_text}"')
     return 0
 
 
@@ -479,6 +501,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _enroll_background(args)
         if args.command == "door":
             return _door(args)
+        if args.command == "device-key":
+            return _device_key(args)
         if args.command == "run":
             return _run(args)
         if args.command == "deadletter":

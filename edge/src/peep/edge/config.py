@@ -81,6 +81,13 @@ class DeviceConfig(_Section):
         default=Path("/var/lib/peep-edge"),
         description="spool, privacy ledger and accepted bundle updates live here",
     )
+    signing_key: ConfigPath | None = Field(
+        default=None,
+        description=(
+            "the device's Ed25519 signing key (32 bytes, made on first start; default <state_dir>/device.key): "
+            "every template is signed with it, `peep-edge device-key` prints the public half for the server"
+        ),
+    )
 
 
 class BundleConfig(_Section):
@@ -620,6 +627,11 @@ class EdgeConfig(_Section):
     @property
     def ledger_path(self) -> Path:
         return self.device.state_dir / "ledger.sqlite3"
+
+    @property
+    def device_key_path(self) -> Path:
+        """The device's signing key (peep.edge.device_key)."""
+        return self.device.signing_key or self.device.state_dir / "device.key"
 
     @property
     def door_memory_path(self) -> Path:

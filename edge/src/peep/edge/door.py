@@ -199,6 +199,8 @@ class Decision:
     subject: str
     accepted: bool
     score: float = 0.0
+    #: Over MQTT, the digest of the template the server decided (:func:`peep.core.wire.template_digest`).
+    template_sha256: str = ""
 
 
 @dataclass

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from peep.edge.device_key import SecretFileError, read_or_make_secret
 from peep.edge.errors import EdgeError
 
 #: The kinds of row: a claim taken (the throttle), a refusal that counts towards a lock-out, a release's ε.
@@ -39,8 +40,6 @@ CREATE TABLE IF NOT EXISTS door_events (
 CREATE INDEX IF NOT EXISTS door_events_by_kind ON door_events (kind, time);
 """
 
-_KEY_BYTES = 32
-
 
 class DoorMemoryError(EdgeError):
     """The door's state file or key cannot be used (named in the message): the door does not start."""
@@ -48,22 +47,9 @@ class DoorMemoryError(EdgeError):
 
 def _read_or_make_key(path: Path) -> bytes:
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        key = path.read_bytes()
-        if len(key) != _KEY_BYTES:
-            raise DoorMemoryError(
-                f"{path}: expected the door's {_KEY_BYTES}-byte key, received {len(key)} bytes; a damaged key "
-                "cannot be replaced silently (its subjects' lock-outs would be forgotten): remove it to start afresh"
-            ) from None
-        return key
-    key = os.urandom(_KEY_BYTES)
-    try:
-        os.write(fd, key)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return key
+        return read_or_make_secret(path, "door", why_kept="its subjects' lock-outs would be forgotten")
+    except SecretFileError as exc:
+        raise DoorMemoryError(str(exc)) from None
 
 
 class DoorMemory:

@@ -79,6 +79,10 @@ class Verifier(Protocol):
         """
         ...
 
+    def claim_ticket(self, claim: Claim) -> str:
+        """What the template for ``claim`` carries to show the server it asked (``claim_signature``; "" for none)."""
+        ...
+
 
 #: Longest wait for a claim check: a server that does not answer in this time is treated as away.
 CHECK_TIMEOUT_S = 3.0
@@ -130,6 +134,9 @@ class GrpcVerifier:
         except grpc.FutureCancelledError:
             raise DoorStopping(f"{name}: cancelled, the door is stopping") from None
 
+    def claim_ticket(self, claim: Claim) -> str:
+        return ""  # the call's channel says who asked
+
     def check_claim(self, claim: Claim, timeout_s: float) -> bool:
         from peep.v1 import recognition_pb2
 
@@ -174,7 +181,10 @@ def decision_from_event(event: Any) -> Decision | None:
         return None
     if not math.isfinite(score):
         return None
-    return Decision(str(nonce), str(door), str(subject), accepted, float(score))
+    digest = event.get("template_sha256", "")
+    if not isinstance(digest, str) or len(digest) > 64:
+        return None
+    return Decision(str(nonce), str(door), str(subject), accepted, float(score), template_sha256=digest)
 
 
 @dataclass(frozen=True)
@@ -183,6 +193,7 @@ class _CheckAnswer:
     door: str
     subject: str
     known: bool
+    signature: str = ""
 
 
 def _claim_check_from_event(event: dict[str, Any]) -> _CheckAnswer | None:
@@ -191,19 +202,25 @@ def _claim_check_from_event(event: dict[str, Any]) -> _CheckAnswer | None:
         return None
     if not isinstance(known, bool):
         return None
-    return _CheckAnswer(str(nonce), str(door), str(subject), known)
+    signature = event.get("signature")
+    return _CheckAnswer(str(nonce), str(door), str(subject), known, signature if isinstance(signature, str) else "")
 
 
 class MqttVerifier:
     """Decisions over MQTT: the template on the device's templates topic, the answer on its events topic.
 
-    Three things bind an answer to the claim: the claim's nonce (the VERIFY template's message id, which the
-    server's decision names), the broker's ACL (deploy/mosquitto/acl: only the server writes a device's events
-    topic), and the server's signature (:mod:`peep.core.signing`, checked against ``public_key``), which a
-    client without the server's key cannot produce whatever the broker lets through. The verifier hands back
-    only a signed decision naming the waiting claim's nonce, door and subject; every other message on the topic
-    while the door is in use (unsigned or wrongly signed: ``forged``; for another claim or door, replayed, or
-    unreadable) goes to the controller, which refuses and counts it without ending the waiting claim.
+    Four things bind an answer to the claim: the claim's nonce (the VERIFY template's message id, which the
+    server's decision names), the digest of the template the server decided (which must be the door's own:
+    a template someone else published under the nonce, a recorded face of the claimed subject say, gets a
+    decision that names another digest, and the door's own fresh noise cannot be predicted, so a decision
+    naming it was made after the door sent it), the broker's ACL (deploy/mosquitto/acl: only the server writes
+    a device's events topic), and the server's signature (:mod:`peep.core.signing`, checked against
+    ``public_key``), which a client without the server's key cannot produce whatever the broker lets through.
+    The verifier hands back only a signed decision naming the waiting claim's nonce, door, subject and
+    template; a signed decision on another template of the waiting claim is ``mismatch`` and ends nothing;
+    every other message on the topic while the door is in use (unsigned or wrongly signed: ``forged``; for
+    another claim or door, replayed, or unreadable) goes to the controller, which refuses and counts it
+    without ending the waiting claim.
     Identification events (the device's camera work) are not decisions and are ignored.
 
     The claim check goes to the device's ``claims`` topic as ``{"nonce", "claimed_subject"}``; its signed
@@ -228,16 +245,19 @@ class MqttVerifier:
         self.public_key, self.site, self.stop = public_key, site, stop
         self._cv = threading.Condition()
         self._waiting: Claim | None = None
+        self._waiting_digest = ""
         self._answer: Decision | None = None
         self._checking: Claim | None = None
         self._check_answer: _CheckAnswer | None = None
+        self._ticket: tuple[str, str] = ("", "")  # (nonce, the server's signature on its "known" answer)
 
-    def _signed(self, kind: Any, *, door: str, nonce: str, subject: str, verdict: bool, signature: Any) -> bool:
+    def _signed(self, kind: Any, *, door: str, nonce: str, subject: str, verdict: bool, signature: Any,
+                template_sha256: str = "") -> bool:  # fmt: skip
         from peep.core.signing import door_statement, verify_statement
 
         try:
             statement = door_statement(kind, site=self.site, device_id=door, nonce=nonce, subject=subject,
-                                       verdict=verdict)  # fmt: skip
+                                       verdict=verdict, template_sha256=template_sha256)  # fmt: skip
         except (TypeError, ValueError):
             return False
         return verify_statement(self.public_key, statement, signature)
@@ -253,6 +273,7 @@ class MqttVerifier:
         if decision is not None and not self._signed(
             "verify", door=decision.door, nonce=decision.nonce, subject=decision.subject, verdict=decision.accepted,
             signature=event.get("signature") if isinstance(event, dict) else None,
+            template_sha256=decision.template_sha256,
         ):  # fmt: skip
             self.controller.discard("forged", "a decision not signed by the server's decision key")
             return
@@ -263,9 +284,19 @@ class MqttVerifier:
                 and hmac.compare_digest(decision.nonce, w.nonce) and decision.door == w.door
                 and decision.subject == w.subject
             ):  # fmt: skip
-                self._answer = decision
-                self._cv.notify_all()
-                return
+                if not hmac.compare_digest(decision.template_sha256, self._waiting_digest):
+                    # Signed and for this claim, but on a template this door did not send (published by
+                    # someone else under the nonce): the waiting claim goes on, and no failure is counted.
+                    mismatch = True
+                else:
+                    self._answer = decision
+                    self._cv.notify_all()
+                    return
+            else:
+                mismatch = False
+        if mismatch:
+            self.controller.discard("mismatch", "a decision on a template this door did not send")
+            return
         self.controller.decide(decision)
 
     def _on_claim_check(self, event: dict[str, Any]) -> None:
@@ -328,15 +359,25 @@ class MqttVerifier:
                 except VerifierTimeout as exc:  # nobody answered: the server is away
                     raise VerifierUnavailable(str(exc)) from None
                 assert self._check_answer is not None
-                return self._check_answer.known
+                answer = self._check_answer
+                self._ticket = (claim.nonce, answer.signature if answer.known else "")
+                return answer.known
         finally:
             with self._cv:
                 self._checking = None
 
-    def verify(self, payload: bytes, claim: Claim, timeout_s: float) -> Decision:
-        deadline = time.monotonic() + timeout_s
+    def claim_ticket(self, claim: Claim) -> str:
         with self._cv:
-            self._waiting, self._answer = claim, None
+            nonce, signature = self._ticket
+        return signature if nonce and hmac.compare_digest(nonce, claim.nonce) else ""
+
+    def verify(self, payload: bytes, claim: Claim, timeout_s: float) -> Decision:
+        from peep.core.wire import decode_template, template_digest
+
+        deadline = time.monotonic() + timeout_s
+        digest = template_digest(decode_template(payload, validate=False))
+        with self._cv:
+            self._waiting, self._waiting_digest, self._answer = claim, digest, None
         try:
             self._publish(self._link.templates_topic, payload, deadline, "template")
             with self._cv:
@@ -489,7 +530,8 @@ class DoorSession:
         # The claim's nonce is the template's id: the server's decision names it (over MQTT, the only binding).
         before = {k: p.timer.seconds.get(k, 0.0) for k in _RELEASE_STAGES}
         rel = p.release_face(frame, box, track_id=f"door-{claim.nonce[:12]}", spend=spend, purpose="verify",
-                             subject=subject, spool=False, message_id=claim.nonce)  # fmt: skip
+                             subject=subject, spool=False, message_id=claim.nonce,
+                             claim_signature=self.verifier.claim_ticket(claim))  # fmt: skip
         timing.add("release", time.perf_counter() - t1)
         for k, name in _RELEASE_STAGES.items():
             timing.add(name, p.timer.seconds.get(k, 0.0) - before[k])
@@ -562,7 +604,7 @@ class DoorSession:
 
     def _spool_record(self, claim: Claim, opened: bool, decider: Any) -> None:
         """Store-and-forward the access record (sent like a template when the server is there)."""
-        from peep.core.wire import encode_template, make_decision
+        from peep.core.wire import make_decision
 
         p = self.pipeline
         msg = make_decision(device_id=p.device_id, site=p.site, bundle_id=p.releaser.bundle_id,
@@ -571,7 +613,7 @@ class DoorSession:
                             accepted=opened, track_id=f"door-{claim.nonce[:12]}", capture_time=p.clock(),
                             message_id=claim.nonce)  # fmt: skip
         try:
-            p.spool.put(message_id=msg.message_id, purpose="verify", payload=encode_template(msg))
+            p.spool.put(message_id=msg.message_id, purpose="verify", payload=p.encode(msg))
         except Exception as exc:  # a full disk must not change what the door did; the record is lost, and said so
             log_event(_log, logging.ERROR, "door_record_not_spooled", door=self.controller.door,
                       error=str(exc)[:200])  # fmt: skip

@@ -126,6 +126,9 @@ class FramePipeline:
         For a bundle whose projector takes a face descriptor instead of pixels
         (:func:`peep.edge.embedding.encoder_for_bundle`): computed from the
         frame and the box, only for faces being released.
+    sign : callable, optional
+        ``sign(msg)`` sets the device's signature on a finished message
+        (:meth:`peep.edge.device_key.DeviceKey.sign`), before it is encoded.
     """
 
     def __init__(
@@ -146,8 +149,10 @@ class FramePipeline:
         encoder: DescriptorEncoder | None = None,
         decisions: Any = None,
         room: Callable[[], bool] | None = None,
+        sign: Callable[[Any], None] | None = None,
     ) -> None:
         self.device_id = device_id
+        self.sign = sign
         # Whether the state folders have room for a release's writes (None: not checked).
         self.room = room
         # Charged templates whose queueing failed on a full disk: (message_id, purpose, payload), queued first.
@@ -170,6 +175,12 @@ class FramePipeline:
         self.timer = StageTimer()
         self.releaser = releaser
         self.set_releaser(releaser, encoder)
+
+    def encode(self, msg: Any) -> bytes:
+        """``msg`` signed by the device (when it has a key) and encoded: what is spooled and sent."""
+        if self.sign is not None:
+            self.sign(msg)
+        return encode_template(msg)
 
     def set_releaser(self, releaser: TemplateReleaser, encoder: DescriptorEncoder | None = None) -> None:
         """Swap the releaser (bundle update); the mechanism comes from the device config only.
@@ -381,7 +392,7 @@ class FramePipeline:
             return None
         if not charged:
             return None
-        payload = encode_template(msg)
+        payload = self.encode(msg)
         self._queue(msg.message_id, "identify", payload)
         self.timer.add("spool", time.perf_counter() - t2)
         self.metrics.releases.labels(purpose="identify").inc()
@@ -417,12 +428,14 @@ class FramePipeline:
         subject: str = "",
         spool: bool = True,
         message_id: str | None = None,
+        claim_signature: str = "",
     ) -> Released | None:
         """Normalise, project, perturb, spend, encode and spool one face.
 
         ``spool=False``: the caller sends the payload itself (a door's verification, answered in the call);
         the spend is recorded all the same. ``message_id``: the template's id when the caller binds an answer
-        to it (a door claim's nonce); a fresh one otherwise.
+        to it (a door claim's nonce); a fresh one otherwise. ``claim_signature``: a door's VERIFY carries the
+        server's signed answer to its claim check back to the server.
 
         ``spend(epsilon_vector_total, epsilon_coordinate, message_id)`` persists
         the privacy cost after the noise is drawn and before the template is
@@ -460,6 +473,8 @@ class FramePipeline:
             key_id=self.releaser.key_id,
             message_id=message_id,
         )
+        if claim_signature:
+            msg.claim_signature = claim_signature
         if not self.may_charge(track_id):
             return None
         try:
@@ -479,7 +494,7 @@ class FramePipeline:
             return None
         if not charged:
             return None
-        payload = encode_template(msg)
+        payload = self.encode(msg)
         if spool:
             self._queue(msg.message_id, purpose, payload)
         self.timer.add("spool", time.perf_counter() - t3)

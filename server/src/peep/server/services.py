@@ -256,6 +256,7 @@ class Services:
             token_sha256=self.secrets.device_token_sha256,
             admin_token_sha256=self.secrets.admin_token_sha256,
             admin_common_names=config.auth.admin_common_names,
+            require_signatures=config.auth.require_device_signatures,
         )
         #: The replica that decides, kept with each decision ("" for a single server).
         self.origin = (config.cluster.replica_id or socket.gethostname()) if self.clustered else ""
@@ -279,6 +280,7 @@ class Services:
             recall_tracks=self.clustered,
             keep=config.recognition.keep,
             origin=self.origin,
+            claim_key=_claim_key(config),
         )
         #: Doors' questions before they release anything: is the claimed subject enrolled?
         self.claim_checks = ClaimChecker(
@@ -599,3 +601,9 @@ class Services:
             except Exception:  # one module failing to close must not keep the database open
                 log.exception("close hook failed")
         self.store.close()
+
+
+def _claim_key(config: ServerConfig) -> Any:
+    """The public half of the server's decision key: what a door's VERIFY over MQTT shows it was asked."""
+    key = startup.decision_signing_key(config)
+    return None if key is None else key.public_key()

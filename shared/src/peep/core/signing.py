@@ -9,16 +9,23 @@ the public half pinned in its configuration (``door.decision_public_key``): a cl
 key cannot produce a statement the door accepts, whatever the broker lets through.
 
 What is signed is the statement's meaning, not its JSON: a kind, then the site, the door, the claim's nonce,
-the claimed subject and the verdict, one a line (every one an identifier, so none holds a line break). The
-nonce is the claim's fresh random id, so a statement cannot be replayed onto another claim, and the kind
-keeps a "known subject" answer from passing as an "accepted" decision.
+the claimed subject and the verdict, one a line (every one an identifier, so none holds a line break), and
+for a decision the SHA-256 of the template decided (:func:`peep.core.wire.template_digest`). The nonce is
+the claim's fresh random id, so a statement cannot be replayed onto another claim; the digest ties a
+decision to one template, so a decision on a template someone else published under the claim's nonce (a
+recorded face of the claimed subject) is not the decision on the door's own, whose fresh noise nobody can
+predict; and the kind keeps a "known subject" answer from passing as an "accepted" decision.
+
+A device signs its own templates the same way (:func:`sign_template`, with a key of its own whose public
+half the server registers), so that a client that may publish on the broker cannot release in its name.
 
 Examples
 --------
 >>> from peep.core.bundle import generate_keypair
 >>> from cryptography.hazmat.primitives.serialization import load_pem_private_key
 >>> key = load_pem_private_key(generate_keypair()[0], password=None)
->>> s = door_statement("verify", site="hq", device_id="door-1", nonce="ab" * 16, subject="alice", verdict=True)
+>>> s = door_statement("verify", site="hq", device_id="door-1", nonce="ab" * 16, subject="alice", verdict=True,
+...                    template_sha256="0" * 64)
 >>> sig = sign_statement(key, s)
 >>> verify_statement(key.public_key(), s, sig)
 True
@@ -30,7 +37,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Final, Literal
+import re
+from typing import Any, Final, Literal
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -38,18 +46,25 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 #: What a statement can say: the decision on a claim's face, or whether the claimed subject is enrolled.
 StatementKind = Literal["verify", "claim_check"]
 _KINDS: Final = ("verify", "claim_check")
-_DOMAIN: Final = b"peep-door-statement/v1"
+_DOMAIN: Final = b"peep-door-statement/v2"
+_TEMPLATE_DOMAIN: Final = b"peep-device-template/v1"
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 #: Longest signature text accepted (an Ed25519 signature is 64 bytes: 88 characters of base64).
 MAX_SIGNATURE_CHARS: Final = 128
 
 
-def door_statement(kind: StatementKind, *, site: str, device_id: str, nonce: str, subject: str, verdict: bool) -> bytes:
+def door_statement(kind: StatementKind, *, site: str, device_id: str, nonce: str, subject: str, verdict: bool,
+                   template_sha256: str = "") -> bytes:  # fmt: skip
     """The bytes the server signs for ``kind`` (see the module docstring).
+
+    ``template_sha256``: for ``"verify"``, the hex digest of the template decided (required); empty for
+    ``"claim_check"``, which answers before any template exists.
 
     Raises
     ------
     ValueError
-        If ``kind`` is not one of the statement kinds, or a field holds a line break or is empty.
+        If ``kind`` is not one of the statement kinds, a field holds a line break or is empty, or the digest
+        is missing from a decision (or present in a claim check's answer).
     """
     if kind not in _KINDS:
         raise ValueError(f"kind: expected one of {', '.join(_KINDS)}, received {kind!r}")
@@ -60,6 +75,12 @@ def door_statement(kind: StatementKind, *, site: str, device_id: str, nonce: str
     if not isinstance(verdict, bool):
         raise TypeError(f"verdict: expected a bool, received {type(verdict).__name__}")
     lines = [kind, site, device_id, nonce, subject, "1" if verdict else "0"]
+    if kind == "verify":
+        if not isinstance(template_sha256, str) or not _DIGEST.fullmatch(template_sha256):
+            raise ValueError(f"template_sha256: expected 64 lowercase hex digits, received {template_sha256!r:.80}")
+        lines.append(template_sha256)
+    elif template_sha256:
+        raise ValueError("template_sha256: a claim check's answer names no template")
     return _DOMAIN + b"\n" + "\n".join(lines).encode("utf-8")
 
 
@@ -97,3 +118,59 @@ def sign_document(private_key: Ed25519PrivateKey, domain: bytes, document: bytes
 def verify_document(public_key: Ed25519PublicKey, domain: bytes, document: bytes, signature: object) -> bool:
     """Whether ``signature`` is the pinned key's :func:`sign_document` signature of ``document``; never raises."""
     return verify_statement(public_key, domain + b"\n" + document, signature)
+
+
+def template_statement(digest: str) -> bytes:
+    """The bytes a device signs for a template whose :func:`peep.core.wire.template_digest` is ``digest``."""
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        raise ValueError(f"digest: expected 64 lowercase hex digits, received {digest!r:.80}")
+    return _TEMPLATE_DOMAIN + b"\n" + digest.encode("ascii")
+
+
+def sign_template(private_key: Ed25519PrivateKey, msg: Any) -> None:
+    """Set ``msg.device_signature`` to the device's signature of the template (every other field final)."""
+    from peep.core.wire import template_digest
+
+    msg.ClearField("device_signature")
+    msg.device_signature = sign_statement(private_key, template_statement(template_digest(msg)))
+
+
+def verify_template(public_key: Ed25519PublicKey, msg: Any) -> bool:
+    """Whether ``msg.device_signature`` is ``public_key``'s signature of the template; never raises for a
+    peer's message (a missing, short or wrong signature is False)."""
+    from peep.core.wire import template_digest
+
+    if not msg.device_signature:
+        return False
+    return verify_statement(public_key, template_statement(template_digest(msg)), msg.device_signature)
+
+
+#: How a device's public signing key is written in the server's configuration.
+DEVICE_KEY_PREFIX: Final = "ed25519:"
+
+
+def public_key_text(public_key: Ed25519PublicKey) -> str:
+    """``ed25519:<base64 of the 32 raw bytes>``: a device's public key as the server's configuration holds it."""
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    raw = public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+    return DEVICE_KEY_PREFIX + base64.b64encode(raw).decode("ascii")
+
+
+def parse_public_key_text(text: str) -> Ed25519PublicKey:
+    """The key :func:`public_key_text` wrote.
+
+    Raises
+    ------
+    ValueError
+        Not ``ed25519:`` and the base64 of 32 bytes.
+    """
+    if not isinstance(text, str) or not text.startswith(DEVICE_KEY_PREFIX):
+        raise ValueError(f"expected '{DEVICE_KEY_PREFIX}' and the base64 of 32 bytes, received {str(text)[:80]!r}")
+    try:
+        raw = base64.b64decode(text[len(DEVICE_KEY_PREFIX) :], validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"expected base64 after '{DEVICE_KEY_PREFIX}', received {text[:80]!r}") from None
+    if len(raw) != 32:
+        raise ValueError(f"expected a 32-byte Ed25519 public key, received {len(raw)} bytes")
+    return Ed25519PublicKey.from_public_bytes(raw)

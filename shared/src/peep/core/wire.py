@@ -9,6 +9,7 @@ topic with the same text.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import time
@@ -292,6 +293,28 @@ def decode_template(data: bytes, *, validate: bool = True) -> template_pb2.Pertu
     return msg
 
 
+#: Length of a device's signature of a template (base64 of a 64-byte Ed25519 signature).
+DEVICE_SIGNATURE_CHARS: Final = 88
+#: Longest claim signature text carried in a template (base64 of a 64-byte Ed25519 signature is 88).
+MAX_CLAIM_SIGNATURE_CHARS: Final = 128
+
+
+def template_digest(msg: template_pb2.PerturbedTemplate) -> str:
+    """Hex SHA-256 of ``msg`` as released, its ``device_signature`` left out.
+
+    What a device signs (:func:`peep.core.signing.sign_template`) and what the server's decision on a VERIFY
+    names, so that a door can tell the decision on its own template from one on a template someone else
+    published under its claim's nonce. Computed on the deterministic serialisation, which both ends produce
+    alike from the same fields.
+    """
+    if msg.device_signature:
+        bare = template_pb2.PerturbedTemplate()
+        bare.CopyFrom(msg)
+        bare.ClearField("device_signature")
+        msg = bare
+    return hashlib.sha256(msg.SerializeToString(deterministic=True)).hexdigest()
+
+
 def check_subject_id(value: Any, field: str = "subject") -> str:
     """Return ``value`` in NFC if it is a usable subject id, else raise :class:`WireError` naming ``field``.
 
@@ -391,6 +414,19 @@ def validate_template(msg: template_pb2.PerturbedTemplate, *, n_components: int 
             f"subject: expected NFC-normalised text (the form check_subject_id returns), received {msg.subject[:64]!r}"
         )
     check_capture_time(msg)
+    if msg.device_signature and (len(msg.device_signature) != DEVICE_SIGNATURE_CHARS
+                                 or not msg.device_signature.isascii()):  # fmt: skip
+        raise WireError(
+            f"device_signature: expected {DEVICE_SIGNATURE_CHARS} base64 characters or none, received "
+            f"{len(msg.device_signature)} characters"
+        )
+    if msg.claim_signature and (
+        len(msg.claim_signature) > MAX_CLAIM_SIGNATURE_CHARS or not msg.claim_signature.isascii()
+    ):
+        raise WireError(
+            f"claim_signature: expected at most {MAX_CLAIM_SIGNATURE_CHARS} ASCII characters (base64), "
+            f"received {len(msg.claim_signature)} characters"
+        )
     if msg.HasField("decision"):
         validate_decision(msg)
         return np.zeros(0, dtype=np.float32)

@@ -25,25 +25,25 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16peep/v1/template.proto\x12\x07peep.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9c\x01\n\rMechanismInfo\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.peep.v1.MechanismKind\x12\x0f\n\x07\x65psilon\x18\x02 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\x01\x12\x1a\n\x12\x65psilon_coordinate\x18\x04 \x01(\x01\x12\x16\n\x0e\x65psilon_vector\x18\x05 \x01(\x01\x12\x11\n\tnoise_std\x18\x06 \x01(\x01\"k\n\x10SoftTraitRelease\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.peep.v1.SoftTraitKind\x12\r\n\x05value\x18\x02 \x01(\x01\x12\x0f\n\x07\x65psilon\x18\x03 \x01(\x01\x12\x11\n\tmechanism\x18\x04 \x01(\t\"\xfa\x02\n\x11PerturbedTemplate\x12\x12\n\nmessage_id\x18\x01 \x01(\t\x12\x11\n\tdevice_id\x18\x02 \x01(\t\x12\x0c\n\x04site\x18\x03 \x01(\t\x12\x30\n\x0c\x63\x61pture_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tbundle_id\x18\x05 \x01(\t\x12)\n\tmechanism\x18\x06 \x01(\x0b\x32\x16.peep.v1.MechanismInfo\x12!\n\x07purpose\x18\x07 \x01(\x0e\x32\x10.peep.v1.Purpose\x12\x0f\n\x07subject\x18\x08 \x01(\t\x12\x10\n\x08track_id\x18\t \x01(\t\x12\x0e\n\x06values\x18\n \x03(\x02\x12.\n\x0bsoft_traits\x18\x0b \x03(\x0b\x32\x19.peep.v1.SoftTraitRelease\x12\x0e\n\x06key_id\x18\x0c \x01(\t\x12*\n\x08\x64\x65\x63ision\x18\r \x01(\x0b\x32\x18.peep.v1.DecisionRelease\"\xb5\x01\n\x0f\x44\x65\x63isionRelease\x12\x14\n\x0cmodel_serial\x18\x01 \x01(\x04\x12\x15\n\rmodel_version\x18\x02 \x01(\t\x12\r\n\x05label\x18\x03 \x01(\t\x12\x17\n\x0flabel_mechanism\x18\x04 \x01(\t\x12\x15\n\repsilon_label\x18\x05 \x01(\x01\x12\x0e\n\x06labels\x18\x06 \x01(\r\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x07 \x01(\x08\x12\x14\n\x0c\x66rames_fused\x18\x08 \x01(\r*\x83\x02\n\rMechanismKind\x12\x1e\n\x1aMECHANISM_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13MECHANISM_KIND_PEEP\x10\x01\x12\x1b\n\x17MECHANISM_KIND_PEEP_RAW\x10\x02\x12!\n\x1dMECHANISM_KIND_LAPLACE_VECTOR\x10\x03\x12\x1e\n\x1aMECHANISM_KIND_GAUSSIAN_L2\x10\x04\x12\x1d\n\x19MECHANISM_KIND_LAPLACE_L1\x10\x05\x12\x1b\n\x17MECHANISM_KIND_PRIVUNIT\x10\x06\x12\x1d\n\x19MECHANISM_KIND_PRIVUNIT_G\x10\x07*`\n\x07Purpose\x12\x17\n\x13PURPOSE_UNSPECIFIED\x10\x00\x12\x12\n\x0ePURPOSE_ENROLL\x10\x01\x12\x14\n\x10PURPOSE_IDENTIFY\x10\x02\x12\x12\n\x0ePURPOSE_VERIFY\x10\x03*\x9d\x01\n\rSoftTraitKind\x12\x1f\n\x1bSOFT_TRAIT_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13SOFT_TRAIT_KIND_AGE\x10\x01\x12\x1a\n\x16SOFT_TRAIT_KIND_GENDER\x10\x02\x12\x1a\n\x16SOFT_TRAIT_KIND_HEIGHT\x10\x03\x12\x1a\n\x16SOFT_TRAIT_KIND_WEIGHT\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16peep/v1/template.proto\x12\x07peep.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9c\x01\n\rMechanismInfo\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.peep.v1.MechanismKind\x12\x0f\n\x07\x65psilon\x18\x02 \x01(\x01\x12\r\n\x05\x64\x65lta\x18\x03 \x01(\x01\x12\x1a\n\x12\x65psilon_coordinate\x18\x04 \x01(\x01\x12\x16\n\x0e\x65psilon_vector\x18\x05 \x01(\x01\x12\x11\n\tnoise_std\x18\x06 \x01(\x01\"k\n\x10SoftTraitRelease\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.peep.v1.SoftTraitKind\x12\r\n\x05value\x18\x02 \x01(\x01\x12\x0f\n\x07\x65psilon\x18\x03 \x01(\x01\x12\x11\n\tmechanism\x18\x04 \x01(\t\"\xad\x03\n\x11PerturbedTemplate\x12\x12\n\nmessage_id\x18\x01 \x01(\t\x12\x11\n\tdevice_id\x18\x02 \x01(\t\x12\x0c\n\x04site\x18\x03 \x01(\t\x12\x30\n\x0c\x63\x61pture_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tbundle_id\x18\x05 \x01(\t\x12)\n\tmechanism\x18\x06 \x01(\x0b\x32\x16.peep.v1.MechanismInfo\x12!\n\x07purpose\x18\x07 \x01(\x0e\x32\x10.peep.v1.Purpose\x12\x0f\n\x07subject\x18\x08 \x01(\t\x12\x10\n\x08track_id\x18\t \x01(\t\x12\x0e\n\x06values\x18\n \x03(\x02\x12.\n\x0bsoft_traits\x18\x0b \x03(\x0b\x32\x19.peep.v1.SoftTraitRelease\x12\x0e\n\x06key_id\x18\x0c \x01(\t\x12*\n\x08\x64\x65\x63ision\x18\r \x01(\x0b\x32\x18.peep.v1.DecisionRelease\x12\x18\n\x10\x64\x65vice_signature\x18\x0e \x01(\t\x12\x17\n\x0f\x63laim_signature\x18\x0f \x01(\t\"\xb5\x01\n\x0f\x44\x65\x63isionRelease\x12\x14\n\x0cmodel_serial\x18\x01 \x01(\x04\x12\x15\n\rmodel_version\x18\x02 \x01(\t\x12\r\n\x05label\x18\x03 \x01(\t\x12\x17\n\x0flabel_mechanism\x18\x04 \x01(\t\x12\x15\n\repsilon_label\x18\x05 \x01(\x01\x12\x0e\n\x06labels\x18\x06 \x01(\r\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x07 \x01(\x08\x12\x14\n\x0c\x66rames_fused\x18\x08 \x01(\r*\x83\x02\n\rMechanismKind\x12\x1e\n\x1aMECHANISM_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13MECHANISM_KIND_PEEP\x10\x01\x12\x1b\n\x17MECHANISM_KIND_PEEP_RAW\x10\x02\x12!\n\x1dMECHANISM_KIND_LAPLACE_VECTOR\x10\x03\x12\x1e\n\x1aMECHANISM_KIND_GAUSSIAN_L2\x10\x04\x12\x1d\n\x19MECHANISM_KIND_LAPLACE_L1\x10\x05\x12\x1b\n\x17MECHANISM_KIND_PRIVUNIT\x10\x06\x12\x1d\n\x19MECHANISM_KIND_PRIVUNIT_G\x10\x07*`\n\x07Purpose\x12\x17\n\x13PURPOSE_UNSPECIFIED\x10\x00\x12\x12\n\x0ePURPOSE_ENROLL\x10\x01\x12\x14\n\x10PURPOSE_IDENTIFY\x10\x02\x12\x12\n\x0ePURPOSE_VERIFY\x10\x03*\x9d\x01\n\rSoftTraitKind\x12\x1f\n\x1bSOFT_TRAIT_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13SOFT_TRAIT_KIND_AGE\x10\x01\x12\x1a\n\x16SOFT_TRAIT_KIND_GENDER\x10\x02\x12\x1a\n\x16SOFT_TRAIT_KIND_HEIGHT\x10\x03\x12\x1a\n\x16SOFT_TRAIT_KIND_WEIGHT\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'peep.v1.template_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MECHANISMKIND']._serialized_start=902
-  _globals['_MECHANISMKIND']._serialized_end=1161
-  _globals['_PURPOSE']._serialized_start=1163
-  _globals['_PURPOSE']._serialized_end=1259
-  _globals['_SOFTTRAITKIND']._serialized_start=1262
-  _globals['_SOFTTRAITKIND']._serialized_end=1419
+  _globals['_MECHANISMKIND']._serialized_start=953
+  _globals['_MECHANISMKIND']._serialized_end=1212
+  _globals['_PURPOSE']._serialized_start=1214
+  _globals['_PURPOSE']._serialized_end=1310
+  _globals['_SOFTTRAITKIND']._serialized_start=1313
+  _globals['_SOFTTRAITKIND']._serialized_end=1470
   _globals['_MECHANISMINFO']._serialized_start=69
   _globals['_MECHANISMINFO']._serialized_end=225
   _globals['_SOFTTRAITRELEASE']._serialized_start=227
   _globals['_SOFTTRAITRELEASE']._serialized_end=334
   _globals['_PERTURBEDTEMPLATE']._serialized_start=337
-  _globals['_PERTURBEDTEMPLATE']._serialized_end=715
-  _globals['_DECISIONRELEASE']._serialized_start=718
-  _globals['_DECISIONRELEASE']._serialized_end=899
+  _globals['_PERTURBEDTEMPLATE']._serialized_end=766
+  _globals['_DECISIONRELEASE']._serialized_start=769
+  _globals['_DECISIONRELEASE']._serialized_end=950
 # @@protoc_insertion_point(module_scope)

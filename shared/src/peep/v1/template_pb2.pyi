@@ -82,7 +82,7 @@ class SoftTraitRelease(_message.Message):
     def __init__(self, kind: _Optional[_Union[SoftTraitKind, str]] = ..., value: _Optional[float] = ..., epsilon: _Optional[float] = ..., mechanism: _Optional[str] = ...) -> None: ...
 
 class PerturbedTemplate(_message.Message):
-    __slots__ = ("message_id", "device_id", "site", "capture_time", "bundle_id", "mechanism", "purpose", "subject", "track_id", "values", "soft_traits", "key_id", "decision")
+    __slots__ = ("message_id", "device_id", "site", "capture_time", "bundle_id", "mechanism", "purpose", "subject", "track_id", "values", "soft_traits", "key_id", "decision", "device_signature", "claim_signature")
     MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     SITE_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +96,8 @@ class PerturbedTemplate(_message.Message):
     SOFT_TRAITS_FIELD_NUMBER: _ClassVar[int]
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
     DECISION_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     message_id: str
     device_id: str
     site: str
@@ -109,7 +111,9 @@ class PerturbedTemplate(_message.Message):
     soft_traits: _containers.RepeatedCompositeFieldContainer[SoftTraitRelease]
     key_id: str
     decision: DecisionRelease
-    def __init__(self, message_id: _Optional[str] = ..., device_id: _Optional[str] = ..., site: _Optional[str] = ..., capture_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., bundle_id: _Optional[str] = ..., mechanism: _Optional[_Union[MechanismInfo, _Mapping]] = ..., purpose: _Optional[_Union[Purpose, str]] = ..., subject: _Optional[str] = ..., track_id: _Optional[str] = ..., values: _Optional[_Iterable[float]] = ..., soft_traits: _Optional[_Iterable[_Union[SoftTraitRelease, _Mapping]]] = ..., key_id: _Optional[str] = ..., decision: _Optional[_Union[DecisionRelease, _Mapping]] = ...) -> None: ...
+    device_signature: str
+    claim_signature: str
+    def __init__(self, message_id: _Optional[str] = ..., device_id: _Optional[str] = ..., site: _Optional[str] = ..., capture_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., bundle_id: _Optional[str] = ..., mechanism: _Optional[_Union[MechanismInfo, _Mapping]] = ..., purpose: _Optional[_Union[Purpose, str]] = ..., subject: _Optional[str] = ..., track_id: _Optional[str] = ..., values: _Optional[_Iterable[float]] = ..., soft_traits: _Optional[_Iterable[_Union[SoftTraitRelease, _Mapping]]] = ..., key_id: _Optional[str] = ..., decision: _Optional[_Union[DecisionRelease, _Mapping]] = ..., device_signature: _Optional[str] = ..., claim_signature: _Optional[str] = ...) -> None: ...
 
 class DecisionRelease(_message.Message):
     __slots__ = ("model_serial", "model_version", "label", "label_mechanism", "epsilon_label", "labels", "accepted", "frames_fused")

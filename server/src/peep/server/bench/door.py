@@ -114,7 +114,7 @@ class _ScoreClock:
 
 
 def _server(work: Path, bundle_dir: Path, pub: Path, tokens: dict[str, str], admin: str, mqtt: bool,
-            decision_key: Path, device_models: dict[str, Any]) -> Any:  # fmt: skip
+            decision_key: Path, device_models: dict[str, Any], signing_keys: dict[str, str]) -> Any:  # fmt: skip
     from peep.server.app import ServerApp
     from peep.server.config import parse_config, token_sha256
     from peep.server.pki import make_local_pki
@@ -127,7 +127,8 @@ def _server(work: Path, bundle_dir: Path, pub: Path, tokens: dict[str, str], adm
         "storage": {"backend": "sqlite", "path": str(work / "peep.db")},
         "bundle": {"public_key": str(pub), "dir": str(bundle_dir)},
         "auth": {"admin_token_sha256": token_sha256(admin),
-                 "devices": [{"id": d, "site": site, "token_sha256": token_sha256(t)} for d, t in tokens.items()]},
+                 "devices": [{"id": d, "site": site, "token_sha256": token_sha256(t), "signing_key": signing_keys[d]}
+                             for d, t in tokens.items()]},
         "mqtt": {"enabled": mqtt, "host": "127.0.0.1", "port": 1883, "username": "", "share_group": f"peep-{site}",
                  "client_id": f"peep-{site}-server", "session_expiry_s": 0, "clear_retained": False,
                  "decision_signing_key": str(decision_key)},
@@ -172,7 +173,8 @@ def _enrol_and_train(app: Any, pki: Any, admin: str, bundle: Any, enrolled: Any,
 def _door_config(work: Path, bundle_dir: Path, pub: Path, pki: Any, site: str, port: int, video: Path,
                  decision: str, decision_pub: Path, site_key: Path, model_pub: Path) -> dict[str, Any]:  # fmt: skip
     cfg: dict[str, Any] = {
-        "device": {"id": _DOOR, "site": site, "state_dir": str(work / f"door-{decision}")},
+        "device": {"id": _DOOR, "site": site, "state_dir": str(work / f"door-{decision}"),
+                   "signing_key": str(work / "door-signing.key")},
         "bundle": {"path": str(bundle_dir), "public_key": str(pub), "accept_updates": False},
         "privacy": {"mechanism": MECHANISM, "epsilon": EPSILON, "track_budget": 2 * EPSILON,
                     "site_key": str(site_key)},
@@ -412,6 +414,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     """Measure the door (see the module docstring); returns the section's JSON-able dict."""
     from peep.core.bundle import load_private_key, write_keypair
     from peep.core.sitekey import SiteKey
+    from peep.edge.device_key import DeviceKey
     from peep.edge.testing import lfw_people
     from peep.server.bundles.build import build_bundle
     from peep.server.datasets import load_dataset
@@ -465,8 +468,10 @@ def run(quick: bool = False) -> dict[str, Any]:
             token, admin = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
             if len(here) > 1:
                 os.sched_setaffinity(0, set(sorted(here)[1:]))  # the server off the door's core
+            # The door's own signing key (what its templates over MQTT are checked against), registered.
+            door_key = DeviceKey(bwork / "door-signing.key").public_text
             app, pki, site = _server(bwork, bwork / "bundle", pub, {_DOOR: token}, admin, mqtt, decision_key,
-                                     device_models)  # fmt: skip
+                                     device_models, {_DOOR: door_key})  # fmt: skip
             try:
                 _enrol_and_train(app, pki, admin, bundle, enrolled.subset(enrol_mask), background, site_key)
                 dm = app.services.device_models

@@ -54,6 +54,22 @@ class DeviceConfig(_Model):
             "for background subjects (admin only); ordinary cameras (false) may only identify and verify"
         ),
     )
+    signing_key: str | None = Field(
+        default=None,
+        description=(
+            "the device's public signing key, 'ed25519:<base64>' as `peep-edge device-key` prints it: every "
+            "template from the device must then carry its signature (a door deciding over MQTT needs one)"
+        ),
+    )
+
+    @field_validator("signing_key")
+    @classmethod
+    def _key(cls, v: str | None) -> str | None:
+        if v is not None:
+            from peep.core.signing import parse_public_key_text
+
+            parse_public_key_text(v)
+        return v
 
     @field_validator("token", mode="before")
     @classmethod
@@ -78,6 +94,14 @@ class AuthConfig(_Model):
     admin_token_sha256: str | None = Field(default=None, description="hex SHA-256 of the admin bearer token")
     admin_common_names: list[str] = Field(default_factory=list, description="client-certificate CNs with admin rights")
     devices: list[DeviceConfig] = Field(default_factory=list)
+    require_device_signatures: bool = Field(
+        default=False,
+        description=(
+            "refuse every MQTT template that does not carry its device's signature (each device then needs "
+            "signing_key); off, a device without a registered key is taken on its topic alone, except a "
+            "door's VERIFY, which always needs it"
+        ),
+    )
     allow_insecure: bool = Field(
         default=False,
         description=(

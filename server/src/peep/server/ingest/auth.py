@@ -96,6 +96,8 @@ class DeviceRegistry:
     token_sha256 : mapping of device id to hex SHA-256 of its token
     admin_token_sha256 : str, optional
     admin_common_names : iterable of str
+    require_signatures : bool
+        Every MQTT template must carry its device's signature (``auth.require_device_signatures``).
     """
 
     def __init__(
@@ -105,8 +107,17 @@ class DeviceRegistry:
         token_sha256: Mapping[str, str] | None = None,
         admin_token_sha256: str | None = None,
         admin_common_names: Iterable[str] = (),
+        require_signatures: bool = False,
     ) -> None:
+        from peep.core.signing import parse_public_key_text
+
         self.devices = {d.id: d for d in devices}
+        self.require_signatures = require_signatures
+        self._signing_keys = {
+            d.id: parse_public_key_text(d.signing_key)
+            for d in self.devices.values()
+            if d.enabled and getattr(d, "signing_key", None)
+        }
         self._by_hash: dict[str, Identity] = {}
         for dev_id, h in (token_sha256 or {}).items():
             d = self.devices.get(dev_id)
@@ -123,6 +134,10 @@ class DeviceRegistry:
     def is_registered(self, device_id: str) -> bool:
         d = self.devices.get(device_id)
         return d is not None and d.enabled
+
+    def signing_key(self, device_id: str) -> Any:
+        """The Ed25519 public key registered for ``device_id`` (``auth.devices[].signing_key``), or None."""
+        return self._signing_keys.get(device_id)
 
     def site_of(self, device_id: str) -> str | None:
         d = self.devices.get(device_id)

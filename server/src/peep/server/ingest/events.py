@@ -88,6 +88,8 @@ def event_to_json(ev: recognition_pb2.RecognitionEvent) -> dict[str, Any]:
         out.update(epsilon_label=ev.epsilon_label, model_serial=ev.model_serial)
     if ev.purpose == template_pb2.PURPOSE_VERIFY:
         out.update(claimed_subject=ev.claimed_subject, accepted=ev.accepted, probability=ev.probability)
+        if ev.template_sha256:
+            out["template_sha256"] = ev.template_sha256
     else:
         out.update(
             subject=ev.subject, unknown=ev.unknown, probability=ev.probability, releases_fused=ev.releases_fused or 1

@@ -46,7 +46,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+from peep.core import wire
 from peep.core.decision import accept_claims
+from peep.core.signing import door_statement, verify_statement, verify_template
 from peep.server.ingest.auth import DeviceRegistry, Identity, Undecodable
 from peep.server.ingest.events import EventBus, new_event, put_dropping_oldest
 from peep.server.ingest.validation import Rejection, TemplateValidator, ValidTemplate
@@ -257,6 +259,10 @@ class Ingestor:
         (``recognition.keep``).
     origin : str
         This replica's id, kept with each decision ("" for a single server).
+    claim_key : Ed25519PublicKey or None
+        The public half of the server's decision key (``mqtt.decision_signing_key``): a door's VERIFY over
+        MQTT must carry the server's signed answer to its claim check for that nonce (``claim_signature``),
+        so that any replica can tell a claim this door asked from a nonce made up or read off the broker.
     """
 
     def __init__(
@@ -275,6 +281,7 @@ class Ingestor:
         recall_tracks: bool = False,
         keep: str = "none",
         origin: str = "",
+        claim_key: Any = None,
     ) -> None:
         if keep not in KEEP_CHOICES:
             raise ValueError(f"keep: expected one of {', '.join(KEEP_CHOICES)}, received {keep!r}")
@@ -292,6 +299,7 @@ class Ingestor:
         self.recall_tracks = recall_tracks
         self.keep = keep
         self.origin = origin
+        self.claim_key = claim_key
         #: The Identify and Verify calls' decisions, kept off their path.
         self.decisions = DecisionWriter(store, on_written=events.committed)
 
@@ -359,8 +367,49 @@ class Ingestor:
                 raise _enrolment_refused(msg.device_id)
             if enrol and self._is_background(msg.subject):
                 raise _background_refused(msg.device_id, self.background_prefix, msg.subject)
+            self._authenticate(msg)
             return
         raise PermissionRefused("unauthenticated", "sender: expected an authenticated device")
+
+    def _authenticate(self, msg: template_pb2.PerturbedTemplate) -> None:
+        """What arrived on a device's MQTT topic came from that device (a broker may let anyone publish there).
+
+        A device with a registered signing key signs every template; a door's VERIFY (its face for a claim)
+        always needs that signature and the server's own signed answer to the claim check for its nonce.
+        """
+        door_verify = msg.purpose == template_pb2.PURPOSE_VERIFY and not msg.HasField("decision")
+        key = self.devices.signing_key(msg.device_id)
+        if key is None:
+            if door_verify or self.devices.require_signatures:
+                why = "a VERIFY over MQTT" if door_verify else "auth.require_device_signatures"
+                raise PermissionRefused(
+                    "unsigned",
+                    f"device_signature: {why} needs the device's registered key (auth.devices[].signing_key), "
+                    f"and {msg.device_id[:64]!r} has none",
+                )
+            return
+        if not msg.device_signature:
+            raise PermissionRefused(
+                "unsigned", f"device_signature: expected the signature of device {msg.device_id[:64]!r}, received none"
+            )
+        if not verify_template(key, msg):
+            raise PermissionRefused(
+                "bad_signature",
+                f"device_signature: not the signature of device {msg.device_id[:64]!r} on this template",
+            )
+        if door_verify:
+            question = door_statement(
+                "claim_check", site=msg.site, device_id=msg.device_id, nonce=msg.message_id, subject=msg.subject,
+                verdict=True,
+            )  # fmt: skip
+            asked = self.claim_key is not None and verify_statement(self.claim_key, question, msg.claim_signature)
+            if not asked:
+                why = "" if self.claim_key is not None else " (this server has no mqtt.decision_signing_key)"
+                raise PermissionRefused(
+                    "unasked_claim",
+                    "claim_signature: expected the server's answer to this door's claim check for this nonce and "
+                    f"subject{why}",
+                )
 
     def _is_background(self, subject: str) -> bool:
         return bool(self.background_prefix) and subject.startswith(self.background_prefix)
@@ -618,6 +667,9 @@ class Ingestor:
         """
         msg = v.message
         fields.setdefault("decided_on", "server")
+        if msg.purpose == template_pb2.PURPOSE_VERIFY and fields["decided_on"] == "server" and purpose is None:
+            # The door acts only on the decision on its own template: the event names which one was decided.
+            fields.setdefault("template_sha256", wire.template_digest(msg))
         return new_event(
             site=msg.site,
             device_id=msg.device_id,

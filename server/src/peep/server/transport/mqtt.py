@@ -797,10 +797,12 @@ class MqttBridge:
             and server_verdict
             and ev.purpose == template_pb2.PURPOSE_VERIFY
             and ev.claimed_subject
+            and ev.template_sha256
         ):
             doc = event_to_json(ev)
             statement = door_statement("verify", site=ev.site, device_id=ev.device_id, nonce=ev.message_id,
-                                       subject=ev.claimed_subject, verdict=bool(ev.accepted))  # fmt: skip
+                                       subject=ev.claimed_subject, verdict=bool(ev.accepted),
+                                       template_sha256=ev.template_sha256)  # fmt: skip
             doc["signature"] = sign_statement(self._decision_key, statement)
             payload = json.dumps(doc, separators=(",", ":")).encode()
         else:
