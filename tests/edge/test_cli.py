@@ -332,3 +332,24 @@ def test_deadletter_purge_while_the_agent_writes_loses_nothing(make_config, tmp_
         assert purged + len(agent_spool.dead()) == refused[0], "every dead letter purged once or still there"
     finally:
         agent_spool.close()
+
+
+def test_device_key_prints_the_public_half_of_a_key_made_once_and_refuses_a_damaged_one(make_config, tmp_path, capsys):
+    """The key the agent signs with: made on first use (mode 0600), the same on every later call, and printed as
+    the server's [[auth.devices]] lines; a damaged file is named, never silently replaced."""
+    from peep.core.signing import parse_public_key_text
+
+    path = make_config()
+    assert main(["device-key", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    key_file = tmp_path / "state" / "device.key"
+    assert key_file.stat().st_mode & 0o777 == 0o600 and len(key_file.read_bytes()) == 32
+    line = next(x for x in out.splitlines() if x.startswith("signing_key = "))
+    parse_public_key_text(line.split('"')[1])
+    assert 'id = "cam-1"' in out
+    assert main(["device-key", "--config", str(path)]) == 0
+    assert line in capsys.readouterr().out  # the same key: it is read, not made again
+    key_file.write_bytes(b"short")
+    assert main(["device-key", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "device.signing_key" in err and "32-byte key, received 5 bytes" in err
