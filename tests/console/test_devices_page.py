@@ -55,6 +55,9 @@ class Site:
     epsilon_vector: float
     desk_own: int
     desk_background: int
+    #: The server's decision key (signs its claim-check answers) and door-2's own signing key (registered).
+    decision_key: Any = None
+    door_key: Any = None
 
     @property
     def server(self) -> Any:
@@ -139,17 +142,35 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     releaser = TemplateReleaser(bundle, kind="peep-raw", epsilon=8.0)
     rng = np.random.default_rng(1)
     faces = Faces(bundle, releaser, rng.random((len(SUBJECTS) + BACKGROUND, bundle.n_features), dtype=np.float32), rng)
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from peep.core.bundle import load_private_key, write_keypair
+    from peep.core.signing import public_key_text
+
+    decision_path, _ = write_keypair(tmp / "decisions")
+    door_key = Ed25519PrivateKey.generate()
     cfg = base_config(
         tmp,
         pub,
         tmp / "bundle",
         grpc={"tls": tls_section(pki)},
         console={"listen": "127.0.0.1:0"},
-        mqtt={"enabled": True, "share_group": f"g{uuid.uuid4().hex[:8]}", "clear_retained": False},
+        mqtt={
+            "enabled": True,
+            "share_group": f"g{uuid.uuid4().hex[:8]}",
+            "clear_retained": False,
+            "decision_signing_key": str(decision_path),
+        },
     )
     cfg["auth"]["devices"] = [
         {"id": "desk-1", "site": SITE, "token_sha256": sha(TOKENS["desk-1"]), "enrolment_desk": True},
-        *({"id": d, "site": SITE, "token_sha256": sha(TOKENS[d])} for d in ("door-1", "door-2", "cam-3")),
+        *({"id": d, "site": SITE, "token_sha256": sha(TOKENS[d])} for d in ("door-1", "cam-3")),
+        # door-2 decides over MQTT: its VERIFY counts only with its own signature.
+        {
+            "id": "door-2",
+            "site": SITE,
+            "token_sha256": sha(TOKENS["door-2"]),
+            "signing_key": public_key_text(door_key.public_key()),
+        },
     ]
     srv = start_server(cfg, pki, tmp, mqtt_wait=10)
     try:
@@ -170,7 +191,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
             store.add_account(name, ROLES[name], accounts.hash_password(pw), must_change=False)
         eps = own[0].mechanism.epsilon_vector
         assert eps > 0 and all(m.mechanism.epsilon_vector == eps for m in own)
-        yield Site(Console(srv, faces, pki), faces, eps, len(own), n_background)
+        yield Site(Console(srv, faces, pki), faces, eps, len(own), n_background, load_private_key(decision_path),
+                   door_key)  # fmt: skip
     finally:
         srv.app.stop(0)
 
@@ -219,7 +241,10 @@ def test_a_doors_claims_over_grpc_are_its_releases_on_devices_and_privacy_from_t
 
 
 def test_a_door_deciding_over_mqtt_is_counted_and_shown_with_its_transport(site: Site):
-    """A VERIFY template on the door's templates topic: decided by the MQTT consumer, counted like any release."""
+    """A VERIFY template on the door's templates topic, signed by the door and carrying the server's answer to
+    its claim check: decided by the MQTT consumer, counted like any release."""
+    from peep.core.signing import door_statement, sign_statement, sign_template
+
     door = mqtt_device("door-2")
     try:
         sent = []
@@ -227,6 +252,10 @@ def test_a_door_deciding_over_mqtt_is_counted_and_shown_with_its_transport(site:
             nonce = secrets.token_hex(16)
             msg = site.faces.message(k, purpose="verify", subject=subject, device="door-2", message_id=nonce,
                                      track_id=f"door-{nonce[:12]}")  # fmt: skip
+            asked = door_statement("claim_check", site=SITE, device_id="door-2", nonce=nonce, subject=subject,
+                                   verdict=True)  # fmt: skip
+            msg.claim_signature = sign_statement(site.decision_key, asked)
+            sign_template(site.door_key, msg)
             door.publish(site.topic("door-2", "templates"), msg.SerializeToString(), qos=1).wait_for_publish(5)
             sent.append(msg)
         assert wait_for(lambda: len(site.ledger_rows("door-2")) == len(sent)), site.ledger_rows("door-2")
