@@ -11,12 +11,14 @@ from peep.core import wire
 from peep.core.bundle import generate_keypair
 from peep.core.devicemodel import (
     CALIBRATION,
+    CLASS_KEY,
     MANIFEST,
     MODEL,
     SIGNATURE,
     DeviceModelError,
     build_device_model_files,
     class_id,
+    class_key_file,
     verify_device_model_files,
 )
 from peep.core.exceptions import WireError
@@ -49,19 +51,65 @@ def _files(key=KEY, **kw):
     return build_device_model_files(**args)
 
 
+CLASS = bytes(range(16))  # the version's class key, as the server keeps it
+
+
 def test_a_model_for_this_device_verifies_and_lists_no_subject_name():
-    files = _files()
+    files = _files(class_key=CLASS)
     m = verify_device_model_files(
         files, KEY.public_key(), bundle_id="eb-0123456789abcdef0123", key_id="sk-0011223344556677", newer_than=6
     )
     assert m.serial == 7 and m.calibration.shape == (40, 8) and m.n_components == 8
     blob = b"".join(files.values())
-    assert b"alice" not in blob and b"bob" not in blob
-    assert m.column_of("alice") == 0
-    assert m.column_of("bob") == -1  # erased since training: never accepted
-    assert m.column_of("mallory") == -1
-    assert m.known.tolist() == [0]
-    assert m.classes[0] == class_id(m.class_salt, "alice")
+    assert b"alice" not in blob and b"bob" not in blob and CLASS.hex().encode() not in blob
+    # As the broker carries it, without the class key: no claim maps to a column.
+    assert m.class_key is None and m.column_of("alice") == -1
+    # As a door receives it (GetDeviceModel), with the key beside the four files.
+    door = verify_device_model_files(files | class_key_file(CLASS), KEY.public_key())
+    assert door.class_key == CLASS and door.column_of("alice") == 0
+    assert door.column_of("bob") == -1  # erased since training: never accepted
+    assert door.column_of("mallory") == -1
+    assert door.known.tolist() == [0]
+    assert door.classes[0] == class_id(CLASS, "alice")
+
+
+@pytest.mark.parametrize("key_file", [class_key_file(bytes(16)), {CLASS_KEY: b"not hex"}])
+def test_a_class_key_the_signed_manifest_does_not_name_is_refused(key_file):
+    with pytest.raises(DeviceModelError, match="class.key") as e:
+        verify_device_model_files(_files(class_key=CLASS) | key_file, KEY.public_key())
+    assert e.value.field == "class_key"
+
+
+def test_a_listener_with_the_model_and_5000_candidate_names_names_no_one():
+    """What a listener of the broker's model topic (or a camera's disk) holds: the four signed files.
+
+    Tried: 5,000 candidate names, the 10 enrolled and 2 erased among them, each as the HMAC-SHA256 class id
+    under every key the files could offer (each manifest string and number, each hash, the signature, the
+    empty key) and as a bare SHA-256 (a keyless hash). By chance a 96-bit id matches a wrong name with
+    probability 5,000 x 12 / 2^96; none matched. With the version's class key, all twelve are found.
+    """
+    import hashlib
+
+    candidates = [f"Person_{i:04d}_{'ABCDEFGHIJ'[i % 10]}" for i in range(5000)]
+    enrolled, erased = candidates[100:1100:100], [candidates[4321], candidates[17]]
+    files = _files(subjects=[*enrolled, *erased, ""], background_index=len(enrolled) + len(erased), erased=erased,
+                   class_key=CLASS)  # fmt: skip
+    manifest = json.loads(files[MANIFEST])
+    targets = set(manifest["classes"]) | set(manifest["erased"])
+    targets.discard("")
+    keys = {b""}
+    for v in json.dumps(manifest).replace("{", " ").replace("}", " ").replace(",", " ").replace('"', " ").split():
+        keys.add(v.strip(":").encode())
+        try:
+            keys.add(bytes.fromhex(v.strip(":")))
+        except ValueError:
+            pass
+    keys.add(json.loads(files[SIGNATURE])["signature"].encode())
+    keys |= {hashlib.sha256(files[n]).digest() for n in (MODEL, CALIBRATION, MANIFEST)}
+    found = {n for n in candidates for k in keys if class_id(k, n) in targets}
+    found |= {n for n in candidates if hashlib.sha256(n.encode()).hexdigest()[:24] in targets}
+    assert found == set()
+    assert {n for n in candidates if class_id(CLASS, n) in targets} == {*enrolled, *erased}
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import pytest
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from peep.core import features
 from peep.core.bundle import generate_keypair
-from peep.core.devicemodel import MANIFEST, build_device_model_files, class_id
+from peep.core.devicemodel import MANIFEST, build_device_model_files, class_id, class_key_file
 from peep.core.mechanisms.registry import make_mechanism
 from peep.core.sitekey import SiteKey
 from peep.edge.decide import DecisionSource, DeviceDecider, ModelStore, NoDeviceModel, fuse_projections
@@ -17,6 +17,8 @@ from peep.server.recognition.export import export_onnx
 from peep.server.recognition.fitting import fit_recogniser
 
 K = 16
+#: The version's class key the rig's models are made under (a door holds it).
+CLASS_KEY_BYTES = bytes(range(16))
 BUNDLE = "eb-0123456789abcdef0123"
 
 
@@ -59,8 +61,8 @@ def rig():
         onnx=onnx, calibration=public.astype(np.float32), subjects=fitted.class_names,
         background_index=fitted.background_index, serial=5, model_version="v0001", bundle_id=BUNDLE,
         key_id=key.key_id, n_components=K, trained_at=1.0, signing_key=signer, fpir=0.01, far=0.001,
-        extra={"domain": "unit"},
-    )  # fmt: skip
+        extra={"domain": "unit"}, class_key=CLASS_KEY_BYTES,
+    ) | class_key_file(CLASS_KEY_BYTES)  # fmt: skip  # as a door receives it (GetDeviceModel)
     probes = {n: f[20:] for n, f in enrolled.items()}
     return dict(key=key, files=files, signer=signer, probes=probes, strangers=strangers, fitted=fitted)
 
@@ -111,10 +113,10 @@ def _files(rig, **kw):
         onnx=rig["files"]["model.onnx"], calibration=np.load(io.BytesIO(rig["files"]["calibration.npy"])),
         subjects=rig["fitted"].class_names, background_index=rig["fitted"].background_index, serial=6,
         model_version="v0001", bundle_id=BUNDLE, key_id=rig["key"].key_id, n_components=K, trained_at=1.0,
-        signing_key=rig["signer"],
+        signing_key=rig["signer"], class_key=CLASS_KEY_BYTES,
     )  # fmt: skip
     args.update(kw)
-    return build_device_model_files(**args)
+    return build_device_model_files(**args) | class_key_file(args["class_key"])
 
 
 def test_an_epsilon_label_too_small_for_the_fpir_target_refuses_to_decide(tmp_path, rig):
@@ -146,7 +148,7 @@ def test_erased_subjects_are_never_named_nor_accepted(tmp_path, rig):
     assert store.offer(files, source="test").serial == 6
     d = DeviceDecider(store.current, domain="unit", site_key=rig["key"], epsilon_label=None)
     P = d.probabilities(rig["probes"]["p0"])
-    assert np.all(P[:, d.model.classes.index(class_id(d.model.class_salt, "p0"))] == 0)
+    assert np.all(P[:, d.model.classes.index(class_id(d.model.class_key, "p0"))] == 0)
     assert not any(d.verify(f[None], "p0").accepted for f in rig["probes"]["p0"])
 
 
@@ -211,26 +213,50 @@ def test_a_pre_erasure_model_copied_into_current_does_not_bring_the_erased_perso
 
 
 def test_a_corrupt_current_falls_back_only_to_a_previous_that_knew_every_erasure(tmp_path, rig):
-    salt = bytes(16)  # one version's salt, as the server keeps it: a re-issue has the same ids
+    salt = bytes(16)  # one version's class key, as the server keeps it: a re-issue has the same ids
     store = ModelStore(tmp_path / "m", rig["signer"].public_key(), bundle_id=BUNDLE, key_id=rig["key"].key_id)
-    store.offer(_files(rig, serial=5, salt=salt), source="test")
-    store.offer(_files(rig, erased=["p0"], salt=salt), source="test")  # 6: an erasure, the floor
-    store.offer(_files(rig, erased=["p0"], serial=7, salt=salt), source="test")  # 7: a re-issue of 6
+    store.offer(_files(rig, serial=5, class_key=salt), source="test")
+    store.offer(_files(rig, erased=["p0"], class_key=salt), source="test")  # 6: an erasure, the floor
+    store.offer(_files(rig, erased=["p0"], serial=7, class_key=salt), source="test")  # 7: a re-issue of 6
     assert store.erasure_floor() == 6
     (tmp_path / "m" / "current" / MANIFEST).write_bytes(b"{ damaged")
     again = ModelStore(tmp_path / "m", rig["signer"].public_key(), bundle_id=BUNDLE, key_id=rig["key"].key_id)
     assert again.load().serial == 6 and not _erased_person_is_accepted(again, rig)  # the previous, erasure known
     # One more erasure (8), then a damaged current: its previous (7) predates it and is not used.
-    again.offer(_files(rig, erased=["p0", "p1"], serial=8, salt=salt), source="test")
+    again.offer(_files(rig, erased=["p0", "p1"], serial=8, class_key=salt), source="test")
     assert again.erasure_floor() == 8
     (tmp_path / "m" / "current" / MANIFEST).write_bytes(b"{ damaged")
     third = ModelStore(tmp_path / "m", rig["signer"].public_key(), bundle_id=BUNDLE, key_id=rig["key"].key_id)
     assert third.load() is None
     # A damaged floor file: only the newest stored model that verifies may serve, not its previous.
     fresh = ModelStore(tmp_path / "n", rig["signer"].public_key(), bundle_id=BUNDLE, key_id=rig["key"].key_id)
-    fresh.offer(_files(rig, serial=5, salt=salt), source="test")
-    fresh.offer(_files(rig, serial=6, salt=salt), source="test")  # a re-issue: the floor stays at 5
+    fresh.offer(_files(rig, serial=5, class_key=salt), source="test")
+    fresh.offer(_files(rig, serial=6, class_key=salt), source="test")  # a re-issue: the floor stays at 5
     assert fresh.erasure_floor() == 5
     (tmp_path / "n" / "erasure-floor").write_text("garbage")
     fourth = ModelStore(tmp_path / "n", rig["signer"].public_key(), bundle_id=BUNDLE, key_id=rig["key"].key_id)
     assert fourth.erasure_floor() == 6 and fourth.load().serial == 6
+
+
+def test_a_door_takes_a_model_only_with_its_class_key_and_keeps_the_key_to_itself(tmp_path, rig):
+    """The broker's copy has no class key (ids name no one without it): a door refuses it, takes the one an
+    authenticated GetDeviceModel call hands it (with ``class.key``), and stores the key readable by itself only."""
+    from peep.core.devicemodel import CLASS_KEY
+
+    door = ModelStore(tmp_path / "d", rig["signer"].public_key(), bundle_id=BUNDLE, key_id=rig["key"].key_id,
+                      needs_class_key=True)  # fmt: skip
+    broadcast = {k: v for k, v in _files(rig).items() if k != CLASS_KEY}
+    assert door.offer(broadcast, source="mqtt") is None and door.refusals == {"class_key": 1}
+    held = door.offer(_files(rig), source="grpc")
+    assert held is not None and held.class_key == CLASS_KEY_BYTES and held.column_of("p0") >= 0
+    stored = tmp_path / "d" / "current" / CLASS_KEY
+    assert stored.stat().st_mode & 0o777 == 0o600
+    assert ModelStore(tmp_path / "d", rig["signer"].public_key(), bundle_id=BUNDLE, key_id=rig["key"].key_id,
+                      needs_class_key=True).load().class_key == CLASS_KEY_BYTES  # fmt: skip
+    # A camera takes the broadcast: its labels are the same ids, which the server alone maps to names.
+    camera = ModelStore(tmp_path / "c", rig["signer"].public_key(), bundle_id=BUNDLE, key_id=rig["key"].key_id)
+    taken = camera.offer(broadcast, source="mqtt")
+    assert taken is not None and taken.class_key is None and taken.column_of("p0") == -1
+    stored.unlink()  # a stored model whose key was lost: the door does not decide with it
+    assert ModelStore(tmp_path / "d", rig["signer"].public_key(), bundle_id=BUNDLE, key_id=rig["key"].key_id,
+                      needs_class_key=True).load() is None  # fmt: skip

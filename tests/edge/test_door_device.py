@@ -29,7 +29,7 @@ def device_door(make_config, edge_keys):
 
 def _device_model(agent, pipeline, video, edge_keys, serial=1):
     """A linear model (scaled cosine to each class direction) with alice = the video's face, bob = elsewhere."""
-    from peep.core.devicemodel import build_device_model_files
+    from peep.core.devicemodel import build_device_model_files, class_key_file
     from peep.server.recognition.export import _linear_onnx
 
     read = frames(video["path"], limit=3)
@@ -47,9 +47,9 @@ def _device_model(agent, pipeline, video, edge_keys, serial=1):
         onnx=onnx, calibration=(public / np.linalg.norm(public, axis=1, keepdims=True)).astype(np.float32),
         subjects=["alice", "bob", "carol", ""], background_index=3, serial=serial, model_version="v0001",
         bundle_id=pipeline.releaser.bundle_id, key_id=pipeline.releaser.key_id, n_components=k, trained_at=1.0,
-        signing_key=edge_keys["private"], extra={"domain": "unit"},
+        signing_key=edge_keys["private"], extra={"domain": "unit"}, class_key=bytes(16),
     )  # fmt: skip
-    return files
+    return files | class_key_file(bytes(16))  # as GetDeviceModel hands it to a door
 
 
 def test_a_door_deciding_on_the_device_opens_for_the_face_without_the_server_and_spools_the_record(

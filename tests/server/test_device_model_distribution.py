@@ -49,9 +49,13 @@ def test_a_device_gets_the_newest_model_of_its_bundle_and_key_and_unchanged_once
     newest = s.device_models.newest(templates.bundle_id, "")
     got = _ask(issuing, templates.bundle_id)
     assert got.serial == newest.serial and not got.unchanged
-    assert {f.name for f in got.files} == {"model.onnx", "calibration.npy", "manifest.json", "signature.json"}
+    # The four signed files, and the version's class key: only an authenticated call carries it.
+    assert {f.name for f in got.files} == {"model.onnx", "calibration.npy", "manifest.json", "signature.json",
+                                           "class.key"}  # fmt: skip
     model = verified(got.SerializeToString(), model_keys[1], bundle_id=templates.bundle_id, key_id="", newer_than=0)
     assert model.serial == newest.serial
+    assert model.class_key == bytes.fromhex(s.recogniser.model.meta["device_class_salt"])
+    assert "class.key" not in {f.name for f in recognition_pb2.DeviceModelFiles.FromString(newest.payload).files}
     for have in (newest.serial, newest.serial + 5):
         same = _ask(issuing, templates.bundle_id, have=have)
         assert same.unchanged and same.serial == newest.serial and len(same.files) == 0

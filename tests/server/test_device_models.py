@@ -41,10 +41,15 @@ def test_a_promotion_issues_a_signed_device_model_that_names_nobody(issuing, tem
     m = s.recogniser.model
     newest = s.device_models.newest(m.bundle_id, m.key_id)
     assert newest is not None and newest.reason == "promotion" and newest.model_version == "v000001"
-    model = verified(newest.payload, model_keys[1], bundle_id=templates.bundle_id, key_id="")
-    salt = bytes.fromhex(m.meta["device_class_salt"])
-    assert model.class_salt == salt and model.model_version == "v000001"
+    broadcast = verified(newest.payload, model_keys[1], bundle_id=templates.bundle_id, key_id="")
     subjects = sorted(set(templates.subjects.tolist()))
+    # What the broker carries holds no class key: its ids map no claim to a column.
+    assert broadcast.class_key is None and not any(broadcast.column_of(sub) >= 0 for sub in subjects)
+    # A door's authenticated call gets the key beside the files.
+    answer = s.device_models.answer(m.bundle_id, m.key_id, 0, with_class_key=True)
+    model = verified(answer, model_keys[1], bundle_id=templates.bundle_id, key_id="")
+    salt = bytes.fromhex(m.meta["device_class_salt"])
+    assert model.class_key == salt and model.model_version == "v000001"
     assert model.n_subjects == len(subjects) and all(model.column_of(sub) >= 0 for sub in subjects)
     assert {model.classes[model.column_of(sub)] for sub in subjects} == {class_id(salt, sub) for sub in subjects}
     # opaque: neither an enrolled name nor a background subject is in the signed manifest
@@ -133,7 +138,8 @@ def test_erasing_a_subject_issues_at_once_a_model_that_never_names_them(issuing,
     after = s.device_models.newest(m.bundle_id, m.key_id)
     assert after.serial > before.serial and after.reason == "erasure" and after.erased == 1
     assert after.model_version == before.model_version  # no retraining needed
-    model = verified(after.payload, model_keys[1], newer_than=before.serial)
+    model = verified(s.device_models.answer(m.bundle_id, m.key_id, 0, with_class_key=True), model_keys[1],
+                     newer_than=before.serial)  # fmt: skip
     salt = bytes.fromhex(m.meta["device_class_salt"])
     assert model.erased == frozenset({class_id(salt, subject)}) and model.column_of(subject) == -1
     assert model.n_subjects == before.subjects - 1

@@ -601,6 +601,7 @@ class Agent:
             self.model_public_key,
             bundle_id=self.releaser.bundle_id,
             key_id=self.releaser.key_id,
+            needs_class_key=cfg.door.enabled and cfg.door.decision == "device",
         )
         held = self.model_store.load()
         camera = cfg.recognition.decide == "device"

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from peep.core.decision import CleanThresholds, accept_claims, calibrate_clean, claim_scores, identify_open_set
-from peep.core.devicemodel import FILES, DeviceModel, DeviceModelError, verify_device_model_files
+from peep.core.devicemodel import CLASS_KEY, FILES, DeviceModel, DeviceModelError, verify_device_model_files
 from peep.core.labels import RandomizedResponse
 from peep.core.sitekey import SiteKey
 from peep.edge.logs import log_event
@@ -261,6 +261,9 @@ class ModelStore:
         This device's bundle and site key id (``""`` for none): a model for another is refused.
     clock : callable returning float
         Wall clock (expiry).
+    needs_class_key : bool
+        A door deciding on the device: it takes only models with their class key (``class.key``, sent by an
+        authenticated ``GetDeviceModel`` call, never on the broker), without which no claim can be decided.
     """
 
     def __init__(
@@ -271,8 +274,10 @@ class ModelStore:
         bundle_id: str,
         key_id: str,
         clock: Callable[[], float] = time.time,
+        needs_class_key: bool = False,
     ) -> None:
         self.root = Path(root)
+        self.needs_class_key = needs_class_key
         self.public_key = public_key
         self.bundle_id = bundle_id
         self.key_id = key_id
@@ -297,7 +302,7 @@ class ModelStore:
         d = self.root / name
         if not d.is_dir():
             return None
-        files = {f: (d / f).read_bytes() for f in FILES if (d / f).is_file()}
+        files = {f: (d / f).read_bytes() for f in (*FILES, CLASS_KEY) if (d / f).is_file()}
         try:
             return verify_device_model_files(files, self.public_key, bundle_id=self.bundle_id, key_id=self.key_id)
         except DeviceModelError as exc:
@@ -362,6 +367,10 @@ class ModelStore:
                               error=f"serial: expected {floor} or later (the newest erasure this device has heard "
                               f"of), received {m.serial}")  # fmt: skip
                     continue
+                if m is not None and self.needs_class_key and m.class_key is None:
+                    log_event(_log, logging.WARNING, "device_model_unusable", folder=name,
+                              error=f"{CLASS_KEY}: missing (a door decides only with the class key)")  # fmt: skip
+                    continue
                 if m is not None and not m.expired(self.clock()):
                     self._current = m
                     return m
@@ -371,8 +380,11 @@ class ModelStore:
     def _write(self, files: Mapping[str, bytes]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=self.root, prefix=".incoming-"))
-        for name in FILES:
-            with open(tmp / name, "wb") as fh:
+        for name in (*FILES, CLASS_KEY):
+            if name not in files:
+                continue
+            # The class key is a secret of the site's doors: readable by this device's user alone.
+            with open(os.open(tmp / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as fh:
                 fh.write(files[name])
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -413,6 +425,11 @@ class ModelStore:
                 model = verify_device_model_files(
                     files, self.public_key, bundle_id=self.bundle_id, key_id=self.key_id, newer_than=held
                 )
+                if self.needs_class_key and model.class_key is None:
+                    raise DeviceModelError(
+                        f"{CLASS_KEY}: a door deciding on the device takes a model with its class key, which only "
+                        "GetDeviceModel over gRPC sends (the broker's copy has none)", "class_key",
+                    )  # fmt: skip
                 if model.expired(self.clock()):
                     raise DeviceModelError(
                         f"expires_at: expected a model still valid, received one that expired at {model.expires_at:.0f}"

@@ -16,12 +16,18 @@ releases only a decision. What travels, as four files like a bundle's:
 ``manifest.json``
     What the model is and whom it decides: ``serial`` (strictly increasing; a device takes only a newer
     one), the server's ``model_version``, the ``bundle_id`` and site-key ``key_id`` it was trained under,
-    ``classes`` as **opaque ids** (subject names stay on the server: a stolen device does not list who is
-    enrolled), the ``class_salt`` that maps a claimed subject to its id (a door can test a badge's
-    subject; nobody can list them), ``erased`` ids (columns a device must never name), the FPIR/FAR
-    targets, and the SHA-256 of the two files above.
+    ``classes`` as **opaque ids** (subject names stay on the server), the SHA-256 of the *class key*
+    under which they are made, ``erased`` ids (columns a device must never name) under the same key, the
+    FPIR/FAR targets, and the SHA-256 of the two files above.
 ``signature.json``
     Ed25519 over the manifest (:func:`peep.core.signing.sign_document`), by the deployer's key.
+
+A class id is HMAC-SHA256 of the subject's name under the model version's class key: 16 random bytes the
+server keeps and never writes into these files, which go to every listener of the broker's model topic.
+Without the key an id links to no name, however many names one tries. A door, which must turn a badge's
+subject into its column, gets the key as a fifth file, ``class.key``, only from an authenticated
+``GetDeviceModel`` call; it is checked against the signed hash. Whoever holds such a door's disk holds the
+key and can test names offline (see docs/DECISIONS.md for what that yields).
 
 :func:`verify_device_model_files` trusts nothing before the signature verifies against the pinned key,
 then refuses, each by name, a model of another format, bundle or site key, an older or equal serial, and a
@@ -37,7 +43,7 @@ import json
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import numpy as np
@@ -54,7 +60,9 @@ _DOMAIN: Final = b"peep-device-model/1"
 #: Largest device model accepted, all files together (a one-hidden-layer MLP of 512 units on 128 inputs
 #: and a few thousand calibration faces are well under 10 MB).
 MAX_BYTES: Final = 64 * 1024 * 1024
-_SALT_BYTES: Final = 16
+#: The optional fifth file: the version's class key (hex), for doors only; never broadcast.
+CLASS_KEY: Final = "class.key"
+_KEY_BYTES: Final = 16
 
 
 class DeviceModelError(ValueError):
@@ -65,12 +73,22 @@ class DeviceModelError(ValueError):
         self.field = field or message.partition(":")[0]
 
 
-def class_id(salt: bytes, subject: str) -> str:
-    """A subject's opaque id in one device model: HMAC-SHA256 of the subject under the model's salt, 24 hex.
+def class_id(key: bytes, subject: str) -> str:
+    """A subject's opaque id in one model version: HMAC-SHA256 of the subject under its class key, 24 hex.
 
-    The salt is fresh for every model, so the ids of one model do not link to another's.
+    The key is fresh for every trained version, so the ids of one version do not link to another's.
     """
-    return hmac.new(salt, subject.encode("utf-8"), hashlib.sha256).hexdigest()[:24]
+    return hmac.new(key, subject.encode("utf-8"), hashlib.sha256).hexdigest()[:24]
+
+
+def class_key_sha256(key: bytes) -> str:
+    """What the signed manifest says of the class key: its SHA-256 (hex)."""
+    return hashlib.sha256(key).hexdigest()
+
+
+def class_key_file(key: bytes) -> dict[str, bytes]:
+    """The ``class.key`` file a door receives beside a model's four files."""
+    return {CLASS_KEY: key.hex().encode("ascii")}
 
 
 def _sha256(data: bytes) -> str:
@@ -104,7 +122,9 @@ class DeviceModel:
     background_index : int or None
     erased : frozenset of str
         Opaque ids of subjects erased since training: never named, never accepted.
-    class_salt : bytes
+    class_key : bytes or None
+        The version's class key when the device was given it (a door, over an authenticated call); None
+        otherwise: ids then name no one, and no claim can be decided.
     n_components : int
     fpir, far : float
         Targets of the device's thresholds (identification, claims).
@@ -126,7 +146,7 @@ class DeviceModel:
     classes: tuple[str, ...]
     background_index: int | None
     erased: frozenset[str]
-    class_salt: bytes
+    class_key: bytes | None
     n_components: int
     fpir: float
     far: float
@@ -160,8 +180,11 @@ class DeviceModel:
         return 1.0 / counts[inverse]
 
     def column_of(self, subject: str) -> int:
-        """The column of a claimed subject, ``-1`` when the model does not know them (or they were erased)."""
-        cid = class_id(self.class_salt, subject)
+        """The column of a claimed subject, ``-1`` when the model does not know them (or they were erased), or
+        when this device does not hold the class key."""
+        if self.class_key is None:
+            return -1
+        cid = class_id(self.class_key, subject)
         if cid in self.erased:
             return -1
         try:
@@ -195,7 +218,7 @@ def build_device_model_files(
     fpir: float = 0.01,
     far: float = 0.001,
     erased: Sequence[str] = (),
-    salt: bytes | None = None,
+    class_key: bytes | None = None,
     extra: Mapping[str, Any] | None = None,
     issued_at: float | None = None,
     valid_s: float = 7 * 86400.0,
@@ -215,8 +238,9 @@ def build_device_model_files(
         Subject names erased since training (written as opaque ids).
     signing_key : Ed25519PrivateKey
         The deployer's key (devices pin its public half).
-    salt : bytes, optional
-        16 random bytes by default; tests pass one.
+    class_key : bytes, optional
+        The version's class key (at least 16 bytes; random by default, tests pass one). Only its hash is
+        written: a door gets the key itself apart (:func:`class_key_file`).
     extra : mapping, optional
         More manifest fields (e.g. the preset's name).
     valid_s : float
@@ -242,8 +266,10 @@ def build_device_model_files(
         raise DeviceModelError(
             f"calibration_groups: expected one person per calibration face ({cal.shape[0]}), received {len(groups)}"
         )
-    salt = os.urandom(_SALT_BYTES) if salt is None else salt
-    ids = ["" if i == background_index else class_id(salt, s) for i, s in enumerate(subjects)]
+    key = os.urandom(_KEY_BYTES) if class_key is None else bytes(class_key)
+    if len(key) < _KEY_BYTES:
+        raise DeviceModelError(f"class_key: expected at least {_KEY_BYTES} random bytes, received {len(key)}")
+    ids = ["" if i == background_index else class_id(key, s) for i, s in enumerate(subjects)]
     cal_bytes = _npy(cal)
     manifest = {
         **dict(extra or {}),
@@ -254,8 +280,8 @@ def build_device_model_files(
         "key_id": key_id,
         "classes": ids,
         "background_index": background_index,
-        "erased": sorted({class_id(salt, s) for s in erased}),
-        "class_salt": salt.hex(),
+        "erased": sorted({class_id(key, s) for s in erased}),
+        "class_key_sha256": class_key_sha256(key),
         "n_components": int(n_components),
         "targets": {"fpir": float(fpir), "far": float(far)},
         "calibration": {"faces": int(cal.shape[0]), **({"groups": groups} if groups is not None else {})},
@@ -267,6 +293,22 @@ def build_device_model_files(
     manifest_bytes = _canonical(manifest)
     signature = {"algorithm": "ed25519", "signature": sign_document(signing_key, _DOMAIN, manifest_bytes)}
     return {MODEL: onnx, CALIBRATION: cal_bytes, MANIFEST: manifest_bytes, SIGNATURE: _canonical(signature)}
+
+
+def _class_key(files: Mapping[str, bytes], signed_sha256: str) -> bytes | None:
+    """The class key sent beside the model (None when none was), checked against the signed hash."""
+    raw = files.get(CLASS_KEY)
+    if raw is None:
+        return None
+    try:
+        key = bytes.fromhex(raw.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        raise DeviceModelError(f"{CLASS_KEY}: expected the class key in hex", "class_key") from None
+    if not hmac.compare_digest(class_key_sha256(key), signed_sha256):
+        raise DeviceModelError(
+            f"{CLASS_KEY}: not the class key the signed manifest names (another version's, or altered)", "class_key"
+        )
+    return key
 
 
 def read_manifest_unverified(files: Mapping[str, bytes]) -> dict[str, Any]:
@@ -302,9 +344,11 @@ def verify_device_model_files(
     missing = [n for n in FILES if n not in names]
     if missing:
         raise DeviceModelError(f"{missing[0]}: missing from the device model (unsigned or incomplete)", "files")
-    extra = sorted(names - set(FILES))
+    extra = sorted(names - set(FILES) - {CLASS_KEY})
     if extra:
-        raise DeviceModelError(f"files: expected only {', '.join(FILES)}, received also {extra[0][:64]!r}")
+        raise DeviceModelError(
+            f"files: expected only {', '.join(FILES)} (and {CLASS_KEY}), received also {extra[0][:64]!r}"
+        )
     total = sum(len(v) for v in files.values())
     if total > MAX_BYTES:
         raise DeviceModelError(f"files: expected at most {MAX_BYTES} bytes in all, received {total}")
@@ -329,7 +373,7 @@ def verify_device_model_files(
             classes=tuple(str(c) for c in m["classes"]),
             background_index=None if m["background_index"] is None else int(m["background_index"]),
             erased=frozenset(str(c) for c in m["erased"]),
-            class_salt=bytes.fromhex(str(m["class_salt"])),
+            class_key=None,
             n_components=int(m["n_components"]),
             fpir=float(m["targets"]["fpir"]),
             far=float(m["targets"]["far"]),
@@ -341,8 +385,10 @@ def verify_device_model_files(
             manifest=m,
         )
         hashes = dict(m["files"])
+        key_sha256 = str(m["class_key_sha256"])
     except (ValueError, KeyError, TypeError) as exc:
         raise DeviceModelError(f"manifest: malformed device model manifest ({str(exc)[:80]})") from None
+    model = replace(model, class_key=_class_key(files, key_sha256))
     if m.get("format") != FORMAT:
         raise DeviceModelError(f"format: expected {FORMAT!r}, received {str(m.get('format'))[:64]!r}")
     if bundle_id is not None and model.bundle_id != bundle_id:

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from peep.core.devicemodel import build_device_model_files, class_id
+from peep.core.devicemodel import build_device_model_files, class_id, class_key_file
 from peep.core.wire import ID_PATTERN, device_model_message
 from peep.server.bundles.calibrate import CalibrationSet
 from peep.server.config import DeviceModelsConfig
@@ -242,7 +242,7 @@ class DeviceModels:
                     fpir=self.config.fpir,
                     far=self.config.far,
                     erased=erased,
-                    salt=plan["salt"],
+                    class_key=plan["salt"],
                     extra={"domain": m.domain, "calibration_sha256": cal.sha256},
                     issued_at=issued_at,
                     valid_s=self.config.valid_s,
@@ -366,11 +366,13 @@ class DeviceModels:
             self._payload = (row.serial, payload)
         return replace(row, payload=payload)
 
-    def answer(self, bundle_id: str, key_id: str, have_serial: int) -> bytes:
+    def answer(self, bundle_id: str, key_id: str, have_serial: int, *, with_class_key: bool = False) -> bytes:
         """The encoded ``DeviceModelFiles`` a device asking with ``have_serial`` gets (checked inputs).
 
         The newest model of its bundle and key with its files, or ``unchanged`` (its serial, no files) when the
-        device holds it already (``have_serial`` at least the newest serial).
+        device holds it already (``have_serial`` at least the newest serial). ``with_class_key``: the files
+        also hold ``class.key``, the version's class key a door turns a badge's subject into a column with;
+        only for a caller the server authenticated, never on the broker.
 
         Raises
         ------
@@ -393,7 +395,21 @@ class DeviceModels:
         full = self.newest(bundle_id, key_id)
         if full is None or full.payload is None:  # withdrawn between the two reads
             raise NoDeviceModel(f"bundle_id, key_id: the device models of key {key_id or 'none'} were withdrawn")
-        return full.payload
+        if not with_class_key:
+            return full.payload
+        key = self._class_key(full.model_version)
+        if key is None:
+            raise NoDeviceModel(f"bundle_id, key_id: model version {full.model_version} is no longer kept")
+        msg = recognition_pb2.DeviceModelFiles.FromString(full.payload)
+        for name, content in class_key_file(key).items():
+            msg.files.add(name=name, content=content)
+        return msg.SerializeToString(deterministic=True)
+
+    def _class_key(self, version: str) -> bytes | None:
+        try:
+            return bytes.fromhex(str(self.registry.get(version).meta["device_class_salt"]))
+        except (RegistryError, OSError, KeyError, ValueError, TypeError):
+            return None
 
     def withdraw_key(self, key_id: str) -> int:
         """Withdraw every model of site key ``key_id`` (retired): never served or re-issued; returns how many."""

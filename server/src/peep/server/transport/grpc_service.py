@@ -301,7 +301,10 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
         check_model_request(request.bundle_id, request.key_id)
         identity = current_identity()
         self.s.device_model_requests.admit(identity.name if identity is not None else "")
-        payload = self.s.device_models.answer(request.bundle_id, request.key_id, int(request.have_serial))
+        # The class key (which turns a badge's subject into its column) goes to authenticated callers only:
+        # the broker's model topic carries the model without it.
+        payload = self.s.device_models.answer(request.bundle_id, request.key_id, int(request.have_serial),
+                                              with_class_key=identity is not None)  # fmt: skip
         return recognition_pb2.DeviceModelFiles.FromString(payload)
 
     # ------------------------------------------------------------ admin
