@@ -367,19 +367,22 @@ def test_a_template_nobody_subscribes_to_is_kept_and_sent_again(system_broker, c
     from peep.edge.transport.mqtt import MqttForwarder, MqttLink
 
     device = f"cam-{uuid.uuid4().hex[:8]}"
+    # A topic root of its own: on the shared broker another worker's server (the benches' default root) takes
+    # every peep/v1/+/+/templates, and "nobody subscribes" must be true of this one.
+    root = f"nobody-{uuid.uuid4().hex[:8]}/v1"
     path = tmp_path / "spool.sqlite3"
     spool = Spool(path, destinations=["mqtt"])
     for i in range(3):
         spool.put(message_id=f"m{i}", purpose="identify", payload=f"<<m{i}-{device}>>".encode())
-    link = MqttLink(MqttConfig(host=system_broker[0], port=system_broker[1], tls=False), client_id=f"nobody-{device}",
-                    site=EDGE_SITE, device_id=device, publish_status=False)  # fmt: skip
+    link = MqttLink(MqttConfig(host=system_broker[0], port=system_broker[1], tls=False, topic_prefix=root),
+                    client_id=f"nobody-{device}", site=EDGE_SITE, device_id=device, publish_status=False)  # fmt: skip
     fwd = MqttForwarder(link, spool, retry_min_s=0.2, retry_max_s=0.5)
     link.start()
     fwd.start()
     try:
         time.sleep(2.0)  # several PUBACKs with 0x10 meanwhile
         assert spool.depth("mqtt") == 3, "a template nobody received was deleted"
-        col = collector_factory(*system_broker, [f"peep/v1/{EDGE_SITE}/{device}/templates"])
+        col = collector_factory(*system_broker, [f"{root}/{EDGE_SITE}/{device}/templates"])
         assert col.wait_for(lambda: spool.depth("mqtt") == 0, 20), "the spool did not drain once subscribed"
         assert col.wait_for(lambda: len(set(col.payloads())) == 3, 5)
         assert sorted(set(col.payloads())) == sorted(f"<<m{i}-{device}>>".encode() for i in range(3))

@@ -129,9 +129,11 @@ def _server(work: Path, bundle_dir: Path, pub: Path, tokens: dict[str, str], adm
         "auth": {"admin_token_sha256": token_sha256(admin),
                  "devices": [{"id": d, "site": site, "token_sha256": token_sha256(t), "signing_key": signing_keys[d]}
                              for d, t in tokens.items()]},
+        # A topic root of the run's own: on a broker others use, the bench neither takes their templates nor
+        # hands them its decisions.
         "mqtt": {"enabled": mqtt, "host": "127.0.0.1", "port": 1883, "username": "", "share_group": f"peep-{site}",
                  "client_id": f"peep-{site}-server", "session_expiry_s": 0, "clear_retained": False,
-                 "decision_signing_key": str(decision_key)},
+                 "decision_signing_key": str(decision_key), "topic_prefix": f"{site}/v1"},
         "training": {"model_dir": str(work / "models"), "preset": "lda", "device_models": device_models},
         # Thousands of claims in minutes: the per-device rate of claim checks above the bench's traffic.
         "recognition": {"claim_checks_per_s": 1000.0, "claim_checks_burst": 1000},
@@ -179,7 +181,8 @@ def _door_config(work: Path, bundle_dir: Path, pub: Path, pki: Any, site: str, p
         "privacy": {"mechanism": MECHANISM, "epsilon": EPSILON, "track_budget": 2 * EPSILON,
                     "site_key": str(site_key)},
         "capture": {"source": str(video), "max_fps": 0.0},
-        "mqtt": {"enabled": decision == "mqtt", "host": "127.0.0.1", "port": 1883, "tls": False},
+        "mqtt": {"enabled": decision == "mqtt", "host": "127.0.0.1", "port": 1883, "tls": False,
+                 "topic_prefix": f"{site}/v1"},
         # Deciding on the device, gRPC fetches the model (GetDeviceModel) and carries the spooled access records.
         "grpc": {"enabled": decision in ("grpc", "device"), "target": f"localhost:{port}", "tls": True,
                  "ca_file": str(pki.ca_cert), "token_env": "PEEP_BENCH_DOOR_TOKEN"},
