@@ -72,9 +72,12 @@ def test_live_pages_through_every_kept_recognition_not_the_latest_100(console):
 
 
 def test_live_filters_by_decision_and_says_what_probability_means(console):
-    _ingest(console, [console.faces.stranger(device="cam-2", track_id=f"unk-{k}") for k in range(5)])
     cs = _store(console)
-    assert _wait(lambda: cs.count_recognitions(device_id="cam-2", decision="unknown") >= 5)
+    before = cs.count_recognitions(device_id="cam-2")
+    # Noisy releases of a stranger: most are decided unknown, not every one (the model's FPIR is not 0).
+    _ingest(console, [console.faces.stranger(device="cam-2", track_id=f"unk-{k}") for k in range(10)])
+    assert _wait(lambda: cs.count_recognitions(device_id="cam-2") >= before + 10)
+    assert cs.count_recognitions(device_id="cam-2", decision="unknown") >= 1
     with console.login("olga") as c:
         page = c.get("/live", params={"decision": "unknown", "period": "1h"}).text
         rows = _rows(page, "events")
