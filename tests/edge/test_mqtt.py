@@ -53,7 +53,14 @@ def test_agent_publishes_templates_status_and_metrics(
     agent = Agent(cfg, environ={})
     thread, result = h.run_agent_in_thread(agent)
     assert col.wait_for(lambda: len(col.payloads()) >= 1, 30), "no template arrived"
-    body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+
+    def scrape() -> str:
+        return urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+
+    # The publish latency is observed on the broker's PUBACK, which can reach the agent after the subscriber
+    # has the template.
+    assert col.wait_for(lambda: "peep_edge_publish_latency_seconds_bucket" in scrape(), 10)
+    body = scrape()
     for name in (
         "peep_edge_frames_total",
         "peep_edge_faces_detected_total",
