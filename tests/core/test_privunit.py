@@ -184,7 +184,12 @@ def test_release_clips_to_the_unit_sphere_whatever_the_caller_passes():
     np.testing.assert_allclose(m.clip(np.array([3.0, 0.0, 4.0, 0.0])), [0.6, 0.0, 0.8, 0.0])
     np.testing.assert_array_equal(m.clip(np.zeros((2, 4))), [[1.0, 0, 0, 0], [1.0, 0, 0, 0]])
     big = m.release(np.array([1e6, 0, 0, 0]))
-    assert np.linalg.norm(big) <= m.radius * (1 + 1e-3)
+    # Norm 1/m before the grid noise (full support, scale smoothing_scale): a fixed 0.1 % tolerance was exceeded
+    # by chance once in a clean-clone run. The bound is the release's own, 40 noise scales past the radius,
+    # which a release of the unclipped 1e6 would be far beyond.
+    lo, hi = m.plausible_range(40)
+    assert np.all((lo <= big) & (big <= hi)) and hi[0] < 2 * m.radius
+    assert abs(np.linalg.norm(big) - m.radius) <= 40 * np.sqrt(2.0) * m.smoothing_scale * 2
 
 
 # --------------------------------------------------------------------------- validation and randomness
