@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -238,3 +239,25 @@ def test_a_socket_goes_in_its_folder_unless_the_path_is_too_long_then_in_a_short
     deep.make()  # a part started again after its stop
     assert short.is_dir() and short.stat().st_mode & 0o777 == 0o700
     deep.remove()
+
+
+def test_a_balancer_whose_port_is_taken_before_its_first_start_takes_another_and_keeps_it_on_a_restart(tmp_path, pki):
+    missing = haproxy_missing()
+    if missing:
+        pytest.skip(missing)
+    balancer = Balancer(tmp_path / "lb", cert=pki.server_cert, key=pki.server_key, ca=pki.client_ca,
+                        replicas=[("replica-x", free_port(), free_port())])  # fmt: skip
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", balancer.port))
+        squatter.listen()
+        taken = balancer.port
+        try:
+            balancer.start()
+            assert balancer.port != taken
+            assert f"127.0.0.1:{balancer.port} " in balancer.conf.read_text()
+            kept = balancer.port
+            balancer.stop()
+            balancer.start()
+            assert balancer.port == kept
+        finally:
+            balancer.stop()

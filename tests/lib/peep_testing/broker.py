@@ -27,18 +27,13 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
+from peep.server.bench.cluster import free_port, listens_on
 from peep.server.bench.soak.parts import DEVICE_MOUNT, ShippedMosquitto, mosquitto_missing
 
 DEVICE_PASSWORDS = {"cam-1": "cam-1-pw-" + uuid.uuid4().hex[:8], "cam-2": "cam-2-pw-" + uuid.uuid4().hex[:8]}
 SERVER_PASSWORD = "server-pw-" + uuid.uuid4().hex[:8]
 MOUNT = DEVICE_MOUNT
 MOSQUITTO = "/usr/sbin/mosquitto"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -59,8 +54,17 @@ class Mosquitto:
             pytest.skip(f"{MOSQUITTO} not installed (Debian package mosquitto)")
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = port or free_port()
+        self._chosen_port = port is None  # a port of ours may be replaced if taken before the first start
+        self._conf_body = conf_body
+        self._persistence = persistence
+        self._started = False
         self.conf = workdir / "mosquitto.conf"
+        self._listen_on(port or free_port())
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def _listen_on(self, port: int) -> None:
+        self.port = port
+        workdir, conf_body, persistence = self.workdir, self._conf_body, self._persistence
         lines = [f"listener {self.port} 127.0.0.1"] if "listener" not in conf_body else []
         if "allow_anonymous" not in conf_body:
             lines.append("allow_anonymous true")
@@ -70,21 +74,38 @@ class Mosquitto:
         if os.geteuid() == 0:
             # As root mosquitto drops to the `mosquitto` user, which cannot read pytest's tmp dirs.
             lines.append("user root")
-        self.conf.write_text("\n".join(lines) + "\n" + conf_body.replace("{port}", str(self.port)) + "\n")
-        self.proc: subprocess.Popen[bytes] | None = None
+        self._written = "\n".join(lines) + "\n" + conf_body.replace("{port}", str(self.port)) + "\n"
+        self.conf.write_text(self._written)
 
     def start(self) -> Mosquitto:
-        with open(self.workdir / "stderr.txt", "ab") as err:
-            self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.conf)], stdout=subprocess.DEVNULL, stderr=err)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                err = (self.workdir / "stderr.txt").read_text(errors="replace")
-                raise RuntimeError(f"mosquitto exited: {err} {self.log()}")
-            if port_open("127.0.0.1", self.port, 0.2):
-                return self
-            time.sleep(0.05)
-        raise RuntimeError("mosquitto did not start")
+        """Start mosquitto and wait for its listener.
+
+        Before the first successful start, a port this broker chose itself and
+        another process took meanwhile is replaced; a restart keeps the port.
+        """
+        stderr = self.workdir / "stderr.txt"
+        for attempt in range(3):
+            err_at = stderr.stat().st_size if stderr.exists() else 0
+            log_at = len(self.log())
+            with open(stderr, "ab") as err:
+                self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.conf)], stdout=subprocess.DEVNULL, stderr=err)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    said = stderr.read_text(errors="replace")[err_at:] + self.log()[log_at:]
+                    ours = self._chosen_port and self.conf.read_text() == self._written  # not rewritten by a test
+                    if "Address already in use" in said and ours and not self._started and attempt < 2:
+                        self._listen_on(free_port())
+                        break
+                    raise RuntimeError(f"mosquitto exited: {said[-2000:]}")
+                if listens_on(self.proc.pid, self.port):  # its own listener, not a squatter's
+                    self._started = True
+                    return self
+                time.sleep(0.05)
+            else:
+                self.stop(signal.SIGKILL)
+                raise RuntimeError(f"mosquitto did not listen on {self.port} in 10 s: {self.log()[-2000:]}")
+        raise RuntimeError("mosquitto did not start: its port was taken three times")
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc is not None and self.proc.poll() is None:

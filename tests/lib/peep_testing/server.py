@@ -168,9 +168,10 @@ def rpc_error(call: Any, *args: Any, **kw: Any) -> tuple[grpc.StatusCode, str]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port to listen on, outside the range outgoing connections draw from (see the cluster's)."""
+    from peep.server.bench.cluster import free_port as chosen
+
+    return chosen()
 
 
 def mqtt_available() -> str | None:

@@ -51,10 +51,12 @@ configuration, persistent sessions and a replica SIGKILLed mid-stream.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import math
 import os
+import random
 import shutil
 import signal
 import socket
@@ -87,7 +89,82 @@ class ClusterUnavailableError(RuntimeError):
 # --------------------------------------------------------------------------- helpers
 
 
+_PORTS_FLOOR = 20000
+_PORT_SLOTS = 16
+_handed_out: collections.deque[int] = collections.deque(maxlen=256)
+
+
+def _ephemeral_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing holds now, for a process about to listen on it.
+
+    A port the kernel hands out for ``bind(0)`` comes from the ephemeral range, the one every
+    outgoing connection's source port is drawn from: between choosing it and a broker or
+    balancer binding it, a client elsewhere may take it (seen in CI under four test workers).
+    So the port is drawn below that range, from a slot of its own per test worker
+    (``PYTEST_XDIST_WORKER``), never twice in a row from one process, and checked by binding it.
+    """
+    top = _ephemeral_floor()
+    if top - _PORTS_FLOOR < 2 * _PORT_SLOTS:
+        return _kernel_port()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    slot = int(worker[2:]) if worker[:2] == "gw" and worker[2:].isdigit() else os.getpid()
+    width = (top - _PORTS_FLOOR) // _PORT_SLOTS
+    low = _PORTS_FLOOR + (slot % _PORT_SLOTS) * width
+    rng = random.Random()
+    for _ in range(64):
+        port = rng.randrange(low, low + width)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.append(port)
+        return port
+    return _kernel_port()
+
+
+def listens_on(pid: int, port: int) -> bool:
+    """Whether process ``pid`` itself holds a TCP socket listening on ``port`` (Linux ``/proc``).
+
+    A connection that succeeds says only that *someone* listens: a process that lost the
+    port to another and is about to exit would pass that check.
+    """
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(cols[9])
+    if not inodes:
+        return False
+    fds = Path(f"/proc/{pid}/fd")
+    try:
+        for fd in fds.iterdir():
+            try:
+                link = os.readlink(fd)
+            except OSError:
+                continue
+            if link.startswith("socket:[") and link[8:-1] in inodes:
+                return True
+    except OSError:
+        return False
+    return False
+
+
+def _kernel_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -208,6 +285,9 @@ def haproxy_missing() -> str | None:
     return None
 
 
+_FRONT_PORT = "@PORT@"  # the frontend's port in the written haproxy.cfg, swapped per start
+
+
 class Balancer:
     """HAProxy with the shipped ``deploy/cluster/haproxy.cfg``, its paths and addresses swapped for a run's.
 
@@ -236,7 +316,10 @@ class Balancer:
         swaps = [
             (r"^    log /dev/log local0 info$", "    log stdout format raw local0 info"),
             (r"/run/haproxy/peep-admin\.sock", str(self.socket)),
-            (r"^    bind :50051 ssl crt /etc/haproxy/peep/front\.pem", f"    bind 127.0.0.1:{self.port} ssl crt {pem}"),
+            (
+                r"^    bind :50051 ssl crt /etc/haproxy/peep/front\.pem",
+                f"    bind 127.0.0.1:{_FRONT_PORT} ssl crt {pem}",
+            ),
             (r"/etc/haproxy/peep/ca\.pem", str(ca)),
             (r"peep-replicas\.internal", host_name),
         ]
@@ -249,26 +332,44 @@ class Balancer:
             raise RuntimeError(f"{shipped}: expected the replicas' server lines")
         text += "".join(f"    server {name} 127.0.0.1:{gp} check port {mp}\n" for name, gp, mp in replicas)
         self.conf = workdir / "haproxy.cfg"
-        self.conf.write_text(text)
+        self._template = text
+        self._listen_on(self.port)
+        self._started = False
         self.proc: subprocess.Popen[bytes] | None = None
 
+    def _listen_on(self, port: int) -> None:
+        self.port = port
+        self.conf.write_text(self._template.replace(_FRONT_PORT, str(port)))
+
     def start(self, timeout: float = 10.0) -> Balancer:
+        """Start HAProxy and wait until its frontend accepts connections.
+
+        A free port is only free when asked: before the first successful start a
+        port taken meanwhile is replaced by a new one; a restart keeps the port
+        the clients know, and a collision then is an error.
+        """
         self._socket.make()  # started again after stop() removed its folder
-        with open(self.workdir / "haproxy.log", "ab") as log:
-            self.proc = subprocess.Popen([HAPROXY, "-f", str(self.conf), "-db"], stdout=log, stderr=subprocess.STDOUT)
 
         def listening() -> bool:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return True
-            except OSError:
-                return False
+            return self.proc is not None and listens_on(self.proc.pid, self.port)
 
-        if not wait_for(lambda: listening() or (self.proc is not None and self.proc.poll() is not None), timeout):
-            raise RuntimeError(f"haproxy did not listen within {timeout} s: {self.log()[-2000:]}")
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"haproxy exited with {self.proc.returncode}: {self.log()[-2000:]}")
-        return self
+        for attempt in range(3):
+            log_at = len(self.log())
+            with open(self.workdir / "haproxy.log", "ab") as log:
+                self.proc = subprocess.Popen([HAPROXY, "-f", str(self.conf), "-db"], stdout=log,
+                                             stderr=subprocess.STDOUT)  # fmt: skip
+            if not wait_for(lambda: listening() or (self.proc is not None and self.proc.poll() is not None), timeout):
+                stop_process(self.proc, signal.SIGKILL)
+                raise RuntimeError(f"haproxy did not listen within {timeout} s: {self.log()[-2000:]}")
+            if self.proc.poll() is None:
+                self._started = True
+                return self
+            said = self.log()[log_at:]
+            if "cannot bind socket" in said and not self._started and attempt < 2:
+                self._listen_on(free_port())
+                continue
+            raise RuntimeError(f"haproxy exited with {self.proc.returncode}: {said[-2000:]}")
+        raise RuntimeError("haproxy did not start: its port was taken three times")
 
     def log(self) -> str:
         p = self.workdir / "haproxy.log"
