@@ -13,7 +13,7 @@ from peep.edge.agent import Agent
 from peep.edge.config import load_config
 from peep.edge.testing import FaceTrack, compose_video, lfw_people
 from peep_testing.devicemodel import start_trained
-from peep_testing.server import DEVICE_TOKENS, MQTT_PREFIX, mqtt_available, write_edge_config
+from peep_testing.server import DEVICE_TOKENS, DOOR_TOKEN, MQTT_PREFIX, mqtt_available, write_edge_config
 
 
 @pytest.fixture(scope="module")
@@ -132,12 +132,12 @@ def test_a_door_deciding_on_the_device_decides_with_the_server_stopped_and_its_r
     try:
         cfg = write_edge_config(
             tmp_path / "door.toml", port=srv.port, pki=pki, bundle_dir=bundle_dir, pub_path=keypair[3],
-            device_id="cam-1", privacy={"mechanism": "peep-raw", "epsilon": 8.0, "track_budget": 1e6},
+            device_id="door-1", privacy={"mechanism": "peep-raw", "epsilon": 8.0, "track_budget": 1e6},
             grpc={"token_env": "DOOR_TOKEN", "deadline_s": 5.0},
             door={"enabled": True, "decision": "device", "lock": "gpio"},
             recognition={"model_public_key": str(model_keys[3])},
         )  # fmt: skip
-        agent = Agent(load_config(cfg), environ={"DOOR_TOKEN": DEVICE_TOKENS["cam-1"]})
+        agent = Agent(load_config(cfg), environ={"DOOR_TOKEN": DOOR_TOKEN})
         pipeline = agent.open()
         agent.start_transports()
         deadline = time.monotonic() + 20

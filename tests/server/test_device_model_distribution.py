@@ -18,6 +18,7 @@ from peep_testing.devicemodel import start_trained, verified
 from peep_testing.server import (
     ADMIN,
     DEVICE_TOKENS,
+    DOOR_TOKEN,
     MQTT_PREFIX,
     SITE,
     auth,
@@ -26,6 +27,7 @@ from peep_testing.server import (
 )
 
 CAMERA = auth(DEVICE_TOKENS["cam-2"])  # an ordinary camera (no enrolment right)
+DOOR = auth(DOOR_TOKEN)  # a door registered with auth.devices[].door = true
 
 
 @pytest.fixture(scope="module")
@@ -47,14 +49,19 @@ def test_a_device_gets_the_newest_model_of_its_bundle_and_key_and_unchanged_once
 ):
     s = issuing.services
     newest = s.device_models.newest(templates.bundle_id, "")
-    got = _ask(issuing, templates.bundle_id)
+    got = _ask(issuing, templates.bundle_id, metadata=DOOR)
     assert got.serial == newest.serial and not got.unchanged
-    # The four signed files, and the version's class key: only an authenticated call carries it.
+    # The four signed files, and the version's class key: only a registered door's call carries it.
     assert {f.name for f in got.files} == {"model.onnx", "calibration.npy", "manifest.json", "signature.json",
                                            "class.key"}  # fmt: skip
     model = verified(got.SerializeToString(), model_keys[1], bundle_id=templates.bundle_id, key_id="", newer_than=0)
     assert model.serial == newest.serial
     assert model.class_key == bytes.fromhex(s.recogniser.model.meta["device_class_salt"])
+    # A camera decides without it (its labels are the model's own columns) and so cannot test a name.
+    camera = _ask(issuing, templates.bundle_id)
+    assert camera.serial == newest.serial and "class.key" not in {f.name for f in camera.files}
+    assert verified(camera.SerializeToString(), model_keys[1], bundle_id=templates.bundle_id, key_id="",
+                    newer_than=0).class_key is None  # fmt: skip
     assert "class.key" not in {f.name for f in recognition_pb2.DeviceModelFiles.FromString(newest.payload).files}
     for have in (newest.serial, newest.serial + 5):
         same = _ask(issuing, templates.bundle_id, have=have)

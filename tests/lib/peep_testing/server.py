@@ -21,6 +21,7 @@ from peep.server.pki import LocalCA
 
 ADMIN_TOKEN = "admin-" + uuid.uuid4().hex
 DEVICE_TOKENS = {"cam-1": "tok-cam1-" + uuid.uuid4().hex, "cam-2": "tok-cam2-" + uuid.uuid4().hex}
+DOOR_TOKEN = "tok-door1-" + uuid.uuid4().hex  # door-1: a door deciding on the device (gets the class key)
 SITE = "lobby"
 MQTT_PREFIX = f"peeptest-{uuid.uuid4().hex[:10]}/v1"
 #: The `peep` console script of this environment (`python -m peep.server.cli` would not map UsageError to exit 2).
@@ -75,6 +76,7 @@ def base_config(tmp: Path, pub_path: Path, bundle_dir: Path | None, **sections: 
                 # cam-1 is the enrolment desk the fixtures enrol through; cam-2 an ordinary camera.
                 {"id": "cam-1", "site": SITE, "token_sha256": sha(DEVICE_TOKENS["cam-1"]), "enrolment_desk": True},
                 {"id": "cam-2", "site": SITE, "token_sha256": sha(DEVICE_TOKENS["cam-2"])},
+                {"id": "door-1", "site": SITE, "token_sha256": sha(DOOR_TOKEN), "door": True},
             ],
         },
         "mqtt": {

@@ -428,7 +428,8 @@ class ModelStore:
                 if self.needs_class_key and model.class_key is None:
                     raise DeviceModelError(
                         f"{CLASS_KEY}: a door deciding on the device takes a model with its class key, which only "
-                        "GetDeviceModel over gRPC sends (the broker's copy has none)", "class_key",
+                        "GetDeviceModel over gRPC sends, to a device the server registers as a door "
+                        "(auth.devices[].door = true; the broker's copy has none)", "class_key",
                     )  # fmt: skip
                 if model.expired(self.clock()):
                     raise DeviceModelError(

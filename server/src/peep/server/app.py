@@ -176,6 +176,20 @@ class ServerApp:
                 "(kept recognition.keep_days); set keep = none or recognised to keep nothing of them",
                 extra={"keep": "all", "keep_days": self.config.recognition.keep_days},
             )
+        if self._mqtt_enabled:
+            unsigned = [d.id for d in self.config.auth.devices if d.enabled and not d.signing_key]
+            if self.config.auth.require_device_signatures and unsigned:
+                log.warning(
+                    "auth.require_device_signatures: every MQTT template of these devices will be refused, "
+                    "they have no signing_key registered (peep-edge device-key prints it)",
+                    extra={"devices": unsigned[:20]},
+                )
+            elif not self.config.auth.require_device_signatures and unsigned:
+                log.warning(
+                    "auth.require_device_signatures is off: MQTT templates of devices without a signing_key are "
+                    "taken on their topic alone, so anyone who can publish there is counted as the device",
+                    extra={"devices": unsigned[:20]},
+                )
         m = s.recogniser.model
         log.info(
             "server started",

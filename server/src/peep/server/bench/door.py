@@ -127,8 +127,8 @@ def _server(work: Path, bundle_dir: Path, pub: Path, tokens: dict[str, str], adm
         "storage": {"backend": "sqlite", "path": str(work / "peep.db")},
         "bundle": {"public_key": str(pub), "dir": str(bundle_dir)},
         "auth": {"admin_token_sha256": token_sha256(admin),
-                 "devices": [{"id": d, "site": site, "token_sha256": token_sha256(t), "signing_key": signing_keys[d]}
-                             for d, t in tokens.items()]},
+                 "devices": [{"id": d, "site": site, "token_sha256": token_sha256(t), "signing_key": signing_keys[d],
+                              "door": True} for d, t in tokens.items()]},
         # A topic root of the run's own: on a broker others use, the bench neither takes their templates nor
         # hands them its decisions.
         "mqtt": {"enabled": mqtt, "host": "127.0.0.1", "port": 1883, "username": "", "share_group": f"peep-{site}",

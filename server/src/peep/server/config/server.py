@@ -54,6 +54,13 @@ class DeviceConfig(_Model):
             "for background subjects (admin only); ordinary cameras (false) may only identify and verify"
         ),
     )
+    door: bool = Field(
+        default=False,
+        description=(
+            "a door deciding on the device: GetDeviceModel gives it the model's class key, which turns a badge's "
+            "subject into its column; cameras (false) get the model without it and cannot test a name"
+        ),
+    )
     signing_key: str | None = Field(
         default=None,
         description=(

@@ -143,6 +143,11 @@ class DeviceRegistry:
         d = self.devices.get(device_id)
         return None if d is None else d.site
 
+    def is_door(self, device_id: str) -> bool:
+        """Whether ``device_id`` is registered, enabled and configured as a door (``auth.devices[].door``)."""
+        d = self.devices.get(device_id)
+        return d is not None and d.enabled and bool(getattr(d, "door", False))
+
     def is_enrolment_desk(self, device_id: str) -> bool:
         """Whether ``device_id`` is registered, enabled and configured as an enrolment desk."""
         d = self.devices.get(device_id)

@@ -301,10 +301,11 @@ class RecognitionServicer(recognition_pb2_grpc.RecognitionServiceServicer):
         check_model_request(request.bundle_id, request.key_id)
         identity = current_identity()
         self.s.device_model_requests.admit(identity.name if identity is not None else "")
-        # The class key (which turns a badge's subject into its column) goes to authenticated callers only:
-        # the broker's model topic carries the model without it.
+        # The class key turns a badge's subject into its column, so whoever holds it can test names: it goes
+        # to the doors registered as such and to admins, never to cameras or over the broker's model topic.
+        doorkeeper = identity is not None and (identity.is_admin or self.s.devices.is_door(identity.name))
         payload = self.s.device_models.answer(request.bundle_id, request.key_id, int(request.have_serial),
-                                              with_class_key=identity is not None)  # fmt: skip
+                                              with_class_key=doorkeeper)  # fmt: skip
         return recognition_pb2.DeviceModelFiles.FromString(payload)
 
     # ------------------------------------------------------------ admin

@@ -162,6 +162,7 @@ class SoakWorld:
         return people
 
     def _replica_config(self, name: str, grpc_port: int, metrics_port: int) -> dict[str, Any]:
+        from peep.edge.device_key import DeviceKey
         from peep.server.config import token_sha256
 
         assert self.pg is not None and self.broker is not None
@@ -170,10 +171,14 @@ class SoakWorld:
             "bundle": {"public_key": str(self.pub), "dir": str(self.bundle_dir)},
             "auth": {
                 "admin_token_sha256": token_sha256(self.admin),
+                # Each device's signing key made where its agent finds it: the replicas take no MQTT template a
+                # device did not sign.
                 "devices": [
-                    {"id": d, "site": self.site, "token_sha256": token_sha256(t), "enrolment_desk": d == DESK}
+                    {"id": d, "site": self.site, "token_sha256": token_sha256(t), "enrolment_desk": d == DESK,
+                     "signing_key": DeviceKey(self._key_path(d)).public_text}
                     for d, t in self.tokens.items()
                 ],
+                "require_device_signatures": True,
             },
             # Retention on a short window, swept often: it races ingest all run long. Decisions and alerts go
             # after `retention_s`; identify templates are never kept (the default), track memory expires.
@@ -188,6 +193,17 @@ class SoakWorld:
             "training": {"preset": "lda", "model_dir": str(self.out / "models")},
             "logging": {"format": "json", "level": "info"},
         }  # fmt: skip
+
+    def _key_path(self, device: str) -> Path:
+        """Where ``device``'s agent finds its signing key: a camera's outside its state folder, which a small
+        filesystem is mounted over later (the disk-full fault); the desk's and the door's where they make it."""
+        if device in CAMERAS:
+            return self.out / "device-keys" / f"{device}.key"
+        return (
+            self.out / "door" / "state" / "device.key"
+            if device == DOOR
+            else self.out / "devices" / device / "device.key"
+        )
 
     def _replicas(self) -> None:
         env = {**os.environ, **unit_environment(SERVER_UNIT), "PEEP_MQTT_PASSWORD": self.server_password}
@@ -263,7 +279,8 @@ class SoakWorld:
             proxy = TcpProxy(0, target)
             state = self.out / "devices" / device
             cfg = {
-                "device": {"id": device, "site": self.site, "state_dir": str(state)},
+                "device": {"id": device, "site": self.site, "state_dir": str(state),
+                           "signing_key": str(self._key_path(device))},
                 "bundle": {"path": str(self.bundle_dir), "public_key": str(self.pub), "accept_updates": False},
                 "privacy": {"mechanism": "privunit", "epsilon": 16.0, "track_budget": 1e9, "releases_per_window": 1,
                             "window_seconds": 60.0, "min_track_frames": 3},

@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 from peep.core import wire
 from peep.core.bundle import ProjectionBundle
-from peep.server.demo.steps.context import DESKS, RunContext
+from peep.server.demo.steps.context import DESKS, DOOR, RunContext
 from peep.v1 import qbbs_pb2_grpc, recognition_pb2, recognition_pb2_grpc
 
 # The runner's logger, as before the steps were apart: the run's log names it.
@@ -109,12 +109,17 @@ def server_config(
     ctx: RunContext, pki: Any, *, public_key: Path, bundle_dir: Path, signing_key: Path, calibration: Path | None
 ) -> dict[str, Any]:
     """The demo's server configuration (``server.toml``'s sections) for a run whose bundle is in ``bundle_dir``."""
+    from peep.edge.device_key import DeviceKey
+
     o, srv = ctx.opts, ctx.out / "server"
-    # The desks enrol subjects (enrolment right); the cameras may only identify.
+    # The desks enrol subjects (enrolment right); the cameras may only identify; the door alone gets the device
+    # model's class key. Each device's signing key is made here, where its agent will find it (its state
+    # folder's device.key), so the server takes no template over MQTT that its device did not sign.
     devices = [
-        {"id": d, "site": ctx.site, "token_sha256": _sha256(t), "enrolment_desk": d in DESKS}
+        {"id": d, "site": ctx.site, "token_sha256": _sha256(t), "enrolment_desk": d in DESKS, "door": d == DOOR,
+         "signing_key": DeviceKey(ctx.out / "devices" / d / "device.key").public_text}
         for d, t in ctx.device_tokens.items()
-    ]
+    ]  # fmt: skip
     return {
         "grpc": {
             "listen": "127.0.0.1:0",
@@ -123,7 +128,8 @@ def server_config(
         },
         "storage": {"backend": "sqlite", "path": str(srv / "peep.db")},
         "bundle": {"public_key": str(public_key), "dir": str(bundle_dir)},
-        "auth": {"admin_token_sha256": _sha256(ctx.admin_token), "devices": devices},
+        "auth": {"admin_token_sha256": _sha256(ctx.admin_token), "devices": devices,
+                 "require_device_signatures": True},
         "mqtt": {
             "enabled": ctx.use_mqtt,
             "host": "127.0.0.1",
