@@ -202,7 +202,7 @@ class Agent:
             raise BundleRefused(cfg.bundle.path, str(exc)) from None
         try:
             # A descriptor bundle needs its network on the device, the very one it was built with.
-            self.encoder = encoder_for_bundle(bundle.input, bundle_id=bundle.bundle_id)
+            self.encoder = self._encoder(bundle)
         except BundleError as exc:
             raise BundleRefused(cfg.bundle.path, str(exc)) from None
         # The configured bundle fixes the largest per-vector ε any later bundle may give.
@@ -252,7 +252,13 @@ class Agent:
                 f"{g.epsilon_coordinate:g}); "
                 "only the device configuration may do that"
             )
-        return releaser, encoder_for_bundle(candidate.input, bundle_id=candidate.bundle_id)
+        return releaser, self._encoder(candidate)
+
+    def _encoder(self, bundle: ProjectionBundle) -> DescriptorEncoder | None:
+        """The descriptor encoder ``bundle`` needs (None for pixels), on the configured back end."""
+        d = self.cfg.descriptor
+        return encoder_for_bundle(bundle.input, bundle_id=bundle.bundle_id, backend=d.backend, threads=d.threads,
+                                  cache_dir=d.cache_dir)  # fmt: skip
 
     def prepare(self) -> None:
         """Everything that can fail because of the config or the bundle (no network, no frames).

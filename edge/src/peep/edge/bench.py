@@ -30,7 +30,10 @@ When the extra ``peep-edge[dlib]`` is installed, a second child runs the same
 video with a ``dlib-resnet`` bundle (k = 16, PrivUnit at ε = 8), reported
 under ``dlib_resnet``: there ``project`` is refine + 5-point alignment +
 ResNet descriptor + PCA, i.e. ``descriptor_ms_per_release``, and a Raspberry
-Pi 4 estimate scales it by an assumed per-core ratio (stated in the JSON).
+Pi 4 estimate scales it by an assumed per-core ratio (stated in the JSON). That
+child runs the descriptor on the default back end (onnxruntime); ``descriptor``
+times both back ends per face on the same held-out LFW faces, back to back
+(:func:`descriptor_timing`).
 
 Run: ``python -c "import json; from peep.edge.bench import run; print(json.dumps(run(False), indent=1))"``
 """
@@ -38,6 +41,7 @@ Run: ``python -c "import json; from peep.edge.bench import run; print(json.dumps
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import resource
@@ -91,6 +95,7 @@ def _prepare(work: Path, quick: bool) -> dict[str, Any]:
         "faces_per_frame_mean": sum(video["visible"]) / n,
         "faces_per_frame_max": max(video["visible"]),
         "people": names,
+        "background": [str(p) for p in background[-60:]],
     }
 
 
@@ -123,6 +128,48 @@ def _descriptor_bundle(background: list[Path], work: Path, key_path: Path, quick
         mechanism_defaults={"kind": "privunit", "epsilon": DLIB_EPSILON},
     )
     return str(write_bundle_files(files, work / "dlib-bundle"))
+
+
+def descriptor_timing(images: list[Path], *, rounds: int = 2, cache_dir: Path | None = None) -> dict[str, Any]:
+    """Time per face of dlib's descriptor network and of its onnxruntime graph, one thread each, back to back.
+
+    The same faces (LFW images, the fixed LFW box) through both back ends in alternating rounds
+    (dlib, onnxruntime, dlib, …), so a machine that slows down during the run slows both; each
+    back end's figure is its fastest round, in process CPU time (this machine is shared) and wall.
+    Also the largest difference between the two descriptors over the faces, per coordinate.
+    """
+    import cv2
+    import numpy as np
+    from peep.core.imaging import LFW_FIXED_BOX
+    from peep.edge.embedding import DlibResNetEncoder, OnnxResNetEncoder
+
+    faces = [im for im in (cv2.imread(str(p), cv2.IMREAD_COLOR) for p in images) if im is not None]
+    if not faces:
+        raise RuntimeError("descriptor timing: expected readable face images, received none")
+    encoders = {"dlib": DlibResNetEncoder(), "onnxruntime": OnnxResNetEncoder(threads=1, cache_dir=cache_dir)}
+    got: dict[str, Any] = {}
+    best: dict[str, dict[str, float]] = {name: {"cpu_ms": math.inf, "wall_ms": math.inf} for name in encoders}
+    for _ in range(rounds):
+        for name, enc in encoders.items():
+            enc.encode(faces[0], LFW_FIXED_BOX)  # warm: first-call allocations are not a face's cost
+            c0, w0 = time.process_time(), time.perf_counter()
+            got[name] = np.stack([enc.encode(im, LFW_FIXED_BOX) for im in faces])
+            c1, w1 = time.process_time(), time.perf_counter()
+            best[name]["cpu_ms"] = min(best[name]["cpu_ms"], (c1 - c0) * 1e3 / len(faces))
+            best[name]["wall_ms"] = min(best[name]["wall_ms"], (w1 - w0) * 1e3 / len(faces))
+    a, b = got["dlib"].astype(np.float64), got["onnxruntime"].astype(np.float64)
+    cos = np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    return {
+        "faces": len(faces),
+        "rounds": rounds,
+        "threads": 1,
+        "ms_per_face": {name: {k: round(v, 2) for k, v in t.items()} for name, t in best.items()},
+        "speedup_cpu": round(best["dlib"]["cpu_ms"] / best["onnxruntime"]["cpu_ms"], 2),
+        "max_abs_difference": float(np.max(np.abs(a - b))),
+        "min_cosine": float(np.min(cos)),
+        "graph": str(encoders["onnxruntime"].graph.path),
+        "note": "alignment (5 landmarks, 150x150 chip) included in both; process CPU time, best round",
+    }
 
 
 def _status_mb(field: str) -> float:
@@ -315,7 +362,10 @@ def run(quick: bool = False) -> dict[str, Any]:
         result: dict[str, Any] = _run_child({**spec, "mechanism": "peep", "epsilon": 8.0})
         if spec["dlib_bundle"] is None:
             result["dlib_resnet"] = {"error": "not installed: the extra peep-edge[dlib]"}
+            result["descriptor"] = {"error": "not installed: the extra peep-edge[dlib]"}
         else:
+            result["descriptor"] = descriptor_timing([Path(p) for p in spec["background"][: 20 if quick else 60]],
+                                                     cache_dir=work / "descriptor")  # fmt: skip
             dlib = _run_child({**spec, "bundle": spec["dlib_bundle"], "mechanism": "privunit", "epsilon": DLIB_EPSILON})
             # project = refine + align + descriptor + PCA, per release: the descriptor's cost.
             per_release_ms = dlib["stage_ms"]["project"]

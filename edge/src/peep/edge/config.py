@@ -253,6 +253,26 @@ class DetectorConfig(_Section):
         return self
 
 
+class DescriptorConfig(_Section):
+    """Where a descriptor bundle's network (dlib's ResNet) runs."""
+
+    backend: Literal["onnxruntime", "dlib"] = Field(
+        default="onnxruntime",
+        description=(
+            "onnxruntime: dlib's network as an ONNX graph built from the same file and checked against dlib "
+            "before use (several times faster); dlib: dlib's own network (the reference)"
+        ),
+    )
+    threads: int = Field(default=1, ge=1, le=64, description="onnxruntime threads per batch of faces")
+    cache_dir: ConfigPath | None = Field(
+        default=None,
+        description=(
+            "where the ONNX graph is kept, keyed by the network file's SHA-256 (default: descriptor/ in "
+            "$PEEP_CACHE_DIR, systemd's $CACHE_DIRECTORY, or ~/.cache/peep); built there at first use"
+        ),
+    )
+
+
 class TrackerConfig(_Section):
     iou_threshold: float = Field(default=0.3, gt=0.0, lt=1.0)
     max_distance: float = Field(
@@ -567,6 +587,7 @@ class EdgeConfig(_Section):
     capture: CaptureConfig
     soft: SoftConfig = SoftConfig()
     detector: DetectorConfig = DetectorConfig()
+    descriptor: DescriptorConfig = DescriptorConfig()
     tracker: TrackerConfig = TrackerConfig()
     spool: SpoolConfig = SpoolConfig()
     mqtt: MqttConfig = MqttConfig()

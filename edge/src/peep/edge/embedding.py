@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,7 +36,18 @@ from peep.core.exceptions import BundleError
 from peep.core.imaging import FaceBox
 from peep.edge.errors import MissingExtraError
 
-__all__ = ["DescriptorEncoder", "DlibResNetEncoder", "encoder_for_bundle", "model_files"]
+__all__ = [
+    "BACKENDS",
+    "DescriptorEncoder",
+    "DlibResNetEncoder",
+    "OnnxResNetEncoder",
+    "encoder_for_bundle",
+    "make_encoder",
+    "model_files",
+]
+
+#: Where the descriptor network runs: onnxruntime (the default) or dlib's own loops (the reference).
+BACKENDS = ("onnxruntime", "dlib")
 
 _PACKAGE = "face_recognition_models"
 _LANDMARKS = "shape_predictor_5_face_landmarks.dat"
@@ -147,20 +158,105 @@ class DlibResNetEncoder:
             "dlib": str(self._dlib.__version__),
         }
 
+    backend = "dlib"
+
+    def _shape(self, image: NDArray[Any], box: FaceBox) -> tuple[NDArray[np.uint8], Any]:
+        """The image as RGB and dlib's 5 landmarks of the face in ``box`` (call with the lock held)."""
+        rgb = cv2.cvtColor(image, cv2.COLOR_GRAY2RGB if image.ndim == 2 else cv2.COLOR_BGR2RGB)
+        rect = self._dlib.rectangle(round(box.x), round(box.y), round(box.x + box.w), round(box.y + box.h))
+        return rgb, self._landmarks(rgb, rect)
+
     def encode(self, image: NDArray[Any], box: FaceBox) -> NDArray[np.float32]:
         """The descriptor of the face in ``box`` of ``image`` (BGR or gray uint8), shape (128,)."""
-        if image.ndim == 2:
-            rgb = cv2.cvtColor(image, cv2.COLOR_GRAY2RGB)
-        else:
-            rgb = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
-        rect = self._dlib.rectangle(round(box.x), round(box.y), round(box.x + box.w), round(box.y + box.h))
         with self._lock:
-            shape = self._landmarks(rgb, rect)
+            rgb, shape = self._shape(image, box)
             vec = self._network.compute_face_descriptor(rgb, shape, self.jitter)
         return np.asarray(vec, dtype=np.float32)
 
+    def encode_many(self, faces: Sequence[tuple[NDArray[Any], FaceBox]]) -> NDArray[np.float32]:
+        """Descriptors of several faces, each an (image, box) pair; shape (len(faces), 128)."""
+        out = np.zeros((len(faces), self.dimension), dtype=np.float32)
+        for k, (image, box) in enumerate(faces):
+            out[k] = self.encode(image, box)
+        return out
 
-def encoder_for_bundle(bundle_input: Mapping[str, Any], *, bundle_id: str = "") -> DescriptorEncoder | None:
+
+class OnnxResNetEncoder(DlibResNetEncoder):
+    """dlib's alignment, and the same ResNet run by onnxruntime (``kind = "dlib-resnet"``, the same numbers).
+
+    The 5 landmarks and the 150×150 chip are dlib's, as for
+    :class:`DlibResNetEncoder`; the network is the graph
+    :mod:`peep.edge.descriptor_onnx` builds from the same ``.dat`` and checks
+    against dlib's network before first use. The identity (the files' hashes)
+    is the same, so bundles, calibration sets and device models built with
+    either back end serve both.
+
+    Parameters
+    ----------
+    threads : int, default=1
+        onnxruntime's threads for one batch.
+    cache_dir : Path, optional
+        Where the graph is kept (:func:`peep.edge.descriptor_onnx.default_cache_dir`).
+
+    Raises
+    ------
+    MissingExtraError
+        dlib, ``face_recognition_models`` or onnx is not installed.
+    DescriptorGraphError
+        The graph does not compute dlib's descriptor (a damaged or altered cache file).
+    """
+
+    backend = "onnxruntime"
+
+    def __init__(self, *, threads: int = 1, cache_dir: Path | None = None) -> None:
+        super().__init__(jitter=0)
+        if importlib.util.find_spec("onnx") is None:
+            raise _missing("the package 'onnx' (which builds the network's graph) is not installed")
+        from peep.edge.descriptor_onnx import OnnxDescriptorNetwork
+
+        self.graph = OnnxDescriptorNetwork(self.files["network"], _file_hash(self.files["network"]), self._network,
+                                           threads=threads, cache_dir=cache_dir)  # fmt: skip
+        self._network = None  # dlib's copy served the check; a device keeps one network in memory, not two
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        return {**super().identity, "backend": self.backend}
+
+    def chip(self, image: NDArray[Any], box: FaceBox) -> NDArray[np.uint8]:
+        """dlib's aligned chip of the face in ``box`` of ``image``: uint8 RGB, shape (150, 150, 3)."""
+        from peep.edge.descriptor_onnx import CHIP_PADDING, CHIP_SIZE
+
+        with self._lock:
+            rgb, shape = self._shape(image, box)
+            chip = self._dlib.get_face_chip(rgb, shape, size=CHIP_SIZE, padding=CHIP_PADDING)
+        return np.asarray(chip, dtype=np.uint8)
+
+    def encode(self, image: NDArray[Any], box: FaceBox) -> NDArray[np.float32]:
+        """The descriptor of the face in ``box`` of ``image`` (BGR or gray uint8), shape (128,)."""
+        return self.graph.describe(self.chip(image, box)[None])[0]
+
+    def encode_many(self, faces: Sequence[tuple[NDArray[Any], FaceBox]]) -> NDArray[np.float32]:
+        """Descriptors of several faces, each an (image, box) pair, in one batch; shape (len(faces), 128)."""
+        if not faces:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        return self.graph.describe(np.stack([self.chip(image, box) for image, box in faces]))
+
+
+def make_encoder(backend: str = "onnxruntime", *, threads: int = 1, cache_dir: Path | None = None,
+                 jitter: int = 0) -> DlibResNetEncoder:  # fmt: skip
+    """The ``dlib-resnet`` encoder on ``backend`` (:data:`BACKENDS`); jitter needs dlib's own network."""
+    if backend not in BACKENDS:
+        raise ValueError(f"descriptor backend: expected one of {', '.join(BACKENDS)}, received {backend!r}")
+    if backend == "dlib" or jitter:
+        if jitter and backend != "dlib":
+            raise ValueError(f"jitter: expected 0 with the {backend} back end (dlib's own draws the jitters), "
+                             f"received {jitter}")  # fmt: skip
+        return DlibResNetEncoder(jitter=jitter)
+    return OnnxResNetEncoder(threads=threads, cache_dir=cache_dir)
+
+
+def encoder_for_bundle(bundle_input: Mapping[str, Any], *, bundle_id: str = "", backend: str = "onnxruntime",
+                       threads: int = 1, cache_dir: Path | None = None) -> DescriptorEncoder | None:  # fmt: skip
     """The encoder a bundle's input needs (None for pixels), checked against the network it names.
 
     Raises
@@ -176,7 +272,7 @@ def encoder_for_bundle(bundle_input: Mapping[str, Any], *, bundle_id: str = "") 
         return None
     if kind != DlibResNetEncoder.kind:
         raise BundleError(f"bundle {bundle_id}: input kind {kind!r} is not a descriptor this device can compute")
-    encoder = DlibResNetEncoder()
+    encoder = make_encoder(backend, threads=threads, cache_dir=cache_dir)
     wanted = dict(bundle_input.get("network", {}))
     have = encoder.identity
     for key in ("network_sha256", "landmarks_sha256"):

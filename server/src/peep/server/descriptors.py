@@ -1,7 +1,7 @@
 """Face descriptors on the server: the same encoder a device runs, for building and auditing descriptor bundles.
 
 A projection whose input is a descriptor (``dlib-resnet``) is fitted on the
-public faces' descriptors, computed by :class:`peep.edge.embedding.DlibResNetEncoder`
+public faces' descriptors, computed by :func:`peep.edge.embedding.make_encoder`
 (the optional extra ``peep-server[dlib]``), so the network a bundle names is
 the one that fitted it.
 """
@@ -15,7 +15,7 @@ from peep.server.errors import UsageError
 __all__ = ["descriptor_encoder"]
 
 
-def descriptor_encoder(kind: str, *, option: str = "--projection") -> Any:
+def descriptor_encoder(kind: str, *, option: str = "--projection", backend: str | None = None) -> Any:
     """The encoder computing descriptors of input ``kind``, or a :class:`UsageError` naming the extra.
 
     Parameters
@@ -24,17 +24,27 @@ def descriptor_encoder(kind: str, *, option: str = "--projection") -> Any:
         A projection's :attr:`~peep.core.projections.base.Projection.input_kind` other than ``"pixels"``.
     option : str
         The command-line option the error names.
+    backend : str, optional
+        Where the network runs: ``"onnxruntime"`` (dlib's network as a checked ONNX graph, the default) or
+        ``"dlib"`` (dlib's own); default ``$PEEP_DESCRIPTOR_BACKEND``, else onnxruntime. Both give the same
+        descriptors within 1e-4 per coordinate and name the same network files, so a bundle built with one
+        serves devices running the other (the face cache keeps each back end's descriptors apart).
     """
+    import os
+
+    backend = backend or os.environ.get("PEEP_DESCRIPTOR_BACKEND") or "onnxruntime"
     if kind != "dlib-resnet":
         raise UsageError(f"{option}: no descriptor encoder is known for projection input {kind!r}")
     try:
-        from peep.edge.embedding import DlibResNetEncoder
+        from peep.edge.embedding import make_encoder
     except ImportError as exc:
         raise UsageError(
             f"{option}: input {kind!r} expected the optional extra peep-server[dlib] (it computes the descriptor "
             f"devices compute), received an import error ({exc}); install it with pip install 'peep-server[dlib]'"
         ) from None
     try:
-        return DlibResNetEncoder()
+        return make_encoder(backend)
+    except ValueError as exc:
+        raise UsageError(f"PEEP_DESCRIPTOR_BACKEND: {exc}") from None
     except Exception as exc:  # MissingExtraError: its text names the extra to install
         raise UsageError(f"{option}: {exc}") from None

@@ -336,13 +336,14 @@ def _recipe(detector: FaceDetector | None, encoder: Any) -> tuple[Any, Any] | No
     enc: Any = None
     if encoder is not None:
         cls = type(encoder)
-        if (cls.__module__, cls.__qualname__) != ("peep.edge.embedding", "DlibResNetEncoder"):
+        known = {"DlibResNetEncoder": "dlib", "OnnxResNetEncoder": "onnxruntime"}
+        if cls.__module__ != "peep.edge.embedding" or cls.__qualname__ not in known:
             return None
         if encoder.jitter:
             # dlib draws its jitters from one generator per model object: a descriptor would depend on how
             # many faces that process described before, so chunks in other processes would differ.
             return None
-        enc = ("dlib-resnet", {"jitter": 0})
+        enc = ("dlib-resnet", {"backend": known[cls.__qualname__]})
     return det, enc
 
 
@@ -362,9 +363,9 @@ def _init_worker(recipe: tuple[Any, Any], geometry: FaceGeometry) -> None:
     detector = None if det_recipe is None else HaarFaceDetector(**det_recipe[1])
     encoder = None
     if enc_recipe is not None:
-        from peep.edge.embedding import DlibResNetEncoder
+        from peep.edge.embedding import make_encoder
 
-        encoder = DlibResNetEncoder(**enc_recipe[1])
+        encoder = make_encoder(**enc_recipe[1])
     _WORKER_STEPS = _Steps(detector, geometry, encoder)
 
 
