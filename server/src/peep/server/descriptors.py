@@ -12,7 +12,14 @@ from typing import Any
 
 from peep.server.errors import UsageError
 
-__all__ = ["descriptor_encoder"]
+__all__ = ["descriptor_backend", "descriptor_encoder"]
+
+
+def descriptor_backend() -> str:
+    """The lab's descriptor back end: ``$PEEP_DESCRIPTOR_BACKEND``, else ``"onnxruntime"``."""
+    import os
+
+    return os.environ.get("PEEP_DESCRIPTOR_BACKEND") or "onnxruntime"
 
 
 def descriptor_encoder(kind: str, *, option: str = "--projection", backend: str | None = None) -> Any:
@@ -30,9 +37,7 @@ def descriptor_encoder(kind: str, *, option: str = "--projection", backend: str 
         descriptors within 1e-4 per coordinate and name the same network files, so a bundle built with one
         serves devices running the other (the face cache keeps each back end's descriptors apart).
     """
-    import os
-
-    backend = backend or os.environ.get("PEEP_DESCRIPTOR_BACKEND") or "onnxruntime"
+    backend = backend or descriptor_backend()
     if kind != "dlib-resnet":
         raise UsageError(f"{option}: no descriptor encoder is known for projection input {kind!r}")
     try:

@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 from peep.server.bench import door_accuracy
+from peep.server.descriptors import descriptor_backend
 
 #: (name in the section, projection, components, decision modes) of the bundles measured; every template is
 #: released with one mechanism.
@@ -181,6 +182,8 @@ def _door_config(work: Path, bundle_dir: Path, pub: Path, pki: Any, site: str, p
         "privacy": {"mechanism": MECHANISM, "epsilon": EPSILON, "track_budget": 2 * EPSILON,
                     "site_key": str(site_key)},
         "capture": {"source": str(video), "max_fps": 0.0},
+        # The descriptor's back end as the lab's (PEEP_DESCRIPTOR_BACKEND): one run per back end compares them.
+        "descriptor": {"backend": descriptor_backend()},
         "mqtt": {"enabled": decision == "mqtt", "host": "127.0.0.1", "port": 1883, "tls": False,
                  "topic_prefix": f"{site}/v1"},
         # Deciding on the device, gRPC fetches the model (GetDeviceModel) and carries the spooled access records.
@@ -426,6 +429,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     n_claims = 12 if quick else 40
     mqtt = _broker_up()
     out: dict[str, Any] = {"quick": quick, "mechanism": {"kind": MECHANISM, "epsilon": EPSILON}, "bundles": {},
+                           "descriptor_backend": descriptor_backend(),
                            "mqtt": mqtt, "claims_per_run": n_claims}  # fmt: skip
     here = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
     with tempfile.TemporaryDirectory(prefix="peep-door-bench-") as tmp:
