@@ -9,6 +9,7 @@ from typing import Any
 from peep.core.bundle import ProjectionBundle, load_public_key
 from peep.core.release import TemplateReleaser
 from peep.server.demo.steps.context import DESKS, DEVICE_TOKEN_ENV, DOOR, RunContext
+from peep.server.descriptors import descriptor_backend
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,9 @@ class EdgeConfigs:
                 },
                 "soft": {"enabled": soft, "age_epsilon": 1.0, "gender_epsilon": 1.0},
                 "capture": {"source": source, "max_fps": 0.0, "reconnect_attempts": 1},
+                # The devices' descriptor network on the lab's back end (PEEP_DESCRIPTOR_BACKEND, onnxruntime
+                # by default), so a run with dlib's own compares the two end to end.
+                "descriptor": {"backend": descriptor_backend()},
                 "spool": {"synchronous": "normal", "drain_timeout_s": 30.0},
                 "mqtt": {"enabled": transport == "mqtt", "host": "127.0.0.1", "port": 1883, "tls": False},
                 "grpc": {
