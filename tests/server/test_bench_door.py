@@ -48,9 +48,11 @@ def test_quick_door_section_times_every_stage(door):
             assert parts == pytest.approx(st["verify_round_trip"]["p50"], rel=0.5, abs=5.0)
             assert st["face_to_lock"]["p50"] >= st["descriptor"]["p50"]
             assert r["agent_cpus"] == 1 and isinstance(r["target_met"], bool) and r["agent_cpu_ms_per_claim"] > 0
-    # A descriptor network costs more than a linear projection of pixels.
-    assert (door["bundles"]["dlib-resnet"]["grpc"]["stages_ms"]["descriptor"]["p50"]
-            > door["bundles"]["fisherfaces"]["grpc"]["stages_ms"]["descriptor"]["p50"])  # fmt: skip
+    # The descriptor stage of a dlib-resnet door runs the network: on onnxruntime (the default, which the bench
+    # names) about 5 ms of one core here, no longer reliably more than a linear projection of pixels, but never
+    # under a millisecond.
+    assert door["descriptor_backend"] == "onnxruntime"
+    assert door["bundles"]["dlib-resnet"]["grpc"]["stages_ms"]["descriptor"]["p50"] >= 1.0
 
 
 @pytest.mark.parametrize("name", ["dlib-resnet", "fisherfaces", "dlib-resnet-k32"])
