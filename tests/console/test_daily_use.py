@@ -102,6 +102,7 @@ def test_live_filter_choices_are_read_in_the_background_not_on_each_page(console
     while web.choices.readings < 1 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert web.choices.readings >= 1, "the console's first reading of the filter choices never came"
+    readings = web.choices.readings
     cs = _store(console)
     scans = {"n": 0}
     read = cs.recognition_sites_and_devices
@@ -117,8 +118,12 @@ def test_live_filter_choices_are_read_in_the_background_not_on_each_page(console
     with console.login("olga") as c:
         for _ in range(3):
             page = c.get("/live").text
-            assert "annex-old" not in page  # not until the background reading
-        assert scans["n"] == 0  # no page scanned
+            # Not until the background reading. The live feed may show it sooner: the event bus polls the store
+            # every 2 s for decisions other replicas wrote, and this one was written straight to the store.
+            # The feed is read after the page, so a feed without it means the page had no way to it.
+            if "annex-old" not in web.feed.sites_and_devices()[0]:
+                assert "annex-old" not in page
+        assert scans["n"] == 0 and web.choices.readings == readings  # no page scanned, no reading came between
         web.choices.refresh()  # what the thread does every ten minutes
         page = c.get("/live").text
         assert '<option value="annex-old"' in page and '<option value="cam-gone"' in page
