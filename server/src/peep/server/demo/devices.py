@@ -252,6 +252,13 @@ def _door_claims(door: _Door) -> tuple[list[dict[str, Any]], Any]:
                      "stages_ms": {k: round(1000 * v, 2) for k, v in st.items()}})  # fmt: skip
         if out.opened and out.claim is not None:
             last_accepted = Decision(out.claim.nonce, door.job.device_id, out.claim.subject, True, 1.0)
+        if out.opened:
+            # The next person comes to a locked door. A claim decided within open_s of this one (30 ms now that
+            # the descriptor runs on onnxruntime, against open_s 50 ms) would energise a lock still open: one
+            # powered stretch for two openings, and the pin's record would count one.
+            deadline = time.monotonic() + door.cfg.door.open_s + 2.0
+            while door.pins.pin(door.pin).state and time.monotonic() < deadline:
+                time.sleep(0.005)
     return rows, last_accepted
 
 
