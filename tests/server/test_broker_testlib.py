@@ -30,7 +30,7 @@ def test_a_taken_port_is_replaced_on_the_first_start_and_kept_on_a_restart(tmp_p
 
 
 def test_a_chosen_port_lies_below_the_range_outgoing_connections_draw_from_in_this_workers_slot(monkeypatch):
-    from peep.server.bench import cluster
+    from peep.server.bench import ports as cluster
 
     floor = cluster._ephemeral_floor()
     width = (floor - cluster._PORTS_FLOOR) // cluster._PORT_SLOTS

@@ -27,7 +27,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
-from peep.server.bench.cluster import free_port, listens_on
+from peep.server.bench.ports import free_port, listens_on
 from peep.server.bench.soak.parts import DEVICE_MOUNT, ShippedMosquitto, mosquitto_missing
 
 DEVICE_PASSWORDS = {"cam-1": "cam-1-pw-" + uuid.uuid4().hex[:8], "cam-2": "cam-2-pw-" + uuid.uuid4().hex[:8]}

@@ -171,7 +171,7 @@ def rpc_error(call: Any, *args: Any, **kw: Any) -> tuple[grpc.StatusCode, str]:
 
 def free_port() -> int:
     """A port to listen on, outside the range outgoing connections draw from (see the cluster's)."""
-    from peep.server.bench.cluster import free_port as chosen
+    from peep.server.bench.ports import free_port as chosen
 
     return chosen()
 
