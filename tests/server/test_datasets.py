@@ -91,13 +91,13 @@ def images_read(monkeypatch) -> list[str]:
     from peep.server import facework
 
     calls: list[str] = []
-    real = facework.process_image
+    real = facework.process_images
 
-    def counting(path, *args, **kw):
-        calls.append(path)
-        return real(path, *args, **kw)
+    def counting(items, *args, **kw):
+        calls.extend(item[0] for item in items)
+        return real(items, *args, **kw)
 
-    monkeypatch.setattr(facework, "process_image", counting)
+    monkeypatch.setattr(facework, "process_images", counting)
     return calls
 
 

@@ -72,13 +72,13 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def computed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Paths of the images computed (read and searched for a face) in this process."""
     calls: list[str] = []
-    real = facework.process_image
+    real = facework.process_images
 
-    def spy(path: str, *args: Any, **kw: Any) -> facework.ImageResult:
-        calls.append(path)
-        return real(path, *args, **kw)
+    def spy(items: Any, *args: Any, **kw: Any) -> list[facework.ImageResult]:
+        calls.extend(item[0] for item in items)
+        return real(items, *args, **kw)
 
-    monkeypatch.setattr(facework, "process_image", spy)
+    monkeypatch.setattr(facework, "process_images", spy)
     return calls
 
 
@@ -263,13 +263,17 @@ def test_a_process_asking_for_faces_another_is_computing_waits_and_computes_none
 
 
 @pytest.mark.slow
-def test_parallel_workers_compute_what_this_process_computes(data_home: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Eight real LFW images through dlib's network: in two worker processes and here, bit for bit."""
-    from peep.edge.embedding import DlibResNetEncoder
+@pytest.mark.parametrize("backend", ["dlib", "onnxruntime"])
+def test_parallel_workers_compute_what_this_process_computes(
+    data_home: str, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """Eight real LFW images through dlib's network on each back end: in two worker processes (batches of four)
+    and here (one batch of eight), bit for bit."""
+    from peep.edge.embedding import make_encoder
 
     src = Path(data_home) / "lfw_home" / "lfw_funneled"
     files = [f for person in PEOPLE for f in sorted((src / person).glob("*.jpg"))[:4]]
-    encoder, detector = DlibResNetEncoder(), HaarFaceDetector()
+    encoder, detector = make_encoder(backend), HaarFaceDetector()
     serial = facework.process_files(files, geometry=DEFAULT_GEOMETRY, detector=detector, encoder=encoder, jobs=1)
     # Two chunks of four, and no minimum amount of work: two workers run.
     monkeypatch.setattr(facework, "CHUNK", 4)
@@ -298,7 +302,10 @@ def test_parallel_workers_compute_what_this_process_computes(data_home: str, mon
     np.testing.assert_array_equal(parallel.descriptors, serial.descriptors)
 
 
-def test_progress_off_a_terminal_is_a_line_per_ten_percent(tmp_path: Path, data_home: str, cache_dir: Path) -> None:
+def test_progress_off_a_terminal_is_a_line_per_ten_percent(
+    tmp_path: Path, data_home: str, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(facework, "CHUNK", 1)  # progress comes per chunk: one image each, a line per 10 %
     folder = _copy_people(data_home, tmp_path / "faces", {"Al_Gore": 5, "Ahmed_Chalabi": 5})
     out = io.StringIO()
     with Progress("finding faces", stream=out, line_interval=0.0) as bar:
@@ -312,3 +319,37 @@ def test_progress_off_a_terminal_is_a_line_per_ten_percent(tmp_path: Path, data_
     with Progress("finding faces", stream=again) as bar:
         load_dataset(str(folder), min_faces=1, encoder=FakeEncoder(), progress=bar.update)
     assert again.getvalue() == ""
+
+
+@pytest.mark.slow
+def test_the_faces_of_a_chunk_are_described_in_one_batch_with_the_bits_of_one_at_a_time(data_home: str) -> None:
+    """onnxruntime's network runs once per chunk of faces; each descriptor is the one encode gives alone."""
+    import cv2
+    from peep.edge.embedding import OnnxResNetEncoder
+
+    src = Path(data_home) / "lfw_home" / "lfw_funneled"
+    files = [str(f) for person in PEOPLE for f in sorted((src / person).glob("*.jpg"))[:4]]
+    encoder = OnnxResNetEncoder()
+    batches: list[int] = []
+    real = encoder.encode_many
+
+    def counted(faces: Any) -> NDArray[np.float32]:
+        batches.append(len(faces))
+        return real(faces)
+
+    encoder.encode_many = counted  # type: ignore[method-assign]
+    steps = facework._Steps(HaarFaceDetector(), DEFAULT_GEOMETRY, encoder)
+    results = facework.process_images([(f, True, True, None, None) for f in files], steps)
+    found = [r for r in results if r.status == "face"]
+    assert len(found) >= 6 and batches == [len(found)]
+    for path, res in zip(files, results, strict=True):
+        if res.status != "face":
+            assert res.descriptor is None
+            continue
+        assert res.box is not None and res.descriptor is not None and res.face is not None
+        alone = encoder.encode(cv2.imread(path, cv2.IMREAD_COLOR), FaceBox(**dict(zip(("x", "y", "w", "h", "score"), res.box, strict=True))))
+        np.testing.assert_array_equal(res.descriptor, alone)
+    # Without a descriptor wanted the network does not run.
+    batches.clear()
+    assert all(r.descriptor is None for r in facework.process_images([(files[0], True, False, None, None)], steps))
+    assert batches == []

@@ -31,6 +31,10 @@ The door deciding on the device then (in the same child, with the model it fetch
 of every enrolled person claimed with every enrolled subject's badge (``accuracy``: at least 3,000 impostor
 claims in a full run), and, after the server is stopped, replays the first claims of the video
 (``device.server_away``): a door deciding on the device opens with no server at all.
+
+``descriptor_per_face`` times the descriptor on both back ends (dlib's own network and its onnxruntime graph)
+on the door's held-out faces, back to back; the claims run the one ``PEEP_DESCRIPTOR_BACKEND`` names
+(``descriptor_backend``).
 """
 
 from __future__ import annotations
@@ -420,6 +424,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     """Measure the door (see the module docstring); returns the section's JSON-able dict."""
     from peep.core.bundle import load_private_key, write_keypair
     from peep.core.sitekey import SiteKey
+    from peep.edge.bench import descriptor_timing
     from peep.edge.device_key import DeviceKey
     from peep.edge.testing import lfw_people
     from peep.server.bundles.build import build_bundle
@@ -461,6 +466,10 @@ def run(quick: bool = False) -> dict[str, Any]:
             "calibration_people_chosen": len(calibration_people), "site_key": True, "preset": "lda",
             "pi4_per_core_ratio": PI4_PER_CORE_RATIO,
         }  # fmt: skip
+        # Both back ends' time per face on the door's own held-out faces, back to back (the claims below run
+        # the one PEEP_DESCRIPTOR_BACKEND names).
+        out["descriptor_per_face"] = descriptor_timing([Path(p) for _, p in held[: 20 if quick else 60]],
+                                                       rounds=1 if quick else 2)  # fmt: skip
         for name, projection, k, decisions in BUNDLES:
             bwork = work / name
             bwork.mkdir()
