@@ -98,16 +98,20 @@ def test_the_devices_page_shows_each_devices_decision_mode_and_its_model(issuing
     now = time.time()
     _report("cam-1", {"mode": "device", "model_serial": 7, "model_version": "v000001", "model_trained_at": now - 7200,
                       "model_expires_at": now + 3 * 86400, "subjects": 4, "epsilon_label": 8.0,
-                      "flip_probability": 0.0033}, srv)  # fmt: skip
+                      "flip_probability": 0.0033, "fpir_target": 0.01, "fpir_floor": 0.0033}, srv)  # fmt: skip
+    problem = "fpir: the model's target 0.001 is at or below the FPIR floor of this device's labels <b>"
     _report("cam-2", {"mode": "device", "model_serial": None, "model_version": None, "model_trained_at": None,
-                      "model_expires_at": None, "subjects": None, "epsilon_label": 8.0, "flip_probability": None},
-            srv)  # fmt: skip
+                      "model_expires_at": None, "subjects": None, "epsilon_label": 8.0, "flip_probability": None,
+                      "problem": problem}, srv)  # fmt: skip
     with console.login("olga") as c:
         html = c.get("/devices").text
     cam1, cam2 = _row(html, "cam-1"), _row(html, "cam-2")
     assert 'data-mode="device"' in cam1 and "model 7 (v000001), trained 2.0 h ago; expires in 3.0 days" in cam1
     assert "label ε 8, flip probability 0.3 %" in cam1
-    assert "no valid device model" in cam2
+    assert "strangers named: target 1.0 %, floor of the labels 0.3 %" in cam1 and "does not decide" not in cam1
+    # Why a device holding no usable model does not decide, as it reported it (escaped).
+    assert "no valid device model" in cam2 and "FPIR floor of this device&#39;s labels &lt;b&gt;" in cam2
+    assert 'class="error decision-problem">does not decide: fpir:' in cam2
 
 
 def test_an_expired_device_model_is_shown_as_such(issuing):

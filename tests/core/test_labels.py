@@ -83,3 +83,26 @@ def test_labels_outside_the_domain_are_refused():
     for bad in ([3], [-1], [0.5]):
         with pytest.raises(ValueError, match="labels"):
             rr.release(np.array(bad))
+
+
+def test_the_fpir_floor_of_any_label_mechanism_and_the_epsilon_that_meets_a_target():
+    import math
+
+    from peep.core.labels import RandomizedResponse, epsilon_label_for, fpir_floor
+
+    assert fpir_floor(10, 8.0) == pytest.approx(10 * math.exp(-8.0))
+    assert fpir_floor(10, 8.0, fnir=0.5) == pytest.approx(5 * math.exp(-8.0))
+    assert fpir_floor(10**6, 1.0) == 1.0  # capped: a share
+    # k-RR meets the bound up to its denominator: its floor lies just under it.
+    for n, eps in [(10, 8.0), (100, 10.0), (1000, 12.0)]:
+        rr = RandomizedResponse(n + 1, eps)
+        assert rr.false_positive_floor <= fpir_floor(n, eps) <= rr.false_positive_floor * (1 + n * math.exp(-eps)) + 1e-12
+    # The ε that puts the floor exactly at a target.
+    for n, t in [(10, 0.01), (100, 0.01), (1000, 0.001)]:
+        assert fpir_floor(n, epsilon_label_for(n, t)) == pytest.approx(t)
+    for bad in [{"enrolled": 0, "epsilon_label": 8.0}, {"enrolled": 10, "epsilon_label": 0.0},
+                {"enrolled": 10, "epsilon_label": 8.0, "fnir": 1.5}]:  # fmt: skip
+        with pytest.raises(ValueError):
+            fpir_floor(**bad)
+    with pytest.raises(ValueError, match="fpir"):
+        epsilon_label_for(10, 0.0)

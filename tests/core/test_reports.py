@@ -73,3 +73,22 @@ def test_insecure_broker_is_optional_false_when_absent_and_sent_only_when_true()
 def test_insecure_broker_must_be_a_json_boolean(value):
     with pytest.raises(ReportError, match=r"^insecure_broker: expected true or false .*received "):
         parse_device_report(_doc(insecure_broker=value))
+
+
+def test_a_decision_part_carries_the_fpir_floor_and_a_bounded_problem():
+    from peep.core.reports import MAX_PROBLEM_CHARS
+
+    part = {"mode": "device", "model_serial": None, "epsilon_label": 8.0, "fpir_target": 0.001,
+            "fpir_floor": 0.0033, "problem": "fpir: the model's target 0.001 is at or below the FPIR floor"}  # fmt: skip
+    got = parse_device_report(replace(GOOD, decision=part).to_json()).decision
+    assert got["fpir_floor"] == 0.0033 and got["fpir_target"] == 0.001 and got["problem"].startswith("fpir:")
+    for bad, match in [
+        ({**part, "fpir_floor": 1.5}, "decision.fpir_floor: expected a probability"),
+        ({**part, "problem": "x" * (MAX_PROBLEM_CHARS + 1)}, "decision.problem: expected printable text"),
+        ({**part, "problem": "line\nbreak"}, "decision.problem: expected printable text"),
+        ({**part, "problem": 7}, "decision.problem: expected printable text"),
+    ]:
+        doc = json.loads(GOOD.to_json())
+        doc["decision"] = bad
+        with pytest.raises(ReportError, match=match):
+            parse_device_report(json.dumps(doc).encode())

@@ -120,11 +120,36 @@ def _files(rig, **kw):
 
 
 def test_an_epsilon_label_too_small_for_the_fpir_target_refuses_to_decide(tmp_path, rig):
+    """Below the labels' FPIR floor the device refuses by name (enrolled count, ε_label, floor, the ε that
+    would do), reports why, and decides as soon as ε_label allows the target."""
+    from peep.core.reports import DeviceReport, parse_device_report
+    from peep.edge.decide import FpirBelowFloor
+
     store = _store(tmp_path, rig)
-    with pytest.raises(ValueError, match="fpir"):
+    enrolled = int(store.current.known.size)
+    with pytest.raises(FpirBelowFloor) as caught:
         DeviceDecider(store.current, domain="unit", site_key=rig["key"], epsilon_label=1.0)
+    err = caught.value
+    assert err.enrolled == enrolled and err.epsilon_label == 1.0 and err.target == store.current.fpir
+    # k-RR over enrolled + 1 outputs: a stranger called unknown is named with n / (e^ε + n).
+    assert err.floor == pytest.approx(enrolled / (np.e + enrolled), rel=1e-9)
+    text = str(err)
+    assert f"{enrolled} enrolled subjects at epsilon_label 1" in text and f"{err.floor:.4g}" in text
+    assert "[recognition] epsilon_label to about" in text
     source = DecisionSource(store, domain="unit", site_key=rig["key"], epsilon_label=1.0)
-    assert source.decider() is None and "fpir" in source.problem
+    assert source.decider() is None and "FPIR floor" in source.problem
+    # The refusal reaches the server in the device report, bounded.
+    report = DeviceReport(at=1.0, bundle_id=BUNDLE, mechanism="privunit", epsilon_vector=8.0, epsilon_coordinate=8.0,
+                          epsilon_vector_per_release=1.0, track_budget_vector=None, device_budget_vector=None,
+                          releases=0, epsilon_vector_spent=0.0, decision={k: source.describe().get(k) for k in ("mode", "model_serial", "problem",
+                                                                          "epsilon_label")})  # fmt: skip
+    assert "FPIR floor" in parse_device_report(report.to_json()).decision["problem"]
+    # The ε the message asks for decides, and says its floor and target.
+    need = float(text.split("epsilon_label to about ")[1].split(" ")[0])
+    d = DeviceDecider(store.current, domain="unit", site_key=rig["key"], epsilon_label=need + 0.1)
+    described = d.describe()
+    assert described["fpir_floor"] < described["fpir_target"] == store.current.fpir
+    assert described["fpir_floor"] <= described["fpir_floor_bound"] <= 2 * described["fpir_floor"]
 
 
 def test_the_label_is_randomised_at_epsilon_label_and_only_opaque_ids_leave(tmp_path, rig):

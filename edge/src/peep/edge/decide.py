@@ -25,6 +25,7 @@ model has expired.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -39,7 +40,8 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from peep.core.decision import CleanThresholds, accept_claims, calibrate_clean, claim_scores, identify_open_set
 from peep.core.devicemodel import CLASS_KEY, FILES, DeviceModel, DeviceModelError, verify_device_model_files
-from peep.core.labels import RandomizedResponse
+from peep.core.labels import RandomizedResponse, fpir_floor
+from peep.core.reports import MAX_PROBLEM_CHARS
 from peep.core.sitekey import SiteKey
 from peep.edge.logs import log_event
 
@@ -48,6 +50,32 @@ _log = logging.getLogger("peep.edge.decide")
 
 class NoDeviceModel(RuntimeError):
     """No valid device model (none yet, expired, or refused): a door stays locked, a camera releases nothing."""
+
+
+class FpirBelowFloor(ValueError):
+    """The model's FPIR target lies at or below what the label mechanism alone names: the device refuses to decide.
+
+    A stranger the model calls unknown is still released as some enrolled subject with the label
+    mechanism's flip probability; no threshold brings the released FPIR under it, so deciding would
+    silently miss the target. The message names the enrolled count, ε_label, the floor and the ε_label (or
+    the number of subjects) that would meet the target.
+    """
+
+    def __init__(self, target: float, enrolled: int, epsilon_label: float, floor: float) -> None:
+        from peep.core.labels import epsilon_label_for, fpir_floor
+
+        self.target, self.enrolled, self.epsilon_label, self.floor = target, enrolled, epsilon_label, floor
+        bound = fpir_floor(enrolled, epsilon_label)
+        # Leave the model half the target: at the bare floor every stranger it names is over.
+        need = epsilon_label_for(enrolled, target / 2.0)
+        fits = max(0, int(target / 2.0 * math.exp(epsilon_label)))
+        super().__init__(
+            f"fpir: the model's target {target:.4g} is at or below the FPIR floor of this device's labels: "
+            f"{enrolled} enrolled subjects at epsilon_label {epsilon_label:g} name {floor:.4g} of strangers the "
+            f"model calls unknown (any epsilon-LDP label: enrolled * e^-epsilon_label = {bound:.4g}); this device "
+            f"does not decide. Raise [recognition] epsilon_label to about {need:.1f} or more, or enrol at most "
+            f"{fits} subjects, or raise the server's training.device_models.fpir"
+        )
 
 
 def fuse_projections(bounded: ArrayLike, domain: str) -> NDArray[np.float64]:
@@ -164,6 +192,8 @@ class DeviceDecider:
             # One output per subject the model may name, plus unknown.
             self.labels = RandomizedResponse(self.known.size + 1, epsilon_label, random_state=random_state)
             floor, keep = self.labels.false_positive_floor, self.labels.keep_probability
+            if floor >= model.fpir:
+                raise FpirBelowFloor(model.fpir, int(self.known.size), float(epsilon_label), floor)
         try:
             P_public = self.probabilities(model.calibration)
         except Exception as exc:  # an ONNX graph that does not take this device's inputs
@@ -236,6 +266,10 @@ class DeviceDecider:
             "flip_probability": self.labels.flip_probability if self.labels is not None else None,
             "fpir_target": t.fpir_target,
             "fpir_model_target": t.fpir_model_target,
+            # What the labels alone name of strangers the model calls unknown, and any ε-LDP label's bound.
+            "fpir_floor": self.labels.false_positive_floor if self.labels is not None else None,
+            "fpir_floor_bound": (fpir_floor(int(self.known.size), self.labels.epsilon)
+                                 if self.labels is not None else None),  # fmt: skip
             "far_target": t.far_target,
             "public_faces": t.public_faces,
         }
@@ -521,7 +555,7 @@ class DecisionSource:
                 decider = DeviceDecider(model, domain=self.domain, site_key=self.site_key,
                                         epsilon_label=self.epsilon_label, random_state=self.random_state)  # fmt: skip
             except (NoDeviceModel, ValueError) as exc:
-                self._decider, self.problem = None, str(exc)[:200]
+                self._decider, self.problem = None, str(exc)[:MAX_PROBLEM_CHARS]
                 log_event(_log, logging.ERROR, "device_model_cannot_decide", serial=model.serial,
                           error=self.problem)  # fmt: skip
                 return
@@ -541,7 +575,7 @@ class DecisionSource:
         d = self.decider()
         if d is not None:
             return d.describe()
-        return {"mode": "device", "model_serial": None, "problem": self.problem,
+        return {"mode": "device", "model_serial": None, "problem": self.problem[:MAX_PROBLEM_CHARS],
                 "epsilon_label": self.epsilon_label}  # fmt: skip
 
 

@@ -204,3 +204,58 @@ class RandomizedResponse:
     def release_one(self, label: int) -> int:
         """Randomise one label (see :meth:`release`)."""
         return int(self.release(np.array([check_int(label, "label", low=0, high=self.k - 1)]))[0])
+
+
+def fpir_floor(enrolled: int, epsilon_label: float, fnir: float = 0.0) -> float:
+    """The least share of strangers any ε-LDP label mechanism names: ``enrolled · e^(−ε) · (1 − FNIR)``.
+
+    An enrolled subject's own label is released with probability at least ``1 − FNIR`` (the model names
+    them, the label survives); ε-LDP then releases it for a stranger with probability at least ``e^(−ε)``
+    times that, for each of the ``enrolled`` labels. No threshold can bring the released FPIR below this
+    (k-ary randomized response meets it up to the ``e^ε + k − 1`` in its denominator), so a target under it
+    is refused rather than missed.
+
+    Parameters
+    ----------
+    enrolled : int
+        Subjects the model may name (>= 1).
+    epsilon_label : float
+        ε of one released label (> 0).
+    fnir : float, default=0.0
+        The share of enrolled people the model misses (0: the floor of a model that never misses).
+
+    Returns
+    -------
+    float
+        In [0, 1] (capped).
+
+    Examples
+    --------
+    >>> round(fpir_floor(10, 8.0), 5), round(fpir_floor(100, 8.0), 4)
+    (0.00335, 0.0335)
+    """
+    n = check_int(enrolled, "enrolled", low=1, high=MAX_LABELS)
+    eps = check_real(epsilon_label, "epsilon_label", low=0.0, high=40.0)
+    if eps <= 0.0:
+        raise ValueError(f"epsilon_label: expected a value in (0, 40], received {epsilon_label!r}")
+    miss = check_real(fnir, "fnir", low=0.0, high=1.0)
+    return float(min(1.0, n * math.exp(-eps) * (1.0 - miss)))
+
+
+def epsilon_label_for(enrolled: int, fpir: float, fnir: float = 0.0) -> float:
+    """The least ε_label whose :func:`fpir_floor` is at most ``fpir``: ``ln(enrolled · (1 − FNIR) / fpir)``.
+
+    At that ε the floor *equals* the target and no stranger named by the model is left to spare: a
+    deployment needs more (docs/OPEN_SET.md gives the table).
+
+    Examples
+    --------
+    >>> round(epsilon_label_for(10, 0.01), 2), round(epsilon_label_for(1000, 0.001), 2)
+    (6.91, 13.82)
+    """
+    n = check_int(enrolled, "enrolled", low=1, high=MAX_LABELS)
+    target = check_real(fpir, "fpir", low=0.0, high=1.0)
+    if target <= 0.0:
+        raise ValueError(f"fpir: expected a share in (0, 1], received {fpir!r}")
+    miss = check_real(fnir, "fnir", low=0.0, high=1.0)
+    return float(max(0.0, math.log(max(n * (1.0 - miss), 1e-300) / target)))

@@ -35,7 +35,11 @@ the model it holds (``null`` fields: none valid) and the ε of a released label:
 
     "decision": {"mode": "device", "model_serial": 12, "model_version": "v0007",
                  "model_trained_at": 1795690000.0, "model_expires_at": 1796294800.0,
-                 "subjects": 10, "epsilon_label": 8.0, "flip_probability": 0.0034}
+                 "subjects": 10, "epsilon_label": 8.0, "flip_probability": 0.0034,
+                 "fpir_target": 0.01, "fpir_floor": 0.0034}
+
+``fpir_floor`` is the share of strangers the labels alone name (the model's FPIR target must lie above it);
+``problem`` says why a device with a model does not decide (e.g. a target below that floor).
 """
 
 from __future__ import annotations
@@ -83,7 +87,12 @@ DECISION_KEYS = (
     "subjects",
     "epsilon_label",
     "flip_probability",
+    "fpir_target",
+    "fpir_floor",
+    "problem",
 )
+#: Longest ``decision.problem`` (why a device holding a model does not decide) accepted.
+MAX_PROBLEM_CHARS = 400
 #: Keys a report may leave out, and their values then (a report older than the key is still one).
 _OPTIONAL_FALSE = frozenset({"insecure_broker"})
 
@@ -179,11 +188,19 @@ def _decision(part: Any) -> dict[str, Any]:
         out["subjects"] = _count(part["subjects"], "decision.subjects")
     if part.get("model_version") is not None:
         out["model_version"] = _name(part["model_version"], "decision.model_version", _BUNDLE)
-    for key in ("model_trained_at", "model_expires_at", "epsilon_label", "flip_probability"):
+    for key in ("model_trained_at", "model_expires_at", "epsilon_label", "flip_probability", "fpir_target",
+                "fpir_floor"):  # fmt: skip
         if part.get(key) is not None:
             out[key] = _number(part, key)
-    if out.get("flip_probability", 0.0) > 1.0:
-        raise ReportError(f"decision.flip_probability: expected a probability, received {out['flip_probability']}")
+    for key in ("flip_probability", "fpir_target", "fpir_floor"):
+        if out.get(key, 0.0) > 1.0:
+            raise ReportError(f"decision.{key}: expected a probability, received {out[key]}")
+    problem = part.get("problem")
+    if problem is not None and problem != "":
+        if not isinstance(problem, str) or len(problem) > MAX_PROBLEM_CHARS or not problem.isprintable():
+            raise ReportError(f"decision.problem: expected printable text of at most {MAX_PROBLEM_CHARS} "
+                              f"characters, received {repr(problem)[:40]}")  # fmt: skip
+        out["problem"] = problem
     return out
 
 

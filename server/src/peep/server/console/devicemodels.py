@@ -51,7 +51,8 @@ def report_decision(report: Any, now: float) -> dict[str, Any] | None:
     dict or None
         ``mode`` ("device" or "server"), ``serial`` (int or None), ``version`` (str), ``age`` (since the model
         was trained), ``expires_in`` (negative: expired), ``expired`` (bool or None), ``epsilon_label``,
-        ``flip_probability``.
+        ``flip_probability``, ``fpir_target`` and ``fpir_floor`` (the share of strangers the labels alone
+        name), ``problem`` (why a device holding a model does not decide; "" when it does).
     """
     part = getattr(report, "decision", None)
     if not isinstance(part, Mapping):
@@ -72,6 +73,9 @@ def report_decision(report: Any, now: float) -> dict[str, Any] | None:
         "expired": None if expires is None else expires <= now,
         "epsilon_label": _number(part, "epsilon_label", high=1e6),
         "flip_probability": _number(part, "flip_probability", high=1.0),
+        "fpir_target": _number(part, "fpir_target", high=1.0),
+        "fpir_floor": _number(part, "fpir_floor", high=1.0),
+        "problem": part.get("problem") if isinstance(part.get("problem"), str) else "",
     }
 
 
