@@ -5,10 +5,10 @@
 #   bash scripts/bootstrap.sh [all]   everything the tests need (scripts/test.sh, .ci/run): every extra of
 #                                     peep-server, the lab and sgap (PyTorch, for `peep sgap train`) included,
 #                                     the dev tools, and Debian's Chromium for the console's browser tests
-#   bash scripts/bootstrap.sh demo    what `peep demo` needs (scripts/demo.sh): the lab (the demo is a lab
-#                                     command: plots, age/gender estimates), the edge agent with age/gender
-#                                     and dlib, and the console (`peep demo --console`); no PyTorch, no dev
-#                                     tools, no Chromium
+#   bash scripts/bootstrap.sh demo    what `peep demo` needs (scripts/demo.sh): the lab libraries the demo
+#                                     imports (plots, age/gender estimates; not OpenDP or the audit's schema
+#                                     checker), the edge agent with age/gender and dlib, and the console
+#                                     (`peep demo --console`); no PyTorch, no dev tools, no Chromium
 #
 # A backend needs neither: `pip install ./shared ./server` is the serving install (README.md, deploy/).
 #   bash scripts/bootstrap.sh --print demo|all
@@ -29,9 +29,9 @@ if [ "${1:-}" = --print ]; then print=1; shift; fi
 [ $# -le 1 ] || usage
 set_name="${1:-all}"
 # peep-server[demo] and [dlib] are peep-edge[soft] and [dlib]: named here too so pip takes the local edge/
-# (with [door]: gpiozero, which the door's GPIO lock and its tests use). [demo] and [sgap] bring [lab] too;
-# it is named so that the sets say what they hold.
-demo_pkgs=(-e ./shared -e "./edge[soft,dlib,door]" -e "./server[lab,demo,dlib,console]")
+# (with [door]: gpiozero, which the door's GPIO lock and its tests use). [sgap] brings [lab] too; it is named
+# so that the sets say what they hold.
+demo_pkgs=(-e ./shared -e "./edge[soft,dlib,door]" -e "./server[demo,dlib,console]")
 all_pkgs=(-e ./shared -e "./edge[soft,dlib,door]" -e "./server[lab,demo,dlib,sgap,console]" --group dev)
 case "$set_name" in
   demo) pkgs=("${demo_pkgs[@]}") ;;

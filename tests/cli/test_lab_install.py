@@ -41,7 +41,7 @@ def test_help_lists_every_command_and_the_lab_ones_as_needing_the_lab_install(tm
             assert command in lines, f"`peep --help` lost {command}:\n{r.stdout}"
     for command in ("audit", "anonymize", "bench", "sgap"):
         assert f"needs the lab install ({LAB_INSTALL})" in lines[command]
-    # The demo runs the edge agent too: its extra brings the lab and peep-edge.
+    # The demo runs the edge agent too: its extra brings peep-edge and the lab libraries the demo imports.
     assert f"needs the lab install ({DEMO_EXTRA_INSTALL})" in lines["demo"]
     for command in ("serve", "train", "erase", "retention", "events", "keys", "bundle", "console", "qbbs"):
         assert "lab" not in lines[command]

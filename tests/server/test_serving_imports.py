@@ -125,3 +125,31 @@ print("\\n".join(sorted(m for m in sys.modules if is_lab_module(m))))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip() == "", f"serving code loaded lab modules:\n{r.stdout}"
+
+
+def test_the_demo_extra_holds_the_lab_dependencies_the_demo_imports_and_no_others():
+    """``peep demo`` (its package, its command and every peep.server module they reach) imports only the lab
+    dependencies of DEMO_DEPENDENCIES, and its extra installs those and the edge agent, not OpenDP."""
+    from peep.server.extras import DEMO_DEPENDENCIES
+
+    project = tomllib.loads((ROOT / "server" / "pyproject.toml").read_text())["project"]
+    demo = {canonicalize_name(Requirement(r).name) for r in project["optional-dependencies"]["demo"]}
+    assert demo == {"peep-edge", *(canonicalize_name(LAB_DEPENDENCIES[n]) for n in DEMO_DEPENDENCIES)}
+    # The peep.server modules the demo reaches, followed through their imports.
+    todo = [n for n in MODULES if n.startswith("peep.server.demo")] + ["peep.server.commands.demo"]
+    seen: set[str] = set()
+    used: dict[str, str] = {}
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in MODULES:
+            continue
+        seen.add(name)
+        for line, module in _imports(name, MODULES[name]):
+            for dep in LAB_DEPENDENCIES:
+                if _under(module, dep):
+                    used.setdefault(dep, f"{MODULES[name].relative_to(ROOT)}:{line}")
+            if module.startswith("peep.server"):
+                todo += [module, module.rpartition(".")[0]]
+    assert "peep.server.demo.runner" in seen and len(seen) > 20 and "matplotlib" in used
+    extra = {dep: where for dep, where in used.items() if dep not in DEMO_DEPENDENCIES}
+    assert not extra, f"the demo imports lab dependencies its extra does not install: {extra}"

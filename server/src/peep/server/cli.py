@@ -89,13 +89,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     actions = {"": parser.add_subparsers(dest="command", metavar="COMMAND", required=True)}
-    missing_lab: list[str] | None = None  # looked up once, at the first lab command
+    missing: dict[bool, list[str]] = {}  # looked up once per kind (the demo's, the rest of the lab's)
     for command in COMMANDS:
         sub = actions[command.rpartition(" ")[0]]
         module_name = command_module(command)
         if is_lab_module(module_name):
-            if missing_lab is None:
-                missing_lab = missing_lab_dependencies()
+            demo = command == "demo"
+            if demo not in missing:
+                missing[demo] = missing_lab_dependencies("demo" if demo else None)
+            missing_lab = missing[demo]
             if missing_lab:
                 _add_lab_placeholder(sub, command, missing_lab)
                 continue

