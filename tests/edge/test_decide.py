@@ -285,3 +285,24 @@ def test_a_door_takes_a_model_only_with_its_class_key_and_keeps_the_key_to_itsel
     stored.unlink()  # a stored model whose key was lost: the door does not decide with it
     assert ModelStore(tmp_path / "d", rig["signer"].public_key(), bundle_id=BUNDLE, key_id=rig["key"].key_id,
                       needs_class_key=True).load() is None  # fmt: skip
+
+
+def test_a_calibration_set_too_small_for_its_target_says_so(tmp_path, rig, caplog):
+    """450 public faces resolve a 1 % target to 1.1 % (quiet) but a 0.5 % target only to 0.67 %: the device
+    says how many people the target needs, and reports how many it had."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="peep.edge.decide"):
+        d = _decider(tmp_path / "a", rig, epsilon_label=None)
+    assert d.calibration_people == 450 and not [r for r in caplog.records if "calibration_set_too_small" in r.getMessage()]
+    assert d.describe()["fpir_model_resolved"] == pytest.approx((4 + 1) / 451)
+    store = _store(tmp_path / "b", rig)
+    assert store.offer(_files(rig, fpir=0.005), source="test").serial == 6
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="peep.edge.decide"):
+        d = DeviceDecider(store.current, domain="unit", site_key=rig["key"], epsilon_label=None)
+    from peep.core.logs import _FIELDS
+
+    warned = [getattr(r, _FIELDS)["error"] for r in caplog.records if r.getMessage() == "calibration_set_too_small"]
+    assert warned and "450 public people" in warned[0] and "about 1000 are needed" in warned[0]
+    assert d.fpir_resolved == pytest.approx(3 / 451)

@@ -252,6 +252,8 @@ def test_peep_bundle_calibrate_projects_public_faces_as_a_device_does(tmp_path, 
     ds = load_dataset(str(folder), min_faces=1, geometry=bundle.geometry, people=["Ahmed_Chalabi", "Al_Gore"])
     np.testing.assert_allclose(cal.projections, bundle.project(ds.images, "box_clipped"), rtol=0, atol=1e-6)
     assert f"calibration {cal.sha256[:16]}" in r.stdout
+    # Two people resolve a 1 % target to (0 + 1) / 3 of new people, and the output says so.
+    assert "lets through about 33.33% of new people for a 1 % target" in r.stdout
     bad = subprocess.run([PEEP, "bundle", "calibrate", "--bundle", str(bundle_dir), "--public-key", str(out),
                           "--dataset", str(folder), "--out", str(tmp_path / "x.npz")], capture_output=True, text=True,
                          timeout=120)  # fmt: skip

@@ -38,7 +38,14 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from peep.core.decision import CleanThresholds, accept_claims, calibrate_clean, claim_scores, identify_open_set
+from peep.core.decision import (
+    CleanThresholds,
+    accept_claims,
+    calibrate_clean,
+    claim_scores,
+    identify_open_set,
+    resolved_share,
+)
 from peep.core.devicemodel import CLASS_KEY, FILES, DeviceModel, DeviceModelError, verify_device_model_files
 from peep.core.labels import RandomizedResponse, fpir_floor
 from peep.core.reports import MAX_PROBLEM_CHARS
@@ -46,6 +53,12 @@ from peep.core.sitekey import SiteKey
 from peep.edge.logs import log_event
 
 _log = logging.getLogger("peep.edge.decide")
+
+#: A calibration set is too small for its target when new people would pass its threshold more than this
+#: many times as often as the target says (the share resolves to about 1 + 1 / (target · people) times it).
+CALIBRATION_SLACK = 1.2
+#: Which is a set of at least this many over the target's inverse.
+CALIBRATION_SLACK_PEOPLE = 5.0
 
 
 class NoDeviceModel(RuntimeError):
@@ -202,6 +215,18 @@ class DeviceDecider:
             P_public, self.known, fpir=model.fpir, far=model.far, label_false_positive=floor, label_keep=keep,
             weights=model.calibration_weights,
         )  # fmt: skip
+        # Every person weighs 1 in total, so the weights add up to the number of calibration people.
+        self.calibration_people = max(1, int(round(float(np.sum(model.calibration_weights)))))
+        target = self.thresholds.fpir_model_target
+        self.fpir_resolved = resolved_share(target, self.calibration_people)
+        if self.fpir_resolved > CALIBRATION_SLACK * target:
+            log_event(_log, logging.WARNING, "calibration_set_too_small", serial=model.serial,
+                      calibration_people=self.calibration_people, fpir_model_target=target,
+                      fpir_resolved=self.fpir_resolved,
+                      error=f"the calibration set's {self.calibration_people} public people resolve the model's "
+                            f"FPIR target {target:.4g} only to {self.fpir_resolved:.4g} of new people: about "
+                            f"{math.ceil(CALIBRATION_SLACK_PEOPLE / max(target, 1e-12))} are needed "
+                            "(peep bundle calibrate on LFW's one-image people)")  # fmt: skip
 
     # ------------------------------------------------------------------ scoring
 
@@ -272,6 +297,8 @@ class DeviceDecider:
                                  if self.labels is not None else None),  # fmt: skip
             "far_target": t.far_target,
             "public_faces": t.public_faces,
+            "calibration_people": self.calibration_people,
+            "fpir_model_resolved": self.fpir_resolved,
         }
 
 

@@ -233,6 +233,7 @@ def _names(path: str, option: str) -> list[str]:
 
 def calibrate(args: argparse.Namespace) -> int:
     from peep.core.bundle import ProjectionBundle
+    from peep.core.decision import resolved_share
     from peep.server.bundles.calibrate import CalibrationError, make_calibration, write_calibration
     from peep.server.datasets import DatasetError
     from peep.server.progress import progress_printer
@@ -274,7 +275,10 @@ def calibrate(args: argparse.Namespace) -> int:
     print(
         f"calibration {out.sha256[:16]} -> {args.out}\n"
         f"  {out.n_faces} faces of {out.n_people} public people, bundle {bundle.bundle_id}, {domain} ({kind}), "
-        f"nc={out.n_components}; {len(set(excluded))} people excluded; {time.perf_counter() - t0:.1f} s",
+        f"nc={out.n_components}; {len(set(excluded))} people excluded; {time.perf_counter() - t0:.1f} s\n"
+        f"  a device's threshold lets through about {resolved_share(0.01, out.n_people):.2%} of new people for a "
+        f"1 % target, {resolved_share(0.001, out.n_people):.3%} for 0.1 % (about 5 / target people make it "
+        "within 20 % of the target)",
         file=sys.stdout,
     )
     return 0
