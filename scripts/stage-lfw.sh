@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prints a writable scikit-learn data home whose lfw_home/ links to a read-only
-# LFW copy in scikit-learn's layout (scikit-learn writes a cache next to the
+# LFW copy in scikit-learn's layout (and lfw_singles/ to the copy's one-image people, if it has them) (scikit-learn writes a cache next to the
 # images, so the read-only folder itself cannot be the data home). Never writes
 # into the copy.
 # Usage: eval "$(bash scripts/stage-lfw.sh [TARGET [SOURCE]])"  -> exports SCIKIT_LEARN_DATA
@@ -37,4 +37,6 @@ for f in "$src/lfw_home/"*; do
   name=$(basename "$f")
   [ -e "$target/lfw_home/$name" ] || ln -s "$f" "$target/lfw_home/$name"
 done
+# LFW's one-image people (the calibration population of open-set thresholds), beside lfw_home/ when present.
+if [ -d "$src/lfw_singles" ] && [ ! -e "$target/lfw_singles" ]; then ln -s "$src/lfw_singles" "$target/lfw_singles"; fi
 echo "export SCIKIT_LEARN_DATA='$target'"

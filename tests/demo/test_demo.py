@@ -16,9 +16,10 @@ pytestmark = [pytest.mark.demo, pytest.mark.processes]
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".pgm", ".bmp"}
 
 
-# A reduced demo: three subjects, four strangers, two cameras.
+# A reduced demo: three subjects, four strangers, two cameras; the server decides (the devices deciding, the
+# default, is tests/demo/test_demo_device.py).
 SMALL = ["--subjects", "3", "--enrol-images", "8", "--probe-images", "2", "--strangers", "4", "--cameras", "2",
-         "--qbbs-epsilon", "20", "--public-max-faces", "5"]  # fmt: skip
+         "--qbbs-epsilon", "20", "--public-max-faces", "5", "--decide", "server"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -261,7 +262,7 @@ def test_demo_console_stays_up_on_the_demos_data(tmp_path: Path, data_home: str)
 
     opts = DemoOptions(
         out=tmp_path / "run", data_home=data_home, subjects=3, enrol_images=8, probe_images=2, strangers=4,
-        cameras=2, qbbs_epsilon=20.0, public_max_faces=5, mqtt="off", console=True,
+        cameras=2, qbbs_epsilon=20.0, public_max_faces=5, mqtt="off", console=True, decide="server",
     )  # fmt: skip
     demo = Demo(opts, say=lambda _m: None)
     try:

@@ -86,8 +86,9 @@ class FpirBelowFloor(ValueError):
             f"fpir: the model's target {target:.4g} is at or below the FPIR floor of this device's labels: "
             f"{enrolled} enrolled subjects at epsilon_label {epsilon_label:g} name {floor:.4g} of strangers the "
             f"model calls unknown (any epsilon-LDP label: enrolled * e^-epsilon_label = {bound:.4g}); this device "
-            f"does not decide. Raise [recognition] epsilon_label to about {need:.1f} or more, or enrol at most "
-            f"{fits} subjects, or raise the server's training.device_models.fpir"
+            f"does not decide. Raise [recognition] epsilon_label to about {need:.1f} or more, "
+            + (f"or enrol at most {fits} subjects, " if fits >= 1 else "")
+            + "or raise the server's training.device_models.fpir"
         )
 
 

@@ -125,6 +125,31 @@ def resolve_data_home(data_home: str | os.PathLike[str] | None) -> str | None:
     return os.environ.get("SCIKIT_LEARN_DATA") or None
 
 
+#: The folder of LFW's one-image people (``../shared/datasets/lfw_singles``): public people no model sees.
+SINGLES_FOLDER = "lfw_singles"
+
+
+def singles_folder(data_home: str | os.PathLike[str] | None = None) -> Path | None:
+    """The folder of LFW's one-image people, found as ``scripts/stage-lfw.sh`` finds the LFW copy; None if absent.
+
+    Looked for as ``lfw_singles/`` in the data home (``--data-home``, ``SCIKIT_LEARN_DATA``, scikit-learn's
+    default; ``stage-lfw.sh`` links it there beside ``lfw_home/``), then in ``$PEEP_DATASETS``. A folder
+    counts only if it holds per-person folders.
+    """
+    from sklearn.datasets import get_data_home
+
+    candidates = [Path(get_data_home(resolve_data_home(data_home))) / SINGLES_FOLDER]
+    if os.environ.get("PEEP_DATASETS"):
+        candidates.append(Path(os.environ["PEEP_DATASETS"]) / SINGLES_FOLDER)
+    for c in candidates:
+        try:
+            if c.is_dir() and any(p.is_dir() for p in c.iterdir()):
+                return c.resolve()
+        except OSError:
+            continue
+    return None
+
+
 def _lfw_folder(data_home: str | None) -> Path:
     from sklearn.datasets import get_data_home
 

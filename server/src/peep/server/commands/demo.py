@@ -55,7 +55,7 @@ def register(sub: Any) -> None:
     p.add_argument("--projection", default=d.projection, choices=projection_kinds(),
                    help=f"what the bundle's projector computes (default {d.projection})")  # fmt: skip
     p.add_argument("--components", type=int, default=None,
-                   help="template dimension in the bundle (default 16 when the server decides, 32 when the "
+                   help="template dimension in the bundle (default 16 when the server decides, 48 when the "
                    "devices do)")  # fmt: skip
     p.add_argument("--decide", choices=["server", "device"], default=d.decide,
                    help=f"where cameras and the door decide: 'server' (a perturbed template per appearance) or "
@@ -64,6 +64,10 @@ def register(sub: Any) -> None:
     p.add_argument("--epsilon-label", type=float, default=d.epsilon_label,
                    help=f"with --decide device: ε of a camera's released label, k-ary randomized response "
                    f"(default {d.epsilon_label:g} per appearance)")  # fmt: skip
+    p.add_argument("--calibration-people", type=int, default=d.calibration_people, metavar="N",
+                   help=f"with --decide device: public one-image people (LFW's singles, when present beside LFW) "
+                   f"whose clean projections set the devices' thresholds (default {d.calibration_people}: a "
+                   f"1 %% target is resolved to about 1 in N)")  # fmt: skip
     p.add_argument("--mirror", action=argparse.BooleanOptionalAction, default=None,
                    help="fit the projection on mirrored faces too (default: the projection's own default)")  # fmt: skip
     p.add_argument("--preset", default=d.preset, choices=list(PRESETS),
@@ -104,7 +108,7 @@ def handle(args: argparse.Namespace) -> int:
     require_edge("peep demo")
     from peep.server.demo import Demo, DemoOptions, summary_lines
 
-    for name in ("subjects", "enrol_images", "probe_images", "cameras", "components"):
+    for name in ("subjects", "enrol_images", "probe_images", "cameras", "components", "calibration_people"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')}: expected >= 1, received {getattr(args, name)}")
     if args.strangers < 0:
@@ -137,6 +141,7 @@ def handle(args: argparse.Namespace) -> int:
         components=args.components,
         decide=args.decide,
         epsilon_label=args.epsilon_label,
+        calibration_people=args.calibration_people,
         mirror=args.mirror,
         preset=args.preset,
         identify_far=args.identify_far,

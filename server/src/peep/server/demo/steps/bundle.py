@@ -6,6 +6,8 @@ thresholds are written too.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,8 @@ class FittedBundle:
         The public faces the bundle was fitted on: images, people.
     calibration : Path or None
         The devices' calibration faces (``--decide device``), else None.
+    calibration_population : CalibrationPopulation or None
+        Who they are.
     """
 
     bundle: ProjectionBundle
@@ -61,6 +65,7 @@ class FittedBundle:
     background_faces: Any
     public_faces: tuple[int, int]
     calibration: Path | None
+    calibration_population: Any = None
 
 
 def make_keys(ctx: RunContext) -> Keys:
@@ -127,25 +132,22 @@ def fit_bundle(ctx: RunContext, people: People, keys: Keys) -> FittedBundle:
                 people=names,
             )
 
-    calibration_people: list[str] = []
+    calibration = CalibrationPopulation("", "lfw", [])
     background_people = list(scenario.background)
     if o.decide == "device":
-        # The devices' thresholds are set on public people the model never saw: the background class keeps
-        # the first background_people of the (seeded) background population, the rest and the LFW people
-        # with 20+ photos who are not enrolled calibrate.
+        # The devices' thresholds are set on public people the model never saw; the background class keeps
+        # the first background_people of the (seeded) background population.
         order = np.random.default_rng(o.seed + 5).permutation(len(background_people))
         shuffled = [background_people[i] for i in order]
         background_people = sorted(shuffled[: o.background_people])
-        enrolled = {n.replace(" ", "_") for n in scenario.enrolled}
-        frequent = [n for n, c in people.lfw_counts.items() if c >= 20 and n.replace(" ", "_") not in enrolled]
-        calibration_people = sorted(shuffled[o.background_people :]) + sorted(frequent)
+        calibration = calibration_population(ctx, people, shuffled[o.background_people :])
     background = public_faces(min(9, o.public_max_faces or 9), background_people)
     # The bundle is fitted on public faces the demo never uses as a person: the background population
     # and, up to --public-max-faces images each, the LFW people who are neither enrolled nor strangers.
     taken = {n.replace(" ", "_") for n in (*scenario.enrolled, *scenario.strangers)}
     # Nor the calibration people: a projection fitted on their faces places them as it never places a stranger
     # (measured by the audit's open-set section: released FPIR over its target, more so at larger K).
-    taken |= {n.replace(" ", "_") for n in calibration_people}
+    taken |= {n.replace(" ", "_") for n in calibration.people}
     public = public_faces(o.public_max_faces, [n for n in people.lfw_names if n not in taken])
     bundle_dir = ctx.out / "bundle"
     bundle = build_bundle(
@@ -162,28 +164,90 @@ def fit_bundle(ctx: RunContext, people: People, keys: Keys) -> FittedBundle:
         f"    bundle {bundle.bundle_id}: {bundle.projection_kind}, nc={bundle.n_components}, from "
         f"{public.n_images} faces of {public.n_subjects} public people (none enrolled, none a stranger)"
     )
-    calibration = _calibration(ctx, bundle, calibration_people) if o.decide == "device" else None
+    path = None
+    calibrated: list[str] = []
+    if o.decide == "device":
+        exclude = [*scenario.enrolled, *scenario.strangers, *background_people]
+        path, calibrated = _calibration(ctx, bundle, calibration, exclude)
+        # Those chosen whose photo shows a face the desk's detector finds: who set the thresholds.
+        calibration = dataclasses.replace(calibration, people=calibrated)
+    # Every role's people, by name (LFW's public figures), so that anyone can check that no one has two.
+    roles = {
+        "enrolled": sorted(scenario.enrolled), "strangers": sorted(scenario.strangers),
+        "background": sorted(background_people), "bundle": sorted({str(n) for n in public.target_names}),
+        "calibration": calibrated, "calibration_population": calibration.name,
+    }  # fmt: skip
+    (ctx.out / "people.json").write_text(json.dumps(roles, indent=1) + "\n")
     return FittedBundle(bundle=bundle, bundle_dir=bundle_dir, background_faces=background,
-                        public_faces=(public.n_images, public.n_subjects), calibration=calibration)  # fmt: skip
+                        public_faces=(public.n_images, public.n_subjects), calibration=path,
+                        calibration_population=calibration)  # fmt: skip
 
 
-def _calibration(ctx: RunContext, bundle: ProjectionBundle, people: list[str]) -> Path:
+@dataclass(frozen=True)
+class CalibrationPopulation:
+    """Who sets the devices' thresholds.
+
+    Attributes
+    ----------
+    name : str
+        ``"lfw_singles"`` (LFW's one-image people) or ``"lfw"`` (the fallback without them); "" when the
+        server decides.
+    dataset : str
+        What :func:`peep.server.bundles.calibrate.make_calibration` reads: the singles' folder or ``"lfw"``.
+    people : list of str
+        The people chosen (folder names).
+    """
+
+    name: str
+    dataset: str
+    people: list[str]
+
+
+def calibration_population(ctx: RunContext, people: People, spare_background: list[str]) -> CalibrationPopulation:
+    """LFW's one-image people when present (``calibration_people`` of them, by the seed), else the old rule.
+
+    The singles are in no other role by construction (none is in ``lfw_home/``). Without them, the LFW
+    people with 20+ photos who are not enrolled and the background people the background class does not
+    keep calibrate, and the demo says how few that is.
+    """
+    from peep.server.datasets import singles_folder
+
+    o = ctx.opts
+    singles = singles_folder(o.data_home)
+    if singles is not None:
+        names = sorted(p.name for p in singles.iterdir() if p.is_dir())
+        pick = np.random.default_rng(o.seed + 6).permutation(len(names))[: o.calibration_people]
+        chosen = sorted(names[int(i)] for i in pick)
+        ctx.say(f"    calibration population: {len(chosen)} of the {len(names)} one-image public people in "
+                f"{singles}")  # fmt: skip
+        return CalibrationPopulation("lfw_singles", str(singles), chosen)
+    enrolled = {n.replace(" ", "_") for n in people.scenario.enrolled}
+    frequent = [n for n, c in people.lfw_counts.items() if c >= 20 and n.replace(" ", "_") not in enrolled]
+    chosen = sorted(spare_background) + sorted(frequent)
+    ctx.say(f"    calibration population: {len(chosen)} public LFW people (no lfw_singles/ beside the LFW copy: "
+            f"a 1 % target is resolved only to about 1 in {len(chosen) + 1}; stage it with scripts/stage-lfw.sh)")
+    return CalibrationPopulation("lfw", "lfw", chosen)
+
+
+def _calibration(ctx: RunContext, bundle: ProjectionBundle, population: CalibrationPopulation,
+                 exclude: list[str]) -> tuple[Path, list[str]]:  # fmt: skip
     """The public faces every device model carries (clean, unkeyed): what the devices set thresholds on."""
     from peep.server.bundles.calibrate import make_calibration, write_calibration
 
     o = ctx.opts
+    singles = population.name == "lfw_singles"
     with Progress("    calibration faces (public people the model never sees)", heartbeat=HEARTBEAT_S) as bar:
         projections, names, domain, kind = make_calibration(
-            bundle, "lfw", mechanism=o.mechanism, data_home=o.data_home, min_faces=5,
-            people=people, max_per_person=o.calibration_max_faces, progress=bar.update,
+            bundle, population.dataset, mechanism=o.mechanism, data_home=o.data_home, min_faces=1 if singles else 5,
+            people=population.people, exclude=exclude, max_per_person=o.calibration_max_faces, progress=bar.update,
         )  # fmt: skip
     path = ctx.out / "server" / "calibration.npz"
     path.parent.mkdir(parents=True, exist_ok=True)
     cal = write_calibration(path, projections=projections, people=names, bundle_id=bundle.bundle_id,
                             domain=domain, mechanism=kind)  # fmt: skip
-    ctx.say(f"    calibration: {cal.n_faces} clean projections of {cal.n_people} public people, none in the "
-            "background class, none enrolled, none a stranger")  # fmt: skip
-    return path
+    ctx.say(f"    calibration: {cal.n_faces} clean projections of {cal.n_people} public people ({population.name}), "
+            "none in the background class, none enrolled, none a stranger")  # fmt: skip
+    return path, sorted(set(names))
 
 
 def keys_and_bundle(ctx: RunContext, people: People) -> tuple[Keys, FittedBundle]:
