@@ -133,7 +133,7 @@ if [ "$set_name" = demo ]; then
     exit 0
   fi
   echo "bootstrap: installing what peep demo needs into $venv (peep-core, peep-edge[soft,dlib,door]," \
-    "peep-server[lab,demo,dlib,console]; the tests' extras and tools come with scripts/test.sh)" >&2
+    "peep-server[demo,dlib,console]; the tests' extras and tools come with scripts/test.sh)" >&2
 else
   echo "bootstrap: installing peep-core, peep-edge[soft,dlib,door], peep-server[lab,demo,dlib,sgap,console]" \
     "and dev tools into $venv" >&2
