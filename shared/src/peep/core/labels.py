@@ -235,9 +235,7 @@ def fpir_floor(enrolled: int, epsilon_label: float, fnir: float = 0.0) -> float:
     (0.00335, 0.0335)
     """
     n = check_int(enrolled, "enrolled", low=1, high=MAX_LABELS)
-    eps = check_real(epsilon_label, "epsilon_label", low=0.0, high=40.0)
-    if eps <= 0.0:
-        raise ValueError(f"epsilon_label: expected a value in (0, 40], received {epsilon_label!r}")
+    eps = _positive(epsilon_label, "epsilon_label", 40.0)
     miss = check_real(fnir, "fnir", low=0.0, high=1.0)
     return float(min(1.0, n * math.exp(-eps) * (1.0 - miss)))
 
@@ -246,7 +244,7 @@ def epsilon_label_for(enrolled: int, fpir: float, fnir: float = 0.0) -> float:
     """The least ε_label whose :func:`fpir_floor` is at most ``fpir``: ``ln(enrolled · (1 − FNIR) / fpir)``.
 
     At that ε the floor *equals* the target and no stranger named by the model is left to spare: a
-    deployment needs more (docs/OPEN_SET.md gives the table).
+    deployment needs more (docs/DECISIONS.md gives the table).
 
     Examples
     --------
@@ -254,8 +252,14 @@ def epsilon_label_for(enrolled: int, fpir: float, fnir: float = 0.0) -> float:
     (6.91, 13.82)
     """
     n = check_int(enrolled, "enrolled", low=1, high=MAX_LABELS)
-    target = check_real(fpir, "fpir", low=0.0, high=1.0)
-    if target <= 0.0:
-        raise ValueError(f"fpir: expected a share in (0, 1], received {fpir!r}")
+    target = _positive(fpir, "fpir", 1.0)
     miss = check_real(fnir, "fnir", low=0.0, high=1.0)
     return float(max(0.0, math.log(max(n * (1.0 - miss), 1e-300) / target)))
+
+
+def _positive(value: float, name: str, high: float) -> float:
+    """``value`` checked to lie in ``(0, high]`` (a ValueError naming ``name`` otherwise)."""
+    v = check_real(value, name, low=0.0, high=high)
+    if v <= 0.0:
+        raise ValueError(f"{name}: expected a value in (0, {high:g}], received {value!r}")
+    return v
