@@ -1,7 +1,7 @@
 """Three ``peep serve`` replicas behind the shipped HAProxy configuration (deploy/cluster/haproxy.cfg), as deployed.
 
 Real processes: three replicas on one private PostgreSQL schema, HAProxy (Debian's 2.6) with the shipped file,
-its paths and addresses swapped for the test's (peep.server.bench.cluster.Balancer), terminating TLS and
+its paths and addresses swapped for the test's (peep.server.bench.balancer.Balancer), terminating TLS and
 speaking HTTP/2 over TLS to the replicas, checking each replica's ``/healthz``. Every client — the admin's
 enrolment and training, ten device processes streaming templates, an event subscriber — uses the balancer's
 one address. The replica holding the subscriber's stream is SIGKILLed under load and restarted: the balancer

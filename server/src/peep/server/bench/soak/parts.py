@@ -22,7 +22,7 @@ A camera's own machine's faults (a full state disk, a stepped wall clock) are
 :class:`~peep.server.bench.soak.edgefaults.SteppedClock`.
 
 The replicas and the balancer are :class:`~peep.server.bench.cluster.Replica`
-and :class:`~peep.server.bench.cluster.Balancer`. ``tests/server`` uses
+and :class:`~peep.server.bench.balancer.Balancer`. ``tests/server`` uses
 :class:`ShippedMosquitto` for its broker tests too (``tests/lib/peep_testing/broker.py``).
 """
 
@@ -46,7 +46,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Self
 
-from peep.server.bench.cluster import free_port, stop_process
+from peep.server.bench.ports import free_port
+from peep.server.bench.processes import stop_process
 
 log = logging.getLogger(__name__)
 

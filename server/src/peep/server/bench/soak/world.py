@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from peep.core.configfile import to_toml
-from peep.server.bench.cluster import Balancer, Replica, free_port
+from peep.server.bench.balancer import Balancer
+from peep.server.bench.cluster import Replica
+from peep.server.bench.ports import free_port
 from peep.server.bench.soak.history import DeviceHistory
 from peep.server.bench.soak.nemesis import Fault
 from peep.server.bench.soak.parts import PostgresCluster, ShippedMosquitto, TcpProxy, unit_environment
