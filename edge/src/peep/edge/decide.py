@@ -75,7 +75,7 @@ class FpirBelowFloor(ValueError):
     """
 
     def __init__(self, target: float, enrolled: int, epsilon_label: float, floor: float) -> None:
-        from peep.core.labels import epsilon_label_for, fpir_floor
+        from peep.core.labels import epsilon_label_for
 
         self.target, self.enrolled, self.epsilon_label, self.floor = target, enrolled, epsilon_label, floor
         bound = fpir_floor(enrolled, epsilon_label)
@@ -109,7 +109,7 @@ def fuse_projections(bounded: ArrayLike, domain: str) -> NDArray[np.float64]:
     if domain == "unit":
         norm = float(np.linalg.norm(m))
         m = m / norm if norm > 0 else U[-1]
-    return m
+    return np.asarray(m, dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -217,7 +217,7 @@ class DeviceDecider:
             weights=model.calibration_weights,
         )  # fmt: skip
         # Every person weighs 1 in total, so the weights add up to the number of calibration people.
-        self.calibration_people = max(1, int(round(float(np.sum(model.calibration_weights)))))
+        self.calibration_people = max(1, round(float(np.sum(model.calibration_weights))))
         target = self.thresholds.fpir_model_target
         self.fpir_resolved = resolved_share(target, self.calibration_people)
         if self.fpir_resolved > CALIBRATION_SLACK * target:
@@ -281,6 +281,7 @@ class DeviceDecider:
     def describe(self) -> dict[str, Any]:
         """What the device report and the start-up line say about decision mode."""
         m, t = self.model, self.thresholds
+        bound = fpir_floor(int(self.known.size), self.labels.epsilon) if self.labels is not None else None
         return {
             "mode": "device",
             "model_serial": m.serial,
@@ -294,8 +295,7 @@ class DeviceDecider:
             "fpir_model_target": t.fpir_model_target,
             # What the labels alone name of strangers the model calls unknown, and any ε-LDP label's bound.
             "fpir_floor": self.labels.false_positive_floor if self.labels is not None else None,
-            "fpir_floor_bound": (fpir_floor(int(self.known.size), self.labels.epsilon)
-                                 if self.labels is not None else None),  # fmt: skip
+            "fpir_floor_bound": bound,
             "far_target": t.far_target,
             "public_faces": t.public_faces,
             "calibration_people": self.calibration_people,

@@ -72,7 +72,7 @@ import numpy as np
 from numpy.typing import NDArray
 from peep.core.bounding import BundleBounds, fit_bundle_bounds
 from peep.core.decision import calibrate_clean, identify_open_set
-from peep.core.labels import RandomizedResponse
+from peep.core.labels import RandomizedResponse, fpir_floor
 from peep.core.projections import projection_class
 from peep.core.release import mechanism_for_bounds
 from peep.server.audit import execution
@@ -546,12 +546,9 @@ def evaluate_split(
 def any_mechanism_fpir_bound(subjects: int, epsilon_label: float, fnir: float) -> float:
     """The least FPIR *any* ε-LDP label mechanism releases at a given FNIR: ``subjects · e^−ε · (1 − FNIR)``.
 
-    A mechanism that releases each enrolled subject's own label for their probes with probability ``q`` must,
-    being ε-LDP, release that label for a stranger with probability at least ``e^−ε · q``; summed over the
-    ``subjects`` labels a stranger can be named as, FPIR ≥ subjects · e^−ε · (1 − FNIR). k-ary randomized
-    response meets it up to its normalisation (docs/DECISIONS.md).
+    :func:`peep.core.labels.fpir_floor`, the bound a device refuses a target under (docs/DECISIONS.md).
     """
-    return float(min(1.0, subjects * np.exp(-float(epsilon_label)) * (1.0 - float(fnir))))
+    return fpir_floor(int(subjects), float(epsilon_label), float(fnir))
 
 
 def _device_rows(
