@@ -144,10 +144,16 @@ def test_an_unknown_face_raises_an_alert_that_is_acknowledged(browser, console):
     console.server.stub().Ingest(console.faces.stranger(track_id="stranger-1"), metadata=DEVICE, timeout=10)
 
     def seen() -> str:
-        feed = [(e.track_id, "unknown" if e.unknown else e.subject) for e in web.feed.recent(device_id="cam-1", limit=5)]
-        return f"alert count {browser.find_element(By.ID, 'alert-count').text!r}, feed {feed}, open {store.count_alerts()}"
+        feed = [
+            (e.track_id, "unknown" if e.unknown else e.subject) for e in web.feed.recent(device_id="cam-1", limit=5)
+        ]
+        return (
+            f"alert count {browser.find_element(By.ID, 'alert-count').text!r}, feed {feed}, open {store.count_alerts()}"
+        )
 
-    assert _wait(lambda: browser.find_element(By.ID, "alert-count").text == "1"), f"the new alert was not counted: {seen()}"
+    assert _wait(lambda: browser.find_element(By.ID, "alert-count").text == "1"), (
+        f"the new alert was not counted: {seen()}"
+    )
     assert "new since this page loaded" in browser.find_element(By.ID, "alert-new").text
     browser.get(console.url + "live")
 

@@ -304,9 +304,9 @@ def test_an_admin_rolls_back_to_a_kept_version_and_forward_again(console, monkey
     """Models: 'Serve' on an older version makes it the one identify uses; the refusal of a version that
     is not kept names it; the roll-back is in the audit log.
 
-    The server is shared by every console module on this worker: the fixture's own version serves again afterwards, since
-    the version trained here also learnt what earlier tests enrolled (a track as background, say) and may name the
-    browser tests' stranger or miss their subjects."""
+    The server is shared by every console module on this worker: the fixture's own version serves again
+    afterwards, since the version trained here also learnt what earlier tests enrolled (a track as background,
+    say) and may name the browser tests' stranger or miss their subjects."""
     services = console.server.services
     found = services.recogniser.model.version
     services.train()  # a second version, so there is one to roll back to

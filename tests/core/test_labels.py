@@ -96,7 +96,9 @@ def test_the_fpir_floor_of_any_label_mechanism_and_the_epsilon_that_meets_a_targ
     # k-RR meets the bound up to its denominator: its floor lies just under it.
     for n, eps in [(10, 8.0), (100, 10.0), (1000, 12.0)]:
         rr = RandomizedResponse(n + 1, eps)
-        assert rr.false_positive_floor <= fpir_floor(n, eps) <= rr.false_positive_floor * (1 + n * math.exp(-eps)) + 1e-12
+        assert (
+            rr.false_positive_floor <= fpir_floor(n, eps) <= rr.false_positive_floor * (1 + n * math.exp(-eps)) + 1e-12
+        )
     # The ε that puts the floor exactly at a target.
     for n, t in [(10, 0.01), (100, 0.01), (1000, 0.001)]:
         assert fpir_floor(n, epsilon_label_for(n, t)) == pytest.approx(t)

@@ -78,8 +78,9 @@ def test_insecure_broker_must_be_a_json_boolean(value):
 def test_a_decision_part_carries_the_fpir_floor_and_a_bounded_problem():
     from peep.core.reports import MAX_PROBLEM_CHARS
 
+    problem = "fpir: the model's target 0.001 is at or below the FPIR floor"
     part = {"mode": "device", "model_serial": None, "epsilon_label": 8.0, "fpir_target": 0.001,
-            "fpir_floor": 0.0033, "problem": "fpir: the model's target 0.001 is at or below the FPIR floor"}  # fmt: skip
+            "fpir_floor": 0.0033, "problem": problem}  # fmt: skip
     got = parse_device_report(replace(GOOD, decision=part).to_json()).decision
     assert got["fpir_floor"] == 0.0033 and got["fpir_target"] == 0.001 and got["problem"].startswith("fpir:")
     for bad, match in [

@@ -33,7 +33,7 @@ def device_run(tmp_path_factory: pytest.TempPathFactory, data_home: str) -> tupl
 
 
 def test_the_default_demo_decides_on_the_devices_with_thresholds_set_on_the_singles(device_run):
-    out, s = device_run
+    _, s = device_run
     ident, door = s["identification"], s["door"]
     assert ident["decided_on"] == "device" and door["decided_on"] == "device"
     # 150 chosen; those whose one photo shows a face the detector finds set the thresholds.

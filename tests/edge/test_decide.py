@@ -141,8 +141,9 @@ def test_an_epsilon_label_too_small_for_the_fpir_target_refuses_to_decide(tmp_pa
     # The refusal reaches the server in the device report, bounded.
     report = DeviceReport(at=1.0, bundle_id=BUNDLE, mechanism="privunit", epsilon_vector=8.0, epsilon_coordinate=8.0,
                           epsilon_vector_per_release=1.0, track_budget_vector=None, device_budget_vector=None,
-                          releases=0, epsilon_vector_spent=0.0, decision={k: source.describe().get(k) for k in ("mode", "model_serial", "problem",
-                                                                          "epsilon_label")})  # fmt: skip
+                          releases=0, epsilon_vector_spent=0.0,
+                          decision={k: source.describe().get(k)
+                                    for k in ("mode", "model_serial", "problem", "epsilon_label")})  # fmt: skip
     assert "FPIR floor" in parse_device_report(report.to_json()).decision["problem"]
     # The ε the message asks for decides, and says its floor and target.
     need = float(text.split("epsilon_label to about ")[1].split(" ")[0])
@@ -294,7 +295,9 @@ def test_a_calibration_set_too_small_for_its_target_says_so(tmp_path, rig, caplo
 
     with caplog.at_level(logging.WARNING, logger="peep.edge.decide"):
         d = _decider(tmp_path / "a", rig, epsilon_label=None)
-    assert d.calibration_people == 450 and not [r for r in caplog.records if "calibration_set_too_small" in r.getMessage()]
+    assert d.calibration_people == 450 and not [
+        r for r in caplog.records if "calibration_set_too_small" in r.getMessage()
+    ]
     assert d.describe()["fpir_model_resolved"] == pytest.approx((4 + 1) / 451)
     store = _store(tmp_path / "b", rig)
     assert store.offer(_files(rig, fpir=0.005), source="test").serial == 6

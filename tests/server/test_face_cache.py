@@ -347,7 +347,10 @@ def test_the_faces_of_a_chunk_are_described_in_one_batch_with_the_bits_of_one_at
             assert res.descriptor is None
             continue
         assert res.box is not None and res.descriptor is not None and res.face is not None
-        alone = encoder.encode(cv2.imread(path, cv2.IMREAD_COLOR), FaceBox(**dict(zip(("x", "y", "w", "h", "score"), res.box, strict=True))))
+        alone = encoder.encode(
+            cv2.imread(path, cv2.IMREAD_COLOR),
+            FaceBox(**dict(zip(("x", "y", "w", "h", "score"), res.box, strict=True))),
+        )
         np.testing.assert_array_equal(res.descriptor, alone)
     # Without a descriptor wanted the network does not run.
     batches.clear()

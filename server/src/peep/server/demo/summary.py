@@ -218,8 +218,14 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
             else ""
         ),
         f"  decided on          {_decided_on(ident)}",
-        *([f"  thresholds set on   {s['data']['calibration_people']} public people the model never saw "
-           f"({s['data']['calibration_population']})"] if s.get("data", {}).get("calibration_population") else []),
+        *(
+            [
+                f"  thresholds set on   {s['data']['calibration_people']} public people the model never saw "
+                f"({s['data']['calibration_population']})"
+            ]
+            if s.get("data", {}).get("calibration_population")
+            else []
+        ),
         f"  identification      {pct(ident['accuracy'])} of {ident['enrolled_templates']} captures of enrolled people "
         f"(called unknown: {pct(ident['enrolled_called_unknown'])}; "
         f"{ident.get('fused_decisions', 0)} decisions fused with their track's previous release)",

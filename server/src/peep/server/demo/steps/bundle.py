@@ -224,8 +224,10 @@ def calibration_population(ctx: RunContext, people: People, spare_background: li
     enrolled = {n.replace(" ", "_") for n in people.scenario.enrolled}
     frequent = [n for n, c in people.lfw_counts.items() if c >= 20 and n.replace(" ", "_") not in enrolled]
     chosen = sorted(spare_background) + sorted(frequent)
-    ctx.say(f"    calibration population: {len(chosen)} public LFW people (no lfw_singles/ beside the LFW copy: "
-            f"a 1 % target is resolved only to about 1 in {len(chosen) + 1}; stage it with scripts/stage-lfw.sh)")
+    ctx.say(
+        f"    calibration population: {len(chosen)} public LFW people (no lfw_singles/ beside the LFW copy: "
+        f"a 1 % target is resolved only to about 1 in {len(chosen) + 1}; stage it with scripts/stage-lfw.sh)"
+    )
     return CalibrationPopulation("lfw", "lfw", chosen)
 
 

@@ -110,9 +110,14 @@ def summarise(
             "stranger_appearances": sum(1 for s in scripts for a in s.appearances if not a.enrolled),
             "background_people": len(scenario.background),
             # Who set the devices' thresholds (--decide device): "lfw_singles" or the "lfw" fallback.
-            **({"calibration_population": fitted.calibration_population.name,
-                "calibration_people": len(fitted.calibration_population.people)}
-               if fitted.calibration_population is not None and fitted.calibration_population.name else {}),
+            **(
+                {
+                    "calibration_population": fitted.calibration_population.name,
+                    "calibration_people": len(fitted.calibration_population.people),
+                }
+                if fitted.calibration_population is not None and fitted.calibration_population.name
+                else {}
+            ),
             "soft_traits": "age and gender: estimated from photos (enrolment) and released on-device with LDP "
             "(observation); height and weight: SYNTHETIC (NHANES-based draws), labelled as such",
         },
