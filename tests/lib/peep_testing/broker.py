@@ -199,12 +199,10 @@ class Client:
 
 
 def wait_for(pred: Any, timeout: float = 20.0, step: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(step)
-    return bool(pred())
+    """:func:`peep.server.bench.processes.wait_for` with the broker tests' 20 s."""
+    from peep.server.bench.processes import wait_for as wait
+
+    return wait(pred, timeout, step)
 
 
 def session_exists(broker: ShippedBroker, client_id: str) -> bool:
