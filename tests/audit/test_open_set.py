@@ -2,7 +2,8 @@
 clean projection and releasing only the label, on the staged LFW faces.
 
 One small audit through the CLI (Fisherfaces K = 16, PrivUnit ε 16, shrinkage LDA, two splits, the label
-mechanism at ε 8) serves every check; it takes about half a minute on two cores with the faces cached.
+mechanism at ε 8, 150 of LFW's one-image people calibrating and 150 more as strangers, the enrolment sweep
+at 5 releases) serves every check; it takes about half a minute on two cores with the faces cached.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ ARGS = [
     "--components", "16", "--repeats", "2", "--hidden", "32", "--sweep-components", "none", "--sweep-images", "none",
     "--subset-sizes", "3", "--averaging", "1", "--no-bystander", "--jobs", "1",
 ]  # fmt: skip
-OPEN_SET = ["--open-set", "--open-set-presets", "lda", "--open-set-label-epsilons", "8"]
+OPEN_SET = [
+    "--open-set", "--open-set-presets", "lda", "--open-set-label-epsilons", "8", "--open-set-calibration-people", "150",
+    "--open-set-single-strangers", "150", "--open-set-enrol-sweep", "5",
+]  # fmt: skip
 
 
 def _base(data_home: str, out: Path) -> list[str]:
@@ -59,7 +63,8 @@ def test_open_set_rows_carry_the_contract_fields_and_validate(open_set_audit: tu
     for r in rows:
         assert set(CONTRACT) <= set(r), set(CONTRACT) - set(r)
         assert r["preset"] == "lda" and r["n_components"] == 16 and r["epsilon_template"] == 16.0
-        assert (r["enrolled"], r["probes"], r["strangers"]) == (10, 60, 134)
+        assert (r["enrolled"], r["probes"], r["strangers"], r["single_strangers"]) == (10, 60, 134, 150)
+        assert r["enrol_images"] == 20 and 0.0 <= r["fpir_single"] <= 1.0
         assert len(r["per_repeat"]["fnir"]) == len(r["per_repeat"]["fpir"]) == r["n_repeats"] == 2
         assert r["fnir"] == pytest.approx(np.mean(r["per_repeat"]["fnir"]))
     assert {r["epsilon_label"] for r in rows if r["mode"] == "server"} == {None}
@@ -72,10 +77,23 @@ def test_open_set_rows_carry_the_contract_fields_and_validate(open_set_audit: tu
     setup = doc["open_set_setup"]
     assert setup["decision_preset"]["winner"] == "lda"
     assert len(setup["no_noise"]) == 2 and setup["people"]["strangers"] == [134, 134]
-    assert doc["command"][doc["command"].index("--open-set-label-epsilons") + 1] == "8"
+    # the singles calibrate (found in the data home) and give the second stranger population
+    assert setup["calibration"]["population"] == "singles"
+    assert setup["people"]["calibration"] == setup["people"]["single_strangers"] == [150, 150]
+    assert setup["faces"]["calibration"] == [150, 150]
+    assert "lfw_singles" in setup["rule"] and setup["calibration"]["singles"]["in_folder"] == 4069
+    # the enrolment sweep: the same rows again, the models learning from 5 releases per person
+    sweep = setup["enrolment_sweep"]
+    assert {r["enrol_images"] for r in sweep} == {5} and len(sweep) == len(rows)
+    assert {r["probes"] for r in sweep} == {60}
+    command = doc["command"]
+    assert command[command.index("--open-set-label-epsilons") + 1] == "8"
+    assert command[command.index("--open-set-calibration") + 1] == "singles"  # resolved, not "auto"
+    assert command[command.index("--open-set-enrol-sweep") + 1] == "5"
     assert (out / doc["plots"]["open_set"]).read_bytes()[:4] == b"\x89PNG"
     report = (out / "report.html").read_text()
     assert "Open-set identification: where the decision is made" in report and "Preset for decision mode" in report
+    assert "How many photos to enrol" in report and "FPIR, one-image strangers" in report
 
 
 def test_device_without_label_noise_beats_the_server(open_set_audit: tuple[dict, Path]) -> None:
@@ -122,7 +140,9 @@ def test_people_are_disjoint_and_follow_the_rule(data_home: str) -> None:
     assert set(splits[0].people["enrolled"].tolist()) != set(splits[1].people["enrolled"].tolist())
     for p in splits:
         groups = [set(p.people[g].tolist()) for g in open_set.GROUPS]
-        enrolled, strangers, background, calibration = groups
+        enrolled, strangers, single_strangers, background, calibration, unused = groups
+        # without the singles, no one-image stranger and nobody left out
+        assert not single_strangers and not unused and not p.single_stranger_rows.size
         assert sum(len(g) for g in groups) == len(set().union(*groups)), "a person in two groups"
         # everyone is somebody: the public is every person neither enrolled nor a stranger
         assert set().union(*groups) == set(np.unique(labels).tolist())
@@ -193,6 +213,12 @@ def _population_labels(data_home: str) -> np.ndarray:
         (["--open-set", "--open-set-presets", "lda,nope"], "--open-set-presets: expected values among"),
         (["--open-set", "--open-set-label-epsilons", "0"], "--open-set-label-epsilons: expected values in (0, 40]"),
         (["--open-set", "--open-set-enrolled", "1"], "--open-set-enrolled: expected >= 2 people, received 1"),
+        (
+            ["--open-set", "--open-set-enrol-sweep", "5,20"],
+            "--open-set-enrol-sweep: expected distinct values from 2 to 19",
+        ),
+        (["--open-set", "--open-set-calibration-people", "3"], "--open-set-calibration-people: expected >= 10 people"),
+        (["--open-set-single-strangers", "100"], "--open-set-single-strangers: expected no value without --open-set"),
         # known only once the LFW people are counted: 41 of them have the 26 images an enrolled person needs
         (["--open-set", "--open-set-enrolled", "50", "--no-bystander"], "--open-set-enrolled: expected at most 41"),
     ],
@@ -208,3 +234,56 @@ def test_open_set_needs_lfw(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     argv = ["audit", "--dataset", str(tmp_path), "--mechanism", "privunit", "--open-set", "--out", str(tmp_path / "o")]
     assert main(argv) == 2
     assert "--open-set: expected --dataset lfw" in capsys.readouterr().err
+
+
+def test_with_the_singles_calibration_people_are_in_no_other_group(data_home: str) -> None:
+    """Every name set read: the calibration people are singles, and none is enrolled, a stranger or background."""
+    from peep.server.audit import open_set
+    from peep.server.audit.config import AuditConfig
+    from peep.server.datasets import singles_folder
+
+    cfg = AuditConfig(
+        data_home=data_home, projection="eigenfaces", open_set=True, progress=False, bystander=False, repeats=2,
+        open_set_calibration_people=60, open_set_single_strangers=40,
+    )  # fmt: skip
+    pop = open_set.load_population(cfg)
+    assert pop.description["calibration"] == "singles" and pop.singles.size >= 100
+    # the folders' names, as the datasets name people (spaces for underscores)
+    lfw_names = {p.name.replace("_", " ") for p in (Path(data_home) / "lfw_home" / "lfw_funneled").iterdir()}
+    single_names = {p.name.replace("_", " ") for p in singles_folder(data_home).iterdir() if p.is_dir()}
+    assert not lfw_names & single_names
+    names = np.array(pop.names)
+    seen: list[set[str]] = []
+    for split in range(2):
+        p = open_set.partition_people(pop.labels, cfg, open_set._rng(cfg, split), pop.singles)
+        named = {g: set(names[p.people[g]].tolist()) for g in open_set.GROUPS}
+        assert len(named["calibration"]) == 60 and len(named["single_strangers"]) == 40
+        assert named["calibration"] <= single_names and named["single_strangers"] <= single_names
+        others = named["enrolled"] | named["strangers"] | named["single_strangers"] | named["background"]
+        assert not named["calibration"] & others
+        assert (named["enrolled"] | named["strangers"] | named["background"] | named["unused"]) <= lfw_names
+        # the faces say the same as the names: calibration rows are the calibration people's one photo each
+        assert set(names[pop.labels[p.calibration_rows]].tolist()) == named["calibration"]
+        assert set(names[pop.labels[p.single_stranger_rows]].tolist()) == named["single_strangers"]
+        assert p.calibration_rows.size == 60 and p.single_stranger_rows.size == 40
+        # the projection sees background faces only: no stranger of either population, no calibration face
+        basis = set(names[pop.labels[p.public_rows]].tolist())
+        assert basis == named["background"]
+        # the public LFW people the background class does not take are left out, not calibrating
+        assert named["unused"] and not named["unused"] & named["calibration"]
+        seen.append(named["calibration"])
+    assert seen[0] != seen[1], "the singles are dealt anew per split"
+
+
+def test_singles_asked_for_and_absent_exit_2_naming_the_option(
+    data_home: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "lfw_home").symlink_to(Path(data_home) / "lfw_home")
+    monkeypatch.delenv("PEEP_DATASETS", raising=False)
+    argv = [*_base(str(home), tmp_path / "x"), "--mechanism", "privunit", "--open-set", "--open-set-calibration",
+            "singles", "--no-bystander"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--open-set-calibration: expected a lfw_singles/ folder" in err and "received 'singles'" in err

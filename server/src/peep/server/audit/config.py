@@ -27,6 +27,8 @@ DEFAULT_BYSTANDER_LABEL_EPSILONS: tuple[float, ...] = (2.0, 4.0, 8.0)
 #: FPIR targets of the open-set section (NIST FRVT reports FNIR at FPIR 1 % and 0.1 %).
 DEFAULT_OPEN_SET_FPIR: tuple[float, ...] = (0.01, 0.001)
 NORMALISATIONS = ("detector", "lfw-crop")
+#: Who may set the open-set section's device thresholds (``open_set_calibration``).
+OPEN_SET_CALIBRATIONS = ("auto", "singles", "public")
 
 
 class AuditConfigError(ValueError):
@@ -136,6 +138,19 @@ class AuditConfig:
         Enrolled people, enrolment images each (released once each), held-out probes each.
     open_set_strangers : int
         One-capture strangers (LFW people with 5 to 9 images).
+    open_set_calibration : str
+        Who sets the device's thresholds: ``"singles"`` (LFW's one-image people in ``lfw_singles/``, who are
+        in no other group by construction), ``"public"`` (the public LFW people neither enrolled, nor
+        strangers, nor in the background class: the rule before the singles) or ``"auto"`` (the singles when
+        the folder is found, see :func:`peep.server.datasets.singles_folder`).
+    open_set_calibration_people : int
+        With the singles: calibration people per split, one photo each.
+    open_set_single_strangers : int
+        With the singles: one-capture strangers per split drawn from the singles, a second stranger
+        population beside ``open_set_strangers`` (never a calibration person of the same split).
+    open_set_enrol_sweep : tuple of int
+        Enrolment releases per person also measured, each below ``open_set_enrol_images``: the model is
+        fitted on the first ``n`` of each enrolled person's releases, with the same probes and strangers.
     open_set_public_max_images : int
         Images per background person, at most.
     open_set_calibration_images : int or None
@@ -204,6 +219,10 @@ class AuditConfig:
     open_set_enrol_images: int = 20
     open_set_probes: int = 6
     open_set_strangers: int = 134
+    open_set_calibration: str = "auto"
+    open_set_calibration_people: int = 1000
+    open_set_single_strangers: int = 1000
+    open_set_enrol_sweep: tuple[int, ...] = (5, 10)
     open_set_public_max_images: int = 20
     open_set_calibration_images: int | None = None
     open_set_background_rare: float = 1.0
@@ -345,6 +364,31 @@ class AuditConfig:
         _check(self.open_set_enrol_images >= 2, "--open-set-enrol-images", ">= 2", self.open_set_enrol_images)
         _check(self.open_set_probes >= 1, "--open-set-probes", ">= 1", self.open_set_probes)
         _check(self.open_set_strangers >= 10, "--open-set-strangers", ">= 10 people", self.open_set_strangers)
+        _check(
+            self.open_set_calibration in OPEN_SET_CALIBRATIONS,
+            "--open-set-calibration",
+            " or ".join(OPEN_SET_CALIBRATIONS),
+            self.open_set_calibration,
+        )
+        _check(
+            self.open_set_calibration_people >= 10,
+            "--open-set-calibration-people",
+            ">= 10 people",
+            self.open_set_calibration_people,
+        )
+        _check(
+            self.open_set_single_strangers >= 10,
+            "--open-set-single-strangers",
+            ">= 10 people",
+            self.open_set_single_strangers,
+        )
+        _check(
+            all(2 <= n < self.open_set_enrol_images for n in self.open_set_enrol_sweep)
+            and len(set(self.open_set_enrol_sweep)) == len(self.open_set_enrol_sweep),
+            "--open-set-enrol-sweep",
+            f"distinct values from 2 to {self.open_set_enrol_images - 1} (below the enrolment images), or none",
+            self.open_set_enrol_sweep,
+        )
         _check(
             self.open_set_public_max_images >= 1,
             "--open-set-public-max-images",

@@ -83,14 +83,29 @@ FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
 
 MODES = ("server", "device")
-#: The groups of people of one split, in report order.
-GROUPS = ("enrolled", "strangers", "background", "calibration")
+#: The groups of people of one split, in report order (``single_strangers`` and ``unused`` are empty
+#: unless the singles calibrate).
+GROUPS = ("enrolled", "strangers", "single_strangers", "background", "calibration", "unused")
 #: Strangers are LFW people with this many images (the never-enrolled range of the staged subset).
 STRANGER_IMAGES = (5, 9)
-# Seed streams of this section: the people partition, the template releases, the label releases.
-_PARTITION_STREAM, _TAG_RELEASE, _TAG_LABEL = 1_001, 1_002, 1_003
+#: Singles drawn beyond the calibration people and single strangers asked for, so that a face the detector
+#: misses leaves the groups their sizes: this share, plus ten.
+_SINGLES_MARGIN = 0.03
+# Seed streams of this section: the people partition, the template releases, the label releases, the
+# singles' pool.
+_PARTITION_STREAM, _TAG_RELEASE, _TAG_LABEL, _SINGLES_STREAM = 1_001, 1_002, 1_003, 1_004
 _BACKGROUND_PREFIX = "background:"
-_STD_KEYS = ("fnir", "fpir", "fpir_model", "fpir_bound", "gar_at_far", "far", "threshold", "rank1_miss")
+_STD_KEYS = (
+    "fnir",
+    "fpir",
+    "fpir_single",
+    "fpir_model",
+    "fpir_bound",
+    "gar_at_far",
+    "far",
+    "threshold",
+    "rank1_miss",
+)
 
 
 # --------------------------------------------------------------------------- the people
@@ -106,13 +121,15 @@ class OpenSetPeople:
         Identity labels of each of :data:`GROUPS`.
     enrol_rows, probe_rows : ndarray of int, shape (enrolled · enrol_images,), (enrolled · probes,)
     stranger_rows : ndarray of int, shape (strangers,)
-        One capture per stranger.
+        One capture per stranger (LFW people with 5 to 9 images).
+    single_stranger_rows : ndarray of int, shape (single strangers,)
+        The one photo of each stranger drawn from the singles (empty unless the singles calibrate).
     background_rows : ndarray of int
         At most ``open_set_public_max_images`` rows per background person (their releases: the model's
         "unknown" class).
     calibration_rows : ndarray of int
-        Every row of each calibration person (at most ``open_set_calibration_images`` when that is set):
-        their clean projections set the device's thresholds, each person weighing alike.
+        Every row of each calibration person (at most ``open_set_calibration_images`` when that is set; one
+        for a single): their clean projections set the device's thresholds, each person weighing alike.
     basis_rows : ndarray of int
         At most ``open_set_public_max_images`` rows of every public person (background and calibration
         alike): the faces the projection is fitted on, the same whatever the division of the public people.
@@ -125,6 +142,7 @@ class OpenSetPeople:
     background_rows: IntArray
     calibration_rows: IntArray
     basis_rows: IntArray
+    single_stranger_rows: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def public_rows(self) -> IntArray:
@@ -157,19 +175,29 @@ def deal_share(persons: IntArray, n_images: IntArray, share: float, rng: np.rand
     return taken
 
 
-def partition_people(labels: NDArray[np.integer], cfg: AuditConfig, rng: np.random.Generator) -> OpenSetPeople:
+def partition_people(
+    labels: NDArray[np.integer],
+    cfg: AuditConfig,
+    rng: np.random.Generator,
+    singles: NDArray[np.integer] | None = None,
+) -> OpenSetPeople:
     """Draw one split's enrolled people, strangers, background and calibration people.
 
     Parameters
     ----------
     labels : ndarray of int, shape (n_faces,)
-        Identity of every face of the population (LFW people with at least 5 images).
+        Identity of every face of the population (LFW people with at least 5 images, then the singles).
     cfg : AuditConfig
         ``open_set_enrolled``, ``open_set_enrol_images``, ``open_set_probes``, ``open_set_strangers``,
         ``open_set_public_max_images``, ``open_set_calibration_images``, ``open_set_background_rare``,
-        ``open_set_background_frequent``.
+        ``open_set_background_frequent``, ``open_set_calibration_people``, ``open_set_single_strangers``.
     rng : numpy.random.Generator
         The split's partition stream.
+    singles : ndarray of int, optional
+        Identities of the population's one-image people (LFW's singles, one face each). Given, they are the
+        calibration people and a second stranger population, dealt per split, and the public people with
+        several images that the background class does not take are left out (``unused``). None or empty:
+        the public people the background class does not take calibrate (the rule before the singles).
 
     Raises
     ------
@@ -177,7 +205,10 @@ def partition_people(labels: NDArray[np.integer], cfg: AuditConfig, rng: np.rand
         Too few people for the numbers asked for (the message names the option).
     """
     y = np.asarray(labels, dtype=np.int64)
+    single_ids = np.zeros(0, dtype=np.int64) if singles is None else np.unique(np.asarray(singles, dtype=np.int64))
     ids, counts = np.unique(y, return_counts=True)
+    several = ~np.isin(ids, single_ids)
+    ids, counts = ids[several], counts[several]
     need = cfg.open_set_enrol_images + cfg.open_set_probes
     frequent = ids[counts >= need]
     if frequent.size < cfg.open_set_enrolled:
@@ -203,22 +234,25 @@ def partition_people(labels: NDArray[np.integer], cfg: AuditConfig, rng: np.rand
     stranger_rows = np.array([rng.choice(np.flatnonzero(y == s)) for s in strangers], dtype=np.int64)
     # The public: everyone neither enrolled nor a stranger. The people of the strangers' own range (LFW's
     # 5-9 image people) and the frequently photographed ones not enrolled are each dealt by number of images,
-    # a share of each to the background class (the model's "unknown"); every other public person calibrates
-    # the device's thresholds.
+    # a share of each to the background class (the model's "unknown"). Every other public person calibrates
+    # the device's thresholds, unless the singles do: then they are left out, so that the model and its
+    # thresholds are the same whichever stranger population is asked.
+    with_singles = single_ids.size > 0
     n_of = dict(zip(ids.tolist(), counts.tolist(), strict=True))
     rare_rest = rare[~np.isin(rare, strangers)]
     frequent_rest = ids[~np.isin(ids, np.concatenate([enrolled, rare]))]
     background: list[int] = []
-    calibration: list[int] = []
+    rest: list[int] = []
     for persons, share in (
         (rare_rest, cfg.open_set_background_rare),
         (frequent_rest, cfg.open_set_background_frequent),
     ):
         to_bg = deal_share(persons, np.array([n_of[int(p)] for p in persons], dtype=np.int64), share, rng)
         background += [int(p) for p in persons[to_bg]]
-        calibration += [int(p) for p in persons[~to_bg]]
+        rest += [int(p) for p in persons[~to_bg]]
     background.sort()
-    calibration.sort()
+    rest.sort()
+    calibration = [] if with_singles else rest
     bg_set = set(background)
     rows_of: dict[str, list[IntArray]] = {"background": [], "calibration": [], "basis": []}
     for person in sorted(background + calibration):
@@ -229,6 +263,27 @@ def partition_people(labels: NDArray[np.integer], cfg: AuditConfig, rng: np.rand
             rows_of["background"].append(rows[: cfg.open_set_public_max_images])
         else:
             rows_of["calibration"].append(rows[: cfg.open_set_calibration_images])
+    single_strangers = np.zeros(0, dtype=np.int64)
+    single_stranger_rows = np.zeros(0, dtype=np.int64)
+    if with_singles:
+        # Drawn last, so that the people above are the very ones the rule before the singles draws.
+        n_s, n_c = cfg.open_set_single_strangers, cfg.open_set_calibration_people
+        if single_ids.size < n_s + n_c:
+            raise AuditConfigError(
+                f"--open-set-calibration-people: expected at most {single_ids.size - n_s} (the {single_ids.size} "
+                f"singles with a detected face, less --open-set-single-strangers {n_s}), received {n_c}"
+            )
+        dealt = rng.permutation(single_ids)
+        single_strangers = np.sort(dealt[:n_s])
+        calibration_singles = np.sort(dealt[n_s : n_s + n_c])
+        at = np.flatnonzero(np.isin(y, single_ids))
+        first_row = dict(zip(y[at].tolist(), at.tolist(), strict=True))
+        single_stranger_rows = np.array([first_row[int(p)] for p in single_strangers], dtype=np.int64)
+        cal_rows = np.array([first_row[int(p)] for p in calibration_singles], dtype=np.int64)
+        rows_of["calibration"].append(cal_rows)
+        if cfg.open_set_basis == "public":
+            rows_of["basis"].append(cal_rows)
+        calibration = [int(p) for p in calibration_singles]
 
     def _rows(parts: list[IntArray]) -> IntArray:
         return np.sort(np.concatenate(parts)).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
@@ -237,8 +292,10 @@ def partition_people(labels: NDArray[np.integer], cfg: AuditConfig, rng: np.rand
         people={
             "enrolled": enrolled.astype(np.int64),
             "strangers": strangers.astype(np.int64),
+            "single_strangers": single_strangers,
             "background": np.array(background, dtype=np.int64),
             "calibration": np.array(calibration, dtype=np.int64),
+            "unused": np.array(rest if with_singles else [], dtype=np.int64),
         },
         enrol_rows=np.concatenate(enrol_rows).astype(np.int64),
         probe_rows=np.concatenate(probe_rows).astype(np.int64),
@@ -246,6 +303,7 @@ def partition_people(labels: NDArray[np.integer], cfg: AuditConfig, rng: np.rand
         background_rows=_rows(rows_of["background"]),
         calibration_rows=_rows(rows_of["calibration"]),
         basis_rows=_rows(rows_of["basis"]),
+        single_stranger_rows=single_stranger_rows,
     )
 
 
@@ -260,7 +318,7 @@ def person_weights(people: NDArray[np.integer]) -> FloatArray:
 
 @dataclass
 class Population:
-    """The LFW people the section draws from (at least 5 images each).
+    """The LFW people the section draws from (at least 5 images each), then the singles' pool when they calibrate.
 
     Attributes
     ----------
@@ -270,6 +328,9 @@ class Population:
     names : list of str
     image_shape : tuple of int
         (height, width) of a face, for projections fitted on mirrored faces.
+    singles : ndarray of int, shape (n_singles,)
+        Identities (in ``labels``) of the one-image people drawn from ``lfw_singles/``: empty unless the
+        singles calibrate.
     """
 
     inputs: NDArray[np.float32]
@@ -277,10 +338,60 @@ class Population:
     names: list[str]
     image_shape: tuple[int, int]
     description: dict[str, Any] = field(default_factory=dict)
+    singles: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+
+def resolve_calibration(cfg: AuditConfig) -> tuple[str, Any]:
+    """Who calibrates (``"singles"`` or ``"public"``) and the singles' folder (None for ``"public"``).
+
+    Raises
+    ------
+    AuditConfigError
+        ``open_set_calibration="singles"`` and no ``lfw_singles/`` folder is found.
+    """
+    from peep.server.datasets import SINGLES_FOLDER, singles_folder
+
+    if cfg.open_set_calibration == "public":
+        return "public", None
+    if cfg.normalisation == "lfw-crop":
+        # LFW's fixed crop has no meaning for a folder: the singles would be normalised otherwise than the rest.
+        if cfg.open_set_calibration == "singles":
+            raise AuditConfigError(
+                "--open-set-calibration: expected 'public' or 'auto' with --normalisation lfw-crop (the singles are "
+                "a folder, normalised by the detector), received 'singles'"
+            )
+        return "public", None
+    folder = singles_folder(cfg.data_home)
+    if folder is None and cfg.open_set_calibration == "singles":
+        raise AuditConfigError(
+            f"--open-set-calibration: expected a {SINGLES_FOLDER}/ folder of one-image people in the data home or "
+            "in $PEEP_DATASETS (scripts/stage-lfw.sh links it), found none; received 'singles' (pass 'public' "
+            "for the rule before the singles)"
+        )
+    return ("public", None) if folder is None else ("singles", folder)
+
+
+def _singles_pool(cfg: AuditConfig, folder: Any) -> list[str]:
+    """The singles the section describes: enough for every split's calibration people and single strangers.
+
+    Drawn once by the seed (every split deals the same pool anew), a margin over the numbers asked for
+    covering faces the detector misses; describing all 4,069 would cost a fresh machine minutes for nothing.
+    """
+    names = sorted(p.name for p in folder.iterdir() if p.is_dir())
+    want = cfg.open_set_calibration_people + cfg.open_set_single_strangers
+    if want > len(names):
+        raise AuditConfigError(
+            f"--open-set-calibration-people: expected at most {len(names) - cfg.open_set_single_strangers} (the "
+            f"{len(names)} singles in {folder}, less --open-set-single-strangers {cfg.open_set_single_strangers}), "
+            f"received {cfg.open_set_calibration_people}"
+        )
+    n = min(len(names), want + int(np.ceil(_SINGLES_MARGIN * want)) + 10)
+    pick = np.random.default_rng(np.random.SeedSequence([cfg.seed, _SINGLES_STREAM])).permutation(len(names))[:n]
+    return sorted(names[int(i)] for i in pick)
 
 
 def load_population(cfg: AuditConfig) -> Population:
-    """Every LFW person in the data home with at least 5 images, normalised as the audit's faces."""
+    """Every LFW person in the data home with at least 5 images, then the singles' pool when they calibrate."""
     from peep.server.datasets import load_dataset
     from peep.server.descriptors import descriptor_encoder
 
@@ -298,19 +409,50 @@ def load_population(cfg: AuditConfig) -> Population:
             encoder=encoder,
             jobs=cfg.jobs or None,
         )
-    inputs = ds.X if encoder is None else ds.descriptors
+    inputs = np.asarray(ds.X if encoder is None else ds.descriptors, dtype=np.float32)
+    labels = np.asarray(ds.labels, dtype=np.int64)
+    names = list(ds.target_names)
+    source, folder = resolve_calibration(cfg)
+    description: dict[str, Any] = {
+        "source": "lfw",
+        "min_faces": STRANGER_IMAGES[0],
+        "n_subjects": int(ds.n_subjects),
+        "n_images": int(ds.n_images),
+        "input": kind,
+        "calibration": source,
+    }
+    singles = np.zeros(0, dtype=np.int64)
+    if folder is not None:
+        pool = _singles_pool(cfg, folder)
+        with execution._progress(cfg, f"open set: {len(pool)} singles{described} (cached afterwards)") as cb:
+            sg = load_dataset(
+                str(folder),
+                min_faces=1,
+                normalisation=norm,
+                progress=cb,
+                encoder=encoder,
+                jobs=cfg.jobs or None,
+                people=pool,
+            )
+        x = np.asarray(sg.X if encoder is None else sg.descriptors, dtype=np.float32)
+        singles = np.asarray(sg.labels, dtype=np.int64) + len(names)
+        inputs = np.vstack([inputs, x])
+        labels = np.concatenate([labels, singles])
+        names += list(sg.target_names)
+        singles = np.unique(singles)
+        description["singles"] = {
+            "folder": str(folder),
+            "in_folder": sum(1 for p in folder.iterdir() if p.is_dir()),
+            "drawn": len(pool),
+            "with_a_face": int(singles.size),
+        }
     return Population(
-        inputs=np.asarray(inputs, dtype=np.float32),
-        labels=np.asarray(ds.labels, dtype=np.int64),
-        names=list(ds.target_names),
+        inputs=inputs,
+        labels=labels,
+        names=names,
         image_shape=(int(ds.images.shape[1]), int(ds.images.shape[2])),
-        description={
-            "source": "lfw",
-            "min_faces": STRANGER_IMAGES[0],
-            "n_subjects": int(ds.n_subjects),
-            "n_images": int(ds.n_images),
-            "input": kind,
-        },
+        description=description,
+        singles=singles,
     )
 
 
@@ -345,6 +487,13 @@ class OpenSetContext:
     calibration_people: IntArray
     spaces: list[Space] = field(default_factory=list)
 
+    @property
+    def enrol_rank(self) -> IntArray:
+        """Each enrolment release's place among its person's, shape (enrolled · enrol_images,): the sweep keeps
+        the first ``n``."""
+        n_people = int(self.people.people["enrolled"].size)
+        return np.tile(np.arange(self.people.enrol_rows.size // n_people, dtype=np.int64), n_people)
+
 
 def component_limit(pop: Population, people: OpenSetPeople, cfg: AuditConfig) -> int:
     """The largest template dimension the public faces allow (identities − 1 for projections that learn them)."""
@@ -361,7 +510,7 @@ def _rng(cfg: AuditConfig, split: int) -> np.random.Generator:
 
 def prepare_split(pop: Population, cfg: AuditConfig, split: int) -> OpenSetContext:
     """Partition split ``split``'s people, fit each template dimension's projection on the public faces, project."""
-    people = partition_people(pop.labels, cfg, _rng(cfg, split))
+    people = partition_people(pop.labels, cfg, _rng(cfg, split), pop.singles)
     cls = projection_class(cfg.projection)
     public = people.public_rows
     shape = pop.image_shape if cfg.mirrored(cfg.projection) else None
@@ -372,6 +521,8 @@ def prepare_split(pop: Population, cfg: AuditConfig, split: int) -> OpenSetConte
         "background": people.background_rows,
         "calibration": people.calibration_rows,
     }
+    if people.single_stranger_rows.size:
+        groups["single_stranger"] = people.single_stranger_rows
     ctx = OpenSetContext(
         split=split,
         seed=execution.split_seed(cfg, split),
@@ -475,50 +626,90 @@ def evaluate_split(
     """Every row of one split, template dimension, template ε and preset (server and device modes).
 
     Every face is released once through the audited mechanism at ``epsilon`` with the audit's noise
-    conventions; the releases are the same for every preset (the noise stream is keyed without it).
+    conventions; the releases are the same for every preset (the noise stream is keyed without it). The
+    enrolment sweep's models (``open_set_enrol_sweep``) learn from the first ``n`` of the same releases of each
+    enrolled person; their rows carry ``enrol_images`` = n.
     """
     sp = ctx.spaces[space]
     rng = execution.noise_state(cfg, (_TAG_RELEASE, ctx.split, space, eps_index))
     mech = mechanism_for_bounds(sp.bounds, kind=cfg.mechanism, epsilon=epsilon, delta=cfg.delta, random_state=rng)
     dom = Domain(cfg.mechanism, sp.bounds)
     Z = {g: dom.forward(C) for g, C in sp.C.items()}
-    R = {g: np.asarray(mech.release(Z[g]), dtype=np.float64) for g in ("enrol", "background", "probe", "stranger")}
+    released = ("enrol", "background", "probe", "stranger", "single_stranger")
+    R = {g: np.asarray(mech.release(Z[g]), dtype=np.float64) for g in released if g in Z}
     g = mech.guarantee
-    n_probe, n_stranger = int(Z["probe"].shape[0]), int(Z["stranger"].shape[0])
-    base = {
+    base: dict[str, Any] = {
         "preset": preset,
         "n_components": sp.n_components,
         "epsilon_template": float(epsilon),
         "epsilon_template_vector": float(g.epsilon_vector),
         "enrolled": int(ctx.people.people["enrolled"].size),
-        "probes": n_probe,
-        "strangers": n_stranger,
+        "probes": int(Z["probe"].shape[0]),
+        "strangers": int(Z["stranger"].shape[0]),
         "background_templates": int(Z["background"].shape[0]),
         "calibration_faces": int(Z["calibration"].shape[0]),
     }
+    if "single_stranger" in Z:
+        base["single_strangers"] = int(Z["single_stranger"].shape[0])
+    p_index = cfg.open_set_presets.index(preset)
+    rank = ctx.enrol_rank
     rows: list[dict[str, Any]] = []
-    models = {
-        t: fit_open_set_model(
-            cfg, preset, R["enrol"], ctx.y_enrol, R["background"], ctx.background_people, ctx.seed, fpir=t
+    for n_enrol in (cfg.open_set_enrol_images, *cfg.open_set_enrol_sweep):
+        keep = rank < n_enrol
+        sweep = {**base, "enrol_images": int(n_enrol)}
+        models = {
+            t: fit_open_set_model(
+                cfg, preset, R["enrol"][keep], ctx.y_enrol[keep], R["background"], ctx.background_people, ctx.seed,
+                fpir=t,
+            )
+            for t in cfg.open_set_fpir
+        }  # fmt: skip
+        rows += _server_rows(ctx, cfg, models, R, {**sweep, "mode": "server"})
+        # device: the same model (thresholds aside, every fit above is the same model) on clean projections
+        rows += _device_rows(
+            ctx, cfg, models[cfg.open_set_fpir[0]], Z, {**sweep, "mode": "device"}, (space, eps_index, p_index)
         )
-        for t in cfg.open_set_fpir
-    }
-    # --- server: the model decides on released queries with its own thresholds
+    if eps_index == 0:
+        # What limits decision mode: the same task with no noise anywhere (a model fitted on clean templates).
+        clean = fit_open_set_model(
+            cfg, preset, Z["enrol"], ctx.y_enrol, Z["background"], ctx.background_people, ctx.seed,
+            fpir=cfg.open_set_fpir[0],
+        )  # fmt: skip
+        ref = {
+            **base,
+            "enrol_images": cfg.open_set_enrol_images,
+            "mode": "no_noise",
+            "epsilon_template": None,
+            "epsilon_template_vector": None,
+        }
+        rows += _device_rows(ctx, cfg, clean, Z, ref, (space, eps_index, p_index), label_epsilons=())
+    return rows
+
+
+def _server_rows(
+    ctx: OpenSetContext, cfg: AuditConfig, models: dict[float, Any], R: dict[str, FloatArray], base: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Rows of the server deciding on released queries with each model's own thresholds (one per FPIR target)."""
+    rows: list[dict[str, Any]] = []
     for t, fitted in models.items():
         known = fitted.known_indices
         truth = _columns(fitted, ctx.y_probe)
-        P_probe, P_stranger = fitted.predict_proba(R["probe"]), fitted.predict_proba(R["stranger"])
+        P_probe = fitted.predict_proba(R["probe"])
         lab_p = _labels(P_probe, known, fitted.unknown_threshold)
-        named = _labels(P_stranger, known, fitted.unknown_threshold) < known.size
-        rows.append(
+        named = _labels(fitted.predict_proba(R["stranger"]), known, fitted.unknown_threshold) < known.size
+        row: dict[str, Any] = {
+            **base,
+            "epsilon_label": None,
+            "fpir_target": t,
+            "fnir": float(np.mean(lab_p != truth)),
+            "fpir": float(np.mean(named)),
+            "fpir_model": float(np.mean(named)),
+        }
+        if "single_stranger" in R:
+            named_single = _labels(fitted.predict_proba(R["single_stranger"]), known, fitted.unknown_threshold)
+            row["fpir_single"] = row["fpir_model_single"] = float(np.mean(named_single < known.size))
+        row.update(
             {
-                "mode": "server",
-                **base,
-                "epsilon_label": None,
-                "fpir_target": t,
-                "fnir": float(np.mean(lab_p != truth)),
-                "fpir": float(np.mean(named)),
-                "fpir_model": float(np.mean(named)),
                 "fpir_floor": 0.0,
                 "feasible": True,
                 "threshold": float(fitted.unknown_threshold),
@@ -527,19 +718,7 @@ def evaluate_split(
                 **_door(P_probe, known, truth, float(fitted.verify_threshold)),
             }
         )
-    # --- device: the same model (thresholds aside, every fit above is the same model) on clean projections
-    p_index = cfg.open_set_presets.index(preset)
-    rows += _device_rows(
-        ctx, cfg, models[cfg.open_set_fpir[0]], Z, {**base, "mode": "device"}, (space, eps_index, p_index)
-    )
-    if eps_index == 0:
-        # What limits decision mode: the same task with no noise anywhere (a model fitted on clean templates).
-        clean = fit_open_set_model(
-            cfg, preset, Z["enrol"], ctx.y_enrol, Z["background"], ctx.background_people, ctx.seed,
-            fpir=cfg.open_set_fpir[0],
-        )  # fmt: skip
-        ref = {**base, "mode": "no_noise", "epsilon_template": None, "epsilon_template_vector": None}
-        rows += _device_rows(ctx, cfg, clean, Z, ref, (space, eps_index, p_index), label_epsilons=())
+        rows.append(row)
     return rows
 
 
@@ -569,6 +748,7 @@ def _device_rows(
     known = fitted.known_indices
     truth = _columns(fitted, ctx.y_probe)
     P_probe, P_stranger = fitted.predict_proba(Z["probe"]), fitted.predict_proba(Z["stranger"])
+    P_single = fitted.predict_proba(Z["single_stranger"]) if "single_stranger" in Z else None
     P_cal = fitted.predict_proba(Z["calibration"])
     w_cal = person_weights(ctx.calibration_people)
     eps_labels = cfg.open_set_label_epsilons if label_epsilons is None else label_epsilons
@@ -603,6 +783,13 @@ def _device_rows(
                 "fnir": fnir,
                 "fpir": float(np.mean(rel_s != known.size)),
                 "fpir_model": float(np.mean(lab_s != known.size)),
+            }
+            if P_single is not None:
+                lab_1 = _labels(P_single, known, th.unknown_threshold)
+                rel_1 = np.tile(lab_1, draws) if rr is None else rr.release(np.tile(lab_1, draws))
+                row["fpir_single"] = float(np.mean(rel_1 != known.size))
+                row["fpir_model_single"] = float(np.mean(lab_1 != known.size))
+            row |= {
                 "fpir_model_target": float(th.fpir_model_target),
                 "fpir_floor": float(floor),
                 "fpir_bound": 0.0 if eps_label is None else any_mechanism_fpir_bound(known.size, eps_label, fnir),
@@ -636,7 +823,7 @@ def _evaluate_job(ctx: OpenSetContext, cfg: AuditConfig, kwargs: dict[str, Any])
 
 
 def row_key(row: dict[str, Any]) -> tuple[Any, ...]:
-    """What identifies an ``open_set[]`` entry: dimension, mode, preset, template ε, label ε, FPIR target."""
+    """What identifies an entry: dimension, mode, preset, template ε, label ε, FPIR target, enrolment releases."""
     return (
         row["n_components"],
         row["mode"],
@@ -644,11 +831,23 @@ def row_key(row: dict[str, Any]) -> tuple[Any, ...]:
         row["epsilon_template"],
         row["epsilon_label"],
         row["fpir_target"],
+        row["enrol_images"],
     )
 
 
 #: Keys an ``open_set[]`` entry shows first (the rest follow in the order a row was built).
-_FIRST_KEYS = ("mode", "preset", "n_components", "epsilon_template", "epsilon_label", "fpir_target", "fnir", "fpir")
+_FIRST_KEYS = (
+    "mode",
+    "preset",
+    "n_components",
+    "enrol_images",
+    "epsilon_template",
+    "epsilon_label",
+    "fpir_target",
+    "fnir",
+    "fpir",
+    "fpir_single",
+)
 
 
 def combine(per_split: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -692,6 +891,7 @@ def setup(cfg: AuditConfig, pop: Population, contexts: Sequence[OpenSetContext])
         "enrolment": [int(c.people.enrol_rows.size) for c in contexts],
         "probes": [int(c.people.probe_rows.size) for c in contexts],
         "strangers": [int(c.people.stranger_rows.size) for c in contexts],
+        "single_strangers": [int(c.people.single_stranger_rows.size) for c in contexts],
         "background": [int(c.people.background_rows.size) for c in contexts],
         "calibration": [int(c.people.calibration_rows.size) for c in contexts],
     }
@@ -721,9 +921,11 @@ def setup(cfg: AuditConfig, pop: Population, contexts: Sequence[OpenSetContext])
             f"{cfg.open_set_enrol_images + cfg.open_set_probes} images ({cfg.open_set_enrol_images} enrolment images "
             f"released once each at the template ε, {cfg.open_set_probes} probes each); {cfg.open_set_strangers} "
             f"strangers drawn from the people with {STRANGER_IMAGES[0]}-{STRANGER_IMAGES[1]} images, one capture "
-            "each; the public, everyone else: " + _division(cfg) + " Independent of --min-faces."
+            "each; the public, everyone else: " + _division(cfg, pop) + " Independent of --min-faces."
         ),
         "calibration": {
+            "population": pop.description.get("calibration", "public"),
+            "singles": pop.description.get("singles"),
             "people": people["calibration"],
             "faces": faces["calibration"],
             "of_the_strangers_range": [
@@ -769,9 +971,10 @@ def _range_people(pop: Population) -> IntArray:
     return ids[(counts >= STRANGER_IMAGES[0]) & (counts <= STRANGER_IMAGES[1])]
 
 
-def _division(cfg: AuditConfig) -> str:
+def _division(cfg: AuditConfig, pop: Population) -> str:
     """The rule dividing the public people between the model's background class and calibration, in words."""
     lo, hi = STRANGER_IMAGES
+    singles = pop.description.get("singles")
 
     def share(x: float) -> str:
         return {0.0: "none", 1.0: "all"}.get(x, f"a share {x:g}")
@@ -781,20 +984,32 @@ def _division(cfg: AuditConfig) -> str:
         if cfg.open_set_calibration_images is None
         else f"at most {cfg.open_set_calibration_images} images"
     )
-    return (
+    background = (
         f"of the other people with {lo}-{hi} images (the strangers' own range), {share(cfg.open_set_background_rare)} "
         f"go to the model's background class, and of the other public people (the frequently photographed ones "
         f"not enrolled), {share(cfg.open_set_background_frequent)} (each dealt by number of images); background "
         f"people's faces (at most {cfg.open_set_public_max_images} each) are released once each (the model's "
-        f"unknown class). Every other public person is a calibration person: {cap} each, clean, every person "
-        "weighing alike (the device's thresholds)."
+        "unknown class)."
+    )
+    if singles is None:
+        return (
+            f"{background} Every other public person is a calibration person: {cap} each, clean, every person "
+            "weighing alike (the device's thresholds)."
+        )
+    return (
+        f"{background} The public LFW people the background class does not take are left out. LFW's one-image "
+        f"people (lfw_singles/, none of them in lfw_home/: {singles['drawn']} of its {singles['in_folder']} drawn "
+        f"once by the seed, {singles['with_a_face']} with a detected face) are dealt anew per split: "
+        f"{cfg.open_set_single_strangers} one-capture strangers (a second stranger population) and "
+        f"{cfg.open_set_calibration_people} calibration people (their one photo, clean: the device's thresholds). "
+        "No stranger of either population is in the projection's basis, the background class or the calibration."
     )
 
 
 def run_open_set(cfg: AuditConfig) -> tuple[list[dict[str, Any]], dict[str, Any], float]:
     """The whole section: ``(open_set entries, open_set_setup, CPU seconds of its jobs)``."""
     pop = load_population(cfg)
-    first = partition_people(pop.labels, cfg, _rng(cfg, 0))
+    first = partition_people(pop.labels, cfg, _rng(cfg, 0), pop.singles)
     limit = component_limit(pop, first, cfg)
     for nc in cfg.open_set_dimensions:
         if nc > limit:
@@ -824,11 +1039,13 @@ def run_open_set(cfg: AuditConfig) -> tuple[list[dict[str, Any]], dict[str, Any]
     def order(k: tuple[Any, ...]) -> tuple[Any, ...]:
         eps_t = 0.0 if k[3] is None else k[3]
         eps_l = -1.0 if k[4] is None else k[4]
-        return (k[0], eps_t, modes.get(k[1], len(modes)), cfg.open_set_presets.index(k[2]), eps_l, -k[5])
+        return (-k[6], k[0], eps_t, modes.get(k[1], len(modes)), cfg.open_set_presets.index(k[2]), eps_l, -k[5])
 
     keys = sorted(groups, key=order)
-    entries = [combine(groups[k]) for k in keys if k[1] in MODES]
+    full = cfg.open_set_enrol_images
+    entries = [combine(groups[k]) for k in keys if k[1] in MODES and k[6] == full]
     info = setup(cfg, pop, contexts)
     info["decision_preset"] = choose_preset(entries)
     info["no_noise"] = [combine(groups[k]) for k in keys if k[1] not in MODES]
+    info["enrolment_sweep"] = [combine(groups[k]) for k in keys if k[1] in MODES and k[6] != full]
     return entries, info, cpu

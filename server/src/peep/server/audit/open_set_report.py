@@ -117,9 +117,16 @@ def open_set_html(audit: dict[str, Any], out: Path, plot: str) -> list[str]:
         + html.escape(
             f"{setup.get('rule', '')} Per split: {_mean(people.get('enrolled'))} enrolled people "
             f"({_mean(faces.get('enrolment'))} enrolment releases, {_mean(faces.get('probes'))} probes), "
-            f"{_mean(people.get('strangers'))} strangers, {_mean(people.get('background'))} background people "
+            f"{_mean(people.get('strangers'))} strangers with 5-9 images"
+            + (
+                f" and {_mean(people.get('single_strangers'))} one-image strangers"
+                if any(people.get("single_strangers") or [])
+                else ""
+            )
+            + f", {_mean(people.get('background'))} background people "
             f"({_mean(faces.get('background'))} releases), {_mean(people.get('calibration'))} calibration people "
-            f"({_mean(faces.get('calibration'))} clean faces, each person weighing alike). Projection: "
+            f"({_calibration_source(setup)}; {_mean(faces.get('calibration'))} clean faces, each person weighing "
+            "alike). Projection: "
             f"{setup.get('basis', '')}. "
             f"{setup.get('label_draws_note', '')}"
         )
@@ -142,6 +149,7 @@ def open_set_html(audit: dict[str, Any], out: Path, plot: str) -> list[str]:
         "FPIR target",
         "FNIR",
         "FPIR",
+        "FPIR, one-image strangers",
         "FPIR of the model",
         "label floor (k-RR)",
         "FPIR bound, any ε-LDP label mechanism",
@@ -165,6 +173,7 @@ def open_set_html(audit: dict[str, Any], out: Path, plot: str) -> list[str]:
                 _g(e["fpir_target"]),
                 _pm(e, "fnir"),
                 _pm(e, "fpir", nd=4),
+                _f(e.get("fpir_single"), 4),
                 _f(e["fpir_model"], 4),
                 _f(e["fpir_floor"], 4),
                 _f(e.get("fpir_bound"), 4) + (" &gt; target" if (e.get("fpir_bound") or 0) > e["fpir_target"] else ""),
@@ -193,6 +202,40 @@ def open_set_html(audit: dict[str, Any], out: Path, plot: str) -> list[str]:
             for e in ref
         ]
         parts.append(_table(["K", "preset", "FPIR target", "FNIR", "FPIR", "door GAR (FAR)"], body))
+    sweep = setup.get("enrolment_sweep") or []
+    if sweep:
+        parts.append(_sweep_table(rows, sweep))
     if (out / plot).exists():
         parts.append(_img(out, plot))
     return parts
+
+
+def _calibration_source(setup: dict[str, Any]) -> str:
+    cal = setup.get("calibration") or {}
+    if cal.get("population") == "singles":
+        return "LFW's one-image people, one photo each"
+    return "public LFW people, every photo"
+
+
+def _sweep_table(rows: Sequence[dict[str, Any]], sweep: Sequence[dict[str, Any]]) -> str:
+    """FNIR (released FPIR) per enrolment releases per person, for each mode, preset and ε_label."""
+    from peep.server.audit.report import _f, _g, _table
+
+    every = [*rows, *sweep]
+    counts = sorted({int(e["enrol_images"]) for e in every})
+    cells: dict[tuple[Any, ...], dict[int, str]] = {}
+    for e in every:
+        key = (e["n_components"], e["mode"], e["preset"], e["epsilon_template"], e["epsilon_label"], e["fpir_target"])
+        single = "" if e.get("fpir_single") is None else f" / {_f(e['fpir_single'], 4)}"
+        cells.setdefault(key, {})[int(e["enrol_images"])] = f"{_f(e['fnir'])} ({_f(e['fpir'], 4)}{single})"
+    body = [
+        [str(k[0]), k[1], html.escape(k[2]), _g(k[3]), "none" if k[4] is None else _g(k[4]), _g(k[5])]
+        + [v.get(n, "–") for n in counts]
+        for k, v in cells.items()
+    ]
+    head = ["K", "mode", "preset", "ε template", "ε label", "FPIR target"] + [f"{n} enrolment releases" for n in counts]
+    return (
+        "<h3>How many photos to enrol</h3><p>The same people, probes and strangers; each model learns from the "
+        "first n releases of each enrolled person. FNIR (released FPIR on the 5-9 image strangers / on the "
+        "one-image strangers).</p>" + _table(head, body)
+    )

@@ -307,6 +307,18 @@ OPEN_SET_SCHEMA: dict[str, Any] = {
             "fpir": {**_frac, "description": "share of strangers released (server: decided) as an enrolled subject"},
             "fnir": {**_frac, "description": "share of probes not released (decided) as their own subject"},
             "fpir_model": {**_frac, "description": "strangers the model names, before the label mechanism"},
+            "fpir_single": {
+                **_frac,
+                "description": "the same as fpir for the one-capture strangers drawn from LFW's one-image people "
+                "(present where the singles calibrate)",
+            },
+            "fpir_model_single": _frac,
+            "single_strangers": {"type": "integer", "minimum": 1, "description": "one-image strangers per split"},
+            "enrol_images": {
+                "type": "integer",
+                "minimum": 2,
+                "description": "enrolment releases per enrolled person the model learnt from",
+            },
             "fpir_model_target": _frac,
             "fpir_floor": {**_frac, "description": "strangers the label mechanism alone names (0 without one)"},
             "fpir_calibration": _frac,
@@ -336,7 +348,7 @@ OPEN_SET_SCHEMA: dict[str, Any] = {
         },
         (
             "mode preset n_components epsilon_template epsilon_label fpir_target fpir fnir fpir_model fpir_floor "
-            "feasible enrolled probes strangers n_repeats std per_repeat"
+            "feasible enrolled probes strangers enrol_images n_repeats std per_repeat"
         ).split(),
     ),
     # A server decides on the released template: it has no label mechanism.
@@ -491,6 +503,11 @@ AUDIT_SCHEMA: dict[str, Any] = {
                             "faces": {"type": "object"},
                             "calibration": _obj(
                                 {
+                                    "population": {
+                                        "enum": ["singles", "public"],
+                                        "description": "singles: LFW's one-image people; public: the public LFW "
+                                        "people the background class does not take",
+                                    },
                                     "people": {"type": "array", "items": {"type": "integer", "minimum": 1}},
                                     "faces": {"type": "array", "items": {"type": "integer", "minimum": 1}},
                                     "weights": {"type": "string"},
@@ -512,6 +529,12 @@ AUDIT_SCHEMA: dict[str, Any] = {
                                 ]
                             },
                             "no_noise": {"type": "array", "items": _NO_NOISE_SCHEMA},
+                            "enrolment_sweep": {
+                                "type": "array",
+                                "items": OPEN_SET_SCHEMA,
+                                "description": "the server and device rows of models learning from fewer "
+                                "enrolment releases per person (enrol_images), the same probes and strangers",
+                            },
                             "note": {"type": "string"},
                         }
                     ),

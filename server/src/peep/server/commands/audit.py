@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -292,9 +293,12 @@ _OPEN_SET_DESCRIPTION = (
     "Its people follow its own rule, whatever --min-faces: LFW people with at least 26 images enrolled (20 "
     "enrolment releases at the audited ε, 6 probes each), one-capture strangers from the 5-9 image people; "
     "of the public (everyone else), the background class (releases: the model's unknown class) takes the "
-    "shares --open-set-background-rare and --open-set-background-frequent, and every other public person "
-    "calibrates the device's thresholds with every photo, each person weighing alike; the projection is "
-    "fitted on the background people only. Infeasible rows (the label mechanism alone names more strangers "
+    "shares --open-set-background-rare and --open-set-background-frequent; LFW's one-image people (where "
+    "lfw_singles/ is found) calibrate the device's thresholds and give a second stranger population, dealt "
+    "per split, and the public people the background class does not take are left out (without the singles, "
+    "they calibrate with every photo, each person weighing alike); the projection is fitted on the background "
+    "people only. --open-set-enrol-sweep also measures models learning from fewer enrolment releases. "
+    "Infeasible rows (the label mechanism alone names more strangers "
     "than the "
     "FPIR target allows) are measured and marked. "
     "Needs --dataset lfw; writes open_set[] and open_set_setup to audit.json, a plot and a report section."
@@ -336,6 +340,23 @@ def _add_open_set_people_options(g: Any, d: Any) -> None:
         default=None,
         metavar="N",
         help=f"one-capture strangers per split, LFW people with 5-9 images (default {d.open_set_strangers})",
+    )
+    g.add_argument(
+        "--open-set-single-strangers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="one-capture strangers per split drawn from LFW's one-image people, a second stranger population "
+        f"(with --open-set-calibration singles; default {d.open_set_single_strangers})",
+    )
+    g.add_argument(
+        "--open-set-enrol-sweep",
+        type=_list(int, "--open-set-enrol-sweep"),
+        default=None,
+        metavar="LIST",
+        help="enrolment releases per person also measured, each below the 20 enrolled ('none': no sweep; default "
+        + ",".join(str(n) for n in d.open_set_enrol_sweep)
+        + ")",
     )
     g.add_argument(
         "--open-set-components",
@@ -386,6 +407,8 @@ def _add_open_set_decision_options(g: Any, d: Any) -> None:
 
 def _add_open_set_public_options(g: Any, d: Any) -> None:
     """How the public people divide between the model's background class and calibration, and the basis."""
+    from peep.server.audit.config import OPEN_SET_CALIBRATIONS
+
     g.add_argument(
         "--open-set-background-rare",
         type=float,
@@ -401,6 +424,21 @@ def _add_open_set_public_options(g: Any, d: Any) -> None:
         metavar="SHARE",
         help="share of the other public people (photographed more often, not enrolled) in the background class; "
         f"the rest calibrate, with every photo (default {d.open_set_background_frequent:g})",
+    )
+    g.add_argument(
+        "--open-set-calibration",
+        choices=OPEN_SET_CALIBRATIONS,
+        default=None,
+        help="who sets the device's thresholds: LFW's one-image people (singles; lfw_singles/ in the data home or "
+        "$PEEP_DATASETS), the public LFW people the background class does not take (public), or the singles when "
+        "the folder is found (auto, the default)",
+    )
+    g.add_argument(
+        "--open-set-calibration-people",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"calibration people per split with the singles (default {d.open_set_calibration_people})",
     )
     g.add_argument(
         "--open-set-basis",
@@ -424,6 +462,10 @@ _OPEN_SET_OPTIONS = (
     "open_set_background_rare",
     "open_set_background_frequent",
     "open_set_basis",
+    "open_set_calibration",
+    "open_set_calibration_people",
+    "open_set_single_strangers",
+    "open_set_enrol_sweep",
 )
 
 
@@ -478,6 +520,11 @@ def handler(args: argparse.Namespace) -> int:
     except AuditConfigError as exc:
         raise UsageError(str(exc)) from exc
     try:
+        if cfg.open_set and cfg.open_set_calibration == "auto":
+            # Recorded resolved, so that the reproduction command asks for the population this run used.
+            from peep.server.audit.open_set import resolve_calibration
+
+            cfg = dataclasses.replace(cfg, open_set_calibration=resolve_calibration(cfg)[0])
         result = run_audit(cfg, command=command_line(cfg, args.out))
     except (AuditConfigError, DatasetError) as exc:
         raise UsageError(str(exc)) from exc
@@ -595,6 +642,14 @@ def _open_set_arguments(cfg: Any) -> list[str]:
         f"{cfg.open_set_background_frequent:g}",
         "--open-set-basis",
         cfg.open_set_basis,
+        "--open-set-calibration",
+        cfg.open_set_calibration,
+        "--open-set-calibration-people",
+        str(cfg.open_set_calibration_people),
+        "--open-set-single-strangers",
+        str(cfg.open_set_single_strangers),
+        "--open-set-enrol-sweep",
+        _join(cfg.open_set_enrol_sweep) or "none",
     ]
 
 
@@ -706,16 +761,25 @@ def _open_set_summary(audit: dict[str, Any]) -> list[str]:
     rows = audit.get("open_set")
     if not rows:
         return []
-    lines = ["  open set (NIST FRVT 1:N): FNIR (released FPIR) at each FPIR target; * = target infeasible"]
+    cal = ((audit.get("open_set_setup") or {}).get("calibration") or {}).get("population", "public")
+    lines = [
+        "  open set (NIST FRVT 1:N): FNIR (released FPIR) at each FPIR target; * = target infeasible; device "
+        + (
+            "thresholds set on LFW's one-image people"
+            if cal == "singles"
+            else "thresholds set on public LFW people (no lfw_singles/)"
+        )
+    ]
     for r in rows:
         label = "" if r["mode"] == "server" else " no label noise" if r["epsilon_label"] is None else (
             f" ε_label {r['epsilon_label']:g}"
         )  # fmt: skip
         door = "" if r.get("gar_at_far") is None else f"; door GAR {r['gar_at_far']:.3f} at FAR {r['far_target']:g}"
+        single = "" if r.get("fpir_single") is None else f", one-image strangers {r['fpir_single']:.4f}"
         lines.append(
             f"  K={r['n_components']} ε={r['epsilon_template']:g} {r['mode']:>6} {r['preset']:<8} FPIR "
             f"{r['fpir_target']:g}{'' if r['feasible'] else '*'}:{label} FNIR {r['fnir']:.3f} ± {r['std']['fnir']:.3f} "
-            f"(FPIR {r['fpir']:.4f}){door}"
+            f"(FPIR {r['fpir']:.4f}{single}){door}"
         )
     choice = (audit.get("open_set_setup") or {}).get("decision_preset")
     if choice:
