@@ -49,10 +49,18 @@ background
     (the frequently photographed ones not enrolled, ``open_set_background_frequent``), each dealt by number
     of images, at most ``public_max_images`` images each: their *releases* teach the model "unknown";
 calibration
-    every other public person -- neither enrolled, nor a stranger, nor in the background class -- with every
-    photo (at most ``calibration_images`` when set): their *clean* projections set the device's thresholds,
-    every person weighing alike (``calibrate_clean(weights=1 / photos of the person)``, as a device weighs
-    its model's ``calibration_groups``), as every stranger does in the FPIR.
+    where ``lfw_singles/`` is found (``open_set_calibration`` "auto" or "singles"): ``open_set_calibration_people``
+    of LFW's one-image people, none of whom is in ``lfw_home/``, one clean photo each; dealt per split from
+    one pool drawn by the seed, together with ``open_set_single_strangers`` one-image *strangers*, a second
+    stranger population reported as ``fpir_single``. The public LFW people the background class does not take
+    are then left out. Otherwise ("public"): every other public person -- neither enrolled, nor a stranger,
+    nor in the background class -- with every photo (at most ``calibration_images`` when set). Their *clean*
+    projections set the device's thresholds, every person weighing alike (``calibrate_clean(weights=1 /
+    photos of the person)``, as a device weighs its model's ``calibration_groups``), as every stranger does
+    in the FPIR.
+
+The enrolment sweep (``open_set_enrol_sweep``) fits the same model on the first ``n`` of each enrolled
+person's releases (same probes and strangers): ``open_set_setup["enrolment_sweep"]``.
 
 The projection (and its public bounds) is fitted on the background people's faces only (``open_set_basis
 = "background"``, the default), so that a calibration face is as new to the projection as a stranger's or an
