@@ -123,7 +123,41 @@ def _parser() -> argparse.ArgumentParser:
         action.add_argument("--config", default=argparse.SUPPRESS, help="edge.toml")
     dl.add_argument("--json", action="store_true", help="one JSON object instead of text")
     dp.add_argument("--older-than-days", type=float, default=None, metavar="N", help="only those failed > N days ago")
+    m = sub.add_parser("models", help="model files fetched once and verified by SHA-256 (YuNet's face detector)")
+    msub = m.add_subparsers(dest="models_command", metavar="ACTION", required=True, parser_class=_Parser)
+    msub.add_parser("list", help="the model files known, with their pinned address, SHA-256 and licence")
+    mf = msub.add_parser(
+        "fetch",
+        help="download a model file (or copy one with --from), keep it only if its SHA-256 is the pinned one, and "
+        "print the edge.toml lines that use it",
+    )
+    mf.add_argument("name", help="the model, e.g. yunet")
+    mf.add_argument(
+        "--dest", default=None, help="models folder (default $PEEP_MODELS_DIR or ~/.local/share/peep/models)"
+    )
+    mf.add_argument("--url", default=None, help="another http(s) address serving the same file (a mirror)")
+    mf.add_argument("--from", dest="source_file", default=None, metavar="FILE", help="copy this file instead")
+    mf.add_argument("--timeout", type=float, default=30.0, help="seconds a download may stall (default 30)")
     return p
+
+
+def _models(args: argparse.Namespace) -> int:
+    from peep.edge.models import MODELS, ModelFetchError, fetch_model
+
+    if args.models_command == "list":
+        for model in MODELS.values():
+            print(f"{model.name}: {model.filename}, {model.size} bytes, SHA-256 {model.sha256}, {model.licence} "
+                  f"({model.source})\n  {model.url}")  # fmt: skip
+        return 0
+    try:
+        path, how = fetch_model(args.name, args.dest, url=args.url, source_file=args.source_file, timeout=args.timeout)
+    except ModelFetchError as exc:
+        print(f"peep-edge models fetch: error: {exc}", file=sys.stderr)
+        return 1
+    model = MODELS[args.name]
+    print(f"{model.name}: {how}, SHA-256 verified: {path}")
+    print("use it in edge.toml:\n" + model.config.format(path=path))
+    return 0
 
 
 def _site_key(args: argparse.Namespace) -> int:
@@ -514,6 +548,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         if args.command == "deadletter":
             return _deadletter(args)
+        if args.command == "models":
+            return _models(args)
         return _enroll(args)
     except ConfigError as exc:
         label = "invalid configuration" if getattr(args, "config", None) else "usage error"

@@ -224,14 +224,20 @@ class CaptureConfig(_Section):
 
 
 class DetectorConfig(_Section):
-    """Face detection (Haar by default; YuNet when a model file is configured)."""
+    """Face detection (Haar by default; dlib's HOG; YuNet when a model file is configured)."""
 
-    kind: Literal["haar", "yunet"] = "haar"
+    kind: Literal["haar", "yunet", "hog"] = "haar"
     detect_width: int | None = Field(
         default=320,
         ge=32,
         le=4096,
-        description="downscale frames to this width before Haar detection",
+        description="downscale frames to this width before Haar or HOG detection",
+    )
+    upsample: int = Field(
+        default=1,
+        ge=0,
+        le=3,
+        description="HOG only: times the frame is doubled first (each halves the smallest face, 80 px at 0)",
     )
     scale_factor: float = Field(default=1.2, gt=1.0, le=2.0)
     min_neighbors: int = Field(default=5, ge=0, le=50)
@@ -248,8 +254,10 @@ class DetectorConfig(_Section):
     def _model_matches_kind(self) -> DetectorConfig:
         if self.kind == "yunet" and self.model_path is None:
             raise ValueError("detector.model_path: expected a YuNet ONNX file for kind 'yunet', received none")
-        if self.kind == "haar" and self.model_path is not None:
-            raise ValueError("detector.kind: expected 'yunet' when detector.model_path is set, received 'haar'")
+        if self.kind != "yunet" and self.model_path is not None:
+            raise ValueError(f"detector.kind: expected 'yunet' when detector.model_path is set, received {self.kind!r}")
+        if self.kind != "hog" and "upsample" in self.model_fields_set:
+            raise ValueError(f"detector.upsample: expected only with detector.kind 'hog', received kind {self.kind!r}")
         return self
 
 

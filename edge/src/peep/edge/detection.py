@@ -16,9 +16,74 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from peep.core.imaging import FaceBox, FaceDetector, HaarFaceDetector, YuNetFaceDetector
+from peep.core.imaging import FaceBox, FaceDetector, HaarFaceDetector, YuNetFaceDetector, to_gray
 from peep.edge.config import DetectorConfig
 from peep.edge.errors import ConfigError
+
+
+class DlibHogFaceDetector:
+    """dlib's HOG + linear SVM frontal-face detector (compiled into the ``dlib-bin`` wheel: no model file).
+
+    Its window is 80 px: each pyramid upsampling halves the smallest face it finds (about 40 px at
+    ``upsample=1``) and roughly quadruples its time, so a camera trades the two with ``detect_width`` (frames
+    scaled to this width first) and ``upsample``.
+
+    Parameters
+    ----------
+    upsample : int, default=1
+        Times the image is doubled before detecting (0-3).
+    detect_width : int or None, default=None
+        Downscale frames wider than this before detecting; boxes are mapped back to the frame.
+    min_size : int, default=0
+        Drop boxes smaller than this, pixels of the full frame.
+    score_threshold : float, default=0.0
+        Drop boxes whose SVM score is below this (dlib's own threshold is 0).
+
+    Raises
+    ------
+    ImportError
+        dlib is not installed (the message names the extra that installs it).
+    """
+
+    def __init__(
+        self, *, upsample: int = 1, detect_width: int | None = None, min_size: int = 0, score_threshold: float = 0.0
+    ) -> None:
+        try:
+            import dlib
+        except ImportError as exc:
+            raise ImportError(
+                "dlib is not installed: the HOG detector needs it (pip install 'peep-edge[dlib]')"
+            ) from exc
+        if isinstance(upsample, bool) or not isinstance(upsample, int) or not 0 <= upsample <= 3:
+            raise ValueError(f"upsample: expected a whole number 0-3, received {upsample!r}")
+        if detect_width is not None and (not isinstance(detect_width, int) or detect_width < 32):
+            raise ValueError(f"detect_width: expected a whole number >= 32 or None, received {detect_width!r}")
+        self.upsample = upsample
+        self.detect_width = detect_width
+        self.min_size = int(min_size)
+        self.score_threshold = float(score_threshold)
+        self._detector = dlib.get_frontal_face_detector()
+
+    def detect(self, image: NDArray[Any]) -> list[FaceBox]:
+        import cv2
+
+        gray = to_gray(image)
+        factor = 1.0
+        if self.detect_width is not None and gray.shape[1] > self.detect_width:
+            factor = self.detect_width / gray.shape[1]
+            gray = np.asarray(cv2.resize(gray, None, fx=factor, fy=factor, interpolation=cv2.INTER_AREA), np.uint8)
+        rects, scores, _ = self._detector.run(np.ascontiguousarray(gray, dtype=np.uint8), self.upsample, 0.0)
+        h, w = gray.shape[:2]
+        boxes = []
+        for r, score in zip(rects, scores, strict=True):
+            x0, y0 = max(0, r.left()), max(0, r.top())
+            x1, y1 = min(w, r.right() + 1), min(h, r.bottom() + 1)
+            box = FaceBox(x=float(x0), y=float(y0), w=float(x1 - x0), h=float(y1 - y0), score=float(score))
+            box = box.scaled(1.0 / factor)
+            if box.w >= self.min_size and box.h >= self.min_size and score >= self.score_threshold:
+                boxes.append(box)
+        boxes.sort(key=lambda b: b.area, reverse=True)
+        return boxes
 
 
 def build_detector(cfg: DetectorConfig) -> FaceDetector:
@@ -27,6 +92,10 @@ def build_detector(cfg: DetectorConfig) -> FaceDetector:
         if cfg.kind == "yunet":
             assert cfg.model_path is not None  # the config model guarantees it
             return YuNetFaceDetector(model_path=str(cfg.model_path), score_threshold=cfg.score_threshold)
+        if cfg.kind == "hog":
+            return DlibHogFaceDetector(
+                upsample=cfg.upsample, detect_width=cfg.detect_width, min_size=cfg.min_size, score_threshold=0.0
+            )
         return HaarFaceDetector(
             scale_factor=cfg.scale_factor,
             min_neighbors=cfg.min_neighbors,
@@ -35,6 +104,8 @@ def build_detector(cfg: DetectorConfig) -> FaceDetector:
         )
     except FileNotFoundError as exc:
         raise ConfigError(f"detector.model_path: {exc}") from None
+    except ImportError as exc:
+        raise ConfigError(f"detector.kind: {exc}") from None
     except Exception as exc:  # OpenCV raises cv2.error for unreadable models
         raise ConfigError(f"detector.{'model_path' if cfg.kind == 'yunet' else 'kind'}: {exc}") from None
 
