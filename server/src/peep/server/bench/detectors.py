@@ -1,0 +1,109 @@
+"""``peep bench --sections detectors``: each face detector on the same rendered scenes, per face-height bin.
+
+Scenes (:mod:`peep.server.scenes.render`): a room, an entrance and a street at 640x480 and 15 frames/s,
+up to 3 people at once with faces 30-160 px, H.264 at 1 Mbit/s; two seeds each (one with ``--quick``),
+20 s each (8 s with ``--quick``). They are rendered once into the cache (``PEEP_CACHE_DIR``, keyed by
+their parameters) and reused. Every detector sees the same frames; the figures are
+:func:`peep.server.scenes.detectors.evaluate`'s. YuNet is measured when its file is found
+(``$PEEP_YUNET_MODEL``, or ``peep-edge models fetch yunet``'s folder), else recorded as skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: The detectors measured: a name, the ``[detector]`` settings that make it.
+DETECTORS: dict[str, dict[str, Any]] = {
+    "haar (edge default: 320 px wide, faces >= 64 px)": {"kind": "haar"},
+    "haar, full frame, faces >= 24 px": {
+        "kind": "haar", "detect_width": None, "scale_factor": 1.1, "min_neighbors": 3, "min_size": 24,
+    },
+    "hog, full frame, upsample 0": {"kind": "hog", "detect_width": None, "upsample": 0, "min_size": 0},
+    "hog, full frame, upsample 1": {"kind": "hog", "detect_width": None, "upsample": 1, "min_size": 0},
+    "yunet, full frame, score >= 0.7": {"kind": "yunet", "model_path": None},
+}  # fmt: skip
+SETTINGS = ("room", "entrance", "street")
+
+
+def _cache_root() -> Path:
+    base = os.environ.get("PEEP_CACHE_DIR") or str(Path.home() / ".cache" / "peep")
+    return Path(base) / "scenes"
+
+
+def _people(data_home: str | None, n: int, seed: int) -> list[Any]:
+    from peep.server.datasets import ensure_lfw
+    from peep.server.scenes.render import lfw_people
+
+    root = ensure_lfw(data_home)
+    names = sorted(p.name for p in root.iterdir() if p.is_dir() and len(list(p.glob("*.jpg"))) >= 5)
+    pick = np.random.default_rng(seed).permutation(len(names))[:n]
+    return lfw_people(data_home, [names[int(i)] for i in pick], role="public", max_photos=5)
+
+
+def scenes(quick: bool, data_home: str | None = None) -> list[Path]:
+    """The bench's scenes, rendered into the cache unless already there; their paths without suffix."""
+    from peep.server.scenes.render import SceneSpec, render_scene
+
+    seeds = (0,) if quick else (0, 1)
+    seconds = 8.0 if quick else 20.0
+    people = _people(data_home, 16, 11)
+    out: list[Path] = []
+    for setting in SETTINGS:
+        for seed in seeds:
+            spec = SceneSpec(setting=setting, seconds=seconds, seed=seed)
+            key = hashlib.sha256(
+                json.dumps([repr(spec), [p.photos for p in people], "v1"], sort_keys=True).encode()
+            ).hexdigest()[:16]
+            folder = _cache_root() / key
+            name = f"{setting}-{seed}"
+            if not (folder / f"{name}.json").is_file():
+                print(f"peep bench: detectors: rendering {name} ({spec.n_frames} frames)", file=sys.stderr, flush=True)
+                render_scene(spec, people, folder, name=name)
+            out.append(folder / name)
+    return out
+
+
+def _yunet_model() -> str | None:
+    from peep.edge.models import MODELS, default_models_dir
+
+    for candidate in (os.environ.get("PEEP_YUNET_MODEL"), str(default_models_dir() / MODELS["yunet"].filename)):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    return None
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    """Measure every detector of :data:`DETECTORS` on the scenes; returns the section's JSON-able dict."""
+    from peep.edge.config import DetectorConfig
+    from peep.edge.detection import build_detector
+    from peep.server.scenes.detectors import HEIGHT_BINS, evaluate
+
+    paths = scenes(quick)
+    result: dict[str, Any] = {
+        "scenes": [str(p) for p in paths],
+        "setup": "640x480, 15 fps, H.264 1 Mbit/s, rooms, entrances and streets, up to 3 people at once; recall "
+        "over faces at least half visible; one thread; decoding excluded",
+        "bins_px": [list(b) for b in HEIGHT_BINS],
+        "detectors": {},
+    }
+    for name, settings in DETECTORS.items():
+        cfg = dict(settings)
+        if cfg["kind"] == "yunet":
+            model = _yunet_model()
+            if model is None:
+                result["detectors"][name] = {
+                    "skipped": "no YuNet file: peep-edge models fetch yunet, or PEEP_YUNET_MODEL"
+                }
+                continue
+            cfg["model_path"] = model
+        detector = build_detector(DetectorConfig(**cfg))
+        print(f"peep bench: detectors: {name}", file=sys.stderr, flush=True)
+        result["detectors"][name] = {"settings": {k: v for k, v in cfg.items()}, **evaluate(detector, paths)}
+    return result

@@ -1,0 +1,134 @@
+"""Scenes with ground truth (peep.server.scenes): the video and its ground truth agree, frame by frame.
+
+A short scene is rendered once for the module (LFW photos of three people, 4 s at 10 frames/s) and read
+back through OpenCV's FFmpeg decoder, as a camera's stream is; dlib's HOG detector checks that the ground
+truth's boxes sit where the faces are.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from peep.core.imaging import FaceBox
+from peep.server.scenes.detectors import evaluate, match_frame
+from peep.server.scenes.render import SceneSpec, _visible, lfw_people, read_ground_truth, render_scene
+
+pytest.importorskip("av", reason="PyAV is the lab's H.264 encoder; CI installs the lab")
+
+PEOPLE = ("Colin_Powell", "Tony_Blair", "Ariel_Sharon")
+SPEC = SceneSpec(seconds=4.0, fps=10.0, max_people=2, face_px=(60, 130), seed=3, setting="entrance")
+
+
+@pytest.fixture(scope="module")
+def scene(data_home: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("scene")
+    people = lfw_people(data_home, PEOPLE, role="enrolled", max_photos=3)
+    description = render_scene(SPEC, people, out, name="s")
+    return out / "s", description
+
+
+def test_the_video_and_its_ground_truth_have_the_same_frames(scene) -> None:
+    base, description = scene
+    cap = cv2.VideoCapture(str(base.with_suffix(".mp4")))
+    frames = []
+    while True:
+        ok, image = cap.read()
+        if not ok:
+            break
+        frames.append(image.shape)
+    cap.release()
+    truth = read_ground_truth(base.with_suffix(".gt.jsonl"))
+    assert len(frames) == len(truth) == SPEC.n_frames == 40
+    assert set(frames) == {(480, 640, 3)}
+    assert [r["frame"] for r in truth] == list(range(40))
+    written = json.loads(base.with_suffix(".json").read_text())
+    assert written == json.loads(json.dumps(description)) and written["spec"]["seed"] == 3
+    tracks = {p["track"]: p for p in description["passes"]}
+    assert tracks, "nobody walked through"
+    for record in truth:
+        for face in record["faces"]:
+            p = tracks[face["track"]]
+            assert p["first_frame"] <= record["frame"] <= p["last_frame"]
+            assert face["identity"] == p["name"] and face["identity"] in {n.replace("_", " ") for n in PEOPLE}
+            assert face["role"] == "enrolled" and 0.0 < face["visible"] <= 1.0
+            # heights stay within the pass's range (a turn narrows the box, never its height)
+            assert 60 * 0.99 <= face["height_px"] <= 130 * 1.01
+            x, y, w, h = face["box"]
+            assert x + w > 0 and y + h > 0 and x < 640 and y < 480 and w <= h
+
+
+def test_the_ground_truth_boxes_are_where_the_faces_are(scene) -> None:
+    from peep.edge.detection import DlibHogFaceDetector
+
+    pytest.importorskip("dlib", reason="dlib-bin is the edge's [dlib] extra; CI installs it")
+    base, _ = scene
+    truth = read_ground_truth(base.with_suffix(".gt.jsonl"))
+    detector = DlibHogFaceDetector(upsample=0)
+    cap = cv2.VideoCapture(str(base.with_suffix(".mp4")))
+    clear = found = 0
+    for record in truth:
+        ok, image = cap.read()
+        assert ok
+        big = [f for f in record["faces"] if f["visible"] >= 0.95 and f["height_px"] >= 90 and f["box"][0] >= 0
+               and f["box"][0] + f["box"][2] <= 640]  # fmt: skip
+        if not big:
+            continue
+        taken, _ = match_frame(big, detector.detect(image))
+        clear += len(big)
+        found += sum(t is not None for t in taken)
+    cap.release()
+    assert clear >= 10, "too few large, clear faces to judge the boxes"
+    assert found / clear >= 0.8, (found, clear)
+
+
+def test_matching_follows_the_stated_rule() -> None:
+    truth = [{"box": [100, 100, 50, 60], "visible": 1.0, "height_px": 60}]
+    near = FaceBox(x=105, y=110, w=45, h=45, score=1.0)  # centre 127.5,132.5 vs 125,130; height 0.75
+    assert match_frame(truth, [near]) == ([0], 0)
+    far = FaceBox(x=200, y=100, w=50, h=60)  # 100 px off: false
+    assert match_frame(truth, [far]) == ([None], 1)
+    tiny = FaceBox(x=120, y=125, w=10, h=10)  # in place but a sixth of the height: false
+    assert match_frame(truth, [tiny]) == ([None], 1)
+    # two detections of one face: the better-scored one matches, the other is false
+    assert match_frame(truth, [FaceBox(x=104, y=108, w=45, h=45, score=0.2), near]) == ([1], 1)
+
+
+def test_visibility_counts_what_covers_the_box() -> None:
+    fixtures = np.zeros((100, 100), np.float32)
+    box = (10.0, 10.0, 20.0, 20.0)
+    assert _visible(box, [], fixtures) == pytest.approx(1.0)
+    half = np.ones((20, 10), np.float32)  # covers the left half of the box
+    assert _visible(box, [(10, 10, half)], fixtures) == pytest.approx(0.5)
+    fixtures[:, :] = 1.0
+    assert _visible(box, [], fixtures) == pytest.approx(0.0)
+    # half outside the frame
+    assert _visible((-10.0, 10.0, 20.0, 20.0), [], np.zeros((100, 100), np.float32)) == pytest.approx(0.5)
+
+
+def test_evaluate_counts_every_visible_face_once(scene) -> None:
+    base, _ = scene
+    truth = read_ground_truth(base.with_suffix(".gt.jsonl"))
+
+    class Nothing:
+        def detect(self, image):
+            return []
+
+    result = evaluate(Nothing(), [base])
+    visible = sum(1 for r in truth for f in r["faces"] if f["visible"] >= 0.5)
+    assert sum(result["faces"].values()) == visible and result["frames"] == 40
+    assert result["false_detections"] == 0
+    assert all(v in (None, 0.0) for v in result["recall"].values())
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "needle"),
+    [("max_people", 5, "max_people: expected 1-4"), ("setting", "moon", "setting: expected room or entrance"),
+     ("face_px", (200, 100), "face_px: expected 8 <= low <= high"), ("bitrate", 10, "bitrate: expected")],
+)  # fmt: skip
+def test_a_bad_scene_names_the_field(field, value, needle) -> None:
+    with pytest.raises(ValueError, match=needle):
+        SceneSpec(**{field: value})
