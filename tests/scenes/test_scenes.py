@@ -132,3 +132,51 @@ def test_evaluate_counts_every_visible_face_once(scene) -> None:
 def test_a_bad_scene_names_the_field(field, value, needle) -> None:
     with pytest.raises(ValueError, match=needle):
         SceneSpec(**{field: value})
+
+
+def test_the_edge_tracker_never_puts_two_people_in_one_track(scene) -> None:
+    """No track holds two ground-truth people's faces: one track is one appearance's releases and budget."""
+    from peep.edge.detection import DlibHogFaceDetector
+    from peep.edge.tracking import Tracker
+    from peep.server.scenes.tracks import evaluate_tracks
+
+    pytest.importorskip("dlib", reason="dlib-bin is the edge's [dlib] extra; CI installs it")
+    base, _ = scene
+    result = evaluate_tracks(DlibHogFaceDetector(upsample=0), [base], Tracker)
+    assert result["passes_seen"] >= 2
+    assert result["mixed_tracks"] == 0 and result["mixed_faces"] == 0, result["per_scene"]
+
+
+def test_switches_fragments_and_mixed_tracks_are_counted_from_the_ground_truth(scene) -> None:
+    """A tracker that gives every face of a frame the id of the face's rank in that frame: swaps when people cross."""
+    from peep.server.scenes.tracks import evaluate_tracks
+
+    base, _ = scene
+    truth = read_ground_truth(base.with_suffix(".gt.jsonl"))
+
+    class Oracle:  # detects exactly the ground truth's faces, in the ground truth's order
+        def __init__(self) -> None:
+            self.frame = 0
+
+        def detect(self, image):
+            faces = truth[self.frame]["faces"]
+            self.frame += 1
+            return [FaceBox(x=f["box"][0], y=f["box"][1], w=f["box"][2], h=f["box"][3]) for f in faces]
+
+    class ByPass:  # the ideal tracker: one track per pass
+        def update(self, boxes, t):
+            faces = truth[round(t * SPEC.fps)]["faces"]
+            return [type("T", (), {"id": f"p{f['track']}"})() for f in faces]
+
+    class ByRank:  # the first box of every frame is track "a", the second "b": people are mixed
+        def update(self, boxes, t):
+            return [type("T", (), {"id": "ab"[i] if i < 2 else f"x{i}"})() for i in range(len(boxes))]
+
+    ideal = evaluate_tracks(Oracle(), [base], ByPass)
+    assert ideal["identity_switches"] == ideal["fragments"] == ideal["mixed_tracks"] == 0
+    passes = {f["track"] for r in truth for f in r["faces"]}
+    assert ideal["passes_seen"] == len(passes)
+    bad = evaluate_tracks(Oracle(), [base], ByRank)
+    two_at_once = any(len(r["faces"]) >= 2 for r in truth)
+    assert two_at_once, "the scene has no frame with two people"
+    assert bad["mixed_tracks"] >= 1 and bad["mixed_faces"] >= 1

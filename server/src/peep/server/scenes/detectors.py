@@ -56,9 +56,13 @@ def evaluate(
     detector: Any,
     scenes: Sequence[str | Path],
     *,
+    make_tracker: Callable[[], Any] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``detector`` on every frame of each scene (``<scene>.mp4`` beside ``<scene>.gt.jsonl``).
+
+    With ``make_tracker`` (a fresh tracker per scene, e.g. the edge's ``Tracker``) the detections are also
+    tracked and judged against the passes (:class:`peep.server.scenes.tracks.TrackJudge`): ``tracks``.
 
     Returns
     -------
@@ -67,8 +71,10 @@ def evaluate(
         ``false_per_1000_frames``, ``cpu_ms_per_frame`` (mean and p95).
     """
     import cv2
+    from peep.server.scenes.tracks import TrackJudge
 
     cv2.setNumThreads(1)
+    judge = TrackJudge() if make_tracker is not None else None
     hits = {bin_label(*b): [0, 0] for b in ((0.0, 30.0), *HEIGHT_BINS)}
     false = frames = 0
     cpu: list[float] = []
@@ -77,6 +83,10 @@ def evaluate(
     n_all = sum(len(t) for t in truths)
     for scene, truth in zip(scenes, truths, strict=True):
         cap = cv2.VideoCapture(str(Path(scene).with_suffix(".mp4")))
+        tracker = None
+        if judge is not None and make_tracker is not None:
+            tracker = make_tracker()
+            judge.start(Path(scene).name)
         try:
             for record in truth:
                 ok, image = cap.read()
@@ -86,6 +96,9 @@ def evaluate(
                 boxes = detector.detect(image)
                 cpu.append(time.process_time() - t0)
                 taken, n_false = match_frame(record["faces"], boxes)
+                if tracker is not None and judge is not None:
+                    tracks = tracker.update(boxes, float(record["t"]))
+                    judge.feed(record["faces"], taken, [t.id for t in tracks])
                 false += n_false
                 frames += 1
                 for face, hit in zip(record["faces"], taken, strict=True):
@@ -115,4 +128,5 @@ def evaluate(
         "cpu_ms_per_frame": float(ms.mean()) if ms.size else None,
         "cpu_ms_per_frame_p95": float(np.percentile(ms, 95)) if ms.size else None,
         "frames_per_cpu_second": float(1000.0 / ms.mean()) if ms.size and ms.mean() > 0 else None,
+        **({} if judge is None else {"tracks": judge.summary()}),
     }
