@@ -28,6 +28,8 @@ DETECTORS: dict[str, dict[str, Any]] = {
     "hog, full frame, upsample 0": {"kind": "hog", "detect_width": None, "upsample": 0, "min_size": 8},
     "hog, full frame, upsample 1": {"kind": "hog", "detect_width": None, "upsample": 1, "min_size": 8},
     "yunet, full frame, score >= 0.7": {"kind": "yunet", "model_path": None},
+    "yunet, full frame, score >= 0.8": {"kind": "yunet", "model_path": None, "score_threshold": 0.8},
+    "yunet, full frame, score >= 0.9": {"kind": "yunet", "model_path": None, "score_threshold": 0.9},
 }  # fmt: skip
 SETTINGS = ("room", "entrance", "street")
 
@@ -59,7 +61,7 @@ def scenes(quick: bool, data_home: str | None = None) -> list[Path]:
         for seed in seeds:
             spec = SceneSpec(setting=setting, seconds=seconds, seed=seed)
             key = hashlib.sha256(
-                json.dumps([repr(spec), [p.photos for p in people], "v1"], sort_keys=True).encode()
+                json.dumps([repr(spec), [p.photos for p in people], "v2"], sort_keys=True).encode()
             ).hexdigest()[:16]
             folder = _cache_root() / key
             name = f"{setting}-{seed}"

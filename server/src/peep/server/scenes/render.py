@@ -36,9 +36,6 @@ SETTINGS: tuple[Setting, ...] = ("room", "entrance", "street")
 #: The face box in a funneled LFW photo (x0, y0, x1, y1): scikit-learn's ``fetch_lfw_people`` crop.
 LFW_FACE_BOX = (78, 70, 172, 195)
 _PHOTO = 250
-#: A person is about 7.5 face-box heights tall (head and body), shoulders about 2.6 face widths across.
-_BODY_HEADS = 7.0
-_SHOULDER_WIDTHS = 2.6
 #: Walking speed in face heights per second (1.4 m/s over a 0.2 m face box, slower at doors).
 _SPEED_FACES_PER_S = (2.5, 7.0)
 
@@ -214,12 +211,14 @@ def _sprite(photo: Image, rng: np.random.Generator) -> tuple[NDArray[np.float32]
     alpha = np.zeros(img.shape[:2], np.float32)
     cx = (LFW_FACE_BOX[0] + LFW_FACE_BOX[2]) / 2
     fw = LFW_FACE_BOX[2] - LFW_FACE_BOX[0]
-    # head and hair with some of the photo's own surroundings, then the shoulders
-    cv2.ellipse(alpha, (int(cx), 118), (int(fw * 0.85), 112), 0, 0, 360, 1.0, -1)
-    cv2.ellipse(alpha, (int(cx), _PHOTO + 30), (int(fw * _SHOULDER_WIDTHS / 2), 110), 0, 180, 360, 1.0, -1)
+    # head and hair with a margin of the photo's own surroundings, then the shoulders; kept narrow, because
+    # LFW photos often hold another face beside the subject's (press photos), which the ground truth would
+    # not know of
+    cv2.ellipse(alpha, (int(cx), 120), (int(fw * 0.68), 104), 0, 0, 360, 1.0, -1)
+    cv2.ellipse(alpha, (int(cx), _PHOTO + 30), (int(fw * 1.1), 90), 0, 180, 360, 1.0, -1)
     # the torso below the photo: clothing of the photo's own colour at the shoulders, darker further down
     shoulder = photo[-12:, int(cx - fw) : int(cx + fw)].reshape(-1, 3).mean(axis=0)
-    torso_w = int(fw * _SHOULDER_WIDTHS / 2)
+    torso_w = int(fw * 1.1)
     img[_PHOTO - 20 :, int(cx) - torso_w : int(cx) + torso_w] = shoulder * rng.uniform(0.7, 1.0)
     img[_PHOTO - 20 :] += _texture(rng, extra + 20, _PHOTO, 16, 6.0)[:, :, None]
     alpha[_PHOTO - 20 :, int(cx) - torso_w : int(cx) + torso_w] = 1.0
