@@ -148,3 +148,26 @@ def test_models_list_names_the_pinned_file(capsys) -> None:
     assert main(["models", "list"]) == 0
     out = capsys.readouterr().out
     assert YUNET.sha256 in out and YUNET.url in out and "MIT" in out
+
+
+def test_auto_takes_yunet_where_fetch_put_it_and_else_haar_with_a_warning(
+    yunet_file, tmp_path, monkeypatch, caplog
+) -> None:
+    import logging
+
+    from peep.core.imaging import HaarFaceDetector, YuNetFaceDetector
+    from peep.edge.config import DetectorConfig
+    from peep.edge.detection import build_detector
+
+    monkeypatch.setenv("PEEP_MODELS_DIR", str(tmp_path / "models"))
+    with caplog.at_level(logging.INFO, logger="peep.edge.detection"):
+        assert isinstance(build_detector(DetectorConfig()), HaarFaceDetector)
+    warned = [r for r in caplog.records if r.getMessage() == "detector_chosen" and r.levelno == logging.WARNING]
+    assert warned, "no warning when auto falls back to Haar"
+    assert _fetch("--from", str(yunet_file)) == 0  # into $PEEP_MODELS_DIR
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="peep.edge.detection"):
+        assert isinstance(build_detector(DetectorConfig()), YuNetFaceDetector)
+    assert any(r.getMessage() == "detector_chosen" and r.levelno == logging.INFO for r in caplog.records)
+    # a named kind is taken as named, whatever is fetched
+    assert isinstance(build_detector(DetectorConfig(kind="haar")), HaarFaceDetector)

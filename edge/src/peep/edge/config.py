@@ -224,9 +224,15 @@ class CaptureConfig(_Section):
 
 
 class DetectorConfig(_Section):
-    """Face detection (Haar by default; dlib's HOG; YuNet when a model file is configured)."""
+    """Face detection: YuNet where its file is found (``auto``, the default), else Haar; or one named."""
 
-    kind: Literal["haar", "yunet", "hog"] = "haar"
+    kind: Literal["auto", "haar", "yunet", "hog"] = Field(
+        default="auto",
+        description=(
+            "auto: YuNet from model_path, or from the folder peep-edge models fetch writes to, and Haar (with a "
+            "warning) when neither holds the file; haar, hog (dlib) or yunet: that detector"
+        ),
+    )
     detect_width: int | None = Field(
         default=320,
         ge=32,
@@ -242,7 +248,9 @@ class DetectorConfig(_Section):
     scale_factor: float = Field(default=1.2, gt=1.0, le=2.0)
     min_neighbors: int = Field(default=5, ge=0, le=50)
     min_size: int = Field(default=64, ge=8, le=2048, description="smallest face, pixels of the full frame")
-    model_path: ConfigPath | None = Field(default=None, description="YuNet ONNX file (kind = 'yunet')")
+    model_path: ConfigPath | None = Field(
+        default=None, description="YuNet ONNX file (kind 'yunet', or 'auto'; peep-edge models fetch yunet writes one)"
+    )
     score_threshold: float = Field(default=0.7, ge=0.0, le=1.0)
     refine: bool = Field(
         default=True,
@@ -254,8 +262,10 @@ class DetectorConfig(_Section):
     def _model_matches_kind(self) -> DetectorConfig:
         if self.kind == "yunet" and self.model_path is None:
             raise ValueError("detector.model_path: expected a YuNet ONNX file for kind 'yunet', received none")
-        if self.kind != "yunet" and self.model_path is not None:
-            raise ValueError(f"detector.kind: expected 'yunet' when detector.model_path is set, received {self.kind!r}")
+        if self.kind not in ("yunet", "auto") and self.model_path is not None:
+            raise ValueError(
+                f"detector.kind: expected 'yunet' or 'auto' when detector.model_path is set, received {self.kind!r}"
+            )
         if self.kind != "hog" and "upsample" in self.model_fields_set:
             raise ValueError(f"detector.upsample: expected only with detector.kind 'hog', received kind {self.kind!r}")
         return self
