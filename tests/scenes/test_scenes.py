@@ -164,12 +164,12 @@ def test_switches_fragments_and_mixed_tracks_are_counted_from_the_ground_truth(s
             return [FaceBox(x=f["box"][0], y=f["box"][1], w=f["box"][2], h=f["box"][3]) for f in faces]
 
     class ByPass:  # the ideal tracker: one track per pass
-        def update(self, boxes, t):
+        def update(self, boxes, t, shape=None):
             faces = truth[round(t * SPEC.fps)]["faces"]
             return [type("T", (), {"id": f"p{f['track']}"})() for f in faces]
 
     class ByRank:  # the first box of every frame is track "a", the second "b": people are mixed
-        def update(self, boxes, t):
+        def update(self, boxes, t, shape=None):
             return [type("T", (), {"id": "ab"[i] if i < 2 else f"x{i}"})() for i in range(len(boxes))]
 
     ideal = evaluate_tracks(Oracle(), [base], ByPass)

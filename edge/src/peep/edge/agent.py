@@ -643,6 +643,7 @@ class Agent:
             iou_threshold=cfg.tracker.iou_threshold,
             max_distance=cfg.tracker.max_distance,
             max_age_s=cfg.tracker.max_age_s,
+            max_size_ratio=cfg.tracker.max_size_ratio,
             # Each track id is random (peep.edge.tracking): it links the releases of one appearance and nothing
             # else, and a track key in the persistent ledger is never reused.
             id_prefix="t",

@@ -297,6 +297,13 @@ class TrackerConfig(_Section):
         default=0.6, ge=0.0, le=5.0, description="centroid fallback: max distance in box widths"
     )
     max_age_s: float = Field(default=1.0, gt=0.0, le=60.0, description="drop a track unseen for this long")
+    max_size_ratio: float = Field(
+        default=1.5,
+        gt=1.0,
+        le=4.0,
+        description="a face continues a track only if the two boxes' heights are within this ratio (a near face "
+        "does not take over a far one's track)",
+    )
 
 
 class SpoolConfig(_Section):

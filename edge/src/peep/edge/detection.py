@@ -110,8 +110,8 @@ def resolve_kind(cfg: DetectorConfig) -> tuple[str, str | None, str]:
         "haar",
         None,
         (
-            f"detector.kind 'auto': no YuNet file at {fetched} (peep-edge models fetch yunet puts it there); Haar finds "
-            "few faces under 64 px"
+            f"detector.kind 'auto': no YuNet file at {fetched} (peep-edge models fetch yunet puts it there); "
+            "Haar finds few faces under 64 px"
         ),
     )
 

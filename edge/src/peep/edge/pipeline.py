@@ -241,7 +241,7 @@ class FramePipeline:
         self.timer.add("detect", t1 - t0)
         if boxes:
             self.metrics.faces.inc(len(boxes))
-        tracks = self.tracker.update(boxes, frame.timestamp)
+        tracks = self.tracker.update(boxes, frame.timestamp, frame.image.shape)
         self.timer.add("track", time.perf_counter() - t1)
         out: list[Released] = []
         if self.unspooled and not self.flush_unspooled():

@@ -21,7 +21,7 @@ import numpy as np
 
 #: The detectors measured: a name, the ``[detector]`` settings that make it.
 DETECTORS: dict[str, dict[str, Any]] = {
-    "haar (edge default: 320 px wide, faces >= 64 px)": {"kind": "haar"},
+    "haar, 320 px wide, faces >= 64 px (without YuNet)": {"kind": "haar"},
     "haar, full frame, faces >= 24 px": {
         "kind": "haar", "detect_width": None, "scale_factor": 1.1, "min_neighbors": 3, "min_size": 24,
     },

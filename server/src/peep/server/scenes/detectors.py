@@ -97,7 +97,7 @@ def evaluate(
                 cpu.append(time.process_time() - t0)
                 taken, n_false = match_frame(record["faces"], boxes)
                 if tracker is not None and judge is not None:
-                    tracks = tracker.update(boxes, float(record["t"]))
+                    tracks = tracker.update(boxes, float(record["t"]), image.shape)
                     judge.feed(record["faces"], taken, [t.id for t in tracks])
                 false += n_false
                 frames += 1

@@ -114,7 +114,7 @@ def evaluate_tracks(
                 if not ok:
                     raise ValueError(f"{scene}: the video ends at frame {record['frame']}, its ground truth does not")
                 boxes = detector.detect(image)
-                tracks = tracker.update(boxes, float(record["t"]))
+                tracks = tracker.update(boxes, float(record["t"]), image.shape)
                 taken, _ = match_frame(record["faces"], boxes)
                 judge.feed(record["faces"], taken, [t.id for t in tracks])
         finally:
