@@ -51,6 +51,8 @@ def test_the_config_builds_it_and_refuses_what_does_not_apply() -> None:
     assert isinstance(det, DlibHogFaceDetector) and det.upsample == 2 and det.detect_width == 640
     with pytest.raises(ValueError, match="detector.upsample: expected only with detector.kind 'hog'"):
         DetectorConfig(kind="haar", upsample=0)
+    # a config written out whole (every field at its default) loads again
+    assert DetectorConfig(**DetectorConfig().model_dump()).kind == "auto"
     with pytest.raises(ValueError, match="upsample"):
         DetectorConfig(kind="hog", upsample=4)
     with pytest.raises(ValueError, match="upsample: expected a whole number 0-3"):

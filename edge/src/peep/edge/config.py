@@ -266,7 +266,8 @@ class DetectorConfig(_Section):
             raise ValueError(
                 f"detector.kind: expected 'yunet' or 'auto' when detector.model_path is set, received {self.kind!r}"
             )
-        if self.kind != "hog" and "upsample" in self.model_fields_set:
+        # a written-out config carries every field at its default: only a changed upsample is a mistake
+        if self.kind != "hog" and self.upsample != 1:
             raise ValueError(f"detector.upsample: expected only with detector.kind 'hog', received kind {self.kind!r}")
         return self
 
