@@ -207,7 +207,7 @@ def _list_folder(
     return names, files
 
 
-def _cache_dir(data_home: str | None) -> Path | None:
+def cache_dir(data_home: str | None) -> Path | None:
     """The cache folder: ``PEEP_CACHE_DIR``, else ``<data home>/peep_cache``, else ``~/.cache/peep``.
 
     None when it cannot be created or written (everything is computed anew).
@@ -305,7 +305,7 @@ def load_dataset(
 
     if jobs is not None and jobs < 1:
         raise DatasetError(f"jobs: expected >= 1 or None (one per core), received {jobs}")
-    folder = _cache_dir(home)
+    folder = cache_dir(home)
     cache = FaceCache(folder) if folder is not None else None
     try:
         found = process_files(

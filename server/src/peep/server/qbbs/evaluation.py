@@ -139,7 +139,7 @@ def _subsample(labels: NDArray[np.int64], cap: int, seed: int) -> NDArray[np.boo
 
 
 def _cache_dir(data_home: str | None) -> Path | None:
-    from peep.server.datasets import _cache_dir as datasets_cache_dir
+    from peep.server.datasets import cache_dir as datasets_cache_dir
     from peep.server.datasets import resolve_data_home
 
     return datasets_cache_dir(resolve_data_home(data_home))

@@ -22,9 +22,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from peep.server.scenes.detectors import match_frame
-from peep.server.scenes.render import read_ground_truth
-
 
 class TrackJudge:
     """Counts switches, fragments and mixed tracks as frames go by, one scene at a time."""
@@ -91,6 +88,8 @@ def evaluate_tracks(
 ) -> dict[str, Any]:
     """Track every scene with a fresh tracker; switches, fragments and mixed tracks against the passes.
 
+    :func:`peep.server.scenes.detectors.evaluate`'s ``tracks`` (one pass over the frames does both).
+
     Parameters
     ----------
     detector
@@ -98,25 +97,9 @@ def evaluate_tracks(
     scenes : sequence of path
         Scenes without suffix (``<scene>.mp4``, ``.gt.jsonl``).
     make_tracker : callable
-        A new tracker per scene, with ``update(boxes, t) -> tracks`` (each with an ``id``).
+        A new tracker per scene, with ``update(boxes, t, frame_shape) -> tracks`` (each with an ``id``).
     """
-    import cv2
+    from peep.server.scenes.detectors import evaluate
 
-    judge = TrackJudge()
-    for scene in scenes:
-        truth = read_ground_truth(Path(scene).with_suffix(".gt.jsonl"))
-        tracker = make_tracker()
-        judge.start(Path(scene).name)
-        cap = cv2.VideoCapture(str(Path(scene).with_suffix(".mp4")))
-        try:
-            for record in truth:
-                ok, image = cap.read()
-                if not ok:
-                    raise ValueError(f"{scene}: the video ends at frame {record['frame']}, its ground truth does not")
-                boxes = detector.detect(image)
-                tracks = tracker.update(boxes, float(record["t"]), image.shape)
-                taken, _ = match_frame(record["faces"], boxes)
-                judge.feed(record["faces"], taken, [t.id for t in tracks])
-        finally:
-            cap.release()
-    return judge.summary()
+    tracks: dict[str, Any] = evaluate(detector, scenes, make_tracker=make_tracker)["tracks"]
+    return tracks
