@@ -28,6 +28,7 @@ from peep.edge.cli import main
 from peep.edge.config import load_config
 from peep.edge.embedding import DlibResNetEncoder, encoder_for_bundle, model_files
 from peep.edge.errors import MissingExtraError
+from peep.edge.tracking import YOUNG
 
 K = 8
 
@@ -156,7 +157,7 @@ class CountingEncoder:
 
 
 @pytest.mark.slow
-def test_a_video_releases_descriptor_templates_and_runs_the_network_only_per_release(
+def test_a_video_releases_descriptor_templates_and_runs_the_network_per_release_and_as_the_tracker_asks(
     make_config, dlib_bundle_dir, edge_keys, one_person_video, encoder
 ):
     cfg = load_config(
@@ -187,7 +188,10 @@ def test_a_video_releases_descriptor_templates_and_runs_the_network_only_per_rel
         msgs = [decode_template(it.payload) for it in agent.spool.peek("mqtt", 100)]
     finally:
         agent.shutdown(drain_timeout=0)
-    assert len(msgs) == 3 and counting.calls == 3
+    # the releases, and the tracker's views of the face: a young track's first few, then one every refresh_s
+    described = pipeline.tracker.described
+    assert len(msgs) == 3 and counting.calls == 3 + described
+    assert YOUNG <= described <= YOUNG + 30.0 / cfg.tracker.refresh_s + 1, described
     bundle = ProjectionBundle.load(dlib_bundle_dir, edge_keys["public"])
     for m in msgs:
         assert m.bundle_id == bundle.bundle_id and len(m.values) == K

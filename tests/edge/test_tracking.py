@@ -1,10 +1,40 @@
-"""The edge tracker: one person one track, even walking briskly; never two people in one track by size or edge."""
+"""The edge tracker: one person one track, even walking briskly; never two people in one track by size, edge or face.
+
+Faces' descriptors are stood in for by fixed vectors per person (two people 1.0 apart, a person's views 0.1
+apart): what is tested is when the tracker compares them and what it does with the distance.
+"""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from peep.core.imaging import FaceBox
-from peep.edge.tracking import Tracker
+from peep.edge.config import TrackerConfig
+from peep.edge.tracking import YOUNG, Tracker
+
+SHAPE = (480, 640, 3)
+DT = 1 / 15
+_FACES = {p: np.eye(8)[k] / np.sqrt(2) for k, p in enumerate("ABCD")}  # 1.0 apart
+
+
+def _face(person: str, k: int = 0) -> np.ndarray:
+    """A view of a person's face: their vector, a little off by the view."""
+    jitter = np.random.default_rng(k).normal(0.0, 0.1 / np.sqrt(8), 8)
+    return _FACES[person] + jitter
+
+
+class Faces:
+    """The appearance function for one frame's boxes: who each box is; counts what the tracker asks."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def of(self, people: list[str], k: int = 0):
+        def appearance(i: int) -> np.ndarray:
+            self.calls += 1
+            return _face(people[i], k)
+
+        return appearance
 
 
 def _box(x: float, y: float = 100.0, h: float = 60.0) -> FaceBox:
@@ -28,17 +58,101 @@ def test_a_near_face_does_not_take_over_a_far_ones_track() -> None:
 
 
 def test_someone_entering_where_another_left_gets_a_new_track() -> None:
-    shape = (480, 640, 3)
     tr = Tracker()
-    leaving = tr.update([_box(0.0)], 0.0, shape)[0]  # at the left edge, on the way out
-    entering = tr.update([_box(30.0)], 0.3, shape)[0]  # near, same size, no overlap: only the fallback would join
+    tr.update([_box(20.0)], 0.0, SHAPE)
+    leaving = tr.update([_box(0.0)], DT, SHAPE)[0]  # at the left edge, on the way out
+    entering = tr.update([_box(30.0)], 0.3, SHAPE)[0]  # near, same size, no overlap: only the fallback would join
     assert entering.id != leaving.id
-    # without the frame's shape the fallback joins them, as before: the shape is what tells the edge
+    # without the frame's shape the fallback joins them: the shape is what tells the edge
     tr2 = Tracker()
     first = tr2.update([_box(0.0)], 0.0)[0]
     assert tr2.update([_box(30.0)], 0.3)[0].id == first.id
 
 
+def test_a_face_coming_in_through_the_edge_stays_one_track() -> None:
+    # its box widens as more of it shows: the overlap is poor, the centre close, and it moves inwards
+    tr = Tracker()
+    ids = {tr.update([FaceBox(x=0.0, y=100.0, w=w, h=60.0)], k * DT, SHAPE)[0].id for k, w in enumerate((15, 30, 45))}
+    assert len(ids) == 1
+
+
+def test_two_alike_faces_crossing_keep_their_tracks_by_their_faces() -> None:
+    """A and B of one size walk towards each other and cross; each keeps its own track throughout."""
+    faces, tr = Faces(), Tracker()
+    first: dict[str, str] = {}
+    for k in range(30):
+        xa, xb = 100.0 + 12.0 * k, 460.0 - 12.0 * k
+        order = ["A", "B"] if k % 2 else ["B", "A"]  # the detector's order means nothing
+        boxes = [_box(xa if p == "A" else xb, y=100.0 + (2.0 if p == "B" else 0.0)) for p in order]
+        tracks = tr.update(boxes, k * DT, SHAPE, appearance=faces.of(order, k))
+        for p, track in zip(order, tracks, strict=True):
+            assert first.setdefault(p, track.id) == track.id, (k, p)
+    assert first["A"] != first["B"]
+
+
+def test_a_face_stepping_into_anothers_place_is_refused_by_its_face() -> None:
+    faces, tr = Faces(), Tracker()
+    for k in range(10):
+        a = tr.update([_box(100.0 + 5.0 * k)], k * DT, SHAPE, appearance=faces.of(["A"], k))[0]
+    # A is hidden; B appears right where A was going, of A's size: by position alone, A's track
+    b = tr.update([_box(152.0)], 10 * DT, SHAPE, appearance=faces.of(["B"], 10))[0]
+    assert b.id != a.id
+    # the same by position without faces
+    tr2 = Tracker()
+    for k in range(10):
+        a2 = tr2.update([_box(100.0 + 5.0 * k)], k * DT, SHAPE)[0]
+    assert tr2.update([_box(152.0)], 10 * DT, SHAPE)[0].id == a2.id
+
+
+def test_a_face_seen_again_after_being_hidden_resumes_its_track_and_no_other_face_does() -> None:
+    faces, tr = Faces(), Tracker(max_age_s=1.0, reid_s=3.0)
+    for k in range(10):
+        a = tr.update([_box(100.0 + 5.0 * k)], k * DT, SHAPE, appearance=faces.of(["A"], k))[0]
+    # hidden for 2 s (longer than max_age_s), seen again 150 px on
+    again = tr.update([_box(300.0)], 10 * DT + 2.0, SHAPE, appearance=faces.of(["A"], 99))[0]
+    assert again.id == a.id
+    tr.update([_box(300.0)], 10 * DT + 2.0 + DT, SHAPE, appearance=faces.of(["A"], 100))
+    # B where A was, after A's track ended: a track of its own
+    other = tr.update([_box(310.0)], 10 * DT + 4.5, SHAPE, appearance=faces.of(["B"], 101))[0]
+    assert other.id != a.id
+
+
+def test_a_face_cut_by_the_edge_is_not_a_clear_view_and_is_compared_when_it_is_inside() -> None:
+    faces, tr = Faces(), Tracker()
+    for k in range(8):
+        a = tr.update([_box(40.0 - 5.0 * k)], k * DT, SHAPE, appearance=faces.of(["A"], k))[0]
+        assert a.clear_view
+    # at the edge: not released, whoever it is
+    edge = tr.update([FaceBox(x=0.0, y=100.0, w=40.0, h=60.0)], 8 * DT, SHAPE, appearance=faces.of(["B"], 8))[0]
+    assert edge.id == a.id and not edge.clear_view
+    # the first face inside the frame is compared at once, though A was described a moment ago: B is not A
+    calls = faces.calls
+    inside = tr.update([_box(6.0)], 9 * DT, SHAPE, appearance=faces.of(["B"], 9))[0]
+    assert faces.calls == calls + 1 and inside.id != a.id and inside.clear_view
+
+
+def test_faces_are_described_only_where_needed() -> None:
+    """One walker alone for 3 s: a young track's first views, then one every refresh_s."""
+    faces, tr = Faces(), Tracker(refresh_s=0.5)
+    n = 45
+    for k in range(n):
+        tr.update([_box(100.0 + 3.0 * k)], k * DT, SHAPE, appearance=faces.of(["A"], k))
+    assert faces.calls == tr.described
+    assert YOUNG <= faces.calls <= YOUNG + (n * DT) / 0.5 + 1, faces.calls
+    # and never without the function
+    tr2 = Tracker()
+    for k in range(n):
+        tr2.update([_box(100.0 + 3.0 * k)], k * DT, SHAPE)
+    assert tr2.described == 0
+
+
 def test_size_ratio_is_checked() -> None:
     with pytest.raises(ValueError, match="max_size_ratio: expected a value > 1"):
         Tracker(max_size_ratio=1.0)
+
+
+def test_appearance_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="reid_appearance: expected 0 < value <= max_appearance"):
+        Tracker(max_appearance=0.5, reid_appearance=0.6)
+    with pytest.raises(ValueError, match=r"tracker.reid_appearance: expected <= tracker.max_appearance \(0.5\)"):
+        TrackerConfig(max_appearance=0.5, reid_appearance=0.6)

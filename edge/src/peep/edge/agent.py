@@ -644,6 +644,10 @@ class Agent:
             max_distance=cfg.tracker.max_distance,
             max_age_s=cfg.tracker.max_age_s,
             max_size_ratio=cfg.tracker.max_size_ratio,
+            max_appearance=cfg.tracker.max_appearance,
+            reid_s=cfg.tracker.reid_s,
+            reid_appearance=cfg.tracker.reid_appearance,
+            refresh_s=cfg.tracker.refresh_s,
             # Each track id is random (peep.edge.tracking): it links the releases of one appearance and nothing
             # else, and a track key in the persistent ledger is never reused.
             id_prefix="t",
@@ -665,6 +669,7 @@ class Agent:
             # A full state disk stops releases before they are charged (peep.edge.pipeline).
             room=lambda: disk_room((cfg.spool_path, cfg.ledger_path)),
             sign=self.signer.sign,
+            track_by_appearance=cfg.tracker.appearance,
         )
 
     # ------------------------------------------------------------------ bundle updates

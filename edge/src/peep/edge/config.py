@@ -305,6 +305,37 @@ class TrackerConfig(_Section):
         description="a face continues a track only if the two boxes' heights are within this ratio (a near face "
         "does not take over a far one's track)",
     )
+    appearance: bool = Field(
+        default=True,
+        description="with a descriptor bundle, compare faces' descriptors where positions leave the tracker unsure "
+        "(people crossing, a face hidden and seen again); the descriptors stay in the device's memory",
+    )
+    max_appearance: float = Field(
+        default=0.6,
+        gt=0.0,
+        le=2.0,
+        description="a face whose descriptor lies further than this from a track's never continues it",
+    )
+    reid_s: float = Field(
+        default=3.0,
+        ge=0.0,
+        le=60.0,
+        description="a face may resume a track ended less than this long ago if its descriptor is within "
+        "reid_appearance (0: never)",
+    )
+    reid_appearance: float = Field(default=0.45, gt=0.0, le=2.0, description="see reid_s")
+    refresh_s: float = Field(
+        default=0.5, gt=0.0, le=60.0, description="a track's descriptor is renewed from its face this often"
+    )
+
+    @model_validator(mode="after")
+    def _reid_within_max(self) -> TrackerConfig:
+        if self.reid_appearance > self.max_appearance:
+            raise ValueError(
+                f"tracker.reid_appearance: expected <= tracker.max_appearance ({self.max_appearance}), "
+                f"received {self.reid_appearance}"
+            )
+        return self
 
 
 class SpoolConfig(_Section):

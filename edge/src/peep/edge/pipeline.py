@@ -125,10 +125,14 @@ class FramePipeline:
     encoder : DescriptorEncoder, optional
         For a bundle whose projector takes a face descriptor instead of pixels
         (:func:`peep.edge.embedding.encoder_for_bundle`): computed from the
-        frame and the box, only for faces being released.
+        frame and the box for faces being released, and for faces the tracker
+        asks to compare (``track_by_appearance``).
     sign : callable, optional
         ``sign(msg)`` sets the device's signature on a finished message
         (:meth:`peep.edge.device_key.DeviceKey.sign`), before it is encoded.
+    track_by_appearance : bool
+        With a descriptor ``encoder``, the tracker compares faces' descriptors where positions leave it unsure
+        (:class:`~peep.edge.tracking.Tracker`); the descriptors stay in the device's memory.
     """
 
     def __init__(
@@ -150,6 +154,7 @@ class FramePipeline:
         decisions: Any = None,
         room: Callable[[], bool] | None = None,
         sign: Callable[[Any], None] | None = None,
+        track_by_appearance: bool = True,
     ) -> None:
         self.device_id = device_id
         self.sign = sign
@@ -174,6 +179,9 @@ class FramePipeline:
         self.clock = clock
         self.timer = StageTimer()
         self.releaser = releaser
+        # Whether the tracker may compare faces' descriptors (a descriptor bundle's encoder) where positions
+        # leave it unsure.
+        self.track_by_appearance = track_by_appearance
         self.set_releaser(releaser, encoder)
 
     def encode(self, msg: Any) -> bytes:
@@ -241,8 +249,20 @@ class FramePipeline:
         self.timer.add("detect", t1 - t0)
         if boxes:
             self.metrics.faces.inc(len(boxes))
-        tracks = self.tracker.update(boxes, frame.timestamp, frame.image.shape)
+        appearance = None
+        if self.encoder is not None and self.track_by_appearance:
+            encoder = self.encoder
+
+            def appearance(i: int) -> Any:
+                # the detector's box, not the refined one: the descriptor aligns the face itself, and only a
+                # face being released is worth the refinement's second detection
+                return encoder.encode(frame.image, boxes[i])
+
+        tracks = self.tracker.update(boxes, frame.timestamp, frame.image.shape, appearance=appearance)
         self.timer.add("track", time.perf_counter() - t1)
+        # A face cut by the frame's edge, or one the tracker has yet to tell from another's, is neither released
+        # nor decided on: its track may be someone else's.
+        tracks = [tr for tr in tracks if tr.clear_view]
         out: list[Released] = []
         if self.unspooled and not self.flush_unspooled():
             return out  # what was charged is queued before anything more is released

@@ -1,26 +1,42 @@
-"""Face tracking across frames: greedy IoU association with a centroid fallback.
+"""Face tracking across frames: predicted boxes, one exact assignment, and faces compared where positions are unsure.
 
 A track is what the release policy and the privacy accountant protect: one
 person walking through the view should be one track, so that the per-track
-limits bound what is released about them. Association is greedy by IoU
-(best pairs first); a detection that overlaps no track may still join the
-nearest track whose centre is within ``max_distance`` box widths (fast
-movement at a low frame rate). Tracks unseen for ``max_age_s`` end.
+limits bound what is released about them; and a track must never hold two
+people, since its releases are one appearance's and its budget one person's.
 
-Association compares each detection with where the track's face is going (its
-smoothed velocity): a walker at 15 frames/s moves about half a face a frame, so
-comparing with where it was splits every brisk walker into several tracks.
+Geometry first. Each detection is compared with where each track's face is
+going (its smoothed velocity: a walker at 15 frames/s moves about half a face a
+frame, so comparing with where it was splits every brisk walker into several
+tracks). A pair is possible when the boxes overlap (IoU at least
+``iou_threshold``) or, failing that, their centres lie within ``max_distance``
+box widths; and only if the two boxes' heights are within ``max_size_ratio``
+(a near face does not take over a far one's track), and a track leaving through
+the frame's edge is continued only by overlap (the next to enter there is
+someone else). The possible pairs are split into groups that share a detection
+or a track, and each group is solved exactly (the most pairs, then the least
+cost), not greedily.
 
-A track must never hold two people: its releases are one appearance's and its
-budget one person's. Measured on scenes with ground truth, greedy association
-on positions alone put two people in one track in about one pass of three: a
-near face swallowing a far one as they cross, a person entering where another
-left. So a detection continues a track only if the two boxes' heights are within
-``max_size_ratio`` of each other, and a track whose last box touched the frame's
-edge is continued only by overlap, never by the centroid fallback (its person
-may have left, and the next to enter there is someone else). Geometry alone
-does not rule out a merge where two people of one size cross: docs/CAMERAS.md
-gives what remains.
+Faces where geometry is unsure. Measured on scenes with ground truth,
+positions alone put two people in one track where two of one size cross or a
+near face steps in front of a far one. Given an ``appearance`` function (the
+device's face descriptor, computed only when asked), the tracker keeps a few
+views of each track's face and compares a detection with their mean where a
+group is unsure (a detection two tracks could take, a track two detections
+could, an overlap poorer than a followed face's), at a young track's first
+frames, every ``refresh_s``, and at once after faces it could not compare (cut
+by the frame's edge): a pair further apart than ``max_appearance`` is refused.
+A detection that continues no live track may resume a track ended less than
+``reid_s`` ago whose face is within ``reid_appearance`` (the same person seen
+again after being hidden). A track's :attr:`Track.clear_view` says whether this
+frame's face may be released: inside the frame and, where faces are compared,
+found to be the track's own. The views stay in the device's memory and are
+forgotten with the track.
+
+What remains (docs/CAMERAS.md has the measurement): the descriptor of a small,
+blurred, compressed face does not tell every two people apart (two of the
+scenes' people lie 0.56 apart on average), so some crossings still swap or
+split a pass.
 """
 
 from __future__ import annotations
@@ -28,9 +44,24 @@ from __future__ import annotations
 import math
 import secrets
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
+from numpy.typing import NDArray
 from peep.core.imaging import FaceBox
+
+#: Descriptors a track keeps: a face is compared with their mean, so one bad view (a face turning, half covered,
+#: blurred) neither splits a track nor lets another face in.
+GALLERY = 8
+#: A track with fewer views than this is described at each frame: one view (a face half covered as it
+#: appeared) is too few to refuse a face by.
+YOUNG = 3
+#: A pair's position cost above which the faces are compared: IoU with the predicted box under 0.6.
+FIRM = 0.4
+#: Where a face's descriptor comes from: box index in this frame -> vector, or None when it cannot be described.
+Appearance = Callable[[int], "NDArray[np.floating[Any]] | None"]
 
 
 @dataclass
@@ -46,6 +77,19 @@ class Track:
     exhausted: bool = False
     #: Pixels per second of the box's centre, smoothed: where the face will be, for association.
     velocity: tuple[float, float] = (0.0, 0.0)
+    #: The face's last few descriptors (device memory only), and when it was last described.
+    gallery: deque[NDArray[np.float64]] = field(default_factory=lambda: deque(maxlen=GALLERY), repr=False)
+    described_at: float = -math.inf
+    #: Faces have continued the track that were not compared with its views (cut by the frame's edge).
+    pending: bool = False
+    #: This frame's face lies wholly inside the frame and, where faces are compared, is the track's own: what
+    #: may be released or decided.
+    clear_view: bool = True
+
+    @property
+    def appearance(self) -> NDArray[np.float64] | None:
+        """The most recent descriptor, or None before the face was described."""
+        return self.gallery[-1] if self.gallery else None
 
     def predicted(self, t: float) -> FaceBox:
         """The box moved on at :attr:`velocity` to time ``t``."""
@@ -65,14 +109,23 @@ class Tracker:
     Parameters
     ----------
     iou_threshold : float
-        Minimum IoU for a detection to continue a track.
+        Minimum IoU for a detection to continue a track by overlap.
     max_distance : float
-        Centroid fallback: maximum centre distance in units of the track's box width.
+        Without overlap: maximum centre distance in units of the track's box width.
     max_age_s : float
         A track unseen for longer ends.
     max_size_ratio : float
         A detection continues a track only if the taller of the two boxes is at most this many times the
         shorter.
+    max_appearance : float
+        With an ``appearance`` function: a detection whose descriptor lies further than this from a track's
+        is never that track's (dlib's descriptor: the same person is mostly within 0.5, two people mostly
+        beyond 0.55).
+    reid_s, reid_appearance : float
+        A detection that continues no live track resumes a track ended less than ``reid_s`` ago whose
+        descriptor lies within ``reid_appearance`` of its own. ``reid_s`` 0 turns this off.
+    refresh_s : float
+        A track's descriptor is renewed from its face at most this often when nothing else asks for it.
     id_prefix : str
         Track ids are ``<id_prefix>-<80 random bits in hex>``: each track's id is drawn
         afresh, so an id names one appearance and nothing links it to the device's other
@@ -87,6 +140,10 @@ class Tracker:
         max_distance: float = 0.6,
         max_age_s: float = 1.0,
         max_size_ratio: float = 1.5,
+        max_appearance: float = 0.6,
+        reid_s: float = 3.0,
+        reid_appearance: float = 0.45,
+        refresh_s: float = 0.5,
         id_prefix: str = "t",
     ) -> None:
         if not 0.0 < iou_threshold < 1.0:
@@ -95,29 +152,70 @@ class Tracker:
             raise ValueError(f"max_distance/max_age_s: expected >= 0 and > 0, received {max_distance}, {max_age_s}")
         if not max_size_ratio > 1.0:
             raise ValueError(f"max_size_ratio: expected a value > 1, received {max_size_ratio}")
-        self.max_size_ratio = max_size_ratio
+        if not 0.0 < reid_appearance <= max_appearance:
+            raise ValueError(
+                f"reid_appearance: expected 0 < value <= max_appearance ({max_appearance}), received {reid_appearance}"
+            )
+        if reid_s < 0 or refresh_s <= 0:
+            raise ValueError(f"reid_s/refresh_s: expected >= 0 and > 0, received {reid_s}, {refresh_s}")
         self.iou_threshold = iou_threshold
         self.max_distance = max_distance
         self.max_age_s = max_age_s
+        self.max_size_ratio = max_size_ratio
+        self.max_appearance = max_appearance
+        self.reid_s = reid_s
+        self.reid_appearance = reid_appearance
+        self.refresh_s = refresh_s
         self.id_prefix = id_prefix
         self.tracks: dict[str, Track] = {}
+        #: Tracks unseen for longer than ``max_age_s`` that a described face may still resume.
+        self.ended: dict[str, Track] = {}
+        #: Descriptors computed, for the cost of tracking (one per call of ``appearance``).
+        self.described = 0
+
+    # -- pairs -----------------------------------------------------------------------
 
     def _alike(self, a: FaceBox, b: FaceBox) -> bool:
         # heights: a turning head narrows its box, it does not shorten it
         ha, hb = max(a.h, 1e-6), max(b.h, 1e-6)
         return max(ha / hb, hb / ha) <= self.max_size_ratio
 
-    def update(self, boxes: list[FaceBox], t: float, frame_shape: tuple[int, ...] | None = None) -> list[Track]:
+    def _geometry(self, b: FaceBox, tr: Track, ahead: FaceBox, frame_shape: tuple[int, ...] | None) -> float | None:
+        """The pair's cost by position (0-1 by overlap, 1-2 by distance), or None when it is not possible."""
+        if not self._alike(b, tr.box):
+            return None
+        iou = b.iou(ahead)
+        if iou >= self.iou_threshold:
+            return 1.0 - iou
+        if _leaving(tr, frame_shape):
+            return None
+        d = math.dist(b.center, ahead.center) / max(tr.box.w, 1.0)
+        # a track seen once has no velocity yet: a walker moves about half a face a frame
+        reach = self.max_distance * (2.0 if tr.hits == 1 else 1.0)
+        return 1.0 + d / reach if reach > 0 and d <= reach else None
+
+    # -- a frame ---------------------------------------------------------------------
+
+    def update(
+        self,
+        boxes: Sequence[FaceBox],
+        t: float,
+        frame_shape: tuple[int, ...] | None = None,
+        appearance: Appearance | None = None,
+    ) -> list[Track]:
         """Assign this frame's ``boxes`` (timestamp ``t``) to tracks.
 
         Parameters
         ----------
-        boxes : list of FaceBox
+        boxes : sequence of FaceBox
         t : float
             The frame's timestamp, seconds.
         frame_shape : tuple, optional
-            The frame's (height, width, ...): with it, a track that touched the frame's edge is not continued
-            by the centroid fallback.
+            The frame's (height, width, ...): with it, a track that touched the frame's edge is continued only
+            by overlap.
+        appearance : callable, optional
+            ``appearance(i)``: the descriptor of ``boxes[i]``, shape (d,), or None; called at most once per
+            box, and only where it is needed. Without it, tracks are kept by position alone.
 
         Returns
         -------
@@ -125,65 +223,206 @@ class Tracker:
             The tracks seen in this frame, one per box, in the order of ``boxes``.
         """
         for tid in [tid for tid, tr in self.tracks.items() if t - tr.last_seen > self.max_age_s]:
-            del self.tracks[tid]
+            tr = self.tracks.pop(tid)
+            if appearance is not None and self.reid_s > 0 and tr.appearance is not None:
+                self.ended[tid] = tr
+        for tid in [tid for tid, tr in self.ended.items() if t - tr.last_seen > self.max_age_s + self.reid_s]:
+            del self.ended[tid]
+        described: dict[int, NDArray[np.float64] | None] = {}
+        checked: set[int] = set()  # detections compared with the track they may continue
+
+        def describe(i: int) -> NDArray[np.float64] | None:
+            # a face cut by the frame's edge is not a view of it to compare with
+            if appearance is None or _at_edge(boxes[i], frame_shape):
+                return None
+            if i not in described:
+                v = appearance(i)
+                self.described += 1
+                described[i] = None if v is None else np.asarray(v, dtype=np.float64).ravel()
+            return described[i]
+
         live = list(self.tracks.values())
-        assigned: dict[int, Track] = {}
-        used: set[str] = set()
-        # Against where each face is going: a walker at 15 frames/s moves half a face a frame.
-        ahead = {tr.id: tr.predicted(t) for tr in live}
-        ious = {(i, tr.id): b.iou(ahead[tr.id]) for i, b in enumerate(boxes) for tr in live}
-        pairs = sorted(
-            ((ious[(i, tr.id)], i, tr) for i, b in enumerate(boxes) for tr in live),
-            key=lambda p: p[0],
-            reverse=True,
-        )
-        for iou, i, tr in pairs:
-            if iou < self.iou_threshold:
-                break
-            if i in assigned or tr.id in used or not self._alike(boxes[i], tr.box):
-                continue
-            assigned[i] = tr
-            used.add(tr.id)
+        cost: dict[tuple[int, int], float] = {}
+        for j, tr in enumerate(live):
+            ahead = tr.predicted(t)
+            for i, b in enumerate(boxes):
+                c = self._geometry(b, tr, ahead, frame_shape)
+                if c is not None:
+                    cost[(i, j)] = c
+        assigned: dict[int, int] = {}
+        for dets, trs in _groups(cost):
+            # unsure: a detection two tracks could take, a track two detections could, or a face that overlaps
+            # where its track was going less than a followed face does (a near face stepping in front)
+            unsure = len(dets) > 1 or len(trs) > 1 or any(c > FIRM for (i, _), c in cost.items() if i in dets)
+            group = {k: v for k, v in cost.items() if k[0] in dets}
+            if unsure and appearance is not None:
+                for (i, j), c in list(group.items()):
+                    d = self._distance(describe(i), live[j])
+                    checked.add(i)
+                    if d is not None and d > self.max_appearance:
+                        del group[(i, j)]
+                    elif d is not None:
+                        # the faces decide; position breaks ties between equally alike faces
+                        group[(i, j)] = d + 0.1 * c
+            assigned.update(_solve(group))
+        # A pair no other detection or track disputed is checked against the face now and then, and at once
+        # after faces the tracker could not compare: a person stepping where another was hidden or left.
+        if appearance is not None:
+            for i, j in list(assigned.items()):
+                tr = live[j]
+                # a young track is described at every frame until it has a few views to compare with
+                due = tr.pending or len(tr.gallery) < YOUNG or t - tr.described_at >= self.refresh_s
+                if i in checked or not due:
+                    continue
+                checked.add(i)
+                d = self._distance(describe(i), tr)
+                if d is not None and d > self.max_appearance:
+                    del assigned[i]
+        out: list[Track] = []
+        taken = set(assigned.values())
+        resumed: set[str] = set()
         for i, b in enumerate(boxes):
             if i in assigned:
-                continue
-            best: Track | None = None
-            best_d = math.inf
-            for tr in live:
-                if tr.id in used or not self._alike(b, tr.box) or _at_edge(tr.box, frame_shape):
-                    continue
-                d = math.dist(b.center, ahead[tr.id].center) / max(tr.box.w, 1.0)
-                # a track seen once has no velocity yet: a walker moves about half a face a frame
-                reach = self.max_distance * (2.0 if tr.hits == 1 else 1.0)
-                if d <= reach and d < best_d:
-                    best, best_d = tr, d
-            if best is not None:
-                assigned[i] = best
-                used.add(best.id)
-        out: list[Track] = []
-        for i, b in enumerate(boxes):
-            found = assigned.get(i)
-            if found is None:
-                tr = self._new(b, t)
+                tr = live[assigned[i]]
             else:
-                tr = found
-                dt = t - tr.last_seen
-                if dt > 0:
-                    (ox, oy), (nx, ny) = tr.box.center, b.center
-                    vx, vy = (nx - ox) / dt, (ny - oy) / dt
-                    # the first step sets it; then an average that follows a turn in a few frames
-                    a = 1.0 if tr.hits == 1 else 0.5
-                    tr.velocity = (a * vx + (1 - a) * tr.velocity[0], a * vy + (1 - a) * tr.velocity[1])
-                tr.box = b
-                tr.last_seen = t
-                tr.hits += 1
+                idle = [tr for j, tr in enumerate(live) if j not in taken and tr.id not in resumed]
+                tr = self._resume(i, b, t, describe, idle)
+                if tr is not None:
+                    resumed.add(tr.id)
+                    checked.add(i)
+                else:
+                    tr = self._new(b, t)
+                    describe(i)
+                    checked.add(i)  # its first face is its own
+            v = described.get(i) if i in checked else None
+            if appearance is not None and i not in checked and _at_edge(b, frame_shape):
+                tr.pending = True  # to be compared at its first face inside the frame
+            elif appearance is not None and i in checked:
+                # compared (or a new track's first view) when described; else still to be compared
+                tr.pending = v is None
+            self._continue(tr, b, t, v)
+            tr.clear_view = not tr.pending and not _at_edge(b, frame_shape)
             out.append(tr)
         return out
 
+    def _distance(self, v: NDArray[np.float64] | None, tr: Track) -> float | None:
+        if v is None or not tr.gallery or v.shape != tr.gallery[0].shape:
+            return None
+        return float(np.linalg.norm(v - np.mean(tr.gallery, axis=0)))
+
+    def _resume(self, i: int, b: FaceBox, t: float, describe: Callable[[int], Any], idle: list[Track]) -> Track | None:
+        """An ended (or idle live) track whose face this detection's is, or None."""
+        # after a gap a face may have come nearer: the size is compared loosely, the face strictly
+        ratio = self.max_size_ratio**2
+        candidates = [
+            tr
+            for tr in (*self.ended.values(), *idle)
+            if tr.gallery and max(b.h / max(tr.box.h, 1e-6), tr.box.h / max(b.h, 1e-6)) <= ratio
+        ]
+        if not candidates:
+            return None
+        v = describe(i)
+        best: Track | None = None
+        best_d = self.reid_appearance
+        for tr in candidates:
+            d = self._distance(v, tr)
+            if d is not None and d <= best_d:
+                best, best_d = tr, d
+        if best is not None and best.id in self.ended:
+            self.tracks[best.id] = self.ended.pop(best.id)
+            best.velocity = (0.0, 0.0)  # its motion while hidden is unknown
+        return best
+
+    def _continue(self, tr: Track, b: FaceBox, t: float, v: NDArray[np.float64] | None) -> None:
+        dt = t - tr.last_seen
+        if dt > 0 and dt <= self.max_age_s:
+            (ox, oy), (nx, ny) = tr.box.center, b.center
+            vx, vy = (nx - ox) / dt, (ny - oy) / dt
+            # the first step sets it; then an average that follows a turn in a few frames
+            a = 1.0 if tr.hits == 1 else 0.5
+            tr.velocity = (a * vx + (1 - a) * tr.velocity[0], a * vy + (1 - a) * tr.velocity[1])
+        if v is not None:
+            if tr.gallery and tr.gallery[0].shape != v.shape:
+                tr.gallery.clear()
+            tr.gallery.append(v)
+            tr.described_at = t
+        tr.box = b
+        tr.last_seen = t
+        tr.hits += 1
+
     def _new(self, box: FaceBox, t: float) -> Track:
-        tr = Track(id=f"{self.id_prefix}-{secrets.token_hex(10)}", box=box, first_seen=t, last_seen=t)
+        # hits 0: _continue counts its first face
+        tr = Track(id=f"{self.id_prefix}-{secrets.token_hex(10)}", box=box, first_seen=t, last_seen=t, hits=0)
         self.tracks[tr.id] = tr
         return tr
+
+
+def _groups(cost: dict[tuple[int, int], float]) -> list[tuple[set[int], set[int]]]:
+    """The possible pairs' connected groups: (detections, tracks) that share no pair with another group."""
+    parent: dict[tuple[str, int], tuple[str, int]] = {}
+
+    def find(x: tuple[str, int]) -> tuple[str, int]:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for i, j in cost:
+        parent[find(("d", i))] = find(("t", j))
+    members: dict[tuple[str, int], tuple[set[int], set[int]]] = {}
+    for i, j in cost:
+        dets, trs = members.setdefault(find(("d", i)), (set(), set()))
+        dets.add(i)
+        trs.add(j)
+    return list(members.values())
+
+
+def _solve(cost: dict[tuple[int, int], float]) -> dict[int, int]:
+    """detection -> track: the most pairs, then the least total cost (exact for a group of up to 8 detections)."""
+    dets = sorted({i for i, _ in cost})
+    options = {i: sorted((c, j) for (k, j), c in cost.items() if k == i) for i in dets}
+    if len(dets) > 8:  # a crowd this dense is rare: best pairs first
+        out: dict[int, int] = {}
+        used: set[int] = set()
+        for _c, i, j in sorted((c, i, j) for (i, j), c in cost.items()):
+            if i not in out and j not in used:
+                out[i] = j
+                used.add(j)
+        return out
+    best: tuple[int, float, dict[int, int]] = (0, 0.0, {})
+
+    def search(k: int, used: frozenset[int], n: int, total: float, chosen: dict[int, int]) -> None:
+        nonlocal best
+        if k == len(dets):
+            if n > best[0] or (n == best[0] and total < best[1]):
+                best = (n, total, dict(chosen))
+            return
+        if n + (len(dets) - k) < best[0]:
+            return
+        i = dets[k]
+        for c, j in options[i]:
+            if j not in used:
+                chosen[i] = j
+                search(k + 1, used | {j}, n + 1, total + c, chosen)
+                del chosen[i]
+        search(k + 1, used, n, total, chosen)
+
+    search(0, frozenset(), 0, 0.0, {})
+    return best[2]
+
+
+def _leaving(tr: Track, frame_shape: tuple[int, ...] | None, margin: float = 2.0) -> bool:
+    """Whether the track's last box touches the frame's edge while it moves out through it."""
+    if frame_shape is None:
+        return False
+    h, w = frame_shape[0], frame_shape[1]
+    b, (vx, vy) = tr.box, tr.velocity
+    return (
+        (b.x <= margin and vx < 0)
+        or (b.y <= margin and vy < 0)
+        or (b.x + b.w >= w - margin and vx > 0)
+        or (b.y + b.h >= h - margin and vy > 0)
+    )
 
 
 def _at_edge(box: FaceBox, frame_shape: tuple[int, ...] | None, margin: float = 2.0) -> bool:

@@ -66,7 +66,7 @@ def scenes(quick: bool, data_home: str | None = None) -> list[Path]:
         for seed in seeds:
             spec = SceneSpec(setting=setting, seconds=seconds, seed=seed)
             key = hashlib.sha256(
-                json.dumps([repr(spec), [p.photos for p in people], "v2"], sort_keys=True).encode()
+                json.dumps([repr(spec), [p.photos for p in people], "v3"], sort_keys=True).encode()
             ).hexdigest()[:16]
             folder = _cache_root() / key
             name = f"{setting}-{seed}"

@@ -57,12 +57,15 @@ def evaluate(
     scenes: Sequence[str | Path],
     *,
     make_tracker: Callable[[], Any] | None = None,
+    encoder: Any = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``detector`` on every frame of each scene (``<scene>.mp4`` beside ``<scene>.gt.jsonl``).
 
     With ``make_tracker`` (a fresh tracker per scene, e.g. the edge's ``Tracker``) the detections are also
-    tracked and judged against the passes (:class:`peep.server.scenes.tracks.TrackJudge`): ``tracks``.
+    tracked and judged against the passes (:class:`peep.server.scenes.tracks.TrackJudge`): ``tracks``. With
+    ``encoder`` (the edge's descriptor encoder, ``encode(image, box)``) the tracker may compare faces, as a
+    device with a descriptor bundle does; ``tracks`` then also has the descriptors computed per detection.
 
     Returns
     -------
@@ -78,12 +81,13 @@ def evaluate(
     hits = {bin_label(*b): [0, 0] for b in ((0.0, 30.0), *HEIGHT_BINS)}
     false = frames = 0
     cpu: list[float] = []
-    total = 0
+    total = detections = described = 0
     truths = [read_ground_truth(Path(s).with_suffix(".gt.jsonl")) for s in scenes]
     n_all = sum(len(t) for t in truths)
     for scene, truth in zip(scenes, truths, strict=True):
         cap = cv2.VideoCapture(str(Path(scene).with_suffix(".mp4")))
         tracker = None
+        described_before = 0
         if judge is not None and make_tracker is not None:
             tracker = make_tracker()
             judge.start(Path(scene).name)
@@ -95,10 +99,21 @@ def evaluate(
                 t0 = time.process_time()
                 boxes = detector.detect(image)
                 cpu.append(time.process_time() - t0)
+                detections += len(boxes)
                 taken, n_false = match_frame(record["faces"], boxes)
                 if tracker is not None and judge is not None:
-                    tracks = tracker.update(boxes, float(record["t"]), image.shape)
-                    judge.feed(record["faces"], taken, [t.id for t in tracks])
+                    if encoder is None:
+                        tracks = tracker.update(boxes, float(record["t"]), image.shape)
+                    else:
+
+                        def appearance(i: int, image: Any = image, boxes: Any = boxes) -> Any:
+                            return encoder.encode(image, boxes[i])
+
+                        tracks = tracker.update(boxes, float(record["t"]), image.shape, appearance=appearance)
+                    clear = [bool(getattr(t, "clear_view", True)) for t in tracks]
+                    judge.feed(record["faces"], taken, [t.id for t in tracks], clear)
+                    described += int(getattr(tracker, "described", 0)) - described_before
+                    described_before = int(getattr(tracker, "described", 0))
                 false += n_false
                 frames += 1
                 for face, hit in zip(record["faces"], taken, strict=True):
@@ -116,6 +131,11 @@ def evaluate(
         finally:
             cap.release()
     ms = np.asarray(cpu) * 1000.0
+    described_per_detection = (
+        {}
+        if encoder is None
+        else {"descriptors": described, "descriptors_per_detection": described / max(1, detections)}
+    )
     upper = [hits[bin_label(*b)] for b in HEIGHT_BINS[1:]]
     found_45, faces_45 = sum(c[0] for c in upper), sum(c[1] for c in upper)
     return {
@@ -128,5 +148,5 @@ def evaluate(
         "cpu_ms_per_frame": float(ms.mean()) if ms.size else None,
         "cpu_ms_per_frame_p95": float(np.percentile(ms, 95)) if ms.size else None,
         "frames_per_cpu_second": float(1000.0 / ms.mean()) if ms.size and ms.mean() > 0 else None,
-        **({} if judge is None else {"tracks": judge.summary()}),
+        **({} if judge is None else {"tracks": {**judge.summary(), **described_per_detection}}),
     }

@@ -274,7 +274,8 @@ def _plan(spec: SceneSpec, people: Sequence[ScenePerson], rng: np.random.Generat
                     role=person.role,
                     photo=str(person.photos[int(rng.integers(len(person.photos)))]),
                     first_frame=frame,
-                    last_frame=min(n - 1, frame + frames),
+                    # may lie past the video's end: a pass still under way then is cut off, not hurried
+                    last_frame=frame + frames,
                     x=(float(x0), float(x1)),
                     face_h=(h0, float(h1)),
                     yaw=(float(yaw0), float(yaw0 + rng.uniform(-25, 25))),
