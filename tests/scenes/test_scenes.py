@@ -141,10 +141,19 @@ def test_the_edge_tracker_never_puts_two_people_in_one_track(scene) -> None:
     from peep.server.scenes.tracks import evaluate_tracks
 
     pytest.importorskip("dlib", reason="dlib-bin is the edge's [dlib] extra; CI installs it")
+    from peep.edge.embedding import make_encoder
+
     base, _ = scene
-    result = evaluate_tracks(DlibHogFaceDetector(upsample=0), [base], Tracker)
-    assert result["passes_seen"] >= 2
-    assert result["mixed_tracks"] == 0 and result["mixed_faces"] == 0, result["per_scene"]
+    detector = DlibHogFaceDetector(upsample=0)
+    by_position = evaluate_tracks(detector, [base], Tracker)
+    assert by_position["passes_seen"] >= 2
+    assert by_position["mixed_tracks"] == 0 and by_position["mixed_faces"] == 0, by_position["per_scene"]
+    # as a device with a descriptor bundle tracks: the faces compared where positions are unsure
+    by_face = evaluate_tracks(detector, [base], Tracker, encoder=make_encoder())
+    assert by_face["mixed_tracks"] == 0 and by_face["mixed_released_tracks"] == 0, by_face["per_scene"]
+    # described where needed, not at every detection
+    assert 0 < by_face["descriptors_per_detection"] < 0.8, by_face["descriptors_per_detection"]
+    assert by_face["passes_seen"] == by_position["passes_seen"]
 
 
 def test_switches_fragments_and_mixed_tracks_are_counted_from_the_ground_truth(scene) -> None:

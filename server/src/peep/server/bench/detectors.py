@@ -32,6 +32,29 @@ DETECTORS: dict[str, dict[str, Any]] = {
     "yunet, full frame, score >= 0.9": {"kind": "yunet", "model_path": None, "score_threshold": 0.9},
 }  # fmt: skip
 SETTINGS = ("room", "entrance", "street")
+#: The detector whose boxes are also tracked as a device with a descriptor bundle tracks (the default's).
+TRACKED_WITH_FACES = "yunet, full frame, score >= 0.7"
+
+
+def _tracks_with_faces(detector: Any, paths: list[Path], name: str) -> dict[str, Any]:
+    """The default detector's boxes tracked with faces compared where positions are unsure (dlib's descriptor)."""
+    from peep.edge.embedding import make_encoder
+    from peep.edge.tracking import Tracker
+    from peep.server.scenes.tracks import evaluate_tracks
+
+    try:
+        encoder = make_encoder()
+    except Exception as exc:  # the descriptor is the edge's [dlib] extra
+        return {"skipped": f"no descriptor encoder: {type(exc).__name__}: {exc}"}
+    print(f"peep bench: detectors: {name}, tracked with faces", file=sys.stderr, flush=True)
+    tracks = evaluate_tracks(detector, paths, Tracker, encoder=encoder)
+    line = (
+        f"  {tracks['passes_seen']} passes, {tracks['identity_switches']} switches, {tracks['mixed_tracks']} mixed "
+        f"tracks, {tracks['mixed_released_tracks']} mixed in what is released; "
+        f"{tracks['descriptors_per_detection']:.2f} descriptors per detection"
+    )
+    print(line, file=sys.stderr, flush=True)
+    return {"detector": name, **tracks}
 
 
 def _cache_root() -> Path:
@@ -98,7 +121,8 @@ def run(quick: bool = False) -> dict[str, Any]:
         "scenes": [str(p) for p in paths],
         "setup": "640x480, 15 fps, H.264 1 Mbit/s, rooms, entrances and streets, up to 3 people at once; recall "
         "over faces at least half visible; one thread; decoding excluded; each detector's boxes tracked by the "
-        "edge's Tracker with its default settings (tracks)",
+        "edge's Tracker with its default settings, by position (tracks) and, for the default detector, with faces "
+        "compared as a device with a descriptor bundle does (tracks_with_faces)",
         "bins_px": [list(b) for b in HEIGHT_BINS],
         "detectors": {},
     }
@@ -120,6 +144,8 @@ def run(quick: bool = False) -> dict[str, Any]:
             result["detectors"][name] = {"settings": cfg, "error": f"{type(exc).__name__}: {exc}"}
             continue
         result["detectors"][name] = {"settings": cfg, **measured}
+        if name == TRACKED_WITH_FACES:
+            result["tracks_with_faces"] = _tracks_with_faces(detector, paths, name)
         recall = ", ".join(f"{k} {'–' if v is None else f'{v:.2f}'}" for k, v in measured["recall"].items())
         tr = measured["tracks"]
         print(f"  recall {recall}; false {measured['false_per_1000_frames']:.1f}/1000 frames; "
