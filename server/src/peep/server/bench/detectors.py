@@ -2,8 +2,9 @@
 
 Scenes (:mod:`peep.server.scenes.render`): a room, an entrance and a street at 640x480 and 15 frames/s,
 up to 3 people at once with faces 30-160 px, H.264 at 1 Mbit/s; two seeds each (one with ``--quick``),
-20 s each (8 s with ``--quick``). They are rendered once into the cache (``PEEP_CACHE_DIR``, keyed by
-their parameters) and reused. Every detector sees the same frames; the figures are
+20 s each (8 s with ``--quick``); ``$PEEP_BENCH_SCENE_SEEDS`` picks other seeds (held-out scenes). They
+are rendered once into the cache (``PEEP_CACHE_DIR``, keyed by their parameters) and reused. Every
+detector sees the same frames; the figures are
 :func:`peep.server.scenes.detectors.evaluate`'s. YuNet is measured when its file is found
 (``$PEEP_YUNET_MODEL``, or ``peep-edge models fetch yunet``'s folder), else recorded as skipped.
 """
@@ -77,11 +78,26 @@ def _people(data_home: str | None, n: int, seed: int) -> list[Any]:
     return lfw_people(data_home, [names[int(i)] for i in pick], role="public", max_photos=5)
 
 
+def scene_seeds(quick: bool) -> tuple[int, ...]:
+    """0 and 1 (0 with ``--quick``), or ``$PEEP_BENCH_SCENE_SEEDS`` (comma-separated): other seeds give
+    held-out scenes of the same settings, to check a change measured on the usual ones."""
+    raw = os.environ.get("PEEP_BENCH_SCENE_SEEDS", "").strip()
+    if not raw:
+        return (0,) if quick else (0, 1)
+    try:
+        seeds = tuple(int(x) for x in raw.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"PEEP_BENCH_SCENE_SEEDS: expected comma-separated integers, received {raw!r}") from None
+    if not seeds or any(x < 0 for x in seeds):
+        raise ValueError(f"PEEP_BENCH_SCENE_SEEDS: expected comma-separated integers >= 0, received {raw!r}")
+    return seeds
+
+
 def scenes(quick: bool, data_home: str | None = None) -> list[Path]:
     """The bench's scenes, rendered into the cache unless already there; their paths without suffix."""
     from peep.server.scenes.render import SceneSpec, render_scene
 
-    seeds = (0,) if quick else (0, 1)
+    seeds = scene_seeds(quick)
     seconds = 8.0 if quick else 20.0
     people = _people(data_home, 16, 11)
     out: list[Path] = []
@@ -119,6 +135,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     paths = scenes(quick)
     result: dict[str, Any] = {
         "scenes": [str(p) for p in paths],
+        "scene_seeds": list(scene_seeds(quick)),
         "setup": "640x480, 15 fps, H.264 1 Mbit/s, rooms, entrances and streets, up to 3 people at once; recall "
         "over faces at least half visible; one thread; decoding excluded; each detector's boxes tracked by the "
         "edge's Tracker with its default settings, by position (tracks) and, for the default detector, with faces "
