@@ -189,3 +189,19 @@ def test_switches_fragments_and_mixed_tracks_are_counted_from_the_ground_truth(s
     two_at_once = any(len(r["faces"]) >= 2 for r in truth)
     assert two_at_once, "the scene has no frame with two people"
     assert bad["mixed_tracks"] >= 1 and bad["mixed_faces"] >= 1
+
+
+def test_each_once_walks_every_person_through_once_in_order(data_home: str, tmp_path: Path) -> None:
+    """A demo camera's people: each once, with their first photo, the scene as long as it takes."""
+    people = lfw_people(data_home, PEOPLE, role="stranger", max_photos=2)
+    spec = SceneSpec(seconds=1.0, fps=10.0, max_people=2, face_px=(60, 100), seed=5)
+    description = render_scene(spec, people, tmp_path, name="q", each_once=True)
+    passes = description["passes"]
+    assert [p["name"] for p in passes] == [q.name for q in people]
+    assert [p["photo"] for p in passes] == [Path(q.photos[0]).name for q in people]
+    truth = read_ground_truth(tmp_path / "q.gt.jsonl")
+    # longer than spec.seconds, and the video, its ground truth and the description agree
+    assert description["frames"] == len(truth) == max(p["last_frame"] for p in passes) + 1 > spec.n_frames
+    cap = cv2.VideoCapture(str(tmp_path / "q.mp4"))
+    assert int(cap.get(cv2.CAP_PROP_FRAME_COUNT)) == len(truth)
+    cap.release()

@@ -64,6 +64,9 @@ def register(sub: Any) -> None:
     p.add_argument("--epsilon-label", type=float, default=d.epsilon_label,
                    help=f"with --decide device: ε of a camera's released label, k-ary randomized response "
                    f"(default {d.epsilon_label:g} per appearance)")  # fmt: skip
+    p.add_argument("--fuse-frames", type=int, default=d.fuse_frames, metavar="N",
+                   help=f"with --decide device: frames of a track a camera averages before it decides (no ε; "
+                   f"default {d.fuse_frames})")  # fmt: skip
     p.add_argument("--calibration-people", type=int, default=d.calibration_people, metavar="N",
                    help=f"with --decide device: public one-image people (LFW's singles, when present beside LFW) "
                    f"whose clean projections set the devices' thresholds (default {d.calibration_people}: a "
@@ -89,6 +92,11 @@ def register(sub: Any) -> None:
     p.add_argument("--no-door", action="store_true",
                    help="skip the door (by default every held-out photo is shown at a door twice, with the "
                    "person's own badge and another subject's, and a mock GPIO lock is driven)")  # fmt: skip
+    p.add_argument("--scenes", action="store_true",
+                   help="the cameras watch rendered scenes: the same people walking through a room, an entrance "
+                   "and a street, several at once, faces 30-160 px, H.264; judged per pass and face height "
+                   "against the scenes' ground truth, with annotated frames in the report (needs PyAV; YuNet "
+                   "where its file is, else dlib's HOG)")  # fmt: skip
     p.add_argument("--qbbs-epsilon", type=float, default=1.0, help="ε of each QBBS query answer (default 1)")
     p.add_argument("--mqtt", choices=["auto", "on", "off"], default="auto",
                    help="one camera over MQTT when a broker answers on 127.0.0.1:1883 (default auto)")  # fmt: skip
@@ -108,7 +116,15 @@ def handle(args: argparse.Namespace) -> int:
     require_edge("peep demo")
     from peep.server.demo import Demo, DemoOptions, summary_lines
 
-    for name in ("subjects", "enrol_images", "probe_images", "cameras", "components", "calibration_people"):
+    for name in (
+        "subjects",
+        "enrol_images",
+        "probe_images",
+        "cameras",
+        "components",
+        "calibration_people",
+        "fuse_frames",
+    ):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')}: expected >= 1, received {getattr(args, name)}")
     if args.strangers < 0:
@@ -141,6 +157,7 @@ def handle(args: argparse.Namespace) -> int:
         components=args.components,
         decide=args.decide,
         epsilon_label=args.epsilon_label,
+        fuse_frames=args.fuse_frames,
         calibration_people=args.calibration_people,
         mirror=args.mirror,
         preset=args.preset,
@@ -149,6 +166,7 @@ def handle(args: argparse.Namespace) -> int:
         public_max_faces=args.public_max_faces,
         soft=not args.no_soft,
         door=not args.no_door,
+        scenes=args.scenes,
         site_key=not args.no_site_key,
         qbbs_epsilon=args.qbbs_epsilon,
         mqtt=args.mqtt,

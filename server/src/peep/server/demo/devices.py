@@ -66,7 +66,8 @@ def _device_main(job: DeviceJob, out: Any) -> None:
         if job.kind == "camera":
 
             def on_release(rel: Any, frame: Any) -> None:
-                out.put(("release", job.device_id, (rel.message_id, frame.index, rel.track_id, rel.payload)))
+                box = [rel.box.x, rel.box.y, rel.box.w, rel.box.h] if rel.box is not None else None
+                out.put(("release", job.device_id, (rel.message_id, frame.index, rel.track_id, rel.payload, box)))
 
             agent = Agent(EdgeConfig.model_validate(job.work["config"]), environ=job.environ, on_release=on_release)
             agent.run(source=VideoSource(job.work["video"], kind="file"))

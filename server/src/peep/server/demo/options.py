@@ -50,6 +50,10 @@ class DemoOptions:
     mqtt: str = "auto"  # auto | on | off
     seed: int = 0
     fps: float = 15.0
+    # The cameras watch rendered scenes (peep.server.scenes): their people walking through a room, an
+    # entrance or a street, several at once, faces 30-160 px, judged per pass against the scene's ground
+    # truth; off: composed videos, one portrait at a time crossing a grey frame.
+    scenes: bool = False
     visible_frames: int = 20
     # Longer than the tracker's max_age_s (1 s at 15 fps): the next person starts a new track.
     gap_frames: int = 20
@@ -71,6 +75,9 @@ class DemoOptions:
     # device's clean projection and releases only a label (k-RR at epsilon_label); "server" releases templates.
     decide: str = "device"
     epsilon_label: float = 8.0
+    # A camera deciding on the device averages this many frames' clean projections of a track before its
+    # decision (no ε: nothing leaves; the track's first decision waits for them).
+    fuse_frames: int = 3
     # Public people whose clean projections set the devices' thresholds: LFW's one-image people (lfw_singles,
     # beside the LFW copy), calibration_people of them chosen by the seed. A threshold that lets a share t of
     # n public people through lets about (floor(t n) + 1) / (n + 1) of new people through: 1,000 resolve the

@@ -191,10 +191,18 @@ class Demo:
             model = step("training on perturbed templates", lambda: train(ctx, server), say)
             traits = step("enrolling soft traits (QBBS)",
                           lambda: enrol_soft_traits(ctx, server, scenario, self.trait_range), say)  # fmt: skip
-            videos = step("composing camera videos", lambda: compose_videos(ctx, scenario), say)
+            videos = step("rendering the cameras' scenes" if o.scenes else "composing camera videos",
+                          lambda: compose_videos(ctx, scenario), say)  # fmt: skip
             cameras = step(f"running {len(videos.cameras)} edge agents over their videos",
                            lambda: run_cameras(ctx, edge, self._events, videos.cameras), say)  # fmt: skip
             self.releases = cameras.releases
+            judged = None
+            if o.scenes:
+                from peep.server.demo.steps.scenes import detector_settings, scene_summary
+
+                judged = step("judging each pass against its scene's ground truth, and the detector's recall",
+                              lambda: scene_summary(ctx, videos.cameras, cameras.releases, self.events,
+                                                    detector_settings(o.data_home)), say)  # fmt: skip
             verification = step(
                 "verifying claims: face alone and fused with soft traits"
                 + (" (skipped: no camera template reaches the server)" if o.decide == "device" else ""),
@@ -211,7 +219,7 @@ class Demo:
                 ctx, scenario=scenario, fitted=fitted, keys=keys, model=model, scripts=videos.cameras,
                 releases=cameras.releases, events=self.events, edge=cameras.edge, verification=verification,
                 kept=kept_in_store(server.app, cameras.releases), steps_s=self.timer.steps,
-                steps_cpu_s=self.timer.cpu, wall_s=time.perf_counter() - t_start,
+                steps_cpu_s=self.timer.cpu, wall_s=time.perf_counter() - t_start, scene_judgement=judged,
             )  # fmt: skip
             if door is not None:
                 summary["door"] = door

@@ -35,6 +35,9 @@ class CameraScript:
     video: Path
     n_frames: int
     appearances: list[Appearance] = field(default_factory=list)
+    #: A rendered scene (``<scene>.gt.jsonl`` beside the video): several people at once, whose faces the
+    #: ground truth places; None for a composed video (one person at a time, :meth:`who`).
+    scene: Path | None = None
 
     def who(self, frame_index: int) -> Appearance | None:
         for a in self.appearances:

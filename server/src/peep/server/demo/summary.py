@@ -187,6 +187,30 @@ def _verification_lines(ver: dict[str, Any], every: dict[str, Any], pct: Any) ->
     ]
 
 
+def _scene_lines(sc: dict[str, Any] | None, pct: Any) -> list[str]:
+    """The cameras on scenes (``--scenes``): detection recall and passes judged, per face-height bin."""
+    if not sc:
+        return []
+    det = sc["detection"]
+    recall = ", ".join(f"{k} px {pct(v)}" for k, v in det["recall"].items() if det["faces"].get(k))
+    up = sc[next(k for k in sc if k.startswith("face_") and k.endswith("_px_up"))]
+    bins = "; ".join(
+        f"{k} px: {c['identified']}/{c['enrolled_passes']} identified, {c['strangers_named']}/{c['stranger_passes']} "
+        "strangers named"
+        for k, c in sc["per_bin"].items()
+        if c["enrolled_passes"] or c["stranger_passes"]
+    )
+    return [
+        f"  scenes              {sc['passes']} passes ({sc['never_half_visible']} never half visible), "
+        f"{det['frames']} frames; detector {sc['detector']['kind']}: recall {recall}, "
+        f"{det['false_per_1000_frames']:.1f} false per 1,000 frames",
+        f"  passes, face >= {sc['target']['face_px']:g} px  identified {pct(up['identified_rate'])} of "
+        f"{up['enrolled_passes']} enrolled (not decided {up['enrolled_not_decided']}, misnamed "
+        f"{up['enrolled_misnamed']}); strangers named {pct(up['strangers_named_rate'])} of {up['stranger_passes']}",
+        f"  passes by face      {bins}",
+    ]
+
+
 def summary_lines(s: dict[str, Any]) -> list[str]:
     """The human summary printed at the end."""
     p, ident, ver, edge = s["privacy"], s["identification"], s["verification"], s["edge"]
@@ -233,6 +257,7 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
         "captures of never-enrolled people",
         f"  as FRVT judges 1:N  FNIR {pct(ident.get('fnir'))}, FPIR {pct(ident.get('fpir'))}"
         + "".join(f"; {d} {pct(c['fnir'])} / {pct(c['fpir'])}" for d, c in ident.get("per_camera", {}).items()),
+        *_scene_lines(s.get("scenes"), pct),
         *_verification_lines(ver, every, pct),
         *_door_lines(s.get("door")),
         f"  ε spent per device  (per vector) {eps_dev}",

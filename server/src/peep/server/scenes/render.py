@@ -236,17 +236,24 @@ def _place(spec: SceneSpec, p: Pass, t: float, horizon: int) -> tuple[float, flo
     return float(x), float(y), float(fh), float(yaw)
 
 
-def _plan(spec: SceneSpec, people: Sequence[ScenePerson], rng: np.random.Generator) -> list[Pass]:
-    """Passes through the scene: people enter while fewer than ``max_people`` are in view."""
+def _plan(
+    spec: SceneSpec, people: Sequence[ScenePerson], rng: np.random.Generator, *, each_once: bool = False
+) -> list[Pass]:
+    """Passes through the scene: people enter while fewer than ``max_people`` are in view.
+
+    ``each_once``: each of ``people`` walks through once, in order, with their first photo, however long that
+    takes (``spec.seconds`` is then ignored); otherwise people are drawn at random until ``spec.seconds``.
+    """
     lo, hi = spec.face_px
     passes: list[Pass] = []
     active_until: list[int] = []
     frame, track = 0, 1
     n = spec.n_frames
-    while frame < n:
+    queue = list(people)
+    while (frame < n) if not each_once else bool(queue):
         active_until = [e for e in active_until if e > frame]
         if len(active_until) < spec.max_people and rng.random() < 0.5:
-            person = people[int(rng.integers(len(people)))]
+            person = queue.pop(0) if each_once else people[int(rng.integers(len(people)))]
             kind = rng.choice(["cross", "approach", "leave"], p=[0.5, 0.3, 0.2])
             h0 = float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
             if kind == "cross":
@@ -272,7 +279,7 @@ def _plan(spec: SceneSpec, people: Sequence[ScenePerson], rng: np.random.Generat
                     track=track,
                     name=person.name,
                     role=person.role,
-                    photo=str(person.photos[int(rng.integers(len(person.photos)))]),
+                    photo=str(person.photos[0] if each_once else person.photos[int(rng.integers(len(person.photos)))]),
                     first_frame=frame,
                     # may lie past the video's end: a pass still under way then is cut off, not hurried
                     last_frame=frame + frames,
@@ -312,6 +319,7 @@ def render_scene(
     out: str | Path,
     name: str = "scene",
     progress: Callable[[int, int], None] | None = None,
+    each_once: bool = False,
 ) -> dict[str, Any]:
     """Render ``spec`` with ``people`` into ``out/<name>.mp4``, ``<name>.gt.jsonl`` and ``<name>.json``.
 
@@ -320,6 +328,9 @@ def render_scene(
     spec : SceneSpec
     people : sequence of ScenePerson
         Who may walk through (each pass picks one, and one of their photos).
+    each_once : bool
+        Each person walks through once, in order, with their first photo; the scene lasts until the last has
+        left (``spec.seconds`` is ignored): a demo camera's people, each dealt to it once.
     out : path
         Folder (created).
     progress : callable, optional
@@ -336,7 +347,8 @@ def render_scene(
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     background, fixtures, horizon = _background(spec, rng)
-    passes = _plan(spec, people, rng)
+    passes = _plan(spec, people, rng, each_once=each_once)
+    n_frames = spec.n_frames if not each_once else max(p.last_frame for p in passes) + 1
     sprites: dict[int, tuple[NDArray[np.float32], NDArray[np.float32]]] = {}
     for p in passes:
         photo = cv2.imread(p.photo, cv2.IMREAD_COLOR)
@@ -345,7 +357,7 @@ def render_scene(
         sprites[p.track] = _sprite(photo, rng)
         p.depth_order = float(rng.random())
     cast = rng.uniform(0.9, 1.1, 3).astype(np.float32)
-    switch_at = int(rng.integers(spec.n_frames // 4, max(spec.n_frames // 4 + 1, 3 * spec.n_frames // 4)))
+    switch_at = int(rng.integers(n_frames // 4, max(n_frames // 4 + 1, 3 * n_frames // 4)))
     switch_gain = float(rng.uniform(0.6, 0.85))
     container, stream = _encoder(folder / f"{name}.mp4", spec)
     gt_lines: list[str] = []
@@ -355,7 +367,7 @@ def render_scene(
     try:
         import av
 
-        for f in range(spec.n_frames):
+        for f in range(n_frames):
             frame = background.copy()
             in_view = [p for p in passes if p.first_frame <= f <= p.last_frame]
             placed = []
@@ -405,7 +417,7 @@ def render_scene(
                 container.mux(packet)
             gt_lines.append(json.dumps({"frame": f, "t": round(f / spec.fps, 4), "faces": records}))
             if progress is not None:
-                progress(f + 1, spec.n_frames)
+                progress(f + 1, n_frames)
         for packet in stream.encode():
             container.mux(packet)
     finally:
@@ -413,6 +425,7 @@ def render_scene(
     (folder / f"{name}.gt.jsonl").write_text("\n".join(gt_lines) + "\n")
     description = {
         "spec": asdict(spec),
+        "frames": n_frames,
         "video": f"{name}.mp4",
         "ground_truth": f"{name}.gt.jsonl",
         "face_box": "scikit-learn's LFW face crop (rows 70-195, columns 78-172 of the funneled photo), scaled, "

@@ -61,10 +61,15 @@ def compose_videos(ctx: RunContext, scenario: Scenario) -> Videos:
     if o.door:
         door = door_script(scenario, vdir, device_id=DOOR, visible_frames=o.door_visible_frames,
                            gap_frames=o.door_gap_frames, seed=o.seed)  # fmt: skip
-    videos = scripts + ([door] if door else [])
+    if o.scenes:
+        from peep.server.demo.steps.scenes import compose_scene_videos
+
+        # the same people dealt to the same cameras, walking through a scene each instead of one by one
+        scripts = compose_scene_videos(ctx, scripts)
+    videos = ([] if o.scenes else scripts) + ([door] if door else [])
     # One video per thread: OpenCV's encoder and numpy's blending release the GIL.
     with Progress("    videos composed", len(videos), heartbeat=HEARTBEAT_S) as bar, \
-            ThreadPoolExecutor(max_workers=min(len(videos), os.cpu_count() or 1)) as pool:  # fmt: skip
+            ThreadPoolExecutor(max_workers=max(1, min(len(videos), os.cpu_count() or 1))) as pool:  # fmt: skip
         bar.update(0)
         # At the door a person stands (and sways a little) rather than walking past.
         jobs = [pool.submit(compose_camera_video, s, fps=o.fps, seed=o.seed,
@@ -85,8 +90,10 @@ def run_cameras(
     are in ``edge.events_missing``.
     """
     from peep.server.demo.devices import run_devices
+    from peep.server.demo.steps.scenes import SceneTruth
 
     by_device = {s.device_id: s for s in scripts}
+    truths = {s.device_id: SceneTruth(s.scene) for s in scripts if s.scene is not None}
     jobs = []
     for s in scripts:
         cfg = edge(s.device_id, s.transport, str(s.video), soft=ctx.opts.soft)
@@ -99,16 +106,28 @@ def run_cameras(
         bar.update(0)
 
         def on_release(_kind: str, device: str, value: Any) -> None:
-            message_id, frame, track, payload = value
-            who = by_device[device].who(frame)
+            message_id, frame, track, payload, box = value
+            truth = truths.get(device)
+            if truth is not None:
+                # a scene: the released box is whoever's face it shows (several people are in view)
+                face = truth.face(frame, box) if box is not None else None
+                person = face["identity"] if face else None
+                enrolled = face["role"] == "enrolled" if face else None
+                extra = {"box": box, "pass": face["track"] if face else None,
+                         "face_px": face["height_px"] if face else None}  # fmt: skip
+            else:
+                who = by_device[device].who(frame)
+                person, enrolled = (who.person, who.enrolled) if who else (None, None)
+                extra = {"box": box}
             releases[message_id] = {
                 "device": device,
                 "transport": by_device[device].transport,
                 "frame": frame,
                 "track": track,
-                "person": who.person if who else None,
-                "enrolled": who.enrolled if who else None,
+                "person": person,
+                "enrolled": enrolled,
                 "payload": payload,
+                **extra,
             }
             bar.update(len(releases))
 

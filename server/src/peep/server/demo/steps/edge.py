@@ -37,6 +37,13 @@ class EdgeConfigs:
     server_port: int
     ca_file: Path
 
+    @property
+    def scene_detector(self) -> dict[str, Any]:
+        """The cameras' ``[detector]`` on scenes (``--scenes``): YuNet where its file is, else HOG."""
+        from peep.server.demo.steps.scenes import detector_settings
+
+        return detector_settings(self.ctx.opts.data_home)
+
     def __call__(self, device_id: str, transport: str, source: str, *, soft: bool) -> Any:
         """The configuration of ``device_id`` releasing over ``transport`` (``grpc`` or ``mqtt``) from ``source``."""
         from peep.edge.config import EdgeConfig
@@ -67,6 +74,7 @@ class EdgeConfigs:
                 },
                 "soft": {"enabled": soft, "age_epsilon": 1.0, "gender_epsilon": 1.0},
                 "capture": {"source": source, "max_fps": 0.0, "reconnect_attempts": 1},
+                **({"detector": self.scene_detector} if o.scenes and not desk else {}),
                 # The devices' descriptor network on the lab's back end (PEEP_DESCRIPTOR_BACKEND, onnxruntime
                 # by default), so a run with dlib's own compares the two end to end.
                 "descriptor": {"backend": descriptor_backend()},
@@ -82,7 +90,13 @@ class EdgeConfigs:
                 "metrics": {"port": 0},
                 "log": {"level": "warning", "format": "text"},
                 **(
-                    {"recognition": {"decide": "device", "epsilon_label": o.epsilon_label}}
+                    {
+                        "recognition": {
+                            "decide": "device",
+                            "epsilon_label": o.epsilon_label,
+                            "fuse_frames": o.fuse_frames,
+                        }
+                    }
                     if o.decide == "device" and not desk
                     else {}
                 ),

@@ -93,14 +93,17 @@ def summarise(
     steps_s: dict[str, float],
     steps_cpu_s: dict[str, float],
     wall_s: float,
+    scene_judgement: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The run's summary from what its steps returned.
 
     ``steps_s`` and ``steps_cpu_s`` are the step timer's own dicts: a step timed after this call (the
-    console's) still shows in them.
+    console's) still shows in them. ``scene_judgement``: the cameras' passes judged on their scenes
+    (``--scenes``, :func:`peep.server.demo.steps.scenes.scene_summary`).
     """
     o, bundle = ctx.opts, fitted.bundle
     ident = identification(ctx, releases, events, scripts)
+    scenes = {"scenes": scene_judgement} if scene_judgement is not None else {}
     g = TemplateReleaser(bundle, kind=o.mechanism, epsilon=o.epsilon, delta=o.delta).mechanism.guarantee
     return {
         "data": {
@@ -144,6 +147,7 @@ def summarise(
         },
         "model": model,
         "identification": ident,
+        **scenes,
         "verification": {k: v for k, v in verification.items() if k != "rows"},
         "kept_templates": kept["templates"],
         "kept": kept,
