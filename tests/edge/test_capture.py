@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 
@@ -147,3 +148,123 @@ def test_loop_is_refused_for_what_has_no_end(tmp_path):
     with pytest.raises(ValueError, match="capture.loop: expected a video file"):
         CaptureConfig(source="rtsp://cam/1", loop=True)
     assert CaptureConfig(source="/videos/lobby.mp4", loop=True).loop
+
+
+class FakeStream:
+    """A stream of ``fps`` frames a second of wall time; each frame's pixels hold its number.
+
+    ``frames``: it drops (grab fails) after that many. ``backlog``: the first frames are there at once, as
+    FFmpeg hands over what it buffered while probing a stream it opened.
+    """
+
+    def __init__(self, fps: float = 50.0, frames: int | None = None, backlog: int = 0) -> None:
+        self.fps, self.frames, self.backlog = fps, frames, backlog
+        self.n, self.opened, self.t0 = 0, True, time.monotonic()
+
+    def isOpened(self):
+        return self.opened
+
+    def get(self, prop):
+        if prop == cv2.CAP_PROP_FPS:
+            return self.fps
+        return (self.n - 1) / self.fps * 1000.0 if prop == cv2.CAP_PROP_POS_MSEC else 0.0
+
+    def grab(self):
+        if not self.opened or (self.frames is not None and self.n >= self.frames):
+            return False
+        delay = self.t0 + (self.n - self.backlog) / self.fps - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        self.n += 1
+        return True
+
+    def retrieve(self):
+        return True, np.full((8, 8, 3), (self.n - 1) % 256, np.uint8)
+
+    def release(self):
+        self.opened = False
+
+
+def test_a_stream_hands_a_slow_reader_the_newest_frame():
+    src = VideoSource("rtsp://cam/1", kind="stream", opener=lambda t: FakeStream(fps=50.0))
+    try:
+        got = []
+        for _ in range(8):
+            f = src.read()
+            got.append((int(f.image[0, 0, 0]), time.time() - f.timestamp))
+            time.sleep(0.06)  # three frames' time
+    finally:
+        src.close()
+    numbers = [n for n, _ in got]
+    assert all(b - a >= 2 for a, b in itertools.pairwise(numbers))  # the frames in between were skipped
+    assert all(age < 0.05 for _, age in got)  # and the one handed over had just arrived
+    assert src.dropped_superseded >= 2 * (len(got) - 1)
+
+
+def test_a_stream_drops_the_backlog_of_its_open():
+    # The open takes 0.6 s (FFmpeg's probe), and the 30 frames that arrived meanwhile come at once after it.
+    def opener(target):
+        time.sleep(0.6)
+        return FakeStream(fps=50.0, backlog=30)
+
+    src = VideoSource("rtsp://cam/1", kind="stream", opener=opener, max_age_s=0.5)
+    try:
+        first = src.read()
+    finally:
+        src.close()
+    # Until a frame is at most half of max_age_s old by the stream's clock: 0.6 s - n/50 <= 0.25.
+    assert int(first.image[0, 0, 0]) >= 17
+    assert src.dropped_stale >= 17
+
+
+def test_a_dropped_stream_reconnects_counted_and_logged(caplog):
+    plan = [FakeStream(frames=3), FakeStream()]
+    reconnects = []
+    caplog.set_level(logging.INFO, logger="peep.edge.capture")
+    src = VideoSource(
+        "rtsp://cam/1",
+        kind="stream",
+        opener=lambda t: plan.pop(0),
+        on_reconnect=lambda: reconnects.append(1),
+    )
+    try:
+        got = [src.read() for _ in range(6)]
+    finally:
+        src.close()
+    assert all(f is not None for f in got)
+    assert len(reconnects) == 1  # re-opened at the first attempt: the outage still counts
+    events = [r.getMessage() for r in caplog.records]
+    assert "capture_dropped" in events and "capture_reconnected" in events
+
+
+def test_a_stream_that_stays_away_raises_in_read_and_stop_ends_the_wait():
+    plan = [FakeStream(frames=2)]
+    src = VideoSource(
+        "rtsp://cam/1",
+        kind="stream",
+        opener=lambda t: plan.pop(0) if plan else FakeCapture(0, False),
+        reconnect_attempts=2,
+        sleep=lambda s: None,
+    )
+    with pytest.raises(CaptureError, match="after 2 attempts"):
+        for _ in range(10):
+            src.read()
+    src.close()
+
+    stop = threading.Event()
+    src = VideoSource("rtsp://cam/1", kind="stream", stop=stop, opener=lambda t: FakeStream(fps=0.5))
+    src.read()  # the first frame at once, the next one 2 s later
+    threading.Timer(0.2, stop.set).start()
+    t0 = time.monotonic()
+    assert src.read() is None
+    assert time.monotonic() - t0 < 1.0
+    src.close()
+
+
+def test_rtsp_transport_is_checked():
+    with pytest.raises(ValueError, match="rtsp_transport: expected 'tcp' or 'udp'"):
+        VideoSource("rtsp://cam/1", kind="stream", opener=lambda t: FakeStream(), rtsp_transport="http")
+    from peep.edge.config import CaptureConfig
+
+    assert CaptureConfig(source="rtsp://cam/1").rtsp_transport == "tcp"
+    assert CaptureConfig(source="rtsp://cam/1").reconnect_max_s == 5.0

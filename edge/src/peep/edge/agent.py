@@ -756,6 +756,7 @@ class Agent:
                 stop=self.stop_event,
                 on_reconnect=lambda: self.metrics.reconnects.labels(link="capture").inc(),
                 loop=cfg.capture.loop,
+                rtsp_transport=cfg.capture.rtsp_transport,
             )
         log_event(_log, logging.INFO, "capture_opened", source=source.description, live=source.live)
         self._reporting = self.mqtt_link is not None and cfg.mqtt.report_interval_s > 0
@@ -808,6 +809,7 @@ class Agent:
             reconnect_min_s=self.cfg.capture.reconnect_min_s,
             reconnect_max_s=self.cfg.capture.reconnect_max_s,
             reconnect_attempts=self.cfg.capture.reconnect_attempts or 5,
+            rtsp_transport=self.cfg.capture.rtsp_transport,
         )
         self.start_housekeeping()
         self._start_transports(enroll=True)

@@ -250,7 +250,8 @@ def _door(args: argparse.Namespace) -> int:
     c = cfg.capture
     frames = open_source(c.source, max_fps=c.max_fps, width=c.width, height=c.height,
                          reconnect_min_s=c.reconnect_min_s, reconnect_max_s=c.reconnect_max_s,
-                         reconnect_attempts=c.reconnect_attempts, stop=stop, loop=c.loop)  # fmt: skip
+                         reconnect_attempts=c.reconnect_attempts, stop=stop, loop=c.loop,
+                         rtsp_transport=c.rtsp_transport)  # fmt: skip
     opened = 0
     spent = (0.0, 0.0, 0)
     try:

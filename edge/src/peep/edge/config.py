@@ -197,8 +197,25 @@ class CaptureConfig(_Section):
     )
     width: int | None = Field(default=None, ge=16, le=8192, description="requested camera width")
     height: int | None = Field(default=None, ge=16, le=8192, description="requested camera height")
+    rtsp_transport: Literal["tcp", "udp"] = Field(
+        default="tcp",
+        description=(
+            "rtsp:// streams: RTP inside the RTSP connection (tcp: nothing lost, one port through firewalls, NAT "
+            "and restreamers) or in UDP datagrams (udp: a little less latency on a clean wired LAN; a lost "
+            "packet smears the frame until the next key frame)"
+        ),
+    )
     reconnect_min_s: float = Field(default=1.0, gt=0.0, le=600.0)
-    reconnect_max_s: float = Field(default=60.0, gt=0.0, le=3600.0)
+    reconnect_max_s: float = Field(
+        default=5.0,
+        gt=0.0,
+        le=3600.0,
+        description=(
+            "the longest wait between attempts to re-open a camera or stream (the wait doubles from "
+            "reconnect_min_s up to this); after it returns, frames may wait this long plus the open (about 2 s "
+            "for RTSP) before they flow"
+        ),
+    )
     reconnect_attempts: int = Field(
         default=0,
         ge=0,
