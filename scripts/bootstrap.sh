@@ -92,6 +92,11 @@ apt_install() {
   [ -x "$binary" ] && return 0
   # A library (not executable) is there when its file is.
   case $binary in *.so|*.so.*) [ -f "$binary" ] && return 0 ;; esac
+  apt_get "$what" "$@"
+}
+# apt_get WHAT PACKAGE...: the install itself, for a need no single file stands for.
+apt_get() {
+  what=$1; shift
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "bootstrap: installing $* ($what)" >&2
     (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null 2>&1 \
@@ -112,6 +117,17 @@ if [ "$set_name" = all ]; then
   # (`|| true`: under pipefail a missing library would otherwise end the script here, silently.)
   faketime_lib=$(ls /usr/lib/*/faketime/libfaketime.so.1 2>/dev/null | head -n 1 || true)
   apt_install "soak's clock_step fault (libfaketime)" "${faketime_lib:-/usr/lib/faketime/libfaketime.so.1}" libfaketime
+  # The RTSP tests (tests/edge/test_rtsp.py) serve H.264 from GStreamer's RTSP server under Debian's Python:
+  # its bindings and the elements the server uses (appsrc: base, rtph264pay: good, x264enc: ugly), checked
+  # the way the server loads them rather than by a file.
+  rtsp_probe="import gi; gi.require_version('Gst', '1.0'); gi.require_version('GstRtspServer', '1.0')
+from gi.repository import Gst, GstRtspServer
+Gst.init(None)
+assert all(Gst.ElementFactory.find(e) for e in ('appsrc', 'x264enc', 'rtph264pay'))"
+  if ! /usr/bin/python3 -c "$rtsp_probe" >/dev/null 2>&1; then
+    apt_get "RTSP tests (GStreamer's RTSP server)" python3-gi gir1.2-gst-rtsp-server-1.0 \
+      gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-ugly
+  fi
 fi
 
 # `all` keeps the stamp name earlier versions of this script wrote for the same set.
