@@ -205,3 +205,16 @@ def test_each_once_walks_every_person_through_once_in_order(data_home: str, tmp_
     cap = cv2.VideoCapture(str(tmp_path / "q.mp4"))
     assert int(cap.get(cv2.CAP_PROP_FRAME_COUNT)) == len(truth)
     cap.release()
+
+
+def test_held_out_scene_seeds_are_read_and_bad_ones_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from peep.server.bench.detectors import scene_seeds
+
+    monkeypatch.delenv("PEEP_BENCH_SCENE_SEEDS", raising=False)
+    assert scene_seeds(False) == (0, 1) and scene_seeds(True) == (0,)
+    monkeypatch.setenv("PEEP_BENCH_SCENE_SEEDS", "2, 3")
+    assert scene_seeds(False) == (2, 3)
+    for bad in ("x", "-1"):
+        monkeypatch.setenv("PEEP_BENCH_SCENE_SEEDS", bad)
+        with pytest.raises(ValueError, match="PEEP_BENCH_SCENE_SEEDS: expected comma-separated integers"):
+            scene_seeds(False)
