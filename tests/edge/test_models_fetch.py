@@ -171,3 +171,23 @@ def test_auto_takes_yunet_where_fetch_put_it_and_else_haar_with_a_warning(
     assert any(r.getMessage() == "detector_chosen" and r.levelno == logging.INFO for r in caplog.records)
     # a named kind is taken as named, whatever is fetched
     assert isinstance(build_detector(DetectorConfig(kind="haar")), HaarFaceDetector)
+
+
+def test_only_the_pinned_file_counts_as_the_model(yunet_file, tmp_path, monkeypatch) -> None:
+    from peep.edge.models import find_model, is_pinned
+
+    assert is_pinned(Path(yunet_file), "yunet")
+    altered = tmp_path / "altered" / MODELS["yunet"].filename
+    altered.parent.mkdir()
+    altered.write_bytes(Path(yunet_file).read_bytes() + b"\0")
+    assert not is_pinned(altered, "yunet") and not is_pinned(tmp_path / "absent.onnx", "yunet")
+    monkeypatch.setenv("PEEP_MODELS_DIR", str(tmp_path / "empty"))
+    monkeypatch.delenv("PEEP_YUNET_MODEL", raising=False)
+    # an altered copy is passed over for the pinned one further down the list
+    good = tmp_path / "good"
+    good.mkdir()
+    shutil.copy(yunet_file, good / MODELS["yunet"].filename)
+    assert find_model("yunet", [altered.parent, good]) == good / MODELS["yunet"].filename
+    assert find_model("yunet", [altered.parent]) is None
+    monkeypatch.setenv("PEEP_YUNET_MODEL", str(yunet_file))
+    assert find_model("yunet") == Path(yunet_file)

@@ -16,7 +16,7 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -100,6 +100,23 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(_CHUNK), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def is_pinned(path: Path, name: str) -> bool:
+    """Whether ``path`` is a file whose SHA-256 is the one pinned for the model ``name``."""
+    return path.is_file() and _sha256(path) == _model(name).sha256
+
+
+def find_model(name: str, extra_dirs: Sequence[Path] = ()) -> Path | None:
+    """The model ``name``'s file with its pinned SHA-256, or None: ``$PEEP_<NAME>_MODEL``, then
+    :func:`default_models_dir`, then each of ``extra_dirs``."""
+    filename = _model(name).filename
+    candidates = [os.environ.get(f"PEEP_{name.upper()}_MODEL"), default_models_dir() / filename]
+    candidates += [Path(d) / filename for d in extra_dirs]
+    for c in candidates:
+        if c and is_pinned(Path(c), name):
+            return Path(c)
+    return None
 
 
 def _offline_help(model: ModelFile, target: Path) -> str:

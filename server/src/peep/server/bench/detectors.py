@@ -6,7 +6,7 @@ up to 3 people at once with faces 30-160 px, H.264 at 1 Mbit/s; two seeds each (
 are rendered once into the cache (``PEEP_CACHE_DIR``, keyed by their parameters) and reused. Every
 detector sees the same frames; the figures are
 :func:`peep.server.scenes.detectors.evaluate`'s. YuNet is measured when its file is found
-(``$PEEP_YUNET_MODEL``, or ``peep-edge models fetch yunet``'s folder), else recorded as skipped.
+(:func:`peep.edge.models.find_model`), else recorded as skipped.
 """
 
 from __future__ import annotations
@@ -116,19 +116,11 @@ def scenes(quick: bool, data_home: str | None = None) -> list[Path]:
     return out
 
 
-def _yunet_model() -> str | None:
-    from peep.edge.models import MODELS, default_models_dir
-
-    for candidate in (os.environ.get("PEEP_YUNET_MODEL"), str(default_models_dir() / MODELS["yunet"].filename)):
-        if candidate and Path(candidate).is_file():
-            return candidate
-    return None
-
-
 def run(quick: bool = False) -> dict[str, Any]:
     """Measure every detector of :data:`DETECTORS` on the scenes; returns the section's JSON-able dict."""
     from peep.edge.config import DetectorConfig
     from peep.edge.detection import build_detector
+    from peep.edge.models import find_model
     from peep.edge.tracking import Tracker
     from peep.server.scenes.detectors import HEIGHT_BINS, evaluate
 
@@ -146,7 +138,8 @@ def run(quick: bool = False) -> dict[str, Any]:
     for name, settings in DETECTORS.items():
         cfg = dict(settings)
         if cfg["kind"] == "yunet":
-            model = _yunet_model()
+            found = find_model("yunet")
+            model = None if found is None else str(found)
             if model is None:
                 result["detectors"][name] = {
                     "skipped": "no YuNet file: peep-edge models fetch yunet, or PEEP_YUNET_MODEL"

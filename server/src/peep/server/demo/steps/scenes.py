@@ -24,7 +24,6 @@ boxes and what was decided on each released face, so a reader sees what the came
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections import defaultdict
@@ -49,23 +48,16 @@ ANNOTATED_FRAMES = 4
 
 
 def find_yunet(data_home: str | None) -> Path | None:
-    """YuNet's file: ``$PEEP_YUNET_MODEL``, ``peep-edge models fetch``'s folder, or ``models/`` beside the
-    datasets folder that holds LFW (the team's shared copy); only a file with the pinned SHA-256."""
-    from peep.edge.models import MODELS, default_models_dir
+    """YuNet's file with its pinned SHA-256 (:func:`peep.edge.models.find_model`), also looked for in ``models/``
+    of the team folder that holds the LFW copy (``<team>/datasets/lfw_home``)."""
+    from peep.edge.models import find_model
     from peep.server.datasets import ensure_lfw
 
-    spec = MODELS["yunet"]
-    candidates = [os.environ.get("PEEP_YUNET_MODEL"), str(default_models_dir() / spec.filename)]
     try:
-        # <team>/datasets/lfw_home/lfw_funneled, and YuNet's file in <team>/models
-        team = ensure_lfw(data_home).resolve().parents[2]
-        candidates.append(str(team / "models" / spec.filename))
+        team = [ensure_lfw(data_home).resolve().parents[2] / "models"]
     except (FileNotFoundError, IndexError, ValueError):
-        pass
-    for c in candidates:
-        if c and Path(c).is_file() and hashlib.sha256(Path(c).read_bytes()).hexdigest() == spec.sha256:
-            return Path(c)
-    return None
+        team = []
+    return find_model("yunet", team)
 
 
 def detector_settings(data_home: str | None) -> dict[str, Any]:
