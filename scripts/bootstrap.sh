@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Creates the venv (.venv, or $PEEP_VENV; Python >= 3.11) and installs the three PEEP distributions
-# (editable) with what one job needs:
+# Creates the venv (.venv, or $PEEP_VENV; Python >= 3.11) and installs the PEEP distributions (editable)
+# with what one job needs:
 #
 #   bash scripts/bootstrap.sh [all]   everything the tests need (scripts/test.sh, .ci/run): every extra of
-#                                     peep-server, the lab and sgap (PyTorch, for `peep sgap train`) included,
-#                                     the dev tools, and Debian's Chromium for the console's browser tests
-#   bash scripts/bootstrap.sh demo    what `peep demo` needs (scripts/demo.sh): the lab libraries the demo
-#                                     imports (plots, age/gender estimates; not OpenDP or the audit's schema
-#                                     checker), the edge agent with age/gender and dlib, and the console
-#                                     (`peep demo --console`); no PyTorch, no dev tools, no Chromium
+#                                     peep-server and of peep-lab (OpenDP for the bench, PyTorch for
+#                                     `peep sgap train`), the dev tools, and Debian's Chromium for the
+#                                     console's browser tests
+#   bash scripts/bootstrap.sh demo    what `peep demo` needs (scripts/demo.sh): peep-lab without its extras
+#                                     (no OpenDP, no PyTorch), the edge agent with age/gender and dlib, and
+#                                     the console (`peep demo --console`); no dev tools, no Chromium
 #
 # A backend needs neither: `pip install ./shared ./server` is the serving install (README.md, deploy/).
 #   bash scripts/bootstrap.sh --print demo|all
@@ -28,11 +28,10 @@ print=0
 if [ "${1:-}" = --print ]; then print=1; shift; fi
 [ $# -le 1 ] || usage
 set_name="${1:-all}"
-# peep-server[demo] and [dlib] are peep-edge[soft] and [dlib]: named here too so pip takes the local edge/
-# (with [door]: gpiozero, which the door's GPIO lock and its tests use). [sgap] brings [lab] too; it is named
-# so that the sets say what they hold.
-demo_pkgs=(-e ./shared -e "./edge[soft,dlib,door]" -e "./server[demo,dlib,console]")
-all_pkgs=(-e ./shared -e "./edge[soft,dlib,door]" -e "./server[lab,demo,dlib,sgap,console]" --group dev)
+# peep-lab depends on peep-server and peep-edge[soft]; every local distribution is named so that pip takes the
+# local folders (the edge with [door]: gpiozero, which the door's GPIO lock and its tests use).
+demo_pkgs=(-e ./shared -e "./edge[soft,dlib,door]" -e "./server[dlib,console]" -e "./lab[dlib]")
+all_pkgs=(-e ./shared -e "./edge[soft,dlib,door]" -e "./server[dlib,console]" -e "./lab[bench,dlib,sgap]" --group dev)
 case "$set_name" in
   demo) pkgs=("${demo_pkgs[@]}") ;;
   all) pkgs=("${all_pkgs[@]}") ;;
@@ -133,9 +132,9 @@ fi
 # `all` keeps the stamp name earlier versions of this script wrote for the same set.
 stamp_all="$venv/.peep-installed"
 stamp_demo="$venv/.peep-installed-demo"
-# A set's stamp: the four pyproject.toml files and its pip arguments (set name first).
+# A set's stamp: the five pyproject.toml files and its pip arguments (set name first).
 stamp_of() {
-  { cat pyproject.toml shared/pyproject.toml edge/pyproject.toml server/pyproject.toml; printf '%s\n' "$@"; } \
+  { cat pyproject.toml shared/pyproject.toml edge/pyproject.toml server/pyproject.toml lab/pyproject.toml; printf '%s\n' "$@"; } \
     | sha256sum | cut -d' ' -f1
 }
 if [ "$set_name" = demo ]; then stamp=$stamp_demo; else stamp=$stamp_all; fi
@@ -149,9 +148,9 @@ if [ "$set_name" = demo ]; then
     exit 0
   fi
   echo "bootstrap: installing what peep demo needs into $venv (peep-core, peep-edge[soft,dlib,door]," \
-    "peep-server[demo,dlib,console]; the tests' extras and tools come with scripts/test.sh)" >&2
+    "peep-server[dlib,console], peep-lab[dlib]; the tests' extras and tools come with scripts/test.sh)" >&2
 else
-  echo "bootstrap: installing peep-core, peep-edge[soft,dlib,door], peep-server[lab,demo,dlib,sgap,console]" \
+  echo "bootstrap: installing peep-core, peep-edge[soft,dlib,door], peep-server[dlib,console], peep-lab[bench,dlib,sgap]" \
     "and dev tools into $venv" >&2
 fi
 # uv installs the same set as pip in a third of its time (a fresh venv with warm caches: 22 s against 66 s, the

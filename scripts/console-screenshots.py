@@ -19,7 +19,7 @@ import httpx
 root = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(root / "tests" / "demo"))
 
-from peep.server.demo import Demo, DemoOptions  # noqa: E402
+from peep.lab.demo import Demo, DemoOptions  # noqa: E402
 from test_demo import save_screenshots  # noqa: E402
 
 

@@ -1,4 +1,5 @@
-"""docs/ARCHITECTURE.md names only what exists, and its claim about who imports the edge holds.
+"""docs/ARCHITECTURE.md names only what exists, and its claims hold: who imports the edge, which modules of the
+core import which library, and which modules write SQL.
 
 A rename or a split that forgets the page makes it lie; these tests read every module, package,
 attribute and path it names in backticks and look each up in the tree (by reading source, never by
@@ -17,10 +18,11 @@ SOURCES = {
     "core": ROOT / "shared" / "src" / "peep" / "core",
     "edge": ROOT / "edge" / "src" / "peep" / "edge",
     "server": ROOT / "server" / "src" / "peep" / "server",
+    "lab": ROOT / "lab" / "src" / "peep" / "lab",
     "v1": ROOT / "shared" / "src" / "peep" / "v1",
 }
 #: The server modules (folders or files of peep.server) the page says import the edge, and why.
-SERVER_MODULES_IMPORTING_EDGE = {"demo", "bench", "descriptors", "facework", "extras"}
+SERVER_MODULES_IMPORTING_EDGE = {"descriptors", "facework"}
 
 _DOTTED = re.compile(r"`(peep(?:\.[A-Za-z_][A-Za-z0-9_]*)+)`")
 _ROW = re.compile(r"^\| (`peep\.[^|]*) \|(.*)\|\s*$")
@@ -138,8 +140,69 @@ def _imports_edge(path: Path) -> bool:
 def test_the_server_imports_the_edge_only_where_the_page_says():
     server = SOURCES["server"]
     importing = {f.relative_to(server).parts[0].removesuffix(".py") for f in server.rglob("*.py") if _imports_edge(f)}
-    assert importing, "the scan found no import of peep.edge at all: the demo and bench run edge agents"
-    assert importing <= SERVER_MODULES_IMPORTING_EDGE, sorted(importing - SERVER_MODULES_IMPORTING_EDGE)
+    assert importing, "the scan found no import of peep.edge at all: descriptor bundles use the edge's encoder"
+    assert importing == SERVER_MODULES_IMPORTING_EDGE, sorted(importing ^ SERVER_MODULES_IMPORTING_EDGE)
     text = DOC.read_text(encoding="utf-8")
-    for module in SERVER_MODULES_IMPORTING_EDGE - {"demo", "bench"}:
+    for module in SERVER_MODULES_IMPORTING_EDGE:
         assert f"`peep.server.{module}`" in text, module
+
+
+def _imported(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def _library_table(text: str) -> dict[str, set[str]]:
+    """The page's table "| library | modules of peep.core |": library -> the module files it names."""
+    rows: dict[str, set[str]] = {}
+    lines = text.splitlines()
+    start = lines.index("| library | modules of peep.core |")
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        library, modules = (c.strip() for c in line.strip("|").split("|"))
+        rows[library] = set(re.findall(r"`([\w/]+\.py)`", modules))
+    return rows
+
+
+def test_the_core_imports_each_library_exactly_where_the_page_says():
+    table = _library_table(DOC.read_text(encoding="utf-8"))
+    assert {"scipy", "cryptography", "cv2", "onnx", "onnxruntime", "google.protobuf"} <= set(table)
+    core = SOURCES["core"]
+    for library, said in table.items():
+        actual = {
+            f.relative_to(core).as_posix()
+            for f in core.rglob("*.py")
+            if any(n == library or n.startswith(library + ".") for n in _imported(f))
+        }
+        assert actual == said, f"{library}: the page says {sorted(said)}, the code imports it in {sorted(actual)}"
+
+
+#: SQL as this code writes it: keywords in capitals (a docstring's "Create ``name``" is not).
+_SQL = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|CREATE|ALTER|DROP|WITH)\s")
+
+
+def _writes_sql(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and _SQL.match(node.value):
+            if re.search(r"\b(FROM|INTO|TABLE|SET|WHERE|VALUES|INDEX)\b", node.value):
+                return True
+    return False
+
+
+def test_sql_is_written_only_where_the_page_says():
+    text = DOC.read_text(encoding="utf-8")
+    paragraph = text[text.index("SQL is written only in these modules:") :].split("\n\n")[0]
+    said = set(re.findall(r"`([\w/]+(?:\.py|/))`", paragraph))
+    server, lab = SOURCES["server"], SOURCES["lab"]
+    actual = {f.relative_to(server).as_posix() for f in server.rglob("*.py") if _writes_sql(f)}
+    actual_lab = {f.relative_to(lab).as_posix() for f in lab.rglob("*.py") if _writes_sql(f)}
+    assert "storage/sql.py" in actual and "console/store.py" in actual  # the scan finds SQL at all
+    assert actual == said - {p for p in said if p.startswith("bench/")}, sorted(actual ^ said)
+    for f in actual_lab:
+        assert f in said or any(f.startswith(p) for p in said if p.endswith("/")), f"lab/{f} writes SQL"

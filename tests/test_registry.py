@@ -68,8 +68,8 @@ def test_edge_and_server_configuration_schemas_list_the_registry():
 
 
 def test_audit_schema_frontier_and_cli_choices_come_from_the_registry():
-    from peep.server.audit.config import FRONTIER_MECHANISMS
-    from peep.server.audit.schema import AUDIT_SCHEMA
+    from peep.lab.audit.config import FRONTIER_MECHANISMS
+    from peep.lab.audit.schema import AUDIT_SCHEMA
 
     enum = AUDIT_SCHEMA["properties"]["mechanism"]["properties"]["kind"]["enum"]
     assert tuple(enum) == KINDS

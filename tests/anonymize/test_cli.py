@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from peep.server.anonymize.schema import validate_anonymize
+from peep.lab.anonymize.schema import validate_anonymize
 from peep.server.cli import main
 
 PEOPLE = {"Laura_Bush": "Secret_Person_A", "Jennifer_Capriati": "Secret_Person_B",
@@ -99,8 +99,8 @@ def test_method_sgap_needs_its_model(
 
 
 def test_refuses_an_attribute_that_cannot_be_labelled(folder: Path, tmp_path: Path) -> None:
-    from peep.server.anonymize.attributes import AttributeLabelError
-    from peep.server.anonymize.runner import AnonymizeOptions, load_labelled
+    from peep.lab.anonymize.attributes import AttributeLabelError
+    from peep.lab.anonymize.runner import AnonymizeOptions, load_labelled
 
     def all_male(paths):  # what the estimator says of a dataset of one gender
         return np.full(len(paths), 50.0), np.ones(len(paths))

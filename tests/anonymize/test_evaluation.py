@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from peep.server.anonymize.evaluation import (
+from peep.lab.anonymize.evaluation import (
     EvalData,
     EvalSettings,
     evaluate_method,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from peep.core import features
-from peep.server.anonymize import maths
-from peep.server.anonymize.methods import (
+from peep.lab.anonymize import maths
+from peep.lab.anonymize.methods import (
     UPBA,
     AnonymiserError,
     DPPixel,

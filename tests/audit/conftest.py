@@ -14,7 +14,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def small_cfg(data_home: str):
-    from peep.server.audit.config import AuditConfig
+    from peep.lab.audit.config import AuditConfig
 
     return AuditConfig(
         data_home=data_home,
@@ -31,7 +31,7 @@ def small_cfg(data_home: str):
 
 @pytest.fixture(scope="session")
 def audit_data(small_cfg):
-    from peep.server.audit.execution import load_audit_data
+    from peep.lab.audit.execution import load_audit_data
 
     return load_audit_data(small_cfg)
 
@@ -39,7 +39,7 @@ def audit_data(small_cfg):
 @pytest.fixture(scope="session")
 def small_ctx(audit_data, small_cfg):
     """One split, nc = 32, with the clean recogniser and the baselines."""
-    from peep.server.audit.execution import job_env, make_context
+    from peep.lab.audit.execution import job_env, make_context
 
     with job_env(small_cfg):
         ctx, baseline = make_context(audit_data, small_cfg, 0, n_components=small_cfg.components)
@@ -49,7 +49,7 @@ def small_ctx(audit_data, small_cfg):
 @pytest.fixture(scope="session")
 def tiny_audit(tmp_path_factory: pytest.TempPathFactory, small_cfg):
     """A complete (tiny) audit written to disk: two ε, two splits, sweeps, nc = 16."""
-    from peep.server.audit.run import run_audit
+    from peep.lab.audit.run import run_audit
 
     cfg = small_cfg.with_(
         components=16,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from peep.server.audit.attacks import (
+from peep.lab.audit.attacks import (
     CandidateSet,
     KnnAdversary,
     bayes_log_posterior,
@@ -16,9 +16,9 @@ from peep.server.audit.attacks import (
     select_candidate_sets,
     shrinkage_prior,
 )
-from peep.server.audit.basis import Domain, fit_basis
-from peep.server.audit.execution import evaluate_release, job_env
-from peep.server.audit.measures import ssim_batch
+from peep.lab.audit.basis import Domain, fit_basis
+from peep.lab.audit.execution import evaluate_release, job_env
+from peep.lab.audit.measures import ssim_batch
 
 NO_NOISE = 1e9  # noise scale 1e-9: far below any coefficient
 HUGE_NOISE = 1e-3  # peep: Laplace scale 1000 on [0, 1] coordinates
@@ -198,7 +198,7 @@ def test_knn_and_bayes_respect_restricted_candidates(rng) -> None:
     assert (knn.predict() == yp).mean() > 0.95
     allowed = np.array([1, 2])
     assert set(knn.predict(allowed).tolist()) <= {1, 2}
-    from peep.server.audit.attacks import ScoreAdversary
+    from peep.lab.audit.attacks import ScoreAdversary
 
     bayes = ScoreAdversary(bayes_log_posterior(X, y, probes, np.zeros(2), 3))
     assert (bayes.predict() == yp).mean() > 0.95

@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
-from peep.server.audit.bystander import (
+from peep.lab.audit.bystander import (
     EVENT_METHODS,
     GROUPS,
     average_linkage,
@@ -236,8 +236,8 @@ def test_partition_is_disjoint_balanced_and_by_identity() -> None:
 
 
 def test_strangers_never_enter_the_background_basis(small_cfg) -> None:
-    from peep.server.audit.bystander import prepare_bystanders
-    from peep.server.audit.execution import job_env, load_audit_data
+    from peep.lab.audit.bystander import prepare_bystanders
+    from peep.lab.audit.execution import job_env, load_audit_data
 
     cfg = small_cfg.with_(basis="background", components=16, background_max_faces=9)
     data = load_audit_data(cfg)
@@ -256,8 +256,8 @@ def test_strangers_never_enter_the_background_basis(small_cfg) -> None:
 
 @pytest.mark.slow
 def test_evaluation_is_reproducible_and_keeps_no_template_by_default(small_cfg, audit_data) -> None:
-    from peep.server.audit.bystander import evaluate_bystanders, prepare_bystanders
-    from peep.server.audit.execution import job_env
+    from peep.lab.audit.bystander import evaluate_bystanders, prepare_bystanders
+    from peep.lab.audit.execution import job_env
 
     cfg = small_cfg.with_(components=16)
     with job_env(cfg):
@@ -277,7 +277,7 @@ def test_evaluation_is_reproducible_and_keeps_no_template_by_default(small_cfg, 
 
 
 def test_label_clusterings_and_their_scores() -> None:
-    from peep.server.audit.bystander import DECISION_METHODS, label_clusterings, score_clustering
+    from peep.lab.audit.bystander import DECISION_METHODS, label_clusterings, score_clustering
 
     y = np.array([0, 0, 1, 1, 2, 2])
     released = np.array([3, 3, 0, 0, 3, 1])  # 3 = unknown (three enrolled subjects)
@@ -298,8 +298,8 @@ def test_label_clusterings_and_their_scores() -> None:
 @pytest.mark.slow
 def test_decision_mode_keeps_one_label_per_appearance_released_by_the_mechanisms_law(small_cfg, audit_data) -> None:
     from peep.core.labels import RandomizedResponse
-    from peep.server.audit.bystander import DECISION_METHODS, evaluate_bystanders, prepare_bystanders
-    from peep.server.audit.execution import job_env
+    from peep.lab.audit.bystander import DECISION_METHODS, evaluate_bystanders, prepare_bystanders
+    from peep.lab.audit.execution import job_env
 
     cfg = small_cfg.with_(components=16)
     with job_env(cfg):

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from peep.server.audit.schema import validate_audit
+from peep.lab.audit.schema import validate_audit
 from peep.server.cli import main
 
 
@@ -259,14 +259,14 @@ def test_background_is_every_lfw_identity_that_is_not_audited(small_cfg, changes
 
 
 def test_background_max_faces_must_stay_below_the_audited_people(small_cfg) -> None:
-    from peep.server.audit.config import AuditConfigError
+    from peep.lab.audit.config import AuditConfigError
 
     with pytest.raises(AuditConfigError, match="--background-max-faces"):
         small_cfg.with_(basis="background", background_max_faces=100)
 
 
 def test_a_folder_background_excludes_the_audited_identities(data_home: str, tmp_path: Path, small_cfg) -> None:
-    from peep.server.audit.execution import load_audit_data
+    from peep.lab.audit.execution import load_audit_data
 
     src = Path(data_home) / "lfw_home" / "lfw_funneled"
     folder = tmp_path / "faces"
@@ -284,7 +284,7 @@ def test_a_folder_background_excludes_the_audited_identities(data_home: str, tmp
 
 @pytest.mark.slow
 def test_background_basis_is_shared_by_all_splits(lfw_background, small_cfg) -> None:
-    from peep.server.audit.execution import load_audit_data, make_context
+    from peep.lab.audit.execution import load_audit_data, make_context
 
     cfg = small_cfg.with_(basis="background", components=16, background_max_faces=9)
     data = load_audit_data(cfg)

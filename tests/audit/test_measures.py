@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from peep.server.audit.measures import (
+from peep.lab.audit.measures import (
     classification_metrics,
     identity_mixture,
     majority_rate,

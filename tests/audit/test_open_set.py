@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from peep.server.audit.schema import validate_audit
+from peep.lab.audit.schema import validate_audit
 from peep.server.cli import main
 
 CONTRACT = (
@@ -128,8 +128,8 @@ def test_released_fpir_with_randomized_response_stays_near_the_target(open_set_a
 
 
 def test_people_are_disjoint_and_follow_the_rule(data_home: str) -> None:
-    from peep.server.audit import open_set
-    from peep.server.audit.config import AuditConfig
+    from peep.lab.audit import open_set
+    from peep.lab.audit.config import AuditConfig
 
     cfg = AuditConfig(
         data_home=data_home, projection="dlib-resnet", open_set=True, progress=False, bystander=False, repeats=2
@@ -178,7 +178,7 @@ def test_people_are_disjoint_and_follow_the_rule(data_home: str) -> None:
 
 
 def test_calibration_people_weigh_alike() -> None:
-    from peep.server.audit.open_set import person_weights
+    from peep.lab.audit.open_set import person_weights
 
     w = person_weights(np.array([7, 7, 7, 7, 3, 9, 9]))
     assert w.tolist() == pytest.approx([0.25] * 4 + [1.0] + [0.5] * 2)
@@ -187,7 +187,7 @@ def test_calibration_people_weigh_alike() -> None:
 
 
 def test_deal_share_takes_its_share_alike_in_numbers_of_images() -> None:
-    from peep.server.audit.open_set import deal_share
+    from peep.lab.audit.open_set import deal_share
 
     persons = np.arange(100) * 3
     n_images = np.repeat([5, 6, 7, 8, 9], 20)
@@ -238,8 +238,8 @@ def test_open_set_needs_lfw(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 def test_with_the_singles_calibration_people_are_in_no_other_group(data_home: str) -> None:
     """Every name set read: the calibration people are singles, and none is enrolled, a stranger or background."""
-    from peep.server.audit import open_set
-    from peep.server.audit.config import AuditConfig
+    from peep.lab.audit import open_set
+    from peep.lab.audit.config import AuditConfig
     from peep.server.datasets import singles_folder
 
     cfg = AuditConfig(

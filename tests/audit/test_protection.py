@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from peep.core.sitekey import SiteKey
-from peep.server.audit.protection import dsys, procrustes
-from peep.server.audit.schema import validate_audit
+from peep.lab.audit.protection import dsys, procrustes
+from peep.lab.audit.schema import validate_audit
 from peep.server.cli import main
 
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from peep.server.audit.config import AuditConfig, AuditConfigError
+from peep.lab.audit.config import AuditConfig, AuditConfigError
 from peep.server.config import TrainingConfig
 from peep.server.recognition import fitting, presets
 
@@ -33,7 +33,7 @@ def test_preset_and_hidden_are_checked(monkeypatch):
 
 @pytest.mark.slow
 def test_utility_comes_from_the_servers_fit_recogniser(monkeypatch, audit_data, small_cfg):
-    from peep.server.audit import execution
+    from peep.lab.audit import execution
 
     real = fitting.fit_recogniser
     calls: list[dict] = []

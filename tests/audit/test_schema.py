@@ -7,7 +7,7 @@ import json
 
 import jsonschema
 import pytest
-from peep.server.audit.schema import AUDIT_SCHEMA, AuditSchemaError, validate_audit
+from peep.lab.audit.schema import AUDIT_SCHEMA, AuditSchemaError, validate_audit
 
 ISSUE_RESULT_KEYS = (
     "epsilon",

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from peep.core.bundle import ProjectionBundle, load_public_key
 from peep.core.projections.descriptor import DLIB_RESNET_MODEL_SHA256
-from peep.server.audit.schema import validate_audit
+from peep.lab.audit.schema import validate_audit
 from peep.server.cli import main
 
 PEOPLE = ("Colin_Powell", "Tony_Blair", "Gerhard_Schroeder")

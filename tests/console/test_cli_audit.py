@@ -40,7 +40,7 @@ def _newest_erase(db: Path) -> Any:
 def alone(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Any]:
     """A server.toml, its SQLite database and a releaser for templates (no server running)."""
     from peep.core.release import TemplateReleaser
-    from peep.server.bench.server import _synthetic_bundle
+    from peep.lab.bench.server import _synthetic_bundle
 
     tmp = tmp_path_factory.mktemp("cli-audit")
     bundle, pub = _synthetic_bundle(tmp)

@@ -20,7 +20,7 @@ SUBJECTS = ("alice", "bob", "carol", "dave")
 def issuing(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from peep.core.bundle import write_keypair
     from peep.core.release import TemplateReleaser
-    from peep.server.bench.server import _synthetic_bundle
+    from peep.lab.bench.server import _synthetic_bundle
     from peep.server.bundles.calibrate import write_calibration
     from peep.server.console import accounts
     from peep.server.console.store import ConsoleStore

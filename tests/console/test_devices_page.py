@@ -131,7 +131,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     if reason:
         pytest.skip(reason)
     from peep.core.release import TemplateReleaser
-    from peep.server.bench.server import _synthetic_bundle
+    from peep.lab.bench.server import _synthetic_bundle
     from peep.server.console import accounts
     from peep.server.console.store import ConsoleStore
     from peep.v1 import recognition_pb2
@@ -274,7 +274,7 @@ def test_an_mqtt_camera_is_shown_with_its_own_transport_after_a_grpc_call_with_i
     """The demo's cam-3: templates and report over MQTT, then its credential used over gRPC (the demo verifies its
     captures by claim). The status says where it was learnt; the transport is the camera's own: MQTT."""
     from peep.core.reports import DeviceReport
-    from peep.server.transport.retained import clear_retained
+    from peep.lab.processes.retained import clear_retained
     from peep.v1 import recognition_pb2
 
     cam = mqtt_device("cam-3")
@@ -329,7 +329,7 @@ def test_a_door_reporting_an_insecure_broker_is_warned_about_on_devices(site: Si
     """``insecure_broker`` in a door's report (retained on MQTT): a warning naming the door above the table and in
     its row; a door whose report says nothing of it (over gRPC) gets none."""
     from peep.core.reports import DeviceReport
-    from peep.server.transport.retained import clear_retained
+    from peep.lab.processes.retained import clear_retained
     from peep.v1 import recognition_pb2
 
     def report() -> DeviceReport:

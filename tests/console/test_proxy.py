@@ -15,7 +15,7 @@ from peep_testing.server import base_config, make_pki, start_server, tls_section
 
 
 def _console(tmp: Any, trusted: list[str]) -> Iterator[tuple[Any, httpx.Client]]:
-    from peep.server.bench.server import _synthetic_bundle
+    from peep.lab.bench.server import _synthetic_bundle
     from peep.server.console import accounts
     from peep.server.console.store import ConsoleStore
 

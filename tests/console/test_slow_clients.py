@@ -64,7 +64,7 @@ class Listener:
 
 @contextmanager
 def _listener(tmp_path_factory: pytest.TempPathFactory, **console: Any) -> Iterator[Listener]:
-    from peep.server.bench.server import _synthetic_bundle
+    from peep.lab.bench.server import _synthetic_bundle
     from peep.server.console import accounts
     from peep.server.console.store import ConsoleStore
 

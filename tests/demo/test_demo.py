@@ -105,7 +105,7 @@ def test_the_demos_door_claims_went_through_the_door_path_and_every_fail_secure_
 
 
 def test_the_lockout_replay_refuses_as_the_door_would():
-    from peep.server.demo.summary import door_summary
+    from peep.lab.demo.summary import door_summary
 
     def row(subject, genuine, opened, reason=""):
         return {"subject": subject, "genuine": genuine, "opened": opened, "reason": reason,
@@ -234,7 +234,7 @@ def test_demo_leaves_nothing_retained_on_the_broker(demo_run):
     _, s = demo_run
     if not s["mqtt"]:
         pytest.skip("the demo ran without a broker (none on 127.0.0.1:1883)")
-    from peep.server.transport.retained import retained_topics
+    from peep.lab.processes.retained import retained_topics
     from peep.v1 import recognition_pb2
 
     assert retained_topics(f"peep/v1/{s['site']}/#") == {}
@@ -256,9 +256,9 @@ def test_demo_console_stays_up_on_the_demos_data(tmp_path: Path, data_home: str)
     import sys
 
     import httpx
+    from peep.lab.demo import Demo, DemoOptions
+    from peep.lab.demo.runner import add_user_command
     from peep.server.config import load_config
-    from peep.server.demo import Demo, DemoOptions
-    from peep.server.demo.runner import add_user_command
 
     opts = DemoOptions(
         out=tmp_path / "run", data_home=data_home, subjects=3, enrol_images=8, probe_images=2, strangers=4,
@@ -420,9 +420,9 @@ def test_synthetic_traits_stay_inside_the_declared_ranges(tmp_path: Path):
     # seed 11's log-normal weights reach below the adult range (33.7 kg), which the server refuses to enrol:
     # the demo stopped there. The demo now clips to the range and counts what it clipped.
     import numpy as np
+    from peep.lab.demo.runner import Demo, DemoOptions
+    from peep.lab.qbbs.anthropometry import synthetic_anthropometry
     from peep.server.config.qbbs import DEFAULT_TRAITS
-    from peep.server.demo.runner import Demo, DemoOptions
-    from peep.server.qbbs.anthropometry import synthetic_anthropometry
 
     _, weight = synthetic_anthropometry(np.array([0.0, 1.0] * 5), seed=11)
     assert weight.min() < DEFAULT_TRAITS["weight"].lower

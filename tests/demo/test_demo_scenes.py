@@ -12,10 +12,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from peep.lab.demo.scenario import CameraScript
+from peep.lab.demo.steps.scenes import judge_passes
+from peep.lab.scenes.render import read_ground_truth
 from peep.server.cli import main
-from peep.server.demo.scenario import CameraScript
-from peep.server.demo.steps.scenes import judge_passes
-from peep.server.scenes.render import read_ground_truth
 
 pytest.importorskip("av", reason="PyAV is the lab's H.264 encoder; CI installs the lab")
 

@@ -8,7 +8,7 @@ import signal
 import threading
 import time
 
-from peep.server.demo.devices import DeviceJob, run_devices
+from peep.lab.demo.devices import DeviceJob, run_devices
 
 
 def test_a_device_that_fails_is_named_with_its_reason():

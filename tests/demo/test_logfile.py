@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from peep.core.logs import log_event
-from peep.server.demo.logfile import close_logs, count_log, log_line, route_logs
+from peep.lab.demo.logfile import close_logs, count_log, log_line, route_logs
 
 
 @pytest.fixture(autouse=True)
@@ -55,7 +55,7 @@ def test_warnings_go_to_the_file_and_not_the_terminal_errors_to_both(tmp_path: P
 def test_device_processes_append_whole_lines_to_the_same_file(tmp_path: Path):
     path = tmp_path / "demo.log"
     route_logs(path)
-    log_event(logging.getLogger("peep.server.demo"), logging.WARNING, "parent_line")
+    log_event(logging.getLogger("peep.lab.demo"), logging.WARNING, "parent_line")
     ctx = multiprocessing.get_context("spawn")  # as the demo starts its devices
     procs = [ctx.Process(target=_child, args=(str(path),)) for _ in range(3)]
     for p in procs:

@@ -356,8 +356,8 @@ def collector_factory() -> Iterator[Callable[..., Collector]]:
 
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory) -> dict[str, Path]:
-    """A CA, a server certificate for 127.0.0.1/localhost and a client certificate (PEM files; peep.server.pki)."""
-    from peep.server.pki import LocalCA
+    """A CA, a server certificate for 127.0.0.1/localhost and a client certificate (PEM files; the lab's PKI)."""
+    from peep.lab.processes.pki import LocalCA
 
     d = tmp_path_factory.mktemp("pki")
     ca = LocalCA("peep test CA", days=2)

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from peep.lab.qbbs.anthropometry import synthetic_anthropometry
 from peep.server.config.qbbs import Anthropometry, PopulationPrior
 from peep.server.qbbs import (
     ObservationNoise,
@@ -16,7 +17,6 @@ from peep.server.qbbs import (
     QbbsError,
     StaticFaceScores,
 )
-from peep.server.qbbs.anthropometry import synthetic_anthropometry
 from peep.server.qbbs.calibration import (
     POPULATION,
     Calibration,

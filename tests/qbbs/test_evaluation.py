@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from peep.server.qbbs.evaluation import _train_recogniser
+from peep.lab.qbbs.evaluation import _train_recogniser
 from peep.server.recognition import fitting, presets
 
 

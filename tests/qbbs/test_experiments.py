@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from peep.server.qbbs.experiments import deviation, distortion
+from peep.lab.qbbs.experiments import deviation, distortion
 from peep.server.qbbs.queries import QueryPlan
 
 

@@ -1,4 +1,4 @@
-"""Scenes with ground truth (peep.server.scenes): the video and its ground truth agree, frame by frame.
+"""Scenes with ground truth (peep.lab.scenes): the video and its ground truth agree, frame by frame.
 
 A short scene is rendered once for the module (LFW photos of three people, 4 s at 10 frames/s) and read
 back through OpenCV's FFmpeg decoder, as a camera's stream is; dlib's HOG detector checks that the ground
@@ -14,8 +14,8 @@ import cv2
 import numpy as np
 import pytest
 from peep.core.imaging import FaceBox
-from peep.server.scenes.detectors import evaluate, match_frame
-from peep.server.scenes.render import SceneSpec, _visible, lfw_people, read_ground_truth, render_scene
+from peep.lab.scenes.detectors import evaluate, match_frame
+from peep.lab.scenes.render import SceneSpec, _visible, lfw_people, read_ground_truth, render_scene
 
 pytest.importorskip("av", reason="PyAV is the lab's H.264 encoder; CI installs the lab")
 
@@ -138,7 +138,7 @@ def test_the_edge_tracker_never_puts_two_people_in_one_track(scene) -> None:
     """No track holds two ground-truth people's faces: one track is one appearance's releases and budget."""
     from peep.edge.detection import DlibHogFaceDetector
     from peep.edge.tracking import Tracker
-    from peep.server.scenes.tracks import evaluate_tracks
+    from peep.lab.scenes.tracks import evaluate_tracks
 
     pytest.importorskip("dlib", reason="dlib-bin is the edge's [dlib] extra; CI installs it")
     from peep.edge.embedding import make_encoder
@@ -158,7 +158,7 @@ def test_the_edge_tracker_never_puts_two_people_in_one_track(scene) -> None:
 
 def test_switches_fragments_and_mixed_tracks_are_counted_from_the_ground_truth(scene) -> None:
     """A tracker that gives every face of a frame the id of the face's rank in that frame: swaps when people cross."""
-    from peep.server.scenes.tracks import evaluate_tracks
+    from peep.lab.scenes.tracks import evaluate_tracks
 
     base, _ = scene
     truth = read_ground_truth(base.with_suffix(".gt.jsonl"))
@@ -208,7 +208,7 @@ def test_each_once_walks_every_person_through_once_in_order(data_home: str, tmp_
 
 
 def test_held_out_scene_seeds_are_read_and_bad_ones_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    from peep.server.bench.detectors import scene_seeds
+    from peep.lab.bench.detectors import scene_seeds
 
     monkeypatch.delenv("PEEP_BENCH_SCENE_SEEDS", raising=False)
     assert scene_seeds(False) == (0, 1) and scene_seeds(True) == (0,)

@@ -1,6 +1,6 @@
 """Fixtures for the recognition server tests: TLS material, templates, servers, PostgreSQL.
 
-Real parts only: TLS certificates come from ``peep.server.pki`` (a real in-process CA), the
+Real parts only: TLS certificates come from ``peep.lab.processes.pki`` (a real in-process CA), the
 broker is the Mosquitto on 127.0.0.1:1883 (a unique topic prefix per session
 keeps other test runs on the same broker out), PostgreSQL is 127.0.0.1:5432
 (a private schema per test), gRPC runs over loopback.
@@ -41,7 +41,7 @@ def _broker_left_clean() -> Iterator[None]:
     yield
     if mqtt_available() is not None:
         return
-    from peep.server.transport.retained import clear_retained, retained_topics
+    from peep.lab.processes.retained import clear_retained, retained_topics
 
     clear_retained(list(retained_topics(f"{MQTT_PREFIX}/#")))
     left = retained_topics(f"{MQTT_PREFIX}/#")

@@ -1,4 +1,4 @@
-"""`peep.server.bench.server.run(quick=True)`: every number is measured on the real path and nothing is lost."""
+"""`peep.lab.bench.server.run(quick=True)`: every number is measured on the real path and nothing is lost."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.bench, pytest.mark.xdist_group("bench")]
 
 @pytest.mark.slow
 def test_quick_bench_measures_every_number():
-    from peep.server.bench.server import run
+    from peep.lab.bench.server import run
 
     out = run(quick=True)
     keys = ("ingest_per_s_grpc", "identify_p50_ms", "identify_p99_ms", "identify_batch_per_s",

@@ -26,7 +26,7 @@ def test_cluster_section_names_the_missing_service(tmp_path, monkeypatch, capsys
 
 
 def test_default_sections_leave_the_cluster_out():
-    from peep.server.commands.bench import DEFAULT_SECTIONS, SECTIONS
+    from peep.lab.commands.bench import DEFAULT_SECTIONS, SECTIONS
 
     assert "cluster" in SECTIONS and "cluster" not in DEFAULT_SECTIONS
 
@@ -36,8 +36,8 @@ def test_quick_cluster_section(pg_admin, monkeypatch):
     if mqtt_available() is not None:
         pytest.skip(mqtt_available())
     monkeypatch.setenv("PEEP_BENCH_PG_DSN", PG_BASE)  # the database pg_admin looks in
-    from peep.server.bench.cluster import run
-    from peep.server.transport.retained import retained_topics
+    from peep.lab.bench.cluster import run
+    from peep.lab.processes.retained import retained_topics
 
     out = run(quick=True)
     assert out["replicas"] == 3
@@ -48,7 +48,7 @@ def test_quick_cluster_section(pg_admin, monkeypatch):
     # Through the shipped HAProxy configuration, replica B killed and restarted mid-way: every template decided
     # once (where haproxy is installed; the section says why not elsewhere).
     tb = out["through_balancer"]
-    from peep.server.bench.cluster import haproxy_missing
+    from peep.lab.bench.cluster import haproxy_missing
 
     if haproxy_missing() is None:
         assert tb["sent"] == tb["decided"] > 0 and tb["duplicates"] == tb["lost"] == 0, tb

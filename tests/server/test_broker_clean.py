@@ -17,7 +17,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
-from peep.server.transport.retained import clear_retained, retained_topics
+from peep.lab.processes.retained import clear_retained, retained_topics
 from peep_testing.server import base_config, mqtt_available, start_server
 
 pytestmark = pytest.mark.mqtt
@@ -76,8 +76,8 @@ def test_a_server_leaves_its_bundle_retained_and_clear_retained_removes_it(tmp_p
 
 @pytest.mark.slow
 def test_bench_mqtt_leaves_no_retained_message_or_session(tmp_path):
-    from peep.server.bench import server as bench
-    from peep.server.pki import make_local_pki
+    from peep.lab.bench import server as bench
+    from peep.lab.processes.pki import make_local_pki
 
     bundle, pub = bench._synthetic_bundle(tmp_path)
     bundle.bench_dir = str(tmp_path / "bundle")

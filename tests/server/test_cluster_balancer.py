@@ -1,7 +1,7 @@
 """Three ``peep serve`` replicas behind the shipped HAProxy configuration (deploy/cluster/haproxy.cfg), as deployed.
 
 Real processes: three replicas on one private PostgreSQL schema, HAProxy (Debian's 2.6) with the shipped file,
-its paths and addresses swapped for the test's (peep.server.bench.balancer.Balancer), terminating TLS and
+its paths and addresses swapped for the test's (peep.lab.bench.balancer.Balancer), terminating TLS and
 speaking HTTP/2 over TLS to the replicas, checking each replica's ``/healthz``. Every client — the admin's
 enrolment and training, ten device processes streaming templates, an event subscriber — uses the balancer's
 one address. The replica holding the subscriber's stream is SIGKILLed under load and restarted: the balancer
@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from peep.server.bench.cluster import (
+from peep.lab.bench.cluster import (
     Balancer,
     DeviceSpec,
     Replica,
@@ -39,7 +39,7 @@ from peep.server.bench.cluster import (
     wait_for,
     write_frames,
 )
-from peep.server.bench.sockets import SocketPlace
+from peep.lab.bench.sockets import SocketPlace
 from peep.server.config import token_sha256
 from peep.v1 import recognition_pb2
 from peep_testing.server import ADMIN, DEVICE_TOKENS, SITE, base_config, tls_section, to_toml

@@ -6,7 +6,7 @@ private PostgreSQL schema, our own Mosquitto with the shipped configuration
 server's listener; peep_testing.broker), each replica configured like
 deploy/cluster/replica-*.toml: its ``cluster.replica_id`` names its persistent
 MQTT sessions (no ``mqtt.client_id``). Ten device *processes*
-(peep.server.bench.cluster, the harness ``peep bench --sections cluster`` uses):
+(peep.lab.bench.cluster, the harness ``peep bench --sections cluster`` uses):
 five publish QoS 1 over MQTT with their own broker accounts, five stream over gRPC,
 each call to the next replica and a failed call resent to the next one, as
 through a per-call load balancer.
@@ -27,7 +27,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from peep.server.bench.cluster import (
+from peep.lab.bench.cluster import (
     DeviceSpec,
     Replica,
     count_stored,

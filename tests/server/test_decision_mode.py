@@ -125,7 +125,7 @@ def test_a_door_deciding_on_the_device_decides_with_the_server_stopped_and_its_r
     from peep.edge.capture import VideoSource
     from peep.edge.door import DoorController, GpioLock
     from peep.edge.door_session import DoorSession
-    from peep.server.demo.devices import FrameWindow
+    from peep.lab.demo.devices import FrameWindow
 
     srv = start_trained(tmp_path / "srv", pki, keypair, bundle_dir, templates, model_keys, calibration_path)
     video, name = walk_past

@@ -168,7 +168,7 @@ def over_mqtt(tmp_path_factory, pki, keypair, bundle_dir, templates, model_keys,
 @pytest.mark.slow
 @pytest.mark.mqtt
 def test_every_issued_model_is_broadcast_not_retained(over_mqtt, model_keys, templates):
-    from peep.server.transport.retained import retained_topics
+    from peep.lab.processes.retained import retained_topics
 
     broadcast = f"{MQTT_PREFIX}/model"
     heard = Listener(broadcast)
@@ -193,7 +193,7 @@ def test_every_issued_model_is_broadcast_not_retained(over_mqtt, model_keys, tem
 
 @pytest.mark.mqtt
 def test_a_device_asks_over_mqtt_and_is_answered_on_its_own_topic(over_mqtt, model_keys, templates):
-    from peep.server.transport.retained import retained_topics
+    from peep.lab.processes.retained import retained_topics
 
     s = over_mqtt.services
     newest = s.device_models.newest(templates.bundle_id, "")

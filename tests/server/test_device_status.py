@@ -160,7 +160,7 @@ def test_every_replica_records_retained_statuses_with_clear_retained_off(tmp_pat
     reason = mqtt_available()
     if reason:
         pytest.skip(reason)
-    from peep.server.transport.retained import clear_retained, retained_topics
+    from peep.lab.processes.retained import clear_retained, retained_topics
 
     status_topic = f"{MQTT_PREFIX}/{SITE}/cam-1/status"
     bad_topic = f"{MQTT_PREFIX}/{SITE}/cam-2/status"

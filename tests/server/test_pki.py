@@ -1,4 +1,4 @@
-"""peep.server.pki: the one in-process CA of the demo, the benchmark and the tests issues certificates
+"""peep.lab.processes.pki: the one in-process CA of the demo, the benchmark and the tests issues certificates
 that a strict TLS stack accepts, in both directions, and nothing from another CA."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import threading
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from peep.server.pki import LocalCA, make_local_pki
+from peep.lab.processes.pki import LocalCA, make_local_pki
 
 
 def _handshake(tmp_path, ca: LocalCA, client_ca: LocalCA) -> tuple[object, object]:

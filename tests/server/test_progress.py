@@ -96,8 +96,8 @@ def test_disabled_and_silenced_write_nothing(monkeypatch):
 
 
 def test_audit_jobs_write_no_carriage_returns_to_a_log(capsys):
-    from peep.server.audit.config import AuditConfig
-    from peep.server.audit.execution import run_jobs
+    from peep.lab.audit.config import AuditConfig
+    from peep.lab.audit.execution import run_jobs
 
     results, _ = run_jobs(AuditConfig(jobs=1), [(lambda i: (i, 0.0), (i,)) for i in range(300)], "jobs")
     assert results == list(range(300))

@@ -13,7 +13,7 @@ import socket
 import time
 
 import pytest
-from peep.server.bench.cluster import Replica, free_port, wait_for
+from peep.lab.bench.cluster import Replica, free_port, wait_for
 from peep.server.storage.postgres import PostgresStore
 from peep.server.storage.sqlite import SqliteStore
 from peep_testing.server import base_config, tls_section, to_toml

@@ -14,10 +14,10 @@ import pytest
 
 # The `sgap` extra (scripts/bootstrap.sh installs it): without torch this module fails, it is not skipped.
 import torch
-from peep.server.sgap.config import SgapConfig, check_background
-from peep.server.sgap.model import Generator, SiameseDiscriminator, ssim
-from peep.server.sgap.runtime import SgapModelError, SgapPrivatizer, ssim_per_face
-from peep.server.sgap.train import sample_pairs, train_sgap, write_model
+from peep.lab.sgap.config import SgapConfig, check_background
+from peep.lab.sgap.model import Generator, SiameseDiscriminator, ssim
+from peep.lab.sgap.runtime import SgapModelError, SgapPrivatizer, ssim_per_face
+from peep.lab.sgap.train import sample_pairs, train_sgap, write_model
 
 LAMBDA = 0.2
 
@@ -212,7 +212,7 @@ def test_own_discriminator_protocol_on_unchanged_faces_is_its_real_pair_accuracy
     """The paper's figure through the anonymiser interface: with the 'privatized' faces equal to the
     originals, accuracy on privatized pairs equals accuracy on real pairs and the fooling rate equals
     the discriminator's own false 'different' rate; with the generator's faces it is computed on them."""
-    from peep.server.anonymize.methods import make_anonymiser
+    from peep.lab.anonymize.methods import make_anonymiser
 
     images, labels = small
     sgap = make_anonymiser("sgap", {"model": str(trained[2] / "sgap.onnx")}).fit(images)
@@ -226,7 +226,7 @@ def test_own_discriminator_protocol_on_unchanged_faces_is_its_real_pair_accuracy
     assert got is not None and 0.0 <= got["fooling_rate"] <= 1.0
     # The privatized face is the anchor, the partner stays original: a judge that calls faces "different" when
     # their mean brightness differs says so for every same-person pair whose anchor was inverted.
-    from peep.server.sgap.runtime import SgapDiscriminator
+    from peep.lab.sgap.runtime import SgapDiscriminator
 
     monkeypatch.setattr(
         SgapDiscriminator, "p_different", lambda self, a, b: (np.abs(a.mean((1, 2)) - b.mean((1, 2))) > 0.2) * 1.0
@@ -304,7 +304,7 @@ def test_runtime_needs_no_torch(trained, tmp_path):
     model = trained[2] / "sgap.onnx"
     code = (
         "import numpy as np\n"
-        "from peep.server.sgap.runtime import SgapPrivatizer\n"
+        "from peep.lab.sgap.runtime import SgapPrivatizer\n"
         f"p = SgapPrivatizer.load({str(model)!r})\n"
         "x = np.random.default_rng(0).random((3, 62, 47)).astype(np.float32)\n"
         "y = p.privatize(x)\n"
@@ -326,7 +326,7 @@ def test_training_without_torch_names_the_extra(tmp_path):
         timeout=120,
     )
     assert r.returncode == 2, r.stderr
-    assert "pip install 'peep-server[sgap]'" in r.stderr and not (tmp_path / "o").exists()
+    assert "pip install './lab[sgap]'" in r.stderr and not (tmp_path / "o").exists()
 
 
 # Closer to an install without torch than WITHOUT_TORCH: `import torch` fails and sys.modules holds no 'torch'

@@ -9,9 +9,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from peep.server.bench.soak.actors import DecisionLog, device_row_text, shown_epsilon
-from peep.server.bench.soak.nemesis import Fault
-from peep.server.bench.soak.world import SoakWorld
+from peep.lab.bench.soak.actors import DecisionLog, device_row_text, shown_epsilon
+from peep.lab.bench.soak.nemesis import Fault
+from peep.lab.bench.soak.world import SoakWorld
 
 
 def _events_table(dsn: str) -> None:
@@ -131,7 +131,7 @@ def test_every_table_is_read_for_the_cameras_releases(pg_dsn, tmp_path):
 
 def test_the_desk_is_checked_against_its_own_ledger_and_an_input_refusal_is_not_a_failure(pg_dsn, tmp_path):
     import psycopg
-    from peep.server.bench.soak.actors import Enrolment, EnrolmentDesk
+    from peep.lab.bench.soak.actors import Enrolment, EnrolmentDesk
 
     ledger = tmp_path / "ledger.sqlite3"
     with sqlite3.connect(ledger) as db:
@@ -159,7 +159,7 @@ def test_the_desk_is_checked_against_its_own_ledger_and_an_input_refusal_is_not_
 def test_the_desk_enrols_at_a_lower_cpu_priority_than_the_cameras_it_shares_the_rig_with(tmp_path, monkeypatch):
     import os
 
-    from peep.server.bench.soak import actors
+    from peep.lab.bench.soak import actors
 
     fake = tmp_path / "peep-edge"
     fake.write_text("#!/bin/sh\nnice\n")  # prints the niceness it runs at
@@ -182,8 +182,8 @@ def test_the_operator_stopped_then_stepped_loads_the_final_devices_page_afresh(t
     # The runner stops the operator's loop, then loads Devices once more for the ε it shows as the run ends:
     # that load must not go to the closed connection (it failed, and the check read an older page).
     import httpx
-    from peep.server.bench.soak.actors import ConsoleOperator
-    from peep.server.bench.soak.timeline import Timeline
+    from peep.lab.bench.soak.actors import ConsoleOperator
+    from peep.lab.bench.soak.timeline import Timeline
 
     served = {"devices": 0}
 

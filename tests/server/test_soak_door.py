@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from peep.server.bench.soak.door import (
+from peep.lab.bench.soak.door import (
     DoorRun,
     SentClaim,
     ServerDecision,

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-from peep.server.bench.soak import edgefaults
-from peep.server.bench.soak.edgefaults import LimitedFolder, SteppedClock, _mounted_at, find_libfaketime
-from peep.server.bench.soak.parts import PartUnavailable
+from peep.lab.bench.soak import edgefaults
+from peep.lab.bench.soak.edgefaults import LimitedFolder, SteppedClock, _mounted_at, find_libfaketime
+from peep.lab.bench.soak.parts import PartUnavailable
 
 pytestmark = pytest.mark.processes
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from peep.server.bench.soak.history import DeviceHistory, check_door, check_epsilon, check_events, check_templates
+from peep.lab.bench.soak.history import DeviceHistory, check_door, check_epsilon, check_events, check_templates
 
 
 def test_each_sent_template_is_decided_once_dead_lettered_queued_lost_or_duplicated():
@@ -59,7 +59,7 @@ def test_the_epsilon_shown_must_equal_the_devices_ledgers():
 
 
 def test_in_flight_counts_each_devices_releases_within_each_fault_window():
-    from peep.server.bench.soak.history import in_flight
+    from peep.lab.bench.soak.history import in_flight
 
     released = {"cam-1": [1.0, 2.0, 3.5, 10.0], "cam-2": [2.5], "door-1": []}
     assert in_flight(released, [(2.0, 3.5), (9.0, 9.5)]) == [{"cam-1": 2, "cam-2": 1}, {}]

@@ -9,8 +9,8 @@ import threading
 import time
 
 import pytest
-from peep.server.bench.soak.nemesis import FAULT_KINDS, Fault, Nemesis, schedule
-from peep.server.bench.soak.timeline import Timeline
+from peep.lab.bench.soak.nemesis import FAULT_KINDS, Fault, Nemesis, schedule
+from peep.lab.bench.soak.timeline import Timeline
 
 
 def _targets(kind: str) -> list[str]:
@@ -121,7 +121,7 @@ def test_quiet_time_leaves_undisturbed_stretches_between_faults():
 def test_a_run_too_short_for_its_quiet_minutes_is_refused_before_anything_starts(tmp_path, monkeypatch):
     # 1200 s fits the faults' slots without the quiet minutes after each, but not with them: the run used
     # to start the whole system and fail 20 s later when the real schedule was drawn.
-    from peep.server.bench.soak import runner
+    from peep.lab.bench.soak import runner
 
     started = []
     monkeypatch.setattr(runner.SoakWorld, "start", lambda self: started.append(self))
@@ -133,7 +133,7 @@ def test_a_run_too_short_for_its_quiet_minutes_is_refused_before_anything_starts
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_a_stop_signal_raises_once_in_the_run_and_a_second_does_not_cut_the_stopping_short(sig, capsys):
-    from peep.server.bench.soak.runner import SoakStopped, stop_on_signals
+    from peep.lab.bench.soak.runner import SoakStopped, stop_on_signals
 
     before = signal.getsignal(sig)
     stopped_parts = []

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from peep.server.bench.soak.report import write_report
-from peep.server.bench.soak.sampler import (
+from peep.lab.bench.soak.report import write_report
+from peep.lab.bench.soak.sampler import (
     ResourceSampler,
     Source,
     callable_source,
@@ -25,8 +25,8 @@ from peep.server.bench.soak.sampler import (
     process_source,
     read_process,
 )
-from peep.server.bench.soak.targets import judge
-from peep.server.bench.soak.timeline import LIFE, Timeline
+from peep.lab.bench.soak.targets import judge
+from peep.lab.bench.soak.timeline import LIFE, Timeline
 
 HOUR = 3600.0
 
@@ -413,7 +413,7 @@ def test_p99_against_the_first_quiet_minute(factor: float, ok: bool) -> None:
 
 def test_a_reported_latency_gets_the_targets_ratio_but_is_not_a_target(tmp_path: Path) -> None:
     """The camera-side measure is worked out like the judged one and shown beside the targets, never in them."""
-    from peep.server.bench.soak.targets import latency_ratios
+    from peep.lab.bench.soak.targets import latency_ratios
 
     tl = _quiet_run(p99_late_factor=2.0)
     for minute in range(60):  # the release side: ten times slower from minute 40

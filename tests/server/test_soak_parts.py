@@ -1,4 +1,4 @@
-"""The soak's real parts (peep.server.bench.soak.parts), each on its own and quickly.
+"""The soak's real parts (peep.lab.bench.soak.parts), each on its own and quickly.
 
 PostgreSQL (its own cluster: initdb, a clean stop, a crash), the shipped
 Mosquitto (a restart on the same ports, a persistent session's queue surviving
@@ -27,8 +27,8 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
-from peep.server.bench.cluster import wait_for
-from peep.server.bench.soak.parts import (
+from peep.lab.bench.cluster import wait_for
+from peep.lab.bench.soak.parts import (
     PartUnavailable,
     PostgresCluster,
     ProcessStats,

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 from peep.core.bundle import write_keypair
+from peep.lab.processes.pki import LocalCA
 from peep.server.cli import main
-from peep.server.pki import LocalCA
 from peep_testing.server import base_config, tls_section, to_toml
 
 

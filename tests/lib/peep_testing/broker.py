@@ -1,6 +1,6 @@
 """Our own Mosquitto with the shipped configuration (deploy/mosquitto), for durability and ACL tests.
 
-:class:`ShippedBroker` is the soak's :class:`~peep.server.bench.soak.parts.ShippedMosquitto`
+:class:`ShippedBroker` is the soak's :class:`~peep.lab.bench.soak.parts.ShippedMosquitto`
 (the shipped ``mosquitto.conf``, ``acl`` and ``make-passwd.sh`` as they are, paths and
 ports swapped) with the accounts these tests use: ``cam-1`` and ``cam-2``
 (:data:`DEVICE_PASSWORDS`) and ``peep-server`` (:data:`SERVER_PASSWORD`). Two TLS
@@ -27,8 +27,8 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
-from peep.server.bench.ports import free_port, listens_on
-from peep.server.bench.soak.parts import DEVICE_MOUNT, ShippedMosquitto, mosquitto_missing
+from peep.lab.bench.ports import free_port, listens_on
+from peep.lab.bench.soak.parts import DEVICE_MOUNT, ShippedMosquitto, mosquitto_missing
 
 DEVICE_PASSWORDS = {"cam-1": "cam-1-pw-" + uuid.uuid4().hex[:8], "cam-2": "cam-2-pw-" + uuid.uuid4().hex[:8]}
 SERVER_PASSWORD = "server-pw-" + uuid.uuid4().hex[:8]
@@ -199,8 +199,8 @@ class Client:
 
 
 def wait_for(pred: Any, timeout: float = 20.0, step: float = 0.05) -> bool:
-    """:func:`peep.server.bench.processes.wait_for` with the broker tests' 20 s."""
-    from peep.server.bench.processes import wait_for as wait
+    """:func:`peep.lab.bench.processes.wait_for` with the broker tests' 20 s."""
+    from peep.lab.bench.processes import wait_for as wait
 
     return wait(pred, timeout, step)
 

@@ -112,7 +112,7 @@ def csrf_of(path: str, client: Any) -> str:
 @pytest.fixture(scope="session")
 def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     from peep.core.release import TemplateReleaser
-    from peep.server.bench.server import _synthetic_bundle
+    from peep.lab.bench.server import _synthetic_bundle
     from peep.server.console import accounts
     from peep.server.console.store import ConsoleStore
     from peep.v1 import recognition_pb2

@@ -17,7 +17,7 @@ import pytest
 from peep.core import wire
 from peep.core.configfile import to_toml as to_toml  # one TOML writer for tests, the bench and the demo
 from peep.core.release import TemplateReleaser
-from peep.server.pki import LocalCA
+from peep.lab.processes.pki import LocalCA
 
 ADMIN_TOKEN = "admin-" + uuid.uuid4().hex
 DEVICE_TOKENS = {"cam-1": "tok-cam1-" + uuid.uuid4().hex, "cam-2": "tok-cam2-" + uuid.uuid4().hex}
@@ -50,7 +50,7 @@ class Pki:
 
 
 def make_pki(d: Path) -> Pki:
-    """A CA, a server certificate for localhost/127.0.0.1, client certificates and a rogue one (peep.server.pki)."""
+    """A CA, a server certificate for localhost/127.0.0.1, client certificates and a rogue one (the lab's PKI)."""
     ca = LocalCA("peep-test-ca", days=2)
     ca.write_ca(d / "ca.pem")
     ca.issue_server(("localhost",)).write(d / "server.pem", d / "server.key")
@@ -171,7 +171,7 @@ def rpc_error(call: Any, *args: Any, **kw: Any) -> tuple[grpc.StatusCode, str]:
 
 def free_port() -> int:
     """A port to listen on, outside the range outgoing connections draw from (see the cluster's)."""
-    from peep.server.bench.ports import free_port as chosen
+    from peep.lab.bench.ports import free_port as chosen
 
     return chosen()
 

@@ -3,7 +3,7 @@
 It lives in peep-edge, not in the server, because :mod:`peep.edge.bench`
 needs it and must run on a device where only peep-edge is installed (the
 edge may not depend on the server); the server's demo, which needs the
-edge agent anyway (extra ``peep-server[demo]``), imports it from here. A
+edge agent anyway (peep-lab depends on peep-edge), imports it from here. A
 test keeps it out of the agent's import path.
 
 - :func:`lfw_people` finds LFW images in scikit-learn's layout

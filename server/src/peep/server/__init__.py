@@ -1,7 +1,7 @@
-"""PEEP server: perturbed-only storage, training, identify/verify, QBBS, bundles; and the lab (audit, demo, ...).
+"""PEEP server: perturbed-only storage, training, identify/verify, QBBS, bundles.
 
-The console script is ``peep`` (:mod:`peep.server.cli`). Which modules are the
-lab, needing the extra ``lab``, is stated in :mod:`peep.server.extras`.
+The console script is ``peep`` (:mod:`peep.server.cli`); the lab (``peep-lab``: the audit, the benchmarks, the
+demo, ...) adds its commands to it.
 """
 
 __version__ = "0.1.0"

@@ -5,110 +5,119 @@ Each sub-command lives in :mod:`peep.server.commands` as a module with
 0 success, 2 usage or configuration error (the message names the option or
 field), 1 any other failure (the message says what and where).
 
-A serving install lacks the lab's dependencies (:mod:`peep.server.extras`):
-its lab commands are listed as needing the lab install and, when run, say
-which install that is (exit 2). Any other command that does not load is a
-broken install, and ``peep`` says so instead of leaving the command out.
+Other distributions add commands through the entry point group
+:data:`ENTRY_POINT_GROUP` (``peep-lab`` adds the audit, the benchmarks, the
+demo, ...): peep-server names none of them. A name with a dot
+(``qbbs.evaluate``) is an action of the command before it. A command that is
+installed but does not load is a broken install, and ``peep`` says so instead
+of leaving the command out; a command that is not installed says where the
+lab's commands come from.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import importlib
 import logging
 import sys
 from collections.abc import Sequence
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from peep.server.errors import UsageError
-from peep.server.extras import is_lab_module, lab_install, missing_lab_dependencies
 
-#: Sub-commands in help order; each is the module ``peep.server.commands.<words joined by _>``. A command
-#: of two words is an action of the first word's command, whose ``register`` returns its sub-parsers.
-COMMANDS = (
-    "keys",
-    "bundle",
-    "serve",
-    "mqtt",
-    "events",
-    "train",
-    "erase",
-    "retention",
-    "audit",
-    "qbbs",
-    "qbbs evaluate",
-    "anonymize",
-    "bench",
-    "demo",
-    "sgap",
-    "console",
-)
+#: Sub-commands in help order; each is the module ``peep.server.commands.<name>``, whose ``register`` returns
+#: its own sub-parsers when it has actions (``qbbs``).
+COMMANDS = ("keys", "bundle", "serve", "mqtt", "events", "train", "erase", "retention", "qbbs", "console")
+#: Where installed distributions declare the commands they add (``name = "module:register"``).
+ENTRY_POINT_GROUP = "peep.commands"
+#: What to install for the commands that come with the lab.
+LAB_INSTALL = "pip install ./lab (from a checkout of PEEP) or pip install peep-lab"
 
 
 class CommandLoadError(RuntimeError):
-    """A command's module failed to import for a reason other than a serving install's missing lab."""
+    """A command's module failed to import: the install that provides it is incomplete or broken."""
 
-    def __init__(self, command: str, module: str, cause: BaseException) -> None:
+    def __init__(self, command: str, module: str, cause: BaseException, distribution: str = "peep-server") -> None:
         super().__init__(
             f"the command `peep {command}` could not be loaded ({module}: {type(cause).__name__}: {cause}); "
-            "this peep-server install is incomplete or broken: reinstall it"
+            f"this {distribution} install is incomplete or broken: reinstall it"
         )
 
 
 def command_module(command: str) -> str:
-    """The module that implements ``command`` (``"qbbs evaluate"`` → ``peep.server.commands.qbbs_evaluate``)."""
+    """The module that implements the serving ``command`` (``"retention"`` → ``peep.server.commands.retention``)."""
     return "peep.server.commands." + command.replace(" ", "_")
 
 
-def _needs_lab(command: str, missing: Sequence[str], args: argparse.Namespace) -> int:
-    print(
-        f"peep {command}: needs the lab install: {lab_install(command)} (not installed: {', '.join(missing)})",
-        file=sys.stderr,
-    )
-    return 2
+def added_commands() -> list[EntryPoint]:
+    """The commands other installed distributions add (:data:`ENTRY_POINT_GROUP`), in name order."""
+    return sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
 
 
-def _add_lab_placeholder(sub: Any, command: str, missing: Sequence[str]) -> None:
-    """A lab command in a serving install: listed, and taking any arguments only to say what to install."""
-    p = sub.add_parser(command.split()[-1], help=f"needs the lab install ({lab_install(command)})", add_help=False)
-    p.set_defaults(handler=functools.partial(_needs_lab, command, missing), any_arguments=True)
+def _distribution(ep: EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    return str(getattr(dist, "name", "") or "the distribution that declares it")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``peep`` parser with every command of :data:`COMMANDS`.
+    """The ``peep`` parser: every command of :data:`COMMANDS`, then every :func:`added_commands` one.
 
     Raises
     ------
     CommandLoadError
-        When a command's module does not import, unless it is a lab command and the lab's dependencies are
-        not installed (then it is listed as needing the lab install).
+        When a command's module does not import or an added command names an action of a command that does
+        not exist.
     """
     parser = argparse.ArgumentParser(
-        prog="peep", description="PEEP backend: bundles, server, training, audit, QBBS, benchmarks"
-    )
+        prog="peep", description="PEEP backend: bundles, server, training, QBBS (with peep-lab: the audit, "
+        "benchmarks, the demo)"
+    )  # fmt: skip
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
-    actions = {"": parser.add_subparsers(dest="command", metavar="COMMAND", required=True)}
-    missing: dict[bool, list[str]] = {}  # looked up once per kind (the demo's, the rest of the lab's)
+    actions: dict[str, Any] = {"": parser.add_subparsers(dest="command", metavar="COMMAND", required=True)}
     for command in COMMANDS:
-        sub = actions[command.rpartition(" ")[0]]
         module_name = command_module(command)
-        if is_lab_module(module_name):
-            demo = command == "demo"
-            if demo not in missing:
-                missing[demo] = missing_lab_dependencies("demo" if demo else None)
-            missing_lab = missing[demo]
-            if missing_lab:
-                _add_lab_placeholder(sub, command, missing_lab)
-                continue
         try:
             module = importlib.import_module(module_name)
         except Exception as exc:
             raise CommandLoadError(command, module_name, exc) from exc
-        command_actions = module.register(sub)
+        command_actions = module.register(actions[""])
+        if command_actions is not None:
+            actions[command] = command_actions
+    for ep in added_commands():
+        parent, _, _ = ep.name.rpartition(".")
+        command = ep.name.replace(".", " ")
+        if parent.replace(".", " ") not in actions:
+            raise CommandLoadError(
+                command, ep.value, LookupError(f"no command `peep {parent}` to add it to"), _distribution(ep)
+            )
+        try:
+            register = ep.load()
+        except Exception as exc:
+            raise CommandLoadError(command, ep.value, exc, _distribution(ep)) from exc
+        command_actions = register(actions[parent.replace(".", " ")])
         if command_actions is not None:
             actions[command] = command_actions
     return parser
+
+
+def _first_word(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` asks for (its first argument that is not an option), or None."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def _not_installed(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str | None:
+    """What to say when ``argv`` names no installed command and nothing adds commands (a serving install)."""
+    word = _first_word(argv)
+    if word is None or added_commands():
+        return None
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    if word in sub.choices:
+        return None
+    return (
+        f"peep: `{word}` is not a command of peep-server ({', '.join(sub.choices)}); the lab's commands (the "
+        f"audit, anonymisation, benchmarks, the demo, ...) come with peep-lab: {LAB_INSTALL}"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -117,10 +126,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CommandLoadError as exc:
         print(f"peep: error: {exc}", file=sys.stderr)
         return 1
-    # Known arguments first, so that a lab command's placeholder can take whatever its real parser would.
-    args, unknown = parser.parse_known_args(argv)
-    if unknown and not getattr(args, "any_arguments", False):
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    words = sys.argv[1:] if argv is None else list(argv)
+    missing = _not_installed(parser, words)
+    if missing is not None:
+        print(missing, file=sys.stderr)
+        return 2
+    args = parser.parse_args(words)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:

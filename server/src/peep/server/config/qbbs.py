@@ -175,7 +175,7 @@ DEFAULT_TRAITS: dict[str, TraitSpec] = {
 
 
 #: The population the calibration simulates by default, and the synthetic height and weight of evaluation
-#: subjects (:mod:`peep.server.qbbs.anthropometry`, which gives the sources): public figures, never the store's.
+#: subjects (:mod:`peep.lab.qbbs.anthropometry`, which gives the sources): public figures, never the store's.
 ANTHROPOMETRY: dict[str, Any] = {
     "source": (
         "means: NHANES 2011-2014 adults 20+ (Fryar, Gu, Ogden, Flegal 2016, NCHS Vital Health Stat 3(39)); "
@@ -196,7 +196,7 @@ class Anthropometry(BaseModel):
     The defaults are NHANES 2011-2014 adult means. A table replaces its
     gender's default whole: give all four values. Weight is drawn log-normal
     with this mean and SD, correlated with height as in
-    :mod:`peep.server.qbbs.anthropometry`.
+    :mod:`peep.lab.qbbs.anthropometry`.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -300,7 +300,7 @@ class PopulationPrior(BaseModel):
             f"gender Bernoulli({self.male_fraction:g}); height (cm) / weight (kg) by gender: "
             f"female {f.height_mean:g}±{f.height_sd:g} / {f.weight_mean:g}±{f.weight_sd:g}, "
             f"male {m.height_mean:g}±{m.height_sd:g} / {m.weight_mean:g}±{m.weight_sd:g} "
-            "(log-normal weight; defaults: NHANES 2011-2014, peep.server.qbbs.anthropometry); "
+            "(log-normal weight; defaults: NHANES 2011-2014, peep.lab.qbbs.anthropometry); "
             f"{age}; every other trait uniform over its declared range (binary: Bernoulli(0.5)); "
             f"all clipped to the declared range; impostors: {self.impostor_model}"
         )

@@ -9,9 +9,9 @@ query structure and its privacy accounting, :mod:`peep.server.qbbs.matcher`
 for the fusion, :mod:`peep.server.qbbs.service` for the gRPC service and
 :mod:`peep.server.qbbs.calibration` for the fused threshold (calibrated to a
 target false-accept rate without reading the store),
-:mod:`peep.server.qbbs.evaluation` for ``peep qbbs evaluate`` (its
-experiments in :mod:`peep.server.qbbs.experiments`, its figures in
-:mod:`peep.server.qbbs.figures`) and
+:mod:`peep.lab.qbbs.evaluation` for ``peep qbbs evaluate`` (its
+experiments in :mod:`peep.lab.qbbs.experiments`, its figures in
+:mod:`peep.lab.qbbs.figures`) and
 :mod:`peep.server.qbbs.hosting` for :class:`HostedQbbs`, the module as the
 recognition server hosts it (built by :class:`peep.server.services.Services`
 for ``peep serve`` and ``peep erase`` when ``server.toml`` has a ``[qbbs]``

@@ -36,7 +36,7 @@ What the calibration may use (all public, or the recogniser's own validation dat
   from public knowledge of the site and never computed from the store. The
   default (:data:`POPULATION`) is a general adult population: gender
   Bernoulli(0.5); height (cm) and weight (kg) from the NHANES-based adult
-  anthropometry by gender in :mod:`peep.server.qbbs.anthropometry`; every other
+  anthropometry by gender in :mod:`peep.lab.qbbs.anthropometry`; every other
   trait (age included) uniform over its declared range. A site declares its
   male fraction, an age distribution N(age_mean, age_sd²) and per-gender
   height/weight means and SDs when its people are narrower than that: with
@@ -274,7 +274,7 @@ def anthropometry(
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Height (cm) and weight (kg) per person from their gender's distribution.
 
-    The model of :func:`peep.server.qbbs.anthropometry.synthetic_anthropometry`
+    The model of :func:`peep.lab.qbbs.anthropometry.synthetic_anthropometry`
     (normal height, log-normal weight with the same mean and SD, correlated
     with height) with the means and SDs given; with the defaults it draws
     exactly what that function draws for the same ``seed``.

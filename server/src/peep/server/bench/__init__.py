@@ -1,6 +1,0 @@
-"""``peep bench``: the core and server sections.
-
-The edge section lives in :mod:`peep.edge.bench`, so that it also runs on a
-device where only peep-edge is installed; ``peep bench`` runs it when the
-extra ``peep-server[demo]`` (peep-edge) is installed.
-"""
