@@ -20,7 +20,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from peep_testing.broker import Mosquitto, free_port, port_open
+from peep.lab.processes.control import port_open
+from peep.lab.processes.ports import free_port
+from peep_testing.broker import Mosquitto
 from peep_testing.edge import EDGE_SITE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -229,7 +231,7 @@ def _retained(host: str, port: int, topic_filter: str) -> set[str]:
 def system_broker() -> Iterator[tuple[str, int]]:
     """The shared broker; the agents' retained statuses (``offline`` on a clean stop) under
     ``peep/v1/<EDGE_SITE>`` that appeared during the session are cleared at its end."""
-    if not port_open("127.0.0.1", 1883):
+    if not port_open(1883):
         pytest.skip("no Mosquitto listening on 127.0.0.1:1883 (the CI service); start it to run this test")
     host, port = "127.0.0.1", 1883
     before = _retained(host, port, f"peep/v1/{EDGE_SITE}/#")

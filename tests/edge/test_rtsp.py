@@ -25,7 +25,7 @@ import pytest
 from peep.edge.capture import VideoSource, open_source
 from peep.edge.config import CaptureConfig
 from peep.edge.metrics import EdgeMetrics
-from peep_testing.broker import free_port
+from peep.lab.processes.ports import free_port
 
 SERVER = Path(__file__).with_name("rtsp_server.py")
 SYSTEM_PYTHON = "/usr/bin/python3"

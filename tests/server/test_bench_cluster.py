@@ -48,7 +48,7 @@ def test_quick_cluster_section(pg_admin, monkeypatch):
     # Through the shipped HAProxy configuration, replica B killed and restarted mid-way: every template decided
     # once (where haproxy is installed; the section says why not elsewhere).
     tb = out["through_balancer"]
-    from peep.lab.bench.cluster import haproxy_missing
+    from peep.lab.processes.haproxy import haproxy_missing
 
     if haproxy_missing() is None:
         assert tb["sent"] == tb["decided"] > 0 and tb["duplicates"] == tb["lost"] == 0, tb

@@ -6,8 +6,8 @@ from __future__ import annotations
 import signal
 import socket
 
-from peep.lab.bench.cluster import free_port
-from peep.lab.bench.soak.parts import port_open
+from peep.lab.processes.control import port_open
+from peep.lab.processes.ports import free_port
 from peep_testing.broker import ShippedBroker
 
 
@@ -30,7 +30,7 @@ def test_a_taken_port_is_replaced_on_the_first_start_and_kept_on_a_restart(tmp_p
 
 
 def test_a_chosen_port_lies_below_the_range_outgoing_connections_draw_from_in_this_workers_slot(monkeypatch):
-    from peep.lab.bench import ports as cluster
+    from peep.lab.processes import ports as cluster
 
     floor = cluster._ephemeral_floor()
     width = (floor - cluster._PORTS_FLOOR) // cluster._PORT_SLOTS

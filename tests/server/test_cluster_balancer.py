@@ -1,7 +1,7 @@
 """Three ``peep serve`` replicas behind the shipped HAProxy configuration (deploy/cluster/haproxy.cfg), as deployed.
 
 Real processes: three replicas on one private PostgreSQL schema, HAProxy (Debian's 2.6) with the shipped file,
-its paths and addresses swapped for the test's (peep.lab.bench.balancer.Balancer), terminating TLS and
+its paths and addresses swapped for the test's (peep.lab.processes.haproxy.Balancer), terminating TLS and
 speaking HTTP/2 over TLS to the replicas, checking each replica's ``/healthz``. Every client — the admin's
 enrolment and training, ten device processes streaming templates, an event subscriber — uses the balancer's
 one address. The replica holding the subscriber's stream is SIGKILLed under load and restarted: the balancer
@@ -24,22 +24,21 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from peep.lab.bench.cluster import (
-    Balancer,
     DeviceSpec,
-    Replica,
     count_stored,
     decided_keys,
-    free_port,
     grpc_stub,
-    haproxy_missing,
     open_streams,
     run_devices,
     serving_version,
     stored_keys,
-    wait_for,
     write_frames,
 )
-from peep.lab.bench.sockets import SocketPlace
+from peep.lab.processes.control import wait_for
+from peep.lab.processes.haproxy import Balancer, haproxy_missing
+from peep.lab.processes.ports import free_port
+from peep.lab.processes.replica import Replica
+from peep.lab.processes.sockets import SocketPlace
 from peep.server.config import token_sha256
 from peep.v1 import recognition_pb2
 from peep_testing.server import ADMIN, DEVICE_TOKENS, SITE, base_config, tls_section, to_toml

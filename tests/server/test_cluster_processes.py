@@ -29,17 +29,17 @@ import psycopg
 import pytest
 from peep.lab.bench.cluster import (
     DeviceSpec,
-    Replica,
     count_stored,
     decided_keys,
-    free_port,
     grpc_stub,
     run_devices,
     serving_version,
     stored_keys,
-    wait_for,
     write_frames,
 )
+from peep.lab.processes.control import wait_for
+from peep.lab.processes.ports import free_port
+from peep.lab.processes.replica import Replica
 from peep.server.config import token_sha256
 from peep.v1 import recognition_pb2
 from peep_testing.broker import SERVER_PASSWORD, ShippedBroker

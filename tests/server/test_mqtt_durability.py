@@ -2,7 +2,7 @@
 
 The broker is our own Mosquitto with the shipped configuration (deploy/mosquitto:
 persistence, queue limits, TLS, the devices' listener with its mount point, the
-server's listener). The server runs as a subprocess (`peep serve --config`) with
+server's listener). The server runs as a subprocess (`peep serve --config`, the lab's Replica) with
 a fixed client id, as a replica does in production. A device publishes QoS 1
 templates and counts the broker's PUBACKs (after which a device deletes them
 from its spool); the test then counts the rows in the server's SQLite store:
@@ -15,7 +15,6 @@ template was taken and decided exactly once.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from peep.lab.processes.replica import Replica
 from peep_testing.broker import DEVICE_PASSWORDS, SERVER_PASSWORD, Client, ShippedBroker, session_exists, wait_for
 from peep_testing.server import PEEP, SITE, base_config, to_toml
 
@@ -42,64 +42,11 @@ def broker(tmp_path, pki):
     b.stop(signal.SIGKILL)
 
 
-class ServerProcess:
-    """`peep serve --config server.toml` as a subprocess; its JSON log lines are collected."""
-
-    def __init__(self, conf: Path, env: dict[str, str]) -> None:
-        self.conf, self.env = conf, env
-        self.proc: subprocess.Popen[str] | None = None
-        self.events: list[dict[str, Any]] = []
-        self.lines: list[str] = []
-
-    def start(self, timeout: float = 90.0) -> ServerProcess:
-        self.events.clear()
-        self.proc = subprocess.Popen(
-            [PEEP, "serve", "--config", str(self.conf)], stderr=subprocess.PIPE, env=self.env, text=True
-        )
-        self._reader = threading.Thread(target=self._read, args=(self.proc,), daemon=True)
-        self._reader.start()
-        assert wait_for(lambda: self.seen("mqtt subscribed"), timeout), "".join(self.lines[-40:])
-        return self
-
-    def _read(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            self.lines.append(line)
-            if line.startswith("{"):
-                try:
-                    self.events.append(json.loads(line))
-                except ValueError:
-                    pass
-
-    def seen(self, event: str) -> bool:
-        return any(e.get("event") == event for e in list(self.events))
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-        rc = self.proc.wait(timeout)
-        self._close()
-        return rc
-
-    def _close(self) -> None:
-        assert self.proc is not None and self.proc.stderr is not None
-        self._reader.join(10)
-        self.proc.stderr.close()
-        self.proc = None
-
-    def kill_if_running(self) -> None:
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait(10)
-            self._close()
-
-
 @pytest.fixture
 def server_factory(tmp_path, keypair, bundle_dir, broker, request):
-    made: list[ServerProcess] = []
+    made: list[Replica] = []
 
-    def make(*, trained: bool = False, **mqtt: Any) -> ServerProcess:
+    def make(*, trained: bool = False, **mqtt: Any) -> Replica:
         if trained and not (tmp_path / "peep.db").exists():
             # The session's trained server's database and model registry: this replica decides what it takes.
             copy_trained(request.getfixturevalue("trained_server"), tmp_path)
@@ -114,13 +61,13 @@ def server_factory(tmp_path, keypair, bundle_dir, broker, request):
         conf = tmp_path / "server.toml"
         conf.write_text(to_toml(cfg))
         env = {**os.environ, "PEEP_TEST_MQTT_PASSWORD": SERVER_PASSWORD}
-        p = ServerProcess(conf, env)
+        p = Replica(REPLICA, conf, 0, env, mqtt=True)
         made.append(p)
         return p
 
     yield make
     for p in made:
-        p.kill_if_running()
+        p.stop(signal.SIGKILL)
 
 
 def copy_trained(trained: Any, dest: Path) -> None:
@@ -181,7 +128,7 @@ class Device:
             return sum(1 for m in self.mids if self.client.acks.get(m, 0x80) < 0x80)
 
 
-def retired(srv: ServerProcess) -> dict[str, int]:
+def retired(srv: Replica) -> dict[str, int]:
     """The sessions the server retired (its log), with the templates each held."""
     return {e["client_id"]: e["templates"] for e in list(srv.events) if e.get("event") == "mqtt session retired"}
 

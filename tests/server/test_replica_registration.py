@@ -13,7 +13,9 @@ import socket
 import time
 
 import pytest
-from peep.lab.bench.cluster import Replica, free_port, wait_for
+from peep.lab.processes.control import wait_for
+from peep.lab.processes.ports import free_port
+from peep.lab.processes.replica import Replica
 from peep.server.storage.postgres import PostgresStore
 from peep.server.storage.sqlite import SqliteStore
 from peep_testing.server import base_config, tls_section, to_toml

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from peep.lab.bench.soak.parts import mosquitto_missing
+from peep.lab.processes.mosquitto import mosquitto_missing
 
 PEEP = str(Path(sys.executable).parent / "peep")
 # Five minutes of soak plus building the system: the suite's per-test limit is for tests, not for this run.

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from peep.lab.bench.soak import edgefaults
 from peep.lab.bench.soak.edgefaults import LimitedFolder, SteppedClock, _mounted_at, find_libfaketime
-from peep.lab.bench.soak.parts import PartUnavailable
+from peep.lab.processes.control import PartUnavailable
 
 pytestmark = pytest.mark.processes
 

@@ -1,4 +1,4 @@
-"""The soak's real parts (peep.lab.bench.soak.parts), each on its own and quickly.
+"""The soak's real parts (peep.lab.processes), each on its own and quickly.
 
 PostgreSQL (its own cluster: initdb, a clean stop, a crash), the shipped
 Mosquitto (a restart on the same ports, a persistent session's queue surviving
@@ -27,17 +27,10 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
-from peep.lab.bench.cluster import wait_for
-from peep.lab.bench.soak.parts import (
-    PartUnavailable,
-    PostgresCluster,
-    ProcessStats,
-    ShippedMosquitto,
-    TcpProxy,
-    mosquitto_missing,
-    port_open,
-    unit_environment,
-)
+from peep.lab.processes.control import PartUnavailable, ProcessStats, port_open, unit_environment, wait_for
+from peep.lab.processes.mosquitto import ShippedMosquitto, mosquitto_missing
+from peep.lab.processes.postgres import PostgresCluster
+from peep.lab.processes.tcpproxy import TcpProxy
 
 pytestmark = pytest.mark.processes
 

@@ -1,24 +1,20 @@
 """Our own Mosquitto with the shipped configuration (deploy/mosquitto), for durability and ACL tests.
 
-:class:`ShippedBroker` is the soak's :class:`~peep.lab.bench.soak.parts.ShippedMosquitto`
+:class:`ShippedBroker` is the lab's :class:`~peep.lab.processes.mosquitto.ShippedMosquitto`
 (the shipped ``mosquitto.conf``, ``acl`` and ``make-passwd.sh`` as they are, paths and
 ports swapped) with the accounts these tests use: ``cam-1`` and ``cam-2``
 (:data:`DEVICE_PASSWORDS`) and ``peep-server`` (:data:`SERVER_PASSWORD`). Two TLS
 listeners: ``dev_port`` (``mount_point devices/``, device passwords) and ``srv_port``
 (``peep-server``).
 
-:class:`Mosquitto` is a bare broker on a free port with a configuration of the test's own (anonymous by
-default: what a deployer's open or half-configured broker lets through).
+:class:`Mosquitto` is the lab's bare broker (:class:`peep.lab.processes.mosquitto.Mosquitto`) on a free port with a
+configuration of the test's own (anonymous by default: what a deployer's open or half-configured broker lets
+through).
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
 import threading
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,99 +23,23 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
-from peep.lab.bench.ports import free_port, listens_on
-from peep.lab.bench.soak.parts import DEVICE_MOUNT, ShippedMosquitto, mosquitto_missing
+from peep.lab.processes.control import PartUnavailable
+from peep.lab.processes.mosquitto import DEVICE_MOUNT, ShippedMosquitto, mosquitto_missing
+from peep.lab.processes.mosquitto import Mosquitto as BareMosquitto
 
 DEVICE_PASSWORDS = {"cam-1": "cam-1-pw-" + uuid.uuid4().hex[:8], "cam-2": "cam-2-pw-" + uuid.uuid4().hex[:8]}
 SERVER_PASSWORD = "server-pw-" + uuid.uuid4().hex[:8]
 MOUNT = DEVICE_MOUNT
-MOSQUITTO = "/usr/sbin/mosquitto"
 
 
-def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
+class Mosquitto(BareMosquitto):
+    """The lab's bare broker on a free port; skips the test where mosquitto is not installed."""
 
-
-class Mosquitto:
-    """Our own mosquitto process on a free port (killable, restartable)."""
-
-    def __init__(
-        self, workdir: Path, conf_body: str = "", *, port: int | None = None, persistence: bool = True
-    ) -> None:
-        if not os.path.exists(MOSQUITTO):
-            pytest.skip(f"{MOSQUITTO} not installed (Debian package mosquitto)")
-        self.workdir = workdir
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self._chosen_port = port is None  # a port of ours may be replaced if taken before the first start
-        self._conf_body = conf_body
-        self._persistence = persistence
-        self._started = False
-        self.conf = workdir / "mosquitto.conf"
-        self._listen_on(port or free_port())
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def _listen_on(self, port: int) -> None:
-        self.port = port
-        workdir, conf_body, persistence = self.workdir, self._conf_body, self._persistence
-        lines = [f"listener {self.port} 127.0.0.1"] if "listener" not in conf_body else []
-        if "allow_anonymous" not in conf_body:
-            lines.append("allow_anonymous true")
-        if persistence:
-            lines += ["persistence true", f"persistence_location {workdir}/", "autosave_interval 1"]
-        lines += [f"log_dest file {workdir}/mosquitto.log", "log_type all"]
-        if os.geteuid() == 0:
-            # As root mosquitto drops to the `mosquitto` user, which cannot read pytest's tmp dirs.
-            lines.append("user root")
-        self._written = "\n".join(lines) + "\n" + conf_body.replace("{port}", str(self.port)) + "\n"
-        self.conf.write_text(self._written)
-
-    def start(self) -> Mosquitto:
-        """Start mosquitto and wait for its listener.
-
-        Before the first successful start, a port this broker chose itself and
-        another process took meanwhile is replaced; a restart keeps the port.
-        """
-        stderr = self.workdir / "stderr.txt"
-        for attempt in range(3):
-            err_at = stderr.stat().st_size if stderr.exists() else 0
-            log_at = len(self.log())
-            with open(stderr, "ab") as err:
-                self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.conf)], stdout=subprocess.DEVNULL, stderr=err)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    said = stderr.read_text(errors="replace")[err_at:] + self.log()[log_at:]
-                    ours = self._chosen_port and self.conf.read_text() == self._written  # not rewritten by a test
-                    if "Address already in use" in said and ours and not self._started and attempt < 2:
-                        self._listen_on(free_port())
-                        break
-                    raise RuntimeError(f"mosquitto exited: {said[-2000:]}")
-                if listens_on(self.proc.pid, self.port):  # its own listener, not a squatter's
-                    self._started = True
-                    return self
-                time.sleep(0.05)
-            else:
-                self.stop(signal.SIGKILL)
-                raise RuntimeError(f"mosquitto did not listen on {self.port} in 10 s: {self.log()[-2000:]}")
-        raise RuntimeError("mosquitto did not start: its port was taken three times")
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self.proc = None
-
-    def log(self) -> str:
-        p = self.workdir / "mosquitto.log"
-        return p.read_text(errors="replace") if p.exists() else ""
+    def __init__(self, workdir: Path, conf_body: str = "", **kw: Any) -> None:
+        try:
+            super().__init__(workdir, conf_body, **kw)
+        except PartUnavailable as exc:
+            pytest.skip(str(exc))
 
 
 class ShippedBroker(ShippedMosquitto):
@@ -199,8 +119,8 @@ class Client:
 
 
 def wait_for(pred: Any, timeout: float = 20.0, step: float = 0.05) -> bool:
-    """:func:`peep.lab.bench.processes.wait_for` with the broker tests' 20 s."""
-    from peep.lab.bench.processes import wait_for as wait
+    """:func:`peep.lab.processes.control.wait_for` with the broker tests' 20 s."""
+    from peep.lab.processes.control import wait_for as wait
 
     return wait(pred, timeout, step)
 

@@ -171,7 +171,7 @@ def rpc_error(call: Any, *args: Any, **kw: Any) -> tuple[grpc.StatusCode, str]:
 
 def free_port() -> int:
     """A port to listen on, outside the range outgoing connections draw from (see the cluster's)."""
-    from peep.lab.bench.ports import free_port as chosen
+    from peep.lab.processes.ports import free_port as chosen
 
     return chosen()
 

@@ -55,12 +55,9 @@ import json
 import logging
 import math
 import os
-import shutil
 import signal
 import socket
 import struct
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -72,13 +69,13 @@ from typing import Any
 
 import numpy as np
 from peep.core.configfile import to_toml
-from peep.lab.bench.balancer import HAPROXY, SHIPPED_HAPROXY, Balancer, haproxy_missing  # noqa: F401  (re-exported)
-from peep.lab.bench.ports import free_port
-from peep.lab.bench.processes import process_cpu_s, stop_process, wait_for
+from peep.lab.processes.control import process_cpu_s, wait_for
+from peep.lab.processes.haproxy import Balancer, haproxy_missing
+from peep.lab.processes.ports import free_port
+from peep.lab.processes.replica import Replica
 
 log = logging.getLogger(__name__)
 
-PEEP = shutil.which("peep", path=str(Path(sys.executable).parent)) or "peep"
 DEFAULT_DSN = "host=127.0.0.1 port=5432 dbname=postgres user=postgres connect_timeout=3"
 DEFAULT_BROKER = "127.0.0.1:1883"
 
@@ -108,70 +105,6 @@ def read_frames(path: str | Path) -> list[bytes]:
 
 
 # --------------------------------------------------------------------------- replicas
-
-
-class Replica:
-    """``peep serve --config <conf>`` as a subprocess (JSON logs on stderr, collected)."""
-
-    def __init__(self, name: str, conf: Path, grpc_port: int, env: dict[str, str], *, mqtt: bool) -> None:
-        self.name, self.conf, self.grpc_port, self.env, self.mqtt = name, conf, grpc_port, env, mqtt
-        self.proc: subprocess.Popen[str] | None = None
-        self.events: list[dict[str, Any]] = []
-        self.lines: list[str] = []
-        self._reader: threading.Thread | None = None
-
-    def start(self, timeout: float = 120.0) -> Replica:
-        return self.launch().wait_ready(timeout)
-
-    def launch(self) -> Replica:
-        """Start the process without waiting (several replicas start side by side)."""
-        self.events = []
-        self.proc = subprocess.Popen(
-            [PEEP, "serve", "--config", str(self.conf)], stderr=subprocess.PIPE, env=self.env, text=True
-        )
-        self._reader = threading.Thread(target=self._read, args=(self.proc,), daemon=True)
-        self._reader.start()
-        return self
-
-    def wait_ready(self, timeout: float = 120.0) -> Replica:
-        """Until it logged ``server started`` (and ``mqtt subscribed`` with MQTT); RuntimeError with its log if not."""
-        proc = self.proc
-        assert proc is not None
-        ready = ("server started", "mqtt subscribed") if self.mqtt else ("server started",)
-        if not wait_for(lambda: all(self.seen(e) for e in ready) or proc.poll() is not None, timeout, 0.1):
-            raise RuntimeError(f"replica {self.name} did not start in {timeout} s: {self.tail()}")
-        if proc.poll() is not None:
-            raise RuntimeError(f"replica {self.name} exited with {proc.returncode}: {self.tail()}")
-        return self
-
-    def _read(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            self.lines.append(line)
-            if line.startswith("{"):
-                try:
-                    self.events.append(json.loads(line))
-                except ValueError:
-                    pass
-
-    def seen(self, event: str) -> bool:
-        return any(e.get("event") == event for e in list(self.events))
-
-    def tail(self, n: int = 30) -> str:
-        return "".join(self.lines[-n:])
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int | None:
-        """Send ``sig`` and wait; SIGKILL after ``timeout``. Returns the exit code (None if not running)."""
-        if self.proc is None:
-            return None
-        stop_process(self.proc, sig, timeout)
-        rc = self.proc.returncode
-        if self._reader is not None:
-            self._reader.join(10)
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
-        self.proc = None
-        return rc
 
 
 # --------------------------------------------------------------------------- devices

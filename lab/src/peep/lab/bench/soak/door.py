@@ -50,8 +50,8 @@ from pathlib import Path
 from typing import Any
 
 from peep.lab.bench.soak.history import check_door
-from peep.lab.bench.soak.parts import unit_environment
-from peep.lab.bench.sockets import SocketPlace
+from peep.lab.processes.control import unit_environment
+from peep.lab.processes.sockets import SocketPlace
 
 PEEP_EDGE = str(Path(sys.executable).parent / "peep-edge")
 #: The door runs with its shipped unit's environment (deploy/systemd), as a deployment runs it.
@@ -516,7 +516,7 @@ class SoakDoor:
         """Compose the video, open the proxy and write the configuration (no process yet)."""
         from peep.core.configfile import to_toml
         from peep.edge.testing import FaceTrack, compose_video
-        from peep.lab.bench.soak.parts import TcpProxy
+        from peep.lab.processes.tcpproxy import TcpProxy
 
         self.out.mkdir(parents=True, exist_ok=True)
         video = self.out / "door.mp4"

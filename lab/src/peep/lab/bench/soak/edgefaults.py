@@ -11,7 +11,7 @@
     :meth:`~SteppedClock.reset` puts it back; the monotonic clock never moves. The
     ``clock_step`` fault.
 
-Both raise :class:`~peep.lab.bench.soak.parts.PartUnavailable` naming what is missing
+Both raise :class:`~peep.lab.processes.control.PartUnavailable` naming what is missing
 (root or ``mount``; libfaketime or a C compiler), so the soak can leave that fault kind out
 with the reason.
 
@@ -44,7 +44,7 @@ import sys
 from pathlib import Path
 from typing import Self
 
-from peep.lab.bench.soak.parts import PartUnavailable
+from peep.lab.processes.control import PartUnavailable
 
 log = logging.getLogger(__name__)
 

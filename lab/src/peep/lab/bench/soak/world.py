@@ -31,12 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from peep.core.configfile import to_toml
-from peep.lab.bench.balancer import Balancer
-from peep.lab.bench.cluster import Replica
-from peep.lab.bench.ports import free_port
 from peep.lab.bench.soak.history import DeviceHistory
 from peep.lab.bench.soak.nemesis import Fault
-from peep.lab.bench.soak.parts import PostgresCluster, ShippedMosquitto, TcpProxy, unit_environment
+from peep.lab.processes.control import unit_environment
+from peep.lab.processes.haproxy import Balancer
+from peep.lab.processes.mosquitto import ShippedMosquitto
+from peep.lab.processes.ports import free_port
+from peep.lab.processes.postgres import PostgresCluster
+from peep.lab.processes.replica import Replica
+from peep.lab.processes.tcpproxy import TcpProxy
 
 PEEP_EDGE = str(Path(sys.executable).parent / "peep-edge")
 #: The cameras: id -> transport. Two over gRPC through the balancer, one over MQTT through the broker.
@@ -313,7 +316,7 @@ class SoakWorld:
         Either part missing on this machine leaves its fault kind out, with the reason (:attr:`unavailable`).
         """
         from peep.lab.bench.soak.edgefaults import LimitedFolder, SteppedClock
-        from peep.lab.bench.soak.parts import PartUnavailable
+        from peep.lab.processes.control import PartUnavailable
 
         if "disk_full" not in self.unavailable:
             try:

@@ -14,9 +14,9 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from peep.lab.bench.ports import free_port, listens_on
-from peep.lab.bench.processes import stop_process, wait_for
-from peep.lab.bench.sockets import HAPROXY_SOCKET_MAX, SocketPlace
+from peep.lab.processes.control import stop_process, wait_for
+from peep.lab.processes.ports import free_port, listens_on
+from peep.lab.processes.sockets import HAPROXY_SOCKET_MAX, SocketPlace
 
 __all__ = ["HAPROXY", "SHIPPED_HAPROXY", "Balancer", "haproxy_missing"]
 
