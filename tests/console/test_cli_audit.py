@@ -40,10 +40,10 @@ def _newest_erase(db: Path) -> Any:
 def alone(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Any]:
     """A server.toml, its SQLite database and a releaser for templates (no server running)."""
     from peep.core.release import TemplateReleaser
-    from peep.lab.bench.server import _synthetic_bundle
+    from peep.lab.bench.server import synthetic_bundle
 
     tmp = tmp_path_factory.mktemp("cli-audit")
-    bundle, pub = _synthetic_bundle(tmp)
+    bundle, pub = synthetic_bundle(tmp)
     conf = _server_toml(tmp, pub, auth={"allow_insecure": True})
     return conf, tmp / "peep.db", (bundle, TemplateReleaser(bundle, kind="peep-raw", epsilon=8.0))
 

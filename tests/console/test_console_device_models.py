@@ -20,7 +20,7 @@ SUBJECTS = ("alice", "bob", "carol", "dave")
 def issuing(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from peep.core.bundle import write_keypair
     from peep.core.release import TemplateReleaser
-    from peep.lab.bench.server import _synthetic_bundle
+    from peep.lab.bench.server import synthetic_bundle
     from peep.server.bundles.calibrate import write_calibration
     from peep.server.console import accounts
     from peep.server.console.store import ConsoleStore
@@ -28,7 +28,7 @@ def issuing(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
     tmp = tmp_path_factory.mktemp("console-dm")
     pki = make_pki(tmp_path_factory.mktemp("console-dm-pki"))
-    bundle, pub = _synthetic_bundle(tmp)
+    bundle, pub = synthetic_bundle(tmp)
     releaser = TemplateReleaser(bundle, kind="peep-raw", epsilon=8.0)
     rng = np.random.default_rng(1)
     faces = Faces(bundle, releaser, rng.random((len(SUBJECTS) + 3, bundle.n_features), dtype=np.float32), rng)

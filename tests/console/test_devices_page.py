@@ -131,14 +131,14 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     if reason:
         pytest.skip(reason)
     from peep.core.release import TemplateReleaser
-    from peep.lab.bench.server import _synthetic_bundle
+    from peep.lab.bench.server import synthetic_bundle
     from peep.server.console import accounts
     from peep.server.console.store import ConsoleStore
     from peep.v1 import recognition_pb2
 
     tmp = tmp_path_factory.mktemp("devices-page")
     pki = make_pki(tmp_path_factory.mktemp("devices-page-pki"))
-    bundle, pub = _synthetic_bundle(tmp)
+    bundle, pub = synthetic_bundle(tmp)
     releaser = TemplateReleaser(bundle, kind="peep-raw", epsilon=8.0)
     rng = np.random.default_rng(1)
     faces = Faces(bundle, releaser, rng.random((len(SUBJECTS) + BACKGROUND, bundle.n_features), dtype=np.float32), rng)

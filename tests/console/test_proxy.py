@@ -15,13 +15,13 @@ from peep_testing.server import base_config, make_pki, start_server, tls_section
 
 
 def _console(tmp: Any, trusted: list[str]) -> Iterator[tuple[Any, httpx.Client]]:
-    from peep.lab.bench.server import _synthetic_bundle
+    from peep.lab.bench.server import synthetic_bundle
     from peep.server.console import accounts
     from peep.server.console.store import ConsoleStore
 
     (tmp / "pki").mkdir()
     pki = make_pki(tmp / "pki")
-    _bundle, pub = _synthetic_bundle(tmp)
+    _bundle, pub = synthetic_bundle(tmp)
     console = {"listen": "127.0.0.1:0", "login_attempts": 3}
     if trusted:
         console["trusted_proxies"] = trusted

@@ -64,13 +64,13 @@ class Listener:
 
 @contextmanager
 def _listener(tmp_path_factory: pytest.TempPathFactory, **console: Any) -> Iterator[Listener]:
-    from peep.lab.bench.server import _synthetic_bundle
+    from peep.lab.bench.server import synthetic_bundle
     from peep.server.console import accounts
     from peep.server.console.store import ConsoleStore
 
     tmp = tmp_path_factory.mktemp("slow-clients")
     pki = make_pki(tmp_path_factory.mktemp("slow-clients-pki"))
-    _bundle, pub = _synthetic_bundle(tmp)
+    _bundle, pub = synthetic_bundle(tmp)
     cfg = base_config(
         tmp, pub, tmp / "bundle", grpc={"tls": tls_section(pki)}, console={"listen": "127.0.0.1:0", **console}
     )

@@ -138,7 +138,7 @@ def test_the_edge_tracker_never_puts_two_people_in_one_track(scene) -> None:
     """No track holds two ground-truth people's faces: one track is one appearance's releases and budget."""
     from peep.edge.detection import DlibHogFaceDetector
     from peep.edge.tracking import Tracker
-    from peep.lab.scenes.tracks import evaluate_tracks
+    from peep.lab.scenes.detectors import evaluate_tracks
 
     pytest.importorskip("dlib", reason="dlib-bin is the edge's [dlib] extra; CI installs it")
     from peep.edge.embedding import make_encoder
@@ -158,7 +158,7 @@ def test_the_edge_tracker_never_puts_two_people_in_one_track(scene) -> None:
 
 def test_switches_fragments_and_mixed_tracks_are_counted_from_the_ground_truth(scene) -> None:
     """A tracker that gives every face of a frame the id of the face's rank in that frame: swaps when people cross."""
-    from peep.lab.scenes.tracks import evaluate_tracks
+    from peep.lab.scenes.detectors import evaluate_tracks
 
     base, _ = scene
     truth = read_ground_truth(base.with_suffix(".gt.jsonl"))

@@ -11,12 +11,12 @@ import pytest
 from peep.server.recognition.export import (
     check_onnx_agreement,
     export_onnx,
-    linear_parts,
     model_meta,
     onnx_probabilities,
     onnx_session,
 )
 from peep.server.recognition.fitting import fit_recogniser, split_groups
+from peep.server.recognition.linear import linear_parts
 from peep.server.recognition.presets import (
     DEFAULT_PRESET,
     PRESETS,

@@ -112,14 +112,14 @@ def csrf_of(path: str, client: Any) -> str:
 @pytest.fixture(scope="session")
 def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     from peep.core.release import TemplateReleaser
-    from peep.lab.bench.server import _synthetic_bundle
+    from peep.lab.bench.server import synthetic_bundle
     from peep.server.console import accounts
     from peep.server.console.store import ConsoleStore
     from peep.v1 import recognition_pb2
 
     tmp = tmp_path_factory.mktemp("console")
     pki = make_pki(tmp_path_factory.mktemp("console-pki"))
-    bundle, pub = _synthetic_bundle(tmp)
+    bundle, pub = synthetic_bundle(tmp)
     releaser = TemplateReleaser(bundle, kind="peep-raw", epsilon=8.0)
     rng = np.random.default_rng(0)
     faces = Faces(bundle, releaser, rng.random((len(SUBJECTS) + 4, bundle.n_features), dtype=np.float32), rng)

@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from peep.lab.audit.report import CSS, _atomic_write, _f, _img, _plt, _save, _table, jsonable
+from peep.lab.audit.report import CSS, jsonable
+from peep.lab.audit.report_parts import atomic_write, embedded_image, html_table, num, pyplot, save_figure
 
 PLOTS = {
     "privacy_utility": "privacy_utility.png",
@@ -22,7 +23,7 @@ PLOTS = {
 
 def plot_privacy_utility(doc: Mapping[str, Any], path: Path) -> None:
     """Attribute balanced accuracy vs identity accuracy: per method (both protocols) and UPBA's sweep."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
     methods = doc["methods"]
     first = next(iter(methods.values()))
@@ -67,12 +68,12 @@ def plot_privacy_utility(doc: Mapping[str, Any], path: Path) -> None:
         ax.set_title(title, fontsize=8)
     axes[0].set_ylabel(f"{doc['dataset']['attribute']} balanced accuracy (utility)")
     axes[1].legend(fontsize=6, loc="lower right")
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_reduced_sets(doc: Mapping[str, Any], path: Path) -> None:
     """Best parrot accuracy vs candidate-set size, per strategy, one panel per method; chance 1/size."""
-    plt = _plt()
+    plt = pyplot()
     methods = doc["methods"]
     n = len(methods)
     fig, axes = plt.subplots(1, n, figsize=(3.2 * n + 1, 3.6), squeeze=False, sharey=True)
@@ -92,14 +93,14 @@ def plot_reduced_sets(doc: Mapping[str, Any], path: Path) -> None:
         ax.set_xlabel("candidate identities")
     axes[0, 0].set_ylabel("parrot accuracy (max, mean ± std over draws)")
     axes[0, -1].legend(fontsize=6)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_samples(originals: NDArray[np.float32], grids: Mapping[str, NDArray[np.float32]], path: Path) -> bool:
     """Original test faces (first column) and each method's anonymised version."""
     if originals.shape[0] == 0:
         return False
-    plt = _plt()
+    plt = pyplot()
     cols = [("original", originals), *grids.items()]
     rows = originals.shape[0]
     fig, axes = plt.subplots(rows, len(cols), figsize=(1.2 * len(cols), 1.5 * rows), squeeze=False)
@@ -112,7 +113,7 @@ def plot_samples(originals: NDArray[np.float32], grids: Mapping[str, NDArray[np.
             if r == 0:
                 ax.set_title(title, fontsize=7)
     fig.suptitle("Original vs anonymised test faces", fontsize=8)
-    _save(fig, path)
+    save_figure(fig, path)
     return True
 
 
@@ -121,7 +122,7 @@ def plot_sgap_sweep(doc: Mapping[str, Any], path: Path) -> bool:
     sw = doc.get("sgap_sweep")
     if not sw or not sw["points"]:
         return False
-    plt = _plt()
+    plt = pyplot()
     pts = sw["points"]
     lam = [p["lambda"] for p in pts]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -151,12 +152,12 @@ def plot_sgap_sweep(doc: Mapping[str, Any], path: Path) -> bool:
         ax.set_ylim(0, 1.02)
         ax.legend(fontsize=6)
     fig.suptitle("SGAP λ sweep", fontsize=9)
-    _save(fig, path)
+    save_figure(fig, path)
     return True
 
 
 def _acc(d: Mapping[str, Any]) -> str:
-    return f"{_f(d['accuracy'])} ({_f(d['balanced_accuracy'])})"
+    return f"{num(d['accuracy'])} ({num(d['balanced_accuracy'])})"
 
 
 def render_html(doc: Mapping[str, Any], out: Path) -> str:
@@ -193,63 +194,92 @@ def render_html(doc: Mapping[str, Any], out: Path) -> str:
         mix = r["identity_mixture"]
         att = r["attribute_accuracy"]
         rows.append(
-            [html.escape(name), _f(r["ssim_mean"]), _f(mix["accuracy"]), _f(mix["mixture"]), _f(mix["top_k"].get("2")),
-             _f(mix["kl_from_random"]), _f(r["naive_accuracy"]["max"]), _f(r["parrot_accuracy"]["max"])]
-            + [_f(r["percent_parrot"][p]["max"]) for p in r["percent_parrot"]]
-            + [_acc(att["original_model_on_anonymised"]), _acc(att["trained_on_anonymised"]),
-               _f(r["chance"]["attribute_majority"])]
-        )  # fmt: skip
+            [
+                html.escape(name),
+                num(r["ssim_mean"]),
+                num(mix["accuracy"]),
+                num(mix["mixture"]),
+                num(mix["top_k"].get("2")),
+                num(mix["kl_from_random"]),
+                num(r["naive_accuracy"]["max"]),
+                num(r["parrot_accuracy"]["max"]),
+            ]
+            + [num(r["percent_parrot"][p]["max"]) for p in r["percent_parrot"]]
+            + [
+                _acc(att["original_model_on_anonymised"]),
+                _acc(att["trained_on_anonymised"]),
+                num(r["chance"]["attribute_majority"]),
+            ]
+        )
     o = doc["original"]
     rows.append(
-        ["original faces", "1.000", _f(o["owner_identity_accuracy"]), "–", "–", "–", _f(o["identity_accuracy"]["max"]),
-         "–", "–", "–", "–", _acc(o["attribute"]), "–", _f(o["attribute"]["majority"])]
-    )  # fmt: skip
+        [
+            "original faces",
+            "1.000",
+            num(o["owner_identity_accuracy"]),
+            "–",
+            "–",
+            "–",
+            num(o["identity_accuracy"]["max"]),
+            "–",
+            "–",
+            "–",
+            "–",
+            _acc(o["attribute"]),
+            "–",
+            num(o["attribute"]["majority"]),
+        ]
+    )
     first = next(iter(methods.values()))["chance"]
-    parts.append("<h2>1. Both protocols per method</h2>" + _table(head, rows))
+    parts.append("<h2>1. Both protocols per method</h2>" + html_table(head, rows))
     parts.append(
-        f"<p>Identity chance: majority {_f(first['identity_majority'])}, uniform {_f(first['identity_uniform'])}; "
-        f"identity-mixture random guess {_f(first['identity_uniform'])}. Attribute chance: majority "
-        f"{_f(first['attribute_majority'])}, balanced {_f(first['attribute_uniform'])}.</p>"
+        f"<p>Identity chance: majority {num(first['identity_majority'])}, uniform {num(first['identity_uniform'])}; "
+        f"identity-mixture random guess {num(first['identity_uniform'])}. Attribute chance: majority "
+        f"{num(first['attribute_majority'])}, balanced {num(first['attribute_uniform'])}.</p>"
     )
     head = ["method", *doc["protocol"]["recognisers"], "max"]
     rows = [
-        [f"{html.escape(name)} {kind}", *[_f(r[key].get(k)) for k in doc["protocol"]["recognisers"]], _f(r[key]["max"])]
+        [
+            f"{html.escape(name)} {kind}",
+            *[num(r[key].get(k)) for k in doc["protocol"]["recognisers"]],
+            num(r[key]["max"]),
+        ]
         for name, r in methods.items()
         for key, kind in (("naive_accuracy", "naive"), ("parrot_accuracy", "parrot"))
     ]
-    parts.append("<h3>Recognisers (Hanisch: naive and parrot)</h3>" + _table(head, rows))
-    parts.append(_img(out, PLOTS["privacy_utility"]))
+    parts.append("<h3>Recognisers (Hanisch: naive and parrot)</h3>" + html_table(head, rows))
+    parts.append(embedded_image(out, PLOTS["privacy_utility"]))
     parts.append("<h2>2. Reduced identity sets (parrot, best recogniser; chance 1/size)</h2>")
     for name, r in methods.items():
         sizes = sorted({s for v in r["reduced_sets"].values() for s in v}, key=int, reverse=True)
         rows = [
-            [html.escape(strategy)] + [f"{_f(v[s]['mean'])} ± {_f(v[s]['std'])}" if s in v else "–" for s in sizes]
+            [html.escape(strategy)] + [f"{num(v[s]['mean'])} ± {num(v[s]['std'])}" if s in v else "–" for s in sizes]
             for strategy, v in r["reduced_sets"].items()
         ]
-        parts.append(f"<h3>{html.escape(name)}</h3>" + _table(["strategy", *[f"{s} ids" for s in sizes]], rows))
-    parts.append(_img(out, PLOTS["reduced_sets"]))
+        parts.append(f"<h3>{html.escape(name)}</h3>" + html_table(["strategy", *[f"{s} ids" for s in sizes]], rows))
+    parts.append(embedded_image(out, PLOTS["reduced_sets"]))
     sw = doc.get("sweep")
     if sw:
         head = ["t", "g", "w", "r_p", "owner id. acc.", "id. mixture", "parrot max", "attr. orig. model (bal.)",
                 "attr. trained on anon. (bal.)", "SSIM"]  # fmt: skip
         rows = [
-            [_f(p["parameters"]["t"]), str(p["parameters"]["g"]), f"{p['parameters']['w']:g}",
-             f"{p['parameters']['r_p']:g}", _f(p["identity_accuracy_source"]), _f(p["identity_mixture"]),
-             _f(p["parrot_accuracy"]["max"]), _acc(p["attribute_original_model_on_anonymised"]),
-             _acc(p["attribute_trained_on_anonymised"]), _f(p["ssim_mean"])]
+            [num(p["parameters"]["t"]), str(p["parameters"]["g"]), f"{p['parameters']['w']:g}",
+             f"{p['parameters']['r_p']:g}", num(p["identity_accuracy_source"]), num(p["identity_mixture"]),
+             num(p["parrot_accuracy"]["max"]), _acc(p["attribute_original_model_on_anonymised"]),
+             _acc(p["attribute_trained_on_anonymised"]), num(p["ssim_mean"])]
             for p in sw["points"]
         ]  # fmt: skip
         parts.append(
             "<h2>3. UPBA sweep over (t, g, w, r_p)</h2><p>Parrot recognisers: "
-            f"{html.escape(', '.join(sw['recognisers']))}.</p>" + _table(head, rows)
+            f"{html.escape(', '.join(sw['recognisers']))}.</p>" + html_table(head, rows)
         )
     ss = doc.get("sgap_sweep")
     if ss:
         head = ["λ", "SSIM", "own discriminator: real pairs", "fooled (same pairs)", "owner id. acc.", "naive max",
                 "parrot max", "attr. orig. model (bal.)", "attr. trained on anon. (bal.)"]  # fmt: skip
         rows = [
-            [f"{p['lambda']:g}", _f(p["ssim_mean"]), _f(p["discriminator_accuracy_real"]), _f(p["fooling_rate"]),
-             _f(p["owner_identity_accuracy"]), _f(p["naive_accuracy_max"]), _f(p["parrot_accuracy_max"]),
+            [f"{p['lambda']:g}", num(p["ssim_mean"]), num(p["discriminator_accuracy_real"]), num(p["fooling_rate"]),
+             num(p["owner_identity_accuracy"]), num(p["naive_accuracy_max"]), num(p["parrot_accuracy_max"]),
              _acc(p["attribute_original_model_on_anonymised"]), _acc(p["attribute_trained_on_anonymised"])]
             for p in ss["points"]
         ]  # fmt: skip
@@ -257,12 +287,12 @@ def render_html(doc: Mapping[str, Any], out: Path) -> str:
             "<h2>3b. SGAP over its distortion constraint λ</h2><p>The paper's figure is the share of same-person "
             "pairs its own Siamese discriminator calls different once one face is privatized; the parrot is "
             "Hanisch's adversary, who privatizes clear photos with the same generator and trains on them.</p>"
-            + _table(head, rows)
+            + html_table(head, rows)
         )
         if (out / PLOTS["sgap_sweep"]).exists():
-            parts.append(_img(out, PLOTS["sgap_sweep"]))
+            parts.append(embedded_image(out, PLOTS["sgap_sweep"]))
     if (out / PLOTS["samples"]).exists():
-        parts.append("<h2>4. Samples</h2>" + _img(out, PLOTS["samples"]))
+        parts.append("<h2>4. Samples</h2>" + embedded_image(out, PLOTS["samples"]))
     parts.append("<h2>Methods and guarantees</h2><ul>")
     for name, r in methods.items():
         parts.append(
@@ -312,8 +342,8 @@ def write_outputs(
     doc.clear()
     doc.update(clean)
     validate_anonymize(doc)
-    _atomic_write(out / "anonymize.json", json.dumps(doc, indent=1, allow_nan=False) + "\n")
-    _atomic_write(out / "anonymize.schema.json", json.dumps(ANONYMIZE_SCHEMA, indent=1) + "\n")
+    atomic_write(out / "anonymize.json", json.dumps(doc, indent=1, allow_nan=False) + "\n")
+    atomic_write(out / "anonymize.schema.json", json.dumps(ANONYMIZE_SCHEMA, indent=1) + "\n")
     report = out / "report.html"
-    _atomic_write(report, render_html(doc, out))
+    atomic_write(report, render_html(doc, out))
     return report

@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from peep.lab.anonymize.evaluation import PERCENT_PARROT, RECOGNISERS, STRATEGIES
-from peep.lab.audit.schema import _obj, validate_document
+from peep.lab.audit.schema import object_schema, validate_document
 
 _frac: dict[str, Any] = {"type": "number", "minimum": 0, "maximum": 1}
 _num: dict[str, Any] = {"type": "number"}
 
-_attr = _obj({"accuracy": _frac, "balanced_accuracy": _frac, "majority": _frac})
+_attr = object_schema({"accuracy": _frac, "balanced_accuracy": _frac, "majority": _frac})
 _recognisers = {
     "type": "object",
     "properties": {**{k: _frac for k in RECOGNISERS}, "max": _frac},
@@ -31,7 +31,7 @@ _reduced = {
     "properties": {
         s: {
             "type": "object",
-            "additionalProperties": _obj(
+            "additionalProperties": object_schema(
                 {"mean": _frac, "std": {"type": "number", "minimum": 0}, "chance": _frac, "chance_majority": _frac}
             ),
             "description": "candidate-set size -> best parrot accuracy over the draws",
@@ -40,7 +40,7 @@ _reduced = {
     },
     "required": list(STRATEGIES),
 }
-_mixture = _obj(
+_mixture = object_schema(
     {
         "accuracy": _frac,
         "original_accuracy": _frac,
@@ -54,22 +54,22 @@ _mixture = _obj(
     }
 )
 
-METHOD_SCHEMA: dict[str, Any] = _obj(
+METHOD_SCHEMA: dict[str, Any] = object_schema(
     {
         "method": {"type": "string"},
         "parameters": {"type": "object"},
         "guarantee": {"type": "string"},
         "representation": {"enum": ["eigenfaces", "pixels"]},
         "anonymise_seconds": {"type": "number", "minimum": 0},
-        "attribute_accuracy": _obj(
+        "attribute_accuracy": object_schema(
             {"original_model_on_anonymised": _attr, "trained_on_anonymised": _attr, "original_on_original": _attr}
         ),
         "identity_mixture": _mixture,
         "naive_accuracy": _recognisers,
         "parrot_accuracy": _recognisers,
-        "percent_parrot": _obj({str(p): _recognisers for p in PERCENT_PARROT}, extra=False),
+        "percent_parrot": object_schema({str(p): _recognisers for p in PERCENT_PARROT}, extra=False),
         "reduced_sets": _reduced,
-        "chance": _obj(
+        "chance": object_schema(
             {
                 "identity_majority": _frac,
                 "identity_uniform": _frac,
@@ -78,7 +78,7 @@ METHOD_SCHEMA: dict[str, Any] = _obj(
             }
         ),
         "ssim_mean": {"type": "number", "minimum": -1, "maximum": 1},
-        "own_protocol": _obj(
+        "own_protocol": object_schema(
             {
                 "protocol": {"type": "string"},
                 "n_pairs": {"type": "integer", "minimum": 1},
@@ -106,7 +106,7 @@ METHOD_SCHEMA: dict[str, Any] = _obj(
     ],
 )
 _frac_or_null: dict[str, Any] = {"type": ["number", "null"], "minimum": 0, "maximum": 1}
-_sgap_point = _obj(
+_sgap_point = object_schema(
     {
         "row": {"type": "string"},
         "lambda": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
@@ -121,9 +121,9 @@ _sgap_point = _obj(
     }
 )
 
-_sweep_point = _obj(
+_sweep_point = object_schema(
     {
-        "parameters": _obj(
+        "parameters": object_schema(
             {"t": _frac, "g": {"type": "integer", "minimum": 1}, "r_p": _frac, "w": {"type": "number", "minimum": 1}}
         ),
         "identity_accuracy_source": _frac,
@@ -140,13 +140,13 @@ ANONYMIZE_SCHEMA: dict[str, Any] = {
     "$id": "https://peep.invalid/schemas/anonymize-1.json",
     "title": "peep anonymize evaluate result",
     "description": __doc__,
-    **_obj(
+    **object_schema(
         {
             "schema_version": {"const": 1},
-            "tool": _obj({"name": {"type": "string"}, "version": {"type": "string"}}),
+            "tool": object_schema({"name": {"type": "string"}, "version": {"type": "string"}}),
             "created": {"type": "string"},
             "command": {"type": ["array", "null"], "items": {"type": "string"}},
-            "dataset": _obj(
+            "dataset": object_schema(
                 {
                     "source": {"type": "string"},
                     "n_subjects": {"type": "integer", "minimum": 2},
@@ -158,7 +158,7 @@ ANONYMIZE_SCHEMA: dict[str, Any] = {
                     "labels": {"type": "string"},
                 }
             ),
-            "protocol": _obj(
+            "protocol": object_schema(
                 {
                     "test_size": _frac,
                     "seed": {"type": "integer"},
@@ -167,22 +167,24 @@ ANONYMIZE_SCHEMA: dict[str, Any] = {
                     "draws": {"type": "integer", "minimum": 1},
                 }
             ),
-            "original": _obj({"identity_accuracy": _recognisers, "owner_identity_accuracy": _frac, "attribute": _attr}),
+            "original": object_schema(
+                {"identity_accuracy": _recognisers, "owner_identity_accuracy": _frac, "attribute": _attr}
+            ),
             "methods": {"type": "object", "additionalProperties": METHOD_SCHEMA, "minProperties": 1},
             "sweep": {
                 "oneOf": [
                     {"type": "null"},
-                    _obj({"method": {"const": "upba"}, "points": {"type": "array", "items": _sweep_point}}),
+                    object_schema({"method": {"const": "upba"}, "points": {"type": "array", "items": _sweep_point}}),
                 ]
             },
             "sgap_sweep": {
                 "oneOf": [
                     {"type": "null"},
-                    _obj({"method": {"const": "sgap"}, "points": {"type": "array", "items": _sgap_point}}),
+                    object_schema({"method": {"const": "sgap"}, "points": {"type": "array", "items": _sgap_point}}),
                 ]
             },
             "findings": {"type": "array", "items": {"type": "string"}},
-            "timing": _obj(
+            "timing": object_schema(
                 {"wall_seconds": {"type": "number", "minimum": 0}, "cpu_seconds": {"type": "number", "minimum": 0}}
             ),
             "plots": {"type": "object", "additionalProperties": {"type": "string"}},

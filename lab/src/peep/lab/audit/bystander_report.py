@@ -18,26 +18,26 @@ def plot_bystander(audit: dict[str, Any], path: Path) -> bool:
     # The report's helpers, so that every figure of the report is drawn and saved alike (imported here:
     # report imports this module).
     from peep.lab.audit.bystander import LINK_METHODS
-    from peep.lab.audit.report import _eps_axis, _get, _plt, _save
+    from peep.lab.audit.report_parts import eps_axis, pyplot, save_figure, series
 
-    plt = _plt()
+    plt = pyplot()
     eps = np.array([b["epsilon"] for b in by])
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     ax = axes[0]
     for method in LINK_METHODS:
-        m, _ = _get(by, "keep_all", "methods", method, "f1")
+        m, _ = series(by, "keep_all", "methods", method, "f1")
         ax.plot(eps, m, ls=":", marker=".", lw=1, label=f"keep = all: {method}")
-    m, s = _get(by, "keep_all", "best", "f1")
+    m, s = series(by, "keep_all", "best", "f1")
     ax.errorbar(eps, m, yerr=s, marker="o", capsize=3, lw=2.5, color="C3", label="keep = all: best method")
-    m, s = _get(by, "keep_none", "events", "f1")
+    m, s = series(by, "keep_none", "events", "f1")
     ax.errorbar(eps, m, yerr=s, marker="s", capsize=3, lw=2, color="C0", label="keep = none: events only")
-    m, _ = _get(by, "keep_none", "background_class", "events", "f1")
+    m, _ = series(by, "keep_none", "background_class", "events", "f1")
     ax.plot(eps, m, marker="s", ls="--", lw=1, color="C0", label="keep = none: events, recogniser with background")
     for i, eps_label in enumerate(_decision_label_epsilons(by)):
         f1 = np.array([_decision_row(b, eps_label)["best"]["f1"] for b in by], dtype=float)
         name = "no label mechanism" if eps_label is None else f"k-RR ε_label {eps_label:g}"
         ax.plot(eps, f1, marker="^", ls="-", lw=1.2, color=f"C{4 + i}", label=f"decision mode: released label, {name}")
-    ch, _ = _get(by, "chance_f1")
+    ch, _ = series(by, "chance_f1")
     ax.plot(eps, ch, color="grey", ls="-.", label="chance F1 (everything one cluster)")
     ax.set_ylabel("pairwise F1 of the clustering (mean ± std)")
     ax.set_title("Linking a stranger's appearances: F1")
@@ -47,18 +47,18 @@ def plot_bystander(audit: dict[str, Any], path: Path) -> bool:
         (("keep_none", "events"), "keep = none, events", "s", "C0"),
     ):
         for key, ls in (("precision", "-"), ("recall", "--")):
-            m, s = _get(by, *path_, key)
+            m, s = series(by, *path_, key)
             ax.errorbar(eps, m, yerr=s, marker=marker, ls=ls, color=color, capsize=2, label=f"{label}: {key}")
-    cp, _ = _get(by, "chance_precision")
+    cp, _ = series(by, "chance_precision")
     ax.plot(eps, cp, color="grey", ls=":", label="chance precision (same-person share of pairs)")
     ax.set_ylabel("pairwise precision / recall (mean ± std)")
     ax.set_title("Precision and recall")
     for a in axes:
-        _eps_axis(a, audit)
+        eps_axis(a, audit)
         a.set_ylim(0, 1.02)
         a.legend(fontsize=7)
     fig.suptitle(f"Bystanders — {audit['mechanism']['kind']}, nc={audit['components']}")
-    _save(fig, path)
+    save_figure(fig, path)
     return True
 
 
@@ -85,7 +85,7 @@ appearance in one cluster.</p>
 def bystander_html(audit: dict[str, Any], out: Path, plot_name: str) -> list[str]:
     """Section 3: linkage of strangers' appearances for keep = all, keep = none and decision mode."""
     from peep.lab.audit.bystander import LINK_METHODS
-    from peep.lab.audit.report import _f, _g, _img, _pm, _table
+    from peep.lab.audit.report_parts import embedded_image, fmt_g, html_table, num, plus_minus
 
     by = audit["bystander"]
     setup = audit.get("bystander_setup") or {}
@@ -132,24 +132,24 @@ def bystander_html(audit: dict[str, Any], out: Path, plot_name: str) -> list[str
         kr = b["keep_recognised"]
         rows.append(
             [
-                _g(b["epsilon"]),
-                _f(b["epsilon_vector"], 1),
+                fmt_g(b["epsilon"]),
+                num(b["epsilon_vector"], 1),
                 f"{b['n_strangers']:.0f} ({b['n_appearances']:.0f})",
-                _f(b["chance_precision"], 4),
-                _f(b["chance_f1"], 4),
+                num(b["chance_precision"], 4),
+                num(b["chance_f1"], 4),
                 html.escape(best["method"]),
-                _pm(b, "keep_all", "best", "precision"),
-                _pm(b, "keep_all", "best", "recall"),
-                _pm(b, "keep_all", "best", "f1"),
+                plus_minus(b, "keep_all", "best", "precision"),
+                plus_minus(b, "keep_all", "best", "recall"),
+                plus_minus(b, "keep_all", "best", "f1"),
                 html.escape(ev["method"]),
-                _pm(b, "keep_none", "events", "precision"),
-                _pm(b, "keep_none", "events", "recall"),
-                _pm(b, "keep_none", "events", "f1"),
-                _pm(b, "keep_none", "background_class", "events", "f1"),
-                f"{_f(kr['share'])} / {_f(kr['background_class']['share'])}",
+                plus_minus(b, "keep_none", "events", "precision"),
+                plus_minus(b, "keep_none", "events", "recall"),
+                plus_minus(b, "keep_none", "events", "f1"),
+                plus_minus(b, "keep_none", "background_class", "events", "f1"),
+                f"{num(kr['share'])} / {num(kr['background_class']['share'])}",
             ]
         )
-    parts.append(_table(head, rows))
+    parts.append(html_table(head, rows))
     parts.append(
         "<p>Events: the recogniser every other section measures (enrolled subjects only) and, in its own column or "
         "after the slash, one that also learned the public people as its background class, as a server with an "
@@ -161,18 +161,18 @@ def bystander_html(audit: dict[str, Any], out: Path, plot_name: str) -> list[str
     rows = []
     for b in by:
         ms = b["keep_all"]["methods"]
-        row = [_g(b["epsilon"]), _f(b["epsilon_vector"], 1)]
+        row = [fmt_g(b["epsilon"]), num(b["epsilon_vector"], 1)]
         row += [
-            f"{_pm(b, 'keep_all', 'methods', m, 'f1')} ({_f(ms[m]['precision'])} / {_f(ms[m]['recall'])})"
+            f"{plus_minus(b, 'keep_all', 'methods', m, 'f1')} ({num(ms[m]['precision'])} / {num(ms[m]['recall'])})"
             for m in LINK_METHODS
         ]
-        row += [_pm(b, "keep_all", "methods", m, "pair_auc") for m in LINK_METHODS]
-        row += [_pm(b, "keep_none", "methods", b["keep_none"]["events"]["method"], "pair_auc")]
+        row += [plus_minus(b, "keep_all", "methods", m, "pair_auc") for m in LINK_METHODS]
+        row += [plus_minus(b, "keep_none", "methods", b["keep_none"]["events"]["method"], "pair_auc")]
         rows.append(row)
-    parts.append(_table(head, rows))
+    parts.append(html_table(head, rows))
     parts.extend(_decision_html(by))
     if (out / plot_name).exists():
-        parts.append(_img(out, plot_name))
+        parts.append(embedded_image(out, plot_name))
     return parts
 
 
@@ -188,7 +188,7 @@ def _decision_row(b: dict[str, Any], eps_label: float | None) -> dict[str, Any]:
 
 def _decision_html(by: Sequence[dict[str, Any]]) -> list[str]:
     """Decision mode: linkage of strangers' appearances from the one label per appearance the server keeps."""
-    from peep.lab.audit.report import _f, _g, _table
+    from peep.lab.audit.report_parts import fmt_g, html_table, num
 
     if not by or "keep_decision" not in by[0]:
         return []
@@ -200,7 +200,7 @@ def _decision_html(by: Sequence[dict[str, Any]]) -> list[str]:
         "through k-ary randomized response at ε_label. The server receives and keeps that label, device, time and "
         "a per-run track id — no template, no probability, no score. The device's model is the recogniser with "
         "a background class (trained on releases at the template ε), its thresholds set as a device sets them "
-        f"on the calibration people's clean projections (FPIR target {_f(dec0['fpir_target'], 3)}, each person "
+        f"on the calibration people's clean projections (FPIR target {num(dec0['fpir_target'], 3)}, each person "
         "weighing alike). The operator's best linker is the label itself: <i>same_label</i> clusters appearances "
         "by released label (unknown included), <i>same_named_label</i> only those released as one enrolled "
         "subject. Named: the share of the strangers' appearances released as some enrolled subject (before the "
@@ -216,23 +216,25 @@ def _decision_html(by: Sequence[dict[str, Any]]) -> list[str]:
             std = r.get("std", {}).get("methods", {}).get(best["method"], {})
             rows.append(
                 [
-                    _g(b["epsilon"]),
-                    "none" if r["epsilon_label"] is None else _g(r["epsilon_label"]) + ("" if r["feasible"] else " ✗"),
-                    f"{_f(r['named_share'])} ({_f(r['named_share_model'])})",
+                    fmt_g(b["epsilon"]),
+                    "none"
+                    if r["epsilon_label"] is None
+                    else fmt_g(r["epsilon_label"]) + ("" if r["feasible"] else " ✗"),
+                    f"{num(r['named_share'])} ({num(r['named_share_model'])})",
                     html.escape(best["method"]),
                     _with_std(best["precision"], std.get("precision")),
                     _with_std(best["recall"], std.get("recall")),
                     _with_std(best["f1"], std.get("f1")),
-                    _f(r["methods"][best["method"]]["pair_auc"]),
-                    _f(b["chance_precision"], 4),
-                    _f(b["chance_f1"], 4),
+                    num(r["methods"][best["method"]]["pair_auc"]),
+                    num(b["chance_precision"], 4),
+                    num(b["chance_f1"], 4),
                 ]
             )
-    parts.append(_table(head, rows))
+    parts.append(html_table(head, rows))
     return parts
 
 
 def _with_std(m: Any, s: Any) -> str:
-    from peep.lab.audit.report import _f
+    from peep.lab.audit.report_parts import num
 
-    return _f(m) if not isinstance(s, (int, float)) else f"{_f(m)} ± {_f(s)}"
+    return num(m) if not isinstance(s, (int, float)) else f"{num(m)} ± {num(s)}"

@@ -171,7 +171,7 @@ def nominal_epsilon(cfg: AuditConfig, kind: str, target_vector: float, basis: Ba
     )
 
 
-def _mechanism(cfg: AuditConfig, basis: Basis, kind: str, epsilon: float, rng: Any) -> Any:
+def audited_mechanism(cfg: AuditConfig, basis: Basis, kind: str, epsilon: float, rng: Any) -> Any:
     return mechanism_for_bounds(basis.bounds, kind=kind, epsilon=epsilon, delta=cfg.delta, random_state=rng)
 
 
@@ -552,7 +552,7 @@ def evaluate_release(
     basis = ctx.basis
     eps = float(epsilon) if epsilon is not None else nominal_epsilon(cfg, kind, float(target_vector or 0), basis)
     rng = noise_state(cfg, key)
-    mech = _mechanism(cfg, basis, kind, eps, rng)
+    mech = audited_mechanism(cfg, basis, kind, eps, rng)
     dom = Domain(kind, basis.bounds)
     Ztr, Zte = dom.forward(ctx.C_train), dom.forward(ctx.C_test)
     Rtr, Rte = np.asarray(mech.release(Ztr)), np.asarray(mech.release(Zte))

@@ -87,8 +87,8 @@ from peep.lab.audit import execution
 from peep.lab.audit.basis import Domain
 from peep.lab.audit.config import AuditConfig, AuditConfigError
 from peep.lab.audit.open_set_people import (
-    _PARTITION_STREAM,
     GROUPS,
+    PARTITION_STREAM,
     STRANGER_IMAGES,
     OpenSetPeople,
     Population,
@@ -185,7 +185,7 @@ def component_limit(pop: Population, people: OpenSetPeople, cfg: AuditConfig) ->
 
 
 def _rng(cfg: AuditConfig, split: int) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence([cfg.seed, split, _PARTITION_STREAM]))
+    return np.random.default_rng(np.random.SeedSequence([cfg.seed, split, PARTITION_STREAM]))
 
 
 def prepare_split(pop: Population, cfg: AuditConfig, split: int) -> OpenSetContext:

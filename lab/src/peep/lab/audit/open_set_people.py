@@ -29,7 +29,7 @@ STRANGER_IMAGES = (5, 9)
 #: misses leaves the groups their sizes: this share, plus ten.
 _SINGLES_MARGIN = 0.03
 # Seed streams: the people partition, the singles' pool (open_set's releases use 1_002 and 1_003).
-_PARTITION_STREAM, _SINGLES_STREAM = 1_001, 1_004
+PARTITION_STREAM, _SINGLES_STREAM = 1_001, 1_004
 
 
 # --------------------------------------------------------------------------- the people

@@ -20,12 +20,12 @@ def plot_open_set(audit: dict[str, Any], path: Path) -> bool:
     """FNIR and released FPIR vs ε_label per mode: the device's lines, the server's as flat references."""
     # The report's helpers, so that every figure of the report is drawn and saved alike (imported here:
     # report imports this module).
-    from peep.lab.audit.report import _get, _plt, _save
+    from peep.lab.audit.report_parts import pyplot, save_figure, series
 
     rows = audit.get("open_set")
     if not rows:
         return False
-    plt = _plt()
+    plt = pyplot()
     dims = sorted({int(e["n_components"]) for e in rows})
     eps, ticks = _label_axis(rows)
     x_of: dict[float | None, int] = {**{e: i for i, e in enumerate(eps)}, None: len(eps)}
@@ -48,7 +48,7 @@ def plot_open_set(audit: dict[str, Any], path: Path) -> bool:
                     dev = sorted((e for e in sel if e["mode"] == "device"), key=lambda e: x_of[e["epsilon_label"]])
                     if dev:
                         xs = np.array([x_of[e["epsilon_label"]] for e in dev], dtype=float)
-                        m, s = _get(dev, key)
+                        m, s = series(dev, key)
                         ax.errorbar(xs, m, yerr=s, color=color, ls=ls, marker="o", capsize=3,
                                     label=f"device, {preset}, FPIR target {t:g}")  # fmt: skip
                         bad = np.array([not e["feasible"] for e in dev])
@@ -75,7 +75,7 @@ def plot_open_set(audit: dict[str, Any], path: Path) -> bool:
             if c == 0:
                 ax.legend(fontsize=6)
     fig.suptitle(f"Open-set identification (NIST FRVT 1:N) — {audit['mechanism']['kind']}, {audit.get('projection')}")
-    _save(fig, path)
+    save_figure(fig, path)
     return True
 
 
@@ -102,7 +102,7 @@ def open_set_html(audit: dict[str, Any], out: Path, plot: str) -> list[str]:
 
     ``plot`` is the figure's file name in ``out`` (embedded when it was drawn).
     """
-    from peep.lab.audit.report import _f, _g, _img, _pm, _table
+    from peep.lab.audit.report_parts import embedded_image, fmt_g, html_table, num, plus_minus
 
     rows = audit["open_set"]
     setup = audit.get("open_set_setup") or {}
@@ -159,8 +159,8 @@ def open_set_html(audit: dict[str, Any], out: Path, plot: str) -> list[str]:
     ]
     body = []
     for e in rows:
-        door = "–" if e.get("gar_at_far") is None else f"{_pm(e, 'gar_at_far')} ({_f(e.get('far'), 4)})"
-        label = "none" if e["epsilon_label"] is None else _g(e["epsilon_label"])
+        door = "–" if e.get("gar_at_far") is None else f"{plus_minus(e, 'gar_at_far')} ({num(e.get('far'), 4)})"
+        label = "none" if e["epsilon_label"] is None else fmt_g(e["epsilon_label"])
         if not e["feasible"]:
             label += " (infeasible)"
         body.append(
@@ -168,21 +168,21 @@ def open_set_html(audit: dict[str, Any], out: Path, plot: str) -> list[str]:
                 str(e["n_components"]),
                 e["mode"],
                 html.escape(e["preset"]),
-                f"{_g(e['epsilon_template'])} ({_g(e.get('epsilon_template_vector'))})",
+                f"{fmt_g(e['epsilon_template'])} ({fmt_g(e.get('epsilon_template_vector'))})",
                 label,
-                _g(e["fpir_target"]),
-                _pm(e, "fnir"),
-                _pm(e, "fpir", nd=4),
-                _f(e.get("fpir_single"), 4),
-                _f(e["fpir_model"], 4),
-                _f(e["fpir_floor"], 4),
-                _f(e.get("fpir_bound"), 4) + (" &gt; target" if (e.get("fpir_bound") or 0) > e["fpir_target"] else ""),
-                _f(e.get("rank1_miss")),
+                fmt_g(e["fpir_target"]),
+                plus_minus(e, "fnir"),
+                plus_minus(e, "fpir", nd=4),
+                num(e.get("fpir_single"), 4),
+                num(e["fpir_model"], 4),
+                num(e["fpir_floor"], 4),
+                num(e.get("fpir_bound"), 4) + (" &gt; target" if (e.get("fpir_bound") or 0) > e["fpir_target"] else ""),
+                num(e.get("rank1_miss")),
                 door,
                 " ".join(f"{v:.2f}" for v in e["per_repeat"]["fnir"]),
             ]
         )
-    parts.append(_table(head, body))
+    parts.append(html_table(head, body))
     ref = setup.get("no_noise") or []
     if ref:
         parts.append(
@@ -194,19 +194,19 @@ def open_set_html(audit: dict[str, Any], out: Path, plot: str) -> list[str]:
             [
                 str(e["n_components"]),
                 html.escape(e["preset"]),
-                _g(e["fpir_target"]),
-                _pm(e, "fnir"),
-                _pm(e, "fpir", nd=4),
-                f"{_pm(e, 'gar_at_far')} ({_f(e.get('far'), 4)})",
+                fmt_g(e["fpir_target"]),
+                plus_minus(e, "fnir"),
+                plus_minus(e, "fpir", nd=4),
+                f"{plus_minus(e, 'gar_at_far')} ({num(e.get('far'), 4)})",
             ]
             for e in ref
         ]
-        parts.append(_table(["K", "preset", "FPIR target", "FNIR", "FPIR", "door GAR (FAR)"], body))
+        parts.append(html_table(["K", "preset", "FPIR target", "FNIR", "FPIR", "door GAR (FAR)"], body))
     sweep = setup.get("enrolment_sweep") or []
     if sweep:
         parts.append(_sweep_table(rows, sweep))
     if (out / plot).exists():
-        parts.append(_img(out, plot))
+        parts.append(embedded_image(out, plot))
     return parts
 
 
@@ -219,17 +219,17 @@ def _calibration_source(setup: dict[str, Any]) -> str:
 
 def _sweep_table(rows: Sequence[dict[str, Any]], sweep: Sequence[dict[str, Any]]) -> str:
     """FNIR (released FPIR) per enrolment releases per person, for each mode, preset and ε_label."""
-    from peep.lab.audit.report import _f, _g, _table
+    from peep.lab.audit.report_parts import fmt_g, html_table, num
 
     every = [*rows, *sweep]
     counts = sorted({int(e["enrol_images"]) for e in every})
     cells: dict[tuple[Any, ...], dict[int, str]] = {}
     for e in every:
         key = (e["n_components"], e["mode"], e["preset"], e["epsilon_template"], e["epsilon_label"], e["fpir_target"])
-        single = "" if e.get("fpir_single") is None else f" / {_f(e['fpir_single'], 4)}"
-        cells.setdefault(key, {})[int(e["enrol_images"])] = f"{_f(e['fnir'])} ({_f(e['fpir'], 4)}{single})"
+        single = "" if e.get("fpir_single") is None else f" / {num(e['fpir_single'], 4)}"
+        cells.setdefault(key, {})[int(e["enrol_images"])] = f"{num(e['fnir'])} ({num(e['fpir'], 4)}{single})"
     body = [
-        [str(k[0]), k[1], html.escape(k[2]), _g(k[3]), "none" if k[4] is None else _g(k[4]), _g(k[5])]
+        [str(k[0]), k[1], html.escape(k[2]), fmt_g(k[3]), "none" if k[4] is None else fmt_g(k[4]), fmt_g(k[5])]
         + [v.get(n, "–") for n in counts]
         for k, v in cells.items()
     ]
@@ -237,5 +237,5 @@ def _sweep_table(rows: Sequence[dict[str, Any]], sweep: Sequence[dict[str, Any]]
     return (
         "<h3>How many photos to enrol</h3><p>The same people, probes and strangers; each model learns from the "
         "first n releases of each enrolled person. FNIR (released FPIR on the 5-9 image strangers / on the "
-        "one-image strangers).</p>" + _table(head, body)
+        "one-image strangers).</p>" + html_table(head, body)
     )

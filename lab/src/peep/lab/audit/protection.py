@@ -193,14 +193,14 @@ def evaluate_protection(
     ctx: Any, cfg: AuditConfig, data: Any, *, kind: str, epsilon: float, key: tuple[int, ...]
 ) -> dict[str, Any]:
     """Every property and attack of the section for one split and one ε (module docstring)."""
-    from peep.lab.audit.execution import _mechanism, fit_served, noise_state, proba_full
+    from peep.lab.audit.execution import audited_mechanism, fit_served, noise_state, proba_full
 
     t0 = time.process_time()
     basis: Basis = ctx.basis
     dom = Domain(kind, basis.bounds)
     keys = simulation_keys(cfg, max(2, cfg.site_keys), ctx.split)
     rng_noise = noise_state(cfg, (*key, 0))
-    mech = _mechanism(cfg, basis, kind, epsilon, rng_noise)
+    mech = audited_mechanism(cfg, basis, kind, epsilon, rng_noise)
     Ztr, Zte = dom.forward(ctx.C_train), dom.forward(ctx.C_test)
     k_dim = Ztr.shape[1]
     ytr, yte = ctx.y_train, ctx.y_test

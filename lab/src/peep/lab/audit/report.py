@@ -2,21 +2,37 @@
 
 from __future__ import annotations
 
-import base64
 import html
 import json
 import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from peep.lab.audit.bystander_report import bystander_html, plot_bystander
 from peep.lab.audit.open_set_report import open_set_html, plot_open_set
+from peep.lab.audit.report_parts import (
+    atomic_write,
+    embedded_image,
+    eps_axis,
+    fmt_g,
+    html_table,
+    num,
+    plus_minus,
+    pyplot,
+    save_figure,
+    series,
+)
 
-if TYPE_CHECKING:
-    from peep.lab.audit.run import AuditResult
+
+class AuditResult(Protocol):
+    """What :func:`write_outputs` reads of :class:`peep.lab.audit.run.AuditResult` (the audit's JSON document and
+    the arrays behind the reconstruction figure); named here so that the report does not import the run."""
+
+    data: dict[str, Any]
+    grid: dict[str, Any]
+
 
 PLOTS = {
     "utility_vs_epsilon": "utility_vs_epsilon.png",
@@ -31,52 +47,8 @@ PLOTS = {
 }
 
 
-def _plt() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _get(entries: Sequence[dict[str, Any]], *path: str) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-    """Means and stds along ``path`` (std from each entry's ``std`` tree)."""
-    means, stds = [], []
-    for e in entries:
-        m: Any = e
-        s: Any = e.get("std", {})
-        for p in path:
-            m = m.get(p) if isinstance(m, dict) else None
-            s = s.get(p) if isinstance(s, dict) else None
-        means.append(np.nan if m is None else float(m))
-        stds.append(0.0 if s is None or isinstance(s, dict) else float(s))
-    return np.array(means), np.array(stds)
-
-
-def _eps_axis(ax: Any, audit: dict[str, Any]) -> None:
-    """Log x-axis of the ε parameter, with per-vector ε on top when proportional."""
-    res = audit["results"]
-    eps = np.array([r["epsilon"] for r in res])
-    vec = np.array([r["epsilon_vector"] for r in res])
-    ax.set_xscale("log")
-    per = audit["mechanism"]["epsilon_parameter"]
-    ax.set_xlabel(f"ε ({per})")
-    ratio = vec / eps
-    if per == "per coordinate" and np.allclose(ratio, ratio[0], rtol=1e-6):
-        r = float(ratio[0])
-        top = ax.secondary_xaxis("top", functions=(lambda x: x * r, lambda x: x / r))
-        top.set_xlabel("ε per vector (what protects the person)")
-
-
-def _save(fig: Any, path: Path) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    _plt().close(fig)
-
-
 def plot_utility(audit: dict[str, Any], path: Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     res = audit["results"]
     eps = np.array([r["epsilon"] for r in res])
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
@@ -87,28 +59,28 @@ def plot_utility(audit: dict[str, Any], path: Path) -> None:
         ("weighted_recall", "weighted recall"),
         ("balanced_accuracy", "balanced accuracy"),
     ):
-        m, s = _get(res, key)
+        m, s = series(res, key)
         ax.errorbar(eps, m, yerr=s, marker="o", capsize=3, label=label)
     ax.axhline(audit["no_privacy"]["accuracy"], color="k", ls="--", label="no privacy (accuracy)")
     ax.axhline(audit["chance"]["majority"], color="grey", ls=":", label="majority class")
     ax.axhline(audit["chance"]["uniform"], color="grey", ls="-.", label="uniform guess")
-    _eps_axis(ax, audit)
+    eps_axis(ax, audit)
     ax.set_ylim(0, 1.02)
     ax.set_ylabel("score (mean ± std over splits)")
     ax.set_title(f"Utility vs ε — {audit['mechanism']['kind']}, nc={audit['components']}")
     ax.legend(fontsize=7, loc="lower right")
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_privacy(audit: dict[str, Any], path: Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     res = audit["results"]
     eps = np.array([r["epsilon"] for r in res])
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
     chance = audit["chance"]["majority"]
     ax = axes[0, 0]
     for adv in ("knn", "svm", "logreg", "mlp", "bayes", "max"):
-        m, s = _get(res, "linkage", adv)
+        m, s = series(res, "linkage", adv)
         ax.errorbar(
             eps, m, yerr=s, marker="o" if adv == "max" else ".", capsize=2, label=adv, lw=2.5 if adv == "max" else 1
         )
@@ -117,14 +89,14 @@ def plot_privacy(audit: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("accuracy")
     ax = axes[0, 1]
     for k in sorted(res[0]["averaging"], key=int):
-        m, s = _get(res, "averaging", k)
+        m, s = series(res, "averaging", k)
         ax.errorbar(eps, m, yerr=s, marker="o", capsize=2, label=f"k = {k} releases averaged")
     ax.axhline(chance, color="grey", ls=":", label="chance (majority)")
     ax.set_title("(c) averaging attack (best adversary)")
     ax.set_ylabel("accuracy")
     ax = axes[1, 0]
     for meth in ("direct", "shrinkage"):
-        m, s = _get(res, "reconstruction", meth, "ssim")
+        m, s = series(res, "reconstruction", meth, "ssim")
         ax.errorbar(eps, m, yerr=s, marker="o", capsize=2, label=f"SSIM, {meth}")
     base = audit["reconstruction_baselines"]
     ax.axhline(base["mean_face"]["ssim"], color="grey", ls=":", label="mean face (chance)")
@@ -138,21 +110,21 @@ def plot_privacy(audit: dict[str, Any], path: Path) -> None:
         (("membership_auc_template",), "membership AUC (stored template)"),
         (("identity_mixture", "mixture"), "identity mixture (posterior on truth)"),
     ):
-        m, s = _get(res, *path_)
+        m, s = series(res, *path_)
         ax.errorbar(eps, m, yerr=s, marker="o", capsize=2, label=label)
     ax.axhline(0.5, color="grey", ls="-.", label="AUC chance")
     ax.axhline(base["mean_face"]["reid"], color="grey", ls=":", label="re-id chance (mean face)")
     ax.set_title("(a, d, e) re-identification, membership, identity mixture")
     for a in axes.ravel():
-        _eps_axis(a, audit)
+        eps_axis(a, audit)
         a.set_ylim(0, 1.02)
         a.legend(fontsize=7)
     fig.suptitle(f"Privacy vs ε — {audit['mechanism']['kind']}, nc={audit['components']}")
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_subsets(audit: dict[str, Any], path: Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     res = audit["results"]
     eps = np.array([r["epsilon"] for r in res])
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
@@ -162,25 +134,25 @@ def plot_subsets(audit: dict[str, Any], path: Path) -> None:
         ch = np.array([r["linkage_subsets"][i]["chance"] for r in res])
         line = ax.plot(eps, m, marker="o", label=f"{size} identities, {strategy}")[0]
         ax.plot(eps, ch, ls=":", color=line.get_color(), lw=1)
-    _eps_axis(ax, audit)
+    eps_axis(ax, audit)
     ax.set_ylim(0, 1.02)
     ax.set_ylabel("best adversary accuracy (dotted: its chance)")
     ax.set_title("(b) linkage on reduced candidate sets (Hanisch et al.)")
     ax.legend(fontsize=7)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_sweep(audit: dict[str, Any], name: str, xlabel: str, path: Path) -> bool:
     pts = audit["sweeps"][name]
     if not pts:
         return False
-    plt = _plt()
+    plt = pyplot()
     x = np.array([p["n_components"] if name == "components" else p["images_per_subject_mean"] for p in pts])
     fig, ax = plt.subplots(figsize=(7, 4.5))
     eps = audit["sweeps"]["epsilon"]
     for which, label in (("no_privacy", "no privacy"), ("private", f"{audit['sweeps']['mechanism']} ε = {eps:g}")):
         for key, ls in (("accuracy", "-"), ("weighted_f1", "--")):
-            m, s = _get(pts, which, key)
+            m, s = series(pts, which, key)
             ax.errorbar(x, m, yerr=s, marker="o", ls=ls, capsize=3, label=f"{label}: {key.replace('_', ' ')}")
     ax.axhline(audit["chance"]["majority"], color="grey", ls=":", label="majority class")
     if name == "components":
@@ -198,14 +170,14 @@ def plot_sweep(audit: dict[str, Any], name: str, xlabel: str, path: Path) -> boo
     ax.set_ylim(0, 1.02)
     ax.set_ylabel("score (mean ± std)")
     ax.legend(fontsize=7)
-    _save(fig, path)
+    save_figure(fig, path)
     return True
 
 
 def plot_grid(grid: dict[str, Any], path: Path, max_eps: int = 4) -> bool:
     if not grid:
         return False
-    plt = _plt()
+    plt = pyplot()
     eps = grid["epsilons"]
     pick = sorted(set(np.linspace(0, len(eps) - 1, min(max_eps, len(eps))).round().astype(int).tolist()))
     cols = [("original", grid["originals"]), ("clean PCA", grid["ceiling"])]
@@ -225,7 +197,7 @@ def plot_grid(grid: dict[str, Any], path: Path, max_eps: int = 4) -> bool:
             if c == 0:
                 ax.set_ylabel(grid["names"][r], fontsize=6)
     fig.suptitle("Reconstructions from releases (PEEP Fig. 12 style)", fontsize=8)
-    _save(fig, path)
+    save_figure(fig, path)
     return True
 
 
@@ -233,7 +205,7 @@ def plot_frontier(audit: dict[str, Any], path: Path) -> bool:
     fr = audit.get("frontier")
     if not fr:
         return False
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     pts = fr["points"]
     x = np.array([p["epsilon_vector"] for p in pts])
@@ -275,45 +247,11 @@ def plot_frontier(audit: dict[str, Any], path: Path) -> bool:
     ax.set_ylim(0, 1.02)
     ax.set_title("Privacy–utility frontier vs paper mode")
     ax.legend(fontsize=6, loc="lower right")
-    _save(fig, path)
+    save_figure(fig, path)
     return True
 
 
 # --------------------------------------------------------------------------- HTML
-
-
-def _f(v: Any, nd: int = 3) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "–"
-    if isinstance(v, (int, np.integer)):
-        return str(v)
-    return f"{float(v):.{nd}f}"
-
-
-def _g(v: Any) -> str:
-    return "–" if v is None else f"{float(v):.4g}"
-
-
-def _pm(entry: dict[str, Any], *path: str, nd: int = 3) -> str:
-    m: Any = entry
-    s: Any = entry.get("std", {})
-    for p in path:
-        m = m.get(p) if isinstance(m, dict) else None
-        s = s.get(p) if isinstance(s, dict) else None
-    if m is None:
-        return "–"
-    return f"{_f(m, nd)} ± {_f(s, nd)}" if isinstance(s, (int, float)) else _f(m, nd)
-
-
-def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    h = "".join(f"<th>{html.escape(c)}</th>" for c in head)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _img(out: Path, name: str) -> str:
-    data = base64.b64encode((out / name).read_bytes()).decode("ascii")
-    return f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{data}"></figure>'
 
 
 CSS = """
@@ -386,18 +324,22 @@ def _utility_html(audit: dict[str, Any], out: Path) -> list[str]:
         "chance (majority)",
     ]
     scores = ("accuracy", "balanced_accuracy", "weighted_f1", "weighted_precision", "weighted_recall")
-    rows = [["no privacy", "∞", "∞", *(_pm(np_, k) for k in scores), _f(audit["chance"]["majority"])]]
+    rows = [["no privacy", "∞", "∞", *(plus_minus(np_, k) for k in scores), num(audit["chance"]["majority"])]]
     rows += [
         [
-            _g(r["epsilon"]),
-            _g(r["epsilon_coordinate"]),
-            _pm(r, "epsilon_vector", nd=1),
-            *(_pm(r, k) for k in scores),
-            _f(r["chance"]),
+            fmt_g(r["epsilon"]),
+            fmt_g(r["epsilon_coordinate"]),
+            plus_minus(r, "epsilon_vector", nd=1),
+            *(plus_minus(r, k) for k in scores),
+            num(r["chance"]),
         ]
         for r in audit["results"]
     ]
-    return ["<h2>1. Utility vs ε (PEEP Fig. 7)</h2>", _table(head, rows), _img(out, PLOTS["utility_vs_epsilon"])]
+    return [
+        "<h2>1. Utility vs ε (PEEP Fig. 7)</h2>",
+        html_table(head, rows),
+        embedded_image(out, PLOTS["utility_vs_epsilon"]),
+    ]
 
 
 def _privacy_html(audit: dict[str, Any], out: Path) -> list[str]:
@@ -419,28 +361,28 @@ def _privacy_html(audit: dict[str, Any], out: Path) -> list[str]:
     rows = [_privacy_row(r) for r in res]
     return [
         "<h2>2. Privacy vs ε, against chance</h2>",
-        _table(head, rows),
+        html_table(head, rows),
         _privacy_chance_html(audit),
-        _img(out, PLOTS["privacy_vs_epsilon"]),
+        embedded_image(out, PLOTS["privacy_vs_epsilon"]),
     ]
 
 
 def _privacy_row(r: dict[str, Any]) -> list[str]:
     """One ``results[]`` entry's row of the privacy table."""
-    row = [_g(r["epsilon"]), _f(r["epsilon_vector"], 1)]
-    row += [_pm(r, "linkage", a) for a in ("knn", "svm", "logreg", "mlp", "bayes", "max")]
-    row += [_f(r["chance"])]
-    row += [_pm(r, "averaging", k) for k in sorted(r["averaging"], key=int)]
+    row = [fmt_g(r["epsilon"]), num(r["epsilon_vector"], 1)]
+    row += [plus_minus(r, "linkage", a) for a in ("knn", "svm", "logreg", "mlp", "bayes", "max")]
+    row += [num(r["chance"])]
+    row += [plus_minus(r, "averaging", k) for k in sorted(r["averaging"], key=int)]
     row += [
-        _pm(r, "reconstruction", "direct", "ssim"),
-        _pm(r, "reconstruction", "shrinkage", "ssim"),
-        _f(r["reconstruction_psnr"], 1),
-        _pm(r, "reconstruction_reid"),
-        _pm(r, "membership_auc"),
-        _pm(r, "membership_auc_template"),
-        _f(r["identity_mixture"]["mixture"]),
-        _f(r["identity_mixture"]["top_k"].get("2")),
-        _f(r["identity_mixture"]["kl_from_random"]),
+        plus_minus(r, "reconstruction", "direct", "ssim"),
+        plus_minus(r, "reconstruction", "shrinkage", "ssim"),
+        num(r["reconstruction_psnr"], 1),
+        plus_minus(r, "reconstruction_reid"),
+        plus_minus(r, "membership_auc"),
+        plus_minus(r, "membership_auc_template"),
+        num(r["identity_mixture"]["mixture"]),
+        num(r["identity_mixture"]["top_k"].get("2")),
+        num(r["identity_mixture"]["kl_from_random"]),
     ]
     return row
 
@@ -449,12 +391,12 @@ def _privacy_chance_html(audit: dict[str, Any]) -> str:
     """What each attack scores without any release: the mean face, the clean ceiling, chance."""
     base = audit["reconstruction_baselines"]
     return (
-        f"<p>Reconstruction chance: the mean face alone scores SSIM {_f(base['mean_face']['ssim'])}, PSNR "
-        f"{_f(base['mean_face']['psnr'], 1)} dB, re-id {_f(base['mean_face']['reid'])}; the clean PCA reconstruction "
-        f"(no noise, the ceiling of any attack on templates) SSIM {_f(base['pca_ceiling']['ssim'])}, PSNR "
-        f"{_f(base['pca_ceiling']['psnr'], 1)} dB, re-id {_f(base['pca_ceiling']['reid'])}. Membership: "
-        f"no-privacy recogniser AUC {_f(audit['no_privacy']['membership_auc'])}; chance 0.5. Identity mixture chance "
-        f"{_f(audit['chance']['uniform'])} (uniform), top-2 chance {_f(2 * audit['chance']['uniform'])}.</p>"
+        f"<p>Reconstruction chance: the mean face alone scores SSIM {num(base['mean_face']['ssim'])}, PSNR "
+        f"{num(base['mean_face']['psnr'], 1)} dB, re-id {num(base['mean_face']['reid'])}; the clean PCA reconstruction "
+        f"(no noise, the ceiling of any attack on templates) SSIM {num(base['pca_ceiling']['ssim'])}, PSNR "
+        f"{num(base['pca_ceiling']['psnr'], 1)} dB, re-id {num(base['pca_ceiling']['reid'])}. Membership: "
+        f"no-privacy recogniser AUC {num(audit['no_privacy']['membership_auc'])}; chance 0.5. Identity mixture chance "
+        f"{num(audit['chance']['uniform'])} (uniform), top-2 chance {num(2 * audit['chance']['uniform'])}.</p>"
     )
 
 
@@ -464,11 +406,11 @@ def _subsets_html(audit: dict[str, Any], out: Path) -> list[str]:
     sets = res[0]["linkage_subsets"]
     head = ["ε", "ε / vector"] + [f"{s['size']} ({s['strategy']})" for s in sets]
     rows = [
-        [_g(r["epsilon"]), _f(r["epsilon_vector"], 1)]
-        + [f"{_pm(s, 'max')} [{_f(s['chance'])}]" for s in r["linkage_subsets"]]
+        [fmt_g(r["epsilon"]), num(r["epsilon_vector"], 1)]
+        + [f"{plus_minus(s, 'max')} [{num(s['chance'])}]" for s in r["linkage_subsets"]]
         for r in res
     ]
-    parts = ["<h3>Linkage on reduced candidate sets (best adversary; chance in brackets)</h3>", _table(head, rows)]
+    parts = ["<h3>Linkage on reduced candidate sets (best adversary; chance in brackets)</h3>", html_table(head, rows)]
     skipped = audit.get("linkage_subsets_skipped") or []
     if skipped:
         parts.append(
@@ -476,10 +418,10 @@ def _subsets_html(audit: dict[str, Any], out: Path) -> list[str]:
             + html.escape("; ".join(f"{s['size']} identities ({s['reason']})" for s in skipped))
             + ".</p>"
         )
-    parts.append(_img(out, PLOTS["linkage_subsets"]))
+    parts.append(embedded_image(out, PLOTS["linkage_subsets"]))
     # only where the run drew it: the grid's arrays are not kept in audit.json
     if (out / PLOTS["reconstruction_grid"]).exists():
-        parts.append(_img(out, PLOTS["reconstruction_grid"]))
+        parts.append(embedded_image(out, PLOTS["reconstruction_grid"]))
     return parts
 
 
@@ -496,7 +438,7 @@ def _sweeps_html(audit: dict[str, Any], out: Path) -> list[str]:
             parts.append(_sweep_table(sw[name], label))
             key = "utility_vs_components" if name == "components" else "utility_vs_images"
             if (out / PLOTS[key]).exists():
-                parts.append(_img(out, PLOTS[key]))
+                parts.append(embedded_image(out, PLOTS[key]))
     return parts
 
 
@@ -517,17 +459,17 @@ def _sweep_table(points: Sequence[dict[str, Any]], label: str) -> str:
         [
             str(p["value"]),
             str(p["n_components"]),
-            _g(p["epsilon_coordinate"]),
-            _f(p["epsilon_vector"], 1),
-            _pm(p, "no_privacy", "accuracy"),
-            _pm(p, "no_privacy", "weighted_f1"),
-            _pm(p, "private", "accuracy"),
-            _pm(p, "private", "weighted_f1"),
-            _pm(p, "private", "balanced_accuracy"),
+            fmt_g(p["epsilon_coordinate"]),
+            num(p["epsilon_vector"], 1),
+            plus_minus(p, "no_privacy", "accuracy"),
+            plus_minus(p, "no_privacy", "weighted_f1"),
+            plus_minus(p, "private", "accuracy"),
+            plus_minus(p, "private", "weighted_f1"),
+            plus_minus(p, "private", "balanced_accuracy"),
         ]
         for p in points
     ]
-    return _table(head, rows)
+    return html_table(head, rows)
 
 
 def _frontier_html(audit: dict[str, Any], out: Path) -> list[str]:
@@ -562,7 +504,7 @@ def _frontier_html(audit: dict[str, Any], out: Path) -> list[str]:
         "paper linkage max",
     ]
     rows = [_frontier_row(p) for p in fr["points"]]
-    return [intro, _table(head, rows), _img(out, PLOTS["frontier"])]
+    return [intro, html_table(head, rows), embedded_image(out, PLOTS["frontier"])]
 
 
 def _frontier_row(p: dict[str, Any]) -> list[str]:
@@ -570,18 +512,18 @@ def _frontier_row(p: dict[str, Any]) -> list[str]:
     b, pm = p["best"], p["paper_mode"]
     c = b["configuration"]
     return [
-        _g(p["epsilon_vector"]),
+        fmt_g(p["epsilon_vector"]),
         html.escape(f"{c['mechanism']}, {c.get('projection', 'eigenfaces')} nc={c['n_components']}, {c['bounds']}"),
-        _g(b["epsilon_coordinate"]),
-        _pm(b, "accuracy"),
-        _pm(b, "balanced_accuracy"),
-        _pm(b, "linkage", "max"),
-        _pm(b, "averaging", "20"),
-        _pm(b, "reconstruction", "shrinkage", "ssim"),
-        _pm(b, "reconstruction_reid"),
-        _pm(pm, "accuracy"),
-        _g(pm["epsilon_coordinate"]),
-        _pm(pm, "linkage", "max"),
+        fmt_g(b["epsilon_coordinate"]),
+        plus_minus(b, "accuracy"),
+        plus_minus(b, "balanced_accuracy"),
+        plus_minus(b, "linkage", "max"),
+        plus_minus(b, "averaging", "20"),
+        plus_minus(b, "reconstruction", "shrinkage", "ssim"),
+        plus_minus(b, "reconstruction_reid"),
+        plus_minus(pm, "accuracy"),
+        fmt_g(pm["epsilon_coordinate"]),
+        plus_minus(pm, "linkage", "max"),
     ]
 
 
@@ -665,10 +607,10 @@ def write_outputs(result: AuditResult, out: Path) -> Path:
     audit = jsonable(audit)
     result.data = audit
     validate_audit(audit)
-    _atomic_write(out / "audit.json", json.dumps(audit, indent=1, allow_nan=False) + "\n")
-    _atomic_write(out / "audit.schema.json", json.dumps(AUDIT_SCHEMA, indent=1) + "\n")
+    atomic_write(out / "audit.json", json.dumps(audit, indent=1, allow_nan=False) + "\n")
+    atomic_write(out / "audit.schema.json", json.dumps(AUDIT_SCHEMA, indent=1) + "\n")
     report = out / "report.html"
-    _atomic_write(report, render_html(audit, out))
+    atomic_write(report, render_html(audit, out))
     return report
 
 
@@ -687,9 +629,3 @@ def jsonable(obj: Any) -> Any:
     if isinstance(obj, (float, np.floating)):
         return float(obj) if math.isfinite(float(obj)) else None
     return obj
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)

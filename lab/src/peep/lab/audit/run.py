@@ -93,7 +93,7 @@ def _component_limit(data: AuditData, cfg: AuditConfig, projection: str | None =
 
 
 def _mechanism_summary(cfg: AuditConfig, ctx: RepeatContext) -> dict[str, Any]:
-    mech = execution._mechanism(cfg, ctx.basis, cfg.mechanism, cfg.epsilons[0], None)  # draws no noise
+    mech = execution.audited_mechanism(cfg, ctx.basis, cfg.mechanism, cfg.epsilons[0], None)  # draws no noise
     per = f"per {mech.epsilon_scope}"
     return {
         "kind": cfg.mechanism,

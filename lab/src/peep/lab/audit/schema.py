@@ -25,16 +25,16 @@ _pos: dict[str, Any] = {"type": "number", "exclusiveMinimum": 0}
 _ADVERSARY_KEYS = ["knn", "svm", "logreg", "mlp", "bayes", "max"]
 
 
-def _obj(props: dict[str, Any], required: list[str] | None = None, extra: bool = True) -> dict[str, Any]:
+def object_schema(props: dict[str, Any], required: list[str] | None = None, extra: bool = True) -> dict[str, Any]:
     out: dict[str, Any] = {"type": "object", "properties": props, "required": required or list(props)}
     if not extra:
         out["additionalProperties"] = False
     return out
 
 
-_recon = _obj({"ssim": {"type": "number", "minimum": -1, "maximum": 1}, "psnr": _num, "reid": _frac})
-_linkage = _obj({k: _frac for k in _ADVERSARY_KEYS})
-_subset = _obj(
+_recon = object_schema({"ssim": {"type": "number", "minimum": -1, "maximum": 1}, "psnr": _num, "reid": _frac})
+_linkage = object_schema({k: _frac for k in _ADVERSARY_KEYS})
+_subset = object_schema(
     {
         "size": {"type": "integer", "minimum": 2},
         "strategy": {"enum": ["all", "random", "distinctive", "center"]},
@@ -49,7 +49,7 @@ _subset = _obj(
         "std": {"type": "object"},
     }
 )
-_mixture = _obj(
+_mixture = object_schema(
     {
         "mixture": _frac,
         "random_guess": _frac,
@@ -68,7 +68,7 @@ _RESULT_KEYS = (
     "membership_auc_template identity_mixture n_repeats std per_repeat"
 ).split()
 
-RESULT_SCHEMA: dict[str, Any] = _obj(
+RESULT_SCHEMA: dict[str, Any] = object_schema(
     {
         "epsilon": {**_pos, "description": "the mechanism's ε parameter (per coordinate for peep/peep-raw)"},
         "epsilon_coordinate": {**_pos, "description": "guaranteed ε of any one released coordinate"},
@@ -86,7 +86,7 @@ RESULT_SCHEMA: dict[str, Any] = _obj(
         "reconstruction_ssim": {"type": "number", "description": "best attack's mean SSIM"},
         "reconstruction_psnr": _num,
         "reconstruction_reid": _frac,
-        "reconstruction": _obj({"direct": _recon, "shrinkage": _recon}),
+        "reconstruction": object_schema({"direct": _recon, "shrinkage": _recon}),
         "linkage": _linkage,
         "linkage_subsets": {"type": "array", "items": _subset, "minItems": 1},
         "averaging": {
@@ -110,20 +110,20 @@ RESULT_SCHEMA: dict[str, Any] = _obj(
     [k for k in _RESULT_KEYS if k != "per_repeat"],
 )
 
-_sweep_point = _obj(
+_sweep_point = object_schema(
     {
         "value": {"type": "integer"},
         "n_components": {"type": "integer"},
         "epsilon": _pos,
         "epsilon_coordinate": _pos,
         "epsilon_vector": _pos,
-        "no_privacy": _obj({"accuracy": _frac, "weighted_f1": _frac}),
-        "private": _obj({"accuracy": _frac, "weighted_f1": _frac}),
+        "no_privacy": object_schema({"accuracy": _frac, "weighted_f1": _frac}),
+        "private": object_schema({"accuracy": _frac, "weighted_f1": _frac}),
         "std": {"type": "object"},
     }
 )
 
-_frontier_point = _obj(
+_frontier_point = object_schema(
     {
         "epsilon_vector": _pos,
         "best": {**RESULT_SCHEMA, "required": [*RESULT_SCHEMA["required"], "configuration"]},
@@ -134,7 +134,7 @@ _frontier_point = _obj(
 _BYSTANDER_LINK_METHODS = ["cosine", "parrot_lda", "parrot_plda", "combined"]
 _BYSTANDER_EVENT_METHODS = ["probability", "decision_probability"]
 _count: dict[str, Any] = {"type": "number", "minimum": 0}
-_link_scores = _obj(
+_link_scores = object_schema(
     {
         "precision": {**_frac_or_null, "description": "share of same-cluster pairs that are one person (null: none)"},
         "recall": {**_frac_or_null, "description": "share of one person's pairs put in one cluster"},
@@ -154,11 +154,11 @@ _link_scores = _obj(
 
 
 def _methods(names: list[str]) -> dict[str, Any]:
-    return _obj({n: _link_scores for n in names})
+    return object_schema({n: _link_scores for n in names})
 
 
 def _best(names: list[str], extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    return _obj(
+    return object_schema(
         {
             "method": {"enum": names},
             "precision": _frac_or_null,
@@ -169,15 +169,15 @@ def _best(names: list[str], extra: dict[str, Any] | None = None) -> dict[str, An
     )
 
 
-_events = _obj(
+_events = object_schema(
     {
         "methods": _methods(_BYSTANDER_EVENT_METHODS),
         "events": _best(_BYSTANDER_EVENT_METHODS, {"chance_precision": _frac}),
     }
 )
-_kept = _obj({"templates_kept": _count, "share": _frac})
+_kept = object_schema({"templates_kept": _count, "share": _frac})
 _BYSTANDER_DECISION_METHODS = ["same_label", "same_named_label"]
-_decision_label = _obj(
+_decision_label = object_schema(
     {
         "epsilon_label": {
             "type": ["number", "null"],
@@ -198,7 +198,7 @@ _decision_label = _obj(
     }
 )
 
-BYSTANDER_SCHEMA: dict[str, Any] = _obj(
+BYSTANDER_SCHEMA: dict[str, Any] = object_schema(
     {
         "epsilon": _pos,
         "epsilon_coordinate": _pos,
@@ -216,7 +216,7 @@ BYSTANDER_SCHEMA: dict[str, Any] = _obj(
         "n_public": {"type": "number", "minimum": 2},
         "chance_precision": {**_frac, "description": "share of the strangers' pairs that are one person"},
         "chance_f1": {**_frac, "description": "best data-blind clustering (all in one cluster): 2P / (1 + P)"},
-        "keep_all": _obj(
+        "keep_all": object_schema(
             {
                 "templates_kept": {"type": "number", "minimum": 1},
                 "methods": _methods(_BYSTANDER_LINK_METHODS),
@@ -224,7 +224,7 @@ BYSTANDER_SCHEMA: dict[str, Any] = _obj(
                 "chance_precision": _frac,
             }
         ),
-        "keep_none": _obj(
+        "keep_none": object_schema(
             {
                 "templates_kept": {"const": 0},
                 "methods": _methods(_BYSTANDER_EVENT_METHODS),
@@ -232,8 +232,8 @@ BYSTANDER_SCHEMA: dict[str, Any] = _obj(
                 "background_class": _events,
             }
         ),
-        "keep_recognised": _obj({"templates_kept": _count, "share": _frac, "background_class": _kept}),
-        "keep_decision": _obj(
+        "keep_recognised": object_schema({"templates_kept": _count, "share": _frac, "background_class": _kept}),
+        "keep_decision": object_schema(
             {
                 "templates_kept": {"const": 0},
                 "labels_kept": {**_count, "description": "one released label per appearance"},
@@ -249,7 +249,7 @@ BYSTANDER_SCHEMA: dict[str, Any] = _obj(
 )
 
 _reid_point = {"type": ["number", "null"], "minimum": 0, "maximum": 1}
-PROTECTION_SCHEMA: dict[str, Any] = _obj(
+PROTECTION_SCHEMA: dict[str, Any] = object_schema(
     {
         "epsilon": _pos,
         "epsilon_coordinate": _pos,
@@ -265,18 +265,20 @@ PROTECTION_SCHEMA: dict[str, Any] = _obj(
         "retrieval_reid_with_key": _frac,
         "retrieval_reid_without_key": _frac,
         "chance": _frac,
-        "attacks": _obj(
+        "attacks": object_schema(
             {
                 "insider_procrustes": {
                     "type": "array",
-                    "items": _obj({"k": {"type": "integer", "minimum": 1}, "reid": _reid_point}, extra=True),
+                    "items": object_schema({"k": {"type": "integer", "minimum": 1}, "reid": _reid_point}, extra=True),
                 },
                 "insider_procrustes_photos": {
                     "type": "array",
-                    "items": _obj({"photos": {"type": "integer", "minimum": 1}, "reid": _reid_point}, extra=True),
+                    "items": object_schema(
+                        {"photos": {"type": "integer", "minimum": 1}, "reid": _reid_point}, extra=True
+                    ),
                 },
-                "public_background": _obj({"reid": _reid_point}),
-                "distribution_only": _obj({"reid": _reid_point}),
+                "public_background": object_schema({"reid": _reid_point}),
+                "distribution_only": object_schema({"reid": _reid_point}),
             }
         ),
         "std": {"type": "object"},
@@ -291,7 +293,7 @@ _eps_label = {
     "description": "ε of the device's k-ary randomized response on the decision label (null: no label mechanism)",
 }
 OPEN_SET_SCHEMA: dict[str, Any] = {
-    **_obj(
+    **object_schema(
         {
             "mode": {
                 "enum": ["server", "device"],
@@ -343,8 +345,8 @@ OPEN_SET_SCHEMA: dict[str, Any] = {
             "far": {**_frac, "description": "door: share of probes' claims to other enrolled subjects accepted"},
             "far_target": _frac,
             "n_repeats": {"type": "integer", "minimum": 1},
-            "std": _obj({"fnir": _frac_or_null, "fpir": _frac_or_null}, extra=True),
-            "per_repeat": _obj({"fnir": _rate_list, "fpir": _rate_list}, extra=True),
+            "std": object_schema({"fnir": _frac_or_null, "fpir": _frac_or_null}, extra=True),
+            "per_repeat": object_schema({"fnir": _rate_list, "fpir": _rate_list}, extra=True),
         },
         (
             "mode preset n_components epsilon_template epsilon_label fpir_target fpir fnir fpir_model fpir_floor "
@@ -356,7 +358,7 @@ OPEN_SET_SCHEMA: dict[str, Any] = {
     "then": {"properties": {"epsilon_label": {"type": "null"}}},
 }
 _NO_NOISE_SCHEMA: dict[str, Any] = {
-    **_obj(
+    **object_schema(
         {
             **OPEN_SET_SCHEMA["properties"],
             "mode": {"const": "no_noise"},
@@ -373,14 +375,14 @@ AUDIT_SCHEMA: dict[str, Any] = {
     "$id": "https://peep.invalid/schemas/audit-1.json",
     "title": "peep audit result",
     "description": __doc__,
-    **_obj(
+    **object_schema(
         {
             "schema_version": {"const": 1},
-            "tool": _obj({"name": {"type": "string"}, "version": {"type": "string"}}),
+            "tool": object_schema({"name": {"type": "string"}, "version": {"type": "string"}}),
             "created": {"type": "string"},
             "command": {"type": ["array", "null"], "items": {"type": "string"}},
             "config": {"type": "object"},
-            "dataset": _obj(
+            "dataset": object_schema(
                 {
                     "source": {"type": "string"},
                     "n_subjects": {"type": "integer", "minimum": 2},
@@ -391,7 +393,7 @@ AUDIT_SCHEMA: dict[str, Any] = {
                     "n_skipped": {"type": "integer", "minimum": 0},
                 }
             ),
-            "mechanism": _obj(
+            "mechanism": object_schema(
                 {
                     "kind": {"enum": list(mechanism_kinds())},
                     "delta": {"type": "number", "minimum": 0, "maximum": 1},
@@ -400,10 +402,10 @@ AUDIT_SCHEMA: dict[str, Any] = {
                 }
             ),
             "components": {"type": "integer", "minimum": 1},
-            "basis": _obj(
+            "basis": object_schema(
                 {"source": {"enum": ["train", "background"]}, "note": {"type": "string"}}, ["source", "note"]
             ),
-            "protocol": _obj(
+            "protocol": object_schema(
                 {
                     "repeats": {"type": "integer", "minimum": 1},
                     "test_size": _frac,
@@ -417,7 +419,7 @@ AUDIT_SCHEMA: dict[str, Any] = {
                     "recogniser_training": {"type": "string"},
                 }
             ),
-            "sampler": _obj(
+            "sampler": object_schema(
                 {
                     "name": {"enum": ["seeded", "secure"]},
                     "is_secure": {"type": "boolean"},
@@ -425,8 +427,8 @@ AUDIT_SCHEMA: dict[str, Any] = {
                     "note": {"type": "string"},
                 }
             ),
-            "chance": _obj({"majority": _frac, "uniform": _frac}),
-            "no_privacy": _obj(
+            "chance": object_schema({"majority": _frac, "uniform": _frac}),
+            "no_privacy": object_schema(
                 {
                     "accuracy": _frac,
                     "weighted_f1": _frac,
@@ -437,10 +439,10 @@ AUDIT_SCHEMA: dict[str, Any] = {
                     "std": {"type": "object"},
                 }
             ),
-            "reconstruction_baselines": _obj({"mean_face": _recon, "pca_ceiling": _recon}),
+            "reconstruction_baselines": object_schema({"mean_face": _recon, "pca_ceiling": _recon}),
             "linkage_subsets_skipped": {"type": "array"},
             "results": {"type": "array", "items": RESULT_SCHEMA, "minItems": 1},
-            "sweeps": _obj(
+            "sweeps": object_schema(
                 {
                     "epsilon": _pos,
                     "mechanism": {"type": "string"},
@@ -451,7 +453,7 @@ AUDIT_SCHEMA: dict[str, Any] = {
             "frontier": {
                 "oneOf": [
                     {"type": "null"},
-                    _obj(
+                    object_schema(
                         {
                             "points": {"type": "array", "items": _frontier_point},
                             "searched": {"type": "object"},
@@ -471,7 +473,7 @@ AUDIT_SCHEMA: dict[str, Any] = {
             "bystander_setup": {
                 "oneOf": [
                     {"type": "null"},
-                    _obj(
+                    object_schema(
                         {
                             "population": {"type": "object"},
                             "groups": {"type": "object"},
@@ -496,12 +498,12 @@ AUDIT_SCHEMA: dict[str, Any] = {
             "open_set_setup": {
                 "oneOf": [
                     {"type": "null"},
-                    _obj(
+                    object_schema(
                         {
                             "rule": {"type": "string"},
                             "people": {"type": "object"},
                             "faces": {"type": "object"},
-                            "calibration": _obj(
+                            "calibration": object_schema(
                                 {
                                     "population": {
                                         "enum": ["singles", "public"],
@@ -518,7 +520,7 @@ AUDIT_SCHEMA: dict[str, Any] = {
                             "decision_preset": {
                                 "oneOf": [
                                     {"type": "null"},
-                                    _obj(
+                                    object_schema(
                                         {
                                             "winner": {"enum": list(PRESETS)},
                                             "criterion": {"type": "string"},
@@ -540,7 +542,7 @@ AUDIT_SCHEMA: dict[str, Any] = {
                     ),
                 ]
             },
-            "timing": _obj(
+            "timing": object_schema(
                 {
                     "wall_seconds": {"type": "number", "minimum": 0},
                     "cpu_seconds": {"type": "number", "minimum": 0},

@@ -440,10 +440,10 @@ def run(quick: bool = False) -> dict[str, Any]:
 def _set_up(tmp: Path, dsn: str, schema: str, host: str, port: int, prefix: str, group: str, *,
             n_replicas: int) -> _Cluster:  # fmt: skip
     """The bundle, the PKI and ``n_replicas`` replicas' configurations (written under ``tmp``, none started)."""
-    from peep.lab.bench.server import _synthetic_bundle
+    from peep.lab.bench.server import synthetic_bundle
     from peep.lab.processes.pki import make_local_pki
 
-    bundle, pub = _synthetic_bundle(tmp)
+    bundle, pub = synthetic_bundle(tmp)
     tls = make_local_pki(tmp / "pki")
     cfg_base = _replica_config(dsn, pub, tmp, host, port, prefix, group)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -525,11 +525,11 @@ def _measure(cluster: _Cluster, per_phase: int) -> dict[str, Any]:
 def _phase_specs(cluster: _Cluster, phase: str, n: int, ports: list[int]) -> list[DeviceSpec]:
     """The devices of a phase, ``n`` fresh templates among them: the even ones over MQTT, the odd ones over gRPC
     to ``ports`` in turn."""
-    from peep.lab.bench.server import _templates
+    from peep.lab.bench.server import synthetic_templates
 
     out = []
     for i, d in enumerate(_DEVICES):
-        msgs = _templates(cluster.bundle, n // len(_DEVICES), devices=[d])
+        msgs = synthetic_templates(cluster.bundle, n // len(_DEVICES), devices=[d])
         frames = cluster.tmp / f"{phase}-{d}.bin"
         write_frames(frames, msgs)
         if i % 2 == 0:
@@ -567,16 +567,16 @@ def _promote(cluster: _Cluster) -> dict[str, Any]:
     Returns ``{"train_s", "promotion_s", "version"}``: until ``Train`` returned, until every replica's
     ``Identify`` named the version (RuntimeError after 30 s more), and the version.
     """
-    from peep.lab.bench.server import _templates
+    from peep.lab.bench.server import synthetic_templates
     from peep.v1 import recognition_pb2, template_pb2
 
     enrol = [
         template_pb2.PerturbedTemplate.FromString(p)
-        for p in _templates(cluster.bundle, 600, devices=[_DESK], purpose="enroll", n_subjects=20)
+        for p in synthetic_templates(cluster.bundle, 600, devices=[_DESK], purpose="enroll", n_subjects=20)
     ]
     stubs = [grpc_stub(r.grpc_port, str(cluster.tls.ca_cert)) for r in cluster.replicas]
     stubs[1].IngestStream(iter(enrol), metadata=[("authorization", f"Bearer {_token(_DESK)}")], timeout=120)
-    probe = template_pb2.PerturbedTemplate.FromString(_templates(cluster.bundle, 1, devices=[_DEVICES[0]])[0])
+    probe = template_pb2.PerturbedTemplate.FromString(synthetic_templates(cluster.bundle, 1, devices=[_DEVICES[0]])[0])
     t0 = time.monotonic()
     resp = stubs[0].Train(recognition_pb2.TrainRequest(), metadata=[("authorization", f"Bearer {_ADMIN}")], timeout=600)
     train_s = time.monotonic() - t0
@@ -664,14 +664,14 @@ def _through_balancer(balancer: Balancer, replicas: list[Replica], metrics_ports
     ``expected``, ``repeats``, ``in_commit_order``, calls made again, and the lag from decision to receipt, which
     includes the outage for the events decided while it had no stream).
     """
-    from peep.lab.bench.server import _templates
+    from peep.lab.bench.server import synthetic_templates
     from peep.server.transport.follow import EventFollower
     from peep.v1 import template_pb2
 
     devices = _DEVICES[1::2]  # the gRPC half of the devices
     specs, expected = [], set()
     for d in devices:
-        payloads = _templates(bundle, n // len(devices), devices=[d])
+        payloads = synthetic_templates(bundle, n // len(devices), devices=[d])
         expected |= {(d, template_pb2.PerturbedTemplate.FromString(p).message_id) for p in payloads}
         frames = tmp / f"balanced-{d}.bin"
         write_frames(frames, payloads)

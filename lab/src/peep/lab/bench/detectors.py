@@ -41,7 +41,7 @@ def _tracks_with_faces(detector: Any, paths: list[Path], name: str) -> dict[str,
     """The default detector's boxes tracked with faces compared where positions are unsure (dlib's descriptor)."""
     from peep.edge.embedding import make_encoder
     from peep.edge.tracking import Tracker
-    from peep.lab.scenes.tracks import evaluate_tracks
+    from peep.lab.scenes.detectors import evaluate_tracks
 
     try:
         encoder = make_encoder()

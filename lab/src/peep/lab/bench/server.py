@@ -85,7 +85,7 @@ _ADMIN = "bench-admin-token"
 _BROKER = ("127.0.0.1", 1883)
 
 
-def _synthetic_bundle(out: Path) -> tuple[Any, Path]:
+def synthetic_bundle(out: Path) -> tuple[Any, Path]:
     from peep.core.bundle import ProjectionBundle, build_bundle_files, load_public_key, write_keypair
     from peep.core.imaging import DEFAULT_GEOMETRY
     from peep.core.projections import EigenfaceProjection
@@ -109,7 +109,7 @@ def _synthetic_bundle(out: Path) -> tuple[Any, Path]:
     return ProjectionBundle.load(bdir, load_public_key(pub_path)), pub_path
 
 
-def _templates(
+def synthetic_templates(
     bundle: Any, n: int, *, devices: list[str], purpose: str = "identify", n_subjects: int = 0
 ) -> list[bytes]:
     """Encoded templates released with the secure sampler (peep-raw, eps = 8)."""
@@ -623,7 +623,7 @@ def _measure(*, n_ingest: int, n_identify: int, repeats: int, n_devices: int, pi
         client_cpus = pinning["client_cpus"]
         with tempfile.TemporaryDirectory(prefix="peep-bench-") as d, threadpool_limits(limits=1, user_api="blas"):
             tmp = Path(d)
-            bundle, pub = _synthetic_bundle(tmp)
+            bundle, pub = synthetic_bundle(tmp)
             bundle.bench_dir = str(tmp / "bundle")
             tls = make_local_pki(tmp / "tls")
             devices = [f"dev-{i}" for i in range(n_devices)]
@@ -657,7 +657,7 @@ def _ingest_files(tmp: Path, bundle: Any, devices: list[str], per: int) -> tuple
     stage_payloads: list[bytes] = []
     for dev in devices:
         f = tmp / f"templates-{dev}.bin"
-        payloads = _templates(bundle, per, devices=[dev])
+        payloads = synthetic_templates(bundle, per, devices=[dev])
         stage_payloads.extend(payloads[: 10_240 // len(devices)])
         _write_frames(f, payloads)
         files.append(str(f))

@@ -82,7 +82,7 @@ def _lockout_replay(rows: list[dict[str, Any]], failures: int, window_s: float) 
     return refused
 
 
-def _door_epsilon(state_dir: Path) -> dict[str, Any]:
+def door_epsilon(state_dir: Path) -> dict[str, Any]:
     """What a door's ledger recorded (``door:<nonce>`` keys): a release per claim that found a face, including the
     fail-secure checks that release one."""
     from peep.edge.ledger import SqliteLedger
@@ -103,11 +103,11 @@ def _door_epsilon(state_dir: Path) -> dict[str, Any]:
     }
 
 
-def _stranger_keys(releases: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
+def stranger_keys(releases: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
     return [(r["device"], mid) for mid, r in releases.items() if r["person"] is not None and not r["enrolled"]]
 
 
-def _ledger_totals(state_dir: Path) -> dict[str, float]:
+def ledger_totals(state_dir: Path) -> dict[str, float]:
     """Per-vector ε a device's persistent ledger recorded (total and the largest track)."""
     from peep.edge.ledger import SqliteLedger
 

@@ -18,11 +18,10 @@ from typing import Any
 
 import numpy as np
 from peep.lab.scenes.render import read_ground_truth
+from peep.lab.scenes.tracks import MIN_VISIBLE, TrackJudge
 
 #: Face-height bins of the report, in pixels of the frame: [low, high).
 HEIGHT_BINS: tuple[tuple[float, float], ...] = ((30.0, 45.0), (45.0, 70.0), (70.0, 110.0), (110.0, float("inf")))
-#: Share of a face box that must be visible for the face to count in recall.
-MIN_VISIBLE = 0.5
 
 
 def bin_label(lo: float, hi: float) -> str:
@@ -74,7 +73,6 @@ def evaluate(
         ``false_per_1000_frames``, ``cpu_ms_per_frame`` (mean and p95).
     """
     import cv2
-    from peep.lab.scenes.tracks import TrackJudge
 
     cv2.setNumThreads(1)
     judge = TrackJudge() if make_tracker is not None else None
@@ -150,3 +148,28 @@ def evaluate(
         "frames_per_cpu_second": float(1000.0 / ms.mean()) if ms.size and ms.mean() > 0 else None,
         **({} if judge is None else {"tracks": {**judge.summary(), **described_per_detection}}),
     }
+
+
+def evaluate_tracks(
+    detector: Any,
+    scenes: Sequence[str | Path],
+    make_tracker: Callable[[], Any],
+    encoder: Any = None,
+) -> dict[str, Any]:
+    """Track every scene with a fresh tracker; switches, fragments and mixed tracks against the passes.
+
+    :func:`peep.lab.scenes.detectors.evaluate`'s ``tracks`` (one pass over the frames does both).
+
+    Parameters
+    ----------
+    detector
+        Has ``detect(image) -> list[FaceBox]``.
+    scenes : sequence of path
+        Scenes without suffix (``<scene>.mp4``, ``.gt.jsonl``).
+    make_tracker : callable
+        A new tracker per scene, with ``update(boxes, t, frame_shape) -> tracks`` (each with an ``id``).
+    encoder : optional
+        The descriptor encoder the tracker may compare faces with (``encode(image, box)``).
+    """
+    tracks: dict[str, Any] = evaluate(detector, scenes, make_tracker=make_tracker, encoder=encoder)["tracks"]
+    return tracks

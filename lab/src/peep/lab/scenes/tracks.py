@@ -21,11 +21,11 @@ mixed released tracks
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
-from peep.lab.scenes.detectors import MIN_VISIBLE
+#: Share of a face box that must be visible for the face to count in recall.
+MIN_VISIBLE = 0.5
 
 
 class TrackJudge:
@@ -100,30 +100,3 @@ class TrackJudge:
             "fragments_per_100_passes": 100.0 * total["fragments"] / n if n else None,
             "per_scene": list(self.per_scene),
         }
-
-
-def evaluate_tracks(
-    detector: Any,
-    scenes: Sequence[str | Path],
-    make_tracker: Callable[[], Any],
-    encoder: Any = None,
-) -> dict[str, Any]:
-    """Track every scene with a fresh tracker; switches, fragments and mixed tracks against the passes.
-
-    :func:`peep.lab.scenes.detectors.evaluate`'s ``tracks`` (one pass over the frames does both).
-
-    Parameters
-    ----------
-    detector
-        Has ``detect(image) -> list[FaceBox]``.
-    scenes : sequence of path
-        Scenes without suffix (``<scene>.mp4``, ``.gt.jsonl``).
-    make_tracker : callable
-        A new tracker per scene, with ``update(boxes, t, frame_shape) -> tracks`` (each with an ``id``).
-    encoder : optional
-        The descriptor encoder the tracker may compare faces with (``encode(image, box)``).
-    """
-    from peep.lab.scenes.detectors import evaluate
-
-    tracks: dict[str, Any] = evaluate(detector, scenes, make_tracker=make_tracker, encoder=encoder)["tracks"]
-    return tracks

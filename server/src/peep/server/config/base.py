@@ -85,7 +85,7 @@ class SecretRef(BaseModel):
         return f"{self.source}:{self.name}"
 
 
-def _parse_secret_ref(value: Any) -> Any:
+def parse_secret_ref(value: Any) -> Any:
     if isinstance(value, str):
         source, sep, name = value.partition(":")
         if not sep or source not in ("env", "credential", "file") or not name:
@@ -96,15 +96,15 @@ def _parse_secret_ref(value: Any) -> Any:
     return value
 
 
-class _Model(BaseModel):
+class ConfigModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
-def _resolve_path(value: Path | None, info: ValidationInfo) -> Path | None:
+def resolve_path(value: Path | None, info: ValidationInfo) -> Path | None:
     return None if value is None else configfile.resolve_path(value, configfile.context_base_dir(info.context))
 
 
-def _check_hex(v: str | None) -> str | None:
+def check_hex(v: str | None) -> str | None:
     if v is not None:
         v = v.lower()
         if len(v) != 64 or any(c not in "0123456789abcdef" for c in v):
@@ -112,7 +112,7 @@ def _check_hex(v: str | None) -> str | None:
     return v
 
 
-def _check_listen(value: str) -> str:
+def check_listen(value: str) -> str:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not (0 <= int(port) <= 65535) or not host:
         raise ValueError("expected HOST:PORT with a port 0-65535 (0 = pick a free port)")
@@ -145,7 +145,7 @@ def is_loopback_listen(listen: str) -> bool:
 # ------------------------------------------------------------------ sections
 
 
-class TlsConfig(_Model):
+class TlsConfig(ConfigModel):
     """gRPC TLS. With ``client_ca`` set the server requires mutual TLS: every
     client presents a certificate signed by that CA and its common name is
     the caller (a device id, or an admin listed in ``auth.admin_common_names``).
@@ -158,4 +158,4 @@ class TlsConfig(_Model):
     @field_validator("cert", "key", "client_ca", mode="after")
     @classmethod
     def check_paths(cls, v: Path | None, info: ValidationInfo) -> Path | None:
-        return _resolve_path(v, info)
+        return resolve_path(v, info)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
-from peep.server.config.base import _check_listen, _Model, _resolve_path
+from peep.server.config.base import ConfigModel, check_listen, resolve_path
 from pydantic import (
     Field,
     ValidationInfo,
@@ -14,7 +14,7 @@ from pydantic import (
 )
 
 
-class ConsoleConfig(_Model):
+class ConsoleConfig(ConfigModel):
     """The operator console (``peep.server.console``): a web page served by ``peep serve`` over HTTPS with the
     gRPC listener's certificate (``grpc.tls``). Off unless the section is present. Accounts, sessions, alerts and
     the console's audit log are in the server's database; ``peep console add-user`` creates accounts. docs/OPERATIONS.md
@@ -100,7 +100,7 @@ class ConsoleConfig(_Model):
     @field_validator("listen")
     @classmethod
     def check_listen(cls, v: str) -> str:
-        return _check_listen(v)
+        return check_listen(v)
 
     @field_validator("trusted_proxies")
     @classmethod
@@ -119,7 +119,7 @@ class ConsoleConfig(_Model):
     @field_validator("audit_dir", mode="after")
     @classmethod
     def check_paths(cls, v: Path | None, info: ValidationInfo) -> Path | None:
-        return _resolve_path(v, info)
+        return resolve_path(v, info)
 
     @model_validator(mode="after")
     def _connection_budgets(self) -> ConsoleConfig:

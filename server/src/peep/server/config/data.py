@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from peep.core.projections.descriptor import DLIB_RESNET_MODEL_SHA256
-from peep.server.config.base import MechanismKind, SecretRef, _Model, _parse_secret_ref, _resolve_path
+from peep.server.config.base import ConfigModel, MechanismKind, SecretRef, parse_secret_ref, resolve_path
 from pydantic import (
     Field,
     ValidationInfo,
@@ -23,7 +23,7 @@ PRESET_NAMES: tuple[str, ...] = ("paper", "default", "reference", "lda", "logreg
 DEFAULT_PRESET = "default"
 
 
-class StorageConfig(_Model):
+class StorageConfig(ConfigModel):
     backend: Literal["sqlite", "postgres"] = "sqlite"
     path: Path = Field(default=Path("peep.db"), description="SQLite database file (WAL mode)")
     dsn: str = Field(
@@ -35,12 +35,12 @@ class StorageConfig(_Model):
     @field_validator("path", mode="after")
     @classmethod
     def check_paths(cls, v: Path | None, info: ValidationInfo) -> Path | None:
-        return _resolve_path(v, info)
+        return resolve_path(v, info)
 
     @field_validator("password", mode="before")
     @classmethod
     def check_secret(cls, v: Any) -> Any:
-        return _parse_secret_ref(v)
+        return parse_secret_ref(v)
 
     @field_validator("dsn")
     @classmethod
@@ -53,7 +53,7 @@ class StorageConfig(_Model):
         return v
 
 
-class BundleConfig(_Model):
+class BundleConfig(ConfigModel):
     public_key: Path = Field(description="the deployer's Ed25519 public key (PEM); every bundle must verify against it")
     dir: Path | None = Field(default=None, description="a signed bundle directory published at start-up")
     plausibility_sigmas: float = Field(
@@ -80,10 +80,10 @@ class BundleConfig(_Model):
     @field_validator("public_key", "dir", mode="after")
     @classmethod
     def check_paths(cls, v: Path | None, info: ValidationInfo) -> Path | None:
-        return _resolve_path(v, info)
+        return resolve_path(v, info)
 
 
-class DeviceModelsConfig(_Model):
+class DeviceModelsConfig(ConfigModel):
     """Signed device models, for devices that decide on their own clean projection (none without both files).
 
     Every promoted recogniser is also issued to them, re-issued on a schedule and at once on an erasure
@@ -143,7 +143,7 @@ class DeviceModelsConfig(_Model):
     @field_validator("signing_key", "calibration", mode="after")
     @classmethod
     def check_paths(cls, v: Path | None, info: ValidationInfo) -> Path | None:
-        return _resolve_path(v, info)
+        return resolve_path(v, info)
 
     @model_validator(mode="after")
     def _reissued_before_expiry(self) -> DeviceModelsConfig:
@@ -160,7 +160,7 @@ class DeviceModelsConfig(_Model):
         return self.signing_key is not None and self.calibration is not None
 
 
-class TrainingConfig(_Model):
+class TrainingConfig(ConfigModel):
     preset: str = Field(
         default=DEFAULT_PRESET,
         description=f"recogniser preset: one of {', '.join(PRESET_NAMES)} (peep.server.recognition.presets.PRESETS)",
@@ -243,7 +243,7 @@ class TrainingConfig(_Model):
     @field_validator("model_dir", mode="after")
     @classmethod
     def check_paths(cls, v: Path | None, info: ValidationInfo) -> Path | None:
-        return _resolve_path(v, info)
+        return resolve_path(v, info)
 
     @field_validator("preset")
     @classmethod
@@ -253,7 +253,7 @@ class TrainingConfig(_Model):
         return v
 
 
-class IngestConfig(_Model):
+class IngestConfig(ConfigModel):
     """What every ingested template must satisfy besides the wire rules (peep.server.ingest.validation)."""
 
     max_clock_skew_s: float = Field(
@@ -284,7 +284,7 @@ class IngestConfig(_Model):
         return self.max_age_s + self.max_clock_skew_s
 
 
-class RetentionConfig(_Model):
+class RetentionConfig(ConfigModel):
     days: float | None = Field(
         default=None,
         gt=0,
@@ -307,7 +307,7 @@ class RetentionConfig(_Model):
     )
 
 
-class RecognitionConfig(_Model):
+class RecognitionConfig(ConfigModel):
     """What the server keeps of the templates it decides (data minimisation). docs/OPERATIONS.md
 
     An identify or verify template is decided in memory and, by default, never written to durable storage:

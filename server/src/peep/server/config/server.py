@@ -13,13 +13,13 @@ from peep.core import configfile
 from peep.core.topics import ID_PATTERN
 from peep.server.config.base import (
     ConfigError,
+    ConfigModel,
     SecretRef,
-    _check_hex,
-    _check_listen,
-    _Model,
-    _parse_secret_ref,
-    _resolve_path,
+    check_hex,
+    check_listen,
     is_loopback_listen,
+    parse_secret_ref,
+    resolve_path,
 )
 from peep.server.config.console import ConsoleConfig
 from peep.server.config.data import (
@@ -41,7 +41,7 @@ from pydantic import (
 )
 
 
-class DeviceConfig(_Model):
+class DeviceConfig(ConfigModel):
     id: str = Field(description="device id (the template's device_id, MQTT client/topic level, certificate CN)")
     site: str | None = Field(default=None, description="when set, the device may only send templates for this site")
     token_sha256: str | None = Field(default=None, description="hex SHA-256 of the device's bearer token")
@@ -81,7 +81,7 @@ class DeviceConfig(_Model):
     @field_validator("token", mode="before")
     @classmethod
     def check_secret(cls, v: Any) -> Any:
-        return _parse_secret_ref(v)
+        return parse_secret_ref(v)
 
     @field_validator("id", "site")
     @classmethod
@@ -93,10 +93,10 @@ class DeviceConfig(_Model):
     @field_validator("token_sha256")
     @classmethod
     def check_hex(cls, v: str | None) -> str | None:
-        return _check_hex(v)
+        return check_hex(v)
 
 
-class AuthConfig(_Model):
+class AuthConfig(ConfigModel):
     admin_token: SecretRef | None = Field(default=None, description="admin bearer token, by reference")
     admin_token_sha256: str | None = Field(default=None, description="hex SHA-256 of the admin bearer token")
     admin_common_names: list[str] = Field(default_factory=list, description="client-certificate CNs with admin rights")
@@ -120,12 +120,12 @@ class AuthConfig(_Model):
     @field_validator("admin_token", mode="before")
     @classmethod
     def check_secret(cls, v: Any) -> Any:
-        return _parse_secret_ref(v)
+        return parse_secret_ref(v)
 
     @field_validator("admin_token_sha256")
     @classmethod
     def check_hex(cls, v: str | None) -> str | None:
-        return _check_hex(v)
+        return check_hex(v)
 
     @model_validator(mode="after")
     def _unique_devices(self) -> AuthConfig:
@@ -137,22 +137,22 @@ class AuthConfig(_Model):
         return self
 
 
-class MetricsConfig(_Model):
+class MetricsConfig(ConfigModel):
     enabled: bool = True
     listen: str = Field(default="127.0.0.1:9464", description="HOST:PORT of the Prometheus /metrics endpoint")
 
     @field_validator("listen")
     @classmethod
     def check_listen(cls, v: str) -> str:
-        return _check_listen(v)
+        return check_listen(v)
 
 
-class LoggingConfig(_Model):
+class LoggingConfig(ConfigModel):
     format: Literal["json", "text"] = "json"
     level: Literal["debug", "info", "warning", "error"] = "info"
 
 
-class ServerConfig(_Model):
+class ServerConfig(ConfigModel):
     """The whole ``server.toml``."""
 
     grpc: GrpcConfig = Field(default_factory=GrpcConfig)
@@ -184,7 +184,7 @@ class ServerConfig(_Model):
         data = dict(v)
         for key in ("store_path", "ledger_path"):
             if isinstance(data.get(key), str) and data[key]:
-                data[key] = str(_resolve_path(Path(data[key]), info))
+                data[key] = str(resolve_path(Path(data[key]), info))
         from peep.server.config.qbbs import load_qbbs_config
 
         load_qbbs_config(None, **data)
@@ -271,7 +271,7 @@ def token_sha256(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
-class ResolvedSecrets(_Model):
+class ResolvedSecrets(ConfigModel):
     """Secrets read at start-up (so a missing one fails before anything listens)."""
 
     admin_token_sha256: str | None = None

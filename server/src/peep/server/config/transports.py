@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from peep.core import topics
-from peep.server.config.base import SecretRef, TlsConfig, _check_listen, _Model, _parse_secret_ref, _resolve_path
+from peep.server.config.base import ConfigModel, SecretRef, TlsConfig, check_listen, parse_secret_ref, resolve_path
 from pydantic import (
     AfterValidator,
     Field,
@@ -17,7 +17,7 @@ from pydantic import (
 )
 
 
-class GrpcConfig(_Model):
+class GrpcConfig(ConfigModel):
     listen: str = Field(default="127.0.0.1:50051", description="HOST:PORT of the gRPC listener")
     max_workers: int = Field(
         default=16,
@@ -159,7 +159,7 @@ class GrpcConfig(_Model):
     @field_validator("listen")
     @classmethod
     def check_listen(cls, v: str) -> str:
-        return _check_listen(v)
+        return check_listen(v)
 
     @field_validator("reflection", mode="before")
     @classmethod
@@ -184,7 +184,7 @@ class GrpcConfig(_Model):
         return self
 
 
-class MqttTlsConfig(_Model):
+class MqttTlsConfig(ConfigModel):
     ca: Path
     cert: Path | None = None
     key: Path | None = None
@@ -192,7 +192,7 @@ class MqttTlsConfig(_Model):
     @field_validator("ca", "cert", "key", mode="after")
     @classmethod
     def check_paths(cls, v: Path | None, info: ValidationInfo) -> Path | None:
-        return _resolve_path(v, info)
+        return resolve_path(v, info)
 
 
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,99}$")
@@ -210,7 +210,7 @@ def _check_mount_point(v: str) -> str:
     return v
 
 
-class MqttConfig(_Model):
+class MqttConfig(ConfigModel):
     enabled: bool = True
     host: str = "127.0.0.1"
     port: int = Field(default=1883, ge=1, le=65535)
@@ -303,12 +303,12 @@ class MqttConfig(_Model):
     @field_validator("password", mode="before")
     @classmethod
     def check_secret(cls, v: Any) -> Any:
-        return _parse_secret_ref(v)
+        return parse_secret_ref(v)
 
     @field_validator("decision_signing_key", mode="after")
     @classmethod
     def check_paths(cls, v: Path | None, info: ValidationInfo) -> Path | None:
-        return _resolve_path(v, info)
+        return resolve_path(v, info)
 
 
 _REPLICA_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -320,7 +320,7 @@ def _check_replica_id(v: str) -> str:
     return v
 
 
-class ClusterConfig(_Model):
+class ClusterConfig(ConfigModel):
     """Several replicas on one PostgreSQL (``storage.backend = "postgres"``; ignored on SQLite). docs/OPERATIONS.md"""
 
     replica_id: Annotated[str, AfterValidator(_check_replica_id)] | None = Field(

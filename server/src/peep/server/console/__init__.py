@@ -51,10 +51,11 @@ def start_console(services: Any, *, qbbs: Any = None, device_status: Any = None,
     installed.
     """
     require_console()
+    from peep.server.console.pages import PAGES
     from peep.server.console.server import ConsoleServer
     from peep.server.console.web import ConsoleApp
 
-    app = ConsoleApp(services, qbbs=qbbs, device_status=device_status, device_reports=device_reports)
+    app = ConsoleApp(services, pages=PAGES, qbbs=qbbs, device_status=device_status, device_reports=device_reports)
     try:
         return ConsoleServer(app).start()
     except BaseException:

@@ -16,7 +16,7 @@ from peep.server.console.text import shown
 HERE = Path(__file__).resolve().parent
 
 
-def _time(t: float | None) -> str:
+def time_text(t: float | None) -> str:
     if t is None or not math.isfinite(t) or t <= 0:
         return "–"
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -24,7 +24,7 @@ def _time(t: float | None) -> str:
 
 def _time_cell(t: float | None) -> Markup:
     """A time as a ``<time>`` element (kept on one line by the style sheet; the text is digits only)."""
-    text = _time(t)
+    text = time_text(t)
     if text == "–":
         return Markup("–")
     iso = datetime.fromtimestamp(float(t), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")  # type: ignore[arg-type]
@@ -35,10 +35,10 @@ def _time_cell(t: float | None) -> Markup:
 TRANSPORT_NAMES = {"grpc": "gRPC", "mqtt": "MQTT", "": "not recorded"}
 
 
-def _transports(counts: Mapping[str, int]) -> list[tuple[str, int]]:
+def transports_by_use(counts: Mapping[str, int]) -> list[tuple[str, int]]:
     """``[(name, releases)]`` of a device's own releases per transport, the most used first.
 
-    >>> _transports({"mqtt": 39, "": 2, "grpc": 5})
+    >>> transports_by_use({"mqtt": 39, "": 2, "grpc": 5})
     [('MQTT', 39), ('gRPC', 5), ('not recorded', 2)]
     """
     named = [(TRANSPORT_NAMES.get(t, t), int(n)) for t, n in counts.items() if n]

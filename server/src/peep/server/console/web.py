@@ -35,14 +35,13 @@ from __future__ import annotations
 import hmac
 import logging
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from peep.server.console import accounts
 from peep.server.console.feed import LiveFeed
 from peep.server.console.http import LOGIN_COOKIE, MAX_BODY, MAX_FIELDS, SESSION_COOKIE, Ctx, Refused, SecurityHeaders
-from peep.server.console.pages import PAGES
 from peep.server.console.render import template_environment
 from peep.server.console.store import ConsoleStore, KeptChoices, Session, SharedLoginThrottle
 from peep.server.console.text import shown
@@ -69,6 +68,8 @@ class ConsoleApp:
     Parameters
     ----------
     services : Services
+    pages : sequence of Page classes
+        The console's pages (:data:`peep.server.console.pages.PAGES`); each is built on this app.
     store : ConsoleStore, optional
         Built on ``services.store`` when omitted.
     feed : LiveFeed, optional
@@ -88,6 +89,7 @@ class ConsoleApp:
         self,
         services: Any,
         *,
+        pages: Sequence[type[Any]],
         store: ConsoleStore | None = None,
         feed: LiveFeed | None = None,
         qbbs: Any = None,
@@ -113,8 +115,9 @@ class ConsoleApp:
         self.throttle = SharedLoginThrottle(self.store, attempts=cfg.login_attempts, window_s=cfg.login_window_s)
         self.env = template_environment()
         self.stopping = False
-        #: The pages, each with its routes (:mod:`peep.server.console.pages`).
-        self.pages = [page(self) for page in PAGES]
+        #: The pages, each with its routes (:data:`peep.server.console.pages.PAGES`, handed in by whoever builds
+        #: the app, so that the app does not import the pages that import it).
+        self.pages = [page(self) for page in pages]
         routes: list[BaseRoute] = [route for page in self.pages for route in page.routes()]
         routes.append(Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"))
         self.app: ASGIApp = SecurityHeaders(Starlette(routes=routes))

@@ -9,7 +9,7 @@ Persistence is SQLite (stdlib ``sqlite3``) in WAL mode; the database file is
 created with mode 0600 -- the code-level boundary does not stop someone with
 file access, so deployments keep it owned by the service user.
 
-:class:`_PostgresSoftTraitStore` implements the same methods on PostgreSQL for
+:class:`PostgresSoftTraitStore` implements the same methods on PostgreSQL for
 replicas sharing one database: the same two tables, in the server's database.
 
 Neither creates its tables: the storage migrations do
@@ -42,7 +42,7 @@ TRAIT_TABLE = "qbbs_soft_traits"
 META_TABLE = "qbbs_meta"
 
 
-class _SoftTraitStore:
+class SoftTraitStore:
     """SQLite table of (subject, trait, value); thread-safe.
 
     Parameters
@@ -153,8 +153,8 @@ class _SoftTraitStore:
             return int(self._db.execute(f"SELECT COUNT(DISTINCT subject) FROM {TRAIT_TABLE}").fetchone()[0])
 
 
-class _PostgresSoftTraitStore:
-    """The soft-trait table on PostgreSQL (same methods as :class:`_SoftTraitStore`); thread-safe.
+class PostgresSoftTraitStore:
+    """The soft-trait table on PostgreSQL (same methods as :class:`SoftTraitStore`); thread-safe.
 
     Parameters
     ----------

@@ -44,7 +44,7 @@ from peep.core.mechanisms import LaplaceMechanism
 from peep.core.sampling import check_random_state
 from peep.core.wire import check_subject_id
 from peep.server.config.qbbs import FACE, QbbsConfig, TraitSpec, load_qbbs_config
-from peep.server.qbbs._store import _PostgresSoftTraitStore, _SoftTraitStore
+from peep.server.qbbs._store import PostgresSoftTraitStore, SoftTraitStore
 from peep.server.qbbs.calibration import Calibration, ObservationNoise, TraitTerm, calibrate
 from peep.server.qbbs.errors import (
     FaceScoreUnavailableError,
@@ -175,13 +175,13 @@ class QbbsModule:
         self.config = config
         self._sampler = check_random_state(random_state)
         self.plan = QueryPlan.from_config(config)
-        self._soft_trait_store: _SoftTraitStore | _PostgresSoftTraitStore
+        self._soft_trait_store: SoftTraitStore | PostgresSoftTraitStore
         self.odometer_: PrivacyOdometer | DatabaseOdometer
         if connect is not None:
-            self._soft_trait_store = _PostgresSoftTraitStore(connect)
+            self._soft_trait_store = PostgresSoftTraitStore(connect)
             self.odometer_ = DatabaseOdometer(cap=config.epsilon_cap, connect=connect, clock=clock)
         else:
-            self._soft_trait_store = _SoftTraitStore(config.store_path)
+            self._soft_trait_store = SoftTraitStore(config.store_path)
             self.odometer_ = PrivacyOdometer(
                 cap=config.epsilon_cap,
                 ledger_path=None if ledger is not None else config.ledger_path,

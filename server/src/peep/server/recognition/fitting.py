@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from peep.server.recognition.export import linear_parts
+from peep.server.recognition.linear import linear_parts
 from peep.server.recognition.presets import (
     DEFAULT_PRESET,
     FitData,

@@ -36,7 +36,8 @@ What is kept is less (``[recognition]`` in the configuration, docs/OPERATIONS.md
 
 from __future__ import annotations
 
-from peep.server.storage.interface import Store, StoreError, open_store, template_keys
+from peep.server.storage.interface import Store, StoreError, template_keys
+from peep.server.storage.opening import open_store
 from peep.server.storage.records import (
     ACCESS_RECORD,
     COLUMNS,

@@ -18,8 +18,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from peep.server.storage import StoreError
 from peep.server.storage.dialect import POSTGRES, SQLITE, Dialect
+from peep.server.storage.interface import StoreError
 
 # Written out, not generated from TEMPLATE_COLUMNS: an applied migration must not change when
 # the record does (a new column is a new migration). tests/server/test_storage.py checks that the

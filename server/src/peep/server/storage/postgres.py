@@ -18,15 +18,9 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from peep.server.storage import (
-    COLUMNS,
-    LEDGER_COLUMNS,
-    TEMPLATE_COLUMNS,
-    LedgerEntry,
-    StoreError,
-    TemplateRecord,
-)
 from peep.server.storage.dialect import POSTGRES
+from peep.server.storage.interface import StoreError
+from peep.server.storage.records import COLUMNS, LEDGER_COLUMNS, TEMPLATE_COLUMNS, LedgerEntry, TemplateRecord
 from peep.server.storage.sql import Connection, SqlStore
 
 _LOCK_ID = 0x5EE9_0001  # advisory lock key for migrations

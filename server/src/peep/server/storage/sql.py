@@ -18,7 +18,10 @@ from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
-from peep.server.storage import (
+from peep.server.storage.dialect import Dialect
+from peep.server.storage.interface import StoreError
+from peep.server.storage.migrations import MIGRATIONS, SCHEMA_TABLE, migrate
+from peep.server.storage.records import (
     COLUMNS,
     DECISION_COLUMNS,
     TRACK_COLUMNS,
@@ -28,13 +31,10 @@ from peep.server.storage import (
     KeptCounts,
     LedgerEntry,
     ReplicaHolder,
-    StoreError,
     TemplateRecord,
     TrackRelease,
     stack_blobs,
 )
-from peep.server.storage.dialect import Dialect
-from peep.server.storage.migrations import MIGRATIONS, SCHEMA_TABLE, migrate
 
 #: LISTEN/NOTIFY channels (PostgreSQL): a promotion (payload: the version) and an erasure (no payload).
 MODELS_CHANNEL = "peep_models"

@@ -15,8 +15,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from peep.server.storage import COLUMNS, LEDGER_COLUMNS, LedgerEntry, StoreError, TemplateRecord
 from peep.server.storage.dialect import SQLITE
+from peep.server.storage.interface import StoreError
+from peep.server.storage.records import COLUMNS, LEDGER_COLUMNS, LedgerEntry, TemplateRecord
 from peep.server.storage.sql import Connection, SqlStore
 
 _INSERT = f"INSERT OR IGNORE INTO templates ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"

@@ -13,7 +13,7 @@ from peep.lab.demo.scenario import CameraScript, Scenario, camera_scripts, compo
 from peep.lab.demo.steps.context import DOOR, HEARTBEAT_S, RunContext, camera_ids
 from peep.lab.demo.steps.edge import EdgeConfigs
 from peep.lab.demo.steps.server import IdentificationEvents
-from peep.lab.demo.summary import _ledger_totals
+from peep.lab.demo.summary import ledger_totals
 from peep.server.progress import Progress
 
 # The runner's logger, as before the steps were apart: the run's log names it.
@@ -141,7 +141,7 @@ def run_cameras(
     frames = sum(s.n_frames for s in scripts)
     per_device: dict[str, Any] = {}
     for s in scripts:
-        spent = _ledger_totals(ctx.out / "devices" / s.device_id)
+        spent = ledger_totals(ctx.out / "devices" / s.device_id)
         per_device[s.device_id] = {
             "transport": s.transport,
             "frames": s.n_frames,

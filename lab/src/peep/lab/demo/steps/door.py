@@ -8,7 +8,7 @@ from typing import Any
 from peep.lab.demo.scenario import CameraScript
 from peep.lab.demo.steps.context import DOOR, RunContext
 from peep.lab.demo.steps.edge import EdgeConfigs
-from peep.lab.demo.summary import _door_epsilon, door_summary
+from peep.lab.demo.summary import door_epsilon, door_summary
 
 
 def door_claims(ctx: RunContext, edge: EdgeConfigs, script: CameraScript) -> dict[str, Any]:
@@ -51,7 +51,7 @@ def door_claims(ctx: RunContext, edge: EdgeConfigs, script: CameraScript) -> dic
     (ctx.out / "door.json").write_text(json.dumps(rows, indent=1) + "\n")
     summary = door_summary(rows, result["fail_secure"], pin_openings=result["pin_openings"],
                            lockout=(DoorConfig().lockout_failures, DoorConfig().lockout_window_s))  # fmt: skip
-    summary["epsilon"] = _door_epsilon(ctx.out / "devices" / DOOR)
+    summary["epsilon"] = door_epsilon(ctx.out / "devices" / DOOR)
     summary["decided_on"] = ctx.opts.decide
     ctx.say(f"    {summary['genuine_opened']} of {summary['genuine']} genuine claims opened, "
             f"{summary['impostor_opened']} of {summary['impostor']} impostor claims; face to lock p95 "

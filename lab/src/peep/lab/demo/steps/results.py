@@ -8,7 +8,7 @@ from peep.core.release import TemplateReleaser
 from peep.lab.demo.scenario import CameraScript, Scenario
 from peep.lab.demo.steps.bundle import FittedBundle, Keys
 from peep.lab.demo.steps.context import RunContext
-from peep.lab.demo.summary import _stranger_keys, epsilon_per_appearance, identification_per_camera
+from peep.lab.demo.summary import epsilon_per_appearance, identification_per_camera, stranger_keys
 
 
 def kept_in_store(app: Any, releases: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -19,9 +19,7 @@ def kept_in_store(app: Any, releases: dict[str, dict[str, Any]]) -> dict[str, An
     """
     services = app.services
     counts = services.store.kept_counts(services.config.training.background_prefix)
-    strangers = sum(
-        services.store.get_template(mid, device_id=dev) is not None for dev, mid in _stranger_keys(releases)
-    )
+    strangers = sum(services.store.get_template(mid, device_id=dev) is not None for dev, mid in stranger_keys(releases))
     return {
         "templates": {
             "enrolment": counts.enrolment,

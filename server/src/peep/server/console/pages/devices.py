@@ -11,7 +11,7 @@ from peep.server.console import plots
 from peep.server.console.devicemodels import report_decision
 from peep.server.console.http import Ctx
 from peep.server.console.pages.base import Page
-from peep.server.console.render import _transports
+from peep.server.console.render import transports_by_use
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -52,7 +52,7 @@ class DevicesPage(Page):
                     # How the status was learnt, when the source says; never assumed.
                     "status_via": st[2] if st and len(st) > 2 else "",
                     "s": s,
-                    "transports": _transports(s.transports) if s else [],
+                    "transports": transports_by_use(s.transports) if s else [],
                     "report": rep[0] if rep else None,
                     "report_at": rep[1] if rep else None,
                     "report_via": rep[2] if rep and len(rep) > 2 else "",

@@ -15,7 +15,7 @@ from peep.server.console import accounts, plots
 from peep.server.console.feed import LiveEvent
 from peep.server.console.http import MAX_STREAMS, MAX_STREAMS_PER_SESSION, Ctx, Refused
 from peep.server.console.pages.base import Page, choice, id_filter, local_back, number, query_string
-from peep.server.console.render import _time
+from peep.server.console.render import time_text
 from peep.server.console.store import DECISIONS, Recognition
 from peep.server.console.text import shown
 from starlette.requests import Request
@@ -190,7 +190,7 @@ class LivePage(Page):
                 top = self.app.feed.last_seq
                 for e in self.app.feed.since(seq, site=site, device_id=device):
                     data = {k: (shown(v) if isinstance(v, str) else v) for k, v in e.as_json().items()}
-                    data["time_text"] = _time(e.time)
+                    data["time_text"] = time_text(e.time)
                     yield f"id: {e.seq}\ndata: {json.dumps(data)}\n\n"
                 seq = top
                 now = time.monotonic()
@@ -239,7 +239,7 @@ class LivePage(Page):
                     raise Refused(400, "from, to: expected a window with from < to")
             n = self.store.acknowledge_many(ctx.session.name, site=site, device_id=device, since=since, before=before)
             what = f"device {device or 'any'}, site {site or 'any'}, " + (
-                f"older than {f['older_than']} s" if "older_than" in f else f"{_time(since)}–{_time(before)}"
+                f"older than {f['older_than']} s" if "older_than" in f else f"{time_text(since)}–{time_text(before)}"
             )
             self._audit(ctx, "acknowledge-many", what, f"{n} alerts")
         back = f.get("back", "/live")

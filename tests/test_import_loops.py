@@ -1,0 +1,146 @@
+"""No import loop between the modules of any PEEP distribution: files form layers as the folders do.
+
+Every module of peep.core, peep.edge, peep.server and peep.lab is a node; each import of another PEEP module is
+an edge, wherever it sits (module level, inside a function, under ``if TYPE_CHECKING``, relative, or
+``importlib.import_module("literal")``). ``from package import name`` is an edge to the submodule when ``name``
+is one, else to the package. A loop is two modules that cannot be read, tested or moved one without the other;
+a failure names each loop with the imports that make it. The server's folder-level layers are
+``tests/server/test_import_layers.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = [ROOT / "shared" / "src", ROOT / "edge" / "src", ROOT / "server" / "src", ROOT / "lab" / "src"]
+GENERATED = "peep.v1"
+
+
+def _modules() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for src in SOURCES:
+        for f in sorted((src / "peep").rglob("*.py")):
+            parts = list(f.relative_to(src).with_suffix("").parts)
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            if not name.startswith(GENERATED):
+                out[name] = f
+    return out
+
+
+def _called(func: ast.expr) -> str:
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, dict[str, int]]:
+    """module -> imported module -> the line of the first such import."""
+    graph: dict[str, dict[str, int]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges: dict[str, int] = {}
+
+        def add(target: str, line: int, name: str = name, edges: dict[str, int] = edges) -> None:
+            while target and target not in modules:  # peep.x.y.Name -> peep.x.y
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                edges.setdefault(target, line)
+
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    add(a.name, node.lineno)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    source = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    source = node.module or ""
+                for a in node.names:
+                    sub = f"{source}.{a.name}"
+                    add(sub if sub in modules else source, node.lineno)
+            elif (
+                isinstance(node, ast.Call)
+                and (node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", ""))
+                == "import_module"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                add(node.args[0].value, node.lineno)
+        graph[name] = {t: ln for t, ln in edges.items() if t.startswith("peep.")}
+    return graph
+
+
+def loops(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10_000)
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def test_no_module_imports_another_that_imports_it_back():
+    modules = _modules()
+    graph = import_graph(modules)
+    assert len(graph) > 250 and sum(map(len, graph.values())) > 500  # the scan sees the code
+    found = loops(graph)
+    lines = []
+    for comp in found:
+        members = set(comp)
+        lines.append(" <-> ".join(comp))
+        for m in comp:
+            for t, ln in sorted(graph[m].items()):
+                if t in members:
+                    lines.append(f"    {modules[m].relative_to(ROOT)}:{ln} imports {t}")
+    assert not found, "import loops between modules:\n" + "\n".join(lines)
+
+
+def test_the_check_finds_a_loop():
+    graph = {"peep.a": {"peep.b": 1}, "peep.b": {"peep.c": 2}, "peep.c": {"peep.a": 3}, "peep.d": {"peep.a": 4}}
+    assert loops(graph) == [["peep.a", "peep.b", "peep.c"]]
+
+
+def test_no_module_imports_another_module_s_private_name():
+    """A name with a leading underscore is its module's own: another module that needs it gets a public name."""
+    bad = []
+    for path in _modules().values():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("peep")) or (
+                isinstance(node, ast.ImportFrom) and node.level
+            ):
+                for a in node.names:
+                    if a.name.startswith("_") and not a.name.startswith("__"):
+                        bad.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {node.module}.{a.name}")
+    assert not bad, "private names imported across modules:\n" + "\n".join(bad)
