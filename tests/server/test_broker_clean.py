@@ -79,14 +79,14 @@ def test_bench_mqtt_leaves_no_retained_message_or_session(tmp_path):
     from peep.lab.bench import server as bench
     from peep.lab.processes.pki import make_local_pki
 
-    bundle, pub = bench._synthetic_bundle(tmp_path)
+    bundle, pub = bench.synthetic_bundle(tmp_path)
     bundle.bench_dir = str(tmp_path / "bundle")
     tls = make_local_pki(tmp_path / "tls")
     devices = ["dev-0", "dev-1"]
     files = []
     for d in devices:
         f = tmp_path / f"{d}.bin"
-        bench._write_frames(f, bench._templates(bundle, 100, devices=[d]))
+        bench._write_frames(f, bench.synthetic_templates(bundle, 100, devices=[d]))
         files.append(str(f))
     before = retained_topics("#")
     run = bench._bench_mqtt(tmp_path, bundle, pub, tls, files, devices, 100, [])

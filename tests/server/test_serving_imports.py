@@ -9,6 +9,7 @@ wheel's contents, and a fresh interpreter without the lab against both.
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -120,10 +121,13 @@ def test_no_module_of_the_server_the_edge_or_the_core_imports_the_lab_or_its_dep
 
 
 def test_the_server_wheel_holds_no_lab_module_and_names_no_lab_command(tmp_path):
-    """What ``pip install ./server`` installs: built from the checkout, read file by file."""
+    """What ``pip install ./server`` installs: built from a copy of the checkout's folder (a build writes
+    build/ and egg-info beside the sources), read file by file."""
+    source = tmp_path / "server"
+    shutil.copytree(ROOT / "server", source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     r = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path),
-         str(ROOT / "server")],
+         str(source)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
