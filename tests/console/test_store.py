@@ -560,7 +560,7 @@ def test_failed_logins_are_counted_in_the_database_for_every_replica(store_pair)
     """Two consoles on one database (two replicas): failures made on one throttle the other; success clears the
     account's failures, not the address's; the window and the row bound hold."""
     from peep.server.console.accounts import Throttled
-    from peep.server.console.store import SharedLoginThrottle
+    from peep.server.console.throttle import SharedLoginThrottle
 
     a, b = store_pair
     now = [1000.0]
@@ -588,7 +588,8 @@ def test_failed_logins_are_counted_in_the_database_for_every_replica(store_pair)
 
 
 def _throttle(sql: Any, now: list[float], **kw: Any) -> Any:
-    from peep.server.console.store import ConsoleStore, SharedLoginThrottle
+    from peep.server.console.store import ConsoleStore
+    from peep.server.console.throttle import SharedLoginThrottle
 
     return SharedLoginThrottle(ConsoleStore(sql), clock=lambda: now[0], **kw)
 

@@ -56,7 +56,7 @@ from peep.core.sitekey import SiteKey, SiteKeyError
 from peep.core.wire import check_subject_id
 from peep.edge import startup
 from peep.edge.capture import Frame, FrameSource, open_source
-from peep.edge.config import EdgeConfig, check_budget_allows_release
+from peep.edge.config import EdgeConfig
 from peep.edge.credentials import resolve_secret
 from peep.edge.detection import build_detector
 from peep.edge.device_key import DeviceKey, SecretFileError
@@ -66,7 +66,7 @@ from peep.edge.ledger import SqliteLedger
 from peep.edge.logs import log_event
 from peep.edge.metrics import EdgeMetrics
 from peep.edge.pipeline import EnrollSession, FramePipeline, Released, make_releaser
-from peep.edge.policy import ReleasePolicy
+from peep.edge.policy import ReleasePolicy, check_budget_allows_release
 from peep.edge.soft import SoftTraitReleaser
 from peep.edge.spool import Spool, disk_room
 from peep.edge.tracking import Tracker

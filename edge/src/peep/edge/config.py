@@ -17,7 +17,7 @@ Privacy-relevant rules enforced here:
   are rejected with a message naming ``*_env`` / ``*_credential``.
 - Checks that need the bundle (``privacy.track_budget`` must allow at least
   one release, whose per-vector ε depends on the bundle's nc and bounds) run
-  in :func:`check_budget_allows_release` once the bundle is loaded.
+  in :func:`peep.edge.policy.check_budget_allows_release` once the bundle is loaded.
 
 Relative paths are resolved against the directory of the config file.
 """
@@ -768,41 +768,3 @@ def load_config(path: str | Path) -> EdgeConfig:
     except configfile.ConfigFileError as exc:
         raise ConfigError(f"--config: {exc.reason}, received {str(exc.path)!r}") from None
     return parse_config(data, base_dir=base_dir)
-
-
-def check_budget_allows_release(
-    privacy: PrivacyConfig,
-    *,
-    release_epsilon_vector: float,
-    release_epsilon_coordinate: float,
-    soft_epsilon: float,
-) -> None:
-    """Raise :class:`ConfigError` if the budgets cannot pay for even one release.
-
-    Parameters
-    ----------
-    release_epsilon_vector, release_epsilon_coordinate : float
-        Guarantee of one template under the configured mechanism and the bundle.
-    soft_epsilon : float
-        ε of the soft traits attached to each release (0 when disabled).
-    """
-    cost = release_epsilon_vector + soft_epsilon
-    detail = (
-        f"one release costs per-vector ε={release_epsilon_vector:g} (per-coordinate "
-        f"ε={release_epsilon_coordinate:g})" + (f" + soft traits ε={soft_epsilon:g}" if soft_epsilon else "")
-    )
-    problems = []
-    for name, value in (
-        ("track_budget", privacy.track_budget),
-        ("device_budget", privacy.device_budget),
-        ("enroll_budget", privacy.enroll_budget),
-    ):
-        if value is not None and value < cost * (1.0 - 1e-9):
-            problems.append(
-                (
-                    f"privacy.{name}",
-                    f"expected at least {cost:g} per-vector ε ({detail}), received {value:g}",
-                )
-            )
-    if problems:
-        raise ConfigError(problems)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from peep.core.accounting import PrivacyAccountant, Spend
 from peep.core.exceptions import BudgetError
+from peep.edge.config import PrivacyConfig
+from peep.edge.errors import ConfigError
 from peep.edge.tracking import Track
 
 # Frame timestamps are float sums (index / fps); compare times with a tolerance
@@ -140,3 +142,41 @@ class ReleasePolicy:
                 )
         track.releases.append(t)
         return spend
+
+
+def check_budget_allows_release(
+    privacy: PrivacyConfig,
+    *,
+    release_epsilon_vector: float,
+    release_epsilon_coordinate: float,
+    soft_epsilon: float,
+) -> None:
+    """Raise :class:`ConfigError` if the budgets cannot pay for even one release.
+
+    Parameters
+    ----------
+    release_epsilon_vector, release_epsilon_coordinate : float
+        Guarantee of one template under the configured mechanism and the bundle.
+    soft_epsilon : float
+        ε of the soft traits attached to each release (0 when disabled).
+    """
+    cost = release_epsilon_vector + soft_epsilon
+    detail = (
+        f"one release costs per-vector ε={release_epsilon_vector:g} (per-coordinate "
+        f"ε={release_epsilon_coordinate:g})" + (f" + soft traits ε={soft_epsilon:g}" if soft_epsilon else "")
+    )
+    problems = []
+    for name, value in (
+        ("track_budget", privacy.track_budget),
+        ("device_budget", privacy.device_budget),
+        ("enroll_budget", privacy.enroll_budget),
+    ):
+        if value is not None and value < cost * (1.0 - 1e-9):
+            problems.append(
+                (
+                    f"privacy.{name}",
+                    f"expected at least {cost:g} per-vector ε ({detail}), received {value:g}",
+                )
+            )
+    if problems:
+        raise ConfigError(problems)

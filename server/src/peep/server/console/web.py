@@ -43,8 +43,9 @@ from peep.server.console import accounts
 from peep.server.console.feed import LiveFeed
 from peep.server.console.http import LOGIN_COOKIE, MAX_BODY, MAX_FIELDS, SESSION_COOKIE, Ctx, Refused, SecurityHeaders
 from peep.server.console.render import template_environment
-from peep.server.console.store import ConsoleStore, KeptChoices, Session, SharedLoginThrottle
+from peep.server.console.store import ConsoleStore, KeptChoices, Session
 from peep.server.console.text import shown
+from peep.server.console.throttle import SharedLoginThrottle
 from peep.server.storage.interface import is_database_outage
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
