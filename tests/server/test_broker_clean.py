@@ -77,6 +77,7 @@ def test_a_server_leaves_its_bundle_retained_and_clear_retained_removes_it(tmp_p
 @pytest.mark.slow
 def test_bench_mqtt_leaves_no_retained_message_or_session(tmp_path):
     from peep.lab.bench import server as bench
+    from peep.lab.bench.server_clients import write_frames
     from peep.lab.processes.pki import make_local_pki
 
     bundle, pub = bench.synthetic_bundle(tmp_path)
@@ -86,7 +87,7 @@ def test_bench_mqtt_leaves_no_retained_message_or_session(tmp_path):
     files = []
     for d in devices:
         f = tmp_path / f"{d}.bin"
-        bench._write_frames(f, bench.synthetic_templates(bundle, 100, devices=[d]))
+        write_frames(f, bench.synthetic_templates(bundle, 100, devices=[d]))
         files.append(str(f))
     before = retained_topics("#")
     run = bench._bench_mqtt(tmp_path, bundle, pub, tls, files, devices, 100, [])

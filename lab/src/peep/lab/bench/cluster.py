@@ -57,7 +57,6 @@ import math
 import os
 import signal
 import socket
-import struct
 import tempfile
 import threading
 import time
@@ -69,6 +68,7 @@ from typing import Any
 
 import numpy as np
 from peep.core.configfile import to_toml
+from peep.lab.bench.server_clients import read_frames, write_frames
 from peep.lab.processes.control import process_cpu_s, wait_for
 from peep.lab.processes.haproxy import Balancer, haproxy_missing
 from peep.lab.processes.ports import free_port
@@ -85,23 +85,6 @@ class ClusterUnavailableError(RuntimeError):
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def write_frames(path: Path, payloads: Sequence[bytes]) -> None:
-    with open(path, "wb") as fh:
-        for p in payloads:
-            fh.write(struct.pack("<I", len(p)))
-            fh.write(p)
-
-
-def read_frames(path: str | Path) -> list[bytes]:
-    data = Path(path).read_bytes()
-    out, i = [], 0
-    while i < len(data):
-        (n,) = struct.unpack_from("<I", data, i)
-        out.append(data[i + 4 : i + 4 + n])
-        i += 4 + n
-    return out
 
 
 # --------------------------------------------------------------------------- replicas

@@ -60,14 +60,9 @@ the run (``context.mqtt.broker_left`` lists what remained: nothing).
 
 from __future__ import annotations
 
-import json
 import os
 import platform
-import resource
 import statistics
-import struct
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -76,6 +71,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from peep.lab.bench.server_clients import (
+    mqtt_publisher,
+    own_cpu_s,
+    pin_self,
+    run_client,
+    write_frames,
+)
 from peep.lab.processes.pki import IssuedFiles, make_local_pki
 from peep.lab.processes.retained import clear_retained, retained_topics
 
@@ -136,23 +138,6 @@ def synthetic_templates(
     return out
 
 
-def _write_frames(path: Path, payloads: list[bytes]) -> None:
-    with open(path, "wb") as fh:
-        for p in payloads:
-            fh.write(struct.pack("<I", len(p)))
-            fh.write(p)
-
-
-def _read_frames(path: str) -> list[bytes]:
-    data = Path(path).read_bytes()
-    out, i = [], 0
-    while i < len(data):
-        (n,) = struct.unpack_from("<I", data, i)
-        out.append(data[i + 4 : i + 4 + n])
-        i += 4 + n
-    return out
-
-
 def _config(
     tmp: Path, pub: Path, bundle_dir: Path, tls: IssuedFiles, devices: list[str], *, mqtt: dict[str, Any] | None
 ) -> Any:
@@ -198,16 +183,6 @@ def _pinning() -> dict[str, Any]:
     }
 
 
-def _pin_self(cpus: list[int]) -> None:
-    if cpus and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, cpus)
-
-
-def _cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
 def summary(values: list[float], *, higher_is_better: bool) -> dict[str, Any]:
     """Median, worst, best and spread ((max - min) / median) of repeated measurements.
 
@@ -227,24 +202,6 @@ def summary(values: list[float], *, higher_is_better: bool) -> dict[str, Any]:
     }
 
 
-_CHILD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-
-def _child(args: list[str], cpus: list[int], timeout: float = 600.0) -> dict[str, Any]:
-    env = {**os.environ, **_CHILD_ENV, "PEEP_BENCH_CLIENT_CPUS": ",".join(map(str, cpus))}
-    r = subprocess.run(
-        [sys.executable, "-m", "peep.lab.bench.server", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
-    if r.returncode != 0:
-        raise RuntimeError(f"bench client {args[0]} failed: {r.stderr[-2000:]}")
-    result: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
-    return result
-
-
 # --------------------------------------------------------------------------- the sections
 
 
@@ -257,9 +214,9 @@ def _bench_grpc(
     app = ServerApp(_config(run_dir, pub, Path(bundle.bench_dir), tls, devices, mqtt=None))
     app.start()
     try:
-        cpu0 = _cpu_s()
-        res = _child(["grpc-ingest", str(app.port), str(tls.ca_cert), _TOKEN, *files], client_cpus)
-        server_cpu = _cpu_s() - cpu0
+        cpu0 = own_cpu_s()
+        res = run_client(["grpc-ingest", str(app.port), str(tls.ca_cert), _TOKEN, *files], client_cpus)
+        server_cpu = own_cpu_s() - cpu0
         stored = app.services.store.count_received()  # templates taken (ledger)
         return {
             "rate": stored / res["seconds"],
@@ -320,7 +277,7 @@ def _bench_mqtt(
         window = 2_000
         procs = [
             ctx.Process(
-                target=_mqtt_publisher,
+                target=mqtt_publisher,
                 args=(topics.templates("bench", d), f, i, published, processed, window, results, client_cpus),
             )
             for i, (d, f) in enumerate(zip(devices, files, strict=True))
@@ -336,7 +293,7 @@ def _bench_mqtt(
 
         feeder = threading.Thread(target=feed, daemon=True)
         feeder.start()
-        cpu0 = _cpu_s()
+        cpu0 = own_cpu_s()
         for p in procs:
             p.start()
         reports = [results.get(timeout=600) for _ in procs]
@@ -350,7 +307,7 @@ def _bench_mqtt(
             c = app.mqtt.processed
             if c != count:
                 count, last_change = c, time.time()
-        server_cpu = _cpu_s() - cpu0
+        server_cpu = own_cpu_s() - cpu0
         done.set()
         stored = app.services.store.count_received()  # templates taken (ledger)
         seconds = last_change - min(starts)
@@ -513,13 +470,13 @@ def _train_and_identify(
             for i in range(n_identify)
         ]  # fmt: skip
         f = tmp / "identify.bin"
-        _write_frames(f, [wire.encode_template(m) for m in probe_msgs])
+        write_frames(f, [wire.encode_template(m) for m in probe_msgs])
         runs = []
         for _ in range(repeats):
             h0 = (s.metrics.value("peep_identify_seconds_sum"), s.metrics.value("peep_identify_seconds_count"))
-            cpu0 = _cpu_s()
-            lat = _child(["grpc-identify", str(app.port), str(tls.ca_cert), f"{_TOKEN}-dev-0", str(f)], client_cpus)
-            lat["server_cpu_s"] = _cpu_s() - cpu0
+            cpu0 = own_cpu_s()
+            lat = run_client(["grpc-identify", str(app.port), str(tls.ca_cert), f"{_TOKEN}-dev-0", str(f)], client_cpus)
+            lat["server_cpu_s"] = own_cpu_s() - cpu0
             h1 = (s.metrics.value("peep_identify_seconds_sum"), s.metrics.value("peep_identify_seconds_count"))
             lat["handler_mean_us"] = (h1[0] - h0[0]) / max(1.0, h1[1] - h0[1]) * 1e6
             runs.append(lat)
@@ -619,7 +576,7 @@ def _measure(*, n_ingest: int, n_identify: int, repeats: int, n_devices: int, pi
 
     before = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     try:
-        _pin_self(pinning["server_cpus"])
+        pin_self(pinning["server_cpus"])
         client_cpus = pinning["client_cpus"]
         with tempfile.TemporaryDirectory(prefix="peep-bench-") as d, threadpool_limits(limits=1, user_api="blas"):
             tmp = Path(d)
@@ -645,7 +602,7 @@ def _measure(*, n_ingest: int, n_identify: int, repeats: int, n_devices: int, pi
             ti = _train_and_identify(tmp, bundle, pub, tls, n_identify, repeats, client_cpus)
     finally:
         if before:
-            _pin_self(before)
+            pin_self(before)
     return _ServerRuns(grpc_runs=grpc_runs, mqtt_runs=mqtt_runs, mqtt_error=mqtt_error, broker_left=broker_left,
                        ingest_stages=ingest_stages, ti=ti)  # fmt: skip
 
@@ -659,7 +616,7 @@ def _ingest_files(tmp: Path, bundle: Any, devices: list[str], per: int) -> tuple
         f = tmp / f"templates-{dev}.bin"
         payloads = synthetic_templates(bundle, per, devices=[dev])
         stage_payloads.extend(payloads[: 10_240 // len(devices)])
-        _write_frames(f, payloads)
+        write_frames(f, payloads)
         files.append(str(f))
     return files, stage_payloads
 
@@ -841,147 +798,3 @@ def _targets_met(out: dict[str, Any]) -> dict[str, bool | None]:
             worst = rep["worst"]
             met[f"{key}_worst"] = worst <= target if key == "identify_p99_ms" else worst >= target
     return met
-
-
-# --------------------------------------------------------------------------- child processes
-
-
-def _client_pin() -> None:
-    cpus = [int(c) for c in os.environ.get("PEEP_BENCH_CLIENT_CPUS", "").split(",") if c]
-    _pin_self(cpus)
-
-
-def _client_channel(port: str, ca_file: str) -> Any:
-    import grpc
-
-    creds = grpc.ssl_channel_credentials(root_certificates=Path(ca_file).read_bytes())
-    return grpc.secure_channel(f"localhost:{port}", creds)
-
-
-def _grpc_ingest(port: str, ca_file: str, token: str, *files: str) -> dict[str, Any]:
-    import threading
-
-    import grpc
-    from peep.v1 import recognition_pb2_grpc, template_pb2
-
-    batches = [[template_pb2.PerturbedTemplate.FromString(p) for p in _read_frames(f)] for f in files]
-    ch = _client_channel(port, ca_file)
-    stub = recognition_pb2_grpc.RecognitionServiceStub(ch)  # type: ignore[no-untyped-call]
-    grpc.channel_ready_future(ch).result(timeout=10)
-    results: list[Any] = [None] * len(batches)
-
-    def send(i: int) -> None:
-        dev = batches[i][0].device_id
-        results[i] = stub.IngestStream(
-            iter(batches[i]), metadata=[("authorization", f"Bearer {token}-{dev}")], timeout=600
-        )
-
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(batches))]
-    cpu0 = _cpu_s()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    seconds = time.perf_counter() - t0
-    return {
-        "seconds": seconds,
-        "cpu_s": _cpu_s() - cpu0,
-        "sent": sum(len(b) for b in batches),
-        "accepted": sum(r.accepted for r in results),
-    }
-
-
-def _grpc_identify(port: str, ca_file: str, token: str, file: str) -> dict[str, Any]:
-    import grpc
-    from peep.v1 import recognition_pb2, recognition_pb2_grpc, template_pb2
-
-    msgs = [template_pb2.PerturbedTemplate.FromString(p) for p in _read_frames(file)]
-    ch = _client_channel(port, ca_file)
-    grpc.channel_ready_future(ch).result(timeout=10)
-    stub = recognition_pb2_grpc.RecognitionServiceStub(ch)  # type: ignore[no-untyped-call]
-    md = [("authorization", f"Bearer {token}")]
-    reqs = [recognition_pb2.IdentifyRequest(template=m, top_k=5) for m in msgs]
-    warmup = reqs[:200]
-    for r in warmup:
-        stub.Identify(r, metadata=md, timeout=5)
-    lat = []
-    cpu0 = _cpu_s()
-    start = time.perf_counter()
-    for r in reqs:
-        t0 = time.perf_counter()
-        stub.Identify(r, metadata=md, timeout=5)
-        lat.append(time.perf_counter() - t0)
-    seconds = time.perf_counter() - start
-    lat.sort()
-    return {
-        "n": len(lat),
-        "warmup": len(warmup),
-        "p50_ms": statistics.median(lat) * 1e3,
-        "p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1e3,
-        "max_ms": lat[-1] * 1e3,
-        "seconds": seconds,
-        "cpu_s": _cpu_s() - cpu0,
-    }
-
-
-def _mqtt_publisher(
-    topic: str,
-    file: str,
-    index: int,
-    published: Any,
-    processed: Any,
-    window: int,
-    results: Any,
-    cpus: list[int] | None = None,
-) -> None:
-    """Publish QoS 1 templates, keeping at most ``window`` outstanding across all publishers."""
-    import socket
-
-    import paho.mqtt.client as mqtt
-    from paho.mqtt.enums import CallbackAPIVersion
-
-    _pin_self(cpus or [])
-    payloads = _read_frames(file)
-    # MQTT v5 defaults: clean start and session expiry 0, so the session ends with the connection.
-    c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"bench-pub-{uuid.uuid4().hex[:8]}", protocol=mqtt.MQTTv5)
-    c.on_socket_open = lambda cl, ud, sock: sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[attr-defined]
-    c.max_inflight_messages_set(20)
-    c.max_queued_messages_set(0)
-    c.connect(*_BROKER)
-    c.loop_start()
-    cpu0 = _cpu_s()
-    start = time.time()
-    infos = []
-    for k, p in enumerate(payloads):
-        while sum(published) - processed.value >= window:
-            time.sleep(0.0002)
-        infos.append(c.publish(topic, p, qos=1))
-        published[index] = k + 1
-    for info in infos:
-        info.wait_for_publish(120)
-    end = time.time()
-    c.disconnect()
-    c.loop_stop()
-    results.put({"start": start, "end": end, "n": len(payloads), "cpu_s": _cpu_s() - cpu0})
-
-
-def _main(argv: list[str]) -> int:
-    cmd, *args = argv
-    _client_pin()
-    res: dict[str, Any]
-    if cmd == "grpc-ingest":
-        res = _grpc_ingest(*args)
-    elif cmd == "grpc-identify":
-        res = _grpc_identify(*args)
-    elif cmd == "run":
-        res = run(quick="--quick" in args)
-    else:
-        print(f"unknown bench command {cmd!r}", file=sys.stderr)
-        return 2
-    print(json.dumps(res))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
