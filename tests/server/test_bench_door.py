@@ -72,10 +72,10 @@ def test_a_door_deciding_on_the_device_fetches_its_model_and_times_every_stage(d
     # projection, the model's score and the pin.
     assert not {"perturb", "encode", "transport", "server_score", "return", "verify_round_trip"} & set(st)
     assert st["face_to_lock"]["p50"] >= st["descriptor"]["p50"]
-    # Nothing hidden between the face and the lock: the medians of its parts add up to it, within 5 ms or 5 %
-    # (a median of sums is not the sum of medians; a loaded machine widens the gap).
-    parts = st["descriptor"]["p50"] + st["score"]["p50"] + st["actuate"]["p50"]
-    assert st["face_to_lock"]["p50"] <= parts + max(5.0, 0.05 * parts)
+    # Nothing hidden between the face and the lock: per claim, its parts add up to it (what is left is a few clock
+    # reads, or the scheduler taking the core between two stages on a loaded machine, which the median passes over).
+    assert st["unaccounted"]["p50"] <= max(5.0, 0.05 * st["face_to_lock"]["p50"])
+    assert st["unaccounted"]["worst"] <= st["face_to_lock"]["worst"]
     assert r["target_face_to_lock_p95_ms"] == 150.0 and isinstance(r["target_met"], bool)
     assert r["agent_cpus"] == 1 and r["agent_cpu_ms_per_claim"] > 0
     pi4 = r["raspberry_pi_4_estimate"]

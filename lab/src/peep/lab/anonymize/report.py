@@ -92,7 +92,7 @@ def plot_reduced_sets(doc: Mapping[str, Any], path: Path) -> None:
         ax.set_title(name, fontsize=8)
         ax.set_xlabel("candidate identities")
     axes[0, 0].set_ylabel("parrot accuracy (max, mean ± std over draws)")
-    axes[0, -1].legend(fontsize=6)
+    axes[0, -1].legend(fontsize=6, loc="upper right")
     save_figure(fig, path)
 
 
@@ -150,7 +150,7 @@ def plot_sgap_sweep(doc: Mapping[str, Any], path: Path) -> bool:
     for ax in (left, right):
         ax.set_xlabel("λ (SSIM floor 1 − λ)")
         ax.set_ylim(0, 1.02)
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=6, loc="upper right")
     fig.suptitle("SGAP λ sweep", fontsize=9)
     save_figure(fig, path)
     return True

@@ -56,7 +56,7 @@ def plot_bystander(audit: dict[str, Any], path: Path) -> bool:
     for a in axes:
         eps_axis(a, audit)
         a.set_ylim(0, 1.02)
-        a.legend(fontsize=7)
+        a.legend(fontsize=7, loc="upper right")
     fig.suptitle(f"Bystanders — {audit['mechanism']['kind']}, nc={audit['components']}")
     save_figure(fig, path)
     return True

@@ -73,7 +73,7 @@ def plot_open_set(audit: dict[str, Any], path: Path) -> bool:
                 ax.set_ylabel("FPIR released (mean ± std; linear below 0.001)")
                 ax.set_title(f"K = {k}: the FPIR strangers meet")
             if c == 0:
-                ax.legend(fontsize=6)
+                ax.legend(fontsize=6, loc="upper right")
     fig.suptitle(f"Open-set identification (NIST FRVT 1:N) — {audit['mechanism']['kind']}, {audit.get('projection')}")
     save_figure(fig, path)
     return True

@@ -118,7 +118,7 @@ def plot_privacy(audit: dict[str, Any], path: Path) -> None:
     for a in axes.ravel():
         eps_axis(a, audit)
         a.set_ylim(0, 1.02)
-        a.legend(fontsize=7)
+        a.legend(fontsize=7, loc="upper right")
     fig.suptitle(f"Privacy vs ε — {audit['mechanism']['kind']}, nc={audit['components']}")
     save_figure(fig, path)
 
@@ -138,7 +138,7 @@ def plot_subsets(audit: dict[str, Any], path: Path) -> None:
     ax.set_ylim(0, 1.02)
     ax.set_ylabel("best adversary accuracy (dotted: its chance)")
     ax.set_title("(b) linkage on reduced candidate sets (Hanisch et al.)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper right")
     save_figure(fig, path)
 
 
@@ -169,7 +169,7 @@ def plot_sweep(audit: dict[str, Any], name: str, xlabel: str, path: Path) -> boo
     ax.set_xlabel(xlabel)
     ax.set_ylim(0, 1.02)
     ax.set_ylabel("score (mean ± std)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper right")
     save_figure(fig, path)
     return True
 

@@ -368,6 +368,9 @@ def _stages(rows: list[dict[str, Any]], scores: _ScoreClock | None) -> dict[str,
         }
         if scores is None:  # decided on the device: the clean projection, then the model's score and rule
             values = {**common, "descriptor": st.get("project", 0.0), "score": st.get("verify", 0.0)}
+            # What the face to lock holds beyond its parts, per claim: a median of sums is not the sum of medians,
+            # so a hidden stage shows here and not in a difference of percentiles.
+            values["unaccounted"] = values["face_to_lock"] - values["descriptor"] - values["score"] - values["actuate"]
         else:
             values = {**common, "descriptor": st.get("descriptor", 0.0), "perturb": st.get("perturb", 0.0),
                       "encode": st.get("encode", 0.0), "verify_round_trip": st.get("verify", 0.0)}  # fmt: skip

@@ -211,7 +211,7 @@ def _plot_sweep(rows: list[dict[str, Any]], path: Path) -> None:
     ax.plot(lam, [r["held_out_d_accuracy_privatized"] for r in rows], "^-", label="D accuracy, privatized")
     ax.set_xlabel("λ (SSIM floor 1 − λ)")
     ax.set_ylim(0, 1)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper right")
     ax.set_title("SGAP λ sweep (held-out background people)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=90)

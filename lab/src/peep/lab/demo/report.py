@@ -49,7 +49,7 @@ def _identification_plot(releases: dict[str, dict[str, Any]], events: dict[str, 
     ax1.set_ylabel("captures")
     ax1.set_title("Enrolled people: what the server answered")
     ax1.tick_params(axis="x", rotation=45, labelsize=8)
-    ax1.legend(fontsize=8)
+    ax1.legend(fontsize=8, loc="upper right")
     ax2.bar(
         ["unknown", "misidentified"], [strangers["unknown"], strangers["misidentified"]], color=["#2a9d8f", "#e76f51"]
     )
@@ -68,7 +68,7 @@ def _probability_plot(releases: dict[str, dict[str, Any]], events: dict[str, Any
         ax.axvline(threshold, color="k", ls="--", lw=1, label="unknown threshold")
     ax.set_xlabel("probability of the best candidate")
     ax.set_ylabel("captures")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper center")
     return _png(fig)
 
 
@@ -102,7 +102,7 @@ def _verification_plot(rows: list[dict[str, Any]]) -> str:
         ax.hist(g, bins=20, alpha=0.7, label="genuine claims", color="#2a9d8f")
         ax.hist(i, bins=20, alpha=0.7, label="impostor claims", color="#e76f51")
         ax.set_title(title)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper center")
     return _png(fig)
 
 

@@ -135,7 +135,7 @@ def deviation_figure(out: Path, result: dict[str, Any]) -> str:
         ax.set_yscale("log")
         ax.set_xlabel("ε per SUM response")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper right")
     fig.suptitle(f"Deviation vs ε (m = {result['query_structure']['m']} SUM queries per trait value)", fontsize=10)
     return _save(fig, out, "deviation.png")
 
@@ -165,7 +165,7 @@ def distortion_figure(out: Path, result: dict[str, Any]) -> str:
     for ax in axes:
         ax.set_xlabel("ε per SUM response")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper right")
     fig.suptitle("Distortion vs ε: true vs perturbed SUM responses of each verification", fontsize=10)
     return _save(fig, out, "distortion.png")
 
@@ -200,7 +200,7 @@ def verification_figure(out: Path, result: dict[str, Any]) -> str:
     ax.set_xlabel("ε per SUM response")
     ax.set_title("Verification vs query noise ε (independent transform)", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper right")
     return _save(fig, out, "verification.png")
 
 

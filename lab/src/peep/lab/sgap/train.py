@@ -542,7 +542,7 @@ def plot_history(history: list[dict[str, float]], floor: float, path: Path, *, t
     ax.plot(ep, [h["g_adv_loss"] for h in history], label="generator adversarial loss")
     ax.plot(ep, [h["g_penalty"] for h in history], label="SSIM penalty")
     ax.set_xlabel("epoch")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper right")
     ax = axes[1]
     ax.plot(ep, [h["train_ssim"] for h in history], label="train (batches)")
     ax.plot(ep, [h["val_ssim_mean"] for h in history], label="held out, mean")
@@ -550,7 +550,7 @@ def plot_history(history: list[dict[str, float]], floor: float, path: Path, *, t
     ax.axhline(floor, color="k", ls="--", lw=1, label="floor 1 − λ")
     ax.set_xlabel("epoch")
     ax.set_ylabel("SSIM")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper right")
     ax = axes[2]
     ax.plot(ep, [h["val_d_accuracy_real"] for h in history], label="D accuracy, real pairs")
     ax.plot(ep, [h["val_d_accuracy_privatized"] for h in history], label="D accuracy, privatized pairs")
@@ -558,7 +558,7 @@ def plot_history(history: list[dict[str, float]], floor: float, path: Path, *, t
     ax.set_ylim(0, 1)
     ax.set_xlabel("epoch")
     ax.set_title("held-out background people", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper right")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
