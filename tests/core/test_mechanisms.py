@@ -541,3 +541,30 @@ def test_secure_bernoulli_rounds_the_probability_down_never_up():
     assert not SecureSampler().bernoulli(0.0, 1000).any() and SecureSampler().bernoulli(1.0, 1000).all()
     with pytest.raises(ValueError, match="p: expected <= 1"):
         SecureSampler().bernoulli(1.5, 1)
+
+
+@pytest.mark.parametrize("d", [8, 64])
+def test_the_vector_cap_is_the_per_vector_epsilon_a_device_configured(d):
+    # A per-coordinate ε: the cap is the guarantee's sum over coordinates (peep-raw's scale 1/ε on a width-2
+    # interval is 2ε per coordinate, and a hair more for the sampler's grid), never the ε asked for.
+    raw = make_mechanism("peep-raw", epsilon=0.5, n_components=d, lower=-np.ones(d), upper=np.ones(d))
+    assert raw.epsilon_scope == "coordinate"
+    assert raw.epsilon_vector_cap == raw.guarantee.epsilon_vector == pytest.approx(d * 2 * 0.5, rel=1e-5)
+    # A per-vector ε: PrivUnit's calibrated guarantee sits under the ε asked for, which stays the cap.
+    pu = make_mechanism("privunit", epsilon=8.0, n_components=d)
+    assert pu.guarantee.epsilon_vector <= 8.0 and pu.epsilon_vector_cap == 8.0
+
+
+def test_a_device_releaser_refuses_a_sampler_that_is_not_secure(bundle, monkeypatch):
+    from peep.core import release
+
+    assert release.secure_releaser(bundle, kind="privunit", epsilon=8.0).mechanism.is_secure
+    real = release.TemplateReleaser.__init__
+
+    def seeded_by_default(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        self.mechanism.is_secure = False
+
+    monkeypatch.setattr(release.TemplateReleaser, "__init__", seeded_by_default)
+    with pytest.raises(RuntimeError, match="not on the secure sampler"):
+        release.secure_releaser(bundle, kind="privunit", epsilon=8.0)

@@ -14,10 +14,10 @@ from concurrent import futures
 import grpc
 import numpy as np
 import pytest
+from peep.core.release import secure_releaser
 from peep.core.wire import encode_template, make_template
 from peep.edge.agent import Agent
 from peep.edge.config import GrpcConfig, load_config
-from peep.edge.pipeline import make_releaser
 from peep.edge.spool import Spool
 from peep.edge.transport.grpc import GrpcForwarder
 from peep.v1 import recognition_pb2, recognition_pb2_grpc, template_pb2
@@ -110,7 +110,7 @@ def serve(servicer, pki, port: int = 0):
 
 @pytest.fixture
 def templates(edge_bundle):
-    releaser = make_releaser(edge_bundle, kind="peep", epsilon=4.0, delta=0.0)
+    releaser = secure_releaser(edge_bundle, kind="peep", epsilon=4.0, delta=0.0)
 
     def make(n: int) -> list[tuple[str, bytes]]:
         vals = releaser.release_bounded(np.full((n, edge_bundle.n_components), 0.5))

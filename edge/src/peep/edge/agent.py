@@ -50,7 +50,7 @@ import cv2
 from peep.core.accounting import PrivacyAccountant, ReleaseCost, Spend
 from peep.core.bundle import ProjectionBundle, load_public_key, write_bundle_files
 from peep.core.exceptions import BudgetError, BundleError, WireError
-from peep.core.release import TemplateReleaser
+from peep.core.release import TemplateReleaser, secure_releaser
 from peep.core.reports import DECISION_KEYS, MAX_REASONS, DeviceReport, ReportError
 from peep.core.sitekey import SiteKey, SiteKeyError
 from peep.core.wire import check_subject_id
@@ -65,7 +65,7 @@ from peep.edge.errors import ConfigError, EdgeError
 from peep.edge.ledger import SqliteLedger
 from peep.edge.logs import log_event
 from peep.edge.metrics import EdgeMetrics
-from peep.edge.pipeline import EnrollSession, FramePipeline, Released, make_releaser
+from peep.edge.pipeline import EnrollSession, FramePipeline, Released
 from peep.edge.policy import ReleasePolicy, check_budget_allows_release
 from peep.edge.soft import SoftTraitReleaser
 from peep.edge.spool import Spool, disk_room
@@ -195,7 +195,7 @@ class Agent:
         else:
             self.site_key = None
         try:
-            releaser = make_releaser(bundle, kind=p.mechanism, epsilon=p.epsilon, delta=p.delta,
+            releaser = secure_releaser(bundle, kind=p.mechanism, epsilon=p.epsilon, delta=p.delta,
                                      site_key=self.site_key)  # fmt: skip
         except BundleError as exc:
             # e.g. a unit-sphere mechanism with a bundle whose projector has no 'unit' output
@@ -206,11 +206,7 @@ class Agent:
         except BundleError as exc:
             raise BundleRefused(cfg.bundle.path, str(exc)) from None
         # The configured bundle fixes the largest per-vector ε any later bundle may give.
-        self.epsilon_vector_cap = float(releaser.mechanism.guarantee.epsilon_vector)
-        if type(releaser.mechanism).epsilon_scope == "vector":
-            # PrivUnit's calibrated guarantee sits a hair under the configured ε and
-            # depends on the dimension; the device's own ε is the cap it chose.
-            self.epsilon_vector_cap = max(self.epsilon_vector_cap, float(cfg.privacy.epsilon))
+        self.epsilon_vector_cap = releaser.mechanism.epsilon_vector_cap
         self.releaser = releaser
         updated = cfg.device.state_dir / UPDATED_BUNDLE_DIR
         if cfg.bundle.accept_updates and updated.is_dir():
@@ -243,7 +239,9 @@ class Agent:
                 "before the current "
                 f"bundle {current.bundle_id} ({current.manifest.created_at}); refusing a downgrade"
             )
-        releaser = make_releaser(candidate, kind=p.mechanism, epsilon=p.epsilon, delta=p.delta, site_key=self.site_key)
+        releaser = secure_releaser(
+            candidate, kind=p.mechanism, epsilon=p.epsilon, delta=p.delta, site_key=self.site_key
+        )
         g = releaser.mechanism.guarantee
         if g.epsilon_vector > self.epsilon_vector_cap * (1 + 1e-9):
             raise ValueError(

@@ -242,10 +242,11 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     from peep.core.accounting import PrivacyAccountant
     from peep.core.bundle import ProjectionBundle, load_public_key
     from peep.core.imaging import HaarFaceDetector
+    from peep.core.release import secure_releaser
     from peep.edge.capture import VideoSource
     from peep.edge.ledger import SqliteLedger
     from peep.edge.metrics import EdgeMetrics
-    from peep.edge.pipeline import FramePipeline, make_releaser
+    from peep.edge.pipeline import FramePipeline
     from peep.edge.policy import ReleasePolicy
     from peep.edge.spool import Spool
     from peep.edge.tracking import Tracker
@@ -261,7 +262,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
 
         encoder = encoder_for_bundle(bundle.input, bundle_id=bundle.bundle_id)
     rss["bundle_loaded"] = _rss_mb()
-    releaser = make_releaser(bundle, kind=spec["mechanism"], epsilon=spec["epsilon"], delta=0.0)
+    releaser = secure_releaser(bundle, kind=spec["mechanism"], epsilon=spec["epsilon"], delta=0.0)
     metrics = EdgeMetrics()
     ledger = SqliteLedger(work / "ledger.sqlite3")
     accountant = PrivacyAccountant(epsilon_budget=1e12, ledger=ledger)

@@ -32,7 +32,6 @@ from peep.core.accounting import PrivacyAccountant, ReleaseCost
 from peep.core.exceptions import BudgetError
 from peep.core.imaging import FaceBox, FaceDetector, normalise_face, primary_face
 from peep.core.release import TemplateReleaser
-from peep.core.sitekey import SiteKey
 from peep.core.wire import encode_template, make_decision, make_template
 from peep.edge.capture import Frame
 from peep.edge.detection import BoxRefiner
@@ -47,29 +46,6 @@ from peep.edge.tracking import Track, Tracker
 _log = logging.getLogger("peep.edge.pipeline")
 
 STAGES = ("decode", "detect", "track", "project", "perturb", "decide", "soft", "spool", "publish")
-
-
-def make_releaser(
-    bundle: Any, *, kind: str, epsilon: float, delta: float, site_key: SiteKey | None = None
-) -> TemplateReleaser:
-    """A :class:`TemplateReleaser` on the secure sampler, refusing anything else.
-
-    ``random_state=None`` selects the OS-CSPRNG sampler; the assertion guards
-    against a future default change, because the device must never release
-    with seeded noise. ``site_key`` rotates every release (its id goes into
-    each template).
-    """
-    releaser = TemplateReleaser(
-        bundle,
-        kind=kind,
-        epsilon=epsilon,
-        delta=delta,
-        random_state=None,
-        site_key=site_key,
-    )
-    if not releaser.mechanism.is_secure:
-        raise RuntimeError("the release mechanism is not on the secure sampler; refusing to release")
-    return releaser
 
 
 @dataclass
@@ -109,7 +85,7 @@ class FramePipeline:
     tracker : Tracker
     policy : ReleasePolicy
     releaser : TemplateReleaser
-        From :func:`make_releaser` (secure sampler).
+        From :func:`peep.core.release.secure_releaser` (secure sampler).
     spool : Spool
     refine : bool
         Re-detect at full resolution with the bundle's detector settings before releasing

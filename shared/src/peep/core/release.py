@@ -161,3 +161,33 @@ class TemplateReleaser:
         if self.site_key is not None:
             values = self.site_key.apply(values)
         return np.asarray(self.mechanism.release(values), dtype=np.float32)
+
+
+def secure_releaser(
+    bundle: Any, *, kind: str, epsilon: float, delta: float | None = None, site_key: SiteKey | None = None
+) -> TemplateReleaser:
+    """A :class:`TemplateReleaser` on the secure sampler, refusing anything else: what a device releases with.
+
+    ``random_state=None`` selects the OS-CSPRNG sampler; the check guards against a future default change,
+    because a device must never release with seeded noise.
+
+    Parameters
+    ----------
+    bundle : ProjectionBundle
+        A verified bundle.
+    kind, epsilon, delta
+        See :func:`mechanism_for_bounds`.
+    site_key : SiteKey, optional
+        Rotates every release (its id goes into each template).
+
+    Raises
+    ------
+    RuntimeError
+        The mechanism's sampler is not the secure one.
+    ValueError, BundleError
+        As :class:`TemplateReleaser`.
+    """
+    releaser = TemplateReleaser(bundle, kind=kind, epsilon=epsilon, delta=delta, random_state=None, site_key=site_key)
+    if not releaser.mechanism.is_secure:
+        raise RuntimeError("the release mechanism is not on the secure sampler; refusing to release")
+    return releaser

@@ -237,6 +237,20 @@ class TemplateMechanism:
         """
         return float(epsilon_vector)
 
+    @property
+    def epsilon_vector_cap(self) -> float:
+        """The largest per-vector ε this configuration lets any release of the same device have.
+
+        The guarantee's per-vector ε; for a kind whose ε is per vector, the configured ε when it is larger
+        (PrivUnit's calibrated guarantee sits a hair under the ε asked for and depends on the dimension, so a
+        bundle of another dimension may land on either side of it: the deployer's own ε is the cap). A device
+        refuses a new bundle whose release would exceed the cap of the configured one.
+        """
+        cap = float(self.guarantee.epsilon_vector)
+        if self.epsilon_scope == "vector":
+            cap = max(cap, float(self.epsilon))
+        return cap
+
     # -- what a release can be --------------------------------------------------------
 
     def domain_box(self) -> tuple[FloatArray, FloatArray]:
