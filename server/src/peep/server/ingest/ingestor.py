@@ -428,29 +428,49 @@ class Ingestor:
 
     def ingest(
         self,
-        msgs: Sequence[template_pb2.PerturbedTemplate],
+        msgs: Sequence[bytes | template_pb2.PerturbedTemplate | Undecodable],
         transport: str,
         senders: Sequence[Sender] | Sender,
         *,
         recognise: bool = True,
     ) -> list[Outcome]:
-        """Ingest a batch; one outcome per message, in order."""
+        """Ingest a batch; one outcome per message, in order.
+
+        Parameters
+        ----------
+        msgs : sequence of bytes, PerturbedTemplate or Undecodable, length n
+            Raw payloads as they arrived (MQTT: decoded here, size-bounded, then validated), or messages a
+            transport's framing already parsed (gRPC; :class:`Undecodable` where that parse failed).
+        transport : str
+            ``mqtt`` or ``grpc``, for the metrics.
+        senders : Sender or sequence of n Sender
+            Who delivered each (one for the whole batch, as on a gRPC stream).
+
+        Returns
+        -------
+        list of n Outcome
+            Accepted, duplicate, or rejected with the reason's code and text.
+        """
         n = len(msgs)
         outcomes: list[Outcome | None] = [None] * n
         valid: list[ValidTemplate] = []
         where: list[int] = []
         rejected: Counter[str] = Counter()
-        for i, msg in enumerate(msgs):
+        for i, item in enumerate(msgs):
             sender = senders if isinstance(senders, Sender) else senders[i]
-            if isinstance(msg, Undecodable):
+            if isinstance(item, Undecodable):
                 rejected["malformed"] += 1
-                outcomes[i] = Outcome("", REJECTED, str(msg), "malformed")
+                outcomes[i] = Outcome("", REJECTED, str(item), "malformed")
                 continue
+            msg = item
             try:
+                if isinstance(item, bytes | bytearray | memoryview):
+                    msg = self.validator.decode(bytes(item))
                 v = self.check(msg, sender)
             except Rejection as exc:
                 rejected[exc.reason] += 1
-                outcomes[i] = Outcome(msg.message_id[:128], REJECTED, str(exc), exc.reason)
+                message_id = "" if isinstance(msg, bytes | bytearray | memoryview) else msg.message_id[:128]
+                outcomes[i] = Outcome(message_id, REJECTED, str(exc), exc.reason)
                 continue
             valid.append(v)
             where.append(i)

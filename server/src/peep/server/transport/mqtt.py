@@ -113,7 +113,6 @@ from peep.server.bundles.catalog import bundle_files_message
 from peep.server.config import MqttConfig
 from peep.server.ingest.events import event_json_bytes, event_to_json
 from peep.server.ingest.ingestor import REJECTED, Sender
-from peep.server.ingest.validation import Rejection
 from peep.server.recognition.claims import ClaimChecksTooFrequent
 from peep.server.recognition.recogniser import ModelUnavailable
 from peep.server.services import Services
@@ -741,33 +740,29 @@ class MqttBridge:
                 self._clear_retained(it.topic, "retained_template", len(it.payload))
 
     def _process(self, items: list[_Item]) -> None:
-        msgs: list[template_pb2.PerturbedTemplate] = []
+        # The topic is the transport's to read (it names the sender); the payload is the ingestor's, raw.
+        payloads: list[bytes] = []
         senders: list[Sender] = []
         topics: list[_Item] = []
-        early: dict[str, int] = {}
+        bad_topics = 0
         for it in items:
             try:
-                try:
-                    where = self.topics.parse(it.topic, leaf="templates")
-                except TopicError as exc:
-                    raise Rejection("bad_topic", str(exc)) from None
-                sender = Sender(topic_site=where.site, topic_device=where.device_id)
-                msg = self.s.validator.decode(it.payload)
-            except Rejection as exc:
-                early[exc.reason] = early.get(exc.reason, 0) + 1
-                self._deadletter(it, exc.reason, str(exc))
+                where = self.topics.parse(it.topic, leaf="templates")
+            except TopicError as exc:
+                bad_topics += 1
+                self._deadletter(it, "bad_topic", str(exc))
                 continue
-            msgs.append(msg)
-            senders.append(sender)
+            payloads.append(it.payload)
+            senders.append(Sender(topic_site=where.site, topic_device=where.device_id))
             topics.append(it)
-        if early:
-            self.s.metrics.count_ingest("mqtt", 0, 0, early)
-        if not msgs:
+        if bad_topics:
+            self.s.metrics.count_ingest("mqtt", 0, 0, {"bad_topic": bad_topics})
+        if not payloads:
             return
-        outcomes = self.s.ingestor.ingest(msgs, "mqtt", senders)
-        for it, msg, o in zip(topics, msgs, outcomes, strict=True):
+        outcomes = self.s.ingestor.ingest(payloads, "mqtt", senders)
+        for it, o in zip(topics, outcomes, strict=True):
             if o.status == REJECTED:
-                self._deadletter(it, o.code, o.reason, message_id=msg.message_id)
+                self._deadletter(it, o.code, o.reason, message_id=o.message_id)
 
     def _deadletter(self, it: _Item, code: str, reason: str, *, message_id: str = "") -> None:
         """Note a refused template on the dead-letter topic: where it came from, why, and (when it could be
