@@ -144,3 +144,53 @@ def test_no_module_imports_another_module_s_private_name():
                     if a.name.startswith("_") and not a.name.startswith("__"):
                         bad.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {node.module}.{a.name}")
     assert not bad, "private names imported across modules:\n" + "\n".join(bad)
+
+
+def _private_reaches(path: Path, module: str) -> list[str]:
+    """Where ``path`` (module ``module``) reaches a private name of another PEEP module: ``alias._name`` on a
+    module it imported, or a private module (``peep.x._y``) imported from outside the package that holds it."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    aliases: dict[str, str] = {}
+    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+    bad = []
+    for node in ast.walk(tree):
+        targets: list[tuple[str, str]] = []
+        if isinstance(node, ast.Import):
+            targets = [(a.asname or a.name.split(".")[0], a.name if a.asname else a.name.split(".")[0])
+                       for a in node.names]  # fmt: skip
+        elif isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("peep")):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                source = node.module or ""
+            targets = [(a.asname or a.name, f"{source}.{a.name}") for a in node.names]
+            for part_at, part in enumerate(source.split(".")):
+                if part.startswith("_") and not part.startswith("__"):
+                    owner = ".".join(source.split(".")[:part_at])
+                    if not (module == owner or module.startswith(owner + ".")):
+                        bad.append(f"{shown}:{node.lineno} imports the private module {source}")
+        for local, target in targets:
+            if target.startswith("peep"):
+                aliases[local] = target
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                and node.attr.startswith("_") and not node.attr.startswith("__")):  # fmt: skip
+            bad.append(f"{shown}:{node.lineno} reaches {aliases[node.value.id]}.{node.attr}")
+    return bad
+
+
+def test_no_module_reaches_a_private_name_through_a_module_it_imported():
+    """``execution._split`` is the same private name as ``from execution import _split``, only harder to see."""
+    bad = [b for name, path in _modules().items() for b in _private_reaches(path, name)]
+    assert not bad, "private names reached across modules:\n" + "\n".join(sorted(set(bad)))
+
+
+def test_the_check_sees_a_private_name_reached_through_a_module(tmp_path):
+    f = tmp_path / "user.py"
+    f.write_text("from peep.lab.audit import execution\nimport peep.core.wire as w\nfrom peep.core._hidden "
+                 "import check_int\nexecution._split(1)\nw.encode_template\nexecution.public\n")  # fmt: skip
+    found = _private_reaches(f, "peep.lab.user")
+    assert [b.split(" ", 1)[1] for b in found] == [
+        "imports the private module peep.core._hidden", "reaches peep.lab.audit.execution._split"]  # fmt: skip

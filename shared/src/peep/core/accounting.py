@@ -38,8 +38,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, Final, Protocol, runtime_checkable
 
-from peep.core._validation import check_real
 from peep.core.exceptions import BudgetError
+from peep.core.validation import check_real
 
 __all__ = [
     "InMemoryLedger",

@@ -14,8 +14,8 @@ from typing import Any, Self
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from peep.core._validation import check_array, check_positive, check_real
 from peep.core.base import ParamsMixin, check_is_fitted
+from peep.core.validation import check_array, check_positive, check_real
 
 
 def clip_box(Y: ArrayLike, lower: ArrayLike, upper: ArrayLike) -> NDArray[np.float64]:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from peep.core._validation import check_real
+from peep.core.validation import check_real
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.intp]

@@ -15,9 +15,9 @@ from typing import Any, Literal, Self
 import numpy as np
 import scipy.linalg
 from numpy.typing import ArrayLike, NDArray
-from peep.core._validation import check_array, check_int
 from peep.core.base import ParamsMixin, check_is_fitted
 from peep.core.statistics import FaceStatistics
+from peep.core.validation import check_array, check_int
 
 Method = Literal["auto", "gram", "covariance", "svd"]
 _METHODS = ("auto", "gram", "covariance", "svd")

@@ -25,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 import cv2
 import numpy as np
 from numpy.typing import NDArray
-from peep.core._validation import check_int, check_positive, check_real
+from peep.core.validation import check_int, check_positive, check_real
 
 GrayImage = NDArray[np.uint8]
 

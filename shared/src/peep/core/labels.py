@@ -34,8 +34,8 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from peep.core import features
-from peep.core._validation import check_int, check_real
 from peep.core.mechanisms.base import PrivacyGuarantee
+from peep.core.validation import check_int, check_real
 
 _SPACE: Final = 1 << 64
 #: The mechanism's name on the wire and in the ledger.

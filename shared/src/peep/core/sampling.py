@@ -83,7 +83,7 @@ from typing import Final, Protocol, runtime_checkable
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from peep.core import features
-from peep.core._validation import check_int, check_positive, check_real
+from peep.core.validation import check_int, check_positive, check_real
 
 __all__ = [
     "GRID_BITS",

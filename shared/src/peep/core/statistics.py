@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from peep.core._validation import check_array
+from peep.core.validation import check_array
 
 __all__ = ["ClassStatistics", "FaceStatistics", "merge_all"]
 

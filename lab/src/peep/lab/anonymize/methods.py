@@ -29,8 +29,8 @@ from typing import Any, ClassVar, Self
 
 import numpy as np
 from numpy.typing import NDArray
-from peep.core._validation import check_int, check_real
 from peep.core.base import ParamsMixin, check_is_fitted
+from peep.core.validation import check_int, check_real
 from peep.lab.anonymize import maths
 
 FloatArray = NDArray[np.float64]

@@ -136,6 +136,11 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 NAME_EXPECTATION: Final = "1-64 characters [A-Za-z0-9_.@-] starting with a letter or digit"
 
 
+def is_account_name(name: str) -> bool:
+    """Whether ``name`` could name an account (looked up only then: a login never queries for arbitrary text)."""
+    return bool(_NAME.match(name))
+
+
 class AccountError(ValueError):
     """An account name, role or password that is not acceptable; the message names the field."""
 

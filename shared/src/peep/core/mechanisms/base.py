@@ -44,10 +44,10 @@ from typing import Any, ClassVar, Final, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from peep.core._validation import check_array
 from peep.core.bounding import BundleBounds
 from peep.core.exceptions import PrivacyLeakWarning
 from peep.core.sampling import NoiseSampler
+from peep.core.validation import check_array
 
 __all__ = [
     "PrivacyGuarantee",

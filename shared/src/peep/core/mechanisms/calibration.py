@@ -23,9 +23,9 @@ import math
 from collections.abc import Callable
 from typing import Any, Final
 
-from peep.core._validation import check_positive, check_real
 from peep.core.sampling import NoiseSampler, grid_inflation_l1, grid_inflation_l2
 from peep.core.special import log_ndtr
+from peep.core.validation import check_positive, check_real
 
 __all__ = [
     "analytic_gaussian_sigma",

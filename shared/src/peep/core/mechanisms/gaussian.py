@@ -11,11 +11,11 @@ from typing import ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
-from peep.core._validation import check_int, check_positive
 from peep.core.mechanisms.base import PrivacyGuarantee, PublicParameters, TemplateMechanism, clip_to_ball
 from peep.core.mechanisms.calibration import check_delta, check_epsilon, gaussian_on_grid
 from peep.core.mechanisms.registry import register_mechanism
 from peep.core.sampling import check_random_state, gaussian_variance
+from peep.core.validation import check_int, check_positive
 
 __all__ = ["GaussianL2Mechanism"]
 

@@ -13,12 +13,12 @@ from typing import ClassVar, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from peep.core._validation import check_array, check_int, check_positive
 from peep.core.bounding import BundleBounds
 from peep.core.mechanisms.base import PrivacyGuarantee, PublicParameters, TemplateMechanism, clip_to_ball
 from peep.core.mechanisms.calibration import check_epsilon, laplace_on_grid
 from peep.core.mechanisms.registry import register_mechanism
 from peep.core.sampling import check_random_state, grid_inflation_l1, laplace_variance
+from peep.core.validation import check_array, check_int, check_positive
 
 __all__ = ["LaplaceL1Mechanism", "LaplaceVectorMechanism", "PeepMechanism", "PeepRawMechanism"]
 

@@ -87,12 +87,12 @@ from typing import Any, ClassVar, Final
 import numpy as np
 from numpy.typing import NDArray
 from peep.core import special
-from peep.core._validation import check_int
 from peep.core.domains import unit_rows
 from peep.core.mechanisms.base import PrivacyGuarantee, PublicParameters, TemplateMechanism
 from peep.core.mechanisms.calibration import check_epsilon
 from peep.core.mechanisms.registry import register_mechanism
 from peep.core.sampling import GRID_BITS, check_random_state
+from peep.core.validation import check_int
 
 __all__ = ["PrivUnitGMechanism", "PrivUnitMechanism", "privunit_parameters", "privunitg_parameters"]
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from peep.core._validation import check_array, check_positive, check_real
 from peep.core.mechanisms.calibration import check_delta, check_epsilon, gaussian_on_grid, laplace_on_grid
 from peep.core.sampling import NoiseSampler, check_random_state, gaussian_variance, laplace_variance
+from peep.core.validation import check_array, check_positive, check_real
 
 __all__ = ["GaussianMechanism", "LaplaceMechanism", "RandomizedResponse"]
 

@@ -20,10 +20,10 @@ from typing import Any, ClassVar, Self
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from peep.core._validation import check_array, check_real
 from peep.core.base import ParamsMixin, check_is_fitted
 from peep.core.bounding import BundleBounds, fit_bundle_bounds
 from peep.core.domains import COEFFICIENTS, DOMAINS, SHARED_CONSTANTS, DomainGraph
+from peep.core.validation import check_array, check_real
 
 __all__ = ["FACES", "Projection", "build_projector", "mirror_faces", "projector_outputs"]
 

@@ -43,13 +43,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from peep.core._validation import check_array, check_int, check_real
 from peep.core.base import check_is_fitted
 from peep.core.bounding import BundleBounds
 from peep.core.domains import COEFFICIENTS, DomainGraph
 from peep.core.projections.base import FACES, Projection
 from peep.core.projections.registry import register_projection
 from peep.core.statistics import ClassStatistics
+from peep.core.validation import check_array, check_int, check_real
 
 if TYPE_CHECKING:
     from peep.core.eigenface_model import EigenfaceModel

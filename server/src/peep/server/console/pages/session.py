@@ -45,7 +45,7 @@ class SessionPages(Page):
         except Throttled as exc:
             self.store.audit(name or "-", "login", "", "throttled", ctx.address)
             return self.login_page(ctx, error=str(exc), status=429)
-        account = self.store.account(name) if accounts._NAME.match(name) else None
+        account = self.store.account(name) if accounts.is_account_name(name) else None
         ok = accounts.verify_password(password, account.password_hash if account else None)
         if not ok or account is None or account.disabled:
             self.app.throttle.failed(name, ctx.address)
