@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 from peep.server.recognition.fusion import TrackFusion
+from peep.server.recognition.tracks import TrackIdentifier
 from peep.server.storage import TemplateRecord
 from peep.v1 import recognition_pb2
 from peep_testing.server import (
@@ -231,9 +232,10 @@ def test_a_track_is_fused_within_its_window_and_forgotten_after_it(trained_serve
     services = trained_server.services
     ingestor = services.ingestor
     clock = [1000.0]
-    fusion, recall = ingestor.fusion, ingestor.recall_tracks
-    ingestor.fusion = TrackFusion(ttl_s=30.0, clock=lambda: clock[0])
-    ingestor.recall_tracks = True  # as on a replica: the release is also remembered in track_memory
+    single = ingestor.tracks
+    # As on a replica: the release is also remembered in track_memory.
+    ingestor.tracks = TrackIdentifier(single.recogniser, TrackFusion(ttl_s=30.0, clock=lambda: clock[0]),
+                                      memory=services.store)  # fmt: skip
     try:
         stub = trained_server.stub()
         i, j = (int(v) for v in templates.test[140:142])
@@ -243,17 +245,17 @@ def test_a_track_is_fused_within_its_window_and_forgotten_after_it(trained_serve
             stub.Ingest(first, metadata=DEVICE, timeout=5)
             clock[0] += 29.0
             stub.Ingest(second, metadata=DEVICE, timeout=5)
-            assert len(ingestor.fusion) == 1
+            assert len(ingestor.tracks.fusion) == 1
             assert services.store.track_memory([(DEVICE_ID, "window-1")], now=time.time())
             clock[0] += 31.0  # past the window: the memory sweep forgets the track, here and in track_memory
             assert services.sweep_fusion_memory(now=time.time() + 31.0) == 1 + 2
-            assert len(ingestor.fusion) == 0
+            assert len(ingestor.tracks.fusion) == 0
             assert services.store.track_memory([(DEVICE_ID, "window-1")], now=0.0) == []
-            ingestor.recall_tracks = False
+            ingestor.tracks.memory = None
             stub.Ingest(late, metadata=DEVICE, timeout=5)
             got = {e.message_id: e.releases_fused for e in events.wait()}
     finally:
-        ingestor.fusion, ingestor.recall_tracks = fusion, recall
+        ingestor.tracks = single
     assert got == {first.message_id: 1, second.message_id: 2, late.message_id: 1}
     assert all(_stored(trained_server, m) is None for m in (first, second, late))
 
@@ -266,9 +268,9 @@ def test_the_running_server_sweeps_fusion_memory_within_a_second_of_the_window(
 ):
     """A real server with a 1 s window: a track's release is gone from memory about a second after it."""
     services = trained_server.services
-    fusion = services.ingestor.fusion
+    fusion = services.ingestor.tracks.fusion
     short = TrackFusion(ttl_s=1.0)
-    services.ingestor.fusion = short
+    services.ingestor.tracks.fusion = short
     from peep.server.app import ServerApp
 
     app = ServerApp.__new__(ServerApp)  # only its sweep loop, on the trained server's services
@@ -294,7 +296,7 @@ def test_the_running_server_sweeps_fusion_memory_within_a_second_of_the_window(
     finally:
         app._stopping.set()
         sweeper.join(5)
-        services.ingestor.fusion = fusion
+        services.ingestor.tracks.fusion = fusion
 
 
 @pytest.mark.slow

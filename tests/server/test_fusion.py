@@ -129,11 +129,13 @@ def test_a_remembered_release_is_a_copy_the_caller_may_overwrite():
 def test_a_forgotten_track_is_recalled_from_the_store(trained_server, templates):
     """What a replica does when another took the track's first release: its memory is empty, the stored
     template is found and fused; a release captured *before* the stored one is not fused with it."""
+    from peep.server.recognition.tracks import TrackIdentifier
     from peep_testing.server import DEVICE, EventCollector
 
     ingestor = trained_server.services.ingestor
-    assert ingestor.recall_tracks is False  # SQLite: one process, its memory is complete
-    ingestor.recall_tracks = True
+    single = ingestor.tracks
+    assert single.fuses and not single.shared  # SQLite: one process, its memory is complete
+    ingestor.tracks = TrackIdentifier(single.recogniser, TrackFusion(), memory=trained_server.services.store)
     try:
         stub = trained_server.stub()
         i, j = (int(v) for v in templates.test[130:132])
@@ -146,9 +148,9 @@ def test_a_forgotten_track_is_recalled_from_the_store(trained_server, templates)
         with EventCollector(trained_server, 4) as events:
             for a, b in ((first, second), (later, earlier)):
                 stub.Ingest(a, metadata=DEVICE, timeout=5)
-                ingestor.fusion._tracks.clear()  # as if the next release reached another replica
+                ingestor.tracks.fusion = TrackFusion()  # as if the next release reached another replica
                 stub.Ingest(b, metadata=DEVICE, timeout=5)
             got = {e.message_id: e.releases_fused for e in events.wait()}
     finally:
-        ingestor.recall_tracks = False
+        ingestor.tracks = single
     assert got == {first.message_id: 1, second.message_id: 2, later.message_id: 1, earlier.message_id: 1}

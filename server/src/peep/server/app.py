@@ -159,7 +159,7 @@ class ServerApp:
         # upgrade forgets what the setting no longer allows), and fusion's memory is swept within its window.
         self._retention = threading.Thread(target=self._retention_loop, name="peep-retention", daemon=True)
         self._retention.start()
-        if s.ingestor.fusion is not None:
+        if s.ingestor.tracks.fuses:
             self._sweeper = threading.Thread(target=self._sweep_loop, name="peep-fusion-sweep", daemon=True)
             self._sweeper.start()
         if s.device_models.enabled:

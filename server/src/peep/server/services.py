@@ -68,6 +68,7 @@ from peep.server.recognition.fusion import TrackFusion
 from peep.server.recognition.model_registry import AnyRegistry, DatabaseModelRegistry, ModelRegistry
 from peep.server.recognition.presets import Progress, TrainingError
 from peep.server.recognition.recogniser import Recogniser
+from peep.server.recognition.tracks import TrackIdentifier
 from peep.server.recognition.trainer import Trainer, TrainingBusy, TrainResult
 from peep.server.recognition.watch import ChangeWatcher
 from peep.server.storage import KeptCounts, Store, open_store
@@ -275,9 +276,12 @@ class Services:
             self.metrics,
             self.devices,
             require_registered_device=config.mqtt.require_registered_device,
-            fusion=TrackFusion(ttl_s=config.training.track_fusion_s) if config.training.track_fusion_s > 0 else None,
+            tracks=TrackIdentifier(
+                self.recogniser,
+                TrackFusion(ttl_s=config.training.track_fusion_s) if config.training.track_fusion_s > 0 else None,
+                memory=self.store if self.clustered else None,
+            ),
             background_prefix=config.training.background_prefix,
-            recall_tracks=self.clustered,
             keep=config.recognition.keep,
             origin=self.origin,
             claim_key=_claim_key(config),
@@ -584,10 +588,7 @@ class Services:
 
     def sweep_fusion_memory(self, *, now: float | None = None) -> int:
         """Forget track fusion's expired releases, in this process and (replicas) in ``track_memory``."""
-        n = self.ingestor.fusion.expire() if self.ingestor.fusion is not None else 0
-        if self.ingestor.recall_tracks:  # the replicas, which write track_memory
-            n += self.store.expire_track_memory(time.time() if now is None else now)
-        return n
+        return self.ingestor.tracks.expire(now=now)
 
     def close(self) -> None:
         self.trainer.cancel(timeout=5.0)

@@ -47,21 +47,19 @@ from typing import Any
 
 import numpy as np
 from peep.core import wire
-from peep.core.decision import accept_claims
 from peep.core.signing import door_statement, verify_statement, verify_template
 from peep.server.ingest.auth import DeviceRegistry, Identity, Undecodable
 from peep.server.ingest.events import EventBus, new_event, put_dropping_oldest
 from peep.server.ingest.validation import Rejection, TemplateValidator, ValidTemplate
 from peep.server.metrics import ServerMetrics
-from peep.server.recognition.fusion import TrackFusion
 from peep.server.recognition.recogniser import ModelMismatch, ModelUnavailable, Recogniser
+from peep.server.recognition.tracks import TrackIdentifier
 from peep.server.storage import (
     DecisionRecord,
     IngestBatch,
     LedgerEntry,
     Store,
     TemplateRecord,
-    TrackRelease,
 )
 from peep.v1 import recognition_pb2, template_pb2
 
@@ -244,16 +242,12 @@ class Ingestor:
         MQTT: refuse devices missing from the registry (when it lists any).
     clock : callable
         Unix time (injected for tests).
-    fusion : TrackFusion or None
-        A track's releases decided together; None: each release alone.
+    tracks : TrackIdentifier or None
+        Identifies the identify templates, a track's releases together where it fuses them (it owns the
+        fusion memory, and on replicas the shared one); None: each release alone.
     background_prefix : str
         Subjects with this prefix form the "unknown" class: only an admin
         may enrol templates under them (``training.background_prefix``).
-    recall_tracks : bool
-        Replicas share the database but not their memory: remember each
-        identify release of a track in the store's ``track_memory`` (for the
-        fusion window only) and look a track's earlier release up there when
-        this process does not remember one. Clustered servers only.
     keep : {"none", "recognised", "all"}
         Identify/verify templates written to ``templates`` after their decision
         (``recognition.keep``).
@@ -276,9 +270,8 @@ class Ingestor:
         *,
         require_registered_device: bool = True,
         clock: Callable[[], float] = time.time,
-        fusion: TrackFusion | None = None,
+        tracks: TrackIdentifier | None = None,
         background_prefix: str = "background:",
-        recall_tracks: bool = False,
         keep: str = "none",
         origin: str = "",
         claim_key: Any = None,
@@ -293,10 +286,8 @@ class Ingestor:
         self.devices = devices
         self.require_registered_device = require_registered_device
         self.clock = clock
-        #: A track's releases decided together (recognition/fusion.py); None: each release alone.
-        self.fusion = fusion
+        self.tracks = tracks if tracks is not None else TrackIdentifier(recogniser, None)
         self.background_prefix = background_prefix
-        self.recall_tracks = recall_tracks
         self.keep = keep
         self.origin = origin
         self.claim_key = claim_key
@@ -524,7 +515,12 @@ class Ingestor:
             for d in decided
             if self._keeps(d)
         ]
-        tracks = self._track_rows(decided, now) if recognise else []
+        remembered = [d for d in decided if d.valid.purpose == "identify" and not d.valid.is_decision]
+        tracks = (
+            self.tracks.memory_rows([d.valid.message for d in remembered], [d.valid.values for d in remembered], now)
+            if recognise
+            else []
+        )
         new = self.store.commit_ingest(IngestBatch(ledger, [*templates, *kept], decisions, tracks))
         published = 0
         for d in decided:
@@ -541,30 +537,6 @@ class Ingestor:
         if self.keep == "all":
             return True
         return self.keep == "recognised" and d.recognised_as is not None
-
-    def _track_rows(self, decided: Sequence[_Decided], now: float) -> list[TrackRelease]:
-        """Identify releases of tracks, for another replica to fuse with (replicas only; expiring with the window)."""
-        if self.fusion is None or not self.recall_tracks:
-            return []
-        rows = []
-        for d in decided:
-            m = d.valid.message
-            if d.valid.purpose != "identify" or not m.track_id or d.valid.is_decision:
-                continue
-            rows.append(
-                TrackRelease(
-                    device_id=m.device_id,
-                    track_id=m.track_id,
-                    message_id=m.message_id,
-                    site=m.site,
-                    bundle_id=m.bundle_id,
-                    capture_time=m.capture_time.seconds + m.capture_time.nanos * 1e-9,
-                    expires_at=now + self.fusion.ttl_s,
-                    n_components=int(d.valid.values.shape[0]),
-                    values=np.ascontiguousarray(d.valid.values, dtype="<f4").tobytes(),
-                )
-            )
-        return rows
 
     def _decide(self, decided: Sequence[_Decided]) -> None:
         """Fill in each template's decision (its event and whom it recognised); undecided without a model."""
@@ -587,15 +559,7 @@ class Ingestor:
         ident = [i for i, d in enumerate(ok) if d.valid.purpose == "identify"]
         ver = [i for i, d in enumerate(ok) if d.valid.purpose == "verify"]
         if ident:
-            msgs = [ok[i].valid.message for i in ident]
-            if self.fusion is not None:
-                keys = [(m.site, m.device_id, m.track_id) if m.track_id else None for m in msgs]
-                recall = self._recaller(msgs, model.n_components) if self.recall_tracks else None
-                results = self.recogniser.identify_tracks(
-                    X[ident], keys, self.fusion, model=model, recall=recall, releases=[m.message_id for m in msgs]
-                )
-            else:
-                results = self.recogniser.identify_batch(X[ident], top_k=1, model=model)
+            results = self.tracks.identify(X[ident], [ok[i].valid.message for i in ident], model)
             for i, r in zip(ident, results, strict=True):
                 ok[i].recognised_as = None if r.unknown else r.subject
                 ok[i].event = self.decision_event(
@@ -607,17 +571,16 @@ class Ingestor:
                     releases_fused=r.releases_fused,
                 )
         if ver:
-            m, scores = self.recogniser.verify_scores(X[ver], [ok[i].valid.message.subject for i in ver], model=model)
-            verdicts = accept_claims(scores, m.verify_threshold)
-            for i, score, accepted in zip(ver, scores, verdicts.tolist(), strict=True):
+            verdicts = self.recogniser.verify_batch(X[ver], [ok[i].valid.message.subject for i in ver], model=model)
+            for i, v in zip(ver, verdicts, strict=True):
                 msg = ok[i].valid.message
-                ok[i].recognised_as = msg.subject if accepted else None
+                ok[i].recognised_as = msg.subject if v.accepted else None
                 ok[i].event = self.decision_event(
                     ok[i].valid,
                     claimed_subject=msg.subject,
-                    accepted=accepted,
-                    probability=float(score),
-                    model_version=m.version,
+                    accepted=v.accepted,
+                    probability=v.score,
+                    model_version=v.model_version,
                 )
 
     def _device_decision(self, d: _Decided) -> None:
@@ -645,37 +608,6 @@ class Ingestor:
             d.event = self.decision_event(
                 v, claimed_subject=msg.subject, accepted=bool(dec.accepted), probability=0.0, **fields
             )
-
-    def _recaller(
-        self, msgs: list[template_pb2.PerturbedTemplate], n_components: int
-    ) -> Callable[[list[int]], dict[int, np.ndarray]]:
-        """``recall(rows)``: for each row, the values of its track's latest earlier release in ``track_memory``."""
-
-        def recall(rows: list[int]) -> dict[int, np.ndarray]:
-            asked = [msgs[i] for i in rows]
-            batch = {(m.device_id, m.message_id) for m in msgs}
-            try:
-                found = self.store.track_memory([(m.device_id, m.track_id) for m in asked], now=self.clock())
-            except Exception as exc:  # the database: decide on each release alone rather than fail it
-                log.warning("track recall failed; deciding alone", extra={"error": str(exc)[:200]})
-                return {}
-            by_track: dict[tuple[str, str], list[TrackRelease]] = {}
-            for r in found:
-                by_track.setdefault((r.device_id, r.track_id), []).append(r)
-            out: dict[int, np.ndarray] = {}
-            for i, m in zip(rows, asked, strict=True):
-                at = m.capture_time.seconds + m.capture_time.nanos * 1e-9
-                earlier = [
-                    r
-                    for r in by_track.get((m.device_id, m.track_id), [])
-                    if r.key not in batch and r.site == m.site and r.bundle_id == m.bundle_id
-                    and r.n_components == n_components and r.capture_time < at
-                ]  # fmt: skip
-                if earlier:
-                    out[i] = max(earlier, key=lambda r: r.capture_time).as_array()
-            return out
-
-        return recall
 
     def decision_event(
         self, v: ValidTemplate, *, purpose: int | None = None, **fields: object

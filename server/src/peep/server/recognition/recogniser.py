@@ -436,16 +436,39 @@ class Recogniser:
         idx = np.array([m.class_index.get(c, -1) for c in claimed], dtype=np.intp)
         return m, claim_scores(P, idx)
 
+    def verify_batch(
+        self, values: ArrayLike, claimed: Sequence[str], *, model: LoadedModel | None = None
+    ) -> list[Verification]:
+        """Decide each row's claim: where every Verify is decided, a call's or a batch of MQTT templates'.
+
+        Parameters
+        ----------
+        values : array-like of shape (n, n_components)
+            Validated perturbed templates.
+        claimed : sequence of n str
+            The subject each row claims to be (a subject not enrolled scores 0 and is refused).
+        model : LoadedModel, optional
+            The version to decide with (default: the serving one), so a batch is decided by one version.
+
+        Returns
+        -------
+        list of n Verification
+        """
+        m, scores = self.verify_scores(values, list(claimed), model)
+        accepted = accept_claims(scores, m.verify_threshold).tolist()
+        return [
+            Verification(
+                accepted=bool(a),
+                score=float(s),
+                threshold=m.verify_threshold,
+                target_far=m.target_far,
+                model_version=m.version,
+            )
+            for s, a in zip(scores.tolist(), accepted, strict=True)
+        ]
+
     def verify(self, values: ArrayLike, claimed_subject: str) -> Verification:
-        m, s = self.verify_scores(np.asarray(values, dtype=np.float32).reshape(1, -1), [claimed_subject])
-        score = float(s[0])
-        return Verification(
-            accepted=bool(accept_claims([score], m.verify_threshold)[0]),
-            score=score,
-            threshold=m.verify_threshold,
-            target_far=m.target_far,
-            model_version=m.version,
-        )
+        return self.verify_batch(np.asarray(values, dtype=np.float32).reshape(1, -1), [claimed_subject])[0]
 
     # ------------------------------------------------------------ QBBS hooks
 
