@@ -105,10 +105,9 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 from peep.core.bundle import ProjectionBundle, load_private_key
 from peep.core.exceptions import TopicError, WireError
-from peep.core.reports import DeviceReport, ReportError, parse_device_report
+from peep.core.reports import DeviceReport
 from peep.core.signing import door_statement, sign_statement
 from peep.core.topics import TopicScheme
-from peep.core.wire import check_subject_id
 from peep.server.bundles.catalog import bundle_files_message
 from peep.server.config import MqttConfig
 from peep.server.ingest.events import event_json_bytes, event_to_json
@@ -117,17 +116,13 @@ from peep.server.recognition.claims import ClaimChecksTooFrequent
 from peep.server.recognition.recogniser import ModelUnavailable
 from peep.server.services import Services
 from peep.server.transport.mqtt_device_models import DeviceModelTopics
+from peep.server.transport.mqtt_devices import MAX_CLAIM_CHECK_BYTES, DeviceHeard, read_claim_check, sender_refusal
 from peep.v1 import recognition_pb2, template_pb2
 
 log = logging.getLogger(__name__)
 
 #: MQTT v5 DISCONNECT reason "Session taken over": another client connected with our client id.
 _SESSION_TAKEN_OVER = 0x8E
-_STATUSES = (b"online", b"offline")
-#: Largest claim check read (a nonce and a subject id are far shorter).
-MAX_CLAIM_CHECK_BYTES = 1024
-#: A claim's nonce: 128 random bits in hex (peep.edge.door.Claim).
-_NONCE = re.compile(r"[0-9a-f]{32}")
 
 
 def default_client_id(hostname: str | None = None) -> str:
@@ -188,9 +183,8 @@ class MqttBridge:
             except Exception as exc:
                 raise ValueError(f"mqtt.decision_signing_key: {exc}") from None
         self.claim_checks = {"answered": 0, "refused": 0}
-        self._statuses: dict[str, tuple[str, float]] = {}
-        self._reports: dict[str, tuple[DeviceReport, float]] = {}
-        self._status_lock = threading.Lock()
+        self.heard = DeviceHeard(self.topics, services.devices,
+                                 require_registered_device=config.require_registered_device)  # fmt: skip
         self.deadletter_topic = self.topics.deadletter
         self.bundle_topic = self.topics.bundle
         self.client_id = config.client_id or default_client_id()
@@ -563,10 +557,11 @@ class MqttBridge:
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         if not msg.topic.endswith("/templates"):
-            if msg.topic.endswith("/status"):
-                self._check_status(msg)
-            elif msg.topic.endswith("/report"):
-                self._record_report(msg)
+            if msg.topic.endswith(("/status", "/report")):
+                status = msg.topic.endswith("/status")
+                reason = self.heard.take_status(msg) if status else self.heard.take_report(msg)
+                if reason is not None and msg.retain and self.config.clear_retained:
+                    self._clear_retained(msg.topic, reason, len(msg.payload))
             elif msg.topic.endswith("/claims"):
                 self._answer_claim_check(msg)
             elif msg.topic.endswith("/model_request"):
@@ -608,87 +603,11 @@ class MqttBridge:
         ``status`` is ``online`` or ``offline`` (retained by the device on connecting and by its last will);
         a status cleared since (by the device, or by this bridge with ``mqtt.clear_retained``) is not listed.
         """
-        with self._status_lock:
-            return dict(self._statuses)
-
-    def _record_status(self, msg: mqtt.MQTTMessage) -> None:
-        try:
-            where = self.topics.parse(msg.topic, leaf="status")
-        except TopicError:
-            return
-        with self._status_lock:
-            if msg.payload in _STATUSES:
-                self._statuses[where.device_id] = (msg.payload.decode(), time.time())
-            elif not msg.payload:
-                self._statuses.pop(where.device_id, None)
-            if len(self._statuses) > 100_000:  # bounded whatever the broker sends
-                self._statuses.pop(next(iter(self._statuses)))
+        return self.heard.statuses()
 
     def device_reports(self) -> dict[str, tuple[DeviceReport, float]]:
         """``{device_id: (report, when it was received)}``: each registered device's latest report."""
-        with self._status_lock:
-            return dict(self._reports)
-
-    def _record_report(self, msg: mqtt.MQTTMessage) -> None:
-        """Keep a registered device's report from its registered site; clear a retained one that is not."""
-        if not msg.payload:
-            return  # a cleared report
-        reason = None
-        try:
-            where = self.topics.parse(msg.topic, leaf="report")
-        except TopicError:
-            return
-        devices = self.s.devices
-        report = None
-        if len(devices) and not devices.is_registered(where.device_id):
-            reason = "unknown_device"
-        elif len(devices) and devices.site_of(where.device_id) not in (None, where.site):
-            reason = "wrong_site"
-        else:
-            try:
-                report = parse_device_report(bytes(msg.payload))
-            except ReportError as exc:
-                reason = "bad_payload"
-                log.warning("mqtt device report refused", extra={"device": where.device_id, "error": str(exc)})
-        if report is not None:
-            with self._status_lock:
-                self._reports[where.device_id] = (report, time.time())
-                if len(self._reports) > 100_000:  # bounded whatever the broker sends
-                    self._reports.pop(next(iter(self._reports)))
-        elif msg.retain and self.config.clear_retained:
-            self._clear_retained(msg.topic, reason or "bad_payload", len(msg.payload))
-
-    def _check_status(self, msg: mqtt.MQTTMessage) -> None:
-        """Record a status; clear a retained one that is not a registered device's ``online``/``offline`` at its site.
-
-        A refused status is never listed by :meth:`device_statuses`, retained or not, whether or not
-        ``mqtt.clear_retained`` clears it.
-        """
-        self._record_status(msg)
-        if not msg.payload:
-            return
-        reason = None
-        try:
-            where = self.topics.parse(msg.topic, leaf="status")
-        except TopicError:
-            reason = "bad_topic"
-        else:
-            devices = self.s.devices
-            if msg.payload not in _STATUSES:
-                reason = "bad_payload"
-            elif self.config.require_registered_device and len(devices):
-                if not devices.is_registered(where.device_id):
-                    reason = "unknown_device"
-                else:
-                    site = devices.site_of(where.device_id)
-                    if site is not None and site != where.site:
-                        reason = "wrong_site"
-        if reason is not None:
-            if reason != "bad_topic":
-                with self._status_lock:
-                    self._statuses.pop(where.device_id, None)
-            if msg.retain and self.config.clear_retained:
-                self._clear_retained(msg.topic, reason, len(msg.payload))
+        return self.heard.reports()
 
     def _clear_retained(self, topic: str, reason: str, size: int) -> None:
         self.retained_cleared += 1
@@ -810,25 +729,16 @@ class MqttBridge:
         A question from a topic that is not a registered device's at its site, or that is not exactly a nonce and
         a subject id, gets no answer (the door ends the claim ``unreachable``); it is logged by size only.
         """
-        reason = None
         try:
             where = self.topics.parse(msg.topic, leaf="claims")
         except TopicError:
             return
-        devices = self.s.devices
-        if len(devices) and not devices.is_registered(where.device_id):
-            reason = "unknown_device"
-        elif len(devices) and devices.site_of(where.device_id) not in (None, where.site):
-            reason = "wrong_site"
-        elif len(msg.payload) > MAX_CLAIM_CHECK_BYTES:
+        reason = sender_refusal(self.s.devices, where)
+        if reason is None and len(msg.payload) > MAX_CLAIM_CHECK_BYTES:
             reason = "too_large"
-        else:
+        elif reason is None:
             try:
-                doc = json.loads(bytes(msg.payload))
-                nonce, subject = doc["nonce"], doc["claimed_subject"]
-                if not (isinstance(nonce, str) and _NONCE.fullmatch(nonce) and isinstance(subject, str)):
-                    raise ValueError("expected a 32-hex nonce and a subject id")
-                subject = check_subject_id(subject, "claimed_subject")
+                nonce, subject = read_claim_check(bytes(msg.payload))
                 answer = self.s.claim_checks.check(where.device_id, subject)
             except (ValueError, KeyError, TypeError, WireError):
                 reason = "bad_payload"
