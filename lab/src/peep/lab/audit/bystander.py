@@ -566,7 +566,7 @@ def _basis_without_strangers(data: AuditData, cfg: AuditConfig, train_idx: IntAr
     """The projection and bounds the releases go through, fitted on no stranger's face."""
     if data.background is None or data.background_labels is None:
         # --basis train: the split's training faces (audited people), as every other section.
-        return execution._fit_basis(data, cfg, train_idx, cfg.components, cfg.projection)
+        return execution.fit_split_basis(data, cfg, train_idx, cfg.components, cfg.projection)
     keep = ~np.isin(data.background_labels, strangers)
     cls = projection_class(cfg.projection)
     inputs = data.background if cls.input_kind == "pixels" else data.background_descriptors[cls.input_kind]
@@ -593,7 +593,7 @@ def prepare_bystanders(data: AuditData, cfg: AuditConfig, split: int) -> Bystand
             "pass --no-bystander"
         )
     seed = execution.split_seed(cfg, split)
-    tr, _ = execution._split(data.labels, cfg.test_size, seed)
+    tr, _ = execution.stratified_split(data.labels, cfg.test_size, seed)
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, split, _PARTITION_STREAM]))
     groups = partition_people(data.pool_labels, rng)
     basis = _basis_without_strangers(data, cfg, tr, groups["strangers"])

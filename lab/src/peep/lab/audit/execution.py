@@ -10,6 +10,11 @@ Work is cut into independent jobs so that two CPU cores are used fully:
 3. with ``--frontier``, selection jobs and evaluate jobs for the chosen
    configurations.
 
+This module holds what those jobs compute and :func:`run_jobs`, which runs
+them; the job functions the worker processes call, the sweeps, the frontier's
+selection and the tags of the jobs' noise streams are in
+:mod:`peep.lab.audit.jobs`.
+
 Fitted models are reused across ε where that is valid (split, basis, bounds,
 clean recogniser, candidate sets). Each job pins BLAS to one thread: on a
 loaded 2-core machine two OpenBLAS threads per process made the MLP several
@@ -26,7 +31,6 @@ serves (before ONNX export, which the trainer checks agrees).
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -35,9 +39,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 from peep.core import features
-from peep.core.domains import domain
 from peep.core.mechanisms import mechanism_class
-from peep.core.projections import projection_class, projection_kinds
+from peep.core.projections import projection_class
 from peep.core.release import mechanism_for_bounds
 from peep.lab.audit.attacks import (
     ADVERSARIES,
@@ -57,7 +60,7 @@ from peep.lab.audit.attacks import (
     shrinkage_prior,
 )
 from peep.lab.audit.basis import Basis, Domain, fit_basis
-from peep.lab.audit.config import FRONTIER_MECHANISMS, AuditConfig, AuditConfigError
+from peep.lab.audit.config import AuditConfig, AuditConfigError
 from peep.lab.audit.measures import (
     classification_metrics,
     identity_mixture,
@@ -67,13 +70,6 @@ from peep.lab.audit.measures import (
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
-
-
-# Job tags keep the noise streams of different job families apart.
-_TAG_EVAL, _TAG_SWEEP, _TAG_FRONTIER_SELECT, _TAG_FRONTIER_EVAL, _TAG_BYSTANDER = 1, 2, 3, 4, 5
-# Split indices of the frontier's selection split and its fresh evaluation splits.
-_FRONTIER_SELECT_SPLIT = 10_000
-_FRONTIER_EVAL_SPLIT = 20_000
 
 
 # --------------------------------------------------------------------------- helpers
@@ -224,7 +220,7 @@ class AuditData:
 
 
 @contextmanager
-def _progress(cfg: AuditConfig, desc: str) -> Iterator[Callable[[int, int], None]]:
+def progress_bar(cfg: AuditConfig, desc: str) -> Iterator[Callable[[int, int], None]]:
     """A ``(done, total)`` callback showing progress on stderr (only shown if called)."""
     from peep.server.progress import Progress
 
@@ -252,7 +248,7 @@ def load_audit_data(cfg: AuditConfig) -> AuditData:
         raise AuditConfigError(f"--projection/--frontier-projections: at most one descriptor kind, received {kinds}")
     encoder = next(iter(encoders.values()), None)
     described = f" and their {encoder.kind} descriptors" if encoder is not None else ""
-    with _progress(cfg, f"detecting and normalising faces{described} (cached afterwards)") as cb:
+    with progress_bar(cfg, f"detecting and normalising faces{described} (cached afterwards)") as cb:
         ds = load_dataset(
             cfg.dataset,
             data_home=cfg.data_home,
@@ -324,7 +320,7 @@ def _load_population(
 
     min_bg, max_faces = cfg.background_faces_range
     norm: Any = cfg.normalisation
-    with _progress(cfg, desc) as cb:
+    with progress_bar(cfg, desc) as cb:
         pop = load_dataset(
             "lfw",
             data_home=cfg.data_home,
@@ -363,7 +359,7 @@ def basis_faces(
     return data.inputs(input_kind)[train_idx], data.labels[train_idx], data.X[train_idx]
 
 
-def _fit_basis(
+def fit_split_basis(
     data: AuditData, cfg: AuditConfig, train_idx: IntArray, n_components: int, kind: str, variant: str = "bundle"
 ) -> Basis:
     """:func:`fit_basis` on the split's public faces, for projection ``kind``."""
@@ -404,7 +400,12 @@ class RepeatContext:
     grid_idx: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
-def _split(labels: IntArray, test_size: float, seed: int) -> tuple[IntArray, IntArray]:
+def stratified_split(labels: IntArray, test_size: float, seed: int) -> tuple[IntArray, IntArray]:
+    """A split's (training, test) indices of the audited faces, stratified by identity ``labels``.
+
+    The bystander section draws its enrolled people here too, so that split ``r`` enrols the
+    same faces in both sections.
+    """
     from sklearn.model_selection import train_test_split
 
     idx = np.arange(labels.shape[0])
@@ -431,9 +432,9 @@ def make_context(
 ) -> tuple[RepeatContext, dict[str, Any]]:
     """Split, fit the basis and (optionally) the clean recogniser and baselines."""
     seed = split_seed(cfg, split)
-    tr, te = _split(data.labels, cfg.test_size, seed)
+    tr, te = stratified_split(data.labels, cfg.test_size, seed)
     kind = projection or cfg.projection
-    basis = _fit_basis(data, cfg, tr, n_components, kind, variant)
+    basis = fit_split_basis(data, cfg, tr, n_components, kind, variant)
     X = data.inputs(basis.input_kind)
     ctx = RepeatContext(
         split=split,
@@ -476,29 +477,6 @@ def make_context(
     baseline["explained_variance_ratio"] = basis.explained_variance_ratio
     baseline["projection"] = basis.kind
     return ctx, baseline
-
-
-def _prepare_job(
-    data: AuditData,
-    cfg: AuditConfig,
-    split: int,
-    n_components: int,
-    variant: str,
-    with_clean: bool,
-    projection: str | None = None,
-) -> tuple[tuple[RepeatContext, dict[str, Any]], float]:
-    t = time.process_time()
-    with job_env(cfg):
-        ctx, base = make_context(
-            data,
-            cfg,
-            split,
-            n_components=n_components,
-            variant=variant,
-            with_clean=with_clean,
-            projection=projection,
-        )
-    return (ctx, base), time.process_time() - t
 
 
 # --------------------------------------------------------------------------- evaluation of one ε
@@ -631,147 +609,6 @@ def evaluate_release(
             "shrinkage": shrink[ctx.grid_idx].reshape(-1, *shape).astype(np.float32),
         }
     return out
-
-
-def _evaluate_job(ctx: RepeatContext, cfg: AuditConfig, kwargs: dict[str, Any]) -> tuple[dict[str, Any], float]:
-    t = time.process_time()
-    with job_env(cfg):
-        res = evaluate_release(ctx, cfg, **kwargs)
-    return res, time.process_time() - t
-
-
-# --------------------------------------------------------------------------- sweeps
-
-
-def sweep_point(
-    data: AuditData, ctx: RepeatContext, cfg: AuditConfig, sweep: str, value: int, key: Sequence[int]
-) -> dict[str, Any] | None:
-    """Clean and private (at the sweep ε) utility for one nc or images-per-subject value."""
-    eps = cfg.effective_sweep_epsilon
-    if sweep == "components":
-        fit_on, _, _ = basis_faces(data, ctx.train_idx, ctx.basis.input_kind)
-        limit = fit_on.shape[0] - 1
-        if value > limit:
-            return None
-        basis = _fit_basis(data, cfg, ctx.train_idx, value, ctx.basis.kind)
-        if basis.n_components != value:
-            return None  # capped by the basis (e.g. Fisherfaces: at most identities − 1)
-        sub = RepeatContext(
-            split=ctx.split,
-            seed=ctx.seed,
-            basis=basis,
-            y_train=ctx.y_train,
-            y_test=ctx.y_test,
-            C_train=basis.transform(data.inputs(basis.input_kind)[ctx.train_idx]),
-            C_test=basis.transform(data.inputs(basis.input_kind)[ctx.test_idx]),
-            test_images=ctx.test_images,
-            n_classes=ctx.n_classes,
-            train_idx=ctx.train_idx,
-            test_idx=ctx.test_idx,
-        )
-    else:
-        keep = np.concatenate([np.flatnonzero(ctx.y_train == c)[:value] for c in range(ctx.n_classes)])
-        keep.sort()
-        sub = RepeatContext(
-            split=ctx.split,
-            seed=ctx.seed,
-            basis=ctx.basis,
-            y_train=ctx.y_train[keep],
-            y_test=ctx.y_test,
-            C_train=ctx.C_train[keep],
-            C_test=ctx.C_test,
-            test_images=ctx.test_images,
-            n_classes=ctx.n_classes,
-            train_idx=ctx.train_idx[keep],
-            test_idx=ctx.test_idx,
-        )
-    clean = fit_served(cfg, sub.C_train, sub.y_train, ctx.seed)
-    clean_m = classification_metrics(sub.y_test, proba_full(clean, sub.C_test, sub.n_classes).argmax(axis=1))
-    private = evaluate_release(sub, cfg, kind=cfg.mechanism, epsilon=eps, key=key, attacks=False)
-    per_subject = np.bincount(sub.y_train, minlength=sub.n_classes)
-    return {
-        "value": value,
-        "n_components": sub.basis.n_components,
-        "images_per_subject_min": int(per_subject.min()),
-        "images_per_subject_mean": float(per_subject.mean()),
-        "epsilon": private["epsilon"],
-        "epsilon_coordinate": private["epsilon_coordinate"],
-        "epsilon_vector": private["epsilon_vector"],
-        "no_privacy": {k: clean_m[k] for k in ("accuracy", "weighted_f1", "balanced_accuracy")},
-        "private": {k: private[k] for k in ("accuracy", "weighted_f1", "balanced_accuracy")},
-    }
-
-
-def _sweep_job(
-    data: AuditData, ctx: RepeatContext, cfg: AuditConfig, sweep: str, value: int, key: Sequence[int]
-) -> tuple[dict[str, Any] | None, float]:
-    t = time.process_time()
-    with job_env(cfg):
-        res = sweep_point(data, ctx, cfg, sweep, value, key)
-    return res, time.process_time() - t
-
-
-# --------------------------------------------------------------------------- frontier selection
-
-
-def frontier_group(
-    data: AuditData, cfg: AuditConfig, n_components: int, variant: str, projection: str = "eigenfaces"
-) -> list[dict[str, Any]]:
-    """Utility of every mechanism × per-vector ε for one (projection, nc, bounds) on the selection split."""
-    ctx, _ = make_context(
-        data,
-        cfg,
-        _FRONTIER_SELECT_SPLIT,
-        n_components=n_components,
-        variant=variant,
-        with_clean=False,
-        projection=projection,
-    )
-    p_index = projection_kinds().index(projection)
-    rows: list[dict[str, Any]] = []
-    for i, target in enumerate(cfg.frontier_epsilons):
-        for j, kind in enumerate(FRONTIER_MECHANISMS):
-            cls = mechanism_class(kind)
-            if target > cls.max_epsilon:
-                continue  # outside the kind's range (e.g. privunit above 500): not a candidate there
-            if variant != "bundle" and not domain(cls.domain).uses_bounds:
-                continue  # the unit sphere needs no bounds: 'tight' would repeat 'bundle'
-            res = evaluate_release(
-                ctx,
-                cfg,
-                kind=kind,
-                target_vector=target,
-                key=(_TAG_FRONTIER_SELECT, p_index, n_components, BOUNDS_INDEX[variant], i, j),
-                attacks=False,
-            )
-            rows.append(
-                {
-                    "target_epsilon_vector": target,
-                    "projection": projection,
-                    "mechanism": kind,
-                    "n_components": ctx.basis.n_components,
-                    "bounds": variant,
-                    "epsilon": res["epsilon"],
-                    "epsilon_coordinate": res["epsilon_coordinate"],
-                    "epsilon_vector": res["epsilon_vector"],
-                    "accuracy": res["accuracy"],
-                    "weighted_f1": res["weighted_f1"],
-                    "balanced_accuracy": res["balanced_accuracy"],
-                }
-            )
-    return rows
-
-
-BOUNDS_INDEX = {"bundle": 0, "tight": 1}
-
-
-def _frontier_group_job(
-    data: AuditData, cfg: AuditConfig, n_components: int, variant: str, projection: str = "eigenfaces"
-) -> tuple[list[dict[str, Any]], float]:
-    t = time.process_time()
-    with job_env(cfg):
-        res = frontier_group(data, cfg, n_components, variant, projection)
-    return res, time.process_time() - t
 
 
 # --------------------------------------------------------------------------- job execution

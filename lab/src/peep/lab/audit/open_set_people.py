@@ -320,7 +320,7 @@ def load_population(cfg: AuditConfig) -> Population:
     encoder = None if kind == "pixels" else descriptor_encoder(kind)
     norm: Any = cfg.normalisation
     described = "" if encoder is None else f" and their {kind} descriptors"
-    with execution._progress(cfg, f"open set: LFW faces{described} (cached afterwards)") as cb:
+    with execution.progress_bar(cfg, f"open set: LFW faces{described} (cached afterwards)") as cb:
         ds = load_dataset(
             "lfw",
             data_home=cfg.data_home,
@@ -345,7 +345,7 @@ def load_population(cfg: AuditConfig) -> Population:
     singles = np.zeros(0, dtype=np.int64)
     if folder is not None:
         pool = _singles_pool(cfg, folder)
-        with execution._progress(cfg, f"open set: {len(pool)} singles{described} (cached afterwards)") as cb:
+        with execution.progress_bar(cfg, f"open set: {len(pool)} singles{described} (cached afterwards)") as cb:
             sg = load_dataset(
                 str(folder),
                 min_faces=1,

@@ -24,6 +24,17 @@ from peep.lab.audit.execution import (
     load_audit_data,
     run_jobs,
 )
+from peep.lab.audit.jobs import (
+    FRONTIER_EVAL_SPLIT,
+    TAG_BYSTANDER,
+    TAG_EVAL,
+    TAG_FRONTIER_EVAL,
+    TAG_SWEEP,
+    evaluate_job,
+    frontier_group_job,
+    prepare_job,
+    sweep_job,
+)
 
 SCHEMA_VERSION = 1
 
@@ -222,9 +233,7 @@ def _prepare(data: AuditData, cfg: AuditConfig) -> tuple[_Prepared, float]:
     cpu : float
         CPU seconds the jobs took.
     """
-    jobs: list[_Job] = [
-        (execution._prepare_job, (data, cfg, r, cfg.components, "bundle", True)) for r in range(cfg.repeats)
-    ]
+    jobs: list[_Job] = [(prepare_job, (data, cfg, r, cfg.components, "bundle", True)) for r in range(cfg.repeats)]
     if cfg.bystander:
         jobs += [(bystander._prepare_job, (data, cfg, r)) for r in range(cfg.repeats)]
     prep, cpu = run_jobs(cfg, jobs, "audit: splits and clean recognisers")
@@ -245,8 +254,8 @@ def _schedule(data: AuditData, cfg: AuditConfig, prepared: _Prepared) -> _Schedu
     jobs: list[_Job] = []
     for r, ctx in enumerate(prepared.contexts):
         for i, eps in enumerate(cfg.epsilons):
-            kw = {"kind": cfg.mechanism, "epsilon": eps, "key": (execution._TAG_EVAL, r, i), "keep_grid": r == 0}
-            jobs.append((execution._evaluate_job, (ctx, cfg, kw)))
+            kw = {"kind": cfg.mechanism, "epsilon": eps, "key": (TAG_EVAL, r, i), "keep_grid": r == 0}
+            jobs.append((evaluate_job, (ctx, cfg, kw)))
     n_eval = len(jobs)
     sweep_index: list[tuple[str, int]] = []
     for r, ctx in enumerate(prepared.contexts):
@@ -254,14 +263,14 @@ def _schedule(data: AuditData, cfg: AuditConfig, prepared: _Prepared) -> _Schedu
             for j, v in enumerate(values):
                 jobs.append(
                     (
-                        execution._sweep_job,
-                        (data, ctx, cfg, sweep, v, (execution._TAG_SWEEP, r, 0 if sweep == "components" else 1, j)),
+                        sweep_job,
+                        (data, ctx, cfg, sweep, v, (TAG_SWEEP, r, 0 if sweep == "components" else 1, j)),
                     )
                 )
                 sweep_index.append((sweep, v))
     for r, bctx in enumerate(prepared.bystander_contexts):
         for i, eps in enumerate(cfg.epsilons):
-            jobs.append((bystander._evaluate_job, (bctx, cfg, eps, (execution._TAG_BYSTANDER, r, i))))
+            jobs.append((bystander._evaluate_job, (bctx, cfg, eps, (TAG_BYSTANDER, r, i))))
     n_bystander = len(prepared.bystander_contexts) * len(cfg.epsilons)
     if cfg.site_keys:
         for r, ctx in enumerate(prepared.contexts):
@@ -539,9 +548,7 @@ def _frontier_search(
     cpu : float
         CPU seconds the jobs took.
     """
-    jobs = [
-        (execution._frontier_group_job, (data, cfg, nc, v, p)) for p in ncs for nc in ncs[p] for v in BOUNDS_VARIANTS
-    ]
+    jobs = [(frontier_group_job, (data, cfg, nc, v, p)) for p in ncs for nc in ncs[p] for v in BOUNDS_VARIANTS]
     groups, cpu = run_jobs(cfg, jobs, "audit: frontier search")
     rows = [r for g in groups for r in g]
     chosen: list[dict[str, Any]] = []
@@ -558,14 +565,14 @@ def _frontier_contexts(
     """Fresh splits for every chosen configuration and paper mode, keyed (projection, nc, bounds, split)."""
     configs = {(c["projection"], c["n_components"], c["bounds"]) for c in chosen} | {("eigenfaces", paper_nc, "bundle")}
     prep_jobs = [
-        (execution._prepare_job, (data, cfg, execution._FRONTIER_EVAL_SPLIT + r, nc, v, True, p))
+        (prepare_job, (data, cfg, FRONTIER_EVAL_SPLIT + r, nc, v, True, p))
         for (p, nc, v) in sorted(configs)
         for r in range(cfg.repeats)
     ]
     prepared, cpu = run_jobs(cfg, prep_jobs, "audit: frontier splits")
     ctxs: dict[tuple[str, int, str, int], RepeatContext] = {}
     for (_, (_, _, split, nc, v, _, p)), (ctx, _) in zip(prep_jobs, prepared, strict=True):
-        ctxs[(p, nc, v, split - execution._FRONTIER_EVAL_SPLIT)] = ctx
+        ctxs[(p, nc, v, split - FRONTIER_EVAL_SPLIT)] = ctx
     return ctxs, cpu
 
 
@@ -585,8 +592,8 @@ def _frontier_points(
         )
         for which, (kind, p, nc, v) in enumerate(candidates):
             for r in range(cfg.repeats):
-                kw = {"kind": kind, "target_vector": target, "key": (execution._TAG_FRONTIER_EVAL, ti, which, r)}
-                eval_jobs.append((execution._evaluate_job, (ctxs[(p, nc, v, r)], cfg, kw)))
+                kw = {"kind": kind, "target_vector": target, "key": (TAG_FRONTIER_EVAL, ti, which, r)}
+                eval_jobs.append((evaluate_job, (ctxs[(p, nc, v, r)], cfg, kw)))
                 labels.append((ti, "best" if which == 0 else "paper_mode"))
     evaluated, cpu = run_jobs(cfg, eval_jobs, "audit: frontier attacks")
     points = []
