@@ -12,6 +12,8 @@ from peep.core.bundle import ProjectionBundle, build_bundle_files, write_bundle_
 from peep.core.projections import projection_class
 from peep.server.datasets import FaceDataset
 
+__all__ = ["build_bundle"]
+
 #: Advisory only: devices take mechanism and epsilon from their own config.
 DEFAULT_MECHANISM = {"kind": "peep", "epsilon": 8.0, "delta": 0.0}
 

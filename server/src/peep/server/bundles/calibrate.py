@@ -36,6 +36,8 @@ from typing import Any, Final
 import numpy as np
 from numpy.typing import NDArray
 
+__all__ = ["CalibrationError", "CalibrationSet", "load_calibration", "make_calibration", "write_calibration"]
+
 #: Most faces a calibration set holds: 20,000 faces of nc = 128 are 10 MB, well inside a device model.
 MAX_FACES: Final = 20_000
 #: Largest calibration file read.

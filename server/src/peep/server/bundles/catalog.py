@@ -21,6 +21,8 @@ from peep.core.projections.descriptor import DLIB_RESNET_MODEL_SHA256, untrusted
 from peep.server.storage import Store
 from peep.v1 import recognition_pb2
 
+__all__ = ["BundleCatalog", "bundle_files_message", "files_from_message"]
+
 log = logging.getLogger(__name__)
 
 _MISS_TTL_S = 5.0

@@ -34,6 +34,19 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from peep.server.config import DeviceConfig
 
+__all__ = [
+    "HEALTH_PREFIXES",
+    "REFLECTION_PREFIXES",
+    "AuthError",
+    "AuthInterceptor",
+    "DeviceRegistry",
+    "Identity",
+    "Undecodable",
+    "authenticate",
+    "authorize_admin",
+    "current_identity",
+]
+
 if TYPE_CHECKING:
     from peep.server.ingest.contacts import DeviceContacts
 

@@ -22,6 +22,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+__all__ = ["ONLINE_WINDOW_S", "DeviceContacts"]
+
 #: A device silent over gRPC for longer than this is ``offline``. An edge agent without MQTT sends its
 #: report with ``ReportDevice`` every ``grpc.report_interval_s`` (60 s by default) even when nobody walks
 #: past, so a running device is heard from at least that often: two intervals tolerate one late or lost

@@ -36,6 +36,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from peep.core import wire
 from peep.v1 import recognition_pb2, template_pb2
 
+__all__ = ["OLDEST_SEQ_KEY", "EventBus", "SeqAhead", "event_json_bytes", "event_to_json"]
+
 log = logging.getLogger(__name__)
 
 Event = recognition_pb2.RecognitionEvent

@@ -63,6 +63,8 @@ from peep.server.storage import (
 )
 from peep.v1 import recognition_pb2, template_pb2
 
+__all__ = ["ACCEPTED", "DUPLICATE", "KEEP_CHOICES", "REJECTED", "Ingestor", "Outcome", "PermissionRefused", "Sender"]
+
 log = logging.getLogger(__name__)
 
 #: ``recognition.keep``: which identify/verify templates are written to the database after their decision.

@@ -22,6 +22,8 @@ from peep.core.wire import ID_PATTERN
 from peep.server.ingest.auth import Identity
 from peep.server.ingest.ingestor import PermissionRefused
 
+__all__ = ["DeviceReportBook", "ReportTooFrequent"]
+
 #: Error text: what an id must look like.
 _ID = "1-128 characters [A-Za-z0-9_.:@-]"
 

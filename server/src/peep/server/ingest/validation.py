@@ -81,6 +81,8 @@ from peep.server.bundles.catalog import BundleCatalog
 from peep.server.storage import ACCESS_RECORD
 from peep.v1 import template_pb2
 
+__all__ = ["Rejection", "TemplateValidator", "ValidTemplate"]
+
 MAX_SOFT_TRAITS = 16
 _REL_TOL = 1e-3
 #: Default window around the server's clock a ``capture_time`` must fall in (``[ingest]`` in server.toml).

@@ -20,6 +20,8 @@ from typing import Any
 
 from peep.server.rates import CallerRate, CallsTooFrequent
 
+__all__ = ["ClaimChecker", "ClaimChecksTooFrequent"]
+
 
 class ClaimChecksTooFrequent(CallsTooFrequent):
     """A device asked about claims faster than its rate (RESOURCE_EXHAUSTED over gRPC)."""

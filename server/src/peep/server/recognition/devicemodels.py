@@ -43,6 +43,8 @@ from peep.server.recognition.model_registry import AnyRegistry, RegistryError
 from peep.server.storage.devicemodels import DeviceModelStore, IssuedModel
 from peep.v1 import recognition_pb2
 
+__all__ = ["DeviceModels", "NoDeviceModel", "check_model_request"]
+
 log = logging.getLogger(__name__)
 
 #: Versions whose label maps are kept in memory (a decision names one of the few recent ones).

@@ -52,6 +52,8 @@ from peep.server.recognition.presets import (
 )
 from peep.server.recognition.thresholds import Thresholds, calibrate_thresholds
 
+__all__ = ["fit_recogniser"]
+
 
 @dataclass
 class FittedRecogniser:

@@ -42,6 +42,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+__all__ = ["TrackFusion"]
+
 _FLOOR = 1e-300
 
 

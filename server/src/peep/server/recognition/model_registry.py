@@ -45,6 +45,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+__all__ = ["AnyRegistry", "DatabaseModelRegistry", "ModelRegistry", "RegistryError"]
+
 CURRENT = "CURRENT"
 VERSIONS = "versions"
 MODEL_ONNX = "model.onnx"

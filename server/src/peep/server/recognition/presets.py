@@ -115,6 +115,8 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
+__all__ = ["DEFAULT_PRESET", "PRESETS", "MLPPreset", "Preset", "Progress", "TrainingError"]
+
 #: ``progress(done, total)``, called as training advances.
 Progress = Callable[[int, int], None]
 

@@ -37,6 +37,16 @@ from peep.server.recognition.export import onnx_session
 from peep.server.recognition.fusion import TrackFusion, fuse_pairs
 from peep.server.recognition.model_registry import AnyRegistry, RegistryError
 
+__all__ = [
+    "Identification",
+    "LoadedModel",
+    "ModelMismatch",
+    "ModelUnavailable",
+    "Recogniser",
+    "ServingFaceScores",
+    "Verification",
+]
+
 log = logging.getLogger(__name__)
 
 

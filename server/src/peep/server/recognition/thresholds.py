@@ -48,6 +48,8 @@ from numpy.typing import NDArray
 from peep.core.decision import threshold_at_far, threshold_at_fpir
 from peep.server.recognition.fusion import fused_background_scores
 
+__all__ = ["calibration_summary"]
+
 #: Fused background pairs needed to calibrate the fused unknown threshold (fewer: the model never fuses).
 MIN_FUSED_PAIRS = 20
 

@@ -21,6 +21,8 @@ from peep.server.recognition.recogniser import Identification, LoadedModel, Reco
 from peep.server.storage import TrackRelease
 from peep.v1 import template_pb2
 
+__all__ = ["TrackIdentifier"]
+
 log = logging.getLogger(__name__)
 
 

@@ -30,6 +30,8 @@ from peep.server.recognition.presets import PRESETS, Progress, TrainingError
 from peep.server.recognition.thresholds import calibration_summary
 from peep.server.storage import Store
 
+__all__ = ["TrainResult", "Trainer", "TrainingBusy"]
+
 log = logging.getLogger(__name__)
 
 

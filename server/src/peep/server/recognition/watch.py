@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+__all__ = ["ChangeWatcher"]
+
 log = logging.getLogger(__name__)
 
 Handler = Callable[[str], None]

@@ -1,1 +1,9 @@
-"""Transports: how templates and requests reach the server (MQTT consumer, gRPC service)."""
+"""Transports: how templates and requests reach the server (MQTT consumer, gRPC service).
+
+The face others use: :mod:`~peep.server.transport.mqtt` (``MqttBridge``), :mod:`~peep.server.transport.grpc_service`
+(``create_server``) and :mod:`~peep.server.transport.follow` (``EventFollower``: a replica following the events
+others committed). ``limits``, ``mqtt_devices`` and ``mqtt_device_models`` are the transports' own. Each module's
+``__all__`` names what it offers; anything else is the module's own (``tests/server/test_public_faces.py``).
+"""
+
+__all__ = ["follow", "grpc_service", "mqtt"]

@@ -20,6 +20,8 @@ import grpc
 from peep.server.ingest.events import OLDEST_SEQ_KEY
 from peep.v1 import recognition_pb2
 
+__all__ = ["EventFollower"]
+
 log = logging.getLogger(__name__)
 
 #: Status codes a new call may not get: raised to the caller.

@@ -69,6 +69,8 @@ from peep.server.storage.interface import is_database_outage
 from peep.server.transport.limits import StreamLimiter, server_options
 from peep.v1 import qbbs_pb2, recognition_pb2, recognition_pb2_grpc, template_pb2
 
+__all__ = ["create_server"]
+
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "peep.v1.RecognitionService"

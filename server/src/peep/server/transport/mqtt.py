@@ -119,6 +119,8 @@ from peep.server.transport.mqtt_device_models import DeviceModelTopics
 from peep.server.transport.mqtt_devices import MAX_CLAIM_CHECK_BYTES, DeviceHeard, read_claim_check, sender_refusal
 from peep.v1 import recognition_pb2, template_pb2
 
+__all__ = ["MqttBridge"]
+
 log = logging.getLogger(__name__)
 
 #: MQTT v5 DISCONNECT reason "Session taken over": another client connected with our client id.
