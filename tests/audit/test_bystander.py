@@ -9,21 +9,23 @@ import pytest
 from peep.lab.audit.bystander import (
     EVENT_METHODS,
     GROUPS,
+    cosine_similarity,
+    event_similarity,
+    fit_linkers,
+    fit_two_covariance,
+    partition_people,
+)
+from peep.lab.audit.clustering import (
     average_linkage,
     calibrate_threshold,
     chance_f1,
     chance_precision,
-    cosine_similarity,
     cut,
-    event_similarity,
-    fit_linkers,
-    fit_two_covariance,
     link_and_score,
     merge_f1,
     pair_auc,
     pair_counts,
     pairwise_scores,
-    partition_people,
     random_clustering_f1,
 )
 
@@ -277,7 +279,8 @@ def test_evaluation_is_reproducible_and_keeps_no_template_by_default(small_cfg, 
 
 
 def test_label_clusterings_and_their_scores() -> None:
-    from peep.lab.audit.bystander import DECISION_METHODS, label_clusterings, score_clustering
+    from peep.lab.audit.bystander import DECISION_METHODS, label_clusterings
+    from peep.lab.audit.clustering import score_clustering
 
     y = np.array([0, 0, 1, 1, 2, 2])
     released = np.array([3, 3, 0, 0, 3, 1])  # 3 = unknown (three enrolled subjects)

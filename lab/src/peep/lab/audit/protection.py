@@ -57,7 +57,8 @@ IntArray = NDArray[np.intp]
 INSIDER_PEOPLE = (1, 2, 4, 8, 16, 32, 64)
 #: Known photos of one person, the insider attack's other axis (its cost is pairs, not people).
 INSIDER_PHOTOS = (1, 2, 4, 8, 16, 32, 64)
-_TAG = 24745  # the noise streams of this section (ISO/IEC 24745)
+#: Tag of this section's noise streams and simulation keys (24745: ISO/IEC 24745), apart from other job families'.
+TAG_PROTECTION = 24745
 
 
 def simulation_keys(cfg: AuditConfig, n: int, split: int = 0) -> list[SiteKey]:
@@ -68,7 +69,8 @@ def simulation_keys(cfg: AuditConfig, n: int, split: int = 0) -> list[SiteKey]:
     """
     keys = []
     for i in range(n):
-        state = np.random.SeedSequence([cfg.seed, _TAG, split, i]).generate_state(KEY_BYTES // 4, dtype=np.uint32)
+        seq = np.random.SeedSequence([cfg.seed, TAG_PROTECTION, split, i])
+        state = seq.generate_state(KEY_BYTES // 4, dtype=np.uint32)
         keys.append(SiteKey(state.astype("<u4").tobytes()))
     return keys
 
@@ -210,7 +212,7 @@ def evaluate_protection(
         x = z if site_key is None else site_key.apply(z)
         return np.asarray(mech.release(x), dtype=np.float64)
 
-    rng_split = np.random.default_rng(np.random.SeedSequence([cfg.seed, _TAG, *key, 1]))
+    rng_split = np.random.default_rng(np.random.SeedSequence([cfg.seed, TAG_PROTECTION, *key, 1]))
     # Performance: the same splits, unkeyed and under site 0's key.
     plain = _Site(release(Ztr, None), release(Zte, None))
     sites = [_Site(release(Ztr, k), release(Zte, k)) for k in keys]
@@ -253,7 +255,7 @@ def evaluate_protection(
     chance = float(np.bincount(yte, minlength=K).max() / yte.size)
 
     # (a) insider: k known people (all their training photos), or m photos of one person.
-    rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, _TAG, *key]))
+    rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, TAG_PROTECTION, *key]))
     people = np.unique(ytr)
     insider = []
     for k in INSIDER_PEOPLE:
@@ -328,7 +330,18 @@ def evaluate_protection(
     }
 
 
-def _protection_job(ctx: Any, cfg: AuditConfig, data: Any, epsilon: float, key: tuple[int, ...]) -> tuple[Any, float]:
+def protection_job(ctx: Any, cfg: AuditConfig, data: Any, epsilon: float, key: tuple[int, ...]) -> tuple[Any, float]:
+    """:func:`evaluate_protection` at ``epsilon`` as a job of :func:`~peep.lab.audit.execution.run_jobs`.
+
+    Module-level so that a worker process can unpickle it by name.
+
+    Returns
+    -------
+    result : dict
+        The site keys' measures on split ``ctx`` at one ε.
+    cpu : float
+        CPU seconds the job took.
+    """
     from peep.lab.audit.execution import job_env
 
     t = time.process_time()

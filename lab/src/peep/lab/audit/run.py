@@ -235,7 +235,7 @@ def _prepare(data: AuditData, cfg: AuditConfig) -> tuple[_Prepared, float]:
     """
     jobs: list[_Job] = [(prepare_job, (data, cfg, r, cfg.components, "bundle", True)) for r in range(cfg.repeats)]
     if cfg.bystander:
-        jobs += [(bystander._prepare_job, (data, cfg, r)) for r in range(cfg.repeats)]
+        jobs += [(bystander.prepare_job, (data, cfg, r)) for r in range(cfg.repeats)]
     prep, cpu = run_jobs(cfg, jobs, "audit: splits and clean recognisers")
     prepared = _Prepared(
         contexts=[p[0] for p in prep[: cfg.repeats]],
@@ -270,12 +270,12 @@ def _schedule(data: AuditData, cfg: AuditConfig, prepared: _Prepared) -> _Schedu
                 sweep_index.append((sweep, v))
     for r, bctx in enumerate(prepared.bystander_contexts):
         for i, eps in enumerate(cfg.epsilons):
-            jobs.append((bystander._evaluate_job, (bctx, cfg, eps, (TAG_BYSTANDER, r, i))))
+            jobs.append((bystander.evaluate_job, (bctx, cfg, eps, (TAG_BYSTANDER, r, i))))
     n_bystander = len(prepared.bystander_contexts) * len(cfg.epsilons)
     if cfg.site_keys:
         for r, ctx in enumerate(prepared.contexts):
             for i, eps in enumerate(cfg.epsilons):
-                jobs.append((protection._protection_job, (ctx, cfg, data, eps, (protection._TAG, r, i))))
+                jobs.append((protection.protection_job, (ctx, cfg, data, eps, (protection.TAG_PROTECTION, r, i))))
     return _Schedule(jobs=jobs, n_eval=n_eval, sweep_index=sweep_index, n_bystander=n_bystander)
 
 
