@@ -11,8 +11,9 @@ a failure names each loop with the imports that make it. The server's folder-lev
 from __future__ import annotations
 
 import ast
-import sys
 from pathlib import Path
+
+from peep_testing.imports import strongly_connected_groups
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = [ROOT / "shared" / "src", ROOT / "edge" / "src", ROOT / "server" / "src", ROOT / "lab" / "src"]
@@ -74,41 +75,8 @@ def import_graph(modules: dict[str, Path]) -> dict[str, dict[str, int]]:
 
 
 def loops(graph: dict[str, dict[str, int]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan), each sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    out: list[list[str]] = []
-    counter = [0]
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w in graph.get(v, {}):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(sorted(comp))
-
-    sys.setrecursionlimit(10_000)
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return sorted(out)
+    """The strongly connected components of more than one module, each sorted."""
+    return strongly_connected_groups(graph)
 
 
 def test_no_module_imports_another_that_imports_it_back():

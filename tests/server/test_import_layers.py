@@ -17,6 +17,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
+from peep_testing.imports import strongly_connected_groups
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER = REPO / "server" / "src" / "peep" / "server"
@@ -95,37 +96,7 @@ def folder_graph(root: Path = SERVER) -> Graph:
 
 def knots(graph: Graph) -> list[set[str]]:
     """The strongly connected groups of more than one node: folders each reachable from every other."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    groups: list[set[str]] = []
-
-    def visit(v: str) -> None:  # Tarjan; the graph has a few dozen nodes, recursion is fine
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            group = set()
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                group.add(w)
-                if w == v:
-                    break
-            if len(group) > 1:
-                groups.append(group)
-
-    for v in graph:
-        if v not in index:
-            visit(v)
-    return sorted(groups, key=min)
+    return [set(g) for g in strongly_connected_groups(graph)]
 
 
 def cycles(graph: Graph) -> list[list[str]]:
