@@ -1,4 +1,4 @@
-"""The jobs of the audit's main section, run in worker processes, and the tags of every job family's noise.
+"""The jobs of the audit's main section, run in worker processes, and the tags that keep their noise apart.
 
 :func:`peep.lab.audit.execution.run_jobs` runs each job as ``fn(*args)`` in a
 worker process (loky, through joblib), so every job here is a module-level
@@ -18,7 +18,9 @@ noise when simulating):
 
 The bystander, open-set and site-key sections keep their jobs beside what
 they measure (:mod:`peep.lab.audit.bystander`, :mod:`peep.lab.audit.open_set`,
-:mod:`peep.lab.audit.protection`).
+:mod:`peep.lab.audit.protection`); the bystander jobs' tag is here with the
+main section's, as one line of distinct numbers, while the open-set and
+site-key sections seed their streams from tags of their own.
 """
 
 from __future__ import annotations
