@@ -16,7 +16,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Self
 
@@ -52,6 +52,50 @@ def mosquitto_missing(shipped: Path = SHIPPED_MOSQUITTO) -> str | None:
         if not (shipped / name).is_file():
             return f"{shipped / name} not found (the broker runs from a checkout's deploy/mosquitto)"
     return None
+
+
+def _start_listening(
+    workdir: Path,
+    conf: Path,
+    *,
+    listening: Callable[[subprocess.Popen[bytes]], bool],
+    may_move: Callable[[], bool],
+    move: Callable[[], None],
+    timeout: float,
+    ports: str,
+) -> subprocess.Popen[bytes]:
+    """Start mosquitto on ``conf`` and wait until ``listening(proc)``.
+
+    A free port is only free when asked: another process may take it before mosquitto binds it (seen in CI).
+    Where ``may_move()`` (before a broker's first start, on ports it chose), such a collision calls ``move()``
+    (new ports, the configuration rewritten) and tries again, three times at most; otherwise it is an error.
+    """
+    stderr = workdir / "stderr.txt"
+    log_file = workdir / "mosquitto.log"
+
+    def read_log() -> str:
+        return log_file.read_text(errors="replace") if log_file.exists() else ""
+
+    for attempt in range(3):
+        err_at = stderr.stat().st_size if stderr.exists() else 0
+        log_at = len(read_log())
+        with open(stderr, "ab") as err:
+            proc = subprocess.Popen([MOSQUITTO, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                said = stderr.read_text(errors="replace")[err_at:] + read_log()[log_at:]  # the bind error
+                if "Address already in use" in said and may_move() and attempt < 2:
+                    move()
+                    break
+                raise RuntimeError(f"mosquitto exited with {proc.returncode}: {said[-2000:]}")
+            if listening(proc):
+                return proc
+            time.sleep(0.05)
+        else:
+            stop_process(proc, signal.SIGKILL)
+            raise RuntimeError(f"mosquitto did not listen on {ports} in {timeout:g} s: {read_log()[-2000:]}")
+    raise RuntimeError(f"mosquitto did not start: its ports were taken three times (last {ports})")
 
 
 class ShippedMosquitto:
@@ -136,28 +180,13 @@ class ShippedMosquitto:
         such a collision picks new ports; after it, a restart must keep the ports
         the clients know, and a collision is an error.
         """
-        stderr = self.workdir / "stderr.txt"
-        for attempt in range(3):
-            err_at = stderr.stat().st_size if stderr.exists() else 0
-            log_at = len(self.log())
-            with open(stderr, "ab") as err:
-                self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.conf)], stdout=subprocess.DEVNULL, stderr=err)
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    said = stderr.read_text()[err_at:] + self.log()[log_at:]  # the bind error: log or stderr
-                    if "Address already in use" in said and not self._started and attempt < 2:
-                        self._listen_on(free_port(), free_port())
-                        break
-                    raise RuntimeError(f"mosquitto exited with {self.proc.returncode}: {said[-2000:]}")
-                if port_open(self.dev_port) and port_open(self.srv_port):
-                    self._started = True
-                    return self
-                time.sleep(0.05)
-            else:
-                stop_process(self.proc, signal.SIGKILL)
-                raise RuntimeError(f"mosquitto did not listen on {self.dev_port} and {self.srv_port} in {timeout} s")
-        raise RuntimeError("mosquitto did not start: its ports were taken three times")
+        self.proc = _start_listening(
+            self.workdir, self.conf, timeout=timeout, ports=f"{self.dev_port} and {self.srv_port}",
+            listening=lambda proc: port_open(self.dev_port) and port_open(self.srv_port),
+            may_move=lambda: not self._started, move=lambda: self._listen_on(free_port(), free_port()),
+        )  # fmt: skip
+        self._started = True
+        return self
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """Send ``sig`` and wait (SIGKILL after 10 s). SIGTERM saves the store (sessions, queues); SIGKILL
@@ -293,38 +322,21 @@ class Mosquitto:
         Before the first successful start, a port this broker chose itself and
         another process took meanwhile is replaced; a restart keeps the port.
         """
-        stderr = self.workdir / "stderr.txt"
-        for attempt in range(3):
-            err_at = stderr.stat().st_size if stderr.exists() else 0
-            log_at = len(self.log())
-            with open(stderr, "ab") as err:
-                self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.conf)], stdout=subprocess.DEVNULL, stderr=err)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    said = stderr.read_text(errors="replace")[err_at:] + self.log()[log_at:]
-                    ours = self._chosen_port and self.conf.read_text() == self._written  # not rewritten by a test
-                    if "Address already in use" in said and ours and not self._started and attempt < 2:
-                        self._listen_on(free_port())
-                        break
-                    raise RuntimeError(f"mosquitto exited: {said[-2000:]}")
-                if listens_on(self.proc.pid, self.port):  # its own listener, not a squatter's
-                    self._started = True
-                    return self
-                time.sleep(0.05)
-            else:
-                self.stop(signal.SIGKILL)
-                raise RuntimeError(f"mosquitto did not listen on {self.port} in 10 s: {self.log()[-2000:]}")
-        raise RuntimeError("mosquitto did not start: its port was taken three times")
+
+        def ours() -> bool:  # a port it chose, in the configuration it wrote (a test may rewrite it), never started
+            return self._chosen_port and self.conf.read_text() == self._written and not self._started
+
+        self.proc = _start_listening(
+            self.workdir, self.conf, timeout=10.0, ports=str(self.port),
+            listening=lambda proc: listens_on(proc.pid, self.port),  # its own listener, not a squatter's
+            may_move=ours, move=lambda: self._listen_on(free_port()),
+        )  # fmt: skip
+        self._started = True
+        return self
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        """Send ``sig`` and wait (SIGKILL after 10 s)."""
+        stop_process(self.proc, sig)
         self.proc = None
 
     def log(self) -> str:
