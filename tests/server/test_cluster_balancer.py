@@ -32,8 +32,8 @@ from peep.lab.bench.cluster import (
     run_devices,
     serving_version,
     stored_keys,
-    write_frames,
 )
+from peep.lab.bench.server_clients import write_frames
 from peep.lab.processes.control import wait_for
 from peep.lab.processes.haproxy import Balancer, haproxy_missing
 from peep.lab.processes.ports import free_port
