@@ -22,7 +22,8 @@ from peep.core.imaging import HaarFaceDetector, primary_face
 from peep.core.projections import DlibResNetProjection
 from peep.core.projections.descriptor import DLIB_RESNET_MODEL_SHA256
 from peep.core.wire import decode_template
-from peep.edge.agent import Agent, BundleRefused
+from peep.edge.agent import Agent
+from peep.edge.bundles import BundleRefused
 from peep.edge.capture import VideoSource
 from peep.edge.cli import main
 from peep.edge.config import load_config

@@ -25,11 +25,7 @@ frames, let the forwarders deliver for up to ``spool.drain_timeout_s``,
 publish ``offline``, checkpoint and close the spool and the ledger.
 
 Bundle updates from the retained ``peep/v1/bundle`` topic are applied
-between frames, only if they verify against the pinned key, are not older
-than the current bundle, and do not raise the per-vector ε of a release
-above what the configured bundle gives (``peep-raw``'s per-vector ε depends
-on the bundle's bounds). Accepted updates are stored in
-``<state_dir>/bundle`` and preferred at the next start (after the same checks).
+between frames, only if they pass the checks of :mod:`peep.edge.bundles`.
 """
 
 from __future__ import annotations
@@ -38,54 +34,39 @@ import logging
 import math
 import os
 import queue
-import shutil
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import cv2
 from peep.core.accounting import PrivacyAccountant, ReleaseCost, Spend
-from peep.core.bundle import ProjectionBundle, load_public_key, write_bundle_files
-from peep.core.exceptions import BudgetError, BundleError, WireError
-from peep.core.release import TemplateReleaser, secure_releaser
-from peep.core.reports import DECISION_KEYS, MAX_REASONS, DeviceReport, ReportError
-from peep.core.sitekey import SiteKey, SiteKeyError
+from peep.core.exceptions import BudgetError, WireError
+from peep.core.release import TemplateReleaser
+from peep.core.reports import DeviceReport, ReportError
 from peep.core.wire import check_subject_id
 from peep.edge import startup
+from peep.edge.bundles import BundleGate
 from peep.edge.capture import Frame, FrameSource, open_source
 from peep.edge.config import EdgeConfig
 from peep.edge.credentials import resolve_secret
 from peep.edge.detection import build_detector
 from peep.edge.device_key import DeviceKey, SecretFileError
-from peep.edge.embedding import DescriptorEncoder, encoder_for_bundle
+from peep.edge.embedding import DescriptorEncoder
 from peep.edge.errors import ConfigError, EdgeError
 from peep.edge.ledger import SqliteLedger
 from peep.edge.logs import log_event
 from peep.edge.metrics import EdgeMetrics
 from peep.edge.pipeline import EnrollSession, FramePipeline, Released
 from peep.edge.policy import ReleasePolicy, check_budget_allows_release
+from peep.edge.reporting import device_report, device_summary
 from peep.edge.soft import SoftTraitReleaser
 from peep.edge.spool import Spool, disk_room
 from peep.edge.tracking import Tracker
 from peep.edge.transport.base import Forwarder
 
 _log = logging.getLogger("peep.edge.agent")
-
-UPDATED_BUNDLE_DIR = "bundle"
-
-
-class BundleRefused(ConfigError):
-    """The configured bundle failed verification, or lacks what the mechanism releases.
-
-    A configuration error (exit 2, as from ``--validate-config``): ``bundle.path``
-    names a bundle this device must not use; the message names the file at fault.
-    """
-
-    def __init__(self, path: Path, reason: str) -> None:
-        super().__init__([("bundle.path", f"refusing to start with {str(path)!r}: {reason}")])
 
 
 def _delta_budget(epsilon_budget: float | None, cost: float, delta: float) -> float:
@@ -172,92 +153,6 @@ class Agent:
         """What one release costs (template + soft traits) with the current bundle and configuration."""
         return self._cost_of(self.releaser)
 
-    def _load_bundle(self) -> None:
-        cfg = self.cfg
-        try:
-            self.public_key = load_public_key(cfg.bundle.public_key)
-        except BundleError as exc:
-            raise ConfigError(f"bundle.public_key: {exc}") from None
-        if not cfg.bundle.path.is_dir():
-            raise ConfigError(
-                f"bundle.path: expected a bundle directory, received {str(cfg.bundle.path)!r} (not a directory)"
-            )
-        try:
-            bundle = ProjectionBundle.load(cfg.bundle.path, self.public_key)
-        except BundleError as exc:
-            raise BundleRefused(cfg.bundle.path, str(exc)) from None
-        p = cfg.privacy
-        if p.site_key is not None:
-            try:
-                self.site_key: SiteKey | None = SiteKey.load(p.site_key)
-            except SiteKeyError as exc:
-                raise ConfigError(f"privacy.site_key: {exc}") from None
-        else:
-            self.site_key = None
-        try:
-            releaser = secure_releaser(bundle, kind=p.mechanism, epsilon=p.epsilon, delta=p.delta,
-                                     site_key=self.site_key)  # fmt: skip
-        except BundleError as exc:
-            # e.g. a unit-sphere mechanism with a bundle whose projector has no 'unit' output
-            raise BundleRefused(cfg.bundle.path, str(exc)) from None
-        try:
-            # A descriptor bundle needs its network on the device, the very one it was built with.
-            self.encoder = self._encoder(bundle)
-        except BundleError as exc:
-            raise BundleRefused(cfg.bundle.path, str(exc)) from None
-        # The configured bundle fixes the largest per-vector ε any later bundle may give.
-        self.epsilon_vector_cap = releaser.mechanism.epsilon_vector_cap
-        self.releaser = releaser
-        updated = cfg.device.state_dir / UPDATED_BUNDLE_DIR
-        if cfg.bundle.accept_updates and updated.is_dir():
-            try:
-                candidate = ProjectionBundle.load(updated, self.public_key)
-                self.releaser, self.encoder = self._check_candidate(candidate)
-                log_event(
-                    _log,
-                    logging.INFO,
-                    "bundle_update_restored",
-                    bundle_id=candidate.bundle_id,
-                    path=str(updated),
-                )
-            except (BundleError, ValueError) as exc:
-                log_event(
-                    _log,
-                    logging.WARNING,
-                    "bundle_update_ignored",
-                    path=str(updated),
-                    error=str(exc),
-                )
-
-    def _check_candidate(self, candidate: ProjectionBundle) -> tuple[TemplateReleaser, DescriptorEncoder | None]:
-        """A releaser (and the descriptor encoder it needs) for a verified candidate bundle, or ValueError."""
-        p = self.cfg.privacy
-        current = self.releaser.bundle
-        if candidate.manifest.created_at < current.manifest.created_at:
-            raise ValueError(
-                f"bundle {candidate.bundle_id} was created {candidate.manifest.created_at}, "
-                "before the current "
-                f"bundle {current.bundle_id} ({current.manifest.created_at}); refusing a downgrade"
-            )
-        releaser = secure_releaser(
-            candidate, kind=p.mechanism, epsilon=p.epsilon, delta=p.delta, site_key=self.site_key
-        )
-        g = releaser.mechanism.guarantee
-        if g.epsilon_vector > self.epsilon_vector_cap * (1 + 1e-9):
-            raise ValueError(
-                f"bundle {candidate.bundle_id} would raise the per-vector ε of a release from "
-                f"{self.epsilon_vector_cap:g} to {g.epsilon_vector:g} (per-coordinate ε "
-                f"{g.epsilon_coordinate:g}); "
-                "only the device configuration may do that"
-            )
-        return releaser, self._encoder(candidate)
-
-    def _encoder(self, bundle: ProjectionBundle) -> DescriptorEncoder | None:
-        """The descriptor encoder ``bundle`` needs (None for pixels), on the configured back end."""
-        d = self.cfg.descriptor
-        return encoder_for_bundle(bundle.input, bundle_id=bundle.bundle_id, backend=d.backend, threads=d.threads,
-                                  cache_dir=d.cache_dir)  # fmt: skip
-
     def prepare(self) -> None:
         """Everything that can fail because of the config or the bundle (no network, no frames).
 
@@ -270,7 +165,8 @@ class Agent:
         """
         cfg = self.cfg
         cv2.setNumThreads(cfg.detector.threads)
-        self._load_bundle()
+        self.bundles, self.releaser, self.encoder = BundleGate.open(cfg)
+        self.site_key = self.bundles.site_key
         self.soft = (
             SoftTraitReleaser(
                 age_epsilon=cfg.soft.age_epsilon,
@@ -320,41 +216,9 @@ class Agent:
         self._prepared = True
 
     def report(self) -> DeviceReport:
-        """What this device tells the server about itself (:mod:`peep.core.reports`): counts and ε, no face."""
-        cost, p = self.cost, self.cfg.privacy
-        vec, _, n = self.ledger.lifetime() if self.ledger is not None else (0.0, 0.0, 0)
-        suppressed = dict(self.pipeline.policy.suppressed) if self.pipeline is not None else {}
-        return DeviceReport(
-            at=round(time.time(), 3),
-            bundle_id=self.releaser.bundle_id,
-            mechanism=p.mechanism,
-            epsilon_vector=float(cost.epsilon_vector),
-            epsilon_coordinate=float(cost.epsilon_coordinate),
-            # Deciding on the device, what a camera releases per track window is the label alone (a door in
-            # decision mode releases nothing of the face).
-            epsilon_vector_per_release=self._release_epsilon(float(cost.total_vector)),
-            track_budget_vector=p.track_budget,
-            device_budget_vector=p.device_budget,
-            releases=int(n),
-            epsilon_vector_spent=float(vec),
-            suppressed={str(k): int(v) for k, v in sorted(suppressed.items())[:MAX_REASONS]},
-            insecure_broker=self.insecure_broker,
-            decision=self._decision_report(),
-        )
-
-    def _release_epsilon(self, template: float) -> float:
-        r = self.cfg.recognition
-        if r.decide == "device":
-            return float(r.epsilon_label)
-        if self.cfg.door.enabled and self.cfg.door.decision == "device":
-            return 0.0
-        return template
-
-    def _decision_report(self) -> dict[str, Any] | None:
-        if self.decisions is None:
-            return None
-        d = self.decisions.describe()
-        return {k: d.get(k) for k in DECISION_KEYS}
+        """What this device tells the server about itself (:func:`peep.edge.reporting.device_report`)."""
+        return device_report(self.cfg, self.cost, self.releaser, ledger=self.ledger, pipeline=self.pipeline,
+                             decisions=self.decisions, insecure_broker=self.insecure_broker)  # fmt: skip
 
     def publish_report(self) -> bool:
         """Publish :meth:`report` on the device's report topic; False when not connected (the next one follows)."""
@@ -368,26 +232,7 @@ class Agent:
 
     def describe(self) -> dict[str, Any]:
         """What the agent will do (logged at start, printed by ``--validate-config``)."""
-        cost = self.cost
-        p = self.cfg.privacy
-        return {
-            "device": self.cfg.device.id,
-            "site": self.cfg.device.site,
-            "bundle_id": self.releaser.bundle_id,
-            "n_components": self.releaser.n_components,
-            "mechanism": p.mechanism,
-            "epsilon": p.epsilon,
-            "delta": p.delta,
-            "epsilon_coordinate": cost.epsilon_coordinate,
-            "epsilon_vector": cost.epsilon_vector,
-            "soft_epsilon": cost.soft_epsilon,
-            "track_budget_epsilon_vector": p.track_budget,
-            "releases_per_track_max": cost.releases_within(p.track_budget),
-            "releases_per_window": p.releases_per_window,
-            "window_seconds": p.window_seconds,
-            "secure_sampler": bool(self.releaser.mechanism.is_secure),
-            "transports": [n for n, on in (("mqtt", self.cfg.mqtt.enabled), ("grpc", self.cfg.grpc.enabled)) if on],
-        }
+        return device_summary(self.cfg, self.cost, self.releaser)
 
     def _open_state(self, *, budgets: Mapping[str, tuple[float, float]] | None = None) -> PrivacyAccountant:
         cfg = self.cfg
@@ -673,54 +518,21 @@ class Agent:
     # ------------------------------------------------------------------ bundle updates
 
     def _apply_bundle_updates(self) -> None:
-        from peep.v1 import recognition_pb2
-
+        """Offer each bundle announced since the last frame to the gate; one that passes replaces the releaser."""
         while True:
             try:
                 payload = self._bundle_updates.get_nowait()
             except queue.Empty:
                 return
             assert self.pipeline is not None
-            try:
-                msg = recognition_pb2.BundleFiles.FromString(payload)
-                files = {f.name: bytes(f.content) for f in msg.files}
-                if msg.bundle_id and msg.bundle_id == self.pipeline.releaser.bundle_id:
-                    continue
-                candidate = ProjectionBundle.from_files(files, self.public_key)
-                if candidate.bundle_id == self.pipeline.releaser.bundle_id:
-                    continue
-                self.releaser = self.pipeline.releaser
-                releaser, encoder = self._check_candidate(candidate)
-                cost = self._cost_of(releaser).total_vector
-                if cost > self.cfg.privacy.track_budget:
-                    raise ValueError(f"one release would cost per-vector ε={cost:g}, more than privacy.track_budget")
-            except Exception as exc:  # DecodeError, BundleError, ValueError: never take an unverified bundle
-                self.metrics.bundle_updates.labels(result="rejected").inc()
-                log_event(_log, logging.ERROR, "bundle_update_rejected", error=str(exc))
-                continue
-            previous = self.pipeline.releaser.bundle_id
-            self.pipeline.set_releaser(releaser, encoder)
-            self.releaser, self.encoder = releaser, encoder
-            self.metrics.bundle_updates.labels(result="accepted").inc()
-            g = releaser.mechanism.guarantee
-            log_event(
-                _log,
-                logging.INFO,
-                "bundle_update_accepted",
-                bundle_id=candidate.bundle_id,
-                previous=previous,
-                epsilon_coordinate=float(g.epsilon_coordinate),
-                epsilon_vector=float(g.epsilon_vector),
-            )
-            target = self.cfg.device.state_dir / UPDATED_BUNDLE_DIR
-            try:
-                tmp = self.cfg.device.state_dir / f".{UPDATED_BUNDLE_DIR}.new"
-                shutil.rmtree(tmp, ignore_errors=True)
-                write_bundle_files(candidate.files, tmp)
-                shutil.rmtree(target, ignore_errors=True)
-                os.replace(tmp, target)
-            except OSError as exc:
-                log_event(_log, logging.WARNING, "bundle_update_not_persisted", error=str(exc))
+            self.releaser = self.pipeline.releaser
+            self.bundles.offer(payload, self.releaser, cost_of=lambda r: self._cost_of(r).total_vector,
+                               switch=self._switch_bundle, metrics=self.metrics)  # fmt: skip
+
+    def _switch_bundle(self, releaser: TemplateReleaser, encoder: DescriptorEncoder | None) -> None:
+        assert self.pipeline is not None
+        self.pipeline.set_releaser(releaser, encoder)
+        self.releaser, self.encoder = releaser, encoder
 
     # ------------------------------------------------------------------ modes
 
