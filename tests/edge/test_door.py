@@ -409,7 +409,7 @@ def test_claims_from_a_local_socket_one_line_each_bounded(tmp_path):
     import socket
     import stat
 
-    from peep.edge.door_session import MAX_CLAIM_LINE, read_claims, socket_claims
+    from peep.edge.door_claims import MAX_CLAIM_LINE, read_claims, socket_claims
 
     path = tmp_path / "door.sock"
     stop = threading.Event()
@@ -442,7 +442,7 @@ def test_a_door_socket_path_appears_only_once_a_controller_can_connect(tmp_path,
     """The claims socket's path is there only when it listens: a controller that sees it is never refused."""
     import socket
 
-    from peep.edge.door_session import socket_claims
+    from peep.edge.door_claims import socket_claims
 
     listen = socket.socket.listen
 
@@ -542,7 +542,7 @@ def test_a_claim_for_a_subject_the_server_does_not_know_releases_nothing(door_ag
 
 def test_a_flood_of_made_up_ids_is_throttled_at_once_and_releases_nothing(door_agent, one_person_video):
     """500 ids typed in a burst: max_claims_per_minute are asked about (all unknown), the rest refused at once."""
-    from peep.edge.door_session import serve_claims
+    from peep.edge.door_claims import serve_claims
 
     agent, pipeline = door_agent
     verifier = FakeVerifier(known={"alice"})
@@ -645,7 +645,7 @@ def test_an_over_long_claim_line_is_dropped_whole_from_a_stream_and_logged_with_
     import logging
     import os
 
-    from peep.edge.door_session import fd_claim_lines, read_claims
+    from peep.edge.door_claims import fd_claim_lines, read_claims
 
     padding = 2_000 if chunk == 1 else 102_400  # a byte at a time: a shorter line, still far over the bound
     first = b"Kofi_Annan" + b" " * padding + b"tail"

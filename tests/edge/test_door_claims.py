@@ -18,7 +18,7 @@ def _wait_for(pred, timeout: float) -> bool:
 
 
 def test_an_over_long_line_from_any_iterable_is_dropped_not_cut():
-    from peep.edge.door_session import read_claims
+    from peep.edge.door_claims import read_claims
 
     assert list(read_claims(["Kofi_Annan" + " " * 102_400 + "tail", "bob"])) == ["bob"]
 
@@ -36,7 +36,7 @@ def test_an_over_long_line_from_any_iterable_is_dropped_not_cut():
     ],
 )
 def test_a_claim_line_that_is_not_utf8_or_holds_a_control_or_separator_is_dropped_whole(line, caplog):
-    from peep.edge.door_session import read_claims
+    from peep.edge.door_claims import read_claims
 
     with caplog.at_level("WARNING", logger="peep.edge"):
         assert list(read_claims([line, b"bob\n", " carol \t\r\n", "Kofi Annan\n"])) == ["bob", "carol", "Kofi Annan"]
@@ -49,7 +49,7 @@ def test_a_fifo_stays_open_across_writers_and_a_stop_ends_the_wait(tmp_path):
     """An access controller may close and reopen the FIFO between claims; a stop ends the wait within the poll."""
     import os
 
-    from peep.edge.door_session import path_claim_lines, read_claims
+    from peep.edge.door_claims import path_claim_lines, read_claims
 
     fifo = tmp_path / "claims.fifo"
     os.mkfifo(fifo)

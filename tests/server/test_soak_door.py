@@ -192,7 +192,7 @@ def test_the_doors_configuration_is_valid_and_its_lock_commands_write_the_lock_f
 
 
 def _listener(path: Path, got: list[bytes], stop: threading.Event) -> threading.Thread:
-    from peep.edge.door_session import socket_claims
+    from peep.edge.door_claims import socket_claims
 
     def serve() -> None:
         for line in socket_claims(path, stop=stop):

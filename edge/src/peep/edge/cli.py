@@ -201,7 +201,8 @@ def _door(args: argparse.Namespace) -> int:
     from peep.edge.agent import Agent
     from peep.edge.capture import open_source
     from peep.edge.config import load_config
-    from peep.edge.door_session import fd_claim_lines, open_door, path_claim_lines, serve_claims, socket_claims
+    from peep.edge.door_claims import fd_claim_lines, path_claim_lines, serve_claims, socket_claims
+    from peep.edge.door_session import open_door
 
     cfg = load_config(args.config)
     if not cfg.door.enabled:
