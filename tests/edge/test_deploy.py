@@ -50,6 +50,7 @@ def test_mosquitto_acl_binds_devices_to_their_own_prefix():
             ("read", f"{root}/+/%u/model"),  # the answer, only its own
             ("read", f"{root}/bundle"),
             ("read", f"{root}/model"),  # every signed device model as it is issued (verified, kept only if its own)
+            ("write", f"{root}/+/%u/lock"),  # a door states its lock, for Home Assistant's lock entity
         ]
     )
     assert all(len(r) == 3 for r in pattern), "a pattern rule has one access and one topic"
@@ -61,7 +62,12 @@ def test_mosquitto_acl_binds_devices_to_their_own_prefix():
     assert set(kinds) <= {"pattern", "user", "topic"}
     first_user = kinds.index("user")
     assert "topic" not in kinds[:first_user]
-    assert [r[1] for r in rules if r[0] == "user"] == ["peep-server"]
+    assert [r[1] for r in rules if r[0] == "user"] == ["peep-server", "home-assistant"]
+    # Home Assistant reads; it writes only its own birth and will, never a device's topic or a door command.
+    at = kinds.index("user", first_user + 1)
+    ha = [tuple(r[1:]) for r in rules[at + 1 :]]
+    assert [t for a, t in ha if "write" in a] == ["homeassistant/status"]
+    assert all(t.startswith(("homeassistant/", f"{root}/+/+/")) for _, t in ha)
     conf = (DEPLOY / "mosquitto" / "mosquitto.conf").read_text()
     for needle in ("allow_anonymous false", "password_file ", "acl_file ", "certfile ", "keyfile "):
         assert needle in conf

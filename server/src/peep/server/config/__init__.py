@@ -71,11 +71,11 @@ from peep.server.config.server import (
     resolve_secrets,
     token_sha256,
 )
-from peep.server.config.transports import ClusterConfig, GrpcConfig, MqttConfig, MqttTlsConfig
+from peep.server.config.transports import ClusterConfig, GrpcConfig, HomeAssistantConfig, MqttConfig, MqttTlsConfig
 
 __all__ = [
     "AuthConfig", "BundleConfig", "ClusterConfig", "ConfigError", "ConsoleConfig", "DeviceConfig",
-    "DeviceModelsConfig", "GrpcConfig",
+    "DeviceModelsConfig", "GrpcConfig", "HomeAssistantConfig",
     "IngestConfig", "LoggingConfig", "MechanismKind", "MetricsConfig", "MqttConfig", "MqttTlsConfig",
     "RecognitionConfig", "ResolvedSecrets", "RetentionConfig", "SecretRef", "ServerConfig", "StorageConfig",
     "TlsConfig", "TrainingConfig", "is_loopback_listen", "load_config", "parse_config", "resolve_secrets",

@@ -30,7 +30,7 @@ from peep.server.config.data import (
     StorageConfig,
     TrainingConfig,
 )
-from peep.server.config.transports import ClusterConfig, GrpcConfig, MqttConfig
+from peep.server.config.transports import ClusterConfig, GrpcConfig, HomeAssistantConfig, MqttConfig
 from pydantic import (
     Field,
     SecretStr,
@@ -167,6 +167,7 @@ class ServerConfig(ConfigModel):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    home_assistant: HomeAssistantConfig = Field(default_factory=HomeAssistantConfig)
     console: ConsoleConfig | None = Field(
         default=None, description="the operator console (HTTPS web page); absent = off"
     )
@@ -209,6 +210,7 @@ class ServerConfig(ConfigModel):
                 "metrics",
                 "logging",
                 "cluster",
+                "home_assistant",
             ):
                 data.setdefault(name, {})
         return data

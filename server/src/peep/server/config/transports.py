@@ -311,6 +311,36 @@ class MqttConfig(ConfigModel):
         return resolve_path(v, info)
 
 
+def _check_device_id(v: str) -> str:
+    if not topics.ID_PATTERN.match(v):
+        raise ValueError("expected a device id: 1-128 of [A-Za-z0-9_.:@-], starting with a letter or digit")
+    return v
+
+
+class HomeAssistantConfig(ConfigModel):
+    """Home Assistant's MQTT discovery: the site's doors and cameras as entities, published by the server."""
+
+    enabled: bool = Field(
+        default=False,
+        description=(
+            "publish Home Assistant discovery for every registered device at its site (a door's lock and access "
+            "events, a camera's recognition events, each one's availability) and its events; never a name, a "
+            "probability or a template (docs/HOME_ASSISTANT.md)"
+        ),
+    )
+    discovery_prefix: Annotated[str, AfterValidator(topics.check_root)] = Field(
+        default="homeassistant", description="Home Assistant's discovery prefix (its MQTT integration's setting)"
+    )
+    doors: list[Annotated[str, AfterValidator(_check_device_id)]] = Field(
+        default_factory=list,
+        description=(
+            "device ids shown as doors besides those registered with auth.devices[].door = true (a door the server "
+            "decides for needs no device model key, so it need not be registered as one)"
+        ),
+        max_length=10_000,
+    )
+
+
 _REPLICA_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 

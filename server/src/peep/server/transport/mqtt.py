@@ -108,6 +108,7 @@ from peep.core.exceptions import TopicError, WireError
 from peep.core.reports import DeviceReport
 from peep.core.signing import door_statement, sign_statement
 from peep.core.topics import TopicScheme
+from peep.server import __version__
 from peep.server.bundles.catalog import bundle_files_message
 from peep.server.config import MqttConfig
 from peep.server.ingest.events import event_json_bytes, event_to_json
@@ -115,6 +116,7 @@ from peep.server.ingest.ingestor import REJECTED, Sender
 from peep.server.recognition.claims import ClaimChecksTooFrequent
 from peep.server.recognition.recogniser import ModelUnavailable
 from peep.server.services import Services
+from peep.server.transport.homeassistant import HomeAssistantDiscovery, HomeAssistantPublisher
 from peep.server.transport.mqtt_device_models import DeviceModelTopics
 from peep.server.transport.mqtt_devices import MAX_CLAIM_CHECK_BYTES, DeviceHeard, read_claim_check, sender_refusal
 from peep.v1 import recognition_pb2, template_pb2
@@ -222,6 +224,13 @@ class MqttBridge:
             connected=self._connected.is_set,
         )
         services.device_models.add_listener(self.device_models.broadcast)
+        ha = services.config.home_assistant
+        self.home_assistant = HomeAssistantPublisher(
+            HomeAssistantDiscovery(self.topics, prefix=ha.discovery_prefix, version=__version__), services.devices,
+            doors=ha.doors, publisher=self._publisher, connected=self._connected.is_set,
+        ) if ha.enabled else None  # fmt: skip
+        if self.home_assistant is not None:
+            services.events.add_sink(self.home_assistant.event)
 
     def connection_client_id(self, index: int) -> str:
         return self.client_id if index == 0 else f"{self.client_id}-{index}"
@@ -526,6 +535,8 @@ class MqttBridge:
             b = self.s.bundles.current()
             if b is not None:
                 self.publish_bundle(b)
+            if self.home_assistant is not None:
+                self.home_assistant.announce()
 
     def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, reason_codes: Any, properties: Any) -> None:
         if any(rc.is_failure for rc in reason_codes):
