@@ -4,26 +4,37 @@
 #
 #   bash scripts/bootstrap.sh [all]   everything the tests need (scripts/test.sh, .ci/run): every extra of
 #                                     peep-server and of peep-lab (OpenDP for the bench, PyTorch for
-#                                     `peep sgap train`), the dev tools, and Debian's Chromium for the
-#                                     console's browser tests
+#                                     `peep sgap train`), the dev tools, Debian's Chromium for the
+#                                     console's browser tests, and the `ha` step below
 #   bash scripts/bootstrap.sh demo    what `peep demo` needs (scripts/demo.sh): peep-lab without its extras
 #                                     (no OpenDP, no PyTorch), the edge agent with age/gender and dlib, and
 #                                     the console (`peep demo --console`); no dev tools, no Chromium
+#   bash scripts/bootstrap.sh ha      a real Home Assistant for the tests that run against one
+#                                     (peep.lab.processes.homeassistant): its own venv, .venv-ha at the
+#                                     checkout's root (or $PEEP_HA_VENV), with the exact locked set of
+#                                     lab/homeassistant/requirements-*.txt, bytecode compiled (lab/homeassistant/)
 #
 # A backend needs neither: `pip install ./shared ./server` is the serving install (README.md, deploy/).
-#   bash scripts/bootstrap.sh --print demo|all
+#   bash scripts/bootstrap.sh --print demo|all|ha
 #                                     prints that set's pip arguments, one a line, and changes nothing
 #
 # Idempotent: installs only when the set's pyproject.toml files or its pip arguments changed since its last
 # successful run here. The sets have their own stamps and `all` contains `demo`, so a venv made by
 # scripts/demo.sh gets the rest when scripts/test.sh runs later, and one made for the tests is never
-# reinstalled for the demo.
+# reinstalled for the demo. The Home Assistant venv has its own stamp (its requirements file and interpreter).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 venv="${PEEP_VENV:-$root/.venv}"
+ha_venv="${PEEP_HA_VENV:-$root/.venv-ha}"
+# The Home Assistant the tests run: 2024.3.3 is the newest whose Requires-Python admits 3.11, this machine's
+# Python (lab/homeassistant/README.md).
+ha_python=3.11
+ha_requirements=lab/homeassistant/requirements-2024.3.3.txt
+# What `uv pip sync` takes: the file itself (pip, the fallback, reads it with -r).
+ha_pkgs=("$ha_requirements")
 
-usage() { echo "usage: bash scripts/bootstrap.sh [--print] [all|demo]" >&2; exit 2; }
+usage() { echo "usage: bash scripts/bootstrap.sh [--print] [all|demo|ha]" >&2; exit 2; }
 print=0
 if [ "${1:-}" = --print ]; then print=1; shift; fi
 [ $# -le 1 ] || usage
@@ -35,6 +46,7 @@ all_pkgs=(-e ./shared -e "./edge[soft,dlib,door]" -e "./server[dlib,console]" -e
 case "$set_name" in
   demo) pkgs=("${demo_pkgs[@]}") ;;
   all) pkgs=("${all_pkgs[@]}") ;;
+  ha) pkgs=("${ha_pkgs[@]}") ;;
   *) usage ;;
 esac
 if [ "$print" = 1 ]; then
@@ -129,30 +141,6 @@ assert all(Gst.ElementFactory.find(e) for e in ('appsrc', 'x264enc', 'rtph264pay
   fi
 fi
 
-# `all` keeps the stamp name earlier versions of this script wrote for the same set.
-stamp_all="$venv/.peep-installed"
-stamp_demo="$venv/.peep-installed-demo"
-# A set's stamp: the five pyproject.toml files and its pip arguments (set name first).
-stamp_of() {
-  { cat pyproject.toml shared/pyproject.toml edge/pyproject.toml server/pyproject.toml lab/pyproject.toml; printf '%s\n' "$@"; } \
-    | sha256sum | cut -d' ' -f1
-}
-if [ "$set_name" = demo ]; then stamp=$stamp_demo; else stamp=$stamp_all; fi
-want=$(stamp_of "$set_name" "${pkgs[@]}")
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-  exit 0
-fi
-if [ "$set_name" = demo ]; then
-  # Everything the tests need includes the demo's set.
-  if [ -f "$stamp_all" ] && [ "$(cat "$stamp_all")" = "$(stamp_of all "${all_pkgs[@]}")" ]; then
-    exit 0
-  fi
-  echo "bootstrap: installing what peep demo needs into $venv (peep-core, peep-edge[soft,dlib,door]," \
-    "peep-server[dlib,console], peep-lab[dlib]; the tests' extras and tools come with scripts/test.sh)" >&2
-else
-  echo "bootstrap: installing peep-core, peep-edge[soft,dlib,door], peep-server[dlib,console], peep-lab[bench,dlib,sgap]" \
-    "and dev tools into $venv" >&2
-fi
 # uv installs the same set as pip in a third of its time (a fresh venv with warm caches: 22 s against 66 s, the
 # whole set, measured back to back), so it is fetched into the venv and used; pip is the fallback where uv cannot
 # be had, and PEEP_INSTALLER=pip forces it. uv reads no pip configuration: pip's own (`pip config list`: indexes,
@@ -182,22 +170,102 @@ installer=${PEEP_INSTALLER:-uv}
 if [ "$installer" = uv ] && ! "$venv/bin/python" -m uv --version >/dev/null 2>&1; then
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check uv >/dev/null 2>&1 || installer=pip
 fi
-if [ "$installer" = uv ]; then
-  mapfile -t from < <(uv_args)
-  # Bytecode: for the demo's set it is compiled now (where PYTHONDONTWRITEBYTECODE is set, each process would
-  # otherwise compile scikit-learn, SciPy, gRPC... afresh: 4.3 s of CPU per server start instead of 1.8 s);
-  # the tests' set leaves it to the first import, which scripts/test.sh lets write it (compiling the whole set
-  # up front, PyTorch included, took 21 s of the install's 43).
-  compile=()
-  [ "$set_name" = demo ] && compile=(--compile-bytecode)
-  with_heartbeat "installing (uv)" "$venv/bin/python" -m uv pip install --quiet --python "$venv/bin/python" \
-    ${compile[@]+"${compile[@]}"} "${from[@]}" "${pkgs[@]}"
-else
-  # pip >= 25.1 reads --group (the dev tools); the demo's set does not need it, nor the time its upgrade takes.
-  if [ "$set_name" = all ]; then
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade "pip>=25.1"
+
+# install_main: the PEEP distributions into $venv (the set $set_name, ${pkgs[@]}).
+install_main() {
+  # `all` keeps the stamp name earlier versions of this script wrote for the same set.
+  stamp_all="$venv/.peep-installed"
+  stamp_demo="$venv/.peep-installed-demo"
+  # A set's stamp: the five pyproject.toml files and its pip arguments (set name first).
+  stamp_of() {
+    { cat pyproject.toml shared/pyproject.toml edge/pyproject.toml server/pyproject.toml lab/pyproject.toml; printf '%s\n' "$@"; } \
+      | sha256sum | cut -d' ' -f1
+  }
+  if [ "$set_name" = demo ]; then stamp=$stamp_demo; else stamp=$stamp_all; fi
+  want=$(stamp_of "$set_name" "${pkgs[@]}")
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    return 0
   fi
-  # pip byte-compiles what it installs, for the reason given above.
-  with_heartbeat "installing (pip)" "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${pkgs[@]}"
-fi
-echo "$want" > "$stamp"
+  if [ "$set_name" = demo ]; then
+    # Everything the tests need includes the demo's set.
+    if [ -f "$stamp_all" ] && [ "$(cat "$stamp_all")" = "$(stamp_of all "${all_pkgs[@]}")" ]; then
+      return 0
+    fi
+    echo "bootstrap: installing what peep demo needs into $venv (peep-core, peep-edge[soft,dlib,door]," \
+      "peep-server[dlib,console], peep-lab[dlib]; the tests' extras and tools come with scripts/test.sh)" >&2
+  else
+    echo "bootstrap: installing peep-core, peep-edge[soft,dlib,door], peep-server[dlib,console], peep-lab[bench,dlib,sgap]" \
+      "and dev tools into $venv" >&2
+  fi
+  if [ "$installer" = uv ]; then
+    mapfile -t from < <(uv_args)
+    # Bytecode: for the demo's set it is compiled now (where PYTHONDONTWRITEBYTECODE is set, each process would
+    # otherwise compile scikit-learn, SciPy, gRPC... afresh: 4.3 s of CPU per server start instead of 1.8 s);
+    # the tests' set leaves it to the first import, which scripts/test.sh lets write it (compiling the whole set
+    # up front, PyTorch included, took 21 s of the install's 43).
+    compile=()
+    [ "$set_name" = demo ] && compile=(--compile-bytecode)
+    with_heartbeat "installing (uv)" "$venv/bin/python" -m uv pip install --quiet --python "$venv/bin/python" \
+      ${compile[@]+"${compile[@]}"} "${from[@]}" "${pkgs[@]}"
+  else
+    # pip >= 25.1 reads --group (the dev tools); the demo's set does not need it, nor the time its upgrade takes.
+    if [ "$set_name" = all ]; then
+      "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade "pip>=25.1"
+    fi
+    # pip byte-compiles what it installs, for the reason given above.
+    with_heartbeat "installing (pip)" "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${pkgs[@]}"
+  fi
+  echo "$want" > "$stamp"
+}
+
+# install_ha: Home Assistant into its own venv, never into $venv (its pins, aiohttp's, cryptography's..., are not
+# the project's). The interpreter is $venv's own, so both run on the Python this checkout was set up with.
+install_ha() {
+  local base version want_ha stamp_ha
+  # --clear below empties the folder: never one that holds anything but a venv.
+  if [ -e "$ha_venv" ] && [ ! -f "$ha_venv/pyvenv.cfg" ] && [ -n "$(ls -A "$ha_venv" 2>/dev/null || echo x)" ]; then
+    echo "bootstrap: $ha_venv exists and is no venv; move it away or set PEEP_HA_VENV" >&2
+    return 1
+  fi
+  base=$("$venv/bin/python" -c 'import sys; print(sys._base_executable)')
+  version=$("$base" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  if [ "$version" != "$ha_python" ]; then
+    echo "bootstrap: $ha_requirements is locked for Python $ha_python, $venv runs $version ($base);" \
+      "the Home Assistant tests will skip" >&2
+    [ "$set_name" != ha ] || return 1
+    return 0
+  fi
+  stamp_ha="$ha_venv/.peep-installed-ha"
+  want_ha=$({ cat "$ha_requirements"; echo "$base"; printf '%s\n' "${ha_pkgs[@]}"; } | sha256sum | cut -d' ' -f1)
+  if [ -f "$stamp_ha" ] && [ "$(cat "$stamp_ha")" = "$want_ha" ] && [ -x "$ha_venv/bin/hass" ]; then
+    return 0
+  fi
+  # A venv whose interpreter is gone or another one cannot take the set: made afresh.
+  if ! "$ha_venv/bin/python" -c 'import sys; sys.exit(sys.version_info[:2] != tuple(map(int, sys.argv[1].split("."))))' \
+    "$ha_python" 2>/dev/null; then
+    echo "bootstrap: creating $ha_venv with $base" >&2
+    "$base" -m venv --clear --without-pip "$ha_venv"
+  fi
+  echo "bootstrap: installing Home Assistant (exactly $ha_requirements) into $ha_venv" >&2
+  if [ "$installer" = uv ]; then
+    mapfile -t from < <(uv_args)
+    # sync, not install: exactly the locked set, so a changed file also removes what it no longer names.
+    # Bytecode is compiled now: without it each first start of hass compiles its thousands of modules (20 s to
+    # RUNNING instead of 4, measured), and a test's timeout would pay for it.
+    with_heartbeat "installing Home Assistant (uv)" "$venv/bin/python" -m uv pip sync --quiet \
+      --python "$ha_venv/bin/python" --compile-bytecode "${from[@]}" "${ha_pkgs[@]}"
+  else
+    [ -x "$ha_venv/bin/pip" ] || "$ha_venv/bin/python" -m ensurepip --upgrade >/dev/null
+    # pip byte-compiles what it installs.
+    with_heartbeat "installing Home Assistant (pip)" "$ha_venv/bin/python" -m pip install --quiet \
+      --disable-pip-version-check -r "$ha_requirements"
+  fi
+  echo "$want_ha" > "$stamp_ha"
+}
+
+case "$set_name" in
+  demo) install_main ;;
+  # Home Assistant first: its quick checks (a PEEP_HA_VENV that is no venv) fail before the long install, not after.
+  all) install_ha; install_main ;;
+  ha) install_ha ;;
+esac

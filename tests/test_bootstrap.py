@@ -7,12 +7,14 @@ so the walk covers what the demo's set pulls in indirectly too.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import tomllib
 from importlib import metadata
 from pathlib import Path
 
+import pytest
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -130,3 +132,52 @@ def test_each_script_installs_its_set() -> None:
     assert default.returncode == 0 and default.stdout.splitlines() == _pip_args("all")
     r = subprocess.run(["bash", str(scripts / "bootstrap.sh"), "--print", "nothing"], capture_output=True, text=True)
     assert r.returncode == 2 and "usage" in r.stderr
+
+
+HA_REQUIREMENTS = ROOT / "lab" / "homeassistant" / "requirements-2024.3.3.txt"
+
+
+def _pins(path: Path) -> dict[str, str]:
+    pins: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, eq, version = line.partition("==")
+            assert eq and version, f"{path.name}: expected NAME==VERSION, received {line!r}"
+            pins[canonicalize_name(name)] = version
+    return pins
+
+
+def test_the_home_assistant_step_installs_exactly_its_lock() -> None:
+    """`bootstrap.sh ha` (and `all`) syncs .venv-ha to lab/homeassistant's lock: every pin, nothing else."""
+    assert _pip_args("ha") == [str(HA_REQUIREMENTS.relative_to(ROOT))]
+    pins = _pins(HA_REQUIREMENTS)
+    assert pins["homeassistant"] == "2024.3.3"
+    # acme 2.8.0 (hass-nabucasa's pin) fails on josepy 2; the MQTT integration and the frontend come along,
+    # since hass runs with --skip-pip.
+    assert int(pins["josepy"].split(".")[0]) < 2
+    assert {"paho-mqtt", "home-assistant-frontend", "sqlalchemy", "pillow"} <= pins.keys()
+    venv = Path(os.environ.get("PEEP_HA_VENV") or ROOT / ".venv-ha")
+    if not (venv / "bin" / "python").exists():
+        pytest.skip(f"{venv} missing: bash scripts/bootstrap.sh ha")
+    listed = subprocess.run(
+        [str(venv / "bin" / "python"), "-c",
+         "from importlib import metadata\n"
+         "for d in metadata.distributions(): print(d.metadata['Name'] + '==' + d.version)"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    installed = {canonicalize_name(n): v for n, _, v in (line.partition("==") for line in listed.splitlines())}
+    assert installed == pins
+
+
+@pytest.mark.parametrize("job", ["ha", "all"])
+def test_each_set_that_should_runs_the_home_assistant_step(tmp_path: Path, job: str) -> None:
+    """Both run it, and first: a PEEP_HA_VENV that is no venv stops them before anything is installed."""
+    (tmp_path / "not-a-venv").mkdir()
+    (tmp_path / "not-a-venv" / "keep.txt").write_text("not for --clear")
+    r = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "bootstrap.sh"), job],
+        capture_output=True, text=True, env={**os.environ, "PEEP_HA_VENV": str(tmp_path / "not-a-venv")},
+    )  # fmt: skip
+    assert r.returncode == 1 and f"{tmp_path / 'not-a-venv'} exists and is no venv" in r.stderr, r.stderr
+    assert (tmp_path / "not-a-venv" / "keep.txt").exists()
