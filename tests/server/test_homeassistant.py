@@ -35,8 +35,9 @@ def test_a_door_is_a_lock_and_an_access_event_that_follow_the_door():
     lock = c["homeassistant/lock/peep_lobby_door-1/lock/config"]
     assert lock["state_topic"] == "devices/peep/v1/lobby/door-1/lock"
     assert (lock["state_locked"], lock["state_unlocked"], lock["state_jammed"]) == ("locked", "unlocked", "jammed")
-    # Read-only: Home Assistant gets no topic to command the door on.
-    assert "command_topic" not in lock
+    # Home Assistant's lock must name a command topic: the door's own lock_command, which nothing of PEEP acts on
+    # (and the shipped ACL does not let Home Assistant write, tests/server/test_homeassistant_live.py).
+    assert lock["command_topic"] == "devices/peep/v1/lobby/door-1/lock_command"
     access = c["homeassistant/event/peep_lobby_door-1/access/config"]
     assert access["event_types"] == list(ACCESS_EVENTS) and access["state_topic"].endswith("/door-1/access")
     for entity in c.values():  # availability is the door's own retained status and its last will

@@ -117,6 +117,9 @@ class ShippedMosquitto:
         Device accounts: id -> password.
     server_password : str
         The password of ``peep-server``.
+    server_accounts : mapping of str to str, optional
+        More accounts on the server's listener, name -> password (``home-assistant``, whose rights the shipped ACL
+        names).
     sys_interval_s : int, optional
         Mosquitto's ``sys_interval`` (how often $SYS is published; mosquitto's default is 10 s).
 
@@ -127,8 +130,8 @@ class ShippedMosquitto:
     """
 
     def __init__(self, workdir: Path, ca: Path, cert: Path, key: Path, *, devices: Mapping[str, str],
-                 server_password: str, sys_interval_s: int | None = None,
-                 shipped: Path = SHIPPED_MOSQUITTO) -> None:  # fmt: skip
+                 server_password: str, server_accounts: Mapping[str, str] | None = None,
+                 sys_interval_s: int | None = None, shipped: Path = SHIPPED_MOSQUITTO) -> None:  # fmt: skip
         missing = mosquitto_missing(shipped)
         if missing:
             raise PartUnavailable(missing)
@@ -142,7 +145,8 @@ class ShippedMosquitto:
             shutil.copyfile(src, etc / name)
         shutil.copyfile(shipped / "acl", etc / "acl")
         device_args = [f"{d}={pw}" for d, pw in devices.items()]
-        for passwd, users in (("passwd", device_args), ("passwd-server", [f"peep-server={server_password}"])):
+        server_args = [f"peep-server={server_password}", *(f"{n}={pw}" for n, pw in (server_accounts or {}).items())]
+        for passwd, users in (("passwd", device_args), ("passwd-server", server_args)):
             if not users:
                 (etc / passwd).touch(mode=0o600)
                 continue

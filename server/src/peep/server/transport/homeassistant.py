@@ -5,8 +5,9 @@ each entity (``homeassistant`` is its default prefix) and removes the entity whe
 registered device at the server's site this module describes:
 
 - a **door** (a device registered with ``door = true``, or named in ``home_assistant.doors``): a ``lock`` whose
-  state is what the door itself publishes on ``<root>/<site>/<door>/lock`` (``locked``, ``unlocked``, ``jammed``),
-  and an ``event`` entity of its access decisions (``opened``; ``refused`` with the reason);
+  state is what the door itself publishes on ``<root>/<site>/<door>/lock`` (``locked``, ``unlocked``, ``jammed``;
+  its command topic, which Home Assistant's lock must have, is acted on by nothing and closed to Home Assistant by
+  the shipped ACL), and an ``event`` entity of its access decisions (``opened``; ``refused`` with the reason);
 - a **camera** (any other registered device, an enrolment desk aside): an ``event`` entity of its recognitions
   (``enrolled_person`` or ``unknown``).
 
@@ -127,6 +128,9 @@ class HomeAssistantDiscovery:
                         "name": "Lock",
                         "unique_id": f"{node}_lock",
                         "state_topic": self.lock_topic(d.site, d.device_id),
+                        # Home Assistant's MQTT lock must name a command topic. Nothing of PEEP acts on this one,
+                        # and the shipped ACL does not let Home Assistant write it: a command there opens nothing.
+                        "command_topic": self.topics.device(d.site, d.device_id, "lock_command"),
                         **LOCK_STATES,
                     }
                 )
