@@ -84,15 +84,6 @@ class HomeAssistantDiscovery:
     def node_id(self, d: DiscoveredDevice) -> str:
         return _object_id(f"peep_{d.site}_{d.device_id}")
 
-    def access_topic(self, site: str, device_id: str) -> str:
-        return self.topics.device(site, device_id, "access")
-
-    def recognition_topic(self, site: str, device_id: str) -> str:
-        return self.topics.device(site, device_id, "recognition")
-
-    def lock_topic(self, site: str, device_id: str) -> str:
-        return self.topics.device(site, device_id, "lock")
-
     def configs(self, devices: Iterable[DiscoveredDevice]) -> dict[str, bytes]:
         """``{config topic: retained JSON}`` of every entity of ``devices``.
 
@@ -127,7 +118,7 @@ class HomeAssistantDiscovery:
                         **common,
                         "name": "Lock",
                         "unique_id": f"{node}_lock",
-                        "state_topic": self.lock_topic(d.site, d.device_id),
+                        "state_topic": self.topics.device(d.site, d.device_id, "lock"),
                         # Home Assistant's MQTT lock must name a command topic. Nothing of PEEP acts on this one,
                         # and the shipped ACL does not let Home Assistant write it: a command there opens nothing.
                         "command_topic": self.topics.device(d.site, d.device_id, "lock_command"),
@@ -139,7 +130,7 @@ class HomeAssistantDiscovery:
                         **common,
                         "name": "Access",
                         "unique_id": f"{node}_access",
-                        "state_topic": self.access_topic(d.site, d.device_id),
+                        "state_topic": self.topics.device(d.site, d.device_id, "access"),
                         "event_types": list(ACCESS_EVENTS),
                     }
                 )
@@ -149,7 +140,7 @@ class HomeAssistantDiscovery:
                         **common,
                         "name": "Recognition",
                         "unique_id": f"{node}_recognition",
-                        "state_topic": self.recognition_topic(d.site, d.device_id),
+                        "state_topic": self.topics.device(d.site, d.device_id, "recognition"),
                         "event_types": list(RECOGNITION_EVENTS),
                     }
                 )
@@ -167,12 +158,12 @@ class HomeAssistantDiscovery:
             doc: dict[str, Any] = {"event_type": "opened" if ev.accepted else "refused", "decided_on": ev.decided_on}
             if not ev.accepted:
                 doc["reason"] = "not_the_claimed_person"
-            return self.access_topic(ev.site, ev.device_id), self._json(doc)
+            return self.topics.device(ev.site, ev.device_id, "access"), self._json(doc)
         if ev.purpose == template_pb2.PURPOSE_IDENTIFY:
             doc = {"event_type": "unknown" if ev.unknown else "enrolled_person", "decided_on": ev.decided_on}
             if ev.track_id:
                 doc["track"] = ev.track_id[:128]
-            return self.recognition_topic(ev.site, ev.device_id), self._json(doc)
+            return self.topics.device(ev.site, ev.device_id, "recognition"), self._json(doc)
         return None
 
     def _topic(self, component: str, node: str, object_id: str) -> str:
@@ -236,12 +227,11 @@ class HomeAssistantPublisher:
         self._publisher = publisher
         self._connected = connected
         self._clock = clock
-        #: What the console shows of the integration.
+        #: What the console will show of the integration.
         self.entities: list[str] = []
         self.left_out: list[str] = []
         self.events_published = 0
         self.last_publish: float | None = None
-        self.errors: list[str] = []
 
     def announce(self) -> int:
         """Publish every entity's configuration, retained; returns how many."""
