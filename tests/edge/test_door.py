@@ -752,3 +752,31 @@ def test_a_claim_whose_deadline_passed_before_its_face_was_taken_releases_nothin
     ctl.close()
     assert out.reason == "timeout" and "nothing was released" in out.detail
     assert verifier.sent == [] and _door_spends(agent) == []
+
+
+class _StuckLock:
+    """A drive that fails to energise (a strike that does not move), and releases."""
+
+    def __init__(self) -> None:
+        self.released = 0
+
+    def energise(self) -> None:
+        raise OSError("the strike did not move")
+
+    def release(self) -> None:
+        self.released += 1
+
+    def close(self) -> None:
+        self.release()
+
+
+def test_a_reported_lock_says_locked_unlocked_and_jammed_when_its_drive_fails():
+    from peep.edge.door import ReportedLock
+
+    said: list[str] = []
+    stuck = ReportedLock(_StuckLock(), said.append)
+    stuck.release()
+    with pytest.raises(OSError, match="did not move"):  # the controller still sees the failure and fails secure
+        stuck.energise()
+    stuck.close()
+    assert said == ["locked", "jammed", "locked"] and stuck.lock.released == 2

@@ -84,8 +84,9 @@ def _signed_decision(key, site: str, device: str, nonce: str, subject: str, acce
 
 
 @pytest.fixture
-def open_broker_door(make_config, tmp_path, one_person_video, system_broker):
-    """A door deciding over MQTT on the shared broker (anonymous, plaintext, no ACL), insecure_broker = true."""
+def open_broker_door(request, make_config, tmp_path, one_person_video, system_broker):
+    """A door deciding over MQTT on the shared broker (anonymous, plaintext, no ACL), insecure_broker = true
+    (indirect parameters: more [door] settings)."""
     from cryptography.hazmat.primitives.serialization import load_pem_private_key
     from gpiozero.pins.mock import MockFactory
     from peep.core.bundle import generate_keypair
@@ -100,7 +101,8 @@ def open_broker_door(make_config, tmp_path, one_person_video, system_broker):
                       privacy={"mechanism": "privunit", "epsilon": 16.0, "track_budget": 1e6},
                       capture={"source": one_person_video["path"], "max_fps": 0.0},
                       door={"enabled": True, "decision": "mqtt", "decision_timeout_s": 6.0, "insecure_broker": True,
-                            "decision_public_key": str(tmp_path / "decisions.pub"), "open_s": 0.2})  # fmt: skip
+                            "decision_public_key": str(tmp_path / "decisions.pub"), "open_s": 0.2,
+                            **getattr(request, "param", {})})  # fmt: skip
     agent = Agent(load_config(cfg), environ={})
     pins = MockFactory()
     outcomes: list = []
@@ -209,3 +211,37 @@ def test_each_event_is_logged_once_by_a_door_with_its_agent_connection_up(open_b
         time.sleep(1.0)  # a second copy, if one were coming, arrives in this time
     assert logged(subject) == 1
     assert all(logged(f"alice-{i}") <= 1 for i in range(attempt + 1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("open_broker_door", [{"report_lock": True}], indirect=True)
+def test_a_door_reporting_its_lock_states_it_retained_as_it_drives_it(open_broker_door, one_person_video):
+    """What Home Assistant's lock entity reads: locked from the start, unlocked while open, locked again; the door's
+    status online beside it (its availability)."""
+    import paho.mqtt.client as mqtt
+    from peep.core.wire import template_digest
+
+    agent, door, server, _pin, _outcomes, key = open_broker_door
+    device, site = agent.cfg.device.id, agent.cfg.device.site
+    seen: list[tuple[str, str, bool]] = []
+    c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"ha-{uuid.uuid4().hex[:6]}")
+    c.on_message = lambda cl, u, m: seen.append((m.topic.rsplit("/", 1)[1], m.payload.decode(), bool(m.retain)))
+    c.connect(door.link.cfg.host, door.link.cfg.port)
+    c.subscribe([(f"peep/v1/{site}/{device}/lock", 1), (f"peep/v1/{site}/{device}/status", 1)])
+    c.loop_start()
+    try:
+        # On subscribing, the retained state: the door released its lock at start.
+        assert wait_for(lambda: ("lock", "locked", True) in seen and ("status", "online", True) in seen, 10), seen
+        done: dict = {}
+        t = threading.Thread(target=lambda: done.update(out=door.session.handle("alice", frames(
+            one_person_video["path"]))))  # fmt: skip
+        t.start()
+        mine = server.next_template()
+        server.publish(_signed_decision(key, site, device, mine.message_id, "alice", digest=template_digest(mine)))
+        t.join(20)
+        assert done["out"].opened
+        assert wait_for(lambda: [p for leaf, p, _ in seen if leaf == "lock"][-2:] == ["unlocked", "locked"], 10), seen
+    finally:
+        c.loop_stop()
+        c.disconnect()
+        door.link.client.publish(f"peep/v1/{site}/{device}/lock", b"", qos=1, retain=True).wait_for_publish(5)

@@ -600,6 +600,14 @@ class DoorConfig(_Section):
             "true (then warned at every start and shown on the console). Decisions stay signed either way"
         ),
     )
+    report_lock: bool = Field(
+        default=False,
+        description=(
+            "state the lock on <root>/<site>/<door>/lock over [mqtt], retained: locked, unlocked, or jammed when "
+            "driving it failed (Home Assistant's lock entity, docs/HOME_ASSISTANT.md); the door also states its "
+            "own status and last will there. Off: the door needs no broker unless its decision or lock does"
+        ),
+    )
 
     @model_validator(mode="after")
     def _lock_is_complete(self) -> DoorConfig:

@@ -163,6 +163,34 @@ class CommandLock:
         self.release()
 
 
+class ReportedLock:
+    """A lock that says what it did: ``report("unlocked")`` after it was energised, ``"locked"`` after it was
+    released, ``"jammed"`` when driving it raised (then the error goes on, so the controller fails secure).
+
+    ``report`` must not block: it runs on the claim's path to the lock (an MQTT publish is queued, not awaited).
+    """
+
+    def __init__(self, lock: Lock, report: Callable[[str], None]) -> None:
+        self.lock, self.report = lock, report
+
+    def _drive(self, action: Callable[[], None], state: str) -> None:
+        try:
+            action()
+        except Exception:
+            self.report("jammed")
+            raise
+        self.report(state)
+
+    def energise(self) -> None:
+        self._drive(self.lock.energise, "unlocked")
+
+    def release(self) -> None:
+        self._drive(self.lock.release, "locked")
+
+    def close(self) -> None:
+        self._drive(self.lock.close, "locked")
+
+
 def build_lock(cfg: Any, *, publish: Callable[[str, str], None] | None = None, pin_factory: Any = None) -> Lock:
     """The lock a :class:`peep.edge.config.DoorConfig` names (``publish`` for an MQTT relay)."""
     if cfg.lock == "gpio":

@@ -688,7 +688,7 @@ def open_door(
         When one release costs more than ``door.epsilon_per_hour`` or ``door.subject_epsilon_per_hour`` allows
         (the door could never open), or the decision key cannot be read.
     """
-    from peep.edge.door import build_lock
+    from peep.edge.door import ReportedLock, build_lock
 
     cfg = agent.cfg
     d = cfg.door
@@ -705,11 +705,11 @@ def open_door(
     link = channel = None
     publish = None
     holder: list[MqttVerifier] = []
-    if d.lock == "mqtt-relay" or d.decision == "mqtt":
+    if d.lock == "mqtt-relay" or d.decision == "mqtt" or d.report_lock:
         from peep.edge.transport.mqtt import MqttLink
 
         link = MqttLink(cfg.mqtt, client_id=f"{cfg.mqtt_client_id}-door", site=cfg.device.site,
-                        device_id=cfg.device.id, password=agent.mqtt_password, publish_status=False,
+                        device_id=cfg.device.id, password=agent.mqtt_password, publish_status=d.report_lock,
                         on_event=lambda ev: holder[0].on_event(ev) if holder else None,
                         subscribe_events=d.decision == "mqtt")  # fmt: skip
         link.start()
@@ -724,7 +724,11 @@ def open_door(
 
     window_s = 3600.0
     memory = DoorMemory(cfg.door_memory_path, keep_s=max(window_s, d.lockout_window_s, 60.0))
-    controller = DoorController(cfg.device.id, build_lock(d, publish=publish, pin_factory=pin_factory),
+    lock = build_lock(d, publish=publish, pin_factory=pin_factory)
+    if d.report_lock and link is not None:
+        lock_topic, reporting = link.topics.device(cfg.device.site, cfg.device.id, "lock"), link
+        lock = ReportedLock(lock, lambda state: reporting.client.publish(lock_topic, state, qos=1, retain=True))
+    controller = DoorController(cfg.device.id, lock,
                                 open_s=d.open_s, decision_timeout_s=d.decision_timeout_s,
                                 lockout_failures=d.lockout_failures, lockout_window_s=d.lockout_window_s,
                                 max_claims_per_minute=d.max_claims_per_minute, on_outcome=on_outcome,
