@@ -60,6 +60,7 @@ from peep.server.storage import (
     LedgerEntry,
     Store,
     TemplateRecord,
+    TrackRelease,
 )
 from peep.v1 import recognition_pb2, template_pb2
 
@@ -455,15 +456,13 @@ class Ingestor:
                 rejected["malformed"] += 1
                 outcomes[i] = Outcome("", REJECTED, str(item), "malformed")
                 continue
-            msg = item
+            msg: template_pb2.PerturbedTemplate | None = None
             try:
-                if isinstance(item, bytes | bytearray | memoryview):
-                    msg = self.validator.decode(bytes(item))
+                msg = self.validator.decode(bytes(item)) if isinstance(item, bytes | bytearray | memoryview) else item
                 v = self.check(msg, sender)
             except Rejection as exc:
                 rejected[exc.reason] += 1
-                message_id = "" if isinstance(msg, bytes | bytearray | memoryview) else msg.message_id[:128]
-                outcomes[i] = Outcome(message_id, REJECTED, str(exc), exc.reason)
+                outcomes[i] = Outcome("" if msg is None else msg.message_id[:128], REJECTED, str(exc), exc.reason)
                 continue
             valid.append(v)
             where.append(i)
@@ -517,12 +516,10 @@ class Ingestor:
             for d in decided
             if self._keeps(d)
         ]
-        remembered = [d for d in decided if d.valid.purpose == "identify" and not d.valid.is_decision]
-        tracks = (
-            self.tracks.memory_rows([d.valid.message for d in remembered], [d.valid.values for d in remembered], now)
-            if recognise
-            else []
-        )
+        tracks: list[TrackRelease] = []
+        if recognise and self.tracks.shared:  # replicas only: a single server's own memory is complete
+            remembered = [d.valid for d in decided if d.valid.purpose == "identify" and not d.valid.is_decision]
+            tracks = self.tracks.memory_rows([v.message for v in remembered], [v.values for v in remembered], now)
         new = self.store.commit_ingest(IngestBatch(ledger, [*templates, *kept], decisions, tracks))
         published = 0
         for d in decided:

@@ -45,9 +45,8 @@ def sender_refusal(devices: DeviceRegistry, where: DeviceTopic) -> str | None:
 
 def read_claim_check(payload: bytes) -> tuple[str, str]:
     """``(nonce, claimed subject)`` of a claim check's JSON; ``ValueError`` (or KeyError, TypeError,
-    WireError) for anything but a 32-hex nonce and a valid subject id within :data:`MAX_CLAIM_CHECK_BYTES`."""
-    if len(payload) > MAX_CLAIM_CHECK_BYTES:
-        raise ValueError(f"payload: expected at most {MAX_CLAIM_CHECK_BYTES} bytes, received {len(payload)}")
+    WireError) for anything but a 32-hex nonce and a valid subject id. The caller bounds the size first
+    (:data:`MAX_CLAIM_CHECK_BYTES`, refused as ``too_large``)."""
     doc = json.loads(payload)
     nonce, subject = doc["nonce"], doc["claimed_subject"]
     if not (isinstance(nonce, str) and NONCE.fullmatch(nonce) and isinstance(subject, str)):
