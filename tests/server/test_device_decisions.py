@@ -131,6 +131,43 @@ def test_a_doors_access_record_is_a_verify_event_with_no_label_epsilon(deciding,
     assert (row["mechanism_kind"], row["epsilon_label"], row["epsilon_vector"]) == ("access-record", 0.0, 0.0)
 
 
+def test_a_door_opened_from_home_assistant_is_kept_as_a_record_naming_nobody_with_who_asked(deciding, model):
+    """No face was looked at and no model decided: the record has no subject and no model, says who asked, and
+    is kept and read back as such (the ledger row costs no ε)."""
+    asked = wire.make_decision(device_id="cam-2", site=SITE, bundle_id=model.bundle_id, key_id=model.key_id,
+                               model_serial=0, model_version="", purpose="verify", accepted=True,
+                               requested_by="home_assistant", track_id="door-ha")  # fmt: skip
+    with EventCollector(deciding, 1) as events:
+        ack = deciding.stub().Ingest(asked, metadata=CAMERA, timeout=10)
+        assert ack.status == recognition_pb2.INGEST_STATUS_ACCEPTED, ack.reason
+        (ev,) = events.wait()
+    assert (ev.purpose, ev.accepted, ev.requested_by, ev.claimed_subject, ev.subject, ev.decided_on) == (
+        template_pb2.PURPOSE_VERIFY, True, "home_assistant", "", "", "device")  # fmt: skip
+    kept = {d.message_id: d for _, d in deciding.services.store.decisions(limit=100_000)}
+    assert kept[asked.message_id].requested_by == "home_assistant" and kept[asked.message_id].claimed_subject == ""
+    row = _ledger(deciding, asked.message_id)
+    assert (row["mechanism_kind"], row["epsilon_label"], row["epsilon_vector"]) == ("access-record", 0.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (lambda m: setattr(m.decision, "requested_by", "the-neighbour"), "decision.requested_by"),
+        (lambda m: setattr(m, "subject", "alice"), "subject"),
+        (lambda m: setattr(m.decision, "model_serial", 3), "decision.model_serial"),
+        (lambda m: setattr(m.decision, "accepted", False), "decision.accepted"),
+        (lambda m: setattr(m, "purpose", template_pb2.PURPOSE_IDENTIFY), "decision.requested_by"),
+    ],
+)
+def test_a_record_of_an_opening_asked_for_is_refused_by_name_when_it_says_more(change, field) -> None:
+    msg = wire.make_decision(device_id="door-1", site=SITE, bundle_id="b", key_id="", model_serial=0,
+                             model_version="", purpose="verify", accepted=True,
+                             requested_by="home_assistant")  # fmt: skip
+    change(msg)
+    with pytest.raises(wire.WireError, match=field.replace(".", r"\.")):
+        wire.validate_template(msg)
+
+
 def _refused(srv: Any, msg: Any, metadata: Any = CAMERA) -> tuple[str, str]:
     """A refused decision's (reason of the stream ack, details of the unary call)."""
     summary = srv.stub().IngestStream(iter([msg]), metadata=metadata, timeout=10)

@@ -407,7 +407,8 @@ def validate_template(msg: template_pb2.PerturbedTemplate, *, n_components: int 
     if msg.key_id and not KEY_ID_PATTERN.match(msg.key_id):
         raise WireError(f"key_id: expected 'sk-' and 16 hex digits or empty, received {msg.key_id[:64]!r}")
     purpose = purpose_name(msg.purpose)
-    if purpose in ("enroll", "verify") and not msg.subject:
+    asked = msg.HasField("decision") and bool(msg.decision.requested_by)  # an opening asked for names nobody
+    if purpose in ("enroll", "verify") and not msg.subject and not asked:
         raise WireError(f"subject: expected a subject id for purpose {purpose!r}, received none")
     if msg.subject and check_subject_id(msg.subject, "subject") != msg.subject:
         raise WireError(
@@ -467,6 +468,8 @@ def validate_template(msg: template_pb2.PerturbedTemplate, *, n_components: int 
 CLASS_ID_PATTERN: Final = re.compile(r"^[0-9a-f]{24}$")
 #: The label mechanisms a decision may name.
 LABEL_MECHANISMS: Final = ("k-rr",)
+#: Who besides a claim at the door may ask a door to open (``decision.requested_by``).
+DOOR_REQUESTERS: Final = ("home_assistant",)
 #: Most frames a device may say it fused into one decision.
 MAX_FRAMES_FUSED: Final = 100_000
 
@@ -489,12 +492,15 @@ def make_decision(
     track_id: str = "",
     capture_time: float | None = None,
     message_id: str | None = None,
+    requested_by: str = "",
 ) -> template_pb2.PerturbedTemplate:
     """A validated release carrying a device's decision instead of a template.
 
     ``purpose = "identify"``: ``label`` is the opaque class id released by k-ary randomized response at
     ``epsilon_label`` over ``labels`` outputs ("" = unknown). ``purpose = "verify"``: a door's access
-    record, ``subject`` the claimed subject and ``accepted`` whether the door opened.
+    record, ``subject`` the claimed subject and ``accepted`` whether the door opened; with ``requested_by``
+    (one of :data:`DOOR_REQUESTERS`) a door opened at another's request: no subject and no device model
+    (``model_serial`` 0, ``model_version`` "").
     """
     if purpose not in ("identify", "verify"):
         raise WireError(f"purpose: expected 'identify' or 'verify' for a decision, received {purpose!r}")
@@ -520,6 +526,7 @@ def make_decision(
         d.labels = int(labels)
     else:
         d.accepted = bool(accepted)
+        d.requested_by = requested_by
     validate_template(msg)
     return msg
 
@@ -535,6 +542,9 @@ def validate_decision(msg: template_pb2.PerturbedTemplate) -> None:
     if len(msg.values) or msg.HasField("mechanism") or len(msg.soft_traits):
         raise WireError("decision: expected no values, mechanism or soft traits beside a decision, received some")
     purpose = purpose_name(msg.purpose)
+    if d.requested_by:
+        _validate_requested_open(msg)
+        return
     if d.model_serial < 1:
         raise WireError(
             f"decision.model_serial: expected the serial of a device model (>= 1), received {d.model_serial}"
@@ -566,6 +576,27 @@ def validate_decision(msg: template_pb2.PerturbedTemplate) -> None:
             raise WireError("decision.label: expected no label for a door's access record, received one")
     else:
         raise WireError(f"purpose: expected 'identify' or 'verify' for a decision, received {purpose!r}")
+
+
+def _validate_requested_open(msg: template_pb2.PerturbedTemplate) -> None:
+    """A door opened at another's request: it looked at no face, so it names nobody and no model decided."""
+    d = msg.decision
+    if d.requested_by not in DOOR_REQUESTERS:
+        raise WireError(
+            f"decision.requested_by: expected one of {', '.join(DOOR_REQUESTERS)} or '' (a claim at the door), "
+            f"received {d.requested_by[:64]!r}"
+        )
+    if purpose_name(msg.purpose) != "verify":
+        raise WireError("decision.requested_by: expected a door's access record (purpose VERIFY), received another")
+    if msg.subject:
+        raise WireError("subject: expected none in a door's record of an opening it was asked for, received one")
+    if d.model_serial or d.model_version or d.label or d.label_mechanism or d.epsilon_label or d.labels:
+        raise WireError(
+            "decision.model_serial: expected no device model and no label in a door's record of an opening it "
+            "was asked for, received some"
+        )
+    if not d.accepted:
+        raise WireError("decision.accepted: expected true (a request the door refused is not sent), received false")
 
 
 def check_capture_time(msg: template_pb2.PerturbedTemplate) -> float:

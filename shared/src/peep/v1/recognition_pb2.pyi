@@ -255,7 +255,7 @@ class StreamEventsRequest(_message.Message):
     def __init__(self, site: _Optional[str] = ..., after_seq: _Optional[int] = ...) -> None: ...
 
 class RecognitionEvent(_message.Message):
-    __slots__ = ("event_id", "time", "site", "device_id", "message_id", "track_id", "purpose", "subject", "unknown", "probability", "claimed_subject", "accepted", "model_version", "releases_fused", "seq", "decided_on", "epsilon_label", "model_serial", "template_sha256")
+    __slots__ = ("event_id", "time", "site", "device_id", "message_id", "track_id", "purpose", "subject", "unknown", "probability", "claimed_subject", "accepted", "model_version", "releases_fused", "seq", "decided_on", "epsilon_label", "model_serial", "template_sha256", "requested_by")
     EVENT_ID_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
     SITE_FIELD_NUMBER: _ClassVar[int]
@@ -275,6 +275,7 @@ class RecognitionEvent(_message.Message):
     EPSILON_LABEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_SERIAL_FIELD_NUMBER: _ClassVar[int]
     TEMPLATE_SHA256_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
     event_id: str
     time: _timestamp_pb2.Timestamp
     site: str
@@ -294,7 +295,8 @@ class RecognitionEvent(_message.Message):
     epsilon_label: float
     model_serial: int
     template_sha256: str
-    def __init__(self, event_id: _Optional[str] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., site: _Optional[str] = ..., device_id: _Optional[str] = ..., message_id: _Optional[str] = ..., track_id: _Optional[str] = ..., purpose: _Optional[_Union[_template_pb2.Purpose, str]] = ..., subject: _Optional[str] = ..., unknown: _Optional[bool] = ..., probability: _Optional[float] = ..., claimed_subject: _Optional[str] = ..., accepted: _Optional[bool] = ..., model_version: _Optional[str] = ..., releases_fused: _Optional[int] = ..., seq: _Optional[int] = ..., decided_on: _Optional[str] = ..., epsilon_label: _Optional[float] = ..., model_serial: _Optional[int] = ..., template_sha256: _Optional[str] = ...) -> None: ...
+    requested_by: str
+    def __init__(self, event_id: _Optional[str] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., site: _Optional[str] = ..., device_id: _Optional[str] = ..., message_id: _Optional[str] = ..., track_id: _Optional[str] = ..., purpose: _Optional[_Union[_template_pb2.Purpose, str]] = ..., subject: _Optional[str] = ..., unknown: _Optional[bool] = ..., probability: _Optional[float] = ..., claimed_subject: _Optional[str] = ..., accepted: _Optional[bool] = ..., model_version: _Optional[str] = ..., releases_fused: _Optional[int] = ..., seq: _Optional[int] = ..., decided_on: _Optional[str] = ..., epsilon_label: _Optional[float] = ..., model_serial: _Optional[int] = ..., template_sha256: _Optional[str] = ..., requested_by: _Optional[str] = ...) -> None: ...
 
 class DeviceReportRequest(_message.Message):
     __slots__ = ("device_id", "site", "report")

@@ -116,7 +116,7 @@ class PerturbedTemplate(_message.Message):
     def __init__(self, message_id: _Optional[str] = ..., device_id: _Optional[str] = ..., site: _Optional[str] = ..., capture_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., bundle_id: _Optional[str] = ..., mechanism: _Optional[_Union[MechanismInfo, _Mapping]] = ..., purpose: _Optional[_Union[Purpose, str]] = ..., subject: _Optional[str] = ..., track_id: _Optional[str] = ..., values: _Optional[_Iterable[float]] = ..., soft_traits: _Optional[_Iterable[_Union[SoftTraitRelease, _Mapping]]] = ..., key_id: _Optional[str] = ..., decision: _Optional[_Union[DecisionRelease, _Mapping]] = ..., device_signature: _Optional[str] = ..., claim_signature: _Optional[str] = ...) -> None: ...
 
 class DecisionRelease(_message.Message):
-    __slots__ = ("model_serial", "model_version", "label", "label_mechanism", "epsilon_label", "labels", "accepted", "frames_fused")
+    __slots__ = ("model_serial", "model_version", "label", "label_mechanism", "epsilon_label", "labels", "accepted", "frames_fused", "requested_by")
     MODEL_SERIAL_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +125,7 @@ class DecisionRelease(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FUSED_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
     model_serial: int
     model_version: str
     label: str
@@ -133,4 +134,5 @@ class DecisionRelease(_message.Message):
     labels: int
     accepted: bool
     frames_fused: int
-    def __init__(self, model_serial: _Optional[int] = ..., model_version: _Optional[str] = ..., label: _Optional[str] = ..., label_mechanism: _Optional[str] = ..., epsilon_label: _Optional[float] = ..., labels: _Optional[int] = ..., accepted: _Optional[bool] = ..., frames_fused: _Optional[int] = ...) -> None: ...
+    requested_by: str
+    def __init__(self, model_serial: _Optional[int] = ..., model_version: _Optional[str] = ..., label: _Optional[str] = ..., label_mechanism: _Optional[str] = ..., epsilon_label: _Optional[float] = ..., labels: _Optional[int] = ..., accepted: _Optional[bool] = ..., frames_fused: _Optional[int] = ..., requested_by: _Optional[str] = ...) -> None: ...

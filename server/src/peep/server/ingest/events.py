@@ -92,6 +92,8 @@ def event_to_json(ev: recognition_pb2.RecognitionEvent) -> dict[str, Any]:
         out.update(claimed_subject=ev.claimed_subject, accepted=ev.accepted, probability=ev.probability)
         if ev.template_sha256:
             out["template_sha256"] = ev.template_sha256
+        if ev.requested_by:
+            out["requested_by"] = ev.requested_by
     else:
         out.update(
             subject=ev.subject, unknown=ev.unknown, probability=ev.probability, releases_fused=ev.releases_fused or 1

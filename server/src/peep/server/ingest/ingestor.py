@@ -586,6 +586,11 @@ class Ingestor:
         """The event of a device's decision: its label's subject (unknown if erased since), or a door's record."""
         v = d.valid
         msg, issued, dec = v.message, v.device_model, v.message.decision
+        if issued is None:  # opened at another's request (decision.requested_by): it names nobody
+            d.event = self.decision_event(
+                v, accepted=True, probability=0.0, decided_on="device", requested_by=dec.requested_by
+            )
+            return
         fields: dict[str, Any] = {
             "model_version": issued.model_version,
             "decided_on": "device",

@@ -149,7 +149,7 @@ class ValidTemplate:
     @property
     def is_decision(self) -> bool:
         """Whether this release carries a device's decision instead of a template."""
-        return self.device_model is not None
+        return self.message.HasField("decision")
 
 
 def _close(a: float, b: float) -> bool:
@@ -260,6 +260,10 @@ class TemplateValidator:
         """The checks of a device's decision against the model it names (the module docstring's last rule)."""
         d = msg.decision
         purpose = wire.purpose_name(msg.purpose)
+        if d.requested_by:  # a door opened at Home Assistant's request: no face, no model (wire checked the rest)
+            return ValidTemplate(
+                message=msg, values=np.zeros(0, dtype=np.float32), bundle=bundle, kind=ACCESS_RECORD, purpose=purpose
+            )
         models = self.device_models
         issued = models.get(int(d.model_serial)) if models is not None else None
         if issued is None:

@@ -299,6 +299,11 @@ def _soft_traits(dialect: Dialect) -> list[str]:
     ]
 
 
+# Migration 17: a door's opening asked from Home Assistant is kept as what it was, an access record naming nobody
+# with who asked (requested_by); rows from before were all claims at the door.
+_DOOR_REQUESTS = ["ALTER TABLE recognition_events ADD COLUMN requested_by TEXT NOT NULL DEFAULT ''"]
+
+
 def _render(dialect: Dialect, statements: list[str]) -> list[str]:
     return [s.format(real=dialect.real, blob=dialect.blob) for s in statements]
 
@@ -322,6 +327,7 @@ MIGRATIONS: dict[str, list[list[str]]] = {
         _render(d, _device_models(d)),
         _render(d, _device_decisions(d)),
         _render(d, _soft_traits(d)),
+        _render(d, _DOOR_REQUESTS),
     ]
     for d in (SQLITE, POSTGRES)
 }

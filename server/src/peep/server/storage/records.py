@@ -252,6 +252,8 @@ class DecisionRecord:
     #: A device's decision: its label's ε (0 for a door's access record) and the device model's serial.
     epsilon_label: float = 0.0
     model_serial: int = 0
+    #: A door's opening asked by another than a claim at the door (``home_assistant``); "" for a claim.
+    requested_by: str = ""
 
     @classmethod
     def from_event(cls, ev: Any, *, origin: str = "") -> DecisionRecord:
@@ -276,6 +278,7 @@ class DecisionRecord:
             decided_on=ev.decided_on or "server",
             epsilon_label=float(ev.epsilon_label),
             model_serial=int(ev.model_serial),
+            requested_by=ev.requested_by,
         )
 
     def to_event(self, seq: int = 0) -> Any:
@@ -298,6 +301,7 @@ class DecisionRecord:
             decided_on=self.decided_on,
             epsilon_label=self.epsilon_label,
             model_serial=self.model_serial,
+            requested_by=self.requested_by,
         )
         ev.time.FromNanoseconds(round(self.at * 1e9))
         return ev
