@@ -51,6 +51,7 @@ def test_mosquitto_acl_binds_devices_to_their_own_prefix():
             ("read", f"{root}/bundle"),
             ("read", f"{root}/model"),  # every signed device model as it is issued (verified, kept only if its own)
             ("write", f"{root}/+/%u/lock"),  # a door states its lock, for Home Assistant's lock entity
+            ("read", f"{root}/+/%u/lock_command"),  # and reads its commands (acted on only when it is told to)
         ]
     )
     assert all(len(r) == 3 for r in pattern), "a pattern rule has one access and one topic"
@@ -68,6 +69,8 @@ def test_mosquitto_acl_binds_devices_to_their_own_prefix():
     ha = [tuple(r[1:]) for r in rules[at + 1 :]]
     assert [t for a, t in ha if "write" in a] == ["homeassistant/status"]
     assert all(t.startswith(("homeassistant/", f"{root}/+/+/")) for _, t in ha)
+    # As shipped, nobody may write a door's lock command (the server neither): a deployer grants one account.
+    assert not [r for r in rules if r[0] == "topic" and "write" in r[1] and r[2].endswith("lock_command")]
     conf = (DEPLOY / "mosquitto" / "mosquitto.conf").read_text()
     for needle in ("allow_anonymous false", "password_file ", "acl_file ", "certfile ", "keyfile "):
         assert needle in conf

@@ -245,3 +245,49 @@ def test_a_door_reporting_its_lock_states_it_retained_as_it_drives_it(open_broke
         c.loop_stop()
         c.disconnect()
         door.link.client.publish(f"peep/v1/{site}/{device}/lock", b"", qos=1, retain=True).wait_for_publish(5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("open_broker_door", [{"report_lock": True, "home_assistant_open": True}], indirect=True)
+def test_a_door_opens_at_home_assistant_s_unlock_and_spools_a_record_naming_nobody(open_broker_door):
+    """UNLOCK on the door's lock_command opens it for open_s and spools an access record with who asked; a retained
+    command (one that would open the door at every reconnect) and an unreadable one open nothing; LOCK locks."""
+    import paho.mqtt.client as mqtt
+    from peep.core.wire import decode_template
+
+    agent, door, _server, _pin, outcomes, _key = open_broker_door
+    device, site = agent.cfg.device.id, agent.cfg.device.site
+    topic = f"peep/v1/{site}/{device}/lock_command"
+    spool = door.session.pipeline.spool
+    before = {i.message_id for i in spool.peek(spool.destinations[0], 1000)}
+    ha = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"ha-{uuid.uuid4().hex[:6]}")
+    ha.connect(door.link.cfg.host, door.link.cfg.port)
+    ha.loop_start()
+    try:
+        ha.publish(topic, b"UNLOCK", qos=1, retain=True).wait_for_publish(5)  # retained: never acted on
+        ha.publish(topic, b"\xff" * 8, qos=1).wait_for_publish(5)
+        time.sleep(1.0)
+        assert not [o for o in outcomes if o.requested_by] and door.controller.opened == 0
+        ha.publish(topic, b"", qos=1, retain=True).wait_for_publish(5)
+        ha.publish(topic, b"UNLOCK", qos=1).wait_for_publish(5)
+        assert wait_for(lambda: [o for o in outcomes if o.requested_by], 10), outcomes
+        (asked,) = [o for o in outcomes if o.requested_by]
+        assert asked.opened and asked.requested_by == "home_assistant" and door.controller.opened == 1
+        records = [decode_template(i.payload) for i in spool.peek(spool.destinations[0], 1000)
+                   if i.message_id not in before]  # fmt: skip
+        assert [(r.decision.requested_by, r.decision.accepted, r.subject, r.decision.model_serial)
+                for r in records] == [("home_assistant", True, "", 0)]  # fmt: skip
+        assert not records[0].values and not records[0].HasField("mechanism")  # nothing of a face
+    finally:
+        ha.loop_stop()
+        ha.disconnect()
+        door.link.client.publish(f"peep/v1/{site}/{device}/lock", b"", qos=1, retain=True).wait_for_publish(5)
+
+
+def test_opening_from_home_assistant_needs_the_lock_reported(make_config):
+    from peep.edge.config import load_config
+    from peep.edge.errors import ConfigError
+
+    cfg = make_config("door.toml", door={"enabled": True, "home_assistant_open": True})
+    with pytest.raises(ConfigError, match=r"door\.home_assistant_open.*report_lock"):
+        load_config(cfg)

@@ -46,14 +46,16 @@ class ShippedBroker(ShippedMosquitto):
     """The shipped broker with the tests' accounts; skips the test where mosquitto is not installed."""
 
     def __init__(self, workdir: Path, ca: Path, cert: Path, key: Path, devices: dict[str, str] | None = None,
-                 server_accounts: dict[str, str] | None = None) -> None:  # fmt: skip
+                 server_accounts: dict[str, str] | None = None,
+                 acl_grants: dict[str, list[str]] | None = None) -> None:  # fmt: skip
         missing = mosquitto_missing()
         if missing:
             pytest.skip(missing)
         # devices: more device accounts (id -> password) besides cam-1 and cam-2; server_accounts: more accounts on
         # the server's listener besides peep-server (home-assistant)
         super().__init__(workdir, ca, cert, key, devices={**DEVICE_PASSWORDS, **(devices or {})},
-                         server_password=SERVER_PASSWORD, server_accounts=server_accounts)  # fmt: skip
+                         server_password=SERVER_PASSWORD, server_accounts=server_accounts,
+                         acl_grants=acl_grants)  # fmt: skip
 
     def server_mqtt_section(self, *, password: str = "env:PEEP_TEST_MQTT_PASSWORD", **overrides: Any) -> dict[str, Any]:
         """server.toml's [mqtt] for this broker (password from PEEP_TEST_MQTT_PASSWORD)."""

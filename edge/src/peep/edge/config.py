@@ -608,9 +608,24 @@ class DoorConfig(_Section):
             "own status and last will there. Off: the door needs no broker unless its decision or lock does"
         ),
     )
+    home_assistant_open: bool = Field(
+        default=False,
+        description=(
+            "open when Home Assistant's lock says UNLOCK (or OPEN) on <root>/<site>/<door>/lock_command, for open_s "
+            "like an accepted claim; refused while any subject is locked out here, while a claim waits, or past "
+            "max_claims_per_minute, and each opening is sent as an access record naming who asked. Needs "
+            "report_lock and a broker ACL line letting one Home Assistant account write that topic "
+            "(docs/HOME_ASSISTANT.md). Off: the door never reads the topic"
+        ),
+    )
 
     @model_validator(mode="after")
     def _lock_is_complete(self) -> DoorConfig:
+        if self.home_assistant_open and not self.report_lock:
+            raise ValueError(
+                "door.home_assistant_open: expected door.report_lock = true beside it (the lock's state and the "
+                "door's availability are what Home Assistant's lock shows), received report_lock = false"
+            )
         if self.lock == "command" and not (self.open_command and self.close_command):
             raise ValueError("door.open_command/close_command: expected both argument lists for lock = 'command'")
         if self.lock == "mqtt-relay" and self.relay_convention == "custom" and not self.relay_topic:

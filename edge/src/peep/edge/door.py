@@ -240,6 +240,8 @@ class Outcome:
     reason: str = ""
     detail: str = ""
     latency_s: float | None = None
+    #: Who asked, when not a claim at the door (``home_assistant``); its claim is then None.
+    requested_by: str = ""
 
 
 @dataclass
@@ -343,6 +345,44 @@ class DoorController:
         with self._lock:
             outcome = self._refuse(None, reason, detail)
         return self._reported(outcome)
+
+    def open_on_request(self, requested_by: str) -> Outcome:
+        """Open for ``open_s`` at the request of another than a claim at the door (Home Assistant's lock).
+
+        Refused while any subject is locked out here (someone failing at the door would walk in on it),
+        while a claim waits for its decision (``busy``), and past ``max_claims_per_minute`` (``throttled``):
+        a request counts towards the throttle like a claim, so a flood of them is bounded the same way.
+        """
+        now = self.clock()
+        with self._lock:
+            if self._current is not None and now <= self._current.deadline:
+                outcome = self._refuse(None, "busy", "a claim is waiting for its decision")
+            elif self._any_locked_out(now):
+                outcome = self._refuse(None, "locked_out", "a subject is locked out at this door")
+            else:
+                while self._taken and now - self._taken[0] >= 60.0:
+                    self._taken.popleft()
+                if len(self._taken) >= self.max_claims_per_minute:
+                    outcome = self._refuse(None, "throttled", f"{self.max_claims_per_minute} claims within 60 s")
+                else:
+                    self._taken.append(now)
+                    if self.memory is not None:
+                        self.memory.record("claim")
+                    self._open()
+                    self.opened += 1
+                    outcome = Outcome(None, True, latency_s=0.0)
+            outcome.requested_by = requested_by
+        log_event(_log, logging.INFO if outcome.opened else logging.WARNING, "door_request", door=self.door,
+                  requested_by=requested_by, opened=outcome.opened, reason=outcome.reason)  # fmt: skip
+        return self._reported(outcome)
+
+    def relock(self) -> None:
+        """Lock now, before ``open_s`` has passed (a request to lock; locking is always allowed)."""
+        with self._lock:
+            if self._relock is not None:
+                self._relock.cancel()
+                self._relock = None
+        self._release()
 
     def _reported(self, result: _R) -> _R:
         if isinstance(result, Outcome):
@@ -457,8 +497,14 @@ class DoorController:
         """The id ``subject``'s refusals are counted under: keyed when they are kept on disk."""
         return subject if self.memory is None else self.memory.subject_key(subject)
 
+    def _any_locked_out(self, now: float) -> bool:
+        return any(self._locked_out_key(key, now) for key in list(self._failures))
+
     def _locked_out(self, subject: str, now: float) -> bool:
-        f = self._failures.get(self._key(subject))
+        return self._locked_out_key(self._key(subject), now)
+
+    def _locked_out_key(self, key: str, now: float) -> bool:
+        f = self._failures.get(key)
         if f is None:
             return False
         while f.times and now - f.times[0] > self.lockout_window_s:

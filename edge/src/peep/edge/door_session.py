@@ -616,6 +616,36 @@ class DoorSession:
             log_event(_log, logging.ERROR, "door_record_not_spooled", door=self.controller.door,
                       error=str(exc)[:200])  # fmt: skip
 
+    def on_lock_command(self, payload: bytes) -> Outcome | None:
+        """Home Assistant's lock said ``UNLOCK`` or ``OPEN`` (open, when the controller allows) or ``LOCK``.
+
+        An opening is sent as an access record naming nobody, with who asked (``decision.requested_by``): no
+        face was looked at and nothing is released, so it costs no ε. Anything else is logged and ignored.
+        """
+        command = payload.decode("ascii", "replace").strip().upper()
+        if command == "LOCK":
+            self.controller.relock()
+            return None
+        if command not in ("UNLOCK", "OPEN"):
+            log_event(_log, logging.WARNING, "door_command_unreadable", door=self.controller.door,
+                      command=command[:32])  # fmt: skip
+            return None
+        outcome = self.controller.open_on_request("home_assistant")
+        if outcome.opened:
+            from peep.core.wire import make_decision
+
+            p = self.pipeline
+            msg = make_decision(device_id=p.device_id, site=p.site, bundle_id=p.releaser.bundle_id,
+                                key_id=p.releaser.key_id, model_serial=0, model_version="", purpose="verify",
+                                accepted=True, requested_by="home_assistant", capture_time=p.clock())  # fmt: skip
+            msg.track_id = f"door-{msg.message_id[:12]}"
+            try:
+                p.spool.put(message_id=msg.message_id, purpose="verify", payload=p.encode(msg))
+            except Exception as exc:  # the door opened: the record is lost, and said so
+                log_event(_log, logging.ERROR, "door_record_not_spooled", door=self.controller.door,
+                          error=str(exc)[:200])  # fmt: skip
+        return outcome
+
     def _best_face(self, read_frame: Callable[[], Any], timing: DoorTiming) -> tuple[Any, FaceBox] | None:
         deadline = self.clock() + self.face_timeout_s
         best: tuple[Any, FaceBox] | None = None
@@ -705,13 +735,16 @@ def open_door(
     link = channel = None
     publish = None
     holder: list[MqttVerifier] = []
+    sessions: list[DoorSession] = []  # the session, made below, for the lock commands the link hands on
     if d.lock == "mqtt-relay" or d.decision == "mqtt" or d.report_lock:
         from peep.edge.transport.mqtt import MqttLink
 
         link = MqttLink(cfg.mqtt, client_id=f"{cfg.mqtt_client_id}-door", site=cfg.device.site,
                         device_id=cfg.device.id, password=agent.mqtt_password, publish_status=d.report_lock,
                         on_event=lambda ev: holder[0].on_event(ev) if holder else None,
-                        subscribe_events=d.decision == "mqtt")  # fmt: skip
+                        subscribe_events=d.decision == "mqtt",
+                        on_lock_command=(lambda payload: sessions[0].on_lock_command(payload) if sessions else None)
+                        if d.home_assistant_open else None)  # fmt: skip
         link.start()
         link.wait_connected(cfg.mqtt.connect_timeout_s if connect_timeout_s is None else connect_timeout_s)
         mqtt_link = link
@@ -756,4 +789,5 @@ def open_door(
     session = DoorSession(pipeline, agent.accountant, controller, verifier, face_timeout_s=face_timeout_s,  # type: ignore[arg-type]
                           settle_frames=settle_frames, device_key=agent.device_key, budget=budget,
                           stop=stop, decisions=agent.decisions if d.decision == "device" else None)  # fmt: skip
+    sessions.append(session)
     return DoorRig(session, controller, link, channel)

@@ -41,6 +41,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
+from paho.mqtt.subscribeoptions import SubscribeOptions
 from peep.core.topics import TopicScheme
 from peep.edge.config import MqttConfig
 from peep.edge.logs import log_event
@@ -50,6 +51,8 @@ from peep.edge.startup import mqtt_tls_context
 from peep.edge.transport.base import Forwarder
 
 _log = logging.getLogger("peep.edge.mqtt")
+#: Largest lock command a door reads (Home Assistant's are ``LOCK``, ``UNLOCK``, ``OPEN``).
+MAX_LOCK_COMMAND = 64
 #: PUBACK reason code (MQTT 5) of a message the broker took and then dropped: nobody subscribes to its topic.
 NO_MATCHING_SUBSCRIBERS = 0x10
 
@@ -106,6 +109,11 @@ class MqttLink:
     model_request : callable() -> bytes, optional
         The ``GetDeviceModelRequest`` to publish at every connection (its bundle, key id, the serial it holds),
         so a device that was away when a model was issued asks for it.
+    on_lock_command : callable(bytes), optional
+        A door that opens at Home Assistant's request (``door.home_assistant_open``): each live message of its
+        ``lock_command`` topic, at most :data:`MAX_LOCK_COMMAND` bytes. Subscribed at QoS 0 and every message
+        published retained dropped, so a command is acted on only as it is sent: none is queued for a door that
+        is away, and none is replayed on every reconnect.
     """
 
     def __init__(
@@ -123,8 +131,10 @@ class MqttLink:
         subscribe_events: bool = True,
         on_model: Callable[[bytes], None] | None = None,
         model_request: Callable[[], bytes] | None = None,
+        on_lock_command: Callable[[bytes], None] | None = None,
     ) -> None:
         self.cfg = cfg
+        self._on_lock_command = on_lock_command
         self._on_model = on_model
         self._model_request = model_request
         self._subscribe_events = subscribe_events
@@ -133,6 +143,7 @@ class MqttLink:
         self.topics = TopicScheme(cfg.topic_prefix)
         self.templates_topic = self.topics.templates(site, device_id)
         self.status_topic = self.topics.status(site, device_id)
+        self.lock_command_topic = self.topics.device(site, device_id, "lock_command")
         self.report_topic = self.topics.report(site, device_id)
         self.events_topic = self.topics.events(site, device_id)
         self.bundle_topic = self.topics.bundle
@@ -238,6 +249,9 @@ class MqttLink:
             subs.append((self.bundle_topic, 1))
         if self._on_model is not None:
             subs.extend((t, 1) for t in self.model_topics)
+        if self._on_lock_command is not None:
+            # Retain as published: a command sent retained keeps its flag even live, and is dropped either way.
+            subs.append((self.lock_command_topic, SubscribeOptions(qos=0, retainAsPublished=True)))
         if subs:
             client.subscribe(subs)
         if self._on_model is not None and self._model_request is not None:
@@ -291,6 +305,13 @@ class MqttLink:
         self._notify()
 
     def _handle_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        if self._on_lock_command is not None and _is_topic(msg.topic, self.lock_command_topic):
+            if msg.retain or len(msg.payload) > MAX_LOCK_COMMAND:
+                log_event(_log, logging.WARNING, "door_command_ignored", topic=msg.topic, retained=bool(msg.retain),
+                          size=len(msg.payload))  # fmt: skip
+                return
+            self._on_lock_command(bytes(msg.payload))
+            return
         if _is_topic(msg.topic, self.bundle_topic) and self._on_bundle is not None:
             if msg.payload:
                 self._on_bundle(bytes(msg.payload))

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self
 
@@ -120,6 +120,8 @@ class ShippedMosquitto:
     server_accounts : mapping of str to str, optional
         More accounts on the server's listener, name -> password (``home-assistant``, whose rights the shipped ACL
         names).
+    acl_grants : mapping of str to sequence of str, optional
+        Lines a deployer adds to the shipped ACL, per account (``{"home-assistant": ["topic write …"]}``).
     sys_interval_s : int, optional
         Mosquitto's ``sys_interval`` (how often $SYS is published; mosquitto's default is 10 s).
 
@@ -131,7 +133,8 @@ class ShippedMosquitto:
 
     def __init__(self, workdir: Path, ca: Path, cert: Path, key: Path, *, devices: Mapping[str, str],
                  server_password: str, server_accounts: Mapping[str, str] | None = None,
-                 sys_interval_s: int | None = None, shipped: Path = SHIPPED_MOSQUITTO) -> None:  # fmt: skip
+                 sys_interval_s: int | None = None, shipped: Path = SHIPPED_MOSQUITTO,
+                 acl_grants: Mapping[str, Sequence[str]] | None = None) -> None:  # fmt: skip
         missing = mosquitto_missing(shipped)
         if missing:
             raise PartUnavailable(missing)
@@ -143,7 +146,10 @@ class ShippedMosquitto:
         self.creds = workdir / "creds"
         for name, src in (("ca.pem", ca), ("server.pem", cert), ("server.key", key)):
             shutil.copyfile(src, etc / name)
-        shutil.copyfile(shipped / "acl", etc / "acl")
+        acl = (shipped / "acl").read_text()
+        for user, lines in (acl_grants or {}).items():  # a deployer's added rights, in a section of their own
+            acl += f"\nuser {user}\n" + "".join(f"{line}\n" for line in lines)
+        (etc / "acl").write_text(acl)
         device_args = [f"{d}={pw}" for d, pw in devices.items()]
         server_args = [f"peep-server={server_password}", *(f"{n}={pw}" for n, pw in (server_accounts or {}).items())]
         for passwd, users in (("passwd", device_args), ("passwd-server", server_args)):
