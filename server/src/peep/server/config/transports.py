@@ -339,6 +339,16 @@ class HomeAssistantConfig(ConfigModel):
         ),
         max_length=10_000,
     )
+    recent_minutes: int = Field(
+        default=15,
+        ge=1,
+        le=1440,
+        description=(
+            "the window of each camera's sensor of the distinct enrolled people it recognised recently: a count "
+            "only, never who, kept in the server's memory only and each person dropped as they leave the window; "
+            "with several replicas each counts only the decisions it made"
+        ),
+    )
 
 
 _REPLICA_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")

@@ -228,9 +228,11 @@ class MqttBridge:
         self.home_assistant = HomeAssistantPublisher(
             HomeAssistantDiscovery(self.topics, prefix=ha.discovery_prefix, version=__version__), services.devices,
             doors=ha.doors, publisher=self._publisher, connected=self._connected.is_set,
+            recent_minutes=ha.recent_minutes, stopping=self._stop,
         ) if ha.enabled else None  # fmt: skip
         if self.home_assistant is not None:
             services.events.add_sink(self.home_assistant.event)
+            self.client.on_publish = self.home_assistant.published  # a refused discovery publish is shown
 
     def connection_client_id(self, index: int) -> str:
         return self.client_id if index == 0 else f"{self.client_id}-{index}"
@@ -517,6 +519,8 @@ class MqttBridge:
             subs.append((self.claims_filter, SubscribeOptions(qos=0)))
             # Devices' asks for a device model: the same (a device that heard nothing asks again).
             subs.append((self.model_requests_filter, SubscribeOptions(qos=0)))
+            if self.home_assistant is not None:  # its birth (announce again) and the configs retained (clean up)
+                subs += self.home_assistant.subscriptions()
         client.subscribe(subs)
         extra = {
             "client_id": self.connection_client_id(index),
@@ -570,6 +574,8 @@ class MqttBridge:
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         if not msg.topic.endswith("/templates"):
+            if self.home_assistant is not None and self.home_assistant.take(msg):
+                return  # first: Home Assistant's <prefix>/status ends in /status too
             if msg.topic.endswith(("/status", "/report")):
                 status = msg.topic.endswith("/status")
                 reason = self.heard.take_status(msg) if status else self.heard.take_report(msg)
