@@ -157,3 +157,29 @@ def test_home_assistant_reads_and_cannot_write_a_door_s_topics(site: Site) -> No
     finally:
         ha.close()
         watcher.close()
+
+
+def test_a_camera_s_recent_count_is_a_sensor_naming_nobody_and_home_assistant_s_birth_reaches_the_server(
+    site: Site,
+) -> None:
+    """Home Assistant takes the count's discovery (unit, state class), shows the retained count, and then the number of
+    distinct enrolled people the camera recognised (one recognised twice is one), never who; its own birth on
+    ``homeassistant/status`` reached the server (which announces again on it); the shipped ACL refused nothing."""
+    assert wait_for(lambda: site.entity("sensor", "cam-2"), 30), [s["entity_id"] for s in site.ha.states()]
+    sensor = site.entity("sensor", "cam-2")
+    assert sensor is not None and site.entity("sensor", "door-1") is None
+    first = site.ha.wait_state(sensor, lambda s: s is not None and s["state"].isdigit())
+    assert first is not None
+    assert (first["attributes"]["unit_of_measurement"], first["attributes"]["state_class"]) == ("people", "measurement")
+    people = [f"{ENROLLED}-{uuid.uuid4().hex[:6]}" for _ in range(2)]
+    for subject in (people[0], people[0], people[1]):
+        site.server.services.events.publish(recognition_pb2.RecognitionEvent(
+            site=SITE, device_id="cam-2", purpose=template_pb2.PURPOSE_IDENTIFY, subject=subject, track_id="t-2",
+            decided_on="server", event_id=uuid.uuid4().hex))  # fmt: skip
+    expected = str(int(first["state"]) + 2)
+    site.ha.wait_state(sensor, lambda s: s is not None and s["state"] == expected)
+    ha = site.server.app.mqtt.home_assistant
+    assert wait_for(lambda: ha.state().births >= 1, 30), ha.state()
+    assert ha.state().errors == 0, ha.state().last_error
+    everything = json.dumps(site.ha.states())
+    assert not [p for p in people if p in everything]
