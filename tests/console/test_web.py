@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from peep_testing.console import PASSWORDS, keeping, login_token
 
-PAGES = ["/", "/live", "/devices", "/people", "/models", "/privacy", "/audit", "/enrol", "/password"]
+PAGES = ["/", "/live", "/devices", "/people", "/models", "/privacy", "/home-assistant", "/audit", "/enrol", "/password"]
 ENDPOINTS = ["/live/events", "/models/status"]
 #: Every state-changing route, with a form that would be valid apart from the CSRF token.
 POSTS = {
@@ -413,6 +413,28 @@ def test_a_doors_verification_shows_as_a_door_claim_on_live(console):
         row = next(r for r in page.split("<tr") if track in r)
         assert "verify (door claim)" in row and "cam-1" in row
         assert ("(accepted)" if resp.accepted else "(refused)") in row
+
+
+def test_a_door_opened_from_home_assistant_shows_on_live_as_asked_from_afar_naming_nobody(console):
+    """The door's record of an opening Home Assistant asked for: Live names who asked, not a subject."""
+    import time
+
+    from peep.core import wire
+    from peep.v1 import recognition_pb2
+    from peep_testing.server import DEVICE, SITE
+
+    msg = wire.make_decision(device_id="cam-1", site=SITE, bundle_id=console.faces.bundle.bundle_id, key_id="",
+                             model_serial=0, model_version="", purpose="verify", accepted=True,
+                             requested_by="home_assistant", track_id="door-0123456789ab")  # fmt: skip
+    ack = console.server.stub().Ingest(msg, metadata=DEVICE, timeout=10)
+    assert ack.status == recognition_pb2.INGEST_STATUS_ACCEPTED, ack.reason
+    with console.login("olga") as c:
+        deadline = time.monotonic() + 10
+        while "door-0123456789ab" not in (page := c.get("/live?period=all").text) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        row = next(r for r in page.split("<tr") if "door-0123456789ab" in r)
+        assert "verify (door, asked from afar)" in row and "opened at home assistant's request" in row
+        assert "(door claim)" not in row
 
 
 def test_a_database_away_answers_503_try_again_without_the_drivers_words(console, monkeypatch):

@@ -38,6 +38,8 @@ class LiveEvent:
     accepted: bool | None
     probability: float
     model_version: str
+    #: A door opened at another's request (``home_assistant``), not by a claim: it names no subject.
+    requested_by: str = ""
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,6 +110,7 @@ class LiveFeed:
                 accepted=bool(ev.accepted) if verify else None,
                 probability=float(ev.probability),
                 model_version=ev.model_version,
+                requested_by=ev.requested_by if verify else "",
             )
             self._ring.append(item)
             self._changed.notify_all()

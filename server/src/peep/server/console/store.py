@@ -82,6 +82,8 @@ class Recognition:
     accepted: bool | None
     probability: float
     model_version: str
+    #: A door opened at another's request (``home_assistant``), not by a claim: it names no subject.
+    requested_by: str = ""
 
 
 #: The decisions the Live page filters by: what each means in ``recognition_events``.
@@ -519,19 +521,20 @@ class ConsoleStore:
         )
         q = (
             "SELECT id, event_id, at, site, device_id, track_id, purpose, subject, claimed_subject, unknown, "
-            f"accepted, probability, model_version FROM recognition_events{where} ORDER BY id DESC LIMIT {self._p}"
+            f"accepted, probability, model_version, requested_by FROM recognition_events{where} ORDER BY id DESC "
+            f"LIMIT {self._p}"
         )
         with self.store._session() as conn:
             rows = conn.execute(q, [*params, limit]).fetchall()
         out = []
-        for i, eid, at, site_, dev, track, purpose, subject, claimed, unknown, accepted, prob, version in rows:
+        for i, eid, at, site_, dev, track, purpose, subject, claimed, unknown, accepted, prob, version, asked in rows:
             verify = purpose == "verify"
             # A verification is listed under the claimed subject (the model's subject is not what was asked).
             shown_subject = str(claimed if verify else subject)
             acc = None if accepted is None else bool(accepted)
             item = Recognition(
                 int(i), str(eid), float(at), str(site_), str(dev), str(track), str(purpose), shown_subject,
-                bool(unknown) and not verify, acc, float(prob), str(version),
+                bool(unknown) and not verify, acc, float(prob), str(version), str(asked or ""),
             )  # fmt: skip
             out.append(item)
         return out

@@ -43,7 +43,7 @@ def _recognition(e: LiveEvent) -> Recognition:
     """A feed event as a kept decision is listed (not yet written: no id)."""
     return Recognition(
         0, e.event_id, e.time, e.site, e.device_id, e.track_id, e.purpose, e.subject, e.unknown, e.accepted,
-        e.probability, e.model_version,
+        e.probability, e.model_version, e.requested_by,
     )  # fmt: skip
 
 

@@ -35,9 +35,11 @@ function liveFeed() {
     cell(row, e.device_id);
     cell(row, e.track_id).className = "track";
     // A door's verification (its releases' track ids start with "door-").
-    cell(row, e.purpose === "verify" && String(e.track_id || "").startsWith("door-") ? "verify (door claim)" : e.purpose);
+    const door = e.purpose === "verify" && String(e.track_id || "").startsWith("door-");
+    cell(row, e.requested_by ? "verify (door, asked from afar)" : door ? "verify (door claim)" : e.purpose);
     let subject = e.unknown ? "unknown" : e.subject;
-    if (e.accepted !== null && !e.unknown) subject += e.accepted ? " (accepted)" : " (refused)";
+    if (e.requested_by) subject = "opened at " + e.requested_by.replace("_", " ") + "'s request";
+    else if (e.accepted !== null && !e.unknown) subject += e.accepted ? " (accepted)" : " (refused)";
     cell(row, subject).className = "subject";
     cell(row, e.probability.toFixed(3));
     cell(row, e.model_version);
