@@ -154,6 +154,7 @@ class ServerApp:
                 qbbs=s.qbbs.module if s.qbbs is not None else None,
                 device_status=self._device_status(),
                 device_reports=self._device_reports,
+                home_assistant=lambda: getattr(self.mqtt, "home_assistant", None),
             )
         # What is kept has a stated end: the retention loop enforces it from the start (a first pass now, so an
         # upgrade forgets what the setting no longer allows), and fusion's memory is swept within its window.

@@ -2,8 +2,9 @@
 
 Pages: *Live* (recognitions as they happen, unknown-face alerts to acknowledge), *Devices* (status, releases,
 ε spent), *People* (enrolled subjects, erasure), *Models* (versions, accuracy, thresholds, training),
-*Privacy* (mechanisms and both ε values, the audit, the QBBS odometer), *Enrolment* (the enrolment desk)
-and the console's *Audit log*. No page shows an image: the server has none.
+*Privacy* (mechanisms and both ε values, the audit, the QBBS odometer), *Home Assistant* (what the discovery
+publishes, what it left out, its errors), *Enrolment* (the enrolment desk) and the console's *Audit log*. No page
+shows an image: the server has none.
 
 Why Starlette + Jinja2 on uvicorn
 ---------------------------------
@@ -43,7 +44,14 @@ def require_console() -> None:
         ) from None
 
 
-def start_console(services: Any, *, qbbs: Any = None, device_status: Any = None, device_reports: Any = None) -> Any:
+def start_console(
+    services: Any,
+    *,
+    qbbs: Any = None,
+    device_status: Any = None,
+    device_reports: Any = None,
+    home_assistant: Any = None,
+) -> Any:
     """Build and start the console for ``services`` (``services.config.console`` must be set).
 
     Returns the running :class:`~peep.server.console.server.ConsoleServer` (``.url``, ``.port``, ``.stop()``).
@@ -55,7 +63,8 @@ def start_console(services: Any, *, qbbs: Any = None, device_status: Any = None,
     from peep.server.console.server import ConsoleServer
     from peep.server.console.web import ConsoleApp
 
-    app = ConsoleApp(services, pages=PAGES, qbbs=qbbs, device_status=device_status, device_reports=device_reports)
+    app = ConsoleApp(services, pages=PAGES, qbbs=qbbs, device_status=device_status, device_reports=device_reports,
+                     home_assistant=home_assistant)  # fmt: skip
     try:
         return ConsoleServer(app).start()
     except BaseException:

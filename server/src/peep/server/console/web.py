@@ -84,6 +84,9 @@ class ConsoleApp:
         ``() -> {device_id: (DeviceReport, received_at, via)}``: the devices' own reports (suppressed
         releases, the budgets in their configuration, an insecure broker), ``via`` ``mqtt`` (retained) or
         ``grpc`` (``ReportDevice``); ``(DeviceReport, received_at)`` is shown without a ``via``.
+    home_assistant : callable, optional
+        ``() -> publisher or None``: the MQTT bridge's Home Assistant publisher (its ``state()``), for the Home
+        Assistant page; None (or a callable returning None) when nothing publishes.
     """
 
     def __init__(
@@ -96,6 +99,7 @@ class ConsoleApp:
         qbbs: Any = None,
         device_status: Callable[[], dict[str, tuple[Any, ...]]] | None = None,
         device_reports: Callable[[], dict[str, tuple[Any, ...]]] | None = None,
+        home_assistant: Callable[[], Any] | None = None,
     ) -> None:
         cfg = services.config.console
         if cfg is None:
@@ -109,6 +113,7 @@ class ConsoleApp:
         self.qbbs = qbbs
         self.device_status = device_status
         self.device_reports = device_reports
+        self.home_assistant = home_assistant
         # Open Live event streams per session (each polls the feed): bounded, so one account cannot pile them up.
         self.streams: dict[str, int] = {}
         self.streams_lock = threading.Lock()

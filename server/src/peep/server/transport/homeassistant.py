@@ -298,6 +298,8 @@ class HomeAssistantState:
         The window of the cameras' counts.
     recognised_recently : dict of str to int
         ``{"<site>/<camera>": distinct people recognised in the window}``: numbers, never who.
+    devices : tuple of DiscoveredDevice
+        The devices the last announcement showed.
     """
 
     prefix: str
@@ -314,6 +316,7 @@ class HomeAssistantState:
     last_error_at: float | None
     recent_minutes: int
     recognised_recently: dict[str, int] = field(default_factory=dict)
+    devices: tuple[DiscoveredDevice, ...] = ()
 
 
 #: Publishes awaiting their PUBACK, and refusals heard before their publish was noted: bounds on each.
@@ -406,6 +409,7 @@ class HomeAssistantPublisher:
         self._logged: set[str] = set()
         self._counts: dict[tuple[str, str], int] = {}  # as last published
         self._cameras: dict[tuple[str, str], str] = {}
+        self._shown: tuple[DiscoveredDevice, ...] = ()
         self._set_cameras(discovered_devices(devices, self.doors)[0])  # decisions before the first announce count
         self._stop = stopping if stopping is not None else threading.Event()
         self._timer: threading.Thread | None = None
@@ -459,6 +463,7 @@ class HomeAssistantPublisher:
             for topic, payload in configs.items():
                 self._publish(topic, payload, retain=True)
             self.entities, self.left_out, self._current = sorted(configs), left_out, set(configs)
+            self._shown = tuple(shown)
             self._announced_at = self._monotonic()
             self.announcements += 1
             for topic in [t for t in self._on_broker if t not in self._current]:
@@ -540,6 +545,7 @@ class HomeAssistantPublisher:
                 last_error_at=self.last_error_at,
                 recent_minutes=self.recent_minutes,
                 recognised_recently={f"{s}/{d}": self.recent.count((s, d)) for s, d in sorted(self._cameras)},
+                devices=self._shown,
             )
 
     # ------------------------------------------------------------ the rest

@@ -11,6 +11,7 @@ from peep.server.console.pages.audit import AuditPage
 from peep.server.console.pages.base import Page
 from peep.server.console.pages.devices import DevicesPage
 from peep.server.console.pages.enrol import EnrolPage
+from peep.server.console.pages.homeassistant import HomeAssistantPage
 from peep.server.console.pages.live import LivePage
 from peep.server.console.pages.models import ModelsPage
 from peep.server.console.pages.people import PeoplePage
@@ -19,7 +20,7 @@ from peep.server.console.pages.session import SessionPages
 
 #: Every page the console serves, in the order their routes are matched.
 PAGES: tuple[type[Page], ...] = (
-    SessionPages, LivePage, DevicesPage, PeoplePage, ModelsPage, PrivacyPage, AuditPage, EnrolPage,
+    SessionPages, LivePage, DevicesPage, PeoplePage, ModelsPage, PrivacyPage, HomeAssistantPage, AuditPage, EnrolPage,
 )  # fmt: skip
 
 __all__ = ["PAGES", "Page"]
