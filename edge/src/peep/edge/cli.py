@@ -223,6 +223,9 @@ def _door(args: argparse.Namespace) -> int:
         else:
             agent.metrics.door_refusals.labels(reason=outcome.reason).inc()
         state = "opened" if outcome.opened else f"locked ({outcome.reason})"
+        if outcome.requested_by:  # no claim: Home Assistant's lock asked (door.home_assistant_open)
+            print(f"request of {outcome.requested_by}: {state}", flush=True)
+            return
         print(f"claim {outcome.claim.subject if outcome.claim else '?'}: {state}", flush=True)
 
     claims: Any
