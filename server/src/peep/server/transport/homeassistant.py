@@ -38,7 +38,7 @@ from typing import Any, Final
 
 from paho.mqtt.client import error_string
 from paho.mqtt.subscribeoptions import SubscribeOptions
-from peep.core.topics import TopicError, TopicScheme
+from peep.core.topics import TopicScheme
 from peep.server.transport.homeassistant_recent import RecentlyRecognised
 from peep.v1 import recognition_pb2, template_pb2
 
@@ -133,7 +133,7 @@ class HomeAssistantDiscovery:
             if not isinstance(doc, dict) or (doc.get("origin") or {}).get("name") != "PEEP":
                 return None
             where = self.topics.parse(str(doc.get("availability_topic", "")), leaf="status")
-        except (ValueError, TypeError, AttributeError, TopicError):
+        except (ValueError, TypeError, AttributeError):  # a TopicError is a ValueError
             return None
         node = self.node_id(DiscoveredDevice(device_id=where.device_id, site=where.site, door=False))
         if where.site not in set(sites) or node != levels[1]:
