@@ -639,37 +639,6 @@ def test_claims_beyond_the_rate_are_throttled_then_taken_again(door):
     assert isinstance(ctl.claim("alice"), Claim)
 
 
-def test_a_request_from_home_assistant_opens_unless_a_lock_out_a_waiting_claim_or_the_throttle_stands(door):
-    ctl, clock, lock, seen = door
-    out = ctl.open_on_request("home_assistant")
-    assert out.opened and out.requested_by == "home_assistant" and out.claim is None and seen[-1] is out
-    assert wait_for(lambda: lock.events == ["lock", "open", "lock"], 2), lock.events  # open_s, then locked
-    claim = ctl.claim("alice")  # someone at the door waiting for their decision: not let in past it
-    assert (ctl.open_on_request("home_assistant").reason, ctl.decide(_ok(claim)).opened) == ("busy", True)
-    assert wait_for(lambda: lock.events[-1] == "lock", 2)
-    for _ in range(3):  # mallory fails until locked out: while she is, nobody opens the door from afar
-        ctl.decide(_ok(ctl.claim("mallory"), accepted=False))
-        clock.t += 1.0
-    refused = ctl.open_on_request("home_assistant")
-    assert (refused.opened, refused.reason, refused.requested_by) == (False, "locked_out", "home_assistant")
-    clock.t += 61.0  # her window passed
-    assert ctl.open_on_request("home_assistant").opened
-    ctl.max_claims_per_minute = ctl.opened + 1  # requests count towards the throttle like claims
-    clock.t += 61.0
-    ctl.relock()
-    for _ in range(ctl.max_claims_per_minute):
-        ctl.open_on_request("home_assistant")
-    assert ctl.open_on_request("home_assistant").reason == "throttled"
-
-
-def test_a_request_to_lock_locks_at_once(door):
-    ctl, _clock, lock, _ = door
-    ctl.open_s = 30.0
-    assert ctl.open_on_request("home_assistant").opened and lock.events[-1] == "open"
-    ctl.relock()
-    assert lock.events[-1] == "lock"
-
-
 @pytest.mark.parametrize("chunk", [1, 7, 4096])
 def test_an_over_long_claim_line_is_dropped_whole_from_a_stream_and_logged_with_its_length(chunk, caplog):
     """``Kofi_Annan`` and 102,400 spaces and a tail is no claim for Kofi_Annan, however the bytes arrive."""
