@@ -95,6 +95,9 @@ def _event(**fields):
          "devices/peep/v1/lobby/door-1/access", {"event_type": "opened"}),
         ({"device_id": "door-1", "purpose": template_pb2.PURPOSE_VERIFY, "claimed_subject": "bob"},
          "devices/peep/v1/lobby/door-1/access", {"event_type": "refused", "reason": "not_the_claimed_person"}),
+        ({"device_id": "door-1", "purpose": template_pb2.PURPOSE_VERIFY, "accepted": True,
+          "requested_by": "home_assistant"},
+         "devices/peep/v1/lobby/door-1/access", {"event_type": "opened", "requested_by": "home_assistant"}),
     ],
 )  # fmt: skip
 def test_an_event_says_what_happened_and_names_nobody(fields, topic, expected):

@@ -6,8 +6,10 @@ registered device at the server's site this module describes:
 
 - a **door** (a device registered with ``door = true``, or named in ``home_assistant.doors``): a ``lock`` whose
   state is what the door itself publishes on ``<root>/<site>/<door>/lock`` (``locked``, ``unlocked``, ``jammed``;
-  its command topic, which Home Assistant's lock must have, is acted on by nothing and closed to Home Assistant by
-  the shipped ACL), and an ``event`` entity of its access decisions (``opened``; ``refused`` with the reason);
+  its command topic, which Home Assistant's lock must have, is acted on only by a door with
+  ``door.home_assistant_open`` and written only by an account the broker's ACL grants it, none as shipped), and an
+  ``event`` entity of its access decisions (``opened``, with ``requested_by`` when Home Assistant asked; ``refused``
+  with the reason);
 - a **camera** (any other registered device, an enrolment desk aside): an ``event`` entity of its recognitions
   (``enrolled_person`` or ``unknown``), and a ``sensor`` of how many distinct enrolled people it recognised in the
   last ``home_assistant.recent_minutes`` (a count only, retained on ``<root>/<site>/<camera>/recognised_recently``;
@@ -176,8 +178,9 @@ class HomeAssistantDiscovery:
                         "name": "Lock",
                         "unique_id": f"{node}_lock",
                         "state_topic": self.topics.device(d.site, d.device_id, "lock"),
-                        # Home Assistant's MQTT lock must name a command topic. Nothing of PEEP acts on this one,
-                        # and the shipped ACL does not let Home Assistant write it: a command there opens nothing.
+                        # Home Assistant's MQTT lock must name a command topic. Only a door told to
+                        # (door.home_assistant_open) acts on it, and only an account the broker's ACL grants that
+                        # door's topic may write it; as shipped none is, so a command there opens nothing.
                         "command_topic": self.topics.device(d.site, d.device_id, "lock_command"),
                         **LOCK_STATES,
                     }
