@@ -6,6 +6,9 @@ It runs from its own venv (``bash scripts/bootstrap.sh ha``: ``.venv-ha`` at the
 its start: an owner and a long-lived access token this module makes itself, onboarding done, and the MQTT
 integration's config entry, so no user interface nor onboarding flow is needed and the token is known up front.
 The HTTP client is the standard library's (urllib): the lab needs no Home Assistant package of its own.
+
+With ``frontend=True`` it also serves its web page, which :meth:`HomeAssistant.screenshot` opens in a headless
+Chromium (Debian's ``chromium`` and ``chromium-driver``, driven by selenium) logged in with the same token.
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ import hmac
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Self
@@ -29,7 +34,7 @@ from typing import Any, Self
 from peep.lab.processes.control import PartUnavailable, checkout_file, stop_process, wait_for
 from peep.lab.processes.ports import free_port, listens_on
 
-__all__ = ["DISCOVERY_PREFIX", "HomeAssistant", "ha_venv"]
+__all__ = ["DISCOVERY_PREFIX", "FrontendPage", "HomeAssistant", "ha_venv"]
 
 #: The topic root Home Assistant's MQTT integration subscribes to for discovery (its default); it also
 #: announces itself on ``<prefix>/status``, not retained: ``online`` once connected, ``offline`` as its will.
@@ -39,6 +44,30 @@ DISCOVERY_PREFIX = "homeassistant"
 HA_VERSION = "2024.3.3"
 #: The long-lived token's lifetime: ten years, as Home Assistant's own long-lived tokens may have.
 _TOKEN_LIFESPAN_S = 3650 * 86400.0
+#: Debian's Chromium and its driver (apt-get install chromium chromium-driver), as the console's browser tests use.
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+#: What the page shows, read through every shadow root (the frontend is web components: ``innerText`` of the
+#: document sees none of it): each data-table row's text, cells joined by `` | ``, and all of the page's text.
+_READ_PAGE_JS = """
+const rows = [], text = [];
+const deep = (n, out) => {
+  if (n.nodeType === Node.TEXT_NODE) { const t = n.textContent.trim(); if (t) out.push(t); return; }
+  if (n.localName === 'style' || n.localName === 'script') return;
+  if (n.shadowRoot) deep(n.shadowRoot, out);
+  for (const c of n.childNodes) deep(c, out);
+};
+const find = (n) => {
+  if (n.classList && n.classList.contains('mdc-data-table__row')) {
+    const cells = []; deep(n, cells); rows.push(cells.join(' | ')); return;
+  }
+  if (n.shadowRoot) find(n.shadowRoot);
+  for (const c of n.children || []) find(c);
+};
+find(document);
+deep(document, text);
+return {rows: rows, text: text.join('\\n'), url: location.href};
+"""
 
 
 def ha_venv() -> Path:
@@ -56,6 +85,25 @@ def _hs256_jwt(payload: dict[str, Any], key: str) -> str:
     body = _b64(json.dumps(payload, separators=(",", ":")).encode())
     sig = hmac.new(key.encode(), f"{head}.{body}".encode(), hashlib.sha256).digest()
     return f"{head}.{body}.{_b64(sig)}"
+
+
+@dataclass(frozen=True)
+class FrontendPage:
+    """What :meth:`HomeAssistant.screenshot` read of the page it saved, from the DOM through its shadow roots.
+
+    Attributes
+    ----------
+    url : str
+        The page's address when saved (an address under ``/auth/`` would mean the login did not take).
+    rows : list of str
+        Each data-table row's text, its cells joined by `` | `` (``door-1 Lock | lock.door_1_lock | MQTT | ...``).
+    text : str
+        All the text of the page, hidden menus included, one text node a line.
+    """
+
+    url: str
+    rows: list[str]
+    text: str
 
 
 def _store(key: str, data: dict[str, Any], version: int = 1, minor: int = 1) -> dict[str, Any]:
@@ -83,6 +131,9 @@ class HomeAssistant:
         The discovery topic root (:data:`DISCOVERY_PREFIX`, Home Assistant's default, unless a site changed it).
     log_level : str
         Home Assistant's default log level (``logger:``); ``debug`` also logs each MQTT message received.
+    frontend : bool
+        Also load ``frontend`` (its web page and the websocket API it needs), for :meth:`screenshot`; off by
+        default, as a test of MQTT discovery needs none of it.
 
     Raises
     ------
@@ -97,7 +148,7 @@ class HomeAssistant:
 
     def __init__(self, workdir: Path, mqtt_host: str, mqtt_port: int, *, username: str | None = None,
                  password: str | None = None, ca: Path | None = None, discovery_prefix: str = DISCOVERY_PREFIX,
-                 log_level: str = "info") -> None:  # fmt: skip
+                 log_level: str = "info", frontend: bool = False) -> None:  # fmt: skip
         venv = ha_venv()
         self.hass = venv / "bin" / "hass"
         if not os.access(self.hass, os.X_OK):
@@ -115,6 +166,7 @@ class HomeAssistant:
             # The entry holds the PEM text itself, as Home Assistant's own config flow stores an uploaded CA.
             self.mqtt.update(certificate=Path(ca).read_text(), tls_insecure=False)
         self.log_level = log_level
+        self.frontend = frontend
         self.http_port = 0
         self.url = ""
         self.token = ""
@@ -137,7 +189,7 @@ class HomeAssistant:
             "  unit_system: metric\n  time_zone: UTC\n  currency: EUR\n  country: NL\n"
             f"  internal_url: {self.url}\n"
             f"http:\n  server_host: 127.0.0.1\n  server_port: {self.http_port}\n"
-            f"api:\nlogger:\n  default: {self.log_level}\n"
+            f"api:\nlogger:\n  default: {self.log_level}\n" + ("frontend:\n" if self.frontend else "")
         )
         now = time.time()
         user_id, token_id, jwt_key = secrets.token_hex(16), secrets.token_hex(16), secrets.token_hex(64)
@@ -299,3 +351,113 @@ class HomeAssistant:
     def call_service(self, domain: str, service: str, data: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Call ``domain.service`` (``lock.lock`` with ``{"entity_id": ...}``); the states it changed."""
         return list(self.api("POST", f"/api/services/{domain}/{service}", data or {}) or [])
+
+    # ------------------------------------------------------------------ the web page
+
+    def screenshot(self, path: Path | str, page: str = "/config/entities", *, expect: Iterable[str] = (),
+                   width: int = 1280, height: int = 800, timeout: float = 60.0) -> FrontendPage:  # fmt: skip
+        """Open ``page`` of Home Assistant's web page in a headless Chromium, logged in as the owner; save a PNG.
+
+        The login is the frontend's own stored one: ``hassTokens`` in the page's localStorage, as the frontend
+        writes it after a login, holding the owner's long-lived token (valid ten years: the frontend never asks
+        for a refresh). The PNG is saved once the page shows data-table rows, a row contains each of ``expect``,
+        and the rows read the same twice in a row (the table renders in steps); then the icons get 0.5 s.
+
+        Parameters
+        ----------
+        path : Path or str
+            The PNG written (its folder is created).
+        page : str
+            The frontend's path: ``/config/entities`` lists every entity with its integration and status.
+        expect : iterable of str
+            Texts that must be in the rows before the picture is taken (an entity's name or id).
+        width, height : int
+            The viewport, in CSS pixels (the PNG's size: the device scale factor is 1).
+        timeout : float
+            The bound on the whole of it, Chromium's start excepted (selenium bounds that itself).
+
+        Returns
+        -------
+        FrontendPage
+            The rows and the text the page showed when saved.
+
+        Raises
+        ------
+        PartUnavailable
+            Chromium, its driver or selenium is missing (the message says what to install).
+        RuntimeError
+            Home Assistant is not running, or was started without ``frontend=True``.
+        TimeoutError
+            The rows did not show ``expect`` within ``timeout`` s (the message gives the address and rows read).
+        """
+        if not self.frontend or self.pid is None:
+            raise RuntimeError("screenshot needs a running HomeAssistant(..., frontend=True)")
+        driver = _chromium(width, height)
+        expected = list(expect)
+        try:
+            driver.set_page_load_timeout(min(30.0, timeout))
+            driver.set_script_timeout(10)
+            # localStorage is per origin: set it from a small page of the same origin, then load the real one.
+            driver.get(self.url + "/robots.txt")
+            now_ms = int(time.time() * 1000)
+            tokens = {"hassUrl": self.url, "clientId": self.url + "/", "access_token": self.token,
+                      "token_type": "Bearer", "expires_in": int(_TOKEN_LIFESPAN_S),
+                      "expires": now_ms + int(_TOKEN_LIFESPAN_S * 1000), "refresh_token": ""}  # fmt: skip
+            driver.execute_script("localStorage.setItem('hassTokens', arguments[0]);", json.dumps(tokens))
+            driver.get(self.url + page)
+            deadline = time.monotonic() + timeout
+            seen: dict[str, Any] = {}
+            while True:
+                read = dict(driver.execute_script(_READ_PAGE_JS))
+                rows = list(read["rows"])
+                ready = bool(rows) and all(any(e in r for r in rows) for e in expected)
+                if ready and rows == seen.get("rows"):
+                    break
+                seen = read
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"{page}: rows showing {expected} not rendered after {timeout:g} s; at {read['url']} "
+                        f"rows {rows}; page text {str(read['text'])[:500]!r}"
+                    )
+                time.sleep(0.25)
+            time.sleep(0.5)  # the state icons are loaded after their rows
+            read = dict(driver.execute_script(_READ_PAGE_JS))
+            out = Path(path)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(driver.get_screenshot_as_png())
+            return FrontendPage(url=str(read["url"]), rows=list(read["rows"]), text=str(read["text"]))
+        finally:
+            driver.quit()
+
+
+def _chromium(width: int, height: int) -> Any:
+    """A headless Chromium under selenium, its viewport ``width`` × ``height`` at scale 1, a fresh profile.
+
+    Raises
+    ------
+    PartUnavailable
+        Chromium, chromedriver or selenium is missing.
+    """
+    binary = CHROMIUM if CHROMIUM.exists() else Path(shutil.which("chromium") or CHROMIUM)
+    drv = CHROMEDRIVER if CHROMEDRIVER.exists() else Path(shutil.which("chromedriver") or CHROMEDRIVER)
+    if not (binary.exists() and drv.exists()):
+        raise PartUnavailable(
+            f"{binary} or {drv} not found: the screenshot needs Debian's chromium and chromium-driver "
+            "(apt-get install chromium chromium-driver; scripts/bootstrap.sh installs them as root)"
+        )
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError as e:
+        raise PartUnavailable(f"selenium is not installed ({e}): it is in the project's dev extras") from e
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(binary)
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                f"--window-size={width},{height}"):  # fmt: skip
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(str(drv)), options=options)
+    # The window's size includes what headless Chromium keeps of a browser's frame: set the viewport itself.
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                           {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})  # fmt: skip
+    return driver
