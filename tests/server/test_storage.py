@@ -483,7 +483,7 @@ def test_migration_from_schema_1_keeps_every_row_and_keys_by_device(kind, tmp_pa
     target, rows = _schema_v1(kind, tmp_path, lambda: request.getfixturevalue("pg_dsn"))
     store = SqliteStore(target) if kind == "sqlite" else PostgresStore(target, pool_size=2)
     try:
-        assert store.schema_version() == latest(kind) == 17
+        assert store.schema_version() == latest(kind) == 18
         assert store.count_templates() == 6
         assert [store.get_template(r.message_id, device_id="cam-1") for r in rows] == rows
         # every stored template is in the ledger (a redelivery of one stays a duplicate once templates are
@@ -573,7 +573,7 @@ def test_migration_16_creates_the_soft_trait_tables_and_keeps_those_qbbs_made(ki
     for _ in range(2):  # migrated, then opened at 16
         store = SqliteStore(target) if kind == "sqlite" else PostgresStore(target, pool_size=1)
         try:
-            assert store.schema_version() == latest(kind) == 17
+            assert store.schema_version() == latest(kind) == 18
             with direct(store) as conn:
                 traits = [tuple(r) for r in conn.execute("SELECT subject, trait, value FROM qbbs_soft_traits")]
                 meta = [tuple(r) for r in conn.execute("SELECT key, value FROM qbbs_meta")]

@@ -129,6 +129,9 @@ class ErasureResult:
     versions_purged: list[str] = field(default_factory=list)
     #: Kept decisions that named the subject (identified as, or claimed).
     decisions_deleted: int = 0
+    #: Whether the subject had opted in to be shown in Home Assistant (the opt-in is deleted with the rest; the
+    #: MQTT bridge then empties their retained entity, transport/homeassistant_people.py).
+    home_assistant_opt_in: bool = False
 
 
 def kept_rows(config: ServerConfig, counts: KeptCounts) -> list[dict[str, Any]]:
@@ -498,6 +501,7 @@ class Services:
             self.recogniser.refresh_erasures()
             n_templates = self.store.delete_subject(subject)
             n_decisions = self.store.delete_subject_decisions(subject)
+            shown = self.store.clear_home_assistant_person(subject)
             for hook in self._erasure_hooks:
                 if hook not in probed:
                     n_traits += int(hook.delete(subject))
@@ -525,7 +529,7 @@ class Services:
                 purged = self.registry.purge_subject(subject)
             if purged:
                 self.device_models.forget_versions()
-            return ErasureResult(subject, n_templates, n_traits, version, purged, n_decisions)
+            return ErasureResult(subject, n_templates, n_traits, version, purged, n_decisions, shown)
 
     # ------------------------------------------------------------ retention
 

@@ -32,6 +32,10 @@ What is kept is less (``[recognition]`` in the configuration, docs/OPERATIONS.md
     (replicas on PostgreSQL only) a track's latest identify release, for at
     most ``training.track_fusion_s``, so that another replica can fuse the
     track's next release with it; :class:`TrackRelease`.
+``home_assistant_people``
+    the subjects who opted in to be shown in Home Assistant, under the
+    display name they agreed to, until they opt out or are erased;
+    :class:`ShownPerson`.
 """
 
 from __future__ import annotations
@@ -52,8 +56,10 @@ from peep.server.storage.records import (
     KeptCounts,
     LedgerEntry,
     ReplicaHolder,
+    ShownPerson,
     TemplateRecord,
     TrackRelease,
+    check_display_name,
     stack_blobs,
 )
 
@@ -71,10 +77,12 @@ __all__ = [
     "KeptCounts",
     "LedgerEntry",
     "ReplicaHolder",
+    "ShownPerson",
     "Store",
     "StoreError",
     "TemplateRecord",
     "TrackRelease",
+    "check_display_name",
     "open_store",
     "stack_blobs",
     "template_keys",

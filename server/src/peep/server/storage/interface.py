@@ -12,6 +12,7 @@ from peep.server.storage.records import (
     IngestBatch,
     KeptCounts,
     ReplicaHolder,
+    ShownPerson,
     TemplateRecord,
     TrackRelease,
 )
@@ -173,7 +174,8 @@ class Store(Protocol):
         ...
 
     def names_subject(self, subject: str) -> bool:
-        """Whether a stored template or a kept decision names ``subject`` (what an erasure would delete)."""
+        """Whether a stored template, a kept decision or an opt-in to Home Assistant names ``subject`` (what an erasure
+        would delete)."""
         ...
 
     def delete_subject_decisions(self, subject: str) -> int:
@@ -209,6 +211,19 @@ class Store(Protocol):
 
     def erasures(self) -> Mapping[str, float]:
         """Erased subjects and when (a model trained before then must not name them)."""
+        ...
+
+    def set_home_assistant_person(self, subject: str, display_name: str, at: float) -> bool:
+        """Opt ``subject`` in to Home Assistant under ``display_name`` (``ValueError`` if it is not a usable name:
+        :func:`~peep.server.storage.records.check_display_name`), or change the name; True when newly in."""
+        ...
+
+    def clear_home_assistant_person(self, subject: str) -> bool:
+        """Opt ``subject`` out of Home Assistant (an opt-out or an erasure); True when they were in."""
+        ...
+
+    def home_assistant_people(self) -> dict[str, ShownPerson]:
+        """The subjects who opted in to be shown in Home Assistant, each with their display name and when."""
         ...
 
     def close(self) -> None: ...

@@ -304,6 +304,15 @@ def _soft_traits(dialect: Dialect) -> list[str]:
 _DOOR_REQUESTS = ["ALTER TABLE recognition_events ADD COLUMN requested_by TEXT NOT NULL DEFAULT ''"]
 
 
+# Migration 18: the subjects who opted in to be shown in Home Assistant (off by default: no row, not shown), when,
+# and the display name they agreed to (transport/homeassistant_people.py). Deleted when the subject opts out or is
+# erased; nothing else is kept of it (the console's audit log records that it changed, not the name).
+_HOME_ASSISTANT_PEOPLE = [
+    "CREATE TABLE home_assistant_people (subject TEXT PRIMARY KEY, display_name TEXT NOT NULL, "
+    "opted_in_at {real} NOT NULL)"
+]
+
+
 def _render(dialect: Dialect, statements: list[str]) -> list[str]:
     return [s.format(real=dialect.real, blob=dialect.blob) for s in statements]
 
@@ -328,6 +337,7 @@ MIGRATIONS: dict[str, list[list[str]]] = {
         _render(d, _device_decisions(d)),
         _render(d, _soft_traits(d)),
         _render(d, _DOOR_REQUESTS),
+        _render(d, _HOME_ASSISTANT_PEOPLE),
     ]
     for d in (SQLITE, POSTGRES)
 }

@@ -422,3 +422,59 @@ class ReplicaHolder:
     token: str
     started_at: float
     heartbeat_at: float
+
+
+#: The longest display name a person may agree to be shown under in Home Assistant (its device's name there).
+MAX_DISPLAY_NAME = 64
+
+
+def check_display_name(value: Any, field: str = "name") -> str:
+    """Return ``value`` in NFC if it is a usable display name for Home Assistant, else raise ``ValueError``.
+
+    1-:data:`MAX_DISPLAY_NAME` characters after trimming the ends' spaces, none of them a control, format, bidi or
+    line/paragraph separator character (Unicode Cc, Cf, Cs, Zl, Zp: a name that displays as another, or breaks a
+    line in Home Assistant's pages): the rule subject ids follow (:func:`peep.core.wire.check_subject_id`), with
+    ``/``, ``+`` and ``#`` allowed, since a display name is a payload, never a topic level.
+
+    Examples
+    --------
+    >>> check_display_name("  Alice B. ")
+    'Alice B.'
+    >>> check_display_name("x" * 65, "--name")
+    Traceback (most recent call last):
+    ...
+    ValueError: --name: expected a display name of 1-64 characters ..., received 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...'
+    """
+    import unicodedata
+
+    text = unicodedata.normalize("NFC", value).strip() if isinstance(value, str) else None
+    if (
+        text is None
+        or not 1 <= len(text) <= MAX_DISPLAY_NAME
+        or any(unicodedata.category(c) in ("Cc", "Cf", "Cs", "Zl", "Zp") for c in text)
+    ):
+        shown = repr(value[:32] + "..." if isinstance(value, str) and len(value) > 32 else value)
+        raise ValueError(
+            f"{field}: expected a display name of 1-{MAX_DISPLAY_NAME} characters with no control, format or bidi "
+            f"character, received {shown}"
+        )
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class ShownPerson:
+    """A subject who opted in to be shown in Home Assistant (a row of ``home_assistant_people``, migration 18).
+
+    Attributes
+    ----------
+    subject : str
+        The enrolled subject.
+    display_name : str
+        The name they agreed to be shown under (:func:`check_display_name`).
+    opted_in_at : float
+        Unix time of the opt-in (or of the last change of the name).
+    """
+
+    subject: str
+    display_name: str
+    opted_in_at: float

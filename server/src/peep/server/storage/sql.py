@@ -31,8 +31,10 @@ from peep.server.storage.records import (
     KeptCounts,
     LedgerEntry,
     ReplicaHolder,
+    ShownPerson,
     TemplateRecord,
     TrackRelease,
+    check_display_name,
     stack_blobs,
 )
 
@@ -229,11 +231,13 @@ class SqlStore(ABC):
     def names_subject(self, subject: str) -> bool:
         p = self._sql.param
         with self._session() as conn:
-            for q in (
-                f"SELECT 1 FROM templates WHERE subject = {p} OR decided_subject = {p} LIMIT 1",
-                f"SELECT 1 FROM recognition_events WHERE subject = {p} OR claimed_subject = {p} LIMIT 1",
+            for q, n in (
+                (f"SELECT 1 FROM templates WHERE subject = {p} OR decided_subject = {p} LIMIT 1", 2),
+                (f"SELECT 1 FROM recognition_events WHERE subject = {p} OR claimed_subject = {p} LIMIT 1", 2),
+                # Opted in to Home Assistant, with nothing else left (retention, say): still theirs to erase.
+                (f"SELECT 1 FROM home_assistant_people WHERE subject = {p}", 1),
             ):
-                if conn.execute(q, (subject, subject)).fetchone() is not None:
+                if conn.execute(q, (subject,) * n).fetchone() is not None:
                     return True
         return False
 
@@ -639,6 +643,34 @@ class SqlStore(ABC):
     def erasures(self) -> Mapping[str, float]:
         with self._session() as conn:
             return {s: float(t) for s, t in conn.execute("SELECT subject, erased_at FROM erasures")}
+
+    # ------------------------------------------------------------ who is shown in Home Assistant (opted in)
+
+    def set_home_assistant_person(self, subject: str, display_name: str, at: float) -> bool:
+        """Opt ``subject`` in under ``display_name`` (checked), or change the name; True when it was not in before."""
+        name = check_display_name(display_name, "display_name")
+        p = self._sql.param
+        with self._transaction() as conn:
+            was = conn.execute(f"SELECT 1 FROM home_assistant_people WHERE subject = {p}", (subject,)).fetchone()
+            conn.execute(
+                f"INSERT INTO home_assistant_people (subject, display_name, opted_in_at) VALUES ({p}, {p}, {p}) "
+                "ON CONFLICT (subject) DO UPDATE SET display_name = excluded.display_name, "
+                "opted_in_at = excluded.opted_in_at",
+                (subject, name, at),
+            )
+        return was is None
+
+    def clear_home_assistant_person(self, subject: str) -> bool:
+        """Opt ``subject`` out (an opt-out, or an erasure); True when they were in."""
+        with self._session() as conn:
+            q = f"DELETE FROM home_assistant_people WHERE subject = {self._sql.param}"
+            return int(conn.execute(q, (subject,)).rowcount) > 0
+
+    def home_assistant_people(self) -> dict[str, ShownPerson]:
+        """``{subject: ShownPerson}`` of every subject who opted in."""
+        with self._session() as conn:
+            rows = conn.execute("SELECT subject, display_name, opted_in_at FROM home_assistant_people").fetchall()
+        return {str(r[0]): ShownPerson(str(r[0]), str(r[1]), float(r[2])) for r in rows}
 
 
 _INSERT_DECISION = (
