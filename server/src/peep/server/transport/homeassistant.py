@@ -34,13 +34,14 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from paho.mqtt.client import error_string
 from paho.mqtt.subscribeoptions import SubscribeOptions
 from peep.core.topics import TopicScheme
+from peep.server.transport.homeassistant_people import PeopleShown
 from peep.server.transport.homeassistant_recent import RecentlyRecognised
 from peep.v1 import recognition_pb2, template_pb2
 
@@ -357,6 +358,9 @@ class HomeAssistantPublisher:
         Home Assistant's ``online`` within this of the last announcement announces nothing more.
     refresh_s : float, default 10.0
         How often :meth:`start`'s thread re-counts, so that a count falls as people leave the window.
+    people : callable returning a mapping, optional
+        The store's ``home_assistant_people``: who opted in to be shown, each with an entity of their own
+        (:class:`PeopleShown`, as :attr:`people`); without it nobody is ever named.
     stopping : threading.Event, optional
         Ends that thread when set (the bridge's own stop); :meth:`stop` sets it.
     """
@@ -375,6 +379,7 @@ class HomeAssistantPublisher:
         debounce_s: float = 5.0,
         refresh_s: float = 10.0,
         stopping: threading.Event | None = None,
+        people: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         self.discovery = discovery
         self.devices = devices
@@ -415,6 +420,11 @@ class HomeAssistantPublisher:
         self._shown: tuple[DiscoveredDevice, ...] = ()
         self._set_cameras(discovered_devices(devices, self.doors)[0])  # decisions before the first announce count
         self._stop = stopping if stopping is not None else threading.Event()
+        self.people: PeopleShown | None = None
+        if people is not None:
+            self.people = PeopleShown(discovery.topics, prefix=discovery.prefix, read=people, version=discovery.version,
+                                      clock=clock, monotonic=monotonic)  # fmt: skip
+            self.people.bind(self._publish)
         self._timer: threading.Thread | None = None
 
     # ------------------------------------------------------------ what the bridge calls
@@ -472,6 +482,8 @@ class HomeAssistantPublisher:
             for topic in [t for t in self._on_broker if t not in self._current]:
                 self._remove(topic)
             self._publish_counts(force=True)
+            if self.people is not None:
+                self.people.announce(d.site for d in shown if not d.door)
         self.start()
         for why in left_out:
             if why not in self._logged:  # once per process, not on every reconnect
@@ -489,6 +501,8 @@ class HomeAssistantPublisher:
         if not self._connected():
             return
         out = self.discovery.event(ev)
+        if self.people is not None and camera in self._cameras:  # an opted-in person's name, and last-seen state
+            out = self.people.event(ev, out)
         with self._lock:
             if out is not None and self._publish(out[0], out[1], retain=False):
                 self.events_published += 1
@@ -496,11 +510,14 @@ class HomeAssistantPublisher:
                 self._publish_count(camera, force=False)
 
     def refresh(self) -> None:
-        """Publish each count that changed: it falls as people leave the window, with no decision to say so."""
+        """Publish each count that changed: it falls as people leave the window, with no decision to say so; and
+        re-read who opted in to be shown (:meth:`PeopleShown.refresh`)."""
         if not self._connected():
             return
         with self._lock:
             self._publish_counts(force=False)
+        if self.people is not None:
+            self.people.refresh()
 
     def start(self) -> None:
         """Start the thread that calls :meth:`refresh` every ``refresh_s`` until it is stopped (the first
@@ -573,6 +590,8 @@ class HomeAssistantPublisher:
 
     def _config_seen(self, topic: str, payload: bytes) -> None:
         with self._lock:
+            if self.people is not None and self.people.seen(topic, payload, self._sites()):
+                return  # a person's entity (no device availability: not recognised by ours())
             if not payload:
                 self._on_broker.pop(topic, None)
                 return

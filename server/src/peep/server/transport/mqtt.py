@@ -228,7 +228,7 @@ class MqttBridge:
         self.home_assistant = HomeAssistantPublisher(
             HomeAssistantDiscovery(self.topics, prefix=ha.discovery_prefix, version=__version__), services.devices,
             doors=ha.doors, publisher=self._publisher, connected=self._connected.is_set,
-            recent_minutes=ha.recent_minutes, stopping=self._stop,
+            recent_minutes=ha.recent_minutes, stopping=self._stop, people=services.store.home_assistant_people,
         ) if ha.enabled else None  # fmt: skip
         if self.home_assistant is not None:
             services.events.add_sink(self.home_assistant.event)
