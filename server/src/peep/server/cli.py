@@ -28,7 +28,7 @@ from peep.server.errors import UsageError
 
 #: Sub-commands in help order; each is the module ``peep.server.commands.<name>``, whose ``register`` returns
 #: its own sub-parsers when it has actions (``qbbs``).
-COMMANDS = ("keys", "bundle", "serve", "mqtt", "events", "train", "erase", "retention", "qbbs", "console")
+COMMANDS = ("keys", "bundle", "serve", "mqtt", "events", "train", "erase", "subjects", "retention", "qbbs", "console")
 #: Where installed distributions declare the commands they add (``name = "module:register"``).
 ENTRY_POINT_GROUP = "peep.commands"
 #: What to install for the commands that come with the lab.
