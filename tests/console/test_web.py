@@ -16,6 +16,7 @@ POSTS = {
     "/password": {"current": "x", "new": "y" * 12, "again": "y" * 12},
     "/alerts/ack": {"event_id": "abc"},
     "/people/erase": {"subject": "alice", "confirm": "alice"},
+    "/people/home-assistant": {"subject": "alice", "action": "opt-in", "name": "Alice", "agreed": "yes"},
     "/models/train": {},
     "/models/current": {"version": "v000001"},
     "/enrol": {"device": "cam-1", "track": "t", "subject": "alice"},
