@@ -324,8 +324,8 @@ class HomeAssistantConfig(ConfigModel):
         default=False,
         description=(
             "publish Home Assistant discovery for every registered device at its site (a door's lock and access "
-            "events, a camera's recognition events, each one's availability) and its events; never a name, a "
-            "probability or a template (docs/HOME_ASSISTANT.md)"
+            "events, a camera's recognition events, each one's availability) and its events; never a probability or a "
+            "template, and no name but of a subject who opted in (peep subjects home-assistant; docs/HOME_ASSISTANT.md)"
         ),
     )
     discovery_prefix: Annotated[str, AfterValidator(topics.check_root)] = Field(

@@ -25,7 +25,9 @@ Each entity's availability is the device's own retained ``status`` (``online``; 
 so Home Assistant shows a stopped device as unavailable. What an event carries is chosen so that Home Assistant
 learns nothing a bystander at the camera would not: never a template, a probability or a score (a score of a
 claim can be inverted into how alike two faces are), never a subject's name, and therefore never a list of who is
-enrolled. Home Assistant keeps what it receives in its own recorder, for as long as its own settings say.
+enrolled, but for the subjects who opted in to an entity of their own
+(:mod:`~peep.server.transport.homeassistant_people`). Home Assistant keeps what it receives in its own recorder, for
+as long as its own settings say.
 """
 
 from __future__ import annotations
