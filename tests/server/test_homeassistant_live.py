@@ -1,7 +1,8 @@
 """A real Home Assistant on the shipped broker (TLS, passwords, the shipped ACL with its read-only
 ``home-assistant`` account) takes the server's discovery: a site's door and camera appear with the devices'
-availability, the server's decisions arrive as events naming nobody, and Home Assistant cannot write a door's
-topics. Skips only where the Home Assistant venv or mosquitto is missing (bash scripts/bootstrap.sh makes both).
+availability, the server's decisions arrive as events naming nobody but a person who opted in (whose own "last seen"
+sensor shows the camera), and Home Assistant cannot write a door's topics. Skips only where the Home Assistant venv
+or mosquitto is missing (bash scripts/bootstrap.sh makes both).
 """
 
 from __future__ import annotations
@@ -183,3 +184,45 @@ def test_a_camera_s_recent_count_is_a_sensor_naming_nobody_and_home_assistant_s_
     assert ha.state().errors == 0, ha.state().last_error
     everything = json.dumps(site.ha.states())
     assert not [p for p in people if p in everything]
+
+
+def test_an_opted_in_person_s_sensor_shows_the_camera_and_no_one_else_appears(site: Site) -> None:
+    """A subject who opted in (the store, then this server's publisher re-reading, as the console does) gets a "Last
+    seen" sensor under the display name they agreed to, whose state becomes the camera that identified them, through
+    the shipped ACL; a subject who did not is never in anything Home Assistant holds; an opt-out removes the entity."""
+    shown, other = f"bea-{uuid.uuid4().hex[:6]}", f"carl-{uuid.uuid4().hex[:6]}"
+    name = "Bea Liddell"
+    ha = site.server.app.mqtt.home_assistant
+    site.server.services.store.set_home_assistant_person(shown, name, 1_700_000_000.0)
+    ha.people.reload()
+    assert wait_for(lambda: site.entity("sensor", name), 30), [s["entity_id"] for s in site.ha.states()]
+    sensor = site.entity("sensor", name)
+    assert sensor is not None and sensor.endswith("_last_seen")
+
+    def seen() -> bool:
+        for subject in (other, shown):
+            site.server.services.events.publish(recognition_pb2.RecognitionEvent(
+                site=SITE, device_id="cam-2", purpose=template_pb2.PURPOSE_IDENTIFY, subject=subject, track_id="t-3",
+                decided_on="server", event_id=uuid.uuid4().hex))  # fmt: skip
+        s = site.ha.state(sensor)
+        return s is not None and s["state"] == "cam-2"
+
+    assert wait_for(seen, 30, 1.0), site.ha.state(sensor)
+    state = site.ha.state(sensor)
+    assert state is not None and state["attributes"]["site"] == SITE and state["attributes"]["at"]
+    recognition = site.entity("event", "cam-2")
+    assert recognition is not None
+    everything = json.dumps(site.ha.states())
+    assert other not in everything and "carl" not in everything.lower()
+    assert ha.state().errors == 0, ha.state().last_error  # the shipped ACL let the server write the person's topics
+    site.server.services.store.clear_home_assistant_person(shown)
+    ha.people.reload()
+    assert wait_for(lambda: site.entity("sensor", name) is None, 30), site.ha.state(sensor)
+    # And their decisions name them no more: the camera's next event for them is an enrolled person's, nameless.
+    assert site.ha.state(recognition)["attributes"].get("person") == name  # the last one before the opt-out
+    _until_heard(site, recognition, recognition_pb2.RecognitionEvent(
+        site=SITE, device_id="cam-2", purpose=template_pb2.PURPOSE_IDENTIFY, subject=shown, track_id="t-after",
+        decided_on="server"), "enrolled_person")  # fmt: skip
+    assert wait_for(lambda: site.ha.state(recognition)["attributes"].get("track") == "t-after", 30)
+    after = site.ha.state(recognition)
+    assert "person" not in after["attributes"] and name not in json.dumps(site.ha.states())
