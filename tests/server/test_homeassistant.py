@@ -20,6 +20,7 @@ from peep.server.transport.homeassistant import (
     discovered_devices,
 )
 from peep.v1 import recognition_pb2, template_pb2
+from peep_testing.broker import TopicWatcher
 
 ROOT = TopicScheme("devices/peep/v1")
 DOOR = DiscoveredDevice(device_id="door-1", site="lobby", door=True)
@@ -390,44 +391,6 @@ def test_a_publish_that_raises_is_not_sent_or_is_refused_is_an_error_the_console
         pub.stop()
 
 
-class _Watcher:
-    """A client of the shared broker noting every message under some filters (retained ones as they arrive)."""
-
-    def __init__(self, *filters):
-        import threading
-        import uuid
-
-        self.got: dict[str, bytes] = {}
-        self.log: list[tuple[str, bytes, bool]] = []
-        self.cond = threading.Condition()
-        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"ha-{uuid.uuid4().hex[:8]}",
-                             protocol=mqtt.MQTTv5)  # fmt: skip
-        self.c.on_message = self._on_message
-        subscribed = threading.Event()
-        self.c.on_subscribe = lambda *a: subscribed.set()
-        self.c.on_connect = lambda cl, *a: cl.subscribe([(f, 1) for f in filters])
-        self.c.connect("127.0.0.1", 1883)
-        self.c.loop_start()
-        assert subscribed.wait(10)
-
-    def _on_message(self, client, userdata, msg):
-        with self.cond:
-            self.got[msg.topic] = bytes(msg.payload)
-            self.log.append((msg.topic, bytes(msg.payload), bool(msg.retain)))
-            self.cond.notify_all()
-
-    def wait(self, predicate, timeout=10.0):
-        with self.cond:
-            return self.cond.wait_for(predicate, timeout)
-
-    def publish(self, topic, payload, *, retain=True):
-        self.c.publish(topic, payload, qos=1, retain=retain).wait_for_publish(5)
-
-    def close(self):
-        self.c.disconnect()
-        self.c.loop_stop()
-
-
 @pytest.mark.mqtt
 def test_a_server_announces_its_site_s_devices_retained_and_removes_what_an_earlier_run_left(
     tmp_path, pki, keypair, bundle_dir
@@ -451,7 +414,7 @@ def test_a_server_announces_its_site_s_devices_retained_and_removes_what_an_earl
     elsewhere = earlier.configs([DiscoveredDevice(device_id="cam-9", site="garage", door=False)])
     foreign = {f"{prefix}/sensor/zigbee_0x01/temperature/config": b'{"name":"t","state_topic":"zigbee/t"}'}
     gone_count = root.device(SITE, "cam-gone", "recognised_recently")
-    w = _Watcher(f"{prefix}/#", f"{MQTT_PREFIX}/+/+/recognised_recently")
+    w = TopicWatcher(f"{prefix}/#", f"{MQTT_PREFIX}/+/+/recognised_recently")
     srv = None
     try:
         for topic, payload in [*gone.items(), *elsewhere.items(), *foreign.items(), (gone_count, b"3")]:
@@ -468,7 +431,7 @@ def test_a_server_announces_its_site_s_devices_retained_and_removes_what_an_earl
                 f"{prefix}/sensor/peep_{SITE}_cam-2/recognised_recently/config"}  # fmt: skip
         assert w.wait(lambda: all(w.got.get(t) == b"" for t in [*gone, gone_count]) and ours <= set(w.got)), w.got
         # What a Home Assistant connecting now reads: a fresh subscription's retained messages.
-        fresh = _Watcher(f"{prefix}/#", f"{MQTT_PREFIX}/+/+/recognised_recently")
+        fresh = TopicWatcher(f"{prefix}/#", f"{MQTT_PREFIX}/+/+/recognised_recently")
         try:
             assert fresh.wait(lambda: set(fresh.got) >= ours | set(elsewhere) | set(foreign) | {count}), fresh.got
             time.sleep(0.3)  # anything else retained would have arrived with them

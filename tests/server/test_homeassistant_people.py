@@ -17,6 +17,7 @@ from peep.server.storage import ShownPerson
 from peep.server.transport.homeassistant import HomeAssistantDiscovery, HomeAssistantPublisher
 from peep.server.transport.homeassistant_people import person_slug
 from peep.v1 import recognition_pb2, template_pb2
+from peep_testing.broker import TopicWatcher
 
 ROOT = TopicScheme("devices/peep/v1")
 ALICE_CONFIG = "homeassistant/sensor/peep_lobby_person_alice/last_seen/config"
@@ -231,43 +232,6 @@ def test_an_id_home_assistant_cannot_take_gets_a_slug_of_its_own():
 # ------------------------------------------------------------ a running server and the real broker
 
 
-class _Watcher:
-    """A client of the shared broker keeping every message under some filters."""
-
-    def __init__(self, *filters):
-        import threading
-
-        self.got: dict[str, bytes] = {}
-        self.log: list[tuple[str, bytes, bool]] = []
-        self.cond = threading.Condition()
-        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"hap-{uuid.uuid4().hex[:8]}",
-                             protocol=mqtt.MQTTv5)  # fmt: skip
-        self.c.on_message = self._on_message
-        subscribed = threading.Event()
-        self.c.on_subscribe = lambda *a: subscribed.set()
-        self.c.on_connect = lambda cl, *a: cl.subscribe([(f, 1) for f in filters])
-        self.c.connect("127.0.0.1", 1883)
-        self.c.loop_start()
-        assert subscribed.wait(10)
-
-    def _on_message(self, client, userdata, msg):
-        with self.cond:
-            self.got[msg.topic] = bytes(msg.payload)
-            self.log.append((msg.topic, bytes(msg.payload), bool(msg.retain)))
-            self.cond.notify_all()
-
-    def wait(self, predicate, timeout=10.0):
-        with self.cond:
-            return self.cond.wait_for(predicate, timeout)
-
-    def publish(self, topic, payload):
-        self.c.publish(topic, payload, qos=1, retain=True).wait_for_publish(5)
-
-    def close(self):
-        self.c.disconnect()
-        self.c.loop_stop()
-
-
 @pytest.mark.mqtt
 def test_a_server_names_an_opted_in_person_and_never_anyone_else_on_the_broker(tmp_path, pki, keypair, bundle_dir):
     """The running server and the real broker: alice opted in before it started, bob never did. Every retained topic
@@ -284,7 +248,7 @@ def test_a_server_names_an_opted_in_person_and_never_anyone_else_on_the_broker(t
     bob = f"bob-{prefix[-8:]}"
     state_topic = f"{MQTT_PREFIX}/{SITE}/people/{alice}/last_seen"
     filters = (f"{prefix}/#", f"{MQTT_PREFIX}/{SITE}/+/recognition", f"{MQTT_PREFIX}/{SITE}/people/#")
-    w = _Watcher(*filters)
+    w = TopicWatcher(*filters)
     srv = None
     try:
         cfg = base_config(tmp_path, keypair[3], bundle_dir,
@@ -320,7 +284,7 @@ def test_a_server_names_an_opted_in_person_and_never_anyone_else_on_the_broker(t
         assert naming == {config_topic, state_topic, recognition}
 
         # What a Home Assistant connecting now reads: her two retained topics, nobody else's.
-        fresh = _Watcher(*filters)
+        fresh = TopicWatcher(*filters)
         try:
             assert fresh.wait(lambda: {config_topic, state_topic} <= set(fresh.got))
             time.sleep(0.3)
@@ -338,7 +302,7 @@ def test_a_server_names_an_opted_in_person_and_never_anyone_else_on_the_broker(t
         srv.services.events.publish(ev)
         assert w.wait(lambda: len([t for t, _, _ in w.log[n:] if t == recognition]) == 1)
         assert not [t for t, p, _ in w.log[n:] if b"Alice" in p or t in (config_topic, state_topic)]
-        fresh = _Watcher(*filters)
+        fresh = TopicWatcher(*filters)
         try:
             time.sleep(0.5)
             assert not [t for t in fresh.got if "person" in t or "/people/" in t], fresh.got

@@ -155,3 +155,39 @@ def session_exists(broker: ShippedBroker, client_id: str) -> bool:
         c.disconnect()
         c.loop_stop()
     return state["present"]
+
+
+class TopicWatcher:
+    """A client of the shared broker (127.0.0.1:1883) noting every message under ``filters`` (retained ones as
+    they arrive): ``got`` the last payload per topic, ``log`` every (topic, payload, retained)."""
+
+    def __init__(self, *filters):
+        self.got: dict[str, bytes] = {}
+        self.log: list[tuple[str, bytes, bool]] = []
+        self.cond = threading.Condition()
+        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"ha-{uuid.uuid4().hex[:8]}",
+                             protocol=mqtt.MQTTv5)  # fmt: skip
+        self.c.on_message = self._on_message
+        subscribed = threading.Event()
+        self.c.on_subscribe = lambda *a: subscribed.set()
+        self.c.on_connect = lambda cl, *a: cl.subscribe([(f, 1) for f in filters])
+        self.c.connect("127.0.0.1", 1883)
+        self.c.loop_start()
+        assert subscribed.wait(10)
+
+    def _on_message(self, client, userdata, msg):
+        with self.cond:
+            self.got[msg.topic] = bytes(msg.payload)
+            self.log.append((msg.topic, bytes(msg.payload), bool(msg.retain)))
+            self.cond.notify_all()
+
+    def wait(self, predicate, timeout=10.0):
+        with self.cond:
+            return self.cond.wait_for(predicate, timeout)
+
+    def publish(self, topic, payload, *, retain=True):
+        self.c.publish(topic, payload, qos=1, retain=retain).wait_for_publish(5)
+
+    def close(self):
+        self.c.disconnect()
+        self.c.loop_stop()
