@@ -77,6 +77,13 @@ def test_open_set_rows_carry_the_contract_fields_and_validate(open_set_audit: tu
     setup = doc["open_set_setup"]
     assert setup["decision_preset"]["winner"] == "lda"
     assert len(setup["no_noise"]) == 2 and setup["people"]["strangers"] == [134, 134]
+    # where the noise costs FNIR: each part of the served discriminant from the clean model, at every device row's
+    # label ε and target; with both parts clean it would be the no-noise model, so neither may be worse than both
+    cost = setup["noise_cost"]
+    assert sorted((r["mode"], r["epsilon_label"] or 0.0, r["fpir_target"]) for r in cost) == sorted(
+        (m, e, t) for m in ("clean_means", "clean_covariance") for e in (0.0, 8.0) for t in (0.01, 0.001)
+    )
+    assert all(r["epsilon_template"] == 16.0 and r["enrol_images"] == 20 for r in cost)
     # the singles calibrate (found in the data home) and give the second stranger population
     assert setup["calibration"]["population"] == "singles"
     assert setup["people"]["calibration"] == setup["people"]["single_strangers"] == [150, 150]

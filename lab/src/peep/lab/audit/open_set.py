@@ -86,6 +86,7 @@ from peep.core.release import mechanism_for_bounds
 from peep.lab.audit import execution
 from peep.lab.audit.basis import Domain
 from peep.lab.audit.config import AuditConfig, AuditConfigError
+from peep.lab.audit.noise_cost import NOISE_COST_MODES, lda_parts, noise_cost_models
 from peep.lab.audit.open_set_people import (
     GROUPS,
     PARTITION_STREAM,
@@ -334,6 +335,7 @@ def evaluate_split(
     p_index = cfg.open_set_presets.index(preset)
     rank = ctx.enrol_rank
     rows: list[dict[str, Any]] = []
+    served: Any = None
     for n_enrol in (cfg.open_set_enrol_images, *cfg.open_set_enrol_sweep):
         keep = rank < n_enrol
         sweep = {**base, "enrol_images": int(n_enrol)}
@@ -344,25 +346,28 @@ def evaluate_split(
             )
             for t in cfg.open_set_fpir
         }  # fmt: skip
+        if n_enrol == cfg.open_set_enrol_images:
+            served = models[cfg.open_set_fpir[0]]
         rows += _server_rows(ctx, cfg, models, R, {**sweep, "mode": "server"})
         # device: the same model (thresholds aside, every fit above is the same model) on clean projections
         rows += _device_rows(
             ctx, cfg, models[cfg.open_set_fpir[0]], Z, {**sweep, "mode": "device"}, (space, eps_index, p_index)
         )
-    if eps_index == 0:
+    linear = lda_parts(served) is not None
+    if eps_index == 0 or linear:
         # What limits decision mode: the same task with no noise anywhere (a model fitted on clean templates).
         clean = fit_open_set_model(
             cfg, preset, Z["enrol"], ctx.y_enrol, Z["background"], ctx.background_people, ctx.seed,
             fpir=cfg.open_set_fpir[0],
         )  # fmt: skip
-        ref = {
-            **base,
-            "enrol_images": cfg.open_set_enrol_images,
-            "mode": "no_noise",
-            "epsilon_template": None,
-            "epsilon_template_vector": None,
-        }
-        rows += _device_rows(ctx, cfg, clean, Z, ref, (space, eps_index, p_index), label_epsilons=())
+        full = {**base, "enrol_images": cfg.open_set_enrol_images}
+        if eps_index == 0:
+            ref = {**full, "mode": "no_noise", "epsilon_template": None, "epsilon_template_vector": None}
+            rows += _device_rows(ctx, cfg, clean, Z, ref, (space, eps_index, p_index), label_epsilons=())
+        if linear:
+            # Where the noise costs FNIR: the served model with one of its two parts taken from the clean model.
+            for mode, hybrid in noise_cost_models(served, clean).items():
+                rows += _device_rows(ctx, cfg, hybrid, Z, {**full, "mode": mode}, (space, eps_index, p_index))
     return rows
 
 
@@ -726,6 +731,7 @@ def run_open_set(cfg: AuditConfig) -> tuple[list[dict[str, Any]], dict[str, Any]
     entries = [combine(groups[k]) for k in keys if k[1] in MODES and k[6] == full]
     info = setup(cfg, pop, contexts)
     info["decision_preset"] = choose_preset(entries)
-    info["no_noise"] = [combine(groups[k]) for k in keys if k[1] not in MODES]
+    info["no_noise"] = [combine(groups[k]) for k in keys if k[1] == "no_noise"]
+    info["noise_cost"] = [combine(groups[k]) for k in keys if k[1] in NOISE_COST_MODES]
     info["enrolment_sweep"] = [combine(groups[k]) for k in keys if k[1] in MODES and k[6] != full]
     return entries, info, cpu

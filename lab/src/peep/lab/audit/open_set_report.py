@@ -202,6 +202,32 @@ def open_set_html(audit: dict[str, Any], out: Path, plot: str) -> list[str]:
             for e in ref
         ]
         parts.append(html_table(["K", "preset", "FPIR target", "FNIR", "FPIR", "door GAR (FAR)"], body))
+    cost = setup.get("noise_cost") or []
+    if cost:
+        parts.append(
+            "<p>Where the template noise costs FNIR: the served discriminant (trained on releases) deciding on clean "
+            "queries with its class means, or its shared covariance, taken from the model fitted on clean templates. "
+            "FNIR that falls to the no-noise reference with the clean means is the cost of estimating each enrolled "
+            "person's mean from a few noisy releases.</p>"
+        )
+        what = {
+            "clean_means": "means clean, covariance from releases",
+            "clean_covariance": "covariance clean, means from releases",
+        }
+        body = [
+            [
+                str(e["n_components"]),
+                html.escape(e["preset"]),
+                fmt_g(e["epsilon_template"]),
+                what.get(e["mode"], html.escape(e["mode"])),
+                "none" if e["epsilon_label"] is None else fmt_g(e["epsilon_label"]),
+                fmt_g(e["fpir_target"]),
+                plus_minus(e, "fnir"),
+                plus_minus(e, "fpir", nd=4),
+            ]
+            for e in cost
+        ]
+        parts.append(html_table(["K", "preset", "ε template", "model", "ε label", "FPIR target", "FNIR", "FPIR"], body))
     sweep = setup.get("enrolment_sweep") or []
     if sweep:
         parts.append(_sweep_table(rows, sweep))

@@ -370,6 +370,21 @@ _NO_NOISE_SCHEMA: dict[str, Any] = {
     ),
 }
 
+_NOISE_COST_SCHEMA: dict[str, Any] = {
+    **object_schema(
+        {
+            **OPEN_SET_SCHEMA["properties"],
+            "mode": {
+                "enum": ["clean_means", "clean_covariance"],
+                "description": "the served linear discriminant deciding on clean queries with its class means "
+                "(clean_means) or its shared covariance (clean_covariance) taken from the model fitted on clean "
+                "templates: where the template noise costs FNIR",
+            },
+        },
+        OPEN_SET_SCHEMA["required"],
+    ),
+}
+
 AUDIT_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$id": "https://peep.invalid/schemas/audit-1.json",
@@ -531,6 +546,7 @@ AUDIT_SCHEMA: dict[str, Any] = {
                                 ]
                             },
                             "no_noise": {"type": "array", "items": _NO_NOISE_SCHEMA},
+                            "noise_cost": {"type": "array", "items": _NOISE_COST_SCHEMA},
                             "enrolment_sweep": {
                                 "type": "array",
                                 "items": OPEN_SET_SCHEMA,
