@@ -218,3 +218,24 @@ def test_held_out_scene_seeds_are_read_and_bad_ones_named(monkeypatch: pytest.Mo
         monkeypatch.setenv("PEEP_BENCH_SCENE_SEEDS", bad)
         with pytest.raises(ValueError, match="PEEP_BENCH_SCENE_SEEDS: expected comma-separated integers"):
             scene_seeds(False)
+
+
+def test_a_face_held_out_of_every_track_is_counted_as_held_not_as_a_switch() -> None:
+    """One pass in track "a", its face held out for a frame (a one-frame id of its own), then in "a" again."""
+    from peep.lab.scenes.tracks import TrackJudge
+
+    faces = [{"track": 1, "identity": "A", "visible": 1.0}]
+    frames = [("a", False), ("held-1", True), ("a", False), ("a", False)]
+    judge = TrackJudge()
+    judge.start("one pass")
+    for tid, held in frames:
+        judge.feed(faces, [0], [tid], [not held], [held])
+    s = judge.summary()
+    assert (s["identity_switches"], s["fragments"], s["held_faces"], s["tracks"]) == (0, 0, 1, 1)
+    # the same ids reported as tracks: the pass is split there and back
+    plain = TrackJudge()
+    plain.start("one pass")
+    for tid, _ in frames:
+        plain.feed(faces, [0], [tid])
+    s = plain.summary()
+    assert (s["identity_switches"], s["fragments"], s["held_faces"]) == (2, 1, 0)

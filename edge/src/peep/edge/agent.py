@@ -491,6 +491,7 @@ class Agent:
             reid_s=cfg.tracker.reid_s,
             reid_appearance=cfg.tracker.reid_appearance,
             refresh_s=cfg.tracker.refresh_s,
+            hold_s=cfg.tracker.hold_s,
             # Each track id is random (peep.edge.tracking): it links the releases of one appearance and nothing
             # else, and a track key in the persistent ledger is never reused.
             id_prefix="t",

@@ -109,7 +109,8 @@ def evaluate(
 
                         tracks = tracker.update(boxes, float(record["t"]), image.shape, appearance=appearance)
                     clear = [bool(getattr(t, "clear_view", True)) for t in tracks]
-                    judge.feed(record["faces"], taken, [t.id for t in tracks], clear)
+                    held = [bool(getattr(t, "held", False)) for t in tracks]
+                    judge.feed(record["faces"], taken, [t.id for t in tracks], clear, held)
                     described += int(getattr(tracker, "described", 0)) - described_before
                     described_before = int(getattr(tracker, "described", 0))
                 false += n_false

@@ -16,6 +16,10 @@ mixed tracks
 mixed released tracks
     tracks whose faces in a clear view (the tracker's ``clear_view``: what a device releases or decides on)
     held two people: what must never happen, since one track is one appearance's releases and one budget.
+held faces
+    faces the tracker held out of every track for a moment (:attr:`peep.edge.tracking.Track.held`: refused
+    by the one track they could continue, nothing released). As CLEAR MOT counts a face no hypothesis covers,
+    such a face is a miss of the tracker, not a switch: it neither continues nor breaks its pass.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class TrackJudge:
         self._people: dict[str, Counter[str]] = defaultdict(Counter)
         self._released: dict[str, Counter[str]] = defaultdict(Counter)
         self._switches = 0
+        self._held = 0
 
     def feed(
         self,
@@ -50,12 +55,17 @@ class TrackJudge:
         taken: Sequence[int | None],
         track_ids: Sequence[str],
         clear: Sequence[bool] | None = None,
+        held: Sequence[bool] | None = None,
     ) -> None:
         """One frame: the ground truth's faces, the detection each matched (or None), each detection's track,
-        and whether the tracker gave it a clear view (what a device may release; all, when not given)."""
+        whether the tracker gave it a clear view (what a device may release; all, when not given) and whether it
+        held the detection out of every track (none, when not given)."""
         for face, i in zip(faces, taken, strict=True):
             # a face mostly hidden cannot be told from the one covering it, by a tracker or by this judge
             if i is None or float(face.get("visible", 1.0)) < MIN_VISIBLE:
+                continue
+            if held is not None and held[i]:
+                self._held += 1
                 continue
             tid = track_ids[i]
             p = int(face["track"])
@@ -82,6 +92,7 @@ class TrackJudge:
                 "mixed_tracks": len(mixed),
                 "mixed_faces": sum(sum(c.values()) - max(c.values()) for c in mixed),
                 "mixed_released_tracks": len(mixed_released),
+                "held_faces": self._held,
             }
         )
         self._scene = None
@@ -90,7 +101,7 @@ class TrackJudge:
         self._close()
         keys = (
             "passes_seen", "tracks", "identity_switches", "fragments", "mixed_tracks", "mixed_faces",
-            "mixed_released_tracks",
+            "mixed_released_tracks", "held_faces",
         )  # fmt: skip
         total = {k: sum(s[k] for s in self.per_scene) for k in keys}
         n = total["passes_seen"]
