@@ -28,10 +28,19 @@ frames, every ``refresh_s``, and at once after faces it could not compare (cut
 by the frame's edge): a pair further apart than ``max_appearance`` is refused.
 A detection that continues no live track may resume a track ended less than
 ``reid_s`` ago whose face is within ``reid_appearance`` (the same person seen
-again after being hidden). A track's :attr:`Track.clear_view` says whether this
-frame's face may be released: inside the frame and, where faces are compared,
-found to be the track's own. The views stay in the device's memory and are
-forgotten with the track.
+again after being hidden). A box whose height steps by more than
+:data:`SIZE_JUMP` from its track's is compared too, however well they overlap.
+
+Holding a face out rather than splitting a pass. Where faces are compared, a
+face cut by the frame's edge continues no track that has views to compare it
+with, and a face refused by the one track it could continue (that track having
+no other face in the frame) is held for up to ``hold_s`` before it starts its
+own: a face half covered or turning moves its descriptor for a few frames. A
+held face is returned as a :class:`Track` of that frame only (``held``), kept
+nowhere and never a clear view. A track's :attr:`Track.clear_view` says whether
+this frame's face may be released: inside the frame and, where faces are
+compared, found to be the track's own. The views stay in the device's memory and
+are forgotten with the track.
 
 What remains (docs/CAMERAS.md has the measurement): the descriptor of a small,
 blurred, compressed face does not tell every two people apart (two of the
