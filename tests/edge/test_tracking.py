@@ -192,7 +192,7 @@ def test_a_nearer_face_stepping_in_front_is_compared_though_the_boxes_overlap() 
 def test_hold_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="hold_s: expected 0 <= value <= max_age_s"):
         Tracker(hold_s=2.0, max_age_s=1.0)
-    with pytest.raises(ValueError, match="tracker.hold_s: expected <= tracker.max_age_s"):
+    with pytest.raises(ValueError, match=r"tracker.hold_s: expected <= max_age_s \(1.0\), received 1.5"):
         TrackerConfig(hold_s=1.5, max_age_s=1.0)
 
 

@@ -345,24 +345,15 @@ class TrackerConfig(_Section):
         default=0.5, gt=0.0, le=60.0, description="a track's descriptor is renewed from its face this often"
     )
     hold_s: float = Field(
-        default=0.3,
-        ge=0.0,
-        le=60.0,
-        description="a face refused by the only track it could continue (its descriptor too far: half covered, "
-        "turning) is held out of every track, nothing released, for up to this long before it starts its own "
-        "(0: never); at most max_age_s",
-    )
+        default=0.3, ge=0.0, le=60.0,
+        description="a face refused by the only track it could continue (half covered, turning) is held out of "
+        "every track, nothing released, for up to this long before it starts its own (0: never; <= max_age_s)",
+    )  # fmt: skip
 
     @model_validator(mode="after")
-    def _hold_within_age(self) -> TrackerConfig:
+    def _within_limits(self) -> TrackerConfig:
         if self.hold_s > self.max_age_s:
-            raise ValueError(
-                f"tracker.hold_s: expected <= tracker.max_age_s ({self.max_age_s}), received {self.hold_s}"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _reid_within_max(self) -> TrackerConfig:
+            raise ValueError(f"tracker.hold_s: expected <= max_age_s ({self.max_age_s}), received {self.hold_s}")
         if self.reid_appearance > self.max_appearance:
             raise ValueError(
                 f"tracker.reid_appearance: expected <= tracker.max_appearance ({self.max_appearance}), "
