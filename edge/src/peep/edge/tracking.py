@@ -335,12 +335,16 @@ class Tracker:
                 if tr is not None:
                     resumed.add(tr.id)
                     checked.add(i)
-                elif i in cut or (owner := self._holder(i, b, t, cost, refused, taken, live)) is not None:
-                    if i in cut:
-                        owner = live[min(cut[i], key=lambda j: cut[i][j])]
-                    out.append(self._held(b, t, owner))
-                    continue
                 else:
+                    # a face cut by the edge is held by the nearest track it would have continued
+                    owner = (
+                        live[min(cut[i], key=cut[i].__getitem__)]
+                        if i in cut
+                        else self._holder(i, t, cost, refused, taken, live)
+                    )
+                    if owner is not None:
+                        out.append(self._held(b, t, owner))
+                        continue
                     tr = self._new(b, t)
                     describe(i)
                     checked.add(i)  # its first face is its own
@@ -358,7 +362,6 @@ class Tracker:
     def _holder(
         self,
         i: int,
-        b: FaceBox,
         t: float,
         cost: dict[tuple[int, int], float],
         refused: dict[int, set[int]],
@@ -388,7 +391,7 @@ class Tracker:
         return tr
 
     def _held(self, b: FaceBox, t: float, owner: Track) -> Track:
-        # the face that refused it is compared with the next one, whatever the overlap
+        # the track that kept this face out compares its next face, however well that one overlaps
         owner.pending = True
         return Track(
             id=f"{self.id_prefix}-held-{secrets.token_hex(10)}",

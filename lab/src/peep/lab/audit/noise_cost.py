@@ -49,7 +49,7 @@ def with_lda_parts(fitted: Any, means: FloatArray, covariance: FloatArray) -> An
         raise ValueError("fitted: expected a recogniser whose pipeline is one LinearDiscriminantAnalysis")
     lda, _, _, priors = parts
     out = copy.deepcopy(fitted)
-    new = out.pipeline.steps[-1][1] if hasattr(out.pipeline, "steps") else out.pipeline
+    new = lda_parts(out)[0]  # type: ignore[index]  # the copy is the same kind of model
     coef = np.linalg.lstsq(covariance, means.T, rcond=None)[0].T
     new.coef_ = coef
     new.intercept_ = -0.5 * np.einsum("kd,kd->k", means, coef) + np.log(priors)
