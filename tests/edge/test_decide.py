@@ -211,6 +211,25 @@ def test_fusing_frames_stays_on_the_sphere():
         fuse_projections(np.full((2, K), np.nan), "unit")
 
 
+def test_a_camera_fuses_the_largest_faces_it_looked_at_and_waits_for_them(tmp_path):
+    from peep.edge.config import RecognitionConfig
+    from peep.edge.pipeline import largest_faces
+
+    # (face height, projection) in frame order: the person walks nearer, turns away, comes back.
+    seen = [(40.0, "a"), (90.0, "b"), (60.0, "c"), (90.0, "d"), (120.0, "e"), (30.0, "f")]
+    assert largest_faces(seen, 3) == ["b", "d", "e"]  # frame order kept
+    assert largest_faces(seen, 2) == ["d", "e"]  # of the two 90s, the later
+    assert largest_faces(seen, 10) == ["a", "b", "c", "d", "e", "f"]
+    assert largest_faces(seen, 0) == []
+    with pytest.raises(ValueError, match=r"recognition.choose_from: expected >= fuse_frames \(4\), received 3"):
+        RecognitionConfig(fuse_frames=4, choose_from=3)
+    cfg = RecognitionConfig(fuse_frames=3, choose_from=8)
+    store = ModelStore(tmp_path / "none", None, bundle_id="b", key_id="k")  # no model held
+    assert DecisionSource(store, domain="unit", site_key=None, epsilon_label=8.0, fuse_frames=cfg.fuse_frames,
+                          choose_from=cfg.choose_from).choose_from == 8  # fmt: skip
+    assert DecisionSource(store, domain="unit", site_key=None, epsilon_label=8.0, fuse_frames=3).choose_from == 3
+
+
 def _erased_person_is_accepted(store, rig) -> bool:
     d = DeviceDecider(store.current, domain="unit", site_key=rig["key"], epsilon_label=None)
     return any(d.verify(f[None], "p0").accepted for f in rig["probes"]["p0"])

@@ -655,31 +655,27 @@ class RecognitionConfig(_Section):
             "randomised at epsilon_label (without a valid model the camera releases nothing)"
         ),
     )
-    epsilon_label: float = Field(
-        default=8.0,
-        gt=0.0,
-        le=40.0,
-        description=(
-            "ε of one decision's label (k-ary randomized response over the model's subjects plus unknown); "
-            "per appearance, per coordinate and per vector alike"
-        ),
-    )
-    fuse_frames: int = Field(
-        default=3,
-        ge=1,
-        le=30,
-        description="frames of a track whose clean projections are averaged before deciding (no ε: nothing leaves)",
-    )
+    epsilon_label: float = Field(default=8.0, gt=0.0, le=40.0, description=(
+        "ε of one decision's label (k-ary randomized response over the model's subjects plus unknown); "
+        "per appearance, per coordinate and per vector alike"))  # fmt: skip
+    fuse_frames: int = Field(default=3, ge=1, le=30, description=(
+        "frames of a track whose clean projections are averaged before deciding (no ε: nothing leaves)"))  # fmt: skip
+    choose_from: int | None = Field(default=None, ge=1, le=60, description=(
+        "frames of a track looked at before deciding, at least fuse_frames: the fuse_frames with the largest faces "
+        "among them are averaged (a later first decision for a sharper one; default fuse_frames)"))  # fmt: skip
     model_public_key: ConfigPath | None = Field(
         default=None,
         description="Ed25519 public key (PEM) every device model must verify against (default: bundle.public_key)",
     )
-    model_check_s: float = Field(
-        default=300.0,
-        ge=1.0,
-        le=86400.0,
-        description="seconds between two asks for a newer device model over gRPC (MQTT also hears it at once)",
-    )
+    model_check_s: float = Field(default=300.0, ge=1.0, le=86400.0, description=(
+        "seconds between two asks for a newer device model over gRPC (MQTT also hears it at once)"))  # fmt: skip
+
+    @model_validator(mode="after")
+    def _choice_holds_the_fused(self) -> RecognitionConfig:
+        if self.choose_from is not None and self.choose_from < self.fuse_frames:
+            raise ValueError(f"recognition.choose_from: expected >= fuse_frames ({self.fuse_frames}), "
+                             f"received {self.choose_from}")  # fmt: skip
+        return self
 
 
 class EdgeConfig(_Section):

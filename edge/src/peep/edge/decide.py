@@ -546,6 +546,9 @@ class DecisionSource:
         ε of a camera's label; None for a door (claims only).
     fuse_frames : int
         Frames a camera fuses into one decision.
+    choose_from : int or None
+        Frames of a track a camera looks at before deciding, the ``fuse_frames`` with the largest faces
+        fused (None: ``fuse_frames``, its first ones).
     random_state : None or seed
         Simulations only (``"seeded-noise"``).
     """
@@ -558,6 +561,7 @@ class DecisionSource:
         site_key: SiteKey | None,
         epsilon_label: float | None,
         fuse_frames: int = 1,
+        choose_from: int | None = None,
         random_state: object = None,
     ) -> None:
         self.store = store
@@ -565,6 +569,7 @@ class DecisionSource:
         self.site_key = site_key
         self.epsilon_label = epsilon_label
         self.fuse_frames = fuse_frames
+        self.choose_from = max(fuse_frames, choose_from or fuse_frames)
         self.random_state = random_state
         self._lock = threading.Lock()
         self._decider: DeviceDecider | None = None

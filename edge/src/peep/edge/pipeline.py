@@ -74,6 +74,14 @@ class Released:
     box: FaceBox
 
 
+def largest_faces(seen: list[tuple[float, Any]], n: int) -> list[Any]:
+    """The projections of the ``n`` largest faces of ``seen`` ((face height, projection) in frame order),
+    in frame order; of equal heights the later. The largest are the nearest views, the least blurred by a
+    walk across the frame."""
+    order = sorted(range(len(seen)), key=lambda i: (seen[i][0], i))[-n:] if n > 0 else []
+    return [seen[i][1] for i in sorted(order)]
+
+
 class FramePipeline:
     """Turn frames into spooled templates under the release policy.
 
@@ -329,8 +337,8 @@ class FramePipeline:
         return self.releaser.project(self._projector_input(frame, box)[1])[0]
 
     def _decide_tracks(self, frame: Frame, tracks: list[Track]) -> list[Released]:
-        fuse = int(self.decisions.fuse_frames)
-        lead = self.policy.min_hits - fuse  # the frames before a track's first decision that are fused into it
+        # The frames before a track's first decision that it may fuse: the last ``choose_from`` of them.
+        lead = self.policy.min_hits - int(getattr(self.decisions, "choose_from", self.decisions.fuse_frames))
         out: list[Released] = []
         alive = {tr.id for tr in tracks}
         for gone in [k for k in self._track_frames if k not in alive]:
@@ -342,7 +350,7 @@ class FramePipeline:
                     out.append(rel)
             elif lead < tr.hits < self.policy.min_hits and self.decisions.decider() is not None:
                 t0 = time.perf_counter()
-                self._track_frames.setdefault(tr.id, []).append(self.project_face(frame, tr.box))
+                self._track_frames.setdefault(tr.id, []).append((tr.box.h, self.project_face(frame, tr.box)))
                 self.timer.add("project", time.perf_counter() - t0)
         return out
 
@@ -353,10 +361,11 @@ class FramePipeline:
             self.policy._suppress("no_model")
             return None
         t0 = time.perf_counter()
-        frames = self._track_frames.pop(track.id, [])
-        frames.append(self.project_face(frame, track.box))
+        seen = self._track_frames.pop(track.id, [])
+        seen.append((track.box.h, self.project_face(frame, track.box)))
+        frames = largest_faces(seen, int(self.decisions.fuse_frames))
         t1 = time.perf_counter()
-        decided = decider.identify(frames[-int(self.decisions.fuse_frames) :])
+        decided = decider.identify(frames)
         t2 = time.perf_counter()
         self.timer.add("project", t1 - t0)
         self.timer.add("decide", t2 - t1)

@@ -67,6 +67,9 @@ def register(sub: Any) -> None:
     p.add_argument("--fuse-frames", type=int, default=d.fuse_frames, metavar="N",
                    help=f"with --decide device: frames of a track a camera averages before it decides (no ε; "
                    f"default {d.fuse_frames})")  # fmt: skip
+    p.add_argument("--choose-from", type=int, default=d.choose_from, metavar="N",
+                   help="with --decide device: frames of a track a camera looks at first, fusing the "
+                   "--fuse-frames with the largest faces (default: --fuse-frames, the track's first)")  # fmt: skip
     p.add_argument("--calibration-people", type=int, default=d.calibration_people, metavar="N",
                    help=f"with --decide device: public one-image people (LFW's singles, when present beside LFW) "
                    f"whose clean projections set the devices' thresholds (default {d.calibration_people}: a "
@@ -121,9 +124,12 @@ def handle(args: argparse.Namespace) -> int:
         "components",
         "calibration_people",
         "fuse_frames",
+        "choose_from",
     ):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')}: expected >= 1, received {getattr(args, name)}")
+    if args.choose_from is not None and args.choose_from < args.fuse_frames:
+        raise UsageError(f"--choose-from: expected >= --fuse-frames ({args.fuse_frames}), received {args.choose_from}")
     if args.strangers < 0:
         raise UsageError(f"--strangers: expected >= 0, received {args.strangers}")
     if not args.qbbs_epsilon > 0:
@@ -155,6 +161,7 @@ def handle(args: argparse.Namespace) -> int:
         decide=args.decide,
         epsilon_label=args.epsilon_label,
         fuse_frames=args.fuse_frames,
+        choose_from=args.choose_from,
         calibration_people=args.calibration_people,
         mirror=args.mirror,
         preset=args.preset,

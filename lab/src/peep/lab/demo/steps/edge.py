@@ -95,6 +95,7 @@ class EdgeConfigs:
                             "decide": "device",
                             "epsilon_label": o.epsilon_label,
                             "fuse_frames": o.fuse_frames,
+                            "choose_from": o.choose_from,
                         }
                     }
                     if o.decide == "device" and not desk
