@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -238,17 +239,32 @@ def _calibration(ctx: RunContext, bundle: ProjectionBundle, population: Calibrat
 
     o = ctx.opts
     singles = population.name == "lfw_singles"
-    with Progress("    calibration faces (public people the model never sees)", heartbeat=HEARTBEAT_S) as bar:
-        projections, names, domain, kind = make_calibration(
-            bundle, population.dataset, mechanism=o.mechanism, data_home=o.data_home, min_faces=1 if singles else 5,
-            people=population.people, exclude=exclude, max_per_person=o.calibration_max_faces, progress=bar.update,
-        )  # fmt: skip
+    dataset, views = population.dataset, None
+    if o.scenes and singles:
+        # The cameras watch scenes: their thresholds are set on the public photos as such a camera sees a face.
+        from peep.lab.scenes.views import write_camera_views
+
+        views = ctx.out / "server" / "calibration-views"
+        with Progress("    calibration photos as the scenes' cameras see them", heartbeat=HEARTBEAT_S) as bar:
+            dataset = str(write_camera_views(Path(population.dataset), population.people, views, seed=o.seed + 7,
+                                             progress=bar.update))  # fmt: skip
+    try:
+        with Progress("    calibration faces (public people the model never sees)", heartbeat=HEARTBEAT_S) as bar:
+            projections, names, domain, kind = make_calibration(
+                bundle, dataset, mechanism=o.mechanism, data_home=o.data_home, min_faces=1 if singles else 5,
+                people=population.people, exclude=exclude, max_per_person=o.calibration_max_faces,
+                progress=bar.update,
+            )  # fmt: skip
+    finally:
+        if views is not None:  # drawn for this run only; the projections below are what the devices carry
+            shutil.rmtree(views, ignore_errors=True)
     path = ctx.out / "server" / "calibration.npz"
     path.parent.mkdir(parents=True, exist_ok=True)
     cal = write_calibration(path, projections=projections, people=names, bundle_id=bundle.bundle_id,
                             domain=domain, mechanism=kind)  # fmt: skip
-    ctx.say(f"    calibration: {cal.n_faces} clean projections of {cal.n_people} public people ({population.name}), "
-            "none in the background class, none enrolled, none a stranger")  # fmt: skip
+    seen = ", drawn as the scenes' cameras see a face" if views is not None else ""
+    ctx.say(f"    calibration: {cal.n_faces} clean projections of {cal.n_people} public people ({population.name}"
+            f"{seen}), none in the background class, none enrolled, none a stranger")  # fmt: skip
     return path, sorted(set(names))
 
 
