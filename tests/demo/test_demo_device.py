@@ -38,6 +38,7 @@ def test_the_default_demo_decides_on_the_devices_with_thresholds_set_on_the_sing
     assert ident["decided_on"] == "device" and door["decided_on"] == "device"
     # 150 chosen; those whose one photo shows a face the detector finds set the thresholds.
     assert s["data"]["calibration_population"] == "lfw_singles" and 140 <= s["data"]["calibration_people"] <= 150
+    assert s["data"]["calibration_views"] == "photos"  # portrait videos: the photos as they are
     # A camera's appearance costs its label's ε alone (k-RR at the default ε_label 8): no template was released.
     per = ident["epsilon_per_appearance"]
     assert per["appearances"] > 0 and per["max"] <= 8.0 + 1e-9

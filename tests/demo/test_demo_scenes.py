@@ -36,6 +36,10 @@ def scene_run(tmp_path_factory: pytest.TempPathFactory, data_home: str) -> tuple
 def test_every_person_walks_through_a_scene_once_and_every_pass_is_judged(scene_run) -> None:
     out, s = scene_run
     sc = s["scenes"]
+    # the devices' thresholds were set on the calibration people as the scenes' camera sees a face, and
+    # those drawn photos were not kept
+    assert s["data"]["calibration_population"] == "lfw_singles" and s["data"]["calibration_views"] == "scenes"
+    assert not (out / "server" / "calibration-views").exists() and not list((out / "server").rglob("*.png"))
     # 3 subjects x 2 held-out photos and 4 strangers, each dealt to one camera and walking through once
     assert sc["passes"] == 10
     described = [json.loads(p.read_text()) for p in sorted((out / "videos").glob("cam-*.json"))]

@@ -197,11 +197,15 @@ class CalibrationPopulation:
         What :func:`peep.server.bundles.calibrate.make_calibration` reads: the singles' folder or ``"lfw"``.
     people : list of str
         The people chosen (folder names).
+    views : str
+        ``"scenes"``: their photos are drawn as the scenes' camera sees a face before they are described
+        (``--scenes``); ``""``: the photos as they are.
     """
 
     name: str
     dataset: str
     people: list[str]
+    views: str = ""
 
 
 def calibration_population(ctx: RunContext, people: People, spare_background: list[str]) -> CalibrationPopulation:
@@ -221,7 +225,7 @@ def calibration_population(ctx: RunContext, people: People, spare_background: li
         chosen = sorted(names[int(i)] for i in pick)
         ctx.say(f"    calibration population: {len(chosen)} of the {len(names)} one-image public people in "
                 f"{singles}")  # fmt: skip
-        return CalibrationPopulation("lfw_singles", str(singles), chosen)
+        return CalibrationPopulation("lfw_singles", str(singles), chosen, views="scenes" if o.scenes else "")
     enrolled = {n.replace(" ", "_") for n in people.scenario.enrolled}
     frequent = [n for n, c in people.lfw_counts.items() if c >= 20 and n.replace(" ", "_") not in enrolled]
     chosen = sorted(spare_background) + sorted(frequent)
@@ -240,7 +244,7 @@ def _calibration(ctx: RunContext, bundle: ProjectionBundle, population: Calibrat
     o = ctx.opts
     singles = population.name == "lfw_singles"
     dataset, views = population.dataset, None
-    if o.scenes and singles:
+    if population.views == "scenes":
         # The cameras watch scenes: their thresholds are set on the public photos as such a camera sees a face.
         from peep.lab.scenes.views import write_camera_views
 

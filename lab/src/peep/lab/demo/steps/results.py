@@ -115,6 +115,7 @@ def summarise(
                 {
                     "calibration_population": fitted.calibration_population.name,
                     "calibration_people": len(fitted.calibration_population.people),
+                    "calibration_views": fitted.calibration_population.views or "photos",
                 }
                 if fitted.calibration_population is not None and fitted.calibration_population.name
                 else {}
