@@ -37,7 +37,7 @@ SETTINGS: tuple[Setting, ...] = ("room", "entrance", "street")
 LFW_FACE_BOX = (78, 70, 172, 195)
 _PHOTO = 250
 #: Walking speed in face heights per second (1.4 m/s over a 0.2 m face box, slower at doors).
-_SPEED_FACES_PER_S = (2.5, 7.0)
+WALK_SPEED_FACES_PER_S = (2.5, 7.0)
 
 Image = NDArray[np.uint8]
 
@@ -271,7 +271,7 @@ def _plan(
                 x1 = x0 + rng.uniform(-0.3, 0.3) * spec.width
             hmean = (h0 + h1) / 2
             dist = abs(x1 - x0) + abs(h1 - h0) * 4.0
-            speed = rng.uniform(*_SPEED_FACES_PER_S) * hmean
+            speed = rng.uniform(*WALK_SPEED_FACES_PER_S) * hmean
             frames = int(np.clip(dist / speed * spec.fps, spec.fps * 1.5, spec.fps * 12))
             yaw0 = rng.uniform(-35, 35)
             passes.append(
