@@ -224,6 +224,7 @@ def test_a_camera_fuses_the_largest_faces_it_looked_at_and_waits_for_them(tmp_pa
     with pytest.raises(ValueError, match=r"recognition.choose_from: expected >= fuse_frames \(4\), received 3"):
         RecognitionConfig(fuse_frames=4, choose_from=3)
     cfg = RecognitionConfig(fuse_frames=3, choose_from=8)
+    assert cfg.frames_looked_at == 8 and RecognitionConfig(fuse_frames=3).frames_looked_at == 3
     store = ModelStore(tmp_path / "none", None, bundle_id="b", key_id="k")  # no model held
     assert DecisionSource(store, domain="unit", site_key=None, epsilon_label=8.0, fuse_frames=cfg.fuse_frames,
                           choose_from=cfg.choose_from).choose_from == 8  # fmt: skip

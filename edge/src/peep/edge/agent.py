@@ -460,7 +460,7 @@ class Agent:
             site_key=self.site_key,
             epsilon_label=cfg.recognition.epsilon_label if camera else None,
             fuse_frames=cfg.recognition.fuse_frames,
-            choose_from=cfg.recognition.choose_from,
+            choose_from=cfg.recognition.frames_looked_at,
         )
         log_event(_log, logging.INFO, "device_model_held",
                   serial=held.serial if held is not None else None,
@@ -472,13 +472,12 @@ class Agent:
         assert self.spool is not None
         p = cfg.privacy
         camera = cfg.recognition.decide == "device"
-        looked_at = max(cfg.recognition.fuse_frames, cfg.recognition.choose_from or 0)
         policy = ReleasePolicy(
             accountant=accountant,
             releases_per_window=p.releases_per_window,
             window_s=p.window_seconds,
             # Deciding on the device fuses frames of a track: it waits until it has looked at them.
-            min_hits=max(p.min_track_frames, looked_at) if camera else p.min_track_frames,
+            min_hits=max(p.min_track_frames, cfg.recognition.frames_looked_at) if camera else p.min_track_frames,
             cost_epsilon=self.cost.total_vector,
             cost_delta=self.cost.delta,
             device_key=self.device_key,

@@ -663,12 +663,15 @@ class RecognitionConfig(_Section):
     choose_from: int | None = Field(default=None, ge=1, le=60, description=(
         "frames of a track looked at before deciding, at least fuse_frames: the fuse_frames with the largest faces "
         "among them are averaged (a later first decision for a sharper one; default fuse_frames)"))  # fmt: skip
-    model_public_key: ConfigPath | None = Field(
-        default=None,
-        description="Ed25519 public key (PEM) every device model must verify against (default: bundle.public_key)",
-    )
+    model_public_key: ConfigPath | None = Field(default=None, description=(
+        "Ed25519 public key (PEM) every device model must verify against (default: bundle.public_key)"))  # fmt: skip
     model_check_s: float = Field(default=300.0, ge=1.0, le=86400.0, description=(
         "seconds between two asks for a newer device model over gRPC (MQTT also hears it at once)"))  # fmt: skip
+
+    @property
+    def frames_looked_at(self) -> int:
+        """Frames of a track a camera looks at before its first decision (``choose_from``, else ``fuse_frames``)."""
+        return self.choose_from or self.fuse_frames
 
     @model_validator(mode="after")
     def _choice_holds_the_fused(self) -> RecognitionConfig:

@@ -569,7 +569,7 @@ class DecisionSource:
         self.site_key = site_key
         self.epsilon_label = epsilon_label
         self.fuse_frames = fuse_frames
-        self.choose_from = max(fuse_frames, choose_from or fuse_frames)
+        self.choose_from = choose_from or fuse_frames
         self.random_state = random_state
         self._lock = threading.Lock()
         self._decider: DeviceDecider | None = None

@@ -338,7 +338,7 @@ class FramePipeline:
 
     def _decide_tracks(self, frame: Frame, tracks: list[Track]) -> list[Released]:
         # The frames before a track's first decision that it may fuse: the last ``choose_from`` of them.
-        lead = self.policy.min_hits - int(getattr(self.decisions, "choose_from", self.decisions.fuse_frames))
+        lead = self.policy.min_hits - int(self.decisions.choose_from)
         out: list[Released] = []
         alive = {tr.id for tr in tracks}
         for gone in [k for k in self._track_frames if k not in alive]:

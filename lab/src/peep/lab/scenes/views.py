@@ -21,8 +21,6 @@ import numpy as np
 from numpy.typing import NDArray
 from peep.lab.scenes.render import LFW_FACE_BOX, WALK_SPEED_FACES_PER_S, SceneSpec
 
-_FPS = 15.0
-
 
 def camera_view(photo: NDArray[np.uint8], rng: np.random.Generator,
                 face_px: tuple[int, int] = SceneSpec.face_px) -> NDArray[np.uint8]:  # fmt: skip
@@ -46,7 +44,7 @@ def camera_view(photo: NDArray[np.uint8], rng: np.random.Generator,
     small = cv2.resize(photo.astype(np.float32), (max(2, round(W * sx)), max(2, round(H * s))),
                        interpolation=cv2.INTER_AREA)  # fmt: skip
     if rng.random() < 0.5:  # half the passes cross the frame: a quarter of a frame's travel of blur
-        length = int(rng.uniform(*WALK_SPEED_FACES_PER_S) * fh / _FPS * 0.25)
+        length = int(rng.uniform(*WALK_SPEED_FACES_PER_S) * fh / SceneSpec.fps * 0.25)
         if length >= 2:
             small = cv2.filter2D(small, -1, np.full((1, length), 1.0 / length, np.float32))
     gain = (1.0 + 0.12 * np.sin(rng.uniform(0, 2 * np.pi))) * (rng.uniform(0.6, 0.85) if rng.random() < 0.5 else 1.0)
