@@ -189,6 +189,81 @@ def test_a_nearer_face_stepping_in_front_is_compared_though_the_boxes_overlap() 
     assert faces.calls > calls and b.id != a.id and not b.clear_view
 
 
+def _at(*vectors: np.ndarray):
+    """An appearance function giving these exact vectors, one per box."""
+    return lambda i: vectors[i]
+
+
+def _off(person: str, d: float) -> np.ndarray:
+    """A face ``d`` from the person's own vector (in a direction no person's vector takes)."""
+    return _FACES[person] + d * np.eye(8)[7]
+
+
+def test_a_young_track_refuses_a_face_that_a_settled_one_would_take() -> None:
+    """X, 0.58 from A (within max_appearance 0.6), steps into A's place: a track of two views refuses it."""
+    a_face, x_face = _FACES["A"], _off("A", 0.58)
+    tr = Tracker(refresh_s=0.01)  # faces compared at every frame
+    for k in range(2):
+        a = tr.update([_box(100.0 + 5.0 * k)], k * DT, SHAPE, appearance=_at(a_face))[0]
+    x = tr.update([_box(110.0)], 2 * DT, SHAPE, appearance=_at(x_face))[0]
+    assert x.held and not x.clear_view and x.id != a.id and len(tr.tracks[a.id].gallery) == 2  # nothing of X kept
+    # A comes out from behind X: A's track is A's alone, X starts its own
+    back, x2 = tr.update([_box(120.0), _box(60.0)], 3 * DT, SHAPE, appearance=_at(a_face, x_face))
+    assert back.id == a.id and back.clear_view and x2.id != a.id and not x2.held
+    # a track of eight views takes the same face: its mean is not moved far by one view
+    tr2 = Tracker(refresh_s=0.01)
+    for k in range(8):
+        a2 = tr2.update([_box(100.0 + 5.0 * k)], k * DT, SHAPE, appearance=_at(a_face))[0]
+    assert tr2.update([_box(140.0)], 8 * DT, SHAPE, appearance=_at(x_face))[0].id == a2.id
+
+
+def test_a_face_covered_by_a_nearer_one_is_held_before_it_starts_a_track() -> None:
+    """C appears half behind B's nearer face: its first views mix two faces, so for hold_s it starts no track."""
+    b_face, c_face = _FACES["B"], _FACES["C"]
+    tr = Tracker(hold_s=0.3)
+    for k in range(6):
+        b = tr.update([_box(200.0, h=100.0)], k * DT, SHAPE, appearance=_at(b_face))[0]
+    seen = [
+        tr.update([_box(200.0, h=100.0), _box(260.0)], (6 + k) * DT, SHAPE, appearance=_at(b_face, c_face))
+        for k in range(6)
+    ]
+    assert all(s[0].id == b.id and s[0].clear_view for s in seen)
+    held = [s[1] for s in seen if s[1].held]
+    assert len(held) == 5 and not any(h.clear_view or h.id in tr.tracks for h in held)
+    c = seen[-1][1]  # after hold_s: its own track
+    assert not c.held and c.id in tr.tracks and c.id != b.id
+    # beside B, not covered: a track of its own at once; and without faces compared, at once too
+    tr2 = Tracker(hold_s=0.3)
+    for k in range(6):
+        tr2.update([_box(200.0, h=100.0)], k * DT, SHAPE, appearance=_at(b_face))
+    alone = tr2.update([_box(200.0, h=100.0), _box(400.0)], 6 * DT, SHAPE, appearance=_at(b_face, c_face))[1]
+    assert not alone.held and alone.clear_view
+    tr3 = Tracker(hold_s=0.3)
+    for k in range(6):
+        tr3.update([_box(200.0, h=100.0)], k * DT, SHAPE)
+    assert not tr3.update([_box(200.0, h=100.0), _box(260.0)], 6 * DT, SHAPE)[1].held
+
+
+def test_a_face_coming_out_from_behind_another_is_held_until_it_resumes_its_track() -> None:
+    """A is hidden behind B's nearer face and comes out beside it, 0.5 from its views for a frame (too far to
+    resume, reid_appearance 0.45): held, not a new track; then A's face again resumes A's track."""
+    a_face, b_face = _FACES["A"], _FACES["B"]
+    tr = Tracker()
+    for k in range(8):  # A stands at x 300; B, nearer, walks towards it
+        a, _b = tr.update([_box(300.0), _box(150.0 + 15.0 * k, h=80.0)], k * DT, SHAPE, appearance=_at(a_face, b_face))
+    assert tr.update([_box(270.0, h=80.0)], 8 * DT, SHAPE, appearance=_at(b_face))[0].id != a.id  # A behind B
+    out = tr.update([_box(285.0, h=80.0), _box(400.0)], 9 * DT, SHAPE, appearance=_at(b_face, _off("A", 0.5)))[1]
+    assert out.held and not out.clear_view
+    back = tr.update([_box(300.0, h=80.0), _box(405.0)], 10 * DT, SHAPE, appearance=_at(b_face, a_face))[1]
+    assert back.id == a.id and back.clear_view
+    # a face as far from a track that left without going behind anyone starts its own
+    tr2 = Tracker()
+    for k in range(8):
+        a2 = tr2.update([_box(300.0)], k * DT, SHAPE, appearance=_at(a_face))[0]
+    other = tr2.update([_box(400.0)], 9 * DT, SHAPE, appearance=_at(_off("A", 0.5)))[0]
+    assert not other.held and other.id != a2.id
+
+
 def test_hold_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="hold_s: expected 0 <= value <= max_age_s"):
         Tracker(hold_s=2.0, max_age_s=1.0)

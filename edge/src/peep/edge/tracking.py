@@ -25,7 +25,11 @@ views of each track's face and compares a detection with their mean where a
 group is unsure (a detection two tracks could take, a track two detections
 could, an overlap poorer than a followed face's), at a young track's first
 frames, every ``refresh_s``, and at once after faces it could not compare (cut
-by the frame's edge): a pair further apart than ``max_appearance`` is refused.
+by the frame's edge): a pair further apart than ``max_appearance`` is refused,
+or than :data:`YOUNG_APPEARANCE` while the track has fewer than :data:`SETTLED`
+views: one wrong view moves the mean of so few far enough that the wrong face
+passes the next frame too, and the track is then two people's (a face stepping
+in front of a track five frames old lay 0.58 from its three views, then 0.44).
 A detection that continues no live track may resume a track ended less than
 ``reid_s`` ago whose face is within ``reid_appearance`` (the same person seen
 again after being hidden). A box whose height steps by more than
@@ -35,7 +39,14 @@ Holding a face out rather than splitting a pass. Where faces are compared, a
 face cut by the frame's edge continues no track that has views to compare it
 with, and a face refused by the one track it could continue (that track having
 no other face in the frame) is held for up to ``hold_s`` before it starts its
-own: a face half covered or turning moves its descriptor for a few frames. A
+own: a face half covered or turning moves its descriptor for a few frames. Two
+more faces are held so, for up to ``hold_s``, rather than start a track: one
+that a followed face's box about as tall or taller overlaps (covered by a nearer
+face, its descriptor mixes the two: a poor first view for a track to be compared
+with, and a release of no one face); and one beyond ``reid_appearance`` but
+within ``max_appearance`` of a track lost less than ``max_age_s`` ago where a
+nearer face was (coming out from behind it, half covered for a frame or two, it
+resumes that track once wholly in view; a track of its own splits the pass). A
 held face is returned as a :class:`Track` of that frame only (``held``), kept
 nowhere and never a clear view. A track's :attr:`Track.clear_view` says whether
 this frame's face may be released: inside the frame and, where faces are
@@ -45,7 +56,9 @@ are forgotten with the track.
 What remains (docs/CAMERAS.md has the measurement): the descriptor of a small,
 blurred, compressed face does not tell every two people apart (two of the
 scenes' people lie 0.56 apart on average), so some crossings still swap or
-split a pass.
+split a pass; and a face entering through the frame's edge beside one the
+detector misses may get a box over both as its track's first view, which
+neither face is near afterwards: the pass is split.
 """
 
 from __future__ import annotations
@@ -67,6 +80,15 @@ GALLERY = 8
 #: A track with fewer views than this is described at each frame: one view (a face half covered as it
 #: appeared) is too few to refuse a face by.
 YOUNG = 3
+#: A track with fewer views than this refuses a face further than :data:`YOUNG_APPEARANCE` from them (rather than
+#: ``max_appearance``): one wrong view moves the mean of so few a quarter or more, and the wrong face then passes the
+#: next frame too (a face stepping in front of a track five frames old: 0.58 from its three views, 0.44 a frame on).
+SETTLED = 4
+#: The young track's bar: dlib's descriptors of two people lie mostly beyond it.
+YOUNG_APPEARANCE = 0.55
+#: A face's box overlapped by a box at least this share of its height is taken as covered by that face (the nearer face
+#: is the taller; two of about one size overlap only as one passes behind the other).
+COVER_RATIO = 0.9
 #: A pair's position cost above which the faces are compared: IoU with the predicted box under 0.6.
 FIRM = 0.4
 #: A pair whose box heights differ by more than this ratio is compared too, however well the boxes overlap: on the
@@ -104,6 +126,10 @@ class Track:
     held: bool = False
     #: When a face this track alone could take was first refused, of the refusals running now (None: none).
     refused_since: float | None = field(default=None, repr=False)
+    #: When this track's face first covered a face held out, of the frames in a row it has (None: it does not).
+    covering_since: float | None = field(default=None, repr=False)
+    #: Unseen since where a face about as near or nearer was: hidden behind it, maybe.
+    behind: bool = field(default=False, repr=False)
 
     @property
     def appearance(self) -> NDArray[np.float64] | None:
@@ -138,8 +164,8 @@ class Tracker:
         shorter.
     max_appearance : float
         With an ``appearance`` function: a detection whose descriptor lies further than this from a track's
-        is never that track's (dlib's descriptor: the same person is mostly within 0.5, two people mostly
-        beyond 0.55).
+        (from a track of few views, :data:`YOUNG_APPEARANCE`) is never that track's (dlib's descriptor: the
+        same person is mostly within 0.5, two people mostly beyond 0.55).
     reid_s, reid_appearance : float
         A detection that continues no live track resumes a track ended less than ``reid_s`` ago whose
         descriptor lies within ``reid_appearance`` of its own. ``reid_s`` 0 turns this off.
@@ -149,7 +175,9 @@ class Tracker:
         A face refused by the only track it could continue (its descriptor too far), where that track has no
         other face in the frame, is held out of every track (nothing released) for up to this long before it
         starts a track of its own: a face half covered or turning moves its descriptor for a few frames, and
-        starting a track there splits its pass in two, and then in three when the face comes back. 0: never.
+        starting a track there splits its pass in two, and then in three when the face comes back. As long, a face
+        covered by a followed nearer one, or coming out from behind one within ``max_appearance`` of the track lost
+        there, is held rather than start a track. 0: never.
     id_prefix : str
         Track ids are ``<id_prefix>-<80 random bits in hex>``: each track's id is drawn
         afresh, so an id names one appearance and nothing links it to the device's other
@@ -300,7 +328,7 @@ class Tracker:
                 for (i, j), c in list(group.items()):
                     d = self._distance(describe(i), live[j])
                     checked.add(i)
-                    if d is not None and d > self.max_appearance:
+                    if d is not None and d > self._bar(live[j]):
                         del group[(i, j)]
                         refused.setdefault(i, set()).add(j)
                     elif d is not None:
@@ -318,20 +346,19 @@ class Tracker:
                     continue
                 checked.add(i)
                 d = self._distance(describe(i), tr)
-                if d is not None and d > self.max_appearance:
+                if d is not None and d > self._bar(tr):
                     del assigned[i]
                     refused.setdefault(i, set()).add(j)
         out: list[Track] = []
         taken = set(assigned.values())
-        for j in taken:
-            live[j].refused_since = None
         resumed: set[str] = set()
+        covering: set[str] = set()  # tracks whose face covers a face held out in this frame
         for i, b in enumerate(boxes):
             if i in assigned:
                 tr = live[assigned[i]]
             else:
                 idle = [tr for j, tr in enumerate(live) if j not in taken and tr.id not in resumed]
-                tr = self._resume(i, b, t, describe, idle)
+                tr, doubted = self._resume(i, b, t, describe, idle)
                 if tr is not None:
                     resumed.add(tr.id)
                     checked.add(i)
@@ -342,8 +369,16 @@ class Tracker:
                         if i in cut
                         else self._holder(i, t, cost, refused, taken, live)
                     )
+                    if owner is None and doubted is not None:
+                        owner = self._holding(doubted, t)
                     if owner is not None:
                         out.append(self._held(b, t, owner))
+                        continue
+                    coverer = None if appearance is None else self._coverer(i, boxes, t, assigned, live)
+                    if coverer is not None:
+                        # its own face is not in doubt: it is not asked to compare its next one
+                        covering.add(coverer.id)
+                        out.append(self._held(b, t, None))
                         continue
                     tr = self._new(b, t)
                     describe(i)
@@ -357,6 +392,14 @@ class Tracker:
             self._continue(tr, b, t, v)
             tr.clear_view = not tr.pending and not _at_edge(b, frame_shape)
             out.append(tr)
+        seen = {tr.id for tr in out}
+        followed = [tr.box for tr in out if not tr.held]  # a face held out may be the unseen track's own
+        for tr in live:
+            if tr.id not in covering:
+                tr.covering_since = None
+            if tr.id not in seen and not tr.behind:
+                ahead = tr.predicted(t)
+                tr.behind = any(o.h >= COVER_RATIO * tr.box.h and _overlap(ahead, o) > 0.0 for o in followed)
         return out
 
     def _holder(
@@ -382,17 +425,51 @@ class Tracker:
         free = [j for j in could if j not in taken]
         if not free:
             return None
-        tr = live[min(free, key=lambda j: could[j])]
+        return self._holding(live[min(free, key=lambda j: could[j])], t)
+
+    def _holding(self, tr: Track, t: float) -> Track | None:
+        """``tr``, to hold a face it alone could take, unless it has held such faces for longer than ``hold_s`` in a
+        row (then None: the face is someone else's)."""
+        if self.hold_s <= 0:
+            return None
         if tr.refused_since is None:
             tr.refused_since = t
         if t - tr.refused_since > self.hold_s:
-            tr.refused_since = None  # held long enough: the face is someone else's
+            tr.refused_since = None
             return None
         return tr
 
-    def _held(self, b: FaceBox, t: float, owner: Track) -> Track:
+    def _coverer(
+        self, i: int, boxes: Sequence[FaceBox], t: float, assigned: dict[int, int], live: list[Track]
+    ) -> Track | None:
+        """The followed track whose face covers detection ``i``'s, to hold it; or None (it may start its own track).
+
+        Covered: another box of this frame, about as tall or taller (:data:`COVER_RATIO`), overlaps it. For at most
+        ``hold_s`` from the first frame in a row that this track's face covered a face held out.
+        """
+        if self.hold_s <= 0:
+            return None
+        b = boxes[i]
+        over = [
+            (-_overlap(b, o), k)
+            for k, o in enumerate(boxes)
+            if k != i and k in assigned and o.h >= COVER_RATIO * b.h and _overlap(b, o) > 0.0
+        ]
+        if not over:
+            return None
+        tr = live[assigned[min(over)[1]]]
+        if tr.covering_since is None:
+            tr.covering_since = t
+        return tr if t - tr.covering_since <= self.hold_s else None
+
+    def _bar(self, tr: Track) -> float:
+        """The distance beyond which a face is not ``tr``'s: stricter while it has few views (:data:`SETTLED`)."""
+        return self.max_appearance if len(tr.gallery) >= SETTLED else min(self.max_appearance, YOUNG_APPEARANCE)
+
+    def _held(self, b: FaceBox, t: float, owner: Track | None) -> Track:
         # the track that kept this face out compares its next face, however well that one overlaps
-        owner.pending = True
+        if owner is not None:
+            owner.pending = True
         return Track(
             id=f"{self.id_prefix}-held-{secrets.token_hex(10)}",
             box=b,
@@ -407,8 +484,11 @@ class Tracker:
             return None
         return float(np.linalg.norm(v - np.mean(tr.gallery, axis=0)))
 
-    def _resume(self, i: int, b: FaceBox, t: float, describe: Callable[[int], Any], idle: list[Track]) -> Track | None:
-        """An ended (or idle live) track whose face this detection's is, or None."""
+    def _resume(
+        self, i: int, b: FaceBox, t: float, describe: Callable[[int], Any], idle: list[Track]
+    ) -> tuple[Track | None, Track | None]:
+        """(An ended or idle live track whose face this detection's is, else None; failing that, the idle live track
+        hidden behind a face (:attr:`Track.behind`) whose face it may be, within ``max_appearance``, else None)."""
         # after a gap a face may have come nearer: the size is compared loosely, the face strictly
         ratio = self.max_size_ratio**2
         candidates = [
@@ -417,18 +497,23 @@ class Tracker:
             if tr.gallery and max(b.h / max(tr.box.h, 1e-6), tr.box.h / max(b.h, 1e-6)) <= ratio
         ]
         if not candidates:
-            return None
+            return None, None
         v = describe(i)
         best: Track | None = None
-        best_d = self.reid_appearance
+        best_d = self.max_appearance
         for tr in candidates:
             d = self._distance(v, tr)
             if d is not None and d <= best_d:
                 best, best_d = tr, d
-        if best is not None and best.id in self.ended:
+        if best is None or best_d > self.reid_appearance:
+            # a face coming out from behind another is half covered a frame or two: too far to resume, too near to
+            # start a track of its own
+            doubted = best is not None and best.behind and best.id not in self.ended
+            return None, best if doubted else None
+        if best.id in self.ended:
             self.tracks[best.id] = self.ended.pop(best.id)
             best.velocity = (0.0, 0.0)  # its motion while hidden is unknown
-        return best
+        return best, None
 
     def _continue(self, tr: Track, b: FaceBox, t: float, v: NDArray[np.float64] | None) -> None:
         dt = t - tr.last_seen
@@ -446,6 +531,8 @@ class Tracker:
         tr.box = b
         tr.last_seen = t
         tr.hits += 1
+        tr.refused_since = None
+        tr.behind = False
 
     def _new(self, box: FaceBox, t: float) -> Track:
         # hits 0: _continue counts its first face
@@ -526,6 +613,13 @@ def _leaving(tr: Track, frame_shape: tuple[int, ...] | None, margin: float = 2.0
         or (b.x + b.w >= w - margin and vx > 0)
         or (b.y + b.h >= h - margin and vy > 0)
     )
+
+
+def _overlap(a: FaceBox, b: FaceBox) -> float:
+    """The share of ``a``'s area that ``b`` overlaps."""
+    ix = max(0.0, min(a.x + a.w, b.x + b.w) - max(a.x, b.x))
+    iy = max(0.0, min(a.y + a.h, b.y + b.h) - max(a.y, b.y))
+    return ix * iy / max(a.w * a.h, 1e-6)
 
 
 def _at_edge(box: FaceBox, frame_shape: tuple[int, ...] | None, margin: float = 2.0) -> bool:
