@@ -1,0 +1,171 @@
+#!/usr/bin/env python
+"""Why a scene's enrolled faces are or are not named: each face scored by the camera's own device model.
+
+Reads a finished ``peep demo --scenes --out RUN`` folder (its scenes, ground truth, bundle, keys and the
+device model the cameras held) and, for every ``--stride``-th frame, each face of the ground truth at least
+``--visible`` visible that YuNet finds: describes it with the devices' encoder, projects it with the bundle,
+and scores it with the device model as a camera does (one frame, no label mechanism). Per face-height bin it
+prints how often the model ranks the right person first, how often the face clears the unknown threshold as
+that person (what a decision needs), the median probability, and how many stranger faces clear it; and the
+probabilities of the model's calibration people, which set the threshold.
+
+Everything stays in memory; nothing is written unless ``--json`` names a file.
+
+    python scripts/scene-decisions.py runs/demo-scenes-0 [--stride 3] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+BINS = ((30, 45), (45, 60), (60, 70), (70, 110), (110, 10_000))
+
+
+def _decider(run: Path, state: Path) -> Any:
+    """The agent of a camera of ``run`` (its bundle, site key and held device model), opened without a network."""
+    from peep.edge.agent import Agent
+    from peep.edge.config import EdgeConfig
+
+    shutil.copytree(run / "devices" / "cam-1" / "device-model", state / "device-model")
+    cfg = EdgeConfig.model_validate({
+        "device": {"id": "cam-1", "site": "demo", "state_dir": str(state)},
+        "bundle": {"path": str(run / "bundle"), "public_key": str(run / "keys" / "site.pub"), "accept_updates": False},
+        "privacy": {"mechanism": "privunit", "epsilon": 16.0, "site_key": str(run / "keys" / "template.key"),
+                    "track_budget": 1e6},
+        "capture": {"source": str(state), "max_fps": 0.0},
+        "mqtt": {"enabled": True, "host": "127.0.0.1", "port": 1883, "tls": False},
+        "metrics": {"port": 0},
+        "recognition": {"decide": "device"},
+    })  # fmt: skip
+    agent = Agent(cfg, environ={})
+    agent.open()
+    decider = agent.decisions.decider()
+    if decider is None:
+        raise SystemExit(
+            f"scene-decisions: the cameras' device model in {run} does not load: {agent.decisions.problem}"
+        )
+    return agent, decider
+
+
+def _quantiles(values: Any, q: tuple[float, ...]) -> dict[str, float]:
+    return {str(k): round(float(v), 4) for k, v in zip(q, np.quantile(values, q), strict=True)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("run", type=Path, help="a finished `peep demo --scenes --out RUN` folder")
+    p.add_argument("--stride", type=int, default=3, help="every N-th frame (default 3)")
+    p.add_argument("--visible", type=float, default=0.9, help="faces at least this share visible (default 0.9)")
+    p.add_argument("--json", type=Path, help="also write the figures here")
+    a = p.parse_args(argv)
+    run = a.run
+    for need in ("people.json", "bundle", "keys/site.pub", "keys/template.key", "devices/cam-1/device-model",
+                 "devices/door-1/device-model/current/class.key", "videos/cam-1.gt.jsonl"):  # fmt: skip
+        if not (run / need).exists():
+            p.error(f"{run}: expected a `peep demo --scenes` folder with {need}, which is missing")
+    if a.stride < 1 or not 0.0 < a.visible <= 1.0:
+        p.error(f"--stride >= 1 and 0 < --visible <= 1 expected, received {a.stride} and {a.visible}")
+
+    import cv2
+    from peep.core.decision import identify_open_set
+    from peep.core.devicemodel import class_id
+    from peep.edge.config import DetectorConfig
+    from peep.edge.decide import fuse_projections
+    from peep.edge.detection import build_detector
+    from peep.edge.embedding import make_encoder
+    from peep.lab.demo.steps.scenes import find_yunet
+    from peep.lab.scenes.detectors import match_frame
+
+    yunet = find_yunet(None)
+    if yunet is None:
+        p.error("YuNet's file was not found ($PEEP_YUNET_MODEL, `peep-edge models fetch yunet`)")
+    detector = build_detector(DetectorConfig(kind="yunet", detect_width=None, model_path=str(yunet)))
+    encoder = make_encoder()
+    state = Path(tempfile.mkdtemp(prefix="peep-scene-decisions-"))
+    try:
+        agent, decider = _decider(run, state)
+        key = bytes.fromhex((run / "devices" / "door-1" / "device-model" / "current" / "class.key").read_text().strip())
+        column = {c: i for i, c in enumerate(decider.model.classes)}
+        own = {n: column.get(class_id(key, n)) for n in json.loads((run / "people.json").read_text())["enrolled"]}
+        threshold = float(decider.thresholds.unknown_threshold)
+
+        def score(image: Any, box: Any) -> tuple[int, bool, float]:
+            bounded = agent.releaser.project(encoder.encode(image, box))[0]
+            P = decider.probabilities(fuse_projections(np.atleast_2d(bounded), decider.domain))
+            d = identify_open_set(P, decider.known, threshold)
+            return int(d.best_class[0]), bool(d.unknown[0]), float(d.probability[0])
+
+        enrolled: dict[tuple[int, int], list[tuple[bool, bool, float]]] = {b: [] for b in BINS}
+        strangers: list[tuple[bool, float]] = []
+        for gt_file in sorted((run / "videos").glob("cam-*.gt.jsonl")):
+            cam = gt_file.name.split(".")[0]
+            truth = {int(r["frame"]): r["faces"] for r in map(json.loads, gt_file.read_text().splitlines())}
+            video = cv2.VideoCapture(str(run / "videos" / f"{cam}.mp4"))
+            index = -1
+            while True:
+                ok, image = video.read()
+                if not ok:
+                    break
+                index += 1
+                faces = [f for f in truth.get(index, []) if float(f.get("visible", 1.0)) >= a.visible]
+                if index % a.stride or not faces:
+                    continue
+                boxes = detector.detect(image)
+                taken, _ = match_frame(faces, boxes)
+                for face, i in zip(faces, taken, strict=True):
+                    if i is None:
+                        continue
+                    best, unknown, prob = score(image, boxes[i])
+                    if face["role"] == "stranger":
+                        strangers.append((not unknown, prob))
+                    elif face["role"] == "enrolled":
+                        right = best == own.get(face["identity"])
+                        for lo, hi in BINS:
+                            if lo <= float(face["height_px"]) < hi:
+                                enrolled[(lo, hi)].append((right, right and not unknown, prob))
+            video.release()
+            print(f"scene-decisions: {cam} read", file=sys.stderr, flush=True)
+        P_cal = decider.probabilities(decider.model.calibration)[:, decider.known].max(axis=1)
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+
+    q = (0.5, 0.9, 0.99, 1.0)
+    out: dict[str, Any] = {
+        "run": str(run),
+        "unknown_threshold": threshold,
+        "calibration_people_probability_quantiles": _quantiles(P_cal, q),
+        "stranger_faces": len(strangers),
+        "stranger_faces_named": int(sum(s[0] for s in strangers)),
+        "stranger_probability_quantiles": _quantiles([s[1] for s in strangers], q) if strangers else None,
+        "enrolled_faces_per_bin": {},
+    }
+    print(f"unknown threshold {threshold:.3f}; calibration people's probability, quantiles {q}: "
+          f"{out['calibration_people_probability_quantiles']}")  # fmt: skip
+    print(f"stranger faces {len(strangers)}, named {out['stranger_faces_named']}; "
+          f"quantiles: {out['stranger_probability_quantiles']}")  # fmt: skip
+    print("bin px      faces  ranked first  identified  median probability")
+    for (lo, hi), rows in enrolled.items():
+        if not rows:
+            continue
+        r = np.array(rows, dtype=float)
+        label = f"{lo}-{hi}" if hi < 10_000 else f">={lo}"
+        row = {"faces": len(rows), "ranked_first": float(r[:, 0].mean()), "identified": float(r[:, 1].mean()),
+               "median_probability": float(np.median(r[:, 2]))}  # fmt: skip
+        out["enrolled_faces_per_bin"][label] = row
+        print(f"{label:10s} {row['faces']:6d}  {row['ranked_first']:12.2f}  {row['identified']:10.2f}  "
+              f"{row['median_probability']:18.3f}")  # fmt: skip
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
