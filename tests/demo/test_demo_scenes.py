@@ -121,3 +121,15 @@ def test_a_pass_is_identified_only_when_its_decisions_name_the_person_and_no_one
     assert up["enrolled_passes"] == 3 and up["identified"] == 1 and up["enrolled_misnamed"] == 1
     assert up["enrolled_not_decided"] == 1 and up["strangers_named"] == 1 and up["stranger_passes"] == 1
     assert judged["per_bin"]["30-45"]["enrolled_passes"] == 1 and judged["per_bin"][">=110"]["identified"] == 0
+
+
+def test_scene_cameras_decide_only_on_faces_yunet_does_not_doubt_unless_told_otherwise() -> None:
+    from peep.lab.demo.options import DemoOptions
+    from peep.lab.demo.steps.scenes import SCENE_MIN_FACE_SCORE, camera_min_face_score
+
+    scenes = DemoOptions(out=Path("unused"), scenes=True)
+    assert camera_min_face_score(scenes, "yunet") == SCENE_MIN_FACE_SCORE == 0.9
+    assert camera_min_face_score(scenes, "hog") is None  # dlib's SVM scores are on another scale
+    assert camera_min_face_score(DemoOptions(out=Path("unused")), "yunet") is None  # the portraits: unchanged
+    assert camera_min_face_score(DemoOptions(out=Path("unused"), scenes=True, min_face_score=0.0), "yunet") is None
+    assert camera_min_face_score(DemoOptions(out=Path("unused"), min_face_score=0.8), "haar") == 0.8

@@ -17,6 +17,7 @@ from peep.core.wire import decode_template
 from peep.edge.agent import Agent
 from peep.edge.config import load_config
 from peep.edge.spool import Spool
+from peep_testing.devicemodel import random_device_model
 from peep_testing.edge import EDGE_SITE
 
 pytestmark = pytest.mark.mqtt
@@ -276,26 +277,6 @@ def test_a_crash_after_the_puback_resends_and_the_next_puback_deletes(system_bro
     assert all(f"<<{mid}-{device}>>".encode() not in on_disk for mid in ids)
 
 
-def _random_device_model(bundle, key, *, serial: int, k_subjects: int = 4, key_id: str = ""):
-    """A signed linear device model over random class directions (what a camera decides with), for ``bundle``."""
-    import numpy as np
-    from peep.core.devicemodel import build_device_model_files
-    from peep.server.recognition.export import _linear_onnx
-
-    rng = np.random.default_rng(serial)
-    n = bundle.n_components
-    means = rng.standard_normal((k_subjects + 1, n))
-    means /= np.linalg.norm(means, axis=1, keepdims=True)
-    public = rng.standard_normal((300, n))
-    public /= np.linalg.norm(public, axis=1, keepdims=True)
-    return build_device_model_files(
-        onnx=_linear_onnx(20.0 * means.T, np.zeros(k_subjects + 1)), calibration=public.astype(np.float32),
-        subjects=[f"s{i}" for i in range(k_subjects)] + [""], background_index=k_subjects, serial=serial,
-        model_version="v0001", bundle_id=bundle.bundle_id, key_id=key_id, n_components=n, trained_at=time.time(),
-        signing_key=key, fpir=0.2, extra={"domain": "unit"},
-    )  # fmt: skip
-
-
 @pytest.mark.slow
 def test_a_camera_in_decision_mode_asks_for_its_model_on_the_broker_and_publishes_only_labels(
     system_broker, make_config, crowd_video, collector_factory, h, edge_bundle, edge_keys
@@ -328,9 +309,9 @@ def test_a_camera_in_decision_mode_asks_for_its_model_on_the_broker_and_publishe
     pub.loop_start()
     try:
         # A model signed by another key is refused; the deployer's is taken (answered on the device's own topic).
-        forged = _random_device_model(edge_bundle, edge_keys["other_private"], serial=9)
+        forged = random_device_model(edge_bundle, edge_keys["other_private"], serial=9)
         pub.publish(f"{base}/model", device_model_message(forged, 9).SerializeToString(), qos=1).wait_for_publish(5)
-        files = _random_device_model(edge_bundle, edge_keys["private"], serial=3)
+        files = random_device_model(edge_bundle, edge_keys["private"], serial=3)
         pub.publish(f"{base}/model", device_model_message(files, 3).SerializeToString(), qos=1).wait_for_publish(5)
         thread.join(120)
     finally:

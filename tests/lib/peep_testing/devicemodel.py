@@ -80,3 +80,24 @@ def verified(payload: bytes, public_key: Any, **kw: Any) -> DeviceModel:
     model = verify_device_model_files(files, public_key, **kw)
     assert model.serial == serial
     return model
+
+
+def random_device_model(bundle: Any, key: Any, *, serial: int, k_subjects: int = 4, key_id: str = "") -> Any:
+    """A signed linear device model over random class directions (what a camera decides with), for ``bundle``."""
+    import time
+
+    from peep.core.devicemodel import build_device_model_files
+    from peep.server.recognition.export import _linear_onnx
+
+    rng = np.random.default_rng(serial)
+    n = bundle.n_components
+    means = rng.standard_normal((k_subjects + 1, n))
+    means /= np.linalg.norm(means, axis=1, keepdims=True)
+    public = rng.standard_normal((300, n))
+    public /= np.linalg.norm(public, axis=1, keepdims=True)
+    return build_device_model_files(
+        onnx=_linear_onnx(20.0 * means.T, np.zeros(k_subjects + 1)), calibration=public.astype(np.float32),
+        subjects=[f"s{i}" for i in range(k_subjects)] + [""], background_index=k_subjects, serial=serial,
+        model_version="v0001", bundle_id=bundle.bundle_id, key_id=key_id, n_components=n, trained_at=time.time(),
+        signing_key=key, fpir=0.2, extra={"domain": "unit"},
+    )  # fmt: skip

@@ -461,6 +461,7 @@ class Agent:
             epsilon_label=cfg.recognition.epsilon_label if camera else None,
             fuse_frames=cfg.recognition.fuse_frames,
             choose_from=cfg.recognition.frames_looked_at,
+            min_face_score=cfg.recognition.min_face_score if camera else None,
         )
         log_event(_log, logging.INFO, "device_model_held",
                   serial=held.serial if held is not None else None,

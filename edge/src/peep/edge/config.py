@@ -647,14 +647,10 @@ class DoorConfig(_Section):
 class RecognitionConfig(_Section):
     """Where a camera's identifications are decided (docs/DECISIONS.md)."""
 
-    decide: Literal["server", "device"] = Field(
-        default="server",
-        description=(
-            "'server': release a perturbed template per track window and let the server decide; 'device': decide "
-            "here with the site's signed device model on the clean projection and release only the label, "
-            "randomised at epsilon_label (without a valid model the camera releases nothing)"
-        ),
-    )
+    decide: Literal["server", "device"] = Field(default="server", description=(
+        "'server': release a perturbed template per track window and let the server decide; 'device': decide "
+        "here with the site's signed device model on the clean projection and release only the label, "
+        "randomised at epsilon_label (without a valid model the camera releases nothing)"))  # fmt: skip
     epsilon_label: float = Field(default=8.0, gt=0.0, le=40.0, description=(
         "ε of one decision's label (k-ary randomized response over the model's subjects plus unknown); "
         "per appearance, per coordinate and per vector alike"))  # fmt: skip
@@ -663,6 +659,9 @@ class RecognitionConfig(_Section):
     choose_from: int | None = Field(default=None, ge=1, le=60, description=(
         "frames of a track looked at before deciding, at least fuse_frames: the fuse_frames with the largest faces "
         "among them are averaged (a later first decision for a sharper one; default fuse_frames)"))  # fmt: skip
+    min_face_score: float | None = Field(default=None, ge=0.0, le=1.0, description=(
+        "fuse and decide only on faces the detector scored at least this (YuNet's score falls as a face is "
+        "covered: the track waits for fuse_frames such faces); none: every face"))  # fmt: skip
     model_public_key: ConfigPath | None = Field(default=None, description=(
         "Ed25519 public key (PEM) every device model must verify against (default: bundle.public_key)"))  # fmt: skip
     model_check_s: float = Field(default=300.0, ge=1.0, le=86400.0, description=(

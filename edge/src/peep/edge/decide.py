@@ -549,6 +549,8 @@ class DecisionSource:
     choose_from : int or None
         Frames of a track a camera looks at before deciding, the ``fuse_frames`` with the largest faces
         fused (None: ``fuse_frames``, its first ones).
+    min_face_score : float or None
+        A camera fuses and decides only on faces the detector scored at least this (None: every face).
     random_state : None or seed
         Simulations only (``"seeded-noise"``).
     """
@@ -562,6 +564,7 @@ class DecisionSource:
         epsilon_label: float | None,
         fuse_frames: int = 1,
         choose_from: int | None = None,
+        min_face_score: float | None = None,
         random_state: object = None,
     ) -> None:
         self.store = store
@@ -570,6 +573,7 @@ class DecisionSource:
         self.epsilon_label = epsilon_label
         self.fuse_frames = fuse_frames
         self.choose_from = choose_from or fuse_frames
+        self.min_face_score = min_face_score
         self.random_state = random_state
         self._lock = threading.Lock()
         self._decider: DeviceDecider | None = None

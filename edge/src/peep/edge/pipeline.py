@@ -343,16 +343,32 @@ class FramePipeline:
         alive = {tr.id for tr in tracks}
         for gone in [k for k in self._track_frames if k not in alive]:
             del self._track_frames[gone]
+        least = self.decisions.min_face_score
         for tr in tracks:
+            # A face the detector doubts (YuNet's score falls as a face is covered) is neither fused nor decided on:
+            # the track waits for fuse_frames faces it does not doubt.
+            clear = least is None or tr.box.score >= least
             if self.policy.decide(tr, frame.timestamp).allowed:
+                if not clear:
+                    continue
+                held = self._track_frames.get(tr.id, [])
+                if least is not None and len(held) + 1 < int(self.decisions.fuse_frames):
+                    self._collect(frame, tr)
+                    continue
                 rel = self._decide_track(frame, tr)
                 if rel is not None:
                     out.append(rel)
-            elif lead < tr.hits < self.policy.min_hits and self.decisions.decider() is not None:
-                t0 = time.perf_counter()
-                self._track_frames.setdefault(tr.id, []).append((tr.box.h, self.project_face(frame, tr.box)))
-                self.timer.add("project", time.perf_counter() - t0)
+            elif clear and lead < tr.hits < self.policy.min_hits and self.decisions.decider() is not None:
+                self._collect(frame, tr)
         return out
+
+    def _collect(self, frame: Frame, tr: Track) -> None:
+        """Keep this frame's clean projection of the track's face for its decision (the last ``choose_from``)."""
+        t0 = time.perf_counter()
+        held = self._track_frames.setdefault(tr.id, [])
+        held.append((tr.box.h, self.project_face(frame, tr.box)))
+        del held[: max(0, len(held) - int(self.decisions.choose_from))]
+        self.timer.add("project", time.perf_counter() - t0)
 
     def _decide_track(self, frame: Frame, track: Track) -> Released | None:
         """Decide on a track's fused clean projections and spool the randomised label (one window's release)."""

@@ -70,6 +70,10 @@ def register(sub: Any) -> None:
     p.add_argument("--choose-from", type=int, default=d.choose_from, metavar="N",
                    help="with --decide device: frames of a track a camera looks at first, fusing the "
                    "--fuse-frames with the largest faces (default: --fuse-frames, the track's first)")  # fmt: skip
+    p.add_argument("--min-face-score", type=float, default=d.min_face_score, metavar="S",
+                   help="with --decide device: cameras fuse and decide only on faces the detector scored at "
+                   "least S (YuNet's score, 0-1; 0: every face; default: 0.9 on --scenes with YuNet, else every "
+                   "face)")  # fmt: skip
     p.add_argument("--calibration-people", type=int, default=d.calibration_people, metavar="N",
                    help=f"with --decide device: public one-image people (LFW's singles, when present beside LFW) "
                    f"whose clean projections set the devices' thresholds (default {d.calibration_people}: a "
@@ -130,6 +134,8 @@ def handle(args: argparse.Namespace) -> int:
             raise UsageError(f"--{name.replace('_', '-')}: expected >= 1, received {getattr(args, name)}")
     if args.choose_from is not None and args.choose_from < args.fuse_frames:
         raise UsageError(f"--choose-from: expected >= --fuse-frames ({args.fuse_frames}), received {args.choose_from}")
+    if args.min_face_score is not None and not 0.0 <= args.min_face_score <= 1.0:
+        raise UsageError(f"--min-face-score: expected 0 <= S <= 1, received {args.min_face_score}")
     if args.strangers < 0:
         raise UsageError(f"--strangers: expected >= 0, received {args.strangers}")
     if not args.qbbs_epsilon > 0:
@@ -162,6 +168,7 @@ def handle(args: argparse.Namespace) -> int:
         epsilon_label=args.epsilon_label,
         fuse_frames=args.fuse_frames,
         choose_from=args.choose_from,
+        min_face_score=args.min_face_score,
         calibration_people=args.calibration_people,
         mirror=args.mirror,
         preset=args.preset,

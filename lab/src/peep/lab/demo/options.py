@@ -81,6 +81,8 @@ class DemoOptions:
     # Frames of a track looked at before that decision, the fuse_frames with the largest faces fused
     # (None: fuse_frames, the track's first).
     choose_from: int | None = None
+    # Cameras fuse and decide only on faces the detector scored at least this (None: every face).
+    min_face_score: float | None = None
     # Public people whose clean projections set the devices' thresholds: LFW's one-image people (lfw_singles,
     # beside the LFW copy), calibration_people of them chosen by the seed. A threshold that lets a share t of
     # n public people through lets about (floor(t n) + 1) / (n + 1) of new people through: 1,000 resolve the

@@ -44,6 +44,13 @@ class EdgeConfigs:
 
         return detector_settings(self.ctx.opts.data_home)
 
+    @property
+    def min_face_score(self) -> float | None:
+        """The cameras' ``recognition.min_face_score`` (:func:`peep.lab.demo.steps.scenes.camera_min_face_score`)."""
+        from peep.lab.demo.steps.scenes import camera_min_face_score
+
+        return camera_min_face_score(self.ctx.opts, self.scene_detector.get("kind") if self.ctx.opts.scenes else None)
+
     def __call__(self, device_id: str, transport: str, source: str, *, soft: bool) -> Any:
         """The configuration of ``device_id`` releasing over ``transport`` (``grpc`` or ``mqtt``) from ``source``."""
         from peep.edge.config import EdgeConfig
@@ -96,6 +103,7 @@ class EdgeConfigs:
                             "epsilon_label": o.epsilon_label,
                             "fuse_frames": o.fuse_frames,
                             "choose_from": o.choose_from,
+                            "min_face_score": self.min_face_score,
                         }
                     }
                     if o.decide == "device" and not desk

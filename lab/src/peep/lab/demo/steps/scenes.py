@@ -111,6 +111,20 @@ def compose_scene_videos(ctx: RunContext, scripts: list[CameraScript]) -> list[C
     return [s for s in out if s is not None]
 
 
+#: On scenes with YuNet, the cameras decide only on faces YuNet scored at least this: its score falls as a face is
+#: covered (median 0.78 under half visible, 0.92 wholly visible), and a decision on a face emerging from behind a
+#: desk or a person called the person unknown (docs/CAMERAS.md).
+SCENE_MIN_FACE_SCORE = 0.9
+
+
+def camera_min_face_score(opts: Any, detector_kind: str | None) -> float | None:
+    """The cameras' ``recognition.min_face_score``: ``--min-face-score`` (0: every face); else, on scenes with
+    YuNet, :data:`SCENE_MIN_FACE_SCORE`; else every face (None)."""
+    if opts.min_face_score is not None:
+        return opts.min_face_score or None
+    return SCENE_MIN_FACE_SCORE if opts.scenes and detector_kind == "yunet" else None
+
+
 class SceneTruth:
     """Whose face a released box is, read from a scene's ground truth."""
 
@@ -291,6 +305,8 @@ def scene_summary(
     (ctx.out / "passes.json").write_text(json.dumps(judged.pop("rows"), indent=1) + "\n")
     return {
         "detector": {k: v for k, v in detector.items() if k != "model_path"},
+        # the cameras decide only on faces the detector scored at least this (None: every face)
+        "min_face_score": camera_min_face_score(ctx.opts, detector.get("kind")),
         "detection": detection_recall(scripts, detector),
         **judged,
         "frames": annotate_frames(scripts, releases, events, ctx.out),
