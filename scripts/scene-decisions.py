@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     from peep.edge.embedding import make_encoder
     from peep.lab.demo.steps.scenes import find_yunet
     from peep.lab.scenes.detectors import match_frame
+    from peep.lab.scenes.render import read_ground_truth
 
     yunet = find_yunet(None)
     if yunet is None:
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         strangers: list[tuple[bool, float]] = []
         for gt_file in sorted((run / "videos").glob("cam-*.gt.jsonl")):
             cam = gt_file.name.split(".")[0]
-            truth = {int(r["frame"]): r["faces"] for r in map(json.loads, gt_file.read_text().splitlines())}
+            truth = {int(r["frame"]): r["faces"] for r in read_ground_truth(gt_file)}
             video = cv2.VideoCapture(str(run / "videos" / f"{cam}.mp4"))
             index = -1
             while True:

@@ -450,14 +450,14 @@ class Tracker:
         if self.hold_s <= 0:
             return None
         b = boxes[i]
-        over = [
-            (-_overlap(b, o), k)
+        over = {
+            k: share
             for k, o in enumerate(boxes)
-            if k != i and k in assigned and o.h >= COVER_RATIO * b.h and _overlap(b, o) > 0.0
-        ]
+            if k != i and k in assigned and o.h >= COVER_RATIO * b.h and (share := _overlap(b, o)) > 0.0
+        }
         if not over:
             return None
-        tr = live[assigned[min(over)[1]]]
+        tr = live[assigned[max(over, key=over.__getitem__)]]
         if tr.covering_since is None:
             tr.covering_since = t
         return tr if t - tr.covering_since <= self.hold_s else None
@@ -617,9 +617,7 @@ def _leaving(tr: Track, frame_shape: tuple[int, ...] | None, margin: float = 2.0
 
 def _overlap(a: FaceBox, b: FaceBox) -> float:
     """The share of ``a``'s area that ``b`` overlaps."""
-    ix = max(0.0, min(a.x + a.w, b.x + b.w) - max(a.x, b.x))
-    iy = max(0.0, min(a.y + a.h, b.y + b.h) - max(a.y, b.y))
-    return ix * iy / max(a.w * a.h, 1e-6)
+    return a.intersection(b) / max(a.area, 1e-6)
 
 
 def _at_edge(box: FaceBox, frame_shape: tuple[int, ...] | None, margin: float = 2.0) -> bool:

@@ -48,11 +48,15 @@ class FaceBox:
     def area(self) -> float:
         return self.w * self.h
 
-    def iou(self, other: FaceBox) -> float:
-        """Intersection over union with ``other``."""
+    def intersection(self, other: FaceBox) -> float:
+        """The area this box shares with ``other`` (square pixels)."""
         ix = max(0.0, min(self.x + self.w, other.x + other.w) - max(self.x, other.x))
         iy = max(0.0, min(self.y + self.h, other.y + other.h) - max(self.y, other.y))
-        inter = ix * iy
+        return ix * iy
+
+    def iou(self, other: FaceBox) -> float:
+        """Intersection over union with ``other``."""
+        inter = self.intersection(other)
         union = self.area + other.area - inter
         return inter / union if union > 0 else 0.0
 
