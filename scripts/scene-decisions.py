@@ -12,6 +12,7 @@ probabilities of the model's calibration people, which set the threshold.
 Everything stays in memory; nothing is written unless ``--json`` names a file.
 
     python scripts/scene-decisions.py runs/demo-scenes-0 [--stride 3] [--json out.json]
+    python scripts/scene-decisions.py runs/demo-scenes-0 --seed 0 --bands 45,60,70,110 --mirror
 """
 
 from __future__ import annotations
@@ -55,6 +56,53 @@ def _decider(run: Path, state: Path) -> Any:
     return agent, decider
 
 
+def _calibration_heights(run: Path, seed: int, n_people: int) -> dict[str, float]:
+    """The face height each calibration person's photo was drawn at, replaying the demo's own draws.
+
+    The demo picks ``n_people`` one-image people by ``seed + 6`` and draws their photos with ``seed + 7``
+    (:func:`peep.lab.scenes.views.write_camera_views`); the first draw of each photo is its face height.
+    """
+    import cv2
+    from peep.lab.scenes.render import SceneSpec
+    from peep.lab.scenes.views import camera_view
+    from peep.server.datasets import IMAGE_EXTENSIONS, singles_folder
+
+    singles = singles_folder(None)
+    if singles is None:
+        raise SystemExit("scene-decisions: lfw_singles/ is not staged (scripts/stage-lfw.sh)")
+    names = sorted(p.name for p in singles.iterdir() if p.is_dir())
+    pick = np.random.default_rng(seed + 6).permutation(len(names))[:n_people]
+    rng = np.random.default_rng(seed + 7)
+    lo, hi = SceneSpec.face_px
+    heights: dict[str, float] = {}
+    for person in sorted(names[int(i)] for i in pick):
+        for f in sorted(f for f in (singles / person).glob("*") if f.suffix.lower() in IMAGE_EXTENSIONS):
+            state = rng.bit_generator.state
+            heights[person] = float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
+            rng.bit_generator.state = state
+            camera_view(cv2.imread(str(f), cv2.IMREAD_COLOR), rng)
+    return heights
+
+
+def _calibration_views(seed: int, n_people: int) -> list[Any]:
+    """The calibration people's photos drawn again as the demo drew them (:func:`_calibration_heights`)."""
+    import cv2
+    from peep.lab.scenes.views import camera_view
+    from peep.server.datasets import IMAGE_EXTENSIONS, singles_folder
+
+    singles = singles_folder(None)
+    if singles is None:
+        raise SystemExit("scene-decisions: lfw_singles/ is not staged (scripts/stage-lfw.sh)")
+    names = sorted(p.name for p in singles.iterdir() if p.is_dir())
+    pick = np.random.default_rng(seed + 6).permutation(len(names))[:n_people]
+    rng = np.random.default_rng(seed + 7)
+    out = []
+    for person in sorted(names[int(i)] for i in pick):
+        for f in sorted(f for f in (singles / person).glob("*") if f.suffix.lower() in IMAGE_EXTENSIONS):
+            out.append(camera_view(cv2.imread(str(f), cv2.IMREAD_COLOR), rng))
+    return out
+
+
 def _quantiles(values: Any, q: tuple[float, ...]) -> dict[str, float]:
     return {str(k): round(float(v), 4) for k, v in zip(q, np.quantile(values, q), strict=True)}
 
@@ -65,6 +113,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stride", type=int, default=3, help="every N-th frame (default 3)")
     p.add_argument("--visible", type=float, default=0.9, help="faces at least this share visible (default 0.9)")
     p.add_argument("--json", type=Path, help="also write the figures here")
+    p.add_argument(
+        "--mirror",
+        action="store_true",
+        help="also score each face and redrawn calibration view "
+        "with the descriptor of the chip and its mirror image averaged (the enrolment as it was)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="the run's --seed (with --bands or --mirror)")
+    p.add_argument(
+        "--bands",
+        help="face-height edges (px, e.g. 60,90): thresholds set per band of the "
+        "calibration faces' drawn heights, and what they would name",
+    )
     a = p.parse_args(argv)
     run = a.run
     for need in ("people.json", "bundle", "keys/site.pub", "keys/template.key", "devices/cam-1/device-model",
@@ -98,13 +158,26 @@ def main(argv: list[str] | None = None) -> int:
         own = {n: column.get(class_id(key, n)) for n in json.loads((run / "people.json").read_text())["enrolled"]}
         threshold = float(decider.thresholds.unknown_threshold)
 
-        def score(image: Any, box: Any) -> tuple[int, bool, float]:
-            bounded = agent.releaser.project(encoder.encode(image, box))[0]
+        def describe(image: Any, box: Any, mirror: bool) -> Any:
+            if not mirror:
+                return encoder.encode(image, box)
+            chip = encoder.chip(image, box)
+            return encoder.graph.describe(np.stack([chip, chip[:, ::-1]])).mean(axis=0)
+
+        mirrored: dict[tuple[int, int], list[tuple[bool, float, float]]] = {b: [] for b in BINS}
+        mirrored_strangers: list[float] = []
+
+        def score(image: Any, box: Any, mirror: bool = False) -> tuple[int, bool, float]:
+            bounded = agent.releaser.project(describe(image, box, mirror))[0]
             P = decider.probabilities(fuse_projections(np.atleast_2d(bounded), decider.domain))
             d = identify_open_set(P, decider.known, threshold)
             return int(d.best_class[0]), bool(d.unknown[0]), float(d.probability[0])
 
         enrolled: dict[tuple[int, int], list[tuple[bool, bool, float]]] = {b: [] for b in BINS}
+
+        def right_of(face: Any, best: int) -> bool:
+            return best == own.get(face["identity"])
+
         strangers: list[tuple[bool, float]] = []
         for gt_file in sorted((run / "videos").glob("cam-*.gt.jsonl")):
             cam = gt_file.name.split(".")[0]
@@ -125,16 +198,47 @@ def main(argv: list[str] | None = None) -> int:
                     if i is None:
                         continue
                     best, unknown, prob = score(image, boxes[i])
+                    if a.mirror:
+                        m_best, _, m_prob = score(image, boxes[i], True)
+                        if face["role"] == "stranger":
+                            mirrored_strangers.append(m_prob)
+                        elif face["role"] == "enrolled":
+                            for lo, hi in BINS:
+                                if lo <= float(face["height_px"]) < hi:
+                                    m_right = m_best == own.get(face["identity"])
+                                    mirrored[(lo, hi)].append((right_of(face, best), m_right, m_prob))
                     if face["role"] == "stranger":
-                        strangers.append((not unknown, prob))
+                        strangers.append((not unknown, prob, float(face["height_px"])))
                     elif face["role"] == "enrolled":
                         right = best == own.get(face["identity"])
                         for lo, hi in BINS:
                             if lo <= float(face["height_px"]) < hi:
-                                enrolled[(lo, hi)].append((right, right and not unknown, prob))
+                                enrolled[(lo, hi)].append(
+                                    (right, right and not unknown, prob, float(face["height_px"]))
+                                )
             video.release()
             print(f"scene-decisions: {cam} read", file=sys.stderr, flush=True)
         P_cal = decider.probabilities(decider.model.calibration)[:, decider.known].max(axis=1)
+        model_target = float(decider.thresholds.fpir_model_target)
+        cal_file = np.load(run / "server" / "calibration.npz", allow_pickle=False)
+        cal_people = [str(t) for t in cal_file["people"]]
+        cal_best = decider.probabilities(cal_file["projections"])[:, decider.known].max(axis=1)
+        if a.mirror:
+            # the calibration views drawn again, each described plainly and mirror-averaged by the same path
+            views = _calibration_views(
+                a.seed, int(json.loads((run / "summary.json").read_text())["data"]["calibration_people"])
+            )
+            plain, mirror_best = [], []
+            for img in views:
+                found = detector.detect(img)
+                if not found:
+                    continue
+                box = max(found, key=lambda b: b.w * b.h)
+                for flag, acc in ((False, plain), (True, mirror_best)):
+                    bounded = agent.releaser.project(describe(img, box, flag))[0]
+                    P = decider.probabilities(fuse_projections(np.atleast_2d(bounded), decider.domain))
+                    acc.append(float(P[0, decider.known].max()))
+            print(f"scene-decisions: {len(plain)} calibration views described both ways", file=sys.stderr)
     finally:
         shutil.rmtree(state, ignore_errors=True)
 
@@ -156,13 +260,59 @@ def main(argv: list[str] | None = None) -> int:
     for (lo, hi), rows in enrolled.items():
         if not rows:
             continue
-        r = np.array(rows, dtype=float)
+        r = np.array([x[:3] for x in rows], dtype=float)
         label = f"{lo}-{hi}" if hi < 10_000 else f">={lo}"
         row = {"faces": len(rows), "ranked_first": float(r[:, 0].mean()), "identified": float(r[:, 1].mean()),
                "median_probability": float(np.median(r[:, 2]))}  # fmt: skip
         out["enrolled_faces_per_bin"][label] = row
         print(f"{label:10s} {row['faces']:6d}  {row['ranked_first']:12.2f}  {row['identified']:10.2f}  "
               f"{row['median_probability']:18.3f}")  # fmt: skip
+    if a.bands:
+        summary = json.loads((run / "summary.json").read_text())
+        heights = _calibration_heights(run, a.seed, int(summary["data"]["calibration_people"]))
+        h_cal = np.array([heights.get(t, np.nan) for t in cal_people])
+        print(f"calibration faces with a replayed height: {int(np.isfinite(h_cal).sum())} of {h_cal.size}")
+        edges = [float(e) for e in a.bands.split(",")]
+        bands = list(zip([0.0, *edges], [*edges, 1e9], strict=True))
+        from peep.core.decision import threshold_at_fpir
+
+        t_band = []
+        for lo, hi in bands:
+            sel = (h_cal >= lo) & (h_cal < hi)
+            t = threshold_at_fpir(cal_best[sel], model_target) if sel.any() else threshold
+            t_band.append(t)
+            print(
+                f"band {lo:g}-{hi:g} px: {int(sel.sum())} calibration faces, threshold {t:.3f} "
+                f"(pooled {threshold:.3f}); 99th pct {np.quantile(cal_best[sel], 0.99):.3f}"
+            )
+
+        def t_of(h: float) -> float:
+            return next(t for (lo, hi), t in zip(bands, t_band, strict=True) if lo <= h < hi)
+
+        sn = sum(prob >= t_of(h) for _, prob, h in strangers)
+        print(f"strangers named, band thresholds: {sn} of {len(strangers)} (pooled {out['stranger_faces_named']})")
+        for (lo, hi), rows in enrolled.items():
+            if rows:
+                named = np.mean([right and prob >= t_of(h) for right, _, prob, h in rows])
+                print(f"  {lo}-{hi}: identified with band thresholds {named:.2f}")
+    if a.mirror:
+        from peep.core.decision import threshold_at_fpir
+
+        t_plain = threshold_at_fpir(plain, model_target)
+        t_mirror = threshold_at_fpir(mirror_best, model_target)
+        print(
+            f"mirror: thresholds on {len(plain)} redrawn calibration views: plain {t_plain:.3f}, "
+            f"mirror-averaged {t_mirror:.3f}; strangers named plain "
+            f"{sum(pr >= t_plain for _, pr, _ in strangers)}, "
+            f"mirrored {sum(pr >= t_mirror for pr in mirrored_strangers)}"
+            f" of {len(strangers)}"
+        )
+        for (lo, hi), rows in mirrored.items():
+            base = enrolled[(lo, hi)]
+            if rows:
+                pl = np.mean([r and pr >= t_plain for r, _, pr, _ in base])
+                mi = np.mean([r and pr >= t_mirror for _, r, pr in rows])
+                print(f"  {lo}-{hi}: {len(rows)} faces identified plain {pl:.2f}, mirror-averaged {mi:.2f}")
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
     return 0
