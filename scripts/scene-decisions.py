@@ -56,8 +56,8 @@ def _decider(run: Path, state: Path) -> Any:
     return agent, decider
 
 
-def _calibration_heights(run: Path, seed: int, n_people: int) -> dict[str, float]:
-    """The face height each calibration person's photo was drawn at, replaying the demo's own draws.
+def _calibration_views(seed: int, n_people: int) -> list[tuple[str, float, Any]]:
+    """The calibration people's photos drawn again as the demo drew them: (person, face height, image) each.
 
     The demo picks ``n_people`` one-image people by ``seed + 6`` and draws their photos with ``seed + 7``
     (:func:`peep.lab.scenes.views.write_camera_views`); the first draw of each photo is its face height.
@@ -74,32 +74,13 @@ def _calibration_heights(run: Path, seed: int, n_people: int) -> dict[str, float
     pick = np.random.default_rng(seed + 6).permutation(len(names))[:n_people]
     rng = np.random.default_rng(seed + 7)
     lo, hi = SceneSpec.face_px
-    heights: dict[str, float] = {}
-    for person in sorted(names[int(i)] for i in pick):
-        for f in sorted(f for f in (singles / person).glob("*") if f.suffix.lower() in IMAGE_EXTENSIONS):
-            state = rng.bit_generator.state
-            heights[person] = float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
-            rng.bit_generator.state = state
-            camera_view(cv2.imread(str(f), cv2.IMREAD_COLOR), rng)
-    return heights
-
-
-def _calibration_views(seed: int, n_people: int) -> list[Any]:
-    """The calibration people's photos drawn again as the demo drew them (:func:`_calibration_heights`)."""
-    import cv2
-    from peep.lab.scenes.views import camera_view
-    from peep.server.datasets import IMAGE_EXTENSIONS, singles_folder
-
-    singles = singles_folder(None)
-    if singles is None:
-        raise SystemExit("scene-decisions: lfw_singles/ is not staged (scripts/stage-lfw.sh)")
-    names = sorted(p.name for p in singles.iterdir() if p.is_dir())
-    pick = np.random.default_rng(seed + 6).permutation(len(names))[:n_people]
-    rng = np.random.default_rng(seed + 7)
     out = []
     for person in sorted(names[int(i)] for i in pick):
         for f in sorted(f for f in (singles / person).glob("*") if f.suffix.lower() in IMAGE_EXTENSIONS):
-            out.append(camera_view(cv2.imread(str(f), cv2.IMREAD_COLOR), rng))
+            state = rng.bit_generator.state
+            height = float(np.exp(rng.uniform(np.log(lo), np.log(hi))))
+            rng.bit_generator.state = state
+            out.append((person, height, camera_view(cv2.imread(str(f), cv2.IMREAD_COLOR), rng)))
     return out
 
 
@@ -229,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                 a.seed, int(json.loads((run / "summary.json").read_text())["data"]["calibration_people"])
             )
             plain, mirror_best = [], []
-            for img in views:
+            for _, _, img in views:
                 found = detector.detect(img)
                 if not found:
                     continue
@@ -269,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['median_probability']:18.3f}")  # fmt: skip
     if a.bands:
         summary = json.loads((run / "summary.json").read_text())
-        heights = _calibration_heights(run, a.seed, int(summary["data"]["calibration_people"]))
+        heights = {person: h for person, h, _ in _calibration_views(a.seed, int(summary["data"]["calibration_people"]))}
         h_cal = np.array([heights.get(t, np.nan) for t in cal_people])
         print(f"calibration faces with a replayed height: {int(np.isfinite(h_cal).sum())} of {h_cal.size}")
         edges = [float(e) for e in a.bands.split(",")]
