@@ -54,9 +54,14 @@ def _rtsp_server_missing() -> str | None:
 
 
 _missing = _rtsp_server_missing()
-pytestmark = pytest.mark.skipif(
-    _missing is not None, reason=f"{_missing}: apt-get install {PACKAGES} (scripts/bootstrap.sh does, as root)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        _missing is not None, reason=f"{_missing}: apt-get install {PACKAGES} (scripts/bootstrap.sh does, as root)"
+    ),
+    # A frame's age is the stream's latency plus the pipeline's wait: with the suite's other workers on both
+    # cores, the server's encoder fell behind (p95 0.37 s in one clean-clone run against 0.21-0.23 s alone).
+    pytest.mark.quiet,
+]
 
 
 class RtspServer:
