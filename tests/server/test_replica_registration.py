@@ -88,10 +88,10 @@ def test_a_second_process_with_a_live_replica_id_refuses_to_start_naming_the_fir
         assert first.proc.poll() is None and first.seen("replica registered")
         # Killed without a word: a replacement on this host takes the id over at once (its process is gone).
         first.stop(signal.SIGKILL)
-        third = _replica(tmp_path, pki, keypair, bundle_dir, pg_dsn, "third", "b").start(60)
+        third = _replica(tmp_path, pki, keypair, bundle_dir, pg_dsn, "third", "b").start()
         assert third.seen("replica registered")
         third.stop(signal.SIGTERM)  # a clean stop releases it
-        fourth = _replica(tmp_path, pki, keypair, bundle_dir, pg_dsn, "fourth", "b").start(60)
+        fourth = _replica(tmp_path, pki, keypair, bundle_dir, pg_dsn, "fourth", "b").start()
         fourth.stop(signal.SIGTERM)
     finally:
         first.stop(signal.SIGKILL)
@@ -111,7 +111,7 @@ def test_a_registration_without_a_heartbeat_is_taken_over(tmp_path, pki, keypair
     assert early.proc is not None and early.proc.wait(60) == 1 and "'lost-host'" in early.tail(40)
     early.stop()
     assert wait_for(lambda: time.time() - now > 6.5, 10)
-    late = _replica(tmp_path, pki, keypair, bundle_dir, pg_dsn, "late", "b").start(60)
+    late = _replica(tmp_path, pki, keypair, bundle_dir, pg_dsn, "late", "b").start()
     try:
         assert late.seen("replica registered")
     finally:
