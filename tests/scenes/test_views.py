@@ -12,7 +12,8 @@ from peep.core.imaging import primary_face
 from peep.edge.config import DetectorConfig
 from peep.edge.detection import build_detector
 from peep.edge.testing import lfw_people
-from peep.lab.scenes.views import camera_view, write_camera_views
+from peep.lab.demo.scenario import link_folder
+from peep.lab.scenes.views import camera_view, redraw_as_seen, write_camera_views
 
 
 @pytest.fixture(scope="module")
@@ -50,3 +51,25 @@ def test_a_bad_photo_and_a_missing_person_are_named(lfw_folder, tmp_path: Path) 
     assert all(cv2.imread(str(f)).shape == (250, 250, 3) for f in written)
     with pytest.raises(FileNotFoundError, match="no photo of 'Nobody_Here'"):
         write_camera_views(source, ["Nobody_Here"], tmp_path / "views2", seed=1)
+
+
+def test_an_enrolment_folder_has_its_share_of_photos_redrawn_and_no_more(photos: list[Path], tmp_path: Path) -> None:
+    folder = link_folder(photos, tmp_path / "enrol")
+    assert redraw_as_seen(folder, 0.0, np.random.default_rng(0)) == []
+    drawn = redraw_as_seen(folder, 0.5, np.random.default_rng(0))
+    assert len(drawn) == 5 and all(f.suffix == ".png" and not f.is_symlink() for f in drawn)
+    links = sorted(f for f in folder.iterdir() if f.is_symlink())
+    assert len(links) == 5 and len(list(folder.iterdir())) == len(photos), "each photo once, drawn or as it is"
+    for f in drawn:
+        original = cv2.imread(str(folder / f.name.replace("-seen.png", photos[0].suffix)))
+        assert original is None, "the drawn photo's link is gone"
+        assert cv2.imread(str(f)).shape == (250, 250, 3)
+    sources = {p.resolve() for p in photos}
+    assert {f.resolve() for f in links} < sources, "the photos not drawn are still the photos"
+    # a draw the desk would find no face in is drawn again, then the photo is left as it is
+    refused = link_folder(photos[:4], tmp_path / "refused")
+    tries: list[int] = []
+    assert redraw_as_seen(refused, 1.0, np.random.default_rng(0), lambda v: tries.append(1) and False) == []
+    assert len(tries) == 4 * 5 and all(f.is_symlink() for f in refused.iterdir())
+    with pytest.raises(ValueError, match=r"share: expected 0 <= share <= 1, received 1.5"):
+        redraw_as_seen(folder, 1.5, np.random.default_rng(0))

@@ -74,6 +74,10 @@ def register(sub: Any) -> None:
                    help="with --decide device: cameras fuse and decide only on faces the detector scored at "
                    "least S (YuNet's score, 0-1; 0: every face; default: 0.9 on --scenes with YuNet, else every "
                    "face)")  # fmt: skip
+    p.add_argument("--enrol-as-seen", type=float, default=d.enrol_as_seen, metavar="F",
+                   help="with --scenes: the share F of each subject's enrolment photos drawn as the scenes' camera "
+                   "sees a face before the desk releases it (same photos, same releases, same ε; default "
+                   f"{d.enrol_as_seen:g}: every photo as it is)")  # fmt: skip
     p.add_argument("--calibration-people", type=int, default=d.calibration_people, metavar="N",
                    help=f"with --decide device: public one-image people (LFW's singles, when present beside LFW) "
                    f"whose clean projections set the devices' thresholds (default {d.calibration_people}: a "
@@ -136,6 +140,10 @@ def handle(args: argparse.Namespace) -> int:
         raise UsageError(f"--choose-from: expected >= --fuse-frames ({args.fuse_frames}), received {args.choose_from}")
     if args.min_face_score is not None and not 0.0 <= args.min_face_score <= 1.0:
         raise UsageError(f"--min-face-score: expected 0 <= S <= 1, received {args.min_face_score}")
+    if not 0.0 <= args.enrol_as_seen <= 1.0:
+        raise UsageError(f"--enrol-as-seen: expected 0 <= F <= 1, received {args.enrol_as_seen}")
+    if args.enrol_as_seen > 0 and not args.scenes:
+        raise UsageError("--enrol-as-seen: draws photos as the scenes' camera sees them; it needs --scenes")
     if args.strangers < 0:
         raise UsageError(f"--strangers: expected >= 0, received {args.strangers}")
     if not args.qbbs_epsilon > 0:
@@ -169,6 +177,7 @@ def handle(args: argparse.Namespace) -> int:
         fuse_frames=args.fuse_frames,
         choose_from=args.choose_from,
         min_face_score=args.min_face_score,
+        enrol_as_seen=args.enrol_as_seen,
         calibration_people=args.calibration_people,
         mirror=args.mirror,
         preset=args.preset,

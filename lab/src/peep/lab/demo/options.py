@@ -83,6 +83,10 @@ class DemoOptions:
     choose_from: int | None = None
     # Cameras fuse and decide only on faces the detector scored at least this (None: every face).
     min_face_score: float | None = None
+    # On scenes: this share of each subject's enrolment photos is drawn as the scenes' camera sees a face
+    # (peep.lab.scenes.views) before the desk releases it, as if enrolled at the camera that will see them;
+    # the same photos and releases, so the same ε per subject. 0: every photo as it is.
+    enrol_as_seen: float = 0.0
     # Public people whose clean projections set the devices' thresholds: LFW's one-image people (lfw_singles,
     # beside the LFW copy), calibration_people of them chosen by the seed. A threshold that lets a share t of
     # n public people through lets about (floor(t n) + 1) / (n + 1) of new people through: 1,000 resolve the

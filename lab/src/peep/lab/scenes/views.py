@@ -98,3 +98,49 @@ def write_camera_views(
         if progress is not None:
             progress(i + 1, len(people))
     return dest
+
+
+#: Draws of one photo tried before it is left as it is: a desk enrols only from a view it finds a face in.
+REDRAWS = 5
+
+
+def redraw_as_seen(
+    folder: Path,
+    share: float,
+    rng: np.random.Generator,
+    accept: Callable[[NDArray[np.uint8]], bool] = lambda _view: True,
+) -> list[Path]:
+    """Replace ``share`` of the photo links in ``folder`` (chosen by ``rng``) by the photo as :func:`camera_view`
+    draws it: an enrolment at the camera that will see the person, with the same photos and as many of them.
+
+    A draw ``accept`` refuses (the desk's detector finds no face in it) is drawn again, up to :data:`REDRAWS`
+    times, then the photo stays as it is: the desk must find a face in every photo it is given.
+
+    Returns the drawn files (``<link's stem>-seen.png``: PNG, no second compression), which the caller deletes
+    once they are released.
+
+    Raises
+    ------
+    ValueError
+        ``share`` outside [0, 1].
+    FileNotFoundError
+        A link to a file that is not a readable image.
+    """
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"share: expected 0 <= share <= 1, received {share}")
+    links = sorted(f for f in folder.iterdir() if f.is_symlink())
+    k = round(share * len(links))
+    out = []
+    for j in sorted(rng.permutation(len(links))[:k]):
+        link = links[int(j)]
+        img = cv2.imread(str(link), cv2.IMREAD_COLOR)
+        if img is None:
+            raise FileNotFoundError(f"{link.resolve()}: not a readable image")
+        view = next((v for v in (camera_view(img, rng) for _ in range(REDRAWS)) if accept(v)), None)
+        if view is None:
+            continue
+        dest = link.with_name(f"{link.stem}-seen.png")
+        cv2.imwrite(str(dest), view)
+        link.unlink()
+        out.append(dest)
+    return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,13 +26,19 @@ def enrol_at_desks(ctx: RunContext, edge: EdgeConfigs, scenario: Scenario) -> No
         When a desk stopped: the demo cannot go on without its subjects.
     """
     from peep.lab.demo.devices import run_devices
+    from peep.lab.scenes.views import redraw_as_seen
 
     # Two enrolment desks, each its own edge agent in its own process, share the subjects: on the
     # enrolment right they are alike, and a descriptor per photo keeps one core busy per desk.
     work: dict[str, list[dict[str, Any]]] = {d: [] for d in DESKS}
+    drawn: list[Path] = []
+    rng = np.random.default_rng(ctx.opts.seed + 8)
+    accept = _desk_finds_a_face() if ctx.opts.enrol_as_seen > 0 else None
     for i, (subject, images) in enumerate(scenario.enrolled.items()):
         desk = DESKS[i % len(DESKS)]
         folder = link_folder(images, ctx.out / "enrol" / subject)
+        if accept is not None:
+            drawn += redraw_as_seen(folder, ctx.opts.enrol_as_seen, rng, accept)
         cfg = edge(desk, "grpc", str(folder), soft=False)
         work[desk].append({"subject": subject, "config": cfg.model_dump(mode="json"), "source": str(folder),
                            "count": len(images)})  # fmt: skip
@@ -39,12 +46,28 @@ def enrol_at_desks(ctx: RunContext, edge: EdgeConfigs, scenario: Scenario) -> No
     # A few seconds a subject (a descriptor per photo): a line for each, not a silent minute.
     with Progress("    subjects enrolled", len(scenario.enrolled), heartbeat=HEARTBEAT_S) as bar:
         bar.update(0)
-        result = run_devices(jobs, lambda _kind, _device, _subject: bar.advance())
+        try:
+            result = run_devices(jobs, lambda _kind, _device, _subject: bar.advance())
+        finally:
+            for f in drawn:  # drawn for this run's enrolment only: the desks' releases are what stays
+                f.unlink(missing_ok=True)
     failed = [f"{d}: {r['error']}" for d, r in result.items() if not r["ok"]]
     if failed:
         raise RuntimeError("enrolment desk failed: " + "; ".join(failed))
     n = sum(len(v) for v in scenario.enrolled.values())
-    ctx.say(f"    {len(scenario.enrolled)} subjects, {n} enrolment templates (one per photo) at {len(jobs)} desks")
+    seen = f", {len(drawn)} of the photos drawn as the scenes' camera sees a face" if drawn else ""
+    ctx.say(f"    {len(scenario.enrolled)} subjects, {n} enrolment templates (one per photo{seen}) at {len(jobs)} "
+            "desks")  # fmt: skip
+
+
+def _desk_finds_a_face() -> Any:
+    """Whether the desks' detector (the edge defaults, as the photos were chosen) finds a face in an image."""
+    from peep.core.imaging import primary_face
+    from peep.edge.config import DetectorConfig
+    from peep.edge.detection import build_detector
+
+    detector = build_detector(DetectorConfig())
+    return lambda img: primary_face(detector.detect(img), img.shape) is not None
 
 
 def enrol_background(
