@@ -78,6 +78,10 @@ def register(sub: Any) -> None:
                    help="with --scenes: the share F of each subject's enrolment photos drawn as the scenes' camera "
                    "sees a face before the desk releases it (same photos, same releases, same ε; default "
                    f"{d.enrol_as_seen:g}: every photo as it is)")  # fmt: skip
+    p.add_argument("--device-fpir", type=float, default=d.device_fpir, metavar="T",
+                   help=f"with --decide device: the share of public people a camera may name, which it sets its "
+                   f"threshold for on the calibration people (the server's training.device_models.fpir; default "
+                   f"{d.device_fpir:g})")  # fmt: skip
     p.add_argument("--calibration-people", type=int, default=d.calibration_people, metavar="N",
                    help=f"with --decide device: public one-image people (LFW's singles, when present beside LFW) "
                    f"whose clean projections set the devices' thresholds (default {d.calibration_people}: a "
@@ -152,7 +156,7 @@ def handle(args: argparse.Namespace) -> int:
         raise UsageError(f"--epsilon: expected > 0, received {args.epsilon}")
     if not 0 < args.epsilon_label <= 40:
         raise UsageError(f"--epsilon-label: expected 0 < ε <= 40, received {args.epsilon_label}")
-    for name in ("identify_far", "verify_far"):
+    for name in ("identify_far", "verify_far", "device_fpir"):
         if not 0 < getattr(args, name) < 0.5:
             option = "--" + name.replace("_", "-")
             raise UsageError(f"{option}: expected a value in (0, 0.5), received {getattr(args, name)}")
@@ -178,6 +182,7 @@ def handle(args: argparse.Namespace) -> int:
         choose_from=args.choose_from,
         min_face_score=args.min_face_score,
         enrol_as_seen=args.enrol_as_seen,
+        device_fpir=args.device_fpir,
         calibration_people=args.calibration_people,
         mirror=args.mirror,
         preset=args.preset,

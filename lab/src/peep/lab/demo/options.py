@@ -94,6 +94,9 @@ class DemoOptions:
     # the door's 0.1 % FAR is set on 1,000 x enrolled impostor scores. Describing them costs ~25 s of CPU on
     # a first run, then nothing (cached); all 4,069 would cost 4 times that for 0.1 point.
     calibration_people: int = 1000
+    # Deciding on the device: the share of the calibration people a camera's identification may name (the
+    # server's training.device_models.fpir, whose default it is).
+    device_fpir: float = 0.01
     # Without the singles: LFW people with 20+ images who are not enrolled (all their photos, up to this many
     # each; every person weighs the same on the device) and the 5-9-image people beyond the first
     # background_people of the background population (26-155 people: the thresholds then name more strangers

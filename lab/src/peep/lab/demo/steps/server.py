@@ -150,7 +150,8 @@ def server_config(
             "identify_far": o.identify_far,
             "target_far": o.verify_far,
             # Deciding on the devices: every promoted model also goes to them, signed by the deployer's key.
-            **({"device_models": {"signing_key": str(signing_key), "calibration": str(calibration)}}
+            **({"device_models": {"signing_key": str(signing_key), "calibration": str(calibration),
+                                  "fpir": o.device_fpir}}
                if calibration is not None else {}),
         },
         # The door asks about a claim a few times a second, weeks of a real door's traffic in seconds: the
