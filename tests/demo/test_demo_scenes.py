@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from peep.lab.demo import summary_lines
 from peep.lab.demo.scenario import CameraScript
 from peep.lab.demo.steps.scenes import judge_passes
 from peep.lab.scenes.render import read_ground_truth
@@ -20,7 +21,8 @@ from peep.server.cli import main
 pytest.importorskip("av", reason="PyAV is the lab's H.264 encoder; CI installs the lab")
 
 SMALL = ["--subjects", "3", "--enrol-images", "8", "--probe-images", "2", "--strangers", "4", "--cameras", "2",
-         "--qbbs-epsilon", "20", "--public-max-faces", "5", "--no-door", "--mqtt", "off", "--scenes"]  # fmt: skip
+         "--qbbs-epsilon", "20", "--public-max-faces", "5", "--no-door", "--mqtt", "off", "--scenes",
+         "--enrol-as-seen", "0.5", "--device-fpir", "0.02"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +42,11 @@ def test_every_person_walks_through_a_scene_once_and_every_pass_is_judged(scene_
     # those drawn photos were not kept
     assert s["data"]["calibration_population"] == "lfw_singles" and s["data"]["calibration_views"] == "scenes"
     assert not (out / "server" / "calibration-views").exists() and not list((out / "server").rglob("*.png"))
+    # half of each subject's 8 enrolment photos were drawn as the camera sees a face, released, and deleted
+    assert s["data"]["enrolment_as_seen"] == 0.5 and s["data"]["device_fpir"] == 0.02
+    folders = sorted((out / "enrol").iterdir())
+    assert len(folders) == 3 and all(sorted(f.is_symlink() for f in d.iterdir()) == [True] * 4 for d in folders)
+    assert any("a camera names 2.0 % of them" in line for line in summary_lines(s))
     # 3 subjects x 2 held-out photos and 4 strangers, each dealt to one camera and walking through once
     assert sc["passes"] == 10
     described = [json.loads(p.read_text()) for p in sorted((out / "videos").glob("cam-*.json"))]

@@ -245,7 +245,8 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
         *(
             [
                 f"  thresholds set on   {s['data']['calibration_people']} public people the model never saw "
-                f"({s['data']['calibration_population']})"
+                f"({s['data']['calibration_population']}; a camera names "
+                f"{s['data'].get('device_fpir', 0.01) * 100:.1f} % of them)"
             ]
             if s.get("data", {}).get("calibration_population")
             else []

@@ -110,12 +110,15 @@ def summarise(
             "probe_appearances": sum(1 for s in scripts for a in s.appearances if a.enrolled),
             "stranger_appearances": sum(1 for s in scripts for a in s.appearances if not a.enrolled),
             "background_people": len(scenario.background),
+            # The share of each subject's enrolment photos drawn as the scenes' camera sees a face.
+            "enrolment_as_seen": o.enrol_as_seen,
             # Who set the devices' thresholds (--decide device): "lfw_singles" or the "lfw" fallback.
             **(
                 {
                     "calibration_population": fitted.calibration_population.name,
                     "calibration_people": len(fitted.calibration_population.people),
                     "calibration_views": fitted.calibration_population.views or "photos",
+                    "device_fpir": o.device_fpir,
                 }
                 if fitted.calibration_population is not None and fitted.calibration_population.name
                 else {}
